@@ -1,0 +1,88 @@
+"""The common part of every record: who observed it, when, and its deterministic id."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from typing import Any
+
+from bridge import __version__
+
+SCHEMA_VERSION = 1
+
+# Fixed namespace so that RecordIds are stable across agents, versions and hosts.
+RECORD_NAMESPACE = uuid.UUID("6f1c2c1e-6a3b-4f57-9a52-2f3d0c5e8b11")
+
+
+@dataclass(frozen=True)
+class VmIdentity:
+    """What instance metadata says about this VM; every field is None when unknown."""
+
+    vm_id: str | None = None
+    vm_name: str | None = None
+    resource_id: str | None = None
+    subscription_id: str | None = None
+    resource_group: str | None = None
+    location: str | None = None
+    zone: str | None = None
+    vm_scale_set_name: str | None = None
+    platform_fault_domain: int | None = None
+    platform_update_domain: int | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.vm_id is not None
+
+    def key(self, host_name: str) -> str:
+        """A stable name for this VM in RecordIds: the VmId, or the host name before it is known."""
+        return self.vm_id or f"host:{host_name}"
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The observing agent: the VM's identity plus the host and agent version."""
+
+    identity: VmIdentity
+    host_name: str
+    agent_version: str = __version__
+
+    def common_fields(self, record_type: str, record_id: str, now: datetime) -> dict[str, Any]:
+        ident = self.identity
+        return {
+            "SchemaVersion": SCHEMA_VERSION,
+            "RecordId": record_id,
+            "RecordType": record_type,
+            "TimeGenerated": iso(now),
+            "VmId": ident.vm_id,
+            "VmName": ident.vm_name,
+            "ResourceId": ident.resource_id,
+            "SubscriptionId": ident.subscription_id,
+            "ResourceGroup": ident.resource_group,
+            "Location": ident.location,
+            "Zone": ident.zone,
+            "VmScaleSetName": ident.vm_scale_set_name,
+            "PlatformFaultDomain": ident.platform_fault_domain,
+            "PlatformUpdateDomain": ident.platform_update_domain,
+            "HostName": self.host_name,
+            "AgentVersion": self.agent_version,
+        }
+
+    def record_id(self, *parts: object) -> str:
+        return record_id(self.identity.key(self.host_name), *parts)
+
+
+def record_id(*parts: object) -> str:
+    """A UUID derived from the record's identity, so a replayed record keeps its id."""
+    return str(uuid.uuid5(RECORD_NAMESPACE, "|".join("" if p is None else str(p) for p in parts)))
+
+
+def iso(moment: datetime) -> str:
+    """ISO 8601 UTC with a Z, millisecond precision: the one time format of every record."""
+    utc = moment.astimezone(timezone.utc)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def identity_fields() -> list[str]:
+    return [f.name for f in fields(VmIdentity)]

@@ -1,0 +1,77 @@
+"""Views derived from the one record schema file (`record.schema.json`).
+
+Everything that needs the record's shape (the README table, the Log Analytics
+table and DCR stream declaration, the tests) derives it from here, so the
+shape is written down once.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from functools import cache
+from importlib import resources
+from typing import Any
+
+SCHEMA_FILE = "record.schema.json"
+
+
+@cache
+def load() -> dict[str, Any]:
+    text = resources.files("bridge").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+def properties() -> dict[str, dict[str, Any]]:
+    props: dict[str, dict[str, Any]] = load()["properties"]
+    return props
+
+
+def common_fields() -> list[str]:
+    required: list[str] = load()["required"]
+    return required
+
+
+def record_types() -> dict[str, list[str]]:
+    """Each RecordType and the fields specific to it, in schema order."""
+    out: dict[str, list[str]] = {}
+    for clause in load()["allOf"]:
+        name = clause["if"]["properties"]["RecordType"]["const"]
+        out[name] = list(clause["then"]["required"])
+    return out
+
+
+def fields_of(record_type: str) -> list[str]:
+    return common_fields() + record_types()[record_type]
+
+
+def kusto_type(prop: dict[str, Any]) -> str:
+    """The Log Analytics column type of a schema property."""
+    kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+    kind = next(k for k in kinds if k != "null")
+    if kind == "string":
+        return "datetime" if prop.get("format") == "date-time" else "string"
+    return {"integer": "long", "boolean": "boolean", "number": "real"}.get(kind, "dynamic")
+
+
+def columns() -> list[tuple[str, str]]:
+    """(name, Log Analytics type) of every column, in schema order."""
+    return [(name, kusto_type(prop)) for name, prop in properties().items()]
+
+
+def markdown_table() -> str:
+    """The README's record table."""
+    types = record_types()
+    lines = ["| Field | Type | Record types | Meaning |", "| --- | --- | --- | --- |"]
+    common = set(common_fields())
+    for name, prop in properties().items():
+        used = "all" if name in common else ", ".join(t for t, f in types.items() if name in f)
+        nullable = isinstance(prop["type"], list) and "null" in prop["type"]
+        kind = kusto_type(prop) + (" or null" if nullable else "")
+        lines.append(f"| `{name}` | {kind} | {used} | {prop['description']} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())

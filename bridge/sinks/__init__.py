@@ -1,0 +1,56 @@
+"""Sinks: where spooled records go. One module per kind; cloud SDKs load only when configured.
+
+A sink is handed batches in spool order and either returns (every record of the batch
+is accepted and may be acknowledged) or raises one of the failure kinds of
+`bridge.retry`: RetryableError / ThrottledError (the same batch comes back after a
+backoff), PoisonRecords (those records are set aside, the rest retried), or
+PermanentError (a person must fix something; retried slowly and logged at ERROR).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SpooledRecord:
+    """A record as the spool holds it: its sequence number and its JSON text."""
+
+    seq: int
+    record_id: str
+    record_type: str
+    body: str
+
+
+class Sink(Protocol):
+    @property
+    def name(self) -> str:
+        """Unique, stable name; the spool keeps this sink's progress under it."""
+
+    @property
+    def max_batch(self) -> int:
+        """Most records one `send` may be handed."""
+
+    def send(self, batch: Sequence[SpooledRecord]) -> None:
+        """Deliver every record of `batch`, in order, or raise a bridge.retry failure."""
+
+    def close(self) -> None:
+        """Release files and connections; called once at shutdown."""
+
+
+SINK_KINDS = ("jsonl", "stdout")
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """Split `jsonl:PATH` / `stdout` into (kind, argument); ValueError names what is wrong."""
+    kind, _, arg = spec.partition(":")
+    kind = kind.strip().lower()
+    if kind not in SINK_KINDS:
+        raise ValueError(f"unknown sink {spec!r}: expected one of jsonl:PATH, stdout")
+    if kind == "jsonl" and not arg.strip():
+        raise ValueError(f"sink {spec!r} needs a path, as in jsonl:/var/log/se-bridge/events.jsonl")
+    if kind != "jsonl" and arg:
+        raise ValueError(f"sink {spec!r} takes no argument")
+    return kind, arg.strip()

@@ -86,3 +86,30 @@ def iso(moment: datetime) -> str:
 
 def identity_fields() -> list[str]:
     return [f.name for f in fields(VmIdentity)]
+
+
+@dataclass(frozen=True)
+class Health:
+    """What a Heartbeat reports besides the common fields."""
+
+    incarnation: int | None
+    pending_events: int
+    spool_depth: int
+    spool_dropped: int
+    imds_healthy: bool
+    last_imds_success: datetime | None
+
+
+def heartbeat_record(origin: Origin, reason: str, health: Health, now: datetime) -> dict[str, Any]:
+    rid = origin.record_id("Heartbeat", reason, iso(now))
+    record = origin.common_fields("Heartbeat", rid, now)
+    record.update(
+        DocumentIncarnation=health.incarnation,
+        HeartbeatReason=reason,
+        PendingEvents=health.pending_events,
+        SpoolDepth=health.spool_depth,
+        SpoolDroppedRecords=health.spool_dropped,
+        ImdsHealthy=health.imds_healthy,
+        LastImdsSuccess=iso(health.last_imds_success) if health.last_imds_success else None,
+    )
+    return record

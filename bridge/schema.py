@@ -10,16 +10,16 @@ from __future__ import annotations
 import json
 import sys
 from functools import cache
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
-SCHEMA_FILE = "record.schema.json"
+# Package data beside this module, found the same way in a wheel and in a source tree.
+SCHEMA_FILE = Path(__file__).with_name("record.schema.json")
 
 
 @cache
 def load() -> dict[str, Any]:
-    text = resources.files("bridge").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
-    schema: dict[str, Any] = json.loads(text)
+    schema: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
     return schema
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 
@@ -54,3 +55,16 @@ def parse_spec(spec: str) -> tuple[str, str]:
     if kind != "jsonl" and arg:
         raise ValueError(f"sink {spec!r} takes no argument")
     return kind, arg.strip()
+
+
+def build(spec: str) -> Sink:
+    """The local sink a `--sink` SPEC names; ValueError names what is wrong with it."""
+    kind, arg = parse_spec(spec)
+    # Each kind is imported only when configured, so a cloud sink's SDK loads only if used.
+    if kind == "jsonl":
+        from bridge.sinks.jsonl import JsonlSink  # noqa: PLC0415
+
+        return JsonlSink(Path(arg))
+    from bridge.sinks.stdout import StdoutSink  # noqa: PLC0415
+
+    return StdoutSink()

@@ -1,0 +1,288 @@
+"""The agent: poll IMDS, normalise, spool (records and state in one transaction), deliver, hook.
+
+Threads: this loop (polling, heartbeats, instance metadata), one delivery worker per
+sink, and the hook workers. Only this loop produces Event records, so their order in
+the spool is the order they were observed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from bridge import host, imds
+from bridge.config import Config
+from bridge.delivery import Delivery
+from bridge.hooks import HookJob, HookOutcome, HookRunner, hook_record, plan
+from bridge.normalise import Context, normalise, pending_events
+from bridge.records import Health, Origin, VmIdentity, heartbeat_record
+from bridge.retry import Backoff, DeliveryError, PermanentError
+from bridge.sinks import Sink, build
+from bridge.spool import Spool
+
+log = logging.getLogger(__name__)
+STATE_KEY = "normaliser"
+CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
+IDENTITY_RETRY_SECONDS = 60.0
+MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        client: imds.ImdsClient | None = None,
+        sinks: Sequence[Sink] | None = None,
+        now: Callable[[], datetime] = utc_now,
+        boot_id: str | None = None,
+    ) -> None:
+        self.config = config
+        self._now = now
+        self._boot_id = boot_id if boot_id is not None else host.boot_id()
+        self.imds = client or _client(config)
+        self.sinks = list(sinks) if sinks is not None else [build(s) for s in config.sink_specs()]
+        self.spool = Spool(
+            config.agent.state_dir / "spool.db",
+            [sink.name for sink in self.sinks],
+            max_records=config.spool.max_records,
+            max_bytes=config.spool.max_bytes,
+        )
+        self.delivery = Delivery(self.spool, self.sinks)
+        self.hooks = self._hook_runner()
+        self.origin = Origin(VmIdentity(), host.host_name())
+        self.state: dict[str, Any] | None = self.spool.load_state(STATE_KEY)
+        self._poll = _PollHealth()
+        self._last_body: bytes | None = None
+        self._last_commit = 0.0
+        self._waiting_jobs: list[HookJob] = []
+        self._next_heartbeat = 0.0
+        self._next_identity = 0.0
+        self._identity_warned = False
+        self._last_problem = ""
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> int:
+        """Poll until `stop` is set, then flush and return 0."""
+        self.delivery.start()
+        self._resume_hooks()
+        self._refresh_identity()
+        self._heartbeat("Start")
+        log.info(
+            "polling %s every %gs; sinks: %s",
+            self.imds.events_url,
+            self.config.agent.poll_interval,
+            ", ".join(s.name for s in self.sinks),
+        )
+        while not stop.is_set():
+            stop.wait(self.cycle())
+        self._shutdown()
+        return 0
+
+    def cycle(self) -> float:
+        """One poll and whatever housekeeping is due; the seconds to wait before the next."""
+        started = time.monotonic()
+        delay = self._poll_events()
+        if started >= self._next_identity:
+            self._refresh_identity()
+        if started >= self._next_heartbeat:
+            self._heartbeat("Periodic")
+        self._resubmit_hooks()
+        return max(0.0, delay - (time.monotonic() - started))
+
+    def _shutdown(self) -> None:
+        log.info("stopping: flushing the spool to every sink")
+        if self.hooks is not None:
+            self.hooks.stop(timeout=10.0)
+        self._heartbeat("Stop")
+        if not self.delivery.flush(timeout=10.0):
+            log.warning("stopped with %d records not yet delivered; they stay in the spool "
+                        "and are sent at the next start", self.spool.depth())  # fmt: skip
+        self.delivery.stop(timeout=5.0)
+        self.spool.close()
+        self.imds.close()
+
+    # --- scheduled events -------------------------------------------------------------------
+
+    def _poll_events(self) -> float:
+        try:
+            body = self.imds.scheduled_events()
+        except DeliveryError as err:
+            return self._poll.failed(err, self.config.agent.poll_interval)
+        self._poll.succeeded(self._now())
+        checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
+        if body != self._last_body or checkpoint_due:
+            self._last_body = body
+            self._observe(body)
+        return self.config.agent.poll_interval
+
+    def _observe(self, body: bytes) -> None:
+        try:
+            raw = json.loads(body)
+        except ValueError:
+            self._problem(f"IMDS sent a body that is not JSON; skipped: {imds.excerpt(body)!r}")
+            return
+        ctx = Context(self._now(), self.origin, self._boot_id, self._gap())
+        result = normalise(self.state, raw, ctx)
+        for problem in result.problems:
+            self._problem(problem)
+        self._commit(result.records, result.state)
+
+    def _commit(self, records: list[dict[str, Any]], state: dict[str, Any]) -> None:
+        jobs = self._plan_hooks(records)
+        self.spool.commit(
+            records,
+            state={STATE_KEY: state},
+            jobs=[(job.job_id, job.to_payload()) for job in jobs],
+        )
+        self.state = state
+        self._last_commit = time.monotonic()
+        for record in records:
+            log.info("%s", describe(record))
+        for job in jobs:
+            self._submit(job)
+
+    def _gap(self) -> timedelta:
+        return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))
+
+    def _problem(self, message: str) -> None:
+        # Said once per distinct problem: the same bad document polled every second is one line.
+        if message != self._last_problem:
+            log.warning("%s", message)
+            self._last_problem = message
+
+    # --- instance metadata ----------------------------------------------------------------
+
+    def _refresh_identity(self) -> None:
+        try:
+            identity = imds.parse_instance(self.imds.instance_metadata())
+        except DeliveryError as err:
+            self._identity_failed(err)
+            return
+        self._next_identity = time.monotonic() + self.config.imds.instance_refresh
+        if identity != self.origin.identity:
+            log.info("this VM is %s (%s)", identity.vm_name, identity.vm_id)
+            self.origin = Origin(identity, self.origin.host_name)
+            self._last_body = None  # AffectsThisVm depends on the name: look again
+        self._identity_warned = False
+
+    def _identity_failed(self, err: DeliveryError) -> None:
+        self._next_identity = time.monotonic() + IDENTITY_RETRY_SECONDS
+        if not self._identity_warned:
+            log.warning(
+                "instance metadata is unavailable (%s); records carry null VM fields until it "
+                "answers; retrying every %gs", err, IDENTITY_RETRY_SECONDS,
+            )  # fmt: skip
+            self._identity_warned = True
+
+    # --- heartbeats ----------------------------------------------------------------------
+
+    def _heartbeat(self, reason: str) -> None:
+        self._next_heartbeat = time.monotonic() + self.config.agent.heartbeat_interval
+        state = self.state or {}
+        health = Health(
+            incarnation=state.get("incarnation"),
+            pending_events=pending_events(state),
+            spool_depth=self.spool.depth(),
+            spool_dropped=self.spool.dropped(),
+            imds_healthy=self._poll.healthy,
+            last_imds_success=self._poll.last_success,
+        )
+        self.spool.commit([heartbeat_record(self.origin, reason, health, self._now())])
+
+    # --- hooks ---------------------------------------------------------------------------
+
+    def _hook_runner(self) -> HookRunner | None:
+        hooks = self.config.hooks
+        if hooks.prepare is None and hooks.recover is None:
+            return None
+        return HookRunner(
+            prepare=hooks.prepare,
+            recover=hooks.recover,
+            timeout=hooks.timeout,
+            max_concurrent=hooks.max_concurrent,
+            on_done=self._hook_done,
+        )
+
+    def _plan_hooks(self, records: list[dict[str, Any]]) -> list[HookJob]:
+        hooks = self.config.hooks
+        if self.hooks is None:
+            return []
+        return plan(records, prepare=hooks.prepare is not None, recover=hooks.recover is not None)
+
+    def _hook_done(self, job: HookJob, outcome: HookOutcome) -> None:
+        self.spool.finish_job(job.job_id, [hook_record(self.origin, job, outcome, self._now())])
+
+    def _submit(self, job: HookJob) -> None:
+        if self.hooks is not None and not self.hooks.submit(job):
+            self._waiting_jobs.append(job)
+
+    def _resubmit_hooks(self) -> None:
+        waiting, self._waiting_jobs = self._waiting_jobs, []
+        for job in waiting:
+            self._submit(job)
+
+    def _resume_hooks(self) -> None:
+        """Hooks that were due when the agent last stopped run now: hooks are at-least-once."""
+        for _job_id, payload in self.spool.pending_jobs():
+            if self.hooks is not None:
+                self._submit(HookJob.from_payload(payload))
+
+
+class _PollHealth:
+    """Whether IMDS answers, and how long to wait after it did not."""
+
+    def __init__(self) -> None:
+        self.healthy = False
+        self.last_success: datetime | None = None
+        self.failures = 0
+        self._backoff = Backoff(initial=0.5, maximum=MAX_POLL_BACKOFF)
+
+    def succeeded(self, now: datetime) -> None:
+        if self.failures:
+            log.info("IMDS answers again after %d failed polls", self.failures)
+        self.healthy, self.last_success, self.failures = True, now, 0
+        self._backoff.reset()
+
+    def failed(self, err: DeliveryError, interval: float) -> float:
+        self.healthy = False
+        self.failures += 1
+        if self.failures == 1:
+            level = logging.ERROR if isinstance(err, PermanentError) else logging.WARNING
+            log.log(level, "cannot read scheduled events: %s; retrying with backoff", err)
+        return max(interval, self._backoff.delay_for(err))
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line a person reads in the agent's log for each Event record."""
+    affects = {True: "affects this VM", False: "not this VM", None: "VM name unknown"}
+    parts = [
+        f"{record['EventType']} {record['EventId']} {record['Transition']}",
+        "(inferred)" if record.get("Inferred") else "",
+        f"NotBefore {record['NotBefore']}" if record.get("NotBefore") else "",
+        f"changed {', '.join(record['ChangedFields'])}" if record.get("ChangedFields") else "",
+        affects[record.get("AffectsThisVm")],
+        f"resources {', '.join(record['Resources'])}" if record.get("Resources") else "",
+    ]
+    return "; ".join(p for p in parts if p)
+
+
+def _client(config: Config) -> imds.ImdsClient:
+    settings = config.imds
+    return imds.ImdsClient(
+        settings.url,
+        settings.api_version,
+        timeout=settings.timeout,
+        first_call_timeout=settings.first_call_timeout,
+        max_rps=settings.max_requests_per_second,
+    )

@@ -1,0 +1,92 @@
+"""The `se-bridge` command line (DESIGN 3.3). Each sub-command's module adds its own parser."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from bridge import __version__, host
+from bridge.config import ConfigError, load
+
+log = logging.getLogger("bridge")
+
+
+def setup_logging(level: str = "INFO") -> None:
+    # Logs go to stderr: stdout belongs to the stdout sink.
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        force=True,
+    )
+
+
+def add_agent_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("agent", help="poll IMDS and ship records (runs until stopped)")
+    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--imds-url", help="IMDS base URL (default http://169.254.169.254)")
+    p.add_argument("--poll-interval", type=float, help="seconds between polls (default 1)")
+    p.add_argument("--state-dir", type=Path, help="spool and state directory")
+    p.add_argument(
+        "--sink",
+        action="append",
+        metavar="SPEC",
+        help="jsonl:PATH or stdout; repeat for several (default jsonl:<state-dir>/records.jsonl)",
+    )
+    p.set_defaults(func=run_agent)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    from bridge.agent import Agent  # noqa: PLC0415 - keeps `se-bridge --help` light
+    from bridge.spool import SpoolError  # noqa: PLC0415
+
+    flags = {
+        "imds.url": args.imds_url,
+        "agent.poll_interval": args.poll_interval,
+        "agent.state_dir": args.state_dir,
+        "agent.sinks": args.sink,
+    }
+    try:
+        config = load(args.config, flags=flags)
+    except ConfigError as err:
+        return _fail(f"configuration error: {err}", 2)
+    setup_logging(config.agent.log_level)
+    try:
+        agent = Agent(config)
+    except (SpoolError, OSError) as err:
+        return _fail(f"cannot start the agent: {err}", 1)
+    stop = threading.Event()
+    host.install_stop_handler(stop.set)
+    return agent.run(stop)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"se-bridge: {message}", file=sys.stderr)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from bridge import demo, simulator  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(
+        prog="se-bridge",
+        description="Azure Scheduled Events to fleet-wide records, alerts and approvals.",
+    )
+    parser.add_argument("--version", action="version", version=f"se-bridge {__version__}")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_agent_parser(subparsers)
+    simulator.add_parser(subparsers)
+    demo.add_parser(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command != "agent":
+        setup_logging("INFO")
+    code: int = args.func(args)
+    return code

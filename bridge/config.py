@@ -1,0 +1,299 @@
+"""Settings: flags > environment (SE_BRIDGE_<SECTION>_<KEY>) > TOML file > defaults.
+
+Each section is a frozen dataclass; a field's metadata says what it accepts. One loader
+walks them, so every setting is validated the same way and every error names the
+setting and where its value came from. A bad setting stops the process at start.
+
+Example file (all keys optional):
+
+    [agent]
+    poll_interval = 1.0
+    sinks = ["jsonl:/var/log/se-bridge/records.jsonl"]
+
+    [hooks]
+    prepare = "/opt/app/drain.sh"
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar, get_type_hints
+
+from bridge import host
+from bridge.sinks import parse_spec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+log = logging.getLogger(__name__)
+ENV_PREFIX = "SE_BRIDGE_"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class ConfigError(ValueError):
+    """A setting is wrong; the message names it and where it came from."""
+
+
+def _setting(
+    default: Any,
+    help_text: str,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    choices: tuple[str, ...] = (),
+    command: bool = False,
+) -> Any:
+    meta = {"help": help_text, "low": low, "high": high, "choices": choices, "command": command}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    poll_interval: float = _setting(
+        1.0, "Seconds between Scheduled Events polls.", low=0.2, high=60
+    )
+    state_dir: Path = _setting(host.default_state_dir(), "Where the spool and state live.")
+    sinks: list[str] = _setting(
+        [], "Sink specs: jsonl:PATH, stdout. Default: jsonl:<state_dir>/records.jsonl."
+    )
+    heartbeat_interval: float = _setting(
+        300.0, "Seconds between Heartbeat records.", low=1, high=86400
+    )
+    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS)
+
+
+@dataclass(frozen=True)
+class ImdsSettings:
+    url: str = _setting("http://169.254.169.254", "IMDS base URL (the simulator's for tests).")
+    api_version: str = _setting("2020-07-01", "Scheduled Events api-version.")
+    timeout: float = _setting(
+        10.0, "Seconds to wait for an answer once IMDS has answered once.", low=0.5, high=300
+    )
+    first_call_timeout: float = _setting(
+        120.0,
+        "Seconds to wait for the first answer (IMDS may take 2 min after idling).",
+        low=1,
+        high=600,
+    )
+    instance_refresh: float = _setting(
+        3600.0, "Seconds between instance metadata refreshes.", low=10, high=86400
+    )
+    max_requests_per_second: float = _setting(
+        5.0, "Ceiling on IMDS requests; IMDS throttles above about 5/s.", low=0.1, high=5
+    )
+
+
+@dataclass(frozen=True)
+class SpoolSettings:
+    max_records: int = _setting(
+        100_000, "Records the spool holds before it sheds (heartbeats first).", low=100, high=10**8
+    )
+    max_bytes: int = _setting(
+        64 * 1024 * 1024, "Bytes the spool holds before it sheds.", low=64 * 1024, high=2**40
+    )
+
+
+@dataclass(frozen=True)
+class HooksSettings:
+    # A string runs through the platform shell; a TOML list runs as argv without one.
+    prepare: str | list[str] | None = _setting(
+        None, "Command run when an event affecting this VM appears.", command=True
+    )
+    recover: str | list[str] | None = _setting(
+        None, "Command run when such an event is Completed or Canceled.", command=True
+    )
+    timeout: float = _setting(
+        300.0, "Seconds a hook may run before it is killed.", low=1, high=86400
+    )
+    max_concurrent: int = _setting(4, "Hooks that may run at once.", low=1, high=64)
+
+
+@dataclass(frozen=True)
+class Config:
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    imds: ImdsSettings = field(default_factory=ImdsSettings)
+    spool: SpoolSettings = field(default_factory=SpoolSettings)
+    hooks: HooksSettings = field(default_factory=HooksSettings)
+
+    def sink_specs(self) -> list[str]:
+        return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]
+
+
+S = TypeVar("S")
+
+
+def load(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the Config; `flags` maps "section.key" to values given on the command line."""
+    layers = [
+        ("file " + str(path), _read_file(path)) if path else ("file", {}),
+        ("environment", _from_env(os.environ if environ is None else environ)),
+        ("command line", _nest(flags or {})),
+    ]
+    sections = {}
+    for f in dataclasses.fields(Config):
+        section_cls = get_type_hints(Config)[f.name]
+        sections[f.name] = _section(f.name, section_cls, layers)
+    _reject_unknown(layers[0][1], layers[2][1])
+    config = Config(**sections)
+    for spec in config.sink_specs():
+        try:
+            parse_spec(spec)
+        except ValueError as err:
+            raise ConfigError(f"agent.sinks: {err}") from err
+    return config
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as handle:
+            data: dict[str, Any] = tomllib.load(handle)
+            return data
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path} is not valid TOML: {err}") from err
+
+
+def _from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    known = {f.name for f in dataclasses.fields(Config)}
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
+        if section in known and key:
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def _nest(flags: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for dotted, value in flags.items():
+        if value is not None:
+            section, _, key = dotted.partition(".")
+            out.setdefault(section, {})[key] = value
+    return out
+
+
+def _section(name: str, cls: type[S], layers: list[tuple[str, dict[str, Any]]]) -> S:
+    hints = get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for origin, data in layers:
+        section = data.get(name, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"[{name}] in the {origin} must be a table")
+        for key, raw in section.items():
+            if key not in fields:
+                if origin == "environment":
+                    log.warning("ignoring unknown setting %s.%s from the environment", name, key)
+                    continue
+                raise ConfigError(f"unknown setting {name}.{key} in the {origin}")
+            where = _where(name, key, origin)
+            values[key] = _convert(raw, hints[key], fields[key].metadata, where)
+    return cls(**values)
+
+
+def _where(section: str, key: str, origin: str) -> str:
+    if origin == "environment":
+        return f"{section}.{key} (from {ENV_PREFIX}{section.upper()}_{key.upper()})"
+    return f"{section}.{key} (from the {origin})"
+
+
+def _reject_unknown(file_data: dict[str, Any], flag_data: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(Config)}
+    for data in (file_data, flag_data):
+        for section in data:
+            if section not in known:
+                raise ConfigError(f"unknown section [{section}]; known: {', '.join(sorted(known))}")
+
+
+def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
+    try:
+        value = _command(raw) if meta.get("command") else _coerce(raw, kind)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{where}: {err}, got {raw!r}") from err
+    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
+    if isinstance(value, (int, float)) and not (
+        (low is None or value >= low) and (high is None or value <= high)
+    ):
+        raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {raw!r}")
+    if choices and str(value).upper() not in choices:
+        raise ConfigError(f"{where}: must be one of {', '.join(choices)}, got {raw!r}")
+    return str(value).upper() if choices else value
+
+
+def _coerce(raw: Any, kind: Any) -> Any:
+    if kind is bool or (isinstance(raw, bool) and kind in (int, float)):
+        raise TypeError("expected a number")
+    if kind in (int, float):
+        if isinstance(raw, str):
+            raw = raw.strip()
+        number = float(raw)
+        if kind is int and not number.is_integer():
+            raise ValueError("expected a whole number")
+        return kind(number)
+    if kind is Path:
+        return Path(os.path.expanduser(str(raw)))
+    if kind == list[str]:
+        return _string_list(raw)
+    if not isinstance(raw, str):
+        raise TypeError("expected a string")
+    return raw.strip()
+
+
+def _command(raw: Any) -> str | list[str] | None:
+    if isinstance(raw, str):
+        return raw.strip() or None
+    command = _string_list(raw)
+    if not command:
+        raise ValueError("an argv list must not be empty")
+    return command
+
+
+def _string_list(raw: Any) -> list[str]:
+    """A list from TOML, or a comma-separated string from the environment or a flag."""
+    if isinstance(raw, str):
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    if isinstance(raw, (list, tuple)) and all(isinstance(v, str) for v in raw):
+        return [str(v) for v in raw]
+    raise TypeError("expected a list of strings")
+
+
+def markdown_table() -> str:
+    """The README's settings table, from the dataclasses themselves."""
+    lines = ["| Setting | Environment | Default | Meaning |", "| --- | --- | --- | --- |"]
+    defaults = Config()
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(getattr(defaults, section.name)):
+            default = getattr(getattr(defaults, section.name), f.name)
+            shown = "platform default" if f.name == "state_dir" else _show(default)
+            env = f"{ENV_PREFIX}{section.name.upper()}_{f.name.upper()}"
+            lines.append(
+                f"| `{section.name}.{f.name}` | `{env}` | {shown} | {f.metadata['help']} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _show(value: Any) -> str:
+    if value is None or value == []:
+        return "none"
+    return f"`{value}`"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown_table())

@@ -1,0 +1,230 @@
+"""Reading a Scheduled Events document as IMDS sends it, leniently and without ever raising.
+
+A real document (Microsoft's live-migration sample, api-version 2020-07-01):
+
+    {
+        "DocumentIncarnation":  2,
+        "Events":  [
+                       {
+                           "EventId":  "C7061BAC-AFDC-4513-B24B-AA5F13A16123",
+                           "EventStatus":  "Scheduled",
+                           "EventType":  "Freeze",
+                           "ResourceType":  "VirtualMachine",
+                           "Resources":  ["WestNO_0", "WestNO_1"],
+                           "NotBefore":  "Mon, 11 Apr 2022 22:26:58 GMT",
+                           "Description":  "Virtual machine is being paused because of a
+                                            memory-preserving Live Migration operation.",
+                           "EventSource":  "Platform",
+                           "DurationInSeconds":  5
+                       }
+                   ]
+    }
+
+The 2017 shape has no EventSource, Description or DurationInSeconds, an ISO 8601
+NotBefore ("2016-09-19T18:29:47Z"), and some clients of that era sent the
+incarnation as a string ("5").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+# Fields an event may carry; a field missing from the document is left out of `present`,
+# so an older api-version never looks like a change.
+EVENT_FIELDS = (
+    "EventType",
+    "ResourceType",
+    "Resources",
+    "EventStatus",
+    "NotBeforeRaw",
+    "Description",
+    "EventSource",
+    "DurationInSeconds",
+)
+
+_MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_MONTHS = {m: i for i, m in enumerate(_MONTH_NAMES, 1)}
+# The weekday is matched but ignored: Microsoft's own samples carry wrong ones.
+_RFC1123 = re.compile(
+    r"^\s*(?:[A-Za-z]{3,9},?\s+)?(\d{1,2})\s+([A-Za-z]{3})[a-z]*\s+(\d{4})\s+"
+    r"(\d{1,2}):(\d{2})(?::(\d{2}))?\s*(?:GMT|UTC|Z|\+0000)?\s*$"
+)
+
+
+class DocumentError(ValueError):
+    """The body is not a Scheduled Events document; the message says why, briefly."""
+
+
+@dataclass(frozen=True)
+class ParsedEvent:
+    event_id: str
+    present: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return self.event_id.lower()
+
+    @property
+    def started(self) -> bool:
+        return is_started(self.present.get("EventStatus"))
+
+
+@dataclass(frozen=True)
+class ParsedDocument:
+    incarnation: int
+    events: list[ParsedEvent]
+    problems: list[str] = field(default_factory=list)
+
+
+def is_started(status: object) -> bool:
+    return isinstance(status, str) and status.strip().lower() == "started"
+
+
+def parse_document(raw: object) -> ParsedDocument:
+    """Parse a decoded JSON body; DocumentError when it is not a document at all."""
+    if not isinstance(raw, Mapping):
+        raise DocumentError(f"expected a JSON object, got {type(raw).__name__}")
+    keys = _folded(raw)
+    incarnation = _incarnation(keys.get("documentincarnation", _MISSING))
+    events_raw = keys.get("events", _MISSING)
+    if events_raw is _MISSING or events_raw is None:
+        raise DocumentError("the document has no Events array")
+    if not isinstance(events_raw, list):
+        raise DocumentError(f"Events is a {type(events_raw).__name__}, not an array")
+    problems: list[str] = []
+    events = _dedupe([e for e in (_event(item, problems) for item in events_raw) if e], problems)
+    return ParsedDocument(incarnation, events, problems)
+
+
+_MISSING: Any = object()
+
+
+def _folded(raw: Mapping[Any, Any]) -> dict[str, Any]:
+    """Keys folded to lower case: a hand-written or proxied document may change their case."""
+    return {str(k).strip().lower(): v for k, v in raw.items()}
+
+
+def _incarnation(value: object) -> int:
+    if value is _MISSING:
+        raise DocumentError("the document has no DocumentIncarnation")
+    if isinstance(value, bool):
+        raise DocumentError("DocumentIncarnation is a boolean, not a number")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    raise DocumentError(f"DocumentIncarnation is not a whole number: {str(value)[:40]!r}")
+
+
+def _event(item: object, problems: list[str]) -> ParsedEvent | None:
+    if not isinstance(item, Mapping):
+        problems.append(f"skipped an event that is not an object: {str(item)[:60]!r}")
+        return None
+    keys = _folded(item)
+    event_id = keys.get("eventid")
+    if not isinstance(event_id, str) or not event_id.strip():
+        problems.append(f"skipped an event without an EventId: {str(dict(item))[:80]!r}")
+        return None
+    present: dict[str, Any] = {}
+    for name in EVENT_FIELDS:
+        source = "notbefore" if name == "NotBeforeRaw" else name.lower()
+        if source in keys:
+            present[name] = _field(name, keys[source], problems, event_id)
+    return ParsedEvent(event_id.strip(), present)
+
+
+def _field(name: str, value: Any, problems: list[str], event_id: str) -> Any:
+    if name == "Resources":
+        return _resources(value)
+    if name == "DurationInSeconds":
+        return _duration(value, problems, event_id)
+    if value is None:
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _resources(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value] if value.strip() else []
+    if isinstance(value, list):
+        return [v if isinstance(v, str) else str(v) for v in value if v is not None]
+    return [str(value)]
+
+
+def _duration(value: Any, problems: list[str], event_id: str) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(float(str(value).strip()))
+    except (ValueError, OverflowError):
+        problems.append(f"event {event_id}: DurationInSeconds {str(value)[:20]!r} is not a number")
+        return None
+
+
+_STATUS_RANK = {"started": 1}
+
+
+def _dedupe(events: list[ParsedEvent], problems: list[str]) -> list[ParsedEvent]:
+    """One entry per EventId: the most advanced status wins, then the first occurrence."""
+    chosen: dict[str, ParsedEvent] = {}
+    for event in events:
+        kept = chosen.get(event.key)
+        if kept is None:
+            chosen[event.key] = event
+            continue
+        problems.append(f"EventId {event.event_id} appears more than once; kept one entry")
+        if event.started and not kept.started:
+            chosen[event.key] = event
+    return list(chosen.values())
+
+
+def parse_time(raw: object) -> datetime | None:
+    """NotBefore as an aware UTC datetime: RFC 1123 (any weekday) or ISO 8601; None otherwise."""
+    if not isinstance(raw, str) or not raw.strip():
+        return None
+    text = raw.strip()
+    match = _RFC1123.match(text)
+    if match:
+        return _from_rfc1123(match)
+    return _from_iso(text)
+
+
+def _from_rfc1123(match: re.Match[str]) -> datetime | None:
+    day, month, year, hour, minute, second = match.groups()
+    month_no = _MONTHS.get(month.lower())
+    if month_no is None:
+        return None
+    try:
+        return datetime(
+            int(year),
+            month_no,
+            int(day),
+            int(hour),
+            int(minute),
+            int(second or 0),
+            tzinfo=timezone.utc,
+        )
+    except ValueError:
+        return None
+
+
+def _from_iso(text: str) -> datetime | None:
+    candidate = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
+    try:
+        moment = datetime.fromisoformat(candidate)
+        if moment.tzinfo is None:
+            # IMDS times are UTC; a bare ISO time from an old sample means UTC too.
+            return moment.replace(tzinfo=timezone.utc)
+        return moment.astimezone(timezone.utc)
+    except (ValueError, OverflowError):
+        return None

@@ -1,0 +1,106 @@
+"""Settings: precedence flags > environment > file > defaults, and errors that name the setting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bridge.config import Config, ConfigError, load
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "se-bridge.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults() -> None:
+    config = load(environ={})
+    assert config.agent.poll_interval == 1.0
+    assert config.imds.url == "http://169.254.169.254"
+    assert config.imds.api_version == "2020-07-01"
+    assert config.sink_specs() == [f"jsonl:{config.agent.state_dir / 'records.jsonl'}"]
+    assert config.hooks.prepare is None
+
+
+def test_precedence_flags_over_env_over_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "[agent]\npoll_interval = 2.0\nheartbeat_interval = 60\n")
+    env = {"SE_BRIDGE_AGENT_POLL_INTERVAL": "3", "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": "90"}
+    config = load(path, environ=env, flags={"agent.poll_interval": 0.5})
+    assert config.agent.poll_interval == 0.5
+    assert config.agent.heartbeat_interval == 90.0
+    assert load(path, environ={}).agent.poll_interval == 2.0
+
+
+def test_lists_from_environment_and_file(tmp_path: Path) -> None:
+    env = {"SE_BRIDGE_AGENT_SINKS": "stdout, jsonl:/tmp/x.jsonl"}
+    assert load(environ=env).sink_specs() == ["stdout", "jsonl:/tmp/x.jsonl"]
+    path = write(tmp_path, '[agent]\nsinks = ["stdout"]\n')
+    assert load(path, environ={}).sink_specs() == ["stdout"]
+
+
+def test_hook_commands_string_or_argv(tmp_path: Path) -> None:
+    path = write(tmp_path, '[hooks]\nprepare = "drain.sh --all, now"\nrecover = ["a", "b,c"]\n')
+    hooks = load(path, environ={}).hooks
+    assert hooks.prepare == "drain.sh --all, now"
+    assert hooks.recover == ["a", "b,c"]
+
+
+ERRORS = {
+    "number out of range": (
+        {"SE_BRIDGE_AGENT_POLL_INTERVAL": "0"},
+        "agent.poll_interval (from SE_BRIDGE_AGENT_POLL_INTERVAL): must be between 0.2 and 60",
+    ),
+    "not a number": (
+        {"SE_BRIDGE_IMDS_TIMEOUT": "soon"},
+        "imds.timeout (from SE_BRIDGE_IMDS_TIMEOUT)",
+    ),
+    "not a whole number": (
+        {"SE_BRIDGE_SPOOL_MAX_RECORDS": "10.5"},
+        "spool.max_records (from SE_BRIDGE_SPOOL_MAX_RECORDS): expected a whole number",
+    ),
+    "bad choice": (
+        {"SE_BRIDGE_AGENT_LOG_LEVEL": "chatty"},
+        "agent.log_level (from SE_BRIDGE_AGENT_LOG_LEVEL): must be one of DEBUG",
+    ),
+    "bad sink": ({"SE_BRIDGE_AGENT_SINKS": "kafka:x"}, "agent.sinks: unknown sink 'kafka:x'"),
+    "jsonl without a path": ({"SE_BRIDGE_AGENT_SINKS": "jsonl:"}, "needs a path"),
+}
+
+
+@pytest.mark.parametrize(("env", "message"), ERRORS.values(), ids=ERRORS)
+def test_errors_name_the_setting(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load(environ=env)
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[agent]\npoll_interval = true\n", "agent.poll_interval (from the file"),
+        ("[agent]\npol_interval = 1\n", "unknown setting agent.pol_interval"),
+        ("[agnt]\n", "unknown section [agnt]"),
+        ("agent = 3\n", "[agent] in the file"),
+        ("[agent\n", "is not valid TOML"),
+        ("[hooks]\nprepare = []\n", "hooks.prepare (from the file"),
+    ],
+)
+def test_file_errors(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text), environ={})
+    assert message in str(info.value)
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load(tmp_path / "absent.toml", environ={})
+
+
+def test_unknown_environment_setting_is_ignored_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    config = load(environ={"SE_BRIDGE_AGENT_POLL_INTERVALL": "3"})
+    assert config == Config()
+    assert "agent.poll_intervall" in caplog.text

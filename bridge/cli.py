@@ -70,7 +70,8 @@ def _fail(message: str, code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bridge import demo, simulator  # noqa: PLC0415
+    from bridge.demo import add_parser as add_demo_parser  # noqa: PLC0415
+    from bridge.simulator import add_parser as add_simulate_parser  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
         prog="se-bridge",
@@ -79,8 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"se-bridge {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_agent_parser(subparsers)
-    simulator.add_parser(subparsers)
-    demo.add_parser(subparsers)
+    add_simulate_parser(subparsers)
+    add_demo_parser(subparsers)
     return parser
 
 

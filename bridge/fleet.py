@@ -150,7 +150,7 @@ class SimEvent:
 
 @dataclass(frozen=True)
 class Change:
-    """One change to what some VMs see, for the simulator's log and the control API."""
+    """One state change in the fleet (what changed, when, who sees it), for the log."""
 
     kind: str  # scheduled | approved | started | completed | canceled | reset
     at: float

@@ -1,0 +1,209 @@
+"""`se-bridge demo`: the whole loop on one machine, no Azure.
+
+An IMDS simulator with a small fleet, one agent per VM (in this process, each with its
+own spool, a jsonl sink and a view sink), demo hooks, a driver that plays the scenarios,
+and a live terminal view, until Ctrl-C or --duration; then a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from bridge import host
+from bridge.agent import Agent
+from bridge.config import AgentSettings, Config, HooksSettings, ImdsSettings
+from bridge.fleet import Fleet
+from bridge.fleetspec import demo_vms
+from bridge.simulator import Simulator, SimulatorServer
+from bridge.sinks import SpooledRecord, build
+
+SCENARIOS = (
+    "live-migration", "user-reboot", "spot-preempt", "canceled", "hardware-failure",
+    "availability-set", "redeploy", "vmss-terminate", "platform-reboot", "reset-24h",
+)  # fmt: skip
+# The demo hooks print one line; real ones drain a load balancer or checkpoint work.
+HOOK = "import os; print('{0}: ' + os.environ['SE_BRIDGE_EVENT_TYPE'] + ' ' + os.environ['SE_BRIDGE_EVENT_ID'])"  # noqa: E501
+
+
+class View:
+    """What the terminal shows: the latest record per VM and the most recent lines."""
+
+    def __init__(self, out: TextIO, live: bool) -> None:
+        self.out, self.live = out, live
+        self.lock = threading.Lock()
+        self.recent: deque[str] = deque(maxlen=16)
+        self.latest: dict[str, str] = {}
+        self.counts: Counter[str] = Counter()
+        self.started = time.monotonic()
+
+    def add(self, vm: str, record: dict[str, Any]) -> None:
+        line = f"{record['TimeGenerated'][11:19]} {vm:<7} {summarise(record)}"
+        with self.lock:
+            self.counts[count_key(record)] += 1
+            if record["RecordType"] != "Heartbeat":
+                self.recent.append(line)
+                self.latest[vm] = summarise(record)
+        if not self.live and record["RecordType"] != "Heartbeat":
+            print(line, file=self.out, flush=True)
+
+    def render(self, vms: Sequence[str], scale: float) -> str:
+        with self.lock:
+            elapsed = time.monotonic() - self.started
+            rows = [f"  {vm:<7} {self.latest.get(vm, '-')}" for vm in vms]
+            recent = list(self.recent)
+        head = f"se-bridge demo: {len(vms)} VMs, time x{scale:g}, {elapsed:5.1f} s (Ctrl-C stops)"
+        return "\n".join([head, "", "Latest per VM", *rows, "", "Recent records", *recent])
+
+
+def summarise(record: dict[str, Any]) -> str:
+    if record["RecordType"] == "Event":
+        mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]
+        inferred = " (inferred)" if record["Inferred"] else ""
+        return (
+            f"Event {record['EventType']:<9} {record['EventId'][:8]} "
+            f"{record['Transition']}{inferred} [{mine}]"
+        )
+    if record["RecordType"] == "Hook":
+        result = "timed out" if record["HookTimedOut"] else f"exit {record['HookExitCode']}"
+        return f"Hook  {record['HookPhase']:<9} {record['EventId'][:8]} {result}"
+    return f"Heartbeat {record['HeartbeatReason']}"
+
+
+def count_key(record: dict[str, Any]) -> str:
+    if record["RecordType"] == "Event":
+        return f"Event {record['Transition']}"
+    if record["RecordType"] == "Hook":
+        ok = record["HookExitCode"] == 0
+        return f"Hook {record['HookPhase']} {'ok' if ok else 'failed'}"
+    return "Heartbeat"
+
+
+class ViewSink:
+    """A real sink: records reach the view through the spool and delivery, like any other."""
+
+    max_batch = 200
+
+    def __init__(self, vm: str, view: View) -> None:
+        self.vm, self.view = vm, view
+
+    @property
+    def name(self) -> str:
+        return "demo-view"
+
+    def send(self, batch: Sequence[SpooledRecord]) -> None:
+        for item in batch:
+            self.view.add(self.vm, json.loads(item.body))
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+def agent_config(url: str, state_dir: Path, poll: float) -> Config:
+    hook = [sys.executable, "-c"]
+    return Config(
+        agent=AgentSettings(poll_interval=poll, state_dir=state_dir, heartbeat_interval=60),
+        imds=ImdsSettings(url=url, first_call_timeout=10, timeout=5),
+        hooks=HooksSettings(
+            prepare=[*hook, HOOK.format("prepare")],
+            recover=[*hook, HOOK.format("recover")],
+            timeout=30,
+        ),
+    )
+
+
+class Demo:
+    def __init__(self, root: Path, scale: float, poll: float, view: View) -> None:
+        self.root, self.scale, self.poll, self.view = root, scale, poll, view
+        self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
+        self.server = SimulatorServer(self.simulator)
+        self.stops: list[threading.Event] = []
+        self.threads: list[threading.Thread] = []
+        self.played: list[tuple[str, list[str]]] = []
+
+    def start(self) -> None:
+        self.server.start()
+        for vm in self.simulator.vm_names:
+            self._start_agent(vm)
+
+    def _start_agent(self, vm: str) -> None:
+        state_dir = self.root / vm
+        config = agent_config(self.server.vm_url(vm), state_dir, self.poll)
+        sinks = [build(f"jsonl:{state_dir / 'records.jsonl'}"), ViewSink(vm, self.view)]
+        agent = Agent(config, sinks=sinks)
+        stop = threading.Event()
+        thread = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{vm}", daemon=True)
+        thread.start()
+        self.stops.append(stop)
+        self.threads.append(thread)
+
+    def play(self, index: int) -> None:
+        name = SCENARIOS[index % len(SCENARIOS)]
+        # Every state lasts a few real seconds, so a poll of well under a second sees it.
+        ids = self.simulator.run_scenario(name, run_time=4 * self.scale)
+        self.played.append((name, ids))
+
+    def stop(self) -> None:
+        for stop in self.stops:
+            stop.set()
+        for thread in self.threads:
+            thread.join(timeout=30)
+        self.server.stop()
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser("demo", help="run the whole loop locally with a simulated fleet")
+    p.add_argument("--duration", type=float, help="stop after this many seconds (default: Ctrl-C)")
+    p.add_argument("--time-scale", type=float, default=30.0, help="simulated seconds per second")
+    p.add_argument("--poll-interval", type=float, default=0.5, help="agents' poll interval")
+    p.add_argument("--every", type=float, default=5.0, help="seconds between scenarios")
+    p.add_argument("--state-dir", type=Path, help="where agents keep spools and records")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.getLogger("bridge").setLevel(logging.WARNING)
+    root = args.state_dir or Path(tempfile.mkdtemp(prefix="se-bridge-demo-"))
+    live = sys.stdout.isatty()
+    view = View(sys.stdout, live)
+    demo = Demo(root, args.time_scale, args.poll_interval, view)
+    stop = threading.Event()
+    host.install_stop_handler(stop.set)
+    demo.start()
+    try:
+        drive(demo, stop, args, live)
+    finally:
+        demo.stop()
+    print_summary(demo, root)
+    return 0
+
+
+def drive(demo: Demo, stop: threading.Event, args: argparse.Namespace, live: bool) -> None:
+    deadline = time.monotonic() + args.duration if args.duration else float("inf")
+    next_play, played = time.monotonic() + 1.0, 0
+    while not stop.is_set() and time.monotonic() < deadline:
+        if time.monotonic() >= next_play:
+            demo.play(played)
+            played, next_play = played + 1, next_play + args.every
+        if live:
+            screen = demo.view.render(demo.simulator.vm_names, args.time_scale)
+            sys.stdout.write("\x1b[H\x1b[2J" + screen + "\n")
+            sys.stdout.flush()
+        stop.wait(0.5)
+
+
+def print_summary(demo: Demo, root: Path) -> None:
+    print("\nSummary")
+    print("  scenarios played: " + (", ".join(name for name, _ in demo.played) or "none"))
+    for key, count in sorted(demo.view.counts.items()):
+        print(f"  {key:<28} {count}")
+    print(f"  records of each VM: {root}/<vm>/records.jsonl")

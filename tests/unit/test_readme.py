@@ -1,0 +1,18 @@
+"""The README's generated sections match their single sources."""
+
+from __future__ import annotations
+
+from tools.sync_readme import README, SECTIONS, expected
+
+
+def test_readme_generated_sections_are_current() -> None:
+    text = README.read_text(encoding="utf-8")
+    for name in SECTIONS:
+        assert f"<!-- {name}:start -->" in text, f"README lost its {name} section markers"
+    assert text == expected(text), "README is out of date: run ./dev docs"
+
+
+def test_readme_opens_with_the_two_commands() -> None:
+    lines = README.read_text(encoding="utf-8").splitlines()
+    block = lines[lines.index("```sh") + 1 : lines.index("```")]
+    assert [line.split()[0:2] for line in block] == [["./dev", "demo"], ["./dev", "test"]]

@@ -335,7 +335,11 @@ class Spool:
         room = self._make_room(conn, encoded)
         conn.executemany(
             "INSERT INTO records (record_id, record_type, body, size) VALUES (?, ?, ?, ?)",
-            [(e.record_id, e.record_type, e.body, e.size) for e in encoded if e not in room.refused],
+            [
+                (e.record_id, e.record_type, e.body, e.size)
+                for e in encoded
+                if e not in room.refused
+            ],
         )
         return room
 

@@ -25,9 +25,12 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 def expected(text: str) -> str:
     for name, render in SECTIONS.items():
-        body = render()
-        text = _pattern(name).sub(lambda m: m.group(1) + body + m.group(2), text)
+        text = _pattern(name).sub(rf"\g<1>{_escape(render())}\g<2>", text)
     return text
+
+
+def _escape(replacement: str) -> str:
+    return replacement.replace("\\", "\\\\")
 
 
 def main() -> int:

@@ -68,12 +68,19 @@ class Agent:
         self._next_heartbeat = 0.0
         self._next_identity = 0.0
         self._identity_warned = False
-        self._last_problem = ""
+        self._warned: set[str] = set()
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> int:
         """Poll until `stop` is set, then flush and return 0."""
+        self.start()
+        while not stop.is_set():
+            stop.wait(self.cycle())
+        self.shutdown()
+        return 0
+
+    def start(self) -> None:
         self.delivery.start()
         self._resume_hooks()
         self._refresh_identity()
@@ -84,10 +91,6 @@ class Agent:
             self.config.agent.poll_interval,
             ", ".join(s.name for s in self.sinks),
         )
-        while not stop.is_set():
-            stop.wait(self.cycle())
-        self._shutdown()
-        return 0
 
     def cycle(self) -> float:
         """One poll and whatever housekeeping is due; the seconds to wait before the next."""
@@ -100,7 +103,7 @@ class Agent:
         self._resubmit_hooks()
         return max(0.0, delay - (time.monotonic() - started))
 
-    def _shutdown(self) -> None:
+    def shutdown(self) -> None:
         log.info("stopping: flushing the spool to every sink")
         if self.hooks is not None:
             self.hooks.stop(timeout=10.0)
@@ -130,12 +133,15 @@ class Agent:
         try:
             raw = json.loads(body)
         except ValueError:
-            self._problem(f"IMDS sent a body that is not JSON; skipped: {imds.excerpt(body)!r}")
+            self._problem("not json", f"IMDS sent a body that is not JSON; skipped: "
+                          f"{imds.excerpt(body)!r}")  # fmt: skip
             return
         ctx = Context(self._now(), self.origin, self._boot_id, self._gap())
         result = normalise(self.state, raw, ctx)
         for problem in result.problems:
-            self._problem(problem)
+            self._problem(problem.partition(":")[0], problem)
+        if not result.problems:
+            self._warned.clear()  # a clean document ends every streak
         self._commit(result.records, result.state)
 
     def _commit(self, records: list[dict[str, Any]], state: dict[str, Any]) -> None:
@@ -155,11 +161,11 @@ class Agent:
     def _gap(self) -> timedelta:
         return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))
 
-    def _problem(self, message: str) -> None:
-        # Said once per distinct problem: the same bad document polled every second is one line.
-        if message != self._last_problem:
+    def _problem(self, kind: str, message: str) -> None:
+        # Said once per kind until a clean document: a bad body every second is one line.
+        if kind not in self._warned:
             log.warning("%s", message)
-            self._last_problem = message
+            self._warned.add(kind)
 
     # --- instance metadata ----------------------------------------------------------------
 

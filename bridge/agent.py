@@ -18,7 +18,8 @@ from typing import Any
 from bridge import host, imds
 from bridge.config import Config
 from bridge.delivery import Delivery
-from bridge.hooks import HookJob, HookOutcome, HookRunner, hook_record, plan
+from bridge.hookproc import HookOutcome
+from bridge.hooks import HookJob, HookRunner, hook_record, plan
 from bridge.normalise import Context, normalise, pending_events
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
 from bridge.retry import Backoff, DeliveryError, PermanentError

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from bridge.hooks import Command, HookJob, HookOutcome, HookRunner, plan, run_hook
+from bridge.hookproc import Command, HookOutcome, run_hook
+from bridge.hooks import HookJob, HookRunner, plan
 from bridge.records import Origin, VmIdentity
 
 PY = sys.executable

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator, FormatChecker
 
-from bridge import hooks, schema
-from bridge.hooks import HookJob, HookOutcome, OutputTail, hook_environment, hook_record, plan
+from bridge import hookproc, schema
+from bridge.hookproc import HookOutcome, OutputTail
+from bridge.hooks import HookJob, hook_environment, hook_record, plan
 from bridge.records import Origin, VmIdentity, record_id
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
@@ -273,7 +274,7 @@ def test_output_tail_zero_keeps_nothing() -> None:
     ],
 )
 def test_spawn_options_per_platform(system: str, expected: dict[str, Any]) -> None:
-    assert hooks.spawn_options(system) == expected
+    assert hookproc.spawn_options(system) == expected
 
 
 class FakeProc:
@@ -291,7 +292,7 @@ def test_kill_tree_on_windows_uses_taskkill(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(subprocess, "run", lambda args, **_: calls.append(args))
     monkeypatch.setattr(os, "killpg", lambda *a: pytest.fail("killpg"), raising=False)
     proc = FakeProc()
-    hooks.kill_tree(proc, "Windows")  # type: ignore[arg-type]
+    hookproc.kill_tree(proc, "Windows")  # type: ignore[arg-type]
     assert len(calls) == 1
     assert calls[0][0].lower().endswith("taskkill.exe")
     assert calls[0][1:] == ["/T", "/F", "/PID", "4242"]
@@ -304,7 +305,7 @@ def test_kill_tree_on_posix_kills_the_group(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setattr(os, "killpg", lambda pgid, sig: groups.append((pgid, sig)))
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("taskkill on POSIX"))
     proc = FakeProc()
-    hooks.kill_tree(proc, "Linux")  # type: ignore[arg-type]
+    hookproc.kill_tree(proc, "Linux")  # type: ignore[arg-type]
     assert groups == [(4242, signal.SIGKILL)]
     assert proc.killed
 
@@ -315,4 +316,4 @@ def test_kill_tree_tolerates_a_vanished_group(monkeypatch: pytest.MonkeyPatch) -
         raise ProcessLookupError
 
     monkeypatch.setattr(os, "killpg", gone)
-    hooks.kill_tree(FakeProc(), "Linux")  # type: ignore[arg-type]
+    hookproc.kill_tree(FakeProc(), "Linux")  # type: ignore[arg-type]

@@ -13,138 +13,24 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bridge import spoolsql as sql
 from bridge.sinks import SpooledRecord
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 MAX_SEQ = 2**63 - 1
 _T = TypeVar("_T")
 
-_SCHEMA = (
-    "CREATE TABLE records (seq INTEGER PRIMARY KEY AUTOINCREMENT, record_id TEXT NOT NULL,"
-    " record_type TEXT NOT NULL, body TEXT NOT NULL, size INTEGER NOT NULL)",
-    "CREATE INDEX records_by_type ON records (record_type, seq)",
-    "CREATE TABLE progress (sink TEXT PRIMARY KEY, acked INTEGER NOT NULL)",
-    "CREATE TABLE dead_letters (sink TEXT NOT NULL, seq INTEGER NOT NULL,"
-    " record_id TEXT NOT NULL, record_type TEXT NOT NULL, body TEXT NOT NULL,"
-    " reason TEXT NOT NULL, at TEXT NOT NULL, PRIMARY KEY (sink, seq))",
-    "CREATE INDEX dead_letters_by_seq ON dead_letters (seq)",
-    "CREATE TABLE state (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE jobs (n INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE,"
-    " payload TEXT NOT NULL)",
-    "CREATE TABLE counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    f"PRAGMA user_version = {SCHEMA_VERSION}",
-)
-
-# Shed the cheapest records first: a lost heartbeat is replaced within minutes, a lost
-# Event is not. Within a kind, oldest first.
-_SHED_CANDIDATES = (
-    "SELECT seq, record_type, size FROM records WHERE record_type = 'Heartbeat' ORDER BY seq",
-    "SELECT seq, record_type, size FROM records WHERE record_type = 'Hook' ORDER BY seq",
-    "SELECT seq, record_type, size FROM records"
-    " WHERE record_type NOT IN ('Heartbeat', 'Hook') ORDER BY seq",
-)
-
-# Records this sink still has to read: after its progress, not dead-lettered for it.
-# Parameters: acked, upto, sink, limit.
-_READ = (
-    "SELECT r.seq, r.record_id, r.record_type, r.body FROM records r"
-    " WHERE r.seq > ? AND r.seq <= ? AND NOT EXISTS"
-    " (SELECT 1 FROM dead_letters d WHERE d.sink = ? AND d.seq = r.seq) ORDER BY r.seq LIMIT ?"
-)
-_COUNT_UNREAD = (
-    "SELECT COUNT(*) FROM (SELECT 1 FROM records r"
-    " WHERE r.seq > ? AND r.seq <= ? AND NOT EXISTS"
-    " (SELECT 1 FROM dead_letters d WHERE d.sink = ? AND d.seq = r.seq) LIMIT ?)"
-)
-
-# A record is handled for a sink once acknowledged or dead-lettered for it; it goes once
-# every configured sink (exactly the rows of `progress`) has handled it.
-_DELETE_HANDLED_SEQ = (
-    "DELETE FROM records WHERE seq = ? AND NOT EXISTS (SELECT 1 FROM progress p"
-    " WHERE p.acked < records.seq AND NOT EXISTS (SELECT 1 FROM dead_letters d"
-    " WHERE d.sink = p.sink AND d.seq = records.seq))"
-)
-_DELETE_HANDLED_DEAD = (
-    "DELETE FROM records WHERE seq > ? AND seq <= ? AND seq IN (SELECT seq FROM dead_letters)"
-    " AND NOT EXISTS (SELECT 1 FROM progress p WHERE p.acked < records.seq AND NOT EXISTS"
-    " (SELECT 1 FROM dead_letters d WHERE d.sink = p.sink AND d.seq = records.seq))"
-)
-_DEAD_LETTER = (
-    "INSERT OR REPLACE INTO dead_letters (sink, seq, record_id, record_type, body, reason, at)"
-    " SELECT ?, seq, record_id, record_type, body, ?, ? FROM records WHERE seq = ?"
-)
-_DEAD_LETTER_COLUMNS = ("sink", "seq", "record_id", "record_type", "body", "reason", "at")
-_LIST_DEAD_LETTERS = (
-    "SELECT sink, seq, record_id, record_type, body, reason, at FROM dead_letters"
-    " WHERE ? IS NULL OR sink = ? ORDER BY rowid"
-)
-
 
 class SpoolError(Exception):
     """The spool database cannot be opened or used; the message names the file."""
-
-
-def encode(value: object) -> str:
-    """Compact JSON text; TypeError for anything JSON cannot represent faithfully."""
-    try:
-        # ASCII-only text survives any console code page and any byte-oriented sink.
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except ValueError as err:  # NaN/Infinity or a circular reference
-        raise TypeError(f"not JSON-serialisable: {err}") from err
-
-
-@dataclass(frozen=True)
-class _Encoded:
-    record_id: str
-    record_type: str
-    body: str
-
-    @property
-    def size(self) -> int:
-        return len(self.body)  # ASCII-only, so characters are bytes
-
-    @classmethod
-    def of(cls, record: Mapping[str, Any]) -> _Encoded:
-        record_id, record_type = record.get("RecordId"), record.get("RecordType")
-        if not isinstance(record_id, str) or not isinstance(record_type, str):
-            raise TypeError(f"record needs a string RecordId and RecordType: {record!r:.200}")
-        return cls(record_id, record_type, encode(dict(record)))
-
-
-@dataclass
-class _Room:
-    """What making room for a commit did, logged once the commit is durable."""
-
-    held: tuple[int, int]  # records, bytes in the spool before this commit
-    incoming: tuple[int, int]
-    limit: str = ""
-    shed: dict[str, tuple[int, list[str]]] = field(default_factory=dict)
-    refused: list[_Encoded] = field(default_factory=list)  # incoming heartbeats not kept
-
-    def report(self, spool: Spool) -> None:
-        for record_type, (count, sinks) in self.shed.items():
-            log.log(
-                logging.WARNING if record_type == "Heartbeat" else logging.ERROR,
-                "spool full (%d records, %d bytes): dropped %d %s records not yet delivered "
-                "to sink %s; raise %s or fix the sink",
-                *(*self.held, count, record_type, ", ".join(sinks) or "(none)", self.limit),
-            )
-        if self.incoming[0] > spool.max_records or self.incoming[1] > spool.max_bytes:
-            log.warning(
-                "spool %s: one commit of %d records (%d bytes) is larger than the whole bound "
-                "(%d records, %d bytes); kept it whole",
-                *(spool.path, *self.incoming, spool.max_records, spool.max_bytes),
-            )
 
 
 class Spool:
@@ -223,14 +109,14 @@ class Spool:
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         tables = conn.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]
-        if version == SCHEMA_VERSION:
+        if version == sql.SCHEMA_VERSION:
             return
         if version != 0 or tables:
             raise SpoolError(
-                f"{self.path} is not an se-bridge spool of schema version {SCHEMA_VERSION} "
+                f"{self.path} is not an se-bridge spool of schema version {sql.SCHEMA_VERSION} "
                 f"(user_version {version}); point the state directory elsewhere"
             )
-        for statement in _SCHEMA:
+        for statement in sql.SCHEMA:
             conn.execute(statement)
 
     def _sync_sinks(self, conn: sqlite3.Connection) -> None:
@@ -305,11 +191,11 @@ class Spool:
         jobs: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> None:
         """Append records, upsert state entries and add jobs in ONE durable transaction."""
-        encoded = [_Encoded.of(r) for r in records]
-        states = [(key, encode(dict(value))) for key, value in (state or {}).items()]
-        job_rows = [(job_id, encode(dict(payload))) for job_id, payload in jobs]
+        encoded = [sql.Encoded.of(r) for r in records]
+        states = [(key, sql.encode(dict(value))) for key, value in (state or {}).items()]
+        job_rows = [(job_id, sql.encode(dict(payload))) for job_id, payload in jobs]
 
-        def work(conn: sqlite3.Connection) -> _Room:
+        def work(conn: sqlite3.Connection) -> sql.Room:
             room = self._append(conn, encoded)
             conn.executemany(
                 "INSERT INTO state (key, value) VALUES (?, ?)"
@@ -323,15 +209,15 @@ class Spool:
 
     def finish_job(self, job_id: str, records: Sequence[Mapping[str, Any]]) -> None:
         """Remove a finished job and append the records it produced, in one transaction."""
-        encoded = [_Encoded.of(r) for r in records]
+        encoded = [sql.Encoded.of(r) for r in records]
 
-        def work(conn: sqlite3.Connection) -> _Room:
+        def work(conn: sqlite3.Connection) -> sql.Room:
             conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
             return self._append(conn, encoded)
 
         self._appended(self._write(work), encoded)
 
-    def _append(self, conn: sqlite3.Connection, encoded: Sequence[_Encoded]) -> _Room:
+    def _append(self, conn: sqlite3.Connection, encoded: Sequence[sql.Encoded]) -> sql.Room:
         room = self._make_room(conn, encoded)
         conn.executemany(
             "INSERT INTO records (record_id, record_type, body, size) VALUES (?, ?, ?, ?)",
@@ -343,34 +229,34 @@ class Spool:
         )
         return room
 
-    def _appended(self, room: _Room, encoded: Sequence[_Encoded]) -> None:
+    def _appended(self, room: sql.Room, encoded: Sequence[sql.Encoded]) -> None:
         # Reported only after COMMIT, so a rolled-back commit never claims a drop.
-        room.report(self)
+        room.report(self.path, self.max_records, self.max_bytes)
         if encoded:
             self._notify()
 
-    def _make_room(self, conn: sqlite3.Connection, incoming: Sequence[_Encoded]) -> _Room:
-        held = conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM records").fetchone()
-        room = _Room((int(held[0]), int(held[1])), (len(incoming), sum(e.size for e in incoming)))
+    def _make_room(self, conn: sqlite3.Connection, incoming: Sequence[sql.Encoded]) -> sql.Room:
+        held = conn.execute(sql.COUNT_HELD).fetchone()
+        room = sql.Room(
+            (int(held[0]), int(held[1])), (len(incoming), sum(e.size for e in incoming))
+        )
         over_n = held[0] + room.incoming[0] - self.max_records
         over_b = held[1] + room.incoming[1] - self.max_bytes
         if over_n > 0 or over_b > 0:
             room.limit = "spool.max_records" if over_n > 0 else "spool.max_bytes"
             over_n, over_b = self._refuse_heartbeats(conn, incoming, room, (over_n, over_b))
-            self._shed(conn, _pick_victims(conn, over_n, over_b), room)
+            self._shed(conn, sql.pick_victims(conn, over_n, over_b), room)
         return room
 
     def _refuse_heartbeats(
         self,
         conn: sqlite3.Connection,
-        incoming: Sequence[_Encoded],
-        room: _Room,
+        incoming: Sequence[sql.Encoded],
+        room: sql.Room,
         over: tuple[int, int],
     ) -> tuple[int, int]:
         """Drop incoming heartbeats rather than shed a held Hook or Event to make room for them."""
-        held = conn.execute(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM records WHERE record_type = 'Heartbeat'"
-        ).fetchone()
+        held = conn.execute(sql.COUNT_HELD_HEARTBEATS).fetchone()
         over_n, over_b = over[0] - int(held[0]), over[1] - int(held[1])
         for e in incoming:
             if (over_n <= 0 and over_b <= 0) or e.record_type != "Heartbeat":
@@ -378,14 +264,16 @@ class Spool:
             room.refused.append(e)
             over_n, over_b = over_n - 1, over_b - e.size
         if room.refused:
-            conn.execute(_COUNT_DROPPED, (len(room.refused),))
+            conn.execute(sql.COUNT_DROPPED, (len(room.refused),))
             room.shed["Heartbeat"] = (len(room.refused), ["(incoming)"])
         return over_n + int(held[0]), over_b + int(held[1])
 
-    def _shed(self, conn: sqlite3.Connection, victims: list[tuple[int, str]], room: _Room) -> None:
+    def _shed(
+        self, conn: sqlite3.Connection, victims: list[tuple[int, str]], room: sql.Room
+    ) -> None:
         conn.executemany("DELETE FROM records WHERE seq = ?", [(seq,) for seq, _ in victims])
         if victims:
-            conn.execute(_COUNT_DROPPED, (len(victims),))
+            conn.execute(sql.COUNT_DROPPED, (len(victims),))
         for record_type in dict.fromkeys(t for _, t in victims):
             seqs = [seq for seq, t in victims if t == record_type]
             lagging = conn.execute(
@@ -400,7 +288,7 @@ class Spool:
         """The next records after this sink's progress, oldest first, skipping its dead letters."""
 
         def work(conn: sqlite3.Connection) -> list[SpooledRecord]:
-            rows = conn.execute(_READ, (self._acked(conn, sink), MAX_SEQ, sink, limit))
+            rows = conn.execute(sql.READ, (self._acked(conn, sink), MAX_SEQ, sink, limit))
             return [SpooledRecord(*row) for row in rows]
 
         return self._read(work)
@@ -423,8 +311,8 @@ class Spool:
 
         def work(conn: sqlite3.Connection) -> int:
             self._acked(conn, sink)
-            conn.executemany(_DEAD_LETTER, [(sink, reason, at, seq) for seq in seqs])
-            conn.executemany(_DELETE_HANDLED_SEQ, [(seq,) for seq in seqs])
+            conn.executemany(sql.DEAD_LETTER, [(sink, reason, at, seq) for seq in seqs])
+            conn.executemany(sql.DELETE_HANDLED_SEQ, [(seq,) for seq in seqs])
             return self._cap_dead_letters(conn)
 
         discarded = self._write(work)
@@ -451,7 +339,7 @@ class Spool:
         if low is None:
             return  # no sink configured: keep the records for one configured later
         conn.execute("DELETE FROM records WHERE seq <= ?", (low,))
-        conn.execute(_DELETE_HANDLED_DEAD, (low, upto))
+        conn.execute(sql.DELETE_HANDLED_DEAD, (low, upto))
 
     def wait_for_records(
         self, sink: str, timeout: float, *, cancel: threading.Event | None = None
@@ -491,8 +379,8 @@ class Spool:
         return [(job_id, dict(json.loads(payload))) for job_id, payload in rows]
 
     def dead_letters(self, sink: str | None = None) -> list[dict[str, Any]]:
-        rows = self._read(lambda c: c.execute(_LIST_DEAD_LETTERS, (sink, sink)).fetchall())
-        return [dict(zip(_DEAD_LETTER_COLUMNS, row, strict=True)) for row in rows]
+        rows = self._read(lambda c: c.execute(sql.LIST_DEAD_LETTERS, (sink, sink)).fetchall())
+        return [dict(zip(sql.DEAD_LETTER_COLUMNS, row, strict=True)) for row in rows]
 
     def depth(self) -> int:
         """Records not yet handled by every configured sink (handled ones are pruned at once)."""
@@ -513,7 +401,7 @@ class Spool:
         """How many records (with seq <= `upto`, counting at most `limit`) this sink has to read."""
         return self._read(
             lambda c: int(
-                c.execute(_COUNT_UNREAD, (self._acked(c, sink), upto, sink, limit)).fetchone()[0]
+                c.execute(sql.COUNT_UNREAD, (self._acked(c, sink), upto, sink, limit)).fetchone()[0]
             )
         )
 
@@ -529,28 +417,3 @@ class Spool:
             self._light.close()
             self._durable.close()
         self._notify()
-
-
-_COUNT_DROPPED = (
-    "INSERT INTO counters (name, value) VALUES ('dropped', ?)"
-    " ON CONFLICT (name) DO UPDATE SET value = value + excluded.value"
-)
-
-
-def _pick_victims(conn: sqlite3.Connection, over_n: int, over_b: int) -> list[tuple[int, str]]:
-    """Records to shed, cheapest kind first, until `over_n` records and `over_b` bytes are freed."""
-    victims: list[tuple[int, str]] = []
-    with closing(_shed_candidates(conn)) as candidates:
-        for seq, record_type, size in candidates:
-            if over_n <= 0 and over_b <= 0:
-                break
-            victims.append((seq, record_type))
-            over_n, over_b = over_n - 1, over_b - size
-    return victims
-
-
-def _shed_candidates(conn: sqlite3.Connection) -> Generator[tuple[int, str, int], None, None]:
-    for sql in _SHED_CANDIDATES:
-        with closing(conn.execute(sql)) as cursor:
-            while rows := cursor.fetchmany(256):
-                yield from rows

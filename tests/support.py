@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker
 
 from bridge import schema
+from bridge.records import Origin, VmIdentity
 
 DATA = Path(__file__).parent / "data"
 
@@ -25,3 +27,46 @@ def assert_valid(record: dict[str, Any]) -> None:
     """Fail with every schema violation of `record`, not just the first."""
     errors = sorted(_VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
+
+
+EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+ORIGIN = Origin(VmIdentity(vm_id="vm-1", vm_name="WestNO_0"), host_name="host-a")
+T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
+
+
+def event_record(
+    transition: str = "Scheduled",
+    *,
+    previous: str | None = None,
+    affects: bool | None = True,
+    changed: tuple[str, ...] = (),
+    rid: str = "rec-1",
+    event_id: str = EVENT_ID,
+    **extra: Any,
+) -> dict[str, Any]:
+    """An Event record shaped as the normaliser writes it, for tests of what consumes records."""
+    status = {"Scheduled": "Scheduled", "Started": "Started"}.get(transition, previous)
+    if transition in ("Completed", "Canceled"):
+        status = None
+    record = ORIGIN.common_fields("Event", rid, T0)
+    record.update(
+        DocumentIncarnation=3,
+        PreviousIncarnation=None if previous is None else 2,
+        EventId=event_id,
+        EventType="Reboot",
+        ResourceType="VirtualMachine",
+        Resources=["WestNO_0", "WestNO_1"],
+        EventSource="Platform",
+        Description="Virtual machine is going to be restarted as requested by authorized user.",
+        DurationInSeconds=-1,
+        EventStatus=status,
+        PreviousStatus=previous,
+        Transition=transition,
+        NotBefore="2022-04-11T22:26:58.000Z",
+        NotBeforeRaw="Mon, 11 Apr 2022 22:26:58 GMT",
+        AffectsThisVm=affects,
+        Inferred=False,
+        ChangedFields=list(changed),
+    )
+    record.update(extra)
+    return record

@@ -19,6 +19,7 @@ import pytest
 from bridge.hookproc import Command, HookOutcome, run_hook
 from bridge.hooks import HookJob, HookRunner, plan
 from bridge.records import Origin, VmIdentity
+from tests.support import event_record
 
 PY = sys.executable
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -34,28 +35,9 @@ def py(code: str) -> list[str]:
 def event(
     transition: str = "Scheduled", *, rid: str = "rec-1", event_id: str = EVENT_ID, **extra: Any
 ) -> dict[str, Any]:
-    record = ORIGIN.common_fields("Event", rid, T0)
-    record.update(
-        DocumentIncarnation=3,
-        PreviousIncarnation=None,
-        EventId=event_id,
-        EventType="Reboot",
-        ResourceType="VirtualMachine",
-        Resources=["WestNO_0", "WestNO_1"],
-        EventSource="Platform",
-        Description="Host maintenance: ünïcode ✓",
-        DurationInSeconds=-1,
-        EventStatus=None if transition in ("Completed", "Canceled") else "Scheduled",
-        PreviousStatus=None if transition == "Scheduled" else "Scheduled",
-        Transition=transition,
-        NotBefore="2022-04-11T22:26:58.000Z",
-        NotBeforeRaw="Mon, 11 Apr 2022 22:26:58 GMT",
-        AffectsThisVm=True,
-        Inferred=False,
-        ChangedFields=[],
-    )
-    record.update(extra)
-    return record
+    previous = None if transition == "Scheduled" else "Scheduled"
+    extra.setdefault("Description", "Host maintenance: ünïcode ✓")
+    return event_record(transition, previous=previous, rid=rid, event_id=event_id, **extra)
 
 
 def job(transition: str = "Scheduled", **kwargs: Any) -> HookJob:

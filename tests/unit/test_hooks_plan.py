@@ -17,6 +17,7 @@ from bridge import hookproc, schema
 from bridge.hookproc import HookOutcome, OutputTail
 from bridge.hooks import HookJob, hook_environment, hook_record, plan
 from bridge.records import Origin, VmIdentity, record_id
+from tests.support import event_record
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -38,29 +39,7 @@ def event(
     rid: str = "rec-1",
 ) -> dict[str, Any]:
     """An Event record as the normaliser writes it (checked against the schema)."""
-    status = {"Scheduled": "Scheduled", "Started": "Started"}.get(transition, previous)
-    if transition in ("Completed", "Canceled"):
-        status = None
-    record = ORIGIN.common_fields("Event", rid, T0)
-    record.update(
-        DocumentIncarnation=3,
-        PreviousIncarnation=None if previous is None else 2,
-        EventId=EVENT_ID,
-        EventType="Reboot",
-        ResourceType="VirtualMachine",
-        Resources=["WestNO_0", "WestNO_1"],
-        EventSource="Platform",
-        Description="Virtual machine is going to be restarted as requested by authorized user.",
-        DurationInSeconds=-1,
-        EventStatus=status,
-        PreviousStatus=previous,
-        Transition=transition,
-        NotBefore="2022-04-11T22:26:58.000Z",
-        NotBeforeRaw="Mon, 11 Apr 2022 22:26:58 GMT",
-        AffectsThisVm=affects,
-        Inferred=False,
-        ChangedFields=list(changed),
-    )
+    record = event_record(transition, previous=previous, affects=affects, changed=changed, rid=rid)
     assert_valid(record)
     return record
 

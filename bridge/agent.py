@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from bridge import host, imds
 from bridge.config import Config
@@ -22,7 +25,7 @@ from bridge.hookproc import HookOutcome
 from bridge.hooks import HookJob, HookRunner, hook_record, plan
 from bridge.normalise import Context, normalise, pending_events
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
-from bridge.retry import Backoff, DeliveryError, PermanentError
+from bridge.retry import Backoff, DeliveryError, PermanentError, RetryableError
 from bridge.sinks import Sink, build
 from bridge.spool import Spool
 
@@ -31,6 +34,8 @@ STATE_KEY = "normaliser"
 CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_RETRY_SECONDS = 60.0
 MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
+STOP_CHECK_SECONDS = 0.1
+T = TypeVar("T")
 
 
 def utc_now() -> datetime:
@@ -70,11 +75,14 @@ class Agent:
         self._next_identity = 0.0
         self._identity_warned = False
         self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._imds_thread = _Worker("imds")
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> int:
         """Poll until `stop` is set, then flush and return 0."""
+        self._stop = stop
         self.start()
         while not stop.is_set():
             stop.wait(self.cycle())
@@ -114,13 +122,14 @@ class Agent:
                         "and are sent at the next start", self.spool.depth())  # fmt: skip
         self.delivery.stop(timeout=5.0)
         self.spool.close()
+        self._imds_thread.stop()
         self.imds.close()
 
     # --- scheduled events -------------------------------------------------------------------
 
     def _poll_events(self) -> float:
         try:
-            body = self.imds.scheduled_events()
+            body = self._interruptible(self.imds.scheduled_events)
         except DeliveryError as err:
             return self._poll.failed(err, self.config.agent.poll_interval)
         self._poll.succeeded(self._now())
@@ -129,6 +138,16 @@ class Agent:
             self._last_body = body
             self._observe(body)
         return self.config.agent.poll_interval
+
+    def _interruptible(self, call: Callable[[], T]) -> T:
+        """`call()` on the IMDS thread, abandoned (RetryableError) if the agent is told to stop."""
+        future: Future[T] = self._imds_thread.submit(call)
+        while True:
+            try:
+                return future.result(timeout=STOP_CHECK_SECONDS)
+            except FutureTimeout:
+                if self._stop.is_set():
+                    raise RetryableError("stopping before IMDS answered") from None
 
     def _observe(self, body: bytes) -> None:
         try:
@@ -172,7 +191,7 @@ class Agent:
 
     def _refresh_identity(self) -> None:
         try:
-            identity = imds.parse_instance(self.imds.instance_metadata())
+            identity = imds.parse_instance(self._interruptible(self.imds.instance_metadata))
         except DeliveryError as err:
             self._identity_failed(err)
             return
@@ -185,7 +204,7 @@ class Agent:
 
     def _identity_failed(self, err: DeliveryError) -> None:
         self._next_identity = time.monotonic() + IDENTITY_RETRY_SECONDS
-        if not self._identity_warned:
+        if not self._identity_warned and not self._stop.is_set():
             log.warning(
                 "instance metadata is unavailable (%s); records carry null VM fields until it "
                 "answers; retrying every %gs", err, IDENTITY_RETRY_SECONDS,
@@ -244,6 +263,38 @@ class Agent:
         for _job_id, payload in self.spool.pending_jobs():
             if self.hooks is not None:
                 self._submit(HookJob.from_payload(payload))
+
+
+class _Worker:
+    """One daemon thread running calls in turn.
+
+    IMDS calls run here so a stop signal never waits for a slow answer (the first may take
+    two minutes). Daemon, unlike a ThreadPoolExecutor's workers, so an abandoned call
+    cannot hold the process at exit.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as err:  # handed to the caller, who decides
+                    future.set_exception(err)
 
 
 class _PollHealth:

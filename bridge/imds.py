@@ -74,7 +74,8 @@ class ImdsClient:
         self.api_version = api_version
         self._timeout = timeout
         self._first_timeout = first_call_timeout
-        self._answered = False
+        # Per endpoint: each one's first call after IMDS idled may be the slow one.
+        self._answered: set[str] = set()
         self._limiter = RateLimiter(max_rps)
         self._session = session or requests.Session()
         # IMDS must be reached directly: an HTTP(S)_PROXY in the environment would intercept it.
@@ -113,7 +114,7 @@ class ImdsClient:
 
     def _call(self, method: str, path: str, version: str, body: object = None) -> requests.Response:
         self._limiter.acquire()
-        read_timeout = self._timeout if self._answered else self._first_timeout
+        read_timeout = self._timeout if path in self._answered else self._first_timeout
         url = self.base_url + path
         try:
             response = self._session.request(
@@ -126,7 +127,7 @@ class ImdsClient:
             )
         except requests.RequestException as err:
             raise RetryableError(f"{method} {url} failed: {type(err).__name__}: {err}") from err
-        self._answered = True
+        self._answered.add(path)
         _raise_for(response, method, url)
         return response
 

@@ -1,0 +1,126 @@
+"""The `se-bridge` command line as a user meets it, and the local demo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bridge import __version__
+from bridge.fleetspec import demo_vms
+from tests.e2e.harness import (
+    PYTHON,
+    Agent,
+    Processes,
+    Simulator,
+    assert_all_valid,
+    child_env,
+    read_records,
+    run_bridge,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+def console_script() -> Path:
+    """The installed `se-bridge` entry point beside this interpreter."""
+    folder = Path(PYTHON).parent
+    script = folder / ("se-bridge.exe" if sys.platform == "win32" else "se-bridge")
+    if not script.exists():
+        pytest.skip(f"se-bridge is not installed beside {PYTHON}")
+    return script
+
+
+def test_version_from_the_console_script() -> None:
+    done = subprocess.run(
+        [str(console_script()), "--version"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, f"se-bridge {__version__}")
+
+
+def test_module_help_lists_the_commands() -> None:
+    done = run_bridge("--help")
+    assert done.returncode == 0, done.stderr
+    for command in ("agent", "simulate", "demo"):
+        assert command in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "origin"),
+    [
+        (["--poll-interval", "0"], {}, "from the command line"),
+        ([], {"SE_BRIDGE_AGENT_POLL_INTERVAL": "0"}, "from SE_BRIDGE_AGENT_POLL_INTERVAL"),
+    ],
+)
+def test_bad_poll_interval_names_the_setting(
+    tmp_path: Path, flags: list[str], env: dict[str, str], origin: str
+) -> None:
+    done = run_bridge("agent", "--state-dir", str(tmp_path / "state"), *flags, env=env)
+    assert done.returncode == 2
+    assert f"agent.poll_interval ({origin})" in done.stderr
+    assert "Traceback" not in done.stderr
+    # Refused before anything was created.
+    assert not (tmp_path / "state").exists()
+
+
+def test_unknown_sink_names_the_sink(tmp_path: Path) -> None:
+    done = run_bridge("agent", "--state-dir", str(tmp_path / "state"), "--sink", "kafka:x")
+    assert done.returncode == 2
+    assert "agent.sinks" in done.stderr
+    assert "kafka" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_demo_runs_and_leaves_valid_records(tmp_path: Path) -> None:
+    state = tmp_path / "demo"
+    done = run_bridge(
+        "demo", "--duration", "12", "--every", "2", "--state-dir", str(state), timeout=90
+    )
+    assert done.returncode == 0, done.stderr
+    # Not a terminal: one line per record instead of a redrawn screen.
+    assert "\x1b[" not in done.stdout
+    assert "Event " in done.stdout
+    assert "\nSummary\n" in done.stdout
+    assert "scenarios played: live-migration, user-reboot" in done.stdout
+
+    kinds: Counter[str] = Counter()
+    for vm in demo_vms():
+        records = read_records(state / vm.name / "records.jsonl")
+        assert records, f"{vm.name} has no records\n{done.stdout}"
+        assert_all_valid(records)
+        assert {r["VmName"] for r in records} == {vm.name}
+        reasons = [r["HeartbeatReason"] for r in records if r["RecordType"] == "Heartbeat"]
+        assert (reasons[0], reasons[-1]) == ("Start", "Stop")
+        kinds.update(r["RecordType"] for r in records)
+        kinds.update(f"Event {r['Transition']}" for r in records if r["RecordType"] == "Event")
+    assert kinds["Event Scheduled"] >= 1, kinds
+    assert kinds["Hook"] >= 1, kinds
+
+
+def test_stdout_sink_carries_the_same_records_as_jsonl(procs: Processes) -> None:
+    sim = Simulator.launch(procs, "sim", "--vms", "1")
+    agent = Agent(procs, "vm-0", sim.vm_url("vm-0"), args=["--sink", "stdout"]).start()
+    sim.wait_polls({"vm-0": 2})
+    event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
+    agent.wait_transition(event_id, "Scheduled")
+    assert agent.stop() == 0
+
+    # stdout holds records only; the agent's log went to stderr.
+    printed = [json.loads(line) for line in agent.proc.stdout().splitlines()]
+    assert printed == agent.records()
+    assert [r.get("Transition") or r["HeartbeatReason"] for r in printed] == [
+        "Start",
+        "Scheduled",
+        "Stop",
+    ]
+    assert_all_valid(printed)
+    assert "INFO" in agent.stderr()

@@ -41,6 +41,9 @@ def add_agent_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
 
 
 def run_agent(args: argparse.Namespace) -> int:
+    # First, so a stop signal during start-up still ends in a clean stop with a Stop heartbeat.
+    stop = threading.Event()
+    host.install_stop_handler(stop.set)
     from bridge.agent import Agent  # noqa: PLC0415 - keeps `se-bridge --help` light
     from bridge.spool import SpoolError  # noqa: PLC0415
 
@@ -59,8 +62,6 @@ def run_agent(args: argparse.Namespace) -> int:
         agent = Agent(config)
     except (SpoolError, OSError) as err:
         return _fail(f"cannot start the agent: {err}", 1)
-    stop = threading.Event()
-    host.install_stop_handler(stop.set)
     return agent.run(stop)
 
 

@@ -28,8 +28,9 @@ class JsonlSink:
         self._fsync = fsync
         self._max_batch = max_batch
         self._file: BinaryIO | None = None
-        # A write that failed midway may have left half a line behind.
-        self._torn = False
+        # A write that failed midway, in this process or in one killed mid-write before it,
+        # may have left half a line behind: look once at start and after every failure.
+        self._torn = True
 
     @property
     def name(self) -> str:

@@ -31,6 +31,7 @@ SCENARIOS = (
     "live-migration", "user-reboot", "spot-preempt", "canceled", "hardware-failure",
     "availability-set", "redeploy", "vmss-terminate", "platform-reboot", "reset-24h",
 )  # fmt: skip
+DEMO_NOTICE = 300.0  # simulated seconds
 # The demo hooks print one line; real ones drain a load balancer or checkpoint work.
 HOOK = "import os; print('{0}: ' + os.environ['SE_BRIDGE_EVENT_TYPE'] + ' ' + os.environ['SE_BRIDGE_EVENT_ID'])"  # noqa: E501
 
@@ -148,8 +149,14 @@ class Demo:
 
     def play(self, index: int) -> None:
         name = SCENARIOS[index % len(SCENARIOS)]
-        # Every state lasts a few real seconds, so a poll of well under a second sees it.
-        ids = self.simulator.run_scenario(name, run_time=4 * self.scale)
+        # Every state lasts a few real seconds, so a poll of well under a second sees it, and
+        # a whole lifecycle fits in a short demo: 5 simulated minutes of notice (the minimum a
+        # scale-set Terminate allows) except the Spot eviction, which keeps its 30 s.
+        notice = None if name == "spot-preempt" else DEMO_NOTICE
+        cancel_after = DEMO_NOTICE / 2 if name == "canceled" else None
+        ids = self.simulator.run_scenario(
+            name, notice=notice, run_time=4 * self.scale, cancel_after=cancel_after
+        )
         self.played.append((name, ids))
 
     def stop(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,7 @@ from bridge.normalise import Context, normalise, pending_events
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
 from bridge.retry import Backoff, DeliveryError, PermanentError, RetryableError
 from bridge.sinks import Sink, build
-from bridge.spool import Spool
+from bridge.spool import Spool, SpoolError
 
 log = logging.getLogger(__name__)
 STATE_KEY = "normaliser"
@@ -35,6 +36,7 @@ CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_RETRY_SECONDS = 60.0
 MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
 STOP_CHECK_SECONDS = 0.1
+SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
 T = TypeVar("T")
 
 
@@ -75,6 +77,7 @@ class Agent:
         self._next_identity = 0.0
         self._identity_warned = False
         self._warned: set[str] = set()
+        self._spool_failing = False
         self._stop = threading.Event()
         self._imds_thread = _Worker("imds")
 
@@ -85,9 +88,17 @@ class Agent:
         self._stop = stop
         self.start()
         while not stop.is_set():
-            stop.wait(self.cycle())
+            stop.wait(self._guarded_cycle())
         self.shutdown()
         return 0
+
+    def _guarded_cycle(self) -> float:
+        # Past start-up the agent holds unsent data: a bug in one cycle must not end it.
+        try:
+            return self.cycle()
+        except Exception:
+            log.exception("unexpected error in the poll loop; polling again")
+            return self.config.agent.poll_interval
 
     def start(self) -> None:
         self.delivery.start()
@@ -166,11 +177,24 @@ class Agent:
 
     def _commit(self, records: list[dict[str, Any]], state: dict[str, Any]) -> None:
         jobs = self._plan_hooks(records)
-        self.spool.commit(
-            records,
-            state={STATE_KEY: state},
-            jobs=[(job.job_id, job.to_payload()) for job in jobs],
-        )
+        try:
+            self.spool.commit(
+                records,
+                state={STATE_KEY: state},
+                jobs=[(job.job_id, job.to_payload()) for job in jobs],
+            )
+        except SPOOL_ERRORS as err:
+            # The state did not advance either, so the next poll observes the same change
+            # again and makes the same records, with the same RecordIds.
+            self._last_body = None
+            if not self._spool_failing:
+                log.error("cannot write %d records to the spool %s: %s; trying again at every "
+                          "poll", len(records), self.spool.path, err)  # fmt: skip
+                self._spool_failing = True
+            return
+        if self._spool_failing:
+            log.warning("the spool %s accepts records again", self.spool.path)
+            self._spool_failing = False
         self.state = state
         self._last_commit = time.monotonic()
         for record in records:
@@ -224,7 +248,10 @@ class Agent:
             imds_healthy=self._poll.healthy,
             last_imds_success=self._poll.last_success,
         )
-        self.spool.commit([heartbeat_record(self.origin, reason, health, self._now())])
+        try:
+            self.spool.commit([heartbeat_record(self.origin, reason, health, self._now())])
+        except SPOOL_ERRORS as err:
+            log.warning("heartbeat not written to the spool %s: %s", self.spool.path, err)
 
     # --- hooks ---------------------------------------------------------------------------
 
@@ -247,7 +274,13 @@ class Agent:
         return plan(records, prepare=hooks.prepare is not None, recover=hooks.recover is not None)
 
     def _hook_done(self, job: HookJob, outcome: HookOutcome) -> None:
-        self.spool.finish_job(job.job_id, [hook_record(self.origin, job, outcome, self._now())])
+        record = hook_record(self.origin, job, outcome, self._now())
+        try:
+            self.spool.finish_job(job.job_id, [record])
+        except SPOOL_ERRORS as err:
+            log.error("the outcome of the %s hook for event %s could not be saved (%s); the "
+                      "hook stays due and runs again at the next start", job.phase,
+                      job.event_id, err)  # fmt: skip
 
     def _submit(self, job: HookJob) -> None:
         if self.hooks is not None and not self.hooks.submit(job):

@@ -275,3 +275,47 @@ def test_hook_queued_at_stop_runs_at_next_start(
     harness.stop()
     assert sorted(marker.read_text().splitlines()) == sorted([first, second])
     assert len(harness.records("Hook")) == 2
+
+
+def test_spool_write_failure_loses_nothing_and_the_agent_goes_on(
+    sim: tuple[Simulator, SimulatorServer],
+    harness: Harness,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import sqlite3
+
+    simulator, _ = sim
+    agent = harness.start()
+    real_commit = agent.spool.commit
+
+    def full_disk(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(agent.spool, "commit", full_disk)
+    event = simulator.add_event(EventSpec("Reboot", (VM,)))
+    with caplog.at_level(logging.WARNING, logger="bridge.agent"):
+        harness.poll(3)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert "cannot write 1 records to the spool" in errors[0].getMessage()
+    monkeypatch.setattr(agent.spool, "commit", real_commit)
+    harness.poll()
+    assert transitions(harness.records()) == [(event, "Scheduled", False)]
+
+
+def test_an_unexpected_error_in_a_cycle_does_not_end_the_agent(
+    harness: Harness, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = harness.start()
+    calls = []
+
+    def broken() -> float:
+        calls.append(1)
+        raise KeyError("bug")
+
+    monkeypatch.setattr(agent, "cycle", broken)
+    with caplog.at_level(logging.ERROR, logger="bridge.agent"):
+        delay = agent._guarded_cycle()
+    assert (calls, delay) == ([1], 0.2)
+    assert "unexpected error in the poll loop" in caplog.text

@@ -60,6 +60,18 @@ def columns() -> list[tuple[str, str]]:
     return [(name, kusto_type(prop)) for name, prop in properties().items()]
 
 
+def dcr_stream_declaration() -> dict[str, Any]:
+    """The data collection rule's `streamDeclarations` entry: every column, in schema order.
+
+    The Log Analytics sink shapes records to it, the Logs Ingestion test double checks
+    requests against it, and infra/ declares the DCR and the table from it.
+    """
+    return {"columns": [{"name": name, "type": kind} for name, kind in columns()]}
+
+
+DCR_STREAM = "Custom-SeBridgeRecords"
+
+
 def markdown_table() -> str:
     """The README's record table."""
     types = record_types()

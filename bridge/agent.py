@@ -58,7 +58,9 @@ class Agent:
         self._now = now
         self._boot_id = boot_id if boot_id is not None else host.boot_id()
         self.imds = client or _client(config)
-        self.sinks = list(sinks) if sinks is not None else [build(s) for s in config.sink_specs()]
+        self.sinks = (
+            list(sinks) if sinks is not None else [build(s, config) for s in config.sink_specs()]
+        )
         self.spool = Spool(
             config.agent.state_dir / "spool.db",
             [sink.name for sink in self.sinks],

@@ -40,6 +40,39 @@ def add_agent_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     p.set_defaults(func=run_agent)
 
 
+def add_check_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "check", help="make a harmless round trip to every configured sink and give advice"
+    )
+    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--state-dir", type=Path, help="spool and state directory")
+    p.add_argument("--sink", action="append", metavar="SPEC", help="as for `se-bridge agent`")
+    p.set_defaults(func=run_check)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from bridge.redact import describe  # noqa: PLC0415
+    from bridge.retry import DeliveryError  # noqa: PLC0415
+    from bridge.sinks import build, check  # noqa: PLC0415
+
+    flags = {"agent.state_dir": args.state_dir, "agent.sinks": args.sink}
+    try:
+        config = load(args.config, flags=flags)
+    except ConfigError as err:
+        return _fail(f"configuration error: {err}", 2)
+    failed = 0
+    for spec in config.sink_specs():
+        sink = build(spec, config)
+        try:
+            print(f"ok      {sink.name}: {check(sink)}")
+        except DeliveryError as err:
+            failed += 1
+            print(f"FAILED  {sink.name}: {describe(err)}")
+        finally:
+            sink.close()
+    return 1 if failed else 0
+
+
 def run_agent(args: argparse.Namespace) -> int:
     # First, so a stop signal during start-up still ends in a clean stop with a Stop heartbeat.
     stop = threading.Event()
@@ -81,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"se-bridge {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_agent_parser(subparsers)
+    add_check_parser(subparsers)
     add_simulate_parser(subparsers)
     add_demo_parser(subparsers)
     return parser
@@ -88,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command != "agent":
+    if args.command not in ("agent", "check"):
         setup_logging("INFO")
+    if args.command == "check":
+        setup_logging("WARNING")
     code: int = args.func(args)
     return code

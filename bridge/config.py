@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from bridge import host
+from bridge.schema import DCR_STREAM
 from bridge.sinks import parse_spec
 
 if sys.version_info >= (3, 11):
@@ -50,8 +51,16 @@ def _setting(
     high: float | None = None,
     choices: tuple[str, ...] = (),
     command: bool = False,
+    secret: bool = False,
 ) -> Any:
-    meta = {"help": help_text, "low": low, "high": high, "choices": choices, "command": command}
+    meta = {
+        "help": help_text,
+        "low": low,
+        "high": high,
+        "choices": choices,
+        "command": command,
+        "secret": secret,
+    }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -119,11 +128,47 @@ class HooksSettings:
 
 
 @dataclass(frozen=True)
+class EventHubsSettings:
+    namespace: str = _setting(
+        "", "Fully qualified namespace, e.g. contoso.servicebus.windows.net (Entra ID auth)."
+    )
+    name: str = _setting("", "Event hub name.")
+    connection_string: str = _setting(
+        "", "SAS or emulator connection string, instead of namespace with Entra ID.", secret=True
+    )
+
+
+@dataclass(frozen=True)
+class LogAnalyticsSettings:
+    endpoint: str = _setting(
+        "", "Logs ingestion endpoint of the DCR or its DCE (https://...ingest.monitor.azure.com)."
+    )
+    rule_id: str = _setting("", "Immutable id of the data collection rule (dcr-...).")
+    stream: str = _setting(DCR_STREAM, "Stream declared in the data collection rule.")
+
+
+@dataclass(frozen=True)
+class IdentitySettings:
+    kind: str = _setting(
+        "auto",
+        "auto: DefaultAzureCredential (managed identity on a VM, CLI or environment elsewhere); "
+        "managed: managed identity only.",
+        choices=("auto", "managed"),
+    )
+    client_id: str = _setting(
+        "", "Client id of a user-assigned managed identity; empty for system-assigned."
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     agent: AgentSettings = field(default_factory=AgentSettings)
     imds: ImdsSettings = field(default_factory=ImdsSettings)
     spool: SpoolSettings = field(default_factory=SpoolSettings)
     hooks: HooksSettings = field(default_factory=HooksSettings)
+    eventhubs: EventHubsSettings = field(default_factory=EventHubsSettings)
+    loganalytics: LogAnalyticsSettings = field(default_factory=LogAnalyticsSettings)
+    identity: IdentitySettings = field(default_factory=IdentitySettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]
@@ -149,12 +194,48 @@ def load(
         sections[f.name] = _section(f.name, section_cls, layers)
     _reject_unknown(layers[0][1], layers[2][1])
     config = Config(**sections)
+    kinds = set()
     for spec in config.sink_specs():
         try:
-            parse_spec(spec)
+            kinds.add(parse_spec(spec)[0])
         except ValueError as err:
             raise ConfigError(f"agent.sinks: {err}") from err
+    if "eventhubs" in kinds:
+        _check_eventhubs(config.eventhubs)
+    if "loganalytics" in kinds:
+        _check_loganalytics(config.loganalytics)
     return config
+
+
+def _check_eventhubs(settings: EventHubsSettings) -> None:
+    if settings.connection_string:
+        if "endpoint=" not in settings.connection_string.lower():
+            raise ConfigError(
+                "eventhubs.connection_string is not a connection string (no Endpoint=)"
+            )
+        return
+    if not (settings.namespace and settings.name):
+        raise ConfigError(
+            "the eventhubs sink needs eventhubs.namespace and eventhubs.name (Entra ID auth), "
+            "or eventhubs.connection_string (SE_BRIDGE_EVENTHUBS_NAMESPACE, ..._NAME, "
+            "..._CONNECTION_STRING)"
+        )
+    if "://" in settings.namespace or "/" in settings.namespace:
+        raise ConfigError(
+            f"eventhubs.namespace: give the host name only, such as "
+            f"contoso.servicebus.windows.net, got {settings.namespace!r}"
+        )
+
+
+def _check_loganalytics(settings: LogAnalyticsSettings) -> None:
+    missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
+    if missing:
+        names = ", ".join(f"loganalytics.{k}" for k in missing)
+        raise ConfigError(f"the loganalytics sink needs {names} (SE_BRIDGE_LOGANALYTICS_...)")
+    if not settings.endpoint.lower().startswith("https://"):
+        raise ConfigError(
+            f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
+        )
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -223,18 +304,22 @@ def _reject_unknown(file_data: dict[str, Any], flag_data: dict[str, Any]) -> Non
 
 
 def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
+    shown = "a secret value" if meta.get("secret") else repr(raw)
     try:
         value = _command(raw) if meta.get("command") else _coerce(raw, kind)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"{where}: {err}, got {raw!r}") from err
-    low, high, choices = meta.get("low"), meta.get("high"), meta.get("choices")
+        raise ConfigError(f"{where}: {err}, got {shown}") from err
+    low, high = meta.get("low"), meta.get("high")
     if isinstance(value, (int, float)) and not (
         (low is None or value >= low) and (high is None or value <= high)
     ):
-        raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {raw!r}")
-    if choices and str(value).upper() not in choices:
-        raise ConfigError(f"{where}: must be one of {', '.join(choices)}, got {raw!r}")
-    return str(value).upper() if choices else value
+        raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {shown}")
+    choices = {choice.upper(): choice for choice in meta.get("choices") or ()}
+    if not choices:
+        return value
+    if str(value).upper() not in choices:
+        raise ConfigError(f"{where}: must be one of {', '.join(choices.values())}, got {shown}")
+    return choices[str(value).upper()]
 
 
 def _coerce(raw: Any, kind: Any) -> Any:
@@ -290,7 +375,7 @@ def markdown_table() -> str:
 
 
 def _show(value: Any) -> str:
-    if value is None or value == []:
+    if value is None or value in ([], ""):
         return "none"
     return f"`{value}`"
 

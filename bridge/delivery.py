@@ -9,40 +9,17 @@ recovers it catches up from the spool in order. This is the one retry loop for s
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bridge.redact import describe
 from bridge.retry import Backoff, PermanentError, PoisonRecords, RetryableError
 from bridge.sinks import Sink, SpooledRecord
 from bridge.spool import Spool
 
 log = logging.getLogger(__name__)
-
-MAX_ERROR_CHARS = 500
-
-# Connection strings, SAS URLs and auth headers end up in SDK error messages.
-_SECRETS = (
-    re.compile(
-        r"(?i)\b(sharedaccesskey|accountkey|sig|password|secret|client_secret|token|apikey)"
-        r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^;&\s,\"']+)"
-    ),
-    re.compile(r"(?i)\b(bearer|basic)(\s+)([A-Za-z0-9._~+/=-]+)"),
-)
-
-
-def describe(error: BaseException, *, with_type: bool = False) -> str:
-    """A one-line, secret-free, bounded description of `error` for logs and status."""
-    text = str(error) or type(error).__name__
-    if with_type:
-        text = f"{type(error).__name__}: {text}"
-    for pattern in _SECRETS:
-        text = pattern.sub(r"\1\2***", text)
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 3] + "..."
-
 
 Waiter = Callable[[threading.Event, float], object]
 

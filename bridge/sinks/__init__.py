@@ -12,7 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from bridge.config import Config
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,16 @@ class Sink(Protocol):
         """Release files and connections; called once at shutdown."""
 
 
-SINK_KINDS = ("jsonl", "stdout")
+def check(sink: Sink) -> str:
+    """A harmless real round trip to `sink`: what worked, or a bridge.retry failure with advice."""
+    probe = getattr(sink, "check", None)
+    if probe is None:
+        return "no check for this sink"
+    result: str = probe()
+    return result
+
+
+SINK_KINDS = ("jsonl", "stdout", "eventhubs", "loganalytics")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -49,7 +61,9 @@ def parse_spec(spec: str) -> tuple[str, str]:
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind not in SINK_KINDS:
-        raise ValueError(f"unknown sink {spec!r}: expected one of jsonl:PATH, stdout")
+        raise ValueError(
+            f"unknown sink {spec!r}: expected one of jsonl:PATH, stdout, eventhubs, loganalytics"
+        )
     if kind == "jsonl" and not arg.strip():
         raise ValueError(f"sink {spec!r} needs a path, as in jsonl:/var/log/se-bridge/events.jsonl")
     if kind != "jsonl" and arg:
@@ -57,14 +71,24 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return kind, arg.strip()
 
 
-def build(spec: str) -> Sink:
-    """The local sink a `--sink` SPEC names; ValueError names what is wrong with it."""
+def build(spec: str, config: Config | None = None) -> Sink:
+    """The sink a `--sink` SPEC names; cloud sinks take their settings from `config`."""
     kind, arg = parse_spec(spec)
     # Each kind is imported only when configured, so a cloud sink's SDK loads only if used.
     if kind == "jsonl":
         from bridge.sinks.jsonl import JsonlSink  # noqa: PLC0415
 
         return JsonlSink(Path(arg))
-    from bridge.sinks.stdout import StdoutSink  # noqa: PLC0415
+    if kind == "stdout":
+        from bridge.sinks.stdout import StdoutSink  # noqa: PLC0415
 
-    return StdoutSink()
+        return StdoutSink()
+    if config is None:
+        raise ValueError(f"sink {spec!r} needs its settings")
+    if kind == "eventhubs":
+        from bridge.sinks.eventhubs import EventHubsSink  # noqa: PLC0415
+
+        return EventHubsSink(config)
+    from bridge.sinks.loganalytics import LogAnalyticsSink  # noqa: PLC0415
+
+    return LogAnalyticsSink(config)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from bridge.retry import RetryableError
+from bridge.retry import PermanentError, RetryableError
 
 if TYPE_CHECKING:
     from bridge.sinks import SpooledRecord
@@ -55,6 +55,16 @@ class JsonlSink:
             self._drop()
             raise RetryableError(f"cannot write to {self.path}: {err.strerror or err}") from err
         self._torn = False
+
+    def check(self) -> str:
+        """Create the directory and open the file for appending, as a send would."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "ab"):
+                pass
+        except OSError as err:
+            raise PermanentError(f"cannot append to {self.path}: {err.strerror or err}") from err
+        return f"{self.path} can be appended to"
 
     def close(self) -> None:
         self._drop()

@@ -42,6 +42,9 @@ class StdoutSink:
         except (OSError, ValueError) as err:  # ValueError: the stream was closed
             raise RetryableError(f"cannot write to standard output: {err}") from err
 
+    def check(self) -> str:
+        return "standard output is open" if not (self._stream or sys.stdout).closed else ""
+
     def close(self) -> None:
         stream = self._stream or sys.stdout
         # Every batch was flushed when sent; this only tidies up, so a failure loses nothing.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bridge.delivery import MAX_ERROR_CHARS, describe
+from bridge.redact import MAX_ERROR_CHARS, describe
 from bridge.retry import RetryableError
 
 

@@ -1,0 +1,153 @@
+"""`eventhubs`: records to Azure Event Hubs, the stream the central consumer reads.
+
+Partition key = VmId (the host name until the VmId is known), so one VM's records stay in
+order. Batches come from the SDK's batch API, so they fit the hub's real size limit (1 MB
+on Standard and above, 256 KB on Basic). Each event carries application properties a
+consumer can route on without parsing the body, and content type application/json.
+
+An event as it leaves (body = the record's JSON text):
+    properties: {"RecordType": "Event", "SchemaVersion": 1, "VmId": "02aab8a4-..."}
+    content_type: application/json      partition_key: 02aab8a4-...
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bridge import identity
+from bridge.config import Config
+from bridge.redact import describe
+from bridge.retry import DeliveryError, PermanentError, PoisonRecords, RetryableError
+
+if TYPE_CHECKING:
+    from azure.eventhub import EventData, EventDataBatch, EventHubProducerClient
+
+    from bridge.sinks import SpooledRecord
+
+
+class EventHubsSink:
+    """Sends batches with one producer, created at the first send and kept open."""
+
+    max_batch = 500
+
+    def __init__(self, config: Config) -> None:
+        self._settings = config.eventhubs
+        self._identity = config.identity
+        self._producer: EventHubProducerClient | None = None
+
+    @property
+    def name(self) -> str:
+        return "eventhubs"
+
+    def send(self, batch: Sequence[SpooledRecord]) -> None:
+        try:
+            for events in self._batches(batch):
+                self._get_producer().send_batch(events)
+        except DeliveryError:
+            raise
+        except Exception as err:
+            raise self._classify(err) from err
+
+    def check(self) -> str:
+        """A harmless real round trip: authenticate and open a sender link, send nothing."""
+        try:
+            size = self._get_producer().create_batch().max_size_in_bytes
+        except Exception as err:
+            raise self._classify(err) from err
+        return f"Event Hubs accepted a sender for {self._target()} (batches up to {size} bytes)"
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.close()
+            self._producer = None
+
+    def _batches(self, batch: Sequence[SpooledRecord]) -> list[EventDataBatch]:
+        """SDK batches of consecutive records with the same partition key, in spool order."""
+        out: list[EventDataBatch] = []
+        current: EventDataBatch | None = None
+        current_key: str | None = None
+        for record in batch:
+            event, key = _event(record)
+            if current is not None and key == current_key and _fits(current, event):
+                continue
+            current, current_key = self._new_batch(key), key
+            out.append(current)
+            if not _fits(current, event):
+                raise PoisonRecords(
+                    f"record {record.record_id} is larger than an Event Hubs batch "
+                    f"({current.max_size_in_bytes} bytes) on {self._target()}",
+                    [record.seq],
+                )
+        return out
+
+    def _new_batch(self, key: str) -> EventDataBatch:
+        return self._get_producer().create_batch(partition_key=key)
+
+    def _get_producer(self) -> EventHubProducerClient:
+        if self._producer is None:
+            self._producer = self._open()
+        return self._producer
+
+    def _open(self) -> EventHubProducerClient:
+        from azure.eventhub import EventHubProducerClient  # noqa: PLC0415
+
+        s = self._settings
+        # Retries are the delivery loop's (jittered, never giving up); keep the SDK's short.
+        options: dict[str, Any] = {"retry_total": 1, "logging_enable": False}
+        if s.connection_string:
+            return EventHubProducerClient.from_connection_string(
+                s.connection_string, eventhub_name=s.name or None, **options
+            )
+        return EventHubProducerClient(
+            s.namespace, s.name, identity.credential(self._identity), **options
+        )
+
+    def _classify(self, err: BaseException) -> DeliveryError:
+        from azure.eventhub import exceptions  # noqa: PLC0415
+
+        text = describe(err, with_type=True)
+        target = self._target()
+        if isinstance(err, exceptions.AuthenticationError) or "unauthorized" in text.lower():
+            return PermanentError(
+                f"Event Hubs refused {target}: grant {identity.describe(self._identity)} the "
+                f"Azure Event Hubs Data Sender role on the event hub (or give the connection "
+                f"string's policy the Send right) ({text})"
+            )
+        if "not-found" in text.lower() or "notfound" in text.lower():
+            return PermanentError(f"{target} does not exist: check eventhubs.namespace and "
+                                  f"eventhubs.name ({text})")  # fmt: skip
+        if type(err).__name__ in ("CredentialUnavailableError", "ClientAuthenticationError"):
+            return PermanentError(f"no token for Event Hubs ({text}); {identity.CREDENTIAL_ADVICE}")
+        return RetryableError(f"cannot reach or send to {target}: {text}")
+
+    def _target(self) -> str:
+        s = self._settings
+        if s.connection_string:
+            return f"event hub {s.name or '(from the connection string)'}"
+        return f"event hub {s.name} in {s.namespace}"
+
+
+def _event(record: SpooledRecord) -> tuple[EventData, str]:
+    from azure.eventhub import EventData  # noqa: PLC0415
+
+    body = json.loads(record.body)
+    key = body.get("VmId") or f"host:{body.get('HostName')}"
+    event = EventData(record.body)
+    event.content_type = "application/json"
+    event.properties = {
+        "RecordType": record.record_type,
+        "SchemaVersion": body.get("SchemaVersion"),
+        "VmId": body.get("VmId") or "",
+        "RecordId": record.record_id,
+    }
+    return event, key
+
+
+def _fits(batch: EventDataBatch, event: EventData) -> bool:
+    try:
+        batch.add(event)
+    except ValueError:  # the SDK's way of saying the batch is full
+        return False
+    return True

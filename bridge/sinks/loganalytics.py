@@ -1,0 +1,185 @@
+"""`loganalytics`: records to a Log Analytics table through the Logs Ingestion API.
+
+Each record goes to the data collection rule's stream, shaped to the stream declaration
+generated from the record schema (bridge.schema.dcr_stream_declaration). The SDK splits a
+batch into gzip chunks of at most 1 MB; a chunk that fails comes back through `on_error`
+and its records return to the spool (retried) or, when the service rejects them as
+malformed, to the dead-letter table.
+
+A request the SDK sends (api-version 2023-01-01):
+    POST {endpoint}/dataCollectionRules/dcr-00000000000000000000000000000000/streams/
+         Custom-SeBridgeRecords?api-version=2023-01-01
+    Authorization: Bearer eyJ0eXAi...      Content-Encoding: gzip
+    [{"SchemaVersion": 1, "RecordId": "...", "RecordType": "Event", "TimeGenerated": ...}]
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from bridge import identity, schema
+from bridge.config import Config
+from bridge.redact import describe
+from bridge.retry import (
+    DeliveryError,
+    PermanentError,
+    PoisonRecords,
+    RetryableError,
+    ThrottledError,
+    parse_retry_after,
+)
+
+if TYPE_CHECKING:
+    from azure.monitor.ingestion import LogsIngestionClient, LogsUploadError
+
+    from bridge.sinks import SpooledRecord
+
+SCOPE = "https://monitor.azure.com/.default"
+
+
+class LogAnalyticsSink:
+    """Uploads batches to one DCR stream; the SDK client is created at the first send."""
+
+    max_batch = 300  # well under one 1 MB chunk, so a failed batch is rarely re-sent in part
+
+    def __init__(self, config: Config) -> None:
+        self._settings = config.loganalytics
+        self._identity = config.identity
+        self._columns = {c["name"] for c in schema.dcr_stream_declaration()["columns"]}
+        self._client: LogsIngestionClient | None = None
+
+    @property
+    def name(self) -> str:
+        return "loganalytics"
+
+    def send(self, batch: Sequence[SpooledRecord]) -> None:
+        logs: list[MutableMapping[str, Any]] = [self._shaped(record.body) for record in batch]
+        failures: list[LogsUploadError] = []
+        try:
+            self._get_client().upload(
+                self._settings.rule_id, self._settings.stream, logs, on_error=failures.append
+            )
+        except Exception as err:  # raised outside a chunk: credential or client set-up
+            raise self._classify(err) from err
+        if failures:
+            self._raise_for(failures, batch, logs)
+
+    def check(self) -> str:
+        """A harmless real round trip: an empty array, accepted and storing nothing."""
+        empty = io.BytesIO(gzip.compress(b"[]"))
+        try:
+            self._get_client().upload(self._settings.rule_id, self._settings.stream, empty)
+        except Exception as err:
+            raise self._classify(err) from err
+        return f"Logs Ingestion API accepted a request for {self._target()}"
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _get_client(self) -> LogsIngestionClient:
+        if self._client is None:
+            from azure.monitor.ingestion import LogsIngestionClient  # noqa: PLC0415
+
+            # Retries are the delivery loop's, which honours Retry-After with jitter and never
+            # gives up; the SDK's own would only add a second, hidden retry layer.
+            self._client = LogsIngestionClient(
+                self._settings.endpoint,
+                identity.credential(self._identity),
+                retry_total=0,
+                credential_scopes=[SCOPE],
+            )
+        return self._client
+
+    def _shaped(self, body: str) -> dict[str, Any]:
+        record: dict[str, Any] = json.loads(body)
+        # Exactly the declared columns: a column the DCR does not declare would be refused.
+        return {k: v for k, v in record.items() if k in self._columns}
+
+    def _raise_for(
+        self,
+        failures: list[LogsUploadError],
+        batch: Sequence[SpooledRecord],
+        logs: list[MutableMapping[str, Any]],
+    ) -> None:
+        errors = [self._classify(failure.error) for failure in failures]
+        poison = [e for e in errors if isinstance(e, PoisonRecords)]
+        if not poison:
+            raise max(errors, key=_severity)
+        failed = {id(log) for f, e in zip(failures, errors, strict=True) if e in poison
+                  for log in f.failed_logs}  # fmt: skip
+        suspects = [(r, log) for r, log in zip(batch, logs, strict=True) if id(log) in failed]
+        self._isolate(suspects, str(poison[0]))
+
+    def _isolate(
+        self, suspects: list[tuple[SpooledRecord, MutableMapping[str, Any]]], reason: str
+    ) -> None:
+        """Upload a rejected chunk's records one by one to tell poison from a mis-deployed DCR."""
+        rejected: list[int] = []
+        for record, log in suspects:
+            singles: list[LogsUploadError] = []
+            self._get_client().upload(
+                self._settings.rule_id, self._settings.stream, [log], on_error=singles.append
+            )
+            if singles:
+                if not isinstance(self._classify(singles[0].error), PoisonRecords):
+                    raise self._classify(singles[0].error)
+                rejected.append(record.seq)
+        if len(rejected) == len(suspects) > 1:
+            # Every record refused on its own: the DCR does not match, not the records.
+            raise PermanentError(reason)
+        if not rejected:
+            raise RetryableError(
+                f"the Logs Ingestion API accepted on retry what it refused: {reason}"
+            )
+        raise PoisonRecords(reason, rejected)
+
+    def _classify(self, err: BaseException) -> DeliveryError:
+        status = getattr(getattr(err, "response", None), "status_code", None) or getattr(
+            err, "status_code", None
+        )
+        text = describe(err, with_type=True)
+        if isinstance(status, int):
+            return self._for_status(status, err, text)
+        if type(err).__name__ in ("CredentialUnavailableError", "ClientAuthenticationError"):
+            return PermanentError(
+                f"no token for the Logs Ingestion API ({text}); {identity.CREDENTIAL_ADVICE}"
+            )
+        return RetryableError(f"cannot reach the Logs Ingestion API at {self._target()}: {text}")
+
+    def _for_status(self, status: int, err: BaseException, text: str) -> DeliveryError:
+        target = self._target()
+        if status == 429:
+            headers: Mapping[str, str] = getattr(getattr(err, "response", None), "headers", {})
+            retry_after = parse_retry_after(headers.get("Retry-After"))
+            return ThrottledError(f"429 from the Logs Ingestion API for {target}", retry_after)
+        if status in (400, 413):
+            return PoisonRecords(
+                f"{status} from the Logs Ingestion API: the records do not fit the stream "
+                f"declaration of {target} ({text}); redeploy infra/ from this version of se-bridge",
+                [],
+            )
+        advice = {
+            401: f"the token was refused; {identity.CREDENTIAL_ADVICE}",
+            403: f"grant {identity.describe(self._identity)} the Monitoring Metrics Publisher "
+            f"role on the data collection rule {self._settings.rule_id}",
+            404: "check loganalytics.endpoint, loganalytics.rule_id (the DCR's immutable id) and "
+            "loganalytics.stream",
+        }.get(status)
+        if advice:
+            return PermanentError(f"{status} from the Logs Ingestion API for {target}: {advice}")
+        return RetryableError(f"{status} from the Logs Ingestion API for {target}: {text}")
+
+    def _target(self) -> str:
+        s = self._settings
+        return f"rule {s.rule_id}, stream {s.stream} at {s.endpoint}"
+
+
+def _severity(err: DeliveryError) -> int:
+    # Report the failure a person must act on before the ones that heal by themselves.
+    return 2 if isinstance(err, PermanentError) else 1 if isinstance(err, ThrottledError) else 0

@@ -39,6 +39,23 @@ if TYPE_CHECKING:
     from bridge.sinks import SpooledRecord
 
 SCOPE = "https://monitor.azure.com/.default"
+# The service refuses bodies over 1 MiB, and the SDK's chunking forgets the commas and
+# brackets between records, so a full chunk can overshoot: each upload stays well below.
+MAX_UPLOAD_BYTES = 900 * 1024
+
+
+def _parts(batch: Sequence[SpooledRecord]) -> list[list[SpooledRecord]]:
+    """Consecutive runs of records whose JSON adds up to at most MAX_UPLOAD_BYTES."""
+    parts: list[list[SpooledRecord]] = [[]]
+    size = 0
+    for record in batch:
+        cost = len(record.body.encode("utf-8")) + 2
+        if parts[-1] and size + cost > MAX_UPLOAD_BYTES:
+            parts.append([])
+            size = 0
+        parts[-1].append(record)
+        size += cost
+    return [part for part in parts if part]
 
 
 class LogAnalyticsSink:
@@ -57,6 +74,10 @@ class LogAnalyticsSink:
         return "loganalytics"
 
     def send(self, batch: Sequence[SpooledRecord]) -> None:
+        for part in _parts(batch):
+            self._upload(part)
+
+    def _upload(self, batch: Sequence[SpooledRecord]) -> None:
         logs: list[MutableMapping[str, Any]] = [self._shaped(record.body) for record in batch]
         failures: list[LogsUploadError] = []
         try:

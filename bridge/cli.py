@@ -23,6 +23,8 @@ def setup_logging(level: str = "INFO") -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         force=True,
     )
+    # The Azure SDKs narrate every retry and request at INFO; the sinks report what matters.
+    logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLevelName(level)))
 
 
 def add_agent_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -43,12 +43,21 @@ class EventHubsSink:
 
     def send(self, batch: Sequence[SpooledRecord]) -> None:
         try:
-            for events in self._batches(batch):
-                self._get_producer().send_batch(events)
+            for events, seqs in self._batches(batch):
+                self._send(events, seqs)
         except DeliveryError:
             raise
         except Exception as err:
             raise self._classify(err) from err
+
+    def _send(self, events: EventDataBatch, seqs: list[int]) -> None:
+        try:
+            self._get_producer().send_batch(events)
+        except Exception as err:
+            if "message-size-exceeded" in str(getattr(err, "error", "")):
+                # The hub's limit is below what the link advertised: these records never fit.
+                raise PoisonRecords(f"{self._target()} refused a batch as too large", seqs) from err
+            raise
 
     def check(self) -> str:
         """A harmless real round trip: authenticate and open a sender link, send nothing."""
@@ -63,17 +72,18 @@ class EventHubsSink:
             self._producer.close()
             self._producer = None
 
-    def _batches(self, batch: Sequence[SpooledRecord]) -> list[EventDataBatch]:
-        """SDK batches of consecutive records with the same partition key, in spool order."""
-        out: list[EventDataBatch] = []
+    def _batches(self, batch: Sequence[SpooledRecord]) -> list[tuple[EventDataBatch, list[int]]]:
+        """SDK batches (and their spool seqs) of consecutive records with one partition key."""
+        out: list[tuple[EventDataBatch, list[int]]] = []
         current: EventDataBatch | None = None
         current_key: str | None = None
         for record in batch:
             event, key = _event(record)
             if current is not None and key == current_key and _fits(current, event):
+                out[-1][1].append(record.seq)
                 continue
             current, current_key = self._new_batch(key), key
-            out.append(current)
+            out.append((current, [record.seq]))
             if not _fits(current, event):
                 raise PoisonRecords(
                     f"record {record.record_id} is larger than an Event Hubs batch "

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bridge.config import Config, EventHubsSettings
+from bridge.config import Config, EventHubsSettings, IdentitySettings
 from bridge.retry import PermanentError, PoisonRecords, RetryableError
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
@@ -126,3 +126,20 @@ def test_a_record_larger_than_any_batch_is_poison(
     with pytest.raises(PoisonRecords) as info:
         sink.send([*spooled(1), *huge, *spooled(1, start=3)])
     assert info.value.seqs == [2]
+
+
+def test_namespace_and_name_use_an_entra_credential_not_a_key() -> None:
+    from azure.identity import ManagedIdentityCredential
+
+    config = Config(
+        eventhubs=EventHubsSettings(namespace="contoso.servicebus.windows.net", name="records"),
+        identity=IdentitySettings(kind="managed", client_id="11111111-2222-3333-4444-555555555555"),
+    )
+    sink = EventHubsSink(config)
+    producer = sink._get_producer()  # constructing connects nothing
+    try:
+        assert producer.eventhub_name == "records"
+        assert producer._address.hostname == "contoso.servicebus.windows.net"
+        assert isinstance(producer._credential, ManagedIdentityCredential)
+    finally:
+        sink.close()

@@ -26,30 +26,21 @@ logger = logging.getLogger("bridge.simulator")
 MAX_BODY = 1 << 20
 
 
-class SimHTTPServer(ThreadingHTTPServer):
-    # Handler threads are joined on close; stop() first unblocks idle keep-alive ones.
+class ClosingHTTPServer(ThreadingHTTPServer):
+    """A threading HTTP server whose stop also ends idle keep-alive connections.
+
+    Handler threads are joined on close; `close_connections()` first wakes the ones that
+    wait on an idle keep-alive connection, so closing never hangs. Also the base of the
+    tests' HTTPS doubles.
+    """
+
     daemon_threads = False
     block_on_close = True
 
-    def __init__(
-        self,
-        address: tuple[str, int],
-        simulator: Simulator,
-        stopping: threading.Event,
-        fixed_vm: str | None = None,
-    ) -> None:
-        super().__init__(address, _Handler)
-        self.simulator = simulator
-        self.stopping = stopping
-        self.fixed_vm = fixed_vm
+    def __init__(self, address: tuple[str, int], handler: Any) -> None:
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[0], self.server_address[1]
-        host = host.decode() if isinstance(host, bytes) else host
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        super().__init__(address, handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._connections_lock:
@@ -62,16 +53,37 @@ class SimHTTPServer(ThreadingHTTPServer):
         super().shutdown_request(request)
 
     def close_connections(self) -> None:
-        """Wake handler threads that wait on idle keep-alive connections, so they end."""
         with self._connections_lock:
             connections = list(self._connections)
         for conn in connections:
             with contextlib.suppress(OSError):  # the client may have closed it already
-                conn.shutdown(socket.SHUT_RDWR)
+                # The plain socket's shutdown, also for TLS: SSLSocket.shutdown would drop
+                # its TLS state under the feet of the handler thread.
+                socket.socket.shutdown(conn, socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client that hangs up mid-answer is normal for pollers; keep it out of stderr.
         logger.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+class SimHTTPServer(ClosingHTTPServer):
+    def __init__(
+        self,
+        address: tuple[str, int],
+        simulator: Simulator,
+        stopping: threading.Event,
+        fixed_vm: str | None = None,
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.simulator = simulator
+        self.stopping = stopping
+        self.fixed_vm = fixed_vm
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[0], self.server_address[1]
+        host = host.decode() if isinstance(host, bytes) else host
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def route(self, request: Request) -> Reply:
         sim, wait = self.simulator, self.stopping.wait

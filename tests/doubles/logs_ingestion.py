@@ -36,12 +36,10 @@ error messages or in logs.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import re
-import socket
 import ssl
 import tempfile
 import threading
@@ -51,12 +49,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from bridge.simserver import ClosingHTTPServer
 from tests.doubles.tls import make_server_certificate
 
 logger = logging.getLogger("tests.doubles.logs_ingestion")
@@ -219,46 +218,16 @@ class _Stream:
         return found
 
 
-class _Server(ThreadingHTTPServer):
-    # Handler threads are joined on close; close_connections() first unblocks idle keep-alives.
-    daemon_threads = False
-    block_on_close = True
-
+class _Server(ClosingHTTPServer):
     def __init__(self, address: tuple[str, int], double: LogsIngestionDouble) -> None:
         self.double = double
         self._tls = double._tls_context
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def get_request(self) -> tuple[Any, Any]:
         sock, address = super().get_request()
         # The handshake runs in the handler thread (setup()), never in the accept loop.
         return self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._connections_lock:
-            self._connections.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._connections_lock:
-            self._connections.discard(request)
-        super().shutdown_request(request)
-
-    def close_connections(self) -> None:
-        with self._connections_lock:
-            connections = list(self._connections)
-        for conn in connections:
-            with contextlib.suppress(OSError):  # the client may have closed it already
-                # The plain socket's shutdown: SSLSocket.shutdown would drop its TLS state
-                # under the feet of the handler thread.
-                socket.socket.shutdown(conn, socket.SHUT_RDWR)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Failed handshakes (a client that does not trust the certificate) and clients that
-        # hang up are normal here; keep them out of stderr.
-        logger.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
 class _Handler(BaseHTTPRequestHandler):

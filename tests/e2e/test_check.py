@@ -4,31 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bridge import schema
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.e2e.cloud import cloud_env
 from tests.e2e.harness import Processes, Simulator, child_env
 
 pytestmark = pytest.mark.e2e
-
-RULE = "dcr-00000000000000000000000000000003"
-
-
-@pytest.fixture
-def broker() -> Iterator[EventHubsBroker]:
-    with EventHubsBroker(hub="records") as b:
-        yield b
-
-
-@pytest.fixture
-def logs() -> Iterator[LogsIngestionDouble]:
-    with LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration()) as d:
-        yield d
 
 
 def check(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[str]:
@@ -39,24 +24,11 @@ def check(env: dict[str, str], tmp_path: Path) -> subprocess.CompletedProcess[st
     )
 
 
-def settings(broker: EventHubsBroker, logs: LogsIngestionDouble, imds: str) -> dict[str, str]:
-    return {
-        "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": broker.connection_string,
-        "SE_BRIDGE_LOGANALYTICS_ENDPOINT": logs.endpoint,
-        "SE_BRIDGE_LOGANALYTICS_RULE_ID": RULE,
-        "SE_BRIDGE_IDENTITY_KIND": "managed",
-        "AZURE_POD_IDENTITY_AUTHORITY_HOST": imds,
-        "REQUESTS_CA_BUNDLE": str(logs.ca_bundle),
-        "CURL_CA_BUNDLE": str(logs.ca_bundle),
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
-
-
 def test_check_says_ok_for_every_sink_and_stores_nothing(
     procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble, tmp_path: Path
 ) -> None:
     sim = Simulator.launch(procs, "sim", "--vms", "1")
-    result = check(settings(broker, logs, sim.vm_url("vm-0")), tmp_path)
+    result = check(cloud_env(broker, logs, sim.vm_url("vm-0")), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.splitlines()
     assert [line.split()[:2] for line in lines] == [
@@ -74,7 +46,7 @@ def test_check_gives_advice_and_exit_1_when_a_role_is_missing(
 ) -> None:
     sim = Simulator.launch(procs, "sim", "--vms", "1")
     logs.script(403)
-    result = check(settings(broker, logs, sim.vm_url("vm-0")), tmp_path)
+    result = check(cloud_env(broker, logs, sim.vm_url("vm-0")), tmp_path)
     assert result.returncode == 1
     failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
     assert len(failed) == 1

@@ -9,47 +9,19 @@ duplicates are identical records with the same RecordId.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from bridge import schema
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.e2e.cloud import cloud_env
 from tests.e2e.harness import Agent, Processes, Record, Simulator, assert_all_valid, wait_until
 
 pytestmark = pytest.mark.e2e
 
-RULE = "dcr-00000000000000000000000000000002"
 VMS = ("vm-0", "vm-1")
 DELIVERY_WAIT = 90.0  # a sink's backoff after an outage can reach tens of seconds
-
-
-@pytest.fixture
-def broker() -> Iterator[EventHubsBroker]:
-    with EventHubsBroker(hub="records", partitions=4) as b:
-        yield b
-
-
-@pytest.fixture
-def logs() -> Iterator[LogsIngestionDouble]:
-    with LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration()) as d:
-        yield d
-
-
-def cloud_env(broker: EventHubsBroker, logs: LogsIngestionDouble, imds_url: str) -> dict[str, str]:
-    return {
-        "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": broker.connection_string,
-        "SE_BRIDGE_LOGANALYTICS_ENDPOINT": logs.endpoint,
-        "SE_BRIDGE_LOGANALYTICS_RULE_ID": RULE,
-        "SE_BRIDGE_IDENTITY_KIND": "managed",
-        # The real credential code fetches its token from the simulator's identity endpoint.
-        "AZURE_POD_IDENTITY_AUTHORITY_HOST": imds_url,
-        "REQUESTS_CA_BUNDLE": str(logs.ca_bundle),
-        "CURL_CA_BUNDLE": str(logs.ca_bundle),
-        "NO_PROXY": "127.0.0.1,localhost",
-    }
 
 
 def hub_records(broker: EventHubsBroker) -> list[tuple[str, Record, dict[str, Any]]]:

@@ -152,7 +152,9 @@ def hook_record(
 
 
 def hook_environment(job: HookJob, base: Mapping[str, str]) -> dict[str, str]:
-    env = dict(base)
+    # The agent's own SE_BRIDGE_* settings may hold secrets (a connection string): a hook
+    # gets the event, not the agent's credentials.
+    env = {k: v for k, v in base.items() if not k.upper().startswith("SE_BRIDGE_")}
     env["SE_BRIDGE_HOOK_PHASE"] = job.phase
     for name, key in ENV_FIELDS:
         env[name] = _env_value(job.trigger.get(key))[:ENV_VALUE_MAX]

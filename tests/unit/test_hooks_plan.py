@@ -213,6 +213,20 @@ def test_environment_carries_the_event() -> None:
     assert all(isinstance(v, str) for v in env.values())
 
 
+def test_environment_leaves_out_the_agents_own_settings() -> None:
+    job = plan([event("Scheduled")], prepare=True, recover=True)[0]
+    base = {
+        "PATH": "/bin",
+        "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": "Endpoint=sb://x/;SharedAccessKey=SECRET",
+        "se_bridge_agent_sinks": "stdout",
+    }
+    env = hook_environment(job, base)
+    assert "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING" not in env
+    assert "se_bridge_agent_sinks" not in env
+    assert "SECRET" not in "".join(env.values())
+    assert env["PATH"] == "/bin"
+
+
 def test_environment_booleans_nulls_and_nul() -> None:
     record = {**event("Completed", previous="Started"), "Description": "a\0b", "VmId": None}
     job = plan([record], prepare=True, recover=True)[0]

@@ -85,5 +85,21 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def main(argv: list[str]) -> int:
+    """`python -m bridge.schema [--markdown | --columns | --dcr]`."""
+    what = argv[0] if argv else "--markdown"
+    if what == "--columns":  # as `az monitor log-analytics workspace table create --columns` takes
+        sys.stdout.write(" ".join(f"{name}={kind}" for name, kind in columns()) + "\n")
+    elif what == "--dcr":
+        declaration = {DCR_STREAM: dcr_stream_declaration()}
+        sys.stdout.write(json.dumps(declaration, indent=2) + "\n")
+    elif what == "--markdown":
+        sys.stdout.write(markdown_table())
+    else:
+        sys.stderr.write("usage: python -m bridge.schema [--markdown | --columns | --dcr]\n")
+        return 2
+    return 0
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown_table())
+    sys.exit(main(sys.argv[1:]))

@@ -60,17 +60,7 @@ def make_server_certificate(directory: Path, host_name: str = "localhost") -> Se
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=True),
             critical=True,
         )
         .add_extension(ca_ski, critical=False)
@@ -94,17 +84,7 @@ def make_server_certificate(directory: Path, host_name: str = "localhost") -> Se
             critical=False,
         )
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            _key_usage(signs_certificates=False),
             critical=True,
         )
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
@@ -129,3 +109,18 @@ def make_server_certificate(directory: Path, host_name: str = "localhost") -> Se
     )
     paths.key.chmod(0o600)
     return paths
+
+
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """Digital signatures always; certificate and CRL signing only for the CA."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )

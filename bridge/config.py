@@ -161,6 +161,68 @@ class IdentitySettings:
 
 
 @dataclass(frozen=True)
+class StorageSettings:
+    account: str = _setting(
+        "", "Storage account name for queues, tables and checkpoints (Entra ID auth)."
+    )
+    connection_string: str = _setting(
+        "", "Storage connection string (Azurite's, or a key), instead of account.", secret=True
+    )
+    endpoint_suffix: str = _setting("core.windows.net", "Storage DNS suffix of the cloud.")
+
+
+@dataclass(frozen=True)
+class CommandsSettings:
+    channel: str = _setting(
+        "",
+        "Where approvals arrive: local:DIR, or storagequeue (one queue per VM); "
+        "empty: no command listener.",
+    )
+    queue_prefix: str = _setting("se-bridge-", "Per-VM queue name: this prefix and the VmId.")
+    poll_interval: float = _setting(
+        1.0, "Seconds between command reads while Scheduled events are pending.", low=0.2, high=10
+    )
+    idle_interval: float = _setting(
+        0.0,
+        "Seconds between command reads with nothing pending; 0: none (each read is billed).",
+        low=0,
+        high=86400,
+    )
+    visibility_timeout: float = _setting(
+        30.0, "Seconds a read command stays hidden before another read sees it.", low=1, high=3600
+    )
+
+
+@dataclass(frozen=True)
+class ConsumerSettings:
+    policy: Path | None = _setting(None, "Approval policy file (YAML); none: the default policy.")
+    state: str = _setting(
+        "", "Fleet state: sqlite:PATH or tables. Default: sqlite:<state_dir>/fleet.db."
+    )
+    table_name: str = _setting("sebridgefleet", "Table Storage table of the fleet state.")
+    hub: Path | None = _setting(None, "Local hub directory to read instead of Event Hubs.")
+    consumer_group: str = _setting("$Default", "Event Hubs consumer group.")
+    checkpoint_container: str = _setting(
+        "se-bridge-checkpoints", "Blob container of the Event Hubs checkpoints."
+    )
+    sinks: list[str] = _setting(
+        [], "Where Decision records go. Default: jsonl:<state_dir>/decisions.jsonl."
+    )
+    alive_within: float = _setting(
+        660.0, "A VM whose last record is older than this is not asked to approve.", low=10
+    )
+    approval_timeout: float = _setting(
+        30.0, "Seconds to wait for an Approval record before asking the next VM.", low=1, high=3600
+    )
+    reevaluate_interval: float = _setting(
+        5.0, "Seconds between re-evaluations of deferred events.", low=0.2, high=3600
+    )
+    stale_after: float = _setting(
+        6 * 3600.0, "Seconds after which an event no VM reports on stops counting.", low=60
+    )
+
+
+@dataclass(frozen=True)
 class Config:
     agent: AgentSettings = field(default_factory=AgentSettings)
     imds: ImdsSettings = field(default_factory=ImdsSettings)
@@ -169,6 +231,9 @@ class Config:
     eventhubs: EventHubsSettings = field(default_factory=EventHubsSettings)
     loganalytics: LogAnalyticsSettings = field(default_factory=LogAnalyticsSettings)
     identity: IdentitySettings = field(default_factory=IdentitySettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    commands: CommandsSettings = field(default_factory=CommandsSettings)
+    consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]
@@ -332,8 +397,13 @@ def _coerce(raw: Any, kind: Any) -> Any:
         if kind is int and not number.is_integer():
             raise ValueError("expected a whole number")
         return kind(number)
-    if kind is Path:
-        return Path(os.path.expanduser(str(raw)))
+    if kind is Path or kind == (Path | None):
+        text = str(raw).strip()
+        if not text:
+            if kind is Path:
+                raise ValueError("expected a path")
+            return None
+        return Path(os.path.expanduser(text))
     if kind == list[str]:
         return _string_list(raw)
     if not isinstance(raw, str):

@@ -111,5 +111,42 @@ def heartbeat_record(origin: Origin, reason: str, health: Health, now: datetime)
         SpoolDroppedRecords=health.spool_dropped,
         ImdsHealthy=health.imds_healthy,
         LastImdsSuccess=iso(health.last_imds_success) if health.last_imds_success else None,
+        Tags=dict(origin.identity.tags) if origin.identity.known else None,
+    )
+    return record
+
+
+@dataclass(frozen=True)
+class ApprovalOutcome:
+    """What the agent did with one approval, central (a command) or local (its own policy)."""
+
+    event_id: str | None
+    event_type: str | None
+    incarnation: int | None
+    command_id: str | None
+    source: str  # Central | Local
+    outcome: str  # Approved | Refused | Failed
+    detail: str
+    rule: str | None = None
+    issued_at: datetime | None = None
+    latency_ms: int | None = None
+
+
+def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) -> dict[str, Any]:
+    # One id per command and outcome: a duplicate command that ends the same way is the
+    # same record, so downstream deduplication folds it away.
+    rid = origin.record_id("Approval", approval.command_id or approval.detail, approval.outcome)
+    record = origin.common_fields("Approval", rid, now)
+    record.update(
+        DocumentIncarnation=approval.incarnation,
+        EventId=approval.event_id,
+        EventType=approval.event_type,
+        CommandId=approval.command_id,
+        ApprovalSource=approval.source,
+        ApprovalOutcome=approval.outcome,
+        ApprovalDetail=approval.detail,
+        DecisionRule=approval.rule,
+        CommandIssuedAt=iso(approval.issued_at) if approval.issued_at else None,
+        ApprovalLatencyMs=approval.latency_ms,
     )
     return record

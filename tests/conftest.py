@@ -8,6 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.azurite import Azurite
+
 
 @pytest.fixture(autouse=True)
 def _sdk_sockets_collected_where_they_leak(request: pytest.FixtureRequest) -> Iterator[None]:
@@ -19,3 +21,13 @@ def _sdk_sockets_collected_where_they_leak(request: pytest.FixtureRequest) -> It
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "unclosed <socket", ResourceWarning)
             gc.collect()
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """One Azurite (blob, queue, table) for the whole session; tests use their own names."""
+    emulator = Azurite(tmp_path_factory.mktemp("azurite")).start()
+    try:
+        yield emulator
+    finally:
+        emulator.stop()

@@ -1,0 +1,182 @@
+"""The consumer core: record batches in, fleet state and approvals out.
+
+Deployment forms (`se-bridge consume`, the Azure Functions app, the demo) are thin
+wrappers: they hand batches to `Consumer.process` and call `Consumer.tick` on a timer.
+
+A batch (a sample of the records it holds, one per line here):
+
+    {"RecordType": "Heartbeat", "VmId": "1b1f...", "VmName": "web_0", "Tags": {"tier": "web"}, ...}
+    {"RecordType": "Event", "VmId": "1b1f...", "EventId": "C7061BAC-...", "EventType": "Reboot",
+     "EventSource": "User", "EventStatus": "Scheduled", "Resources": ["web_0"], ...}
+    {"RecordType": "Approval", "VmId": "1b1f...", "CommandId": "3d0c...",
+     "ApprovalOutcome": "Approved", ...}
+
+Order of effects, so that a crash anywhere loses no approval and doubles none: the
+ledger entry (budget and target) is written first with its ETag; then the Decision
+record; then the command; then the entry is marked sent. A crash before "sent" makes
+the next pass resend the same command (same CommandId), never a second approval.
+Processing is idempotent: batches may be replayed (nothing is checkpointed until
+`process` returns) and every merge only moves forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from bridge import fleetstate as fs
+from bridge.channels import CommandSender
+from bridge.config import ConsumerSettings
+from bridge.ledger import ApprovalLedger, Dispatch
+from bridge.policy import FleetView, Policy, VmView, evaluate
+from bridge.state import Doc, Store, update
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[list[dict[str, Any]]], None]
+SEEN_RECORD_IDS = 100_000
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Consumer:
+    def __init__(
+        self,
+        store: Store,
+        sender: CommandSender,
+        policy: Policy,
+        emit: Emit,
+        settings: ConsumerSettings,
+        *,
+        now: Callable[[], datetime] = utc_now,
+        host_name: str = "consumer",
+    ) -> None:
+        self.store = store
+        self.policy = policy
+        self.settings = settings
+        self._now = now
+        self._seen: OrderedDict[str, None] = OrderedDict()
+        self.ledger = ApprovalLedger(store, settings)
+        self.dispatch = Dispatch(sender, emit, policy, host_name)
+
+    # --- batches ---------------------------------------------------------------------------
+
+    def process(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Fold a batch into the fleet state and decide about every event it touched."""
+        fresh = [r for r in records if self._first_sight(r)]
+        self._merge_vms(fresh)
+        touched = self._merge_events(fresh)
+        touched |= self.ledger.note_approvals(fresh)
+        if touched:
+            self._decide(sorted(touched))
+        for record in fresh:
+            self._seen[str(record.get("RecordId"))] = None
+        while len(self._seen) > SEEN_RECORD_IDS:
+            self._seen.popitem(last=False)
+
+    def tick(self) -> None:
+        """Look again at every open event: deferrals, fallbacks, unsent commands, stale ones."""
+        now = self._now()
+        held = self.ledger.entries()
+        open_events = []
+        for doc in self.store.scan(fs.EVENT):
+            if fs.is_stale(doc.value, now, timedelta(seconds=self.settings.stale_after)):
+                self._forget(doc)
+            elif fs.status(doc.value) != fs.GONE or doc.key in held:
+                open_events.append(doc.key)
+        if open_events:
+            self._decide(open_events)
+
+    def _first_sight(self, record: Mapping[str, Any]) -> bool:
+        rid = record.get("RecordId")
+        return isinstance(rid, str) and rid not in self._seen
+
+    def _merge_vms(self, records: Sequence[Mapping[str, Any]]) -> None:
+        by_vm: dict[str, list[Mapping[str, Any]]] = {}
+        for record in records:
+            if isinstance(record.get("VmId"), str) and record.get("RecordType") != "Decision":
+                by_vm.setdefault(record["VmId"], []).append(record)
+        for vm_id, mine in by_vm.items():
+            update(self.store, fs.VM, vm_id, _folder(fs.merge_vm, mine))
+
+    def _merge_events(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
+        by_event: dict[str, list[Mapping[str, Any]]] = {}
+        for record in records:
+            if record.get("RecordType") in ("Event", "Hook") and isinstance(
+                record.get("EventId"), str
+            ):
+                by_event.setdefault(fs.event_key(record["EventId"]), []).append(record)
+        for key, mine in by_event.items():
+            update(self.store, fs.EVENT, key, _folder(fs.merge_event, mine))
+        return set(by_event)
+
+    # --- decisions -------------------------------------------------------------------------
+
+    def _decide(self, event_keys: Sequence[str]) -> None:
+        vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
+        names = fs.Names.of(vms.values())
+        docs = [self.store.read(fs.EVENT, key) for key in event_keys]
+        known = [d for d in docs if d is not None and d.value.get("event_type") is not None]
+        # The event due soonest gets a free budget slot first, then the longest waiting.
+        for doc in sorted(known, key=fs.urgency):
+            self._decide_one(doc, vms, names)
+
+    def _decide_one(self, doc: Doc, vms: Mapping[str, VmView], names: fs.Names) -> None:
+        now = self._now()
+        if fs.status(doc.value) == fs.GONE:
+            self.ledger.release(doc.key, "the event completed or was canceled")
+            return
+        while True:
+            ledger = self.ledger.read()
+            entry = ledger.value.get("events", {}).get(doc.key)
+            view = fs.event_view(doc.value, vms, names, tuple(entry["tried"]) if entry else (), now)
+            if view.status == "Started":
+                self.ledger.note_started(ledger, doc.key, view)
+                return
+            if entry is not None and not self.ledger.needs_decision(entry, now):
+                self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
+                return
+            fleet = FleetView(vms, self.ledger.impacted(ledger), self._alive_within)
+            verdict = evaluate(self.policy, fleet, view, now)
+            done = self.dispatch.apply(
+                self.ledger,
+                ledger_doc=ledger,
+                event_doc=doc,
+                view=view,
+                verdict=verdict,
+                vms=vms,
+                now=now,
+            )
+            if done:
+                return
+
+    @property
+    def _alive_within(self) -> timedelta:
+        return timedelta(seconds=self.settings.alive_within)
+
+    def _forget(self, doc: Doc) -> None:
+        self.ledger.release(doc.key, "no VM has reported on the event for too long")
+        try:
+            self.store.delete(fs.EVENT, doc)
+        except Exception:  # a concurrent update keeps it alive; the next tick looks again
+            log.debug("event %s changed while being forgotten", doc.key)
+
+
+def _folder(
+    merge: Callable[[dict[str, Any], Mapping[str, Any]], bool],
+    records: Sequence[Mapping[str, Any]],
+) -> Callable[[dict[str, Any]], bool]:
+    """A mutation for `bridge.state.update` that merges every record of `records`."""
+
+    def fold(value: dict[str, Any]) -> bool:
+        changed = False
+        for record in records:
+            changed = merge(value, record) or changed
+        return changed
+
+    return fold

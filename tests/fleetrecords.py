@@ -1,0 +1,139 @@
+"""Records as a fleet of agents would send them, for tests of the consumer.
+
+Built with the agent's own record builders where one exists (heartbeats, approvals), so
+the consumer is tested against the shapes it really receives; every record validates
+against the schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from bridge.commands import Command
+from bridge.records import (
+    ApprovalOutcome,
+    Health,
+    Origin,
+    VmIdentity,
+    approval_record,
+    heartbeat_record,
+    iso,
+    record_id,
+)
+
+SUBSCRIPTION = "8d5f9c8e-0000-4000-8000-000000000001"
+
+
+@dataclass
+class FleetRecords:
+    """A fleet's VMs by name; `now` is the time the next records carry."""
+
+    now: datetime
+    origins: dict[str, Origin] = field(default_factory=dict)
+
+    def vm(self, name: str, *, scale_set: str | None = None, zone: str | None = None,
+           fault_domain: int | None = None, tags: dict[str, str] | None = None) -> str:  # fmt: skip
+        vm_id = str(record_id("test-vm", name))
+        identity = VmIdentity(
+            vm_id=vm_id,
+            vm_name=name,
+            subscription_id=SUBSCRIPTION,
+            resource_group="rg-app",
+            location="westeurope",
+            zone=zone,
+            vm_scale_set_name=scale_set,
+            platform_fault_domain=fault_domain,
+            platform_update_domain=0,
+            tags=tuple(sorted((tags or {}).items())),
+        )
+        self.origins[name] = Origin(identity, host_name=name)
+        return vm_id
+
+    def vm_id(self, name: str) -> str:
+        vm_id = self.origins[name].identity.vm_id
+        assert vm_id is not None
+        return vm_id
+
+    def advance(self, seconds: float) -> datetime:
+        self.now += timedelta(seconds=seconds)
+        return self.now
+
+    def heartbeat(self, name: str, reason: str = "Periodic") -> dict[str, Any]:
+        health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now)
+        return heartbeat_record(self.origins[name], reason, health, self.now)
+
+    def event(
+        self,
+        name: str,
+        event_id: str,
+        *,
+        transition: str = "Scheduled",
+        event_type: str = "Reboot",
+        source: str = "User",
+        resources: list[str] | None = None,
+        duration: int | None = -1,
+        not_before: datetime | None = None,
+    ) -> dict[str, Any]:
+        origin = self.origins[name]
+        status = {"Scheduled": "Scheduled", "Started": "Started", "Updated": "Scheduled"}.get(
+            transition
+        )
+        affected = resources if resources is not None else [name]
+        rid = origin.record_id("Event", event_id, transition, iso(self.now))
+        record = origin.common_fields("Event", rid, self.now)
+        nb = not_before or self.now + timedelta(minutes=15)
+        record.update(
+            DocumentIncarnation=3,
+            PreviousIncarnation=2,
+            EventId=event_id,
+            EventType=event_type,
+            ResourceType="VirtualMachine",
+            Resources=affected,
+            EventSource=source,
+            Description="test event",
+            DurationInSeconds=duration,
+            EventStatus=status,
+            PreviousStatus=None if transition == "Scheduled" else "Scheduled",
+            Transition=transition,
+            NotBefore=iso(nb) if status == "Scheduled" else None,
+            NotBeforeRaw=nb.strftime("%a, %d %b %Y %H:%M:%S GMT") if status == "Scheduled" else "",
+            AffectsThisVm=name in affected,
+            Inferred=False,
+            ChangedFields=[],
+        )
+        return record
+
+    def approval(self, command: Command, outcome: str = "Approved") -> dict[str, Any]:
+        name = next(n for n, o in self.origins.items() if o.identity.vm_id == command.vm_id)
+        result = ApprovalOutcome(
+            event_id=command.event_id,
+            event_type="Reboot",
+            incarnation=3,
+            command_id=command.command_id,
+            source="Central",
+            outcome=outcome,
+            detail=f"test: {outcome}",
+            rule=command.rule,
+            issued_at=command.issued_at,
+            latency_ms=5 if outcome == "Approved" else None,
+        )
+        return approval_record(self.origins[name], result, self.now)
+
+    def hook_ready(self, name: str, event_id: str) -> dict[str, Any]:
+        origin = self.origins[name]
+        record = origin.common_fields("Hook", origin.record_id("Hook", event_id), self.now)
+        record.update(
+            EventId=event_id,
+            EventType="Reboot",
+            Transition="Scheduled",
+            HookPhase="prepare",
+            TriggerRecordId="trigger",
+            HookExitCode=0,
+            HookTimedOut=False,
+            HookDurationMs=10,
+            HookOutput="drained",
+            HookError=None,
+        )
+        return record

@@ -19,12 +19,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
-from bridge import host, imds
+from bridge import host, imds, listener, localmode
+from bridge.agentapproval import Approver
+from bridge.channels import CommandInbox
 from bridge.config import Config
 from bridge.delivery import Delivery
 from bridge.hookproc import HookOutcome
 from bridge.hooks import HookJob, HookRunner, hook_record, plan
 from bridge.normalise import Context, normalise, pending_events
+from bridge.policy import Policy
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
 from bridge.retry import Backoff, DeliveryError, PermanentError, RetryableError
 from bridge.sinks import Sink, build
@@ -53,6 +56,8 @@ class Agent:
         sinks: Sequence[Sink] | None = None,
         now: Callable[[], datetime] = utc_now,
         boot_id: str | None = None,
+        policy: Policy | None = None,
+        open_inbox: Callable[[str], CommandInbox] | None = None,
     ) -> None:
         self.config = config
         self._now = now
@@ -82,6 +87,13 @@ class Agent:
         self._spool_failing = False
         self._stop = threading.Event()
         self._imds_thread = _Worker("imds")
+        # Central commands and the local policy approve through one Approver, so an event
+        # approved by either is never approved again by the other.
+        self.approver = Approver(
+            self.imds, self._interruptible, self.spool, lambda: self.origin, now
+        )
+        self.listener = listener.build(config, self.approver, now, open_inbox)
+        self.local = localmode.build(config, self.approver, now, policy)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -107,6 +119,9 @@ class Agent:
         self._resume_hooks()
         self._refresh_identity()
         self._heartbeat("Start")
+        if self.listener is not None:
+            self.listener.start()
+        self._notify_approvers()
         log.info(
             "polling %s every %gs; sinks: %s",
             self.imds.events_url,
@@ -123,12 +138,16 @@ class Agent:
         if started >= self._next_heartbeat:
             self._heartbeat("Periodic")
         self._resubmit_hooks()
+        if self.local is not None:
+            self.local.tick(self.state, self.origin.identity)
         return max(0.0, delay - (time.monotonic() - started))
 
     def shutdown(self) -> None:
         log.info("stopping: flushing the spool to every sink")
         if self.hooks is not None:
             self.hooks.stop(timeout=10.0)
+        if self.listener is not None:
+            self.listener.stop()
         self._heartbeat("Stop")
         if not self.delivery.flush(timeout=10.0):
             log.warning("stopped with %d records not yet delivered; they stay in the spool "
@@ -203,6 +222,14 @@ class Agent:
             log.info("%s", describe(record))
         for job in jobs:
             self._submit(job)
+        self._notify_approvers()
+
+    def _notify_approvers(self) -> None:
+        """After each observation: wake the command listener, let local mode decide."""
+        if self.listener is not None:
+            self.listener.update(self.origin.identity.vm_id, listener.has_scheduled(self.state))
+        if self.local is not None:
+            self.local.observe(self.state, self.origin.identity)
 
     def _gap(self) -> timedelta:
         return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))
@@ -276,6 +303,8 @@ class Agent:
         return plan(records, prepare=hooks.prepare is not None, recover=hooks.recover is not None)
 
     def _hook_done(self, job: HookJob, outcome: HookOutcome) -> None:
+        if self.local is not None:
+            self.local.hook_done(job.event_id, job.phase, outcome.ok)
         record = hook_record(self.origin, job, outcome, self._now())
         try:
             self.spool.finish_job(job.job_id, [record])

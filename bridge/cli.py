@@ -8,9 +8,13 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge import __version__, host
-from bridge.config import ConfigError, load
+from bridge.config import Config, ConfigError, load
+
+if TYPE_CHECKING:
+    from bridge.policy import Policy
 
 log = logging.getLogger("bridge")
 
@@ -38,6 +42,14 @@ def add_agent_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
         action="append",
         metavar="SPEC",
         help="jsonl:PATH or stdout; repeat for several (default jsonl:<state-dir>/records.jsonl)",
+    )
+    p.add_argument(
+        "--commands",
+        metavar="SPEC",
+        help="approval command channel to listen on: local:DIR or storagequeue",
+    )
+    p.add_argument(
+        "--policy", type=Path, metavar="FILE", help="approve with this policy here (local mode)"
     )
     p.set_defaults(func=run_agent)
 
@@ -87,17 +99,32 @@ def run_agent(args: argparse.Namespace) -> int:
         "agent.poll_interval": args.poll_interval,
         "agent.state_dir": args.state_dir,
         "agent.sinks": args.sink,
+        "commands.channel": args.commands,
+        "agent.policy": args.policy,
     }
     try:
         config = load(args.config, flags=flags)
+        policy = _local_policy(config)
     except ConfigError as err:
         return _fail(f"configuration error: {err}", 2)
     setup_logging(config.agent.log_level)
     try:
-        agent = Agent(config)
+        agent = Agent(config, policy=policy)
     except (SpoolError, OSError) as err:
         return _fail(f"cannot start the agent: {err}", 1)
     return agent.run(stop)
+
+
+def _local_policy(config: Config) -> Policy | None:
+    """The local-mode policy, read at start so a bad file stops the agent with a message."""
+    if config.agent.policy is None:
+        return None
+    from bridge.localmode import load_policy  # noqa: PLC0415 - YAML only when asked for
+
+    try:
+        return load_policy(config.agent.policy)
+    except ValueError as err:  # policyfile.PolicyError names the file, line and field
+        raise ConfigError(f"agent.policy: {err}") from err
 
 
 def _fail(message: str, code: int) -> int:
@@ -106,6 +133,7 @@ def _fail(message: str, code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from bridge.consume import add_parser as add_consume_parser  # noqa: PLC0415
     from bridge.demo import add_parser as add_demo_parser  # noqa: PLC0415
     from bridge.simulator import add_parser as add_simulate_parser  # noqa: PLC0415
 
@@ -117,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_agent_parser(subparsers)
     add_check_parser(subparsers)
+    add_consume_parser(subparsers)
     add_simulate_parser(subparsers)
     add_demo_parser(subparsers)
     return parser
@@ -124,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command not in ("agent", "check"):
+    if args.command not in ("agent", "check", "consume"):
         setup_logging("INFO")
     if args.command == "check":
         setup_logging("WARNING")

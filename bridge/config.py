@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from bridge import host
+from bridge.channels import parse_spec as parse_channel_spec
 from bridge.schema import DCR_STREAM
 from bridge.sinks import parse_spec
 
@@ -79,6 +80,9 @@ class AgentSettings:
         300.0, "Seconds between Heartbeat records.", low=1, high=86400
     )
     log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS)
+    policy: Path | None = _setting(
+        None, "Approval policy run inside this agent (local mode); none: no local approvals."
+    )
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,17 @@ def load(
         _check_eventhubs(config.eventhubs)
     if "loganalytics" in kinds:
         _check_loganalytics(config.loganalytics)
+    _check_channel(config.commands)
     return config
+
+
+def _check_channel(settings: CommandsSettings) -> None:
+    if not settings.channel:
+        return
+    try:
+        parse_channel_spec(settings.channel)
+    except ValueError as err:
+        raise ConfigError(f"commands.channel: {err}") from err
 
 
 def _check_eventhubs(settings: EventHubsSettings) -> None:

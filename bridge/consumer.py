@@ -22,6 +22,7 @@ Processing is idempotent: batches may be replayed (nothing is checkpointed until
 from __future__ import annotations
 
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
@@ -61,6 +62,10 @@ class Consumer:
         self.settings = settings
         self._now = now
         self._seen: OrderedDict[str, None] = OrderedDict()
+        # Event Hubs hands batches from several partition threads; one at a time keeps the
+        # in-process caches simple (other consumer processes are kept apart by the ETags).
+        self._lock = threading.RLock()
+        self.sender = sender
         self.ledger = ApprovalLedger(store, settings)
         self.dispatch = Dispatch(sender, emit, policy, host_name)
 
@@ -68,6 +73,10 @@ class Consumer:
 
     def process(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Fold a batch into the fleet state and decide about every event it touched."""
+        with self._lock:
+            self._process(records)
+
+    def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
         fresh = [r for r in records if self._first_sight(r)]
         self._merge_vms(fresh)
         touched = self._merge_events(fresh)
@@ -81,6 +90,14 @@ class Consumer:
 
     def tick(self) -> None:
         """Look again at every open event: deferrals, fallbacks, unsent commands, stale ones."""
+        with self._lock:
+            self._tick()
+
+    def close(self) -> None:
+        self.sender.close()
+        self.store.close()
+
+    def _tick(self) -> None:
         now = self._now()
         held = self.ledger.entries()
         open_events = []
@@ -134,7 +151,9 @@ class Consumer:
         while True:
             ledger = self.ledger.read()
             entry = ledger.value.get("events", {}).get(doc.key)
-            view = fs.event_view(doc.value, vms, names, tuple(entry["tried"]) if entry else (), now)
+            view = fs.event_view(
+                doc.value, vms, names, tuple(entry.get("tried", ())) if entry else (), now
+            )
             if view.status == "Started":
                 self.ledger.note_started(ledger, doc.key, view)
                 return

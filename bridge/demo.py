@@ -15,13 +15,22 @@ import tempfile
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from bridge import host
 from bridge.agent import Agent
-from bridge.config import AgentSettings, Config, HooksSettings, ImdsSettings
+from bridge.config import (
+    AgentSettings,
+    CommandsSettings,
+    Config,
+    ConfigError,
+    ConsumerSettings,
+    HooksSettings,
+    ImdsSettings,
+)
+from bridge.consume import ConsumerService
 from bridge.fleet import Fleet
 from bridge.fleetspec import demo_vms
 from bridge.simulator import Simulator, SimulatorServer
@@ -45,12 +54,15 @@ class View:
         self.recent: deque[str] = deque(maxlen=16)
         self.latest: dict[str, str] = {}
         self.counts: Counter[str] = Counter()
+        self.latencies: list[int] = []
         self.started = time.monotonic()
 
     def add(self, vm: str, record: dict[str, Any]) -> None:
         line = f"{record['TimeGenerated'][11:19]} {vm:<7} {summarise(record)}"
         with self.lock:
             self.counts[count_key(record)] += 1
+            if record["RecordType"] == "Approval" and record["ApprovalLatencyMs"] is not None:
+                self.latencies.append(record["ApprovalLatencyMs"])
             if record["RecordType"] != "Heartbeat":
                 self.recent.append(line)
                 self.latest[vm] = summarise(record)
@@ -67,7 +79,18 @@ class View:
 
 
 def summarise(record: dict[str, Any]) -> str:
-    if record["RecordType"] == "Event":
+    kind = record["RecordType"]
+    if kind == "Decision":
+        target = f" via {record['TargetVmName']}" if record["TargetVmName"] else ""
+        return (
+            f"Decision {record['DecisionAction']:<7} {record['EventId'][:8]} "
+            f"rule {record['DecisionRule']}{target}"
+        )
+    if kind == "Approval":
+        latency = record["ApprovalLatencyMs"]
+        took = f" {latency} ms after the decision" if latency is not None else ""
+        return f"Approval {record['ApprovalOutcome']} {str(record['EventId'])[:8]}{took}"
+    if kind == "Event":
         mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]
         inferred = " (inferred)" if record["Inferred"] else ""
         return (
@@ -81,6 +104,10 @@ def summarise(record: dict[str, Any]) -> str:
 
 
 def count_key(record: dict[str, Any]) -> str:
+    if record["RecordType"] == "Decision":
+        return f"Decision {record['DecisionAction']}"
+    if record["RecordType"] == "Approval":
+        return f"Approval {record['ApprovalOutcome']}"
     if record["RecordType"] == "Event":
         return f"Event {record['Transition']}"
     if record["RecordType"] == "Hook":
@@ -109,10 +136,11 @@ class ViewSink:
         """Nothing to release."""
 
 
-def agent_config(url: str, state_dir: Path, poll: float) -> Config:
+def agent_config(url: str, state_dir: Path, poll: float, commands: str) -> Config:
     hook = [sys.executable, "-c"]
     return Config(
         agent=AgentSettings(poll_interval=poll, state_dir=state_dir, heartbeat_interval=60),
+        commands=CommandsSettings(channel=commands, poll_interval=max(0.2, poll)),
         imds=ImdsSettings(url=url, first_call_timeout=10, timeout=5),
         hooks=HooksSettings(
             prepare=[*hook, HOOK.format("prepare")],
@@ -122,9 +150,30 @@ def agent_config(url: str, state_dir: Path, poll: float) -> Config:
     )
 
 
+def consumer_config(root: Path, policy: Path | None) -> Config:
+    """The central half, on local transports: the hub the agents write, their command dirs."""
+    return Config(
+        agent=AgentSettings(state_dir=root / "consumer"),
+        commands=CommandsSettings(channel=f"local:{root / 'commands'}"),
+        consumer=ConsumerSettings(
+            policy=policy,
+            state=f"sqlite:{root / 'fleet.db'}",
+            hub=root / "hub",
+            sinks=[f"jsonl:{root / 'decisions.jsonl'}"],
+            reevaluate_interval=1.0,
+            approval_timeout=10.0,
+        ),
+    )
+
+
 class Demo:
-    def __init__(self, root: Path, scale: float, poll: float, view: View) -> None:
+    def __init__(
+        self, root: Path, scale: float, poll: float, view: View, policy: Path | None = None
+    ) -> None:
         self.root, self.scale, self.poll, self.view = root, scale, poll, view
+        self.consumer = ConsumerService(
+            consumer_config(root, policy), extra_sinks=[ViewSink("central", view)]
+        )
         self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
         self.server = SimulatorServer(self.simulator)
         self.stops: list[threading.Event] = []
@@ -133,19 +182,27 @@ class Demo:
 
     def start(self) -> None:
         self.server.start()
+        self._start_thread("consumer", self.consumer.run)
         for vm in self.simulator.vm_names:
             self._start_agent(vm)
 
-    def _start_agent(self, vm: str) -> None:
-        state_dir = self.root / vm
-        config = agent_config(self.server.vm_url(vm), state_dir, self.poll)
-        sinks = [build(f"jsonl:{state_dir / 'records.jsonl'}"), ViewSink(vm, self.view)]
-        agent = Agent(config, sinks=sinks)
+    def _start_thread(self, name: str, target: Callable[[threading.Event], int]) -> None:
         stop = threading.Event()
-        thread = threading.Thread(target=agent.run, args=(stop,), name=f"agent-{vm}", daemon=True)
+        thread = threading.Thread(target=target, args=(stop,), name=name, daemon=True)
         thread.start()
         self.stops.append(stop)
         self.threads.append(thread)
+
+    def _start_agent(self, vm: str) -> None:
+        state_dir = self.root / vm
+        commands = f"local:{self.root / 'commands'}"
+        config = agent_config(self.server.vm_url(vm), state_dir, self.poll, commands)
+        sinks = [
+            build(f"jsonl:{state_dir / 'records.jsonl'}"),
+            build(f"hub:{self.root / 'hub'}"),
+            ViewSink(vm, self.view),
+        ]
+        self._start_thread(f"agent-{vm}", Agent(config, sinks=sinks).run)
 
     def play(self, index: int) -> None:
         name = SCENARIOS[index % len(SCENARIOS)]
@@ -174,6 +231,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--poll-interval", type=float, default=0.5, help="agents' poll interval")
     p.add_argument("--every", type=float, default=5.0, help="seconds between scenarios")
     p.add_argument("--state-dir", type=Path, help="where agents keep spools and records")
+    p.add_argument("--policy", type=Path, help="approval policy file (default: built-in)")
     p.set_defaults(func=run)
 
 
@@ -182,7 +240,11 @@ def run(args: argparse.Namespace) -> int:
     root = args.state_dir or Path(tempfile.mkdtemp(prefix="se-bridge-demo-"))
     live = sys.stdout.isatty()
     view = View(sys.stdout, live)
-    demo = Demo(root, args.time_scale, args.poll_interval, view)
+    try:
+        demo = Demo(root, args.time_scale, args.poll_interval, view, args.policy)
+    except ConfigError as err:
+        print(f"se-bridge: configuration error: {err}", file=sys.stderr)
+        return 2
     stop = threading.Event()
     host.install_stop_handler(stop.set)
     demo.start()
@@ -213,4 +275,9 @@ def print_summary(demo: Demo, root: Path) -> None:
     print("  scenarios played: " + (", ".join(name for name, _ in demo.played) or "none"))
     for key, count in sorted(demo.view.counts.items()):
         print(f"  {key:<28} {count}")
+    latencies = sorted(demo.view.latencies)
+    if latencies:
+        median = latencies[len(latencies) // 2]
+        print(f"  approval latency (decision to IMDS): median {median} ms, max {latencies[-1]} ms")
     print(f"  records of each VM: {root}/<vm>/records.jsonl")
+    print(f"  the consumer's decisions: {root}/decisions.jsonl")

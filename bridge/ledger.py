@@ -137,27 +137,40 @@ class Dispatch:
         """Carry out `verdict`; False when the ledger changed under us and it must be redone."""
         if verdict.kind == "Ignore":
             return True
+        decided = (event_doc, view, verdict, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
-            self._record(ledger.store, event_doc, view, verdict, vms, now, None)
+            said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
+            if event_doc.value.get("decision") != said:  # a standing decision is said once
+                self._say(ledger.store, view, verdict, self._decision(*decided, None))
             return True
         command = self._command(event_doc, view, verdict, now)
         key = fs.event_key(view.event_id)
-        ledger_doc.value["events"][key] = _entry(view, verdict, command, now)
+        record = self._decision(*decided, command)
+        # The Decision travels with the entry, so a retry after a failed emit still says it.
+        ledger_doc.value["events"][key] = {
+            **_entry(view, verdict, command, now),
+            "decision": record,
+        }
         try:
             ledger.store.write(fs.LEDGER, ledger_doc)
         except Conflict:
             return False
-        self._record(ledger.store, event_doc, view, verdict, vms, now, command)
+        self._say(ledger.store, view, verdict, record)
         self._send(ledger, key, command, now)
         return True
 
     def resend_if_unsent(
         self, ledger: ApprovalLedger, key: str, entry: Mapping[str, Any], now: datetime
     ) -> None:
-        """A crash between the ledger write and the send left a command unsent: send it now."""
+        """A failure between the ledger write and the send left a command unsent: finish it.
+
+        The Decision is said again too (same RecordId) in case it was the emit that failed.
+        """
         if entry.get("origin") != "approved" or entry.get("sent") or not entry.get("command"):
             return
         log.info("resending the approval of event %s, which was decided but not sent", key)
+        if isinstance(entry.get("decision"), dict):
+            self.emit([entry["decision"]])
         self._send(ledger, key, commands.parse(entry["command"]), now)
 
     def _send(
@@ -185,37 +198,35 @@ class Dispatch:
             reason=verdict.reason,
         )
 
-    def _record(  # noqa: PLR0917 - one decision in full
+    def _decision(  # noqa: PLR0917 - one decision in full
         self,
-        store: Store,
         event_doc: Doc,
         view: EventView,
         verdict: Verdict,
         vms: Mapping[str, VmView],
         now: datetime,
         command: commands.Command | None,
-    ) -> None:
-        """Emit a Decision record: always for an approval, otherwise only when it changed."""
+    ) -> dict[str, Any]:
+        return decision_record(
+            event_doc.value,
+            view=view,
+            verdict=verdict,
+            target=vms.get(verdict.target) if verdict.target else None,
+            command=command,
+            policy_source=self.policy.source,
+            host_name=self.host_name,
+            now=now,
+        )
+
+    def _say(self, store: Store, view: EventView, verdict: Verdict, record: dict[str, Any]) -> None:
+        """Emit the Decision record, then remember it so a standing decision is not repeated."""
         said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
-        if command is None and event_doc.value.get("decision") == said:
-            return
 
         def remember(value: dict[str, Any]) -> bool:
             changed = value.get("decision") != said
             value["decision"] = said
             return changed
 
-        target = vms.get(verdict.target) if verdict.target else None
-        record = decision_record(
-            event_doc.value,
-            view=view,
-            verdict=verdict,
-            target=target,
-            command=command,
-            policy_source=self.policy.source,
-            host_name=self.host_name,
-            now=now,
-        )
         self.emit([record])
         update(store, fs.EVENT, fs.event_key(view.event_id), remember)
         log.info("event %s (%s): %s by rule %s: %s", view.event_id, view.event_type,

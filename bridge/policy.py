@@ -15,7 +15,7 @@ import fnmatch
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, time, timedelta
+from datetime import datetime, time, timedelta, timezone
 from typing import Literal
 from zoneinfo import ZoneInfo
 
@@ -319,9 +319,19 @@ def next_window_start(
         for w in windows:
             if day.weekday() in w.days:
                 begin = datetime.combine(day, w.start, tzinfo=zone)
-                if begin > local:
-                    starts.append(begin)
+                starts += [s for s in _instants(begin) if s > now]
     return min(starts).astimezone(now.tzinfo) if starts else None
+
+
+def _instants(begin: datetime) -> list[datetime]:
+    """When a local wall time happens, in UTC: once, or twice in the hour a DST change repeats.
+
+    Compared as instants: Python compares datetimes sharing a tzinfo by wall time alone, which
+    put a window start in the first pass of the repeated hour "after" a now in the second pass.
+    """
+    first = begin.astimezone(timezone.utc)
+    second = begin.replace(fold=1).astimezone(timezone.utc)
+    return [first, second] if second > first else [first]
 
 
 def group_key(group: str, vm: VmView) -> str | None:

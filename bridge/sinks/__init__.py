@@ -53,20 +53,25 @@ def check(sink: Sink) -> str:
     return result
 
 
-SINK_KINDS = ("jsonl", "stdout", "eventhubs", "loganalytics")
+SINK_KINDS = ("jsonl", "stdout", "eventhubs", "loganalytics", "hub")
+_WITH_ARGUMENT = ("jsonl", "hub")
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    """Split `jsonl:PATH` / `stdout` into (kind, argument); ValueError names what is wrong."""
+    """Split `jsonl:PATH` / `hub:DIR` / `stdout` into (kind, argument); ValueError names what
+    is wrong."""
     kind, _, arg = spec.partition(":")
     kind = kind.strip().lower()
     if kind not in SINK_KINDS:
         raise ValueError(
-            f"unknown sink {spec!r}: expected one of jsonl:PATH, stdout, eventhubs, loganalytics"
+            f"unknown sink {spec!r}: expected one of jsonl:PATH, hub:DIR, stdout, eventhubs, "
+            "loganalytics"
         )
     if kind == "jsonl" and not arg.strip():
         raise ValueError(f"sink {spec!r} needs a path, as in jsonl:/var/log/se-bridge/events.jsonl")
-    if kind != "jsonl" and arg:
+    if kind == "hub" and not arg.strip():
+        raise ValueError(f"sink {spec!r} needs a directory, as in hub:/var/lib/se-bridge/hub")
+    if kind not in _WITH_ARGUMENT and arg:
         raise ValueError(f"sink {spec!r} takes no argument")
     return kind, arg.strip()
 
@@ -79,6 +84,10 @@ def build(spec: str, config: Config | None = None) -> Sink:
         from bridge.sinks.jsonl import JsonlSink  # noqa: PLC0415
 
         return JsonlSink(Path(arg))
+    if kind == "hub":
+        from bridge.sinks.hub import HubSink  # noqa: PLC0415
+
+        return HubSink(Path(arg))
     if kind == "stdout":
         from bridge.sinks.stdout import StdoutSink  # noqa: PLC0415
 

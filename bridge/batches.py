@@ -1,0 +1,148 @@
+"""What the consumer's record sources (local hub, Event Hubs) share: the handler contract,
+turning a message body into a record, and the loop that hands one batch to the handler until
+it succeeds or the consumer stops.
+
+A source checkpoints a batch only after `BatchRetry.deliver` returned True, so a crash or a
+stop at any point at worst hands a batch to the handler twice (at-least-once), and a batch
+whose handler keeps failing holds its partition back instead of being skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bridge.redact import describe
+from bridge.retry import Backoff, RetryableError
+
+log = logging.getLogger(__name__)
+
+# Called with the records of one batch (parsed JSON objects, in partition order). Returns when
+# state and dispatch have succeeded; raises bridge.retry.RetryableError / ThrottledError when
+# the batch must be retried (nothing is checkpointed then).
+RecordHandler = Callable[[list[dict[str, Any]]], None]
+
+# (partition, offset, body, reason) of a message that is not a record. It is skipped after
+# this returns, so the callback must keep it somewhere (it is its only copy the consumer keeps).
+PoisonHandler = Callable[[str, str, str, str], None]
+
+
+class NotARecord(ValueError):
+    """A message body that is not a JSON object: the message says why."""
+
+
+# A body as the agent ships it (one record, JSON text), for example:
+#   {"SchemaVersion": 1, "RecordId": "5f0c6d1e9a4b2c37", "RecordType": "Heartbeat",
+#    "TimeGenerated": "2022-04-11T22:10:00.000Z", "VmId": "02aab8a4-74ef-476e-8182-f6d2ba4166a6",
+#    "VmName": "WestNO_0", ..., "DocumentIncarnation": 3, "PendingEvents": 1, "SpoolDepth": 0,
+#    "ImdsHealthy": true, "LastImdsSuccess": "2022-04-11T22:09:59.000Z"}
+def parse_record(body: str) -> dict[str, Any]:
+    """The record in `body`; NotARecord when it is not one JSON object."""
+    try:
+        value = json.loads(body)
+    except ValueError as err:
+        raise NotARecord(f"not JSON: {err}") from err
+    except RecursionError as err:
+        raise NotARecord("JSON nested too deeply") from err
+    if not isinstance(value, dict):
+        raise NotARecord(f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def log_poison(partition: str, offset: str, body: str, reason: str) -> None:
+    """The default poison callback: the body goes to the log, the only place it is kept."""
+    log.error(
+        "skipping the message at offset %s of partition %s: it is not a record (%s); "
+        "its body, kept only in this log line, is %r",
+        *(offset, partition, reason, body),
+    )
+
+
+@dataclass
+class BatchRetry:
+    """Hands one batch to the handler, retrying with backoff until it succeeds or `stop` is set."""
+
+    handler: RecordHandler
+    poison: PoisonHandler
+    stop: threading.Event
+    source: str  # "local hub /srv/hub", "event hub records": names the source in log lines
+    backoff: Backoff = field(default_factory=Backoff)
+    _streak: int = field(default=0, init=False)
+
+    def deliver(self, partition: str, messages: Sequence[tuple[str, str]]) -> bool:
+        """Hand (offset, body) `messages` over: True once done, False if stopped first."""
+        good, bad = _split(messages)
+        where = _where(self.source, partition, messages)
+        while not self.stop.is_set():
+            try:
+                while bad:  # each poison message is handed over once, even if the handler fails
+                    offset, body, reason = bad[0]
+                    self.poison(partition, offset, body, reason)
+                    bad.pop(0)
+                if good:
+                    # Parsed afresh each attempt: a failed attempt cannot leave edits behind.
+                    self.handler([parse_record(body) for body in good])
+            except Exception as err:  # the loop never dies: a failed batch is retried
+                self._failed(err, where)
+                continue
+            self._succeeded(where)
+            return True
+        return False
+
+    def wait(self, delay: float) -> None:
+        """A pause that ends early when the consumer is told to stop."""
+        self.stop.wait(delay)
+
+    def _failed(self, err: Exception, where: str) -> None:
+        self._streak += 1
+        delay = self.backoff.delay_for(err)
+        expected = isinstance(err, RetryableError)
+        if self._streak == 1:
+            log.warning(
+                "handling %s failed%s: %s; retrying in %.1f s, nothing is checkpointed "
+                "until it succeeds",
+                *(
+                    where,
+                    "" if expected else " unexpectedly",
+                    describe(err, with_type=not expected),
+                ),
+                delay,
+                exc_info=None if expected else err,
+            )
+        else:
+            log.debug("handling %s failed again (%d): %s", where, self._streak, describe(err))
+        self.wait(delay)
+
+    def _succeeded(self, where: str) -> None:
+        if self._streak:
+            log.warning("handled %s after %d failed attempts", where, self._streak)
+        self._streak = 0
+        self.backoff.reset()
+
+
+def _split(
+    messages: Sequence[tuple[str, str]],
+) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """Bodies of records, and (offset, body, reason) of the messages that are not records."""
+    good: list[str] = []
+    bad: list[tuple[str, str, str]] = []
+    for offset, body in messages:
+        try:
+            parse_record(body)
+        except NotARecord as err:
+            bad.append((offset, body, str(err)))
+        else:
+            good.append(body)
+    return good, bad
+
+
+def _where(source: str, partition: str, messages: Sequence[tuple[str, str]]) -> str:
+    if not messages:
+        return f"an empty batch from partition {partition} of {source}"
+    first, last = messages[0][0], messages[-1][0]
+    span = f"offset {first}" if first == last else f"offsets {first} to {last}"
+    return f"{len(messages)} messages ({span}) from partition {partition} of {source}"

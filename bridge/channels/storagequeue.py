@@ -1,0 +1,252 @@
+"""`storagequeue`: one Azure Storage Queue per VM, named commands.queue_prefix + VmId.
+
+Messages are the command's JSON as plain text: the SDK's default, with no base64 encode
+or decode policy. The text is readable as is in the portal and in `az storage message
+peek`, and it is valid inside the service's XML because json.dumps escapes every control
+character. A producer that base64-encodes (an Azure Functions queue output binding does
+by default) therefore yields text the agent refuses as not JSON: never acted on.
+
+The agent's identity needs "Storage Queue Data Message Processor" on its own queue only;
+the consumer's needs "Storage Queue Data Message Sender", or "Storage Queue Data
+Contributor" to create a VM's queue on its first command. A message as the agent reads it:
+
+    id: 6e9b...   pop_receipt: AgAAAAMAAAAAAAAA...   dequeue_count: 1
+    content: {"SchemaVersion":1,"CommandId":"3d0c...","Type":"Approve","VmId":"1b1f...",...}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from bridge import identity
+from bridge.channels import Received
+from bridge.config import Config
+from bridge.redact import describe
+from bridge.retry import (
+    DeliveryError,
+    PermanentError,
+    RetryableError,
+    ThrottledError,
+    parse_retry_after,
+)
+
+if TYPE_CHECKING:
+    from azure.storage.queue import QueueClient, QueueServiceClient
+
+    from bridge.commands import Command
+
+# Azure's rule: 3-63 characters, lowercase letters, digits and single hyphens, starting
+# and ending with a letter or digit.
+_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_SAMPLE_VM_ID = "00000000-0000-0000-0000-000000000000"
+MAX_PER_REQUEST = 32  # the service's limit for one Get Messages call
+AGENT_ROLE = "Storage Queue Data Message Processor"
+CONSUMER_ROLE = (
+    "Storage Queue Data Message Sender (Storage Queue Data Contributor to create queues)"
+)
+
+
+def queue_name(prefix: str, vm_id: str) -> str:
+    """The queue of `vm_id`; ValueError naming commands.queue_prefix when it is not valid."""
+    name = prefix + vm_id.strip().lower()
+    if not _QUEUE_NAME.match(name):
+        raise ValueError(
+            f"commands.queue_prefix {prefix!r} with VmId {vm_id!r} gives queue name {name!r}, "
+            "which Azure refuses: 3-63 lowercase letters, digits and single hyphens, starting "
+            "and ending with a letter or digit"
+        )
+    return name
+
+
+class StorageQueueSender:
+    """The consumer's end: one queue client per VM, the most recently used `cache_size` kept."""
+
+    def __init__(self, config: Config, *, cache_size: int = 1024) -> None:
+        self._prefix = config.commands.queue_prefix
+        queue_name(self._prefix, _SAMPLE_VM_ID)  # a bad prefix stops the process at start
+        self._edge = _Edge(config, CONSUMER_ROLE)
+        self._clients: OrderedDict[str, QueueClient] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        try:
+            name = queue_name(self._prefix, command.vm_id)
+        except ValueError as err:
+            raise PermanentError(str(err)) from err
+        client = self._client(name)
+        try:
+            _send(client, command.to_json(), max(1, int(time_to_live)))
+        except Exception as err:
+            raise self._edge.classify(err, name) from err
+
+    def close(self) -> None:
+        with self._lock:
+            self._clients.clear()
+        self._edge.close()
+
+    def _client(self, name: str) -> QueueClient:
+        with self._lock:
+            client = self._clients.pop(name, None) or self._edge.queue(name)
+            self._clients[name] = client
+            if len(self._clients) > self._cache_size:
+                # Clients share the service client's connections: dropping one closes nothing.
+                self._clients.popitem(last=False)
+            return client
+
+
+def _send(client: QueueClient, text: str, time_to_live: int) -> None:
+    from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError  # noqa: PLC0415
+
+    try:
+        client.send_message(text, time_to_live=time_to_live)
+    except ResourceNotFoundError:
+        # A VM's queue is created with its first command, so idle VMs cost nothing.
+        with contextlib.suppress(ResourceExistsError):  # another consumer created it first
+            client.create_queue()
+        client.send_message(text, time_to_live=time_to_live)
+
+
+class StorageQueueInbox:
+    """One agent's end: the queue of its own VmId."""
+
+    def __init__(self, config: Config, vm_id: str, visibility_timeout: float) -> None:
+        self._name = queue_name(config.commands.queue_prefix, vm_id)
+        self._edge = _Edge(config, AGENT_ROLE)
+        self._client = self._edge.queue(self._name)
+        # The service takes whole seconds, at least one.
+        self._visibility_timeout = max(1, math.ceil(visibility_timeout))
+
+    def receive(self, max_messages: int) -> list[Received]:
+        from azure.core.exceptions import ResourceNotFoundError  # noqa: PLC0415
+
+        if max_messages < 1:
+            return []
+        try:
+            messages = list(
+                self._client.receive_messages(
+                    messages_per_page=min(max_messages, MAX_PER_REQUEST),
+                    max_messages=max_messages,
+                    visibility_timeout=self._visibility_timeout,
+                )
+            )
+        except ResourceNotFoundError:
+            return []  # no command was ever sent to this VM
+        except Exception as err:
+            raise self._edge.classify(err, self._name) from err
+        return [_received(message) for message in messages[:max_messages]]
+
+    def delete(self, message: Received) -> None:
+        from azure.core.exceptions import HttpResponseError, ResourceNotFoundError  # noqa: PLC0415
+
+        if not isinstance(message.handle, tuple) or len(message.handle) != 2:
+            raise TypeError("not a message of a Storage Queue command channel")
+        try:
+            self._client.delete_message(*message.handle)
+        except ResourceNotFoundError:
+            pass  # deleted already
+        except HttpResponseError as err:
+            if _error_code(err) != "PopReceiptMismatch":
+                raise self._edge.classify(err, self._name) from err
+            # A later read holds it now, after our visibility timeout ran out: theirs to delete.
+        except Exception as err:
+            raise self._edge.classify(err, self._name) from err
+
+    def close(self) -> None:
+        self._client.close()
+        self._edge.close()
+
+
+def _error_code(err: BaseException) -> str:
+    """The service's x-ms-error-code as plain text (the SDK may hand an enum member)."""
+    code = getattr(err, "error_code", None)
+    return str(getattr(code, "value", code) or "")
+
+
+def _received(message: Any) -> Received:
+    content = message.content
+    text = content if isinstance(content, str) else "" if content is None else str(content)
+    return Received(
+        text=text,
+        handle=(message.id, message.pop_receipt),
+        dequeue_count=message.dequeue_count or 1,
+    )
+
+
+class _Edge:
+    """The account connection one end uses, and how its failures map onto bridge.retry."""
+
+    def __init__(self, config: Config, role: str) -> None:
+        self._storage = config.storage
+        self._identity = config.identity
+        self._role = role
+        self._service = _service_client(config)
+        # Errors name the endpoint without its query, which could hold a SAS signature.
+        parts = urlsplit(self._service.url)
+        self._endpoint = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+
+    def queue(self, name: str) -> QueueClient:
+        return self._service.get_queue_client(name)
+
+    def close(self) -> None:
+        self._service.close()
+
+    def classify(self, err: BaseException, queue: str) -> DeliveryError:
+        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError  # noqa: PLC0415
+
+        if isinstance(err, DeliveryError):
+            return err
+        target = f"queue {queue} at {self._endpoint}"
+        status = getattr(err, "status_code", None)
+        if isinstance(err, HttpResponseError) and isinstance(status, int):
+            return self._for_status(status, err, target)
+        if isinstance(err, ClientAuthenticationError):
+            return PermanentError(f"cannot authenticate to {target}: {self._auth_advice()}")
+        if type(err).__name__ == "CredentialUnavailableError":
+            return PermanentError(f"no token for {target}; {identity.CREDENTIAL_ADVICE}")
+        return RetryableError(f"cannot reach {target}: {describe(err, with_type=True)}")
+
+    def _for_status(self, status: int, err: Any, target: str) -> DeliveryError:
+        code = _error_code(err)
+        said = f"{status} {code}".strip()
+        if status == 429 or (status == 503 and code == "ServerBusy"):
+            headers = getattr(err.response, "headers", None) or {}
+            retry_after = parse_retry_after(headers.get("Retry-After"))
+            return ThrottledError(f"{said} from {target}: the account is busy", retry_after)
+        if status in (401, 403):
+            # The service's text quotes the request signature; the code says enough.
+            return PermanentError(f"{said} from {target}: {self._auth_advice()}")
+        if status >= 500 or status in (408, 409):
+            return RetryableError(f"{said} from {target}: {describe(err)}")
+        return PermanentError(f"{said} from {target}: check the storage settings ({describe(err)})")
+
+    def _auth_advice(self) -> str:
+        if self._storage.connection_string:
+            return "the key or SAS in storage.connection_string was refused (wrong, or rotated)"
+        return f"grant {identity.describe(self._identity)} the {self._role} role on the queue"
+
+
+def _service_client(config: Config) -> QueueServiceClient:
+    """A client over the account; ValueError naming the setting when the settings are unusable."""
+    from azure.storage.queue import QueueServiceClient  # noqa: PLC0415
+
+    storage = config.storage
+    # Retries are the caller's loop (jittered, honouring Retry-After): none hidden in the SDK.
+    options: dict[str, Any] = {"retry_total": 0, "logging_enable": False}
+    if storage.connection_string:
+        try:
+            return QueueServiceClient.from_connection_string(storage.connection_string, **options)
+        except ValueError as err:
+            raise ValueError("storage.connection_string is not a valid connection string") from err
+    if not storage.account:
+        raise ValueError(
+            "the storagequeue channel needs storage.account or storage.connection_string"
+        )
+    url = f"https://{storage.account}.queue.{storage.endpoint_suffix}"
+    return QueueServiceClient(url, credential=identity.credential(config.identity), **options)

@@ -1,0 +1,159 @@
+"""An agent against the in-process IMDS simulator, with a fake command inbox, for the
+command listener and local mode tests."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from bridge import commands, imds
+from bridge.agent import Agent, utc_now
+from bridge.channels import Received
+from bridge.config import AgentSettings, CommandsSettings, Config, HooksSettings, ImdsSettings
+from bridge.policy import Policy
+from bridge.retry import DeliveryError, RetryableError
+from bridge.simulator import SimulatorServer
+from tests.support import assert_valid
+
+VM = "vm-0"
+
+
+class FakeInbox:
+    """A channel in memory: every undeleted message comes back at each read (no hiding)."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._messages: list[Received] = []
+        self.deleted: list[str] = []
+        self.receives = 0
+        self.failures = failures
+
+    def put(self, text: str) -> None:
+        with self._lock:
+            self._messages.append(Received(text, handle=len(self._messages) + len(self.deleted)))
+
+    def receive(self, max_messages: int) -> list[Received]:
+        with self._lock:
+            self.receives += 1
+            if self.failures:
+                self.failures -= 1
+                raise RetryableError("the queue service is unavailable")
+            return list(self._messages[:max_messages])
+
+    def delete(self, message: Received) -> None:
+        with self._lock:
+            self._messages = [m for m in self._messages if m.handle != message.handle]
+            self.deleted.append(message.text)
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._messages)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class FailingStart(imds.ImdsClient):
+    """An IMDS client whose StartRequests POST fails with `error`; reads work."""
+
+    def __init__(self, url: str, error: DeliveryError) -> None:
+        super().__init__(url, timeout=2, first_call_timeout=5)
+        self.error = error
+        self.posts = 0
+
+    def start_events(self, event_ids: list[str]) -> int:
+        self.posts += 1
+        raise self.error
+
+
+class Harness:
+    """One agent against the simulator; its jsonl output readable at any time."""
+
+    def __init__(self, server: SimulatorServer, root: Path) -> None:
+        self.server, self.root = server, root
+        self.out = root / "out.jsonl"
+        self.inbox = FakeInbox()
+        self.agent: Agent | None = None
+
+    def start(
+        self,
+        *,
+        channel: str | None = "local:unused",
+        idle_interval: float = 0.0,
+        policy: Policy | None = None,
+        client: imds.ImdsClient | None = None,
+        hooks: HooksSettings | None = None,
+        now: Callable[[], datetime] | None = None,
+        fake_inbox: bool = True,
+    ) -> Agent:
+        config = Config(
+            agent=AgentSettings(
+                poll_interval=0.2, state_dir=self.root / "state", sinks=[f"jsonl:{self.out}"]
+            ),
+            imds=ImdsSettings(url=self.server.vm_url(VM), first_call_timeout=5, timeout=2),
+            hooks=hooks or HooksSettings(),
+            commands=CommandsSettings(
+                channel=channel or "", poll_interval=0.2, idle_interval=idle_interval
+            ),
+        )
+        self.agent = Agent(
+            config,
+            boot_id="b1",
+            client=client,
+            policy=policy,
+            open_inbox=(lambda _vm_id: self.inbox) if fake_inbox else None,
+            now=now or utc_now,
+        )
+        self.agent.start()
+        return self.agent
+
+    def poll(self, times: int = 1) -> None:
+        assert self.agent is not None
+        for _ in range(times):
+            self.agent.cycle()
+
+    def stop(self) -> None:
+        if self.agent is not None:
+            self.agent.shutdown()
+            self.agent = None
+
+    def records(self, record_type: str = "Approval") -> list[dict[str, Any]]:
+        if self.agent is not None:
+            assert self.agent.delivery.flush(5)
+        lines = self.out.read_text(encoding="utf-8").splitlines() if self.out.exists() else []
+        records = [json.loads(line) for line in lines]
+        for record in records:
+            assert_valid(record)
+        return [r for r in records if r["RecordType"] == record_type]
+
+
+def command(
+    vm_id: str,
+    event_id: str,
+    *,
+    issued: timedelta = timedelta(seconds=-0.4),
+    expires: timedelta = timedelta(minutes=10),
+    rule: str = "user-initiated",
+) -> commands.Command:
+    now = datetime.now(timezone.utc)
+    return commands.approve(
+        vm_id=vm_id,
+        event_id=event_id,
+        document_incarnation=2,
+        issued_at=now + issued,
+        expires_at=now + expires,
+        rule=rule,
+        reason="User-initiated Reboot: approve at once",
+    )
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.02)

@@ -1,0 +1,206 @@
+"""The `local:DIR` command channel: the shared contract, then what only files can show."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bridge import channels
+from bridge.channels import CommandInbox, CommandSender, Received
+from bridge.channels.local import TEMP_GRACE, LocalInbox, LocalSender
+from bridge.config import CommandsSettings, Config
+from bridge.retry import PermanentError
+from tests.channel_contract import ChannelContract, command, new_vm
+
+
+class LocalHarness:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._open: list[CommandSender | CommandInbox] = []
+
+    def sender(self) -> CommandSender:
+        self._open.append(LocalSender(self.directory))
+        return self._open[-1]  # type: ignore[return-value]
+
+    def inbox(self, vm_id: str, visibility_timeout: float = 30.0) -> CommandInbox:
+        self._open.append(LocalInbox(self.directory, vm_id, visibility_timeout))
+        return self._open[-1]  # type: ignore[return-value]
+
+    def send_raw(self, vm_id: str, text: str) -> None:
+        folder = self.directory / vm_id.lower()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "stray.txt").write_text(text, encoding="utf-8")
+
+    def close(self) -> None:
+        for end in self._open:
+            end.close()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[LocalHarness]:
+    made = LocalHarness(tmp_path / "commands")
+    yield made
+    made.close()
+
+
+class TestLocalChannelContract(ChannelContract):
+    pass
+
+
+def files(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_a_command_is_one_envelope_file_under_the_lowercased_vm_id(tmp_path: Path) -> None:
+    vm = new_vm().upper()
+    sent = command(vm)
+    LocalSender(tmp_path, clock=lambda: 1000.0).send(sent, 60)
+    folder = tmp_path / vm.lower()
+    assert files(folder) == [f"{sent.command_id}.json"]
+    envelope = json.loads((folder / f"{sent.command_id}.json").read_text(encoding="utf-8"))
+    assert envelope == {"ExpiresAt": 1060.0, "Body": sent.to_json()}
+    [message] = LocalInbox(tmp_path, vm, 30, clock=lambda: 1001.0).receive(1)
+    assert message.text == sent.to_json()
+
+
+def test_an_expired_message_is_removed_from_disk(tmp_path: Path) -> None:
+    vm = new_vm()
+    LocalSender(tmp_path, clock=lambda: 1000.0).send(command(vm), 60)
+    assert LocalInbox(tmp_path, vm, 30, clock=lambda: 1061.0).receive(5) == []
+    assert files(tmp_path / vm) == []
+
+
+def test_a_read_message_is_renamed_with_its_visibility_time_and_read_count(tmp_path: Path) -> None:
+    vm = new_vm()
+    sent = command(vm)
+    LocalSender(tmp_path, clock=lambda: 1000.0).send(sent, 600)
+    LocalInbox(tmp_path, vm, 30, clock=lambda: 1001.0).receive(5)
+    assert files(tmp_path / vm) == [f"{sent.command_id}.json.1031000.1.inflight"]
+    assert LocalInbox(tmp_path, vm, 30, clock=lambda: 1030.9).receive(5) == []
+    [again] = LocalInbox(tmp_path, vm, 30, clock=lambda: 1031.0).receive(5)
+    assert again.dequeue_count == 2
+    assert files(tmp_path / vm) == [f"{sent.command_id}.json.1061000.2.inflight"]
+
+
+def test_the_oldest_messages_come_first(tmp_path: Path) -> None:
+    vm = new_vm()
+    sender = LocalSender(tmp_path)
+    for age, event in ((30, "E-new"), (90, "E-old"), (60, "E-mid")):
+        sent = command(vm, event)
+        sender.send(sent, 600)
+        path = tmp_path / vm / f"{sent.command_id}.json"
+        os.utime(path, (time.time() - age, time.time() - age))
+    got = [json.loads(m.text)["EventId"] for m in LocalInbox(tmp_path, vm, 30).receive(2)]
+    assert got == ["E-old", "E-mid"]
+
+
+def test_a_temp_file_being_written_is_skipped_but_a_stale_one_is_handed_over(
+    tmp_path: Path,
+) -> None:
+    folder = tmp_path / "vm-1"
+    folder.mkdir()
+    fresh = folder / ".abc.json.00aa11bb.tmp"
+    fresh.write_text('{"ExpiresAt": 1', encoding="utf-8")
+    inbox = LocalInbox(tmp_path, "vm-1", 30)
+    assert inbox.receive(5) == []
+    old = time.time() - TEMP_GRACE - 5
+    os.utime(fresh, (old, old))
+    [message] = inbox.receive(5)
+    assert message.text == '{"ExpiresAt": 1'
+    inbox.delete(message)
+    assert files(folder) == []
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\xff\xfe\x00binary",
+        b"",
+        b"[1, 2]",
+        b'{"Body": 5, "ExpiresAt": 1}',
+        b'{"Body": "x", "ExpiresAt": true}',
+        b"[" * 100000,
+    ],
+)
+def test_garbage_of_any_shape_is_returned_as_text(tmp_path: Path, content: bytes) -> None:
+    folder = tmp_path / "vm-1"
+    folder.mkdir()
+    (folder / "junk").write_bytes(content)
+    [message] = LocalInbox(tmp_path, "vm-1", 30).receive(5)
+    assert message.text == content.decode("utf-8", errors="replace")
+
+
+def test_a_directory_in_the_channel_is_not_a_message(tmp_path: Path) -> None:
+    (tmp_path / "vm-1" / "sub").mkdir(parents=True)
+    assert LocalInbox(tmp_path, "vm-1", 30).receive(5) == []
+
+
+def test_a_late_delete_leaves_the_copy_a_later_read_holds(tmp_path: Path) -> None:
+    vm = new_vm()
+    LocalSender(tmp_path).send(command(vm), 600)
+    now = [1000.0]
+    first = LocalInbox(tmp_path, vm, 30, clock=lambda: now[0])
+    second = LocalInbox(tmp_path, vm, 30, clock=lambda: now[0])
+    [stale] = first.receive(1)
+    now[0] += 31
+    [held] = second.receive(1)
+    first.delete(stale)
+    second.delete(held)
+    assert files(tmp_path / vm) == []
+    assert held.handle != stale.handle
+
+
+def test_racing_readers_each_get_a_message_exactly_once(tmp_path: Path) -> None:
+    vm = new_vm()
+    sender = LocalSender(tmp_path)
+    for n in range(60):
+        sender.send(command(vm, f"E-{n}"), 600)
+    got: list[Received] = []
+    lock = threading.Lock()
+
+    def read() -> None:
+        inbox = LocalInbox(tmp_path, vm, 300)
+        while batch := inbox.receive(3):
+            with lock:
+                got.extend(batch)
+
+    readers = [threading.Thread(target=read, daemon=True) for _ in range(6)]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(30)
+    assert not any(reader.is_alive() for reader in readers)
+    events = sorted(json.loads(m.text)["EventId"] for m in got)
+    assert events == sorted(f"E-{n}" for n in range(60))
+
+
+@pytest.mark.parametrize("vm_id", ["..", "../etc", "a/b", "a\\b", "", "c:x"])
+def test_a_vm_id_that_could_leave_the_directory_is_refused(tmp_path: Path, vm_id: str) -> None:
+    with pytest.raises(ValueError, match="VmId"):
+        LocalInbox(tmp_path, vm_id, 30)
+    with pytest.raises(PermanentError, match="VmId"):
+        LocalSender(tmp_path).send(command(vm_id), 60)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_handle_from_another_channel_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        LocalInbox(tmp_path, "vm-1", 30).delete(Received("x", ("id", "receipt")))
+
+
+def test_the_builders_make_local_channels_from_the_spec(tmp_path: Path) -> None:
+    config = Config(commands=CommandsSettings(visibility_timeout=1))
+    vm = new_vm()
+    channels.sender(f"local:{tmp_path}", config).send(command(vm), 60)
+    inbox = channels.inbox(f"local:{tmp_path}", config, vm)
+    assert isinstance(inbox, LocalInbox)
+    [first] = inbox.receive(5)
+    time.sleep(1.2)  # the configured visibility timeout, not a default, applies
+    [again] = inbox.receive(5)
+    assert (first.dequeue_count, again.dequeue_count) == (1, 2)

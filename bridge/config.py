@@ -206,6 +206,9 @@ class ConsumerSettings:
     table_name: str = _setting("sebridgefleet", "Table Storage table of the fleet state.")
     hub: Path | None = _setting(None, "Local hub directory to read instead of Event Hubs.")
     consumer_group: str = _setting("$Default", "Event Hubs consumer group.")
+    load_balancing_interval: float = _setting(
+        10.0, "Seconds between Event Hubs partition ownership checks.", low=1, high=300
+    )
     checkpoint_container: str = _setting(
         "se-bridge-checkpoints", "Blob container of the Event Hubs checkpoints."
     )

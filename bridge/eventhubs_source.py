@@ -105,6 +105,9 @@ def _client(
         "consumer_group": config.consumer.consumer_group,
         "checkpoint_store": store,
         "load_balancing_interval": load_balancing_interval,
+        # Greedy: a starting consumer claims every partition it can at once, instead of one
+        # per interval, so approvals do not wait for a slow start.
+        "load_balancing_strategy": "greedy",
         "logging_enable": False,
     }
     if hub.connection_string:

@@ -3,16 +3,22 @@ channel → agents → the simulator receives the approval. Every part is a real
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.storage.queue import QueueClient
 
 from bridge.commands import Command, approve, command_id
+from tests.azurite import Azurite
+from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.e2e.harness import Agent, Proc, Processes, Record, Simulator, read_records, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -21,30 +27,120 @@ FLEET = {"availabilitySets": [{"name": "app", "count": 2}]}
 VMS = ("app-0", "app-1")
 
 
+class Transport:
+    """Local files (hub directory, command directories, SQLite state) for the loop."""
+
+    name = "local"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.hub, self.commands = root / "hub", root / "commands"
+
+    def agent_args(self, listen: bool) -> list[str]:
+        hub = ["--sink", f"hub:{self.hub}"]
+        return hub + (["--commands", f"local:{self.commands}"] if listen else [])
+
+    def consumer_args(self) -> list[str]:
+        return ["--hub", str(self.hub), "--commands", f"local:{self.commands}",
+                "--state", f"sqlite:{self.root / 'fleet.db'}"]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        return {}
+
+    def forge(self, vm_id: str, text: str, name: str) -> None:
+        folder = self.commands / vm_id.lower()
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(text, encoding="utf-8")
+
+    def pending(self, vm_id: str) -> int:
+        return len(list((self.commands / vm_id.lower()).glob("*.json")))
+
+
+class AzureTransport(Transport):
+    """Event Hubs (the test broker) and Azure Storage (Azurite): tables, queues, checkpoints."""
+
+    name = "azure"
+
+    def __init__(self, root: Path, broker: EventHubsBroker, azurite: Azurite) -> None:
+        super().__init__(root)
+        self.broker, self.azurite = broker, azurite
+        self.tag = uuid.uuid4().hex[:8]
+
+    def agent_args(self, listen: bool) -> list[str]:
+        return ["--sink", "eventhubs"] + (["--commands", "storagequeue"] if listen else [])
+
+    def consumer_args(self) -> list[str]:
+        return ["--commands", "storagequeue", "--state", "tables"]
+
+    def env(self) -> dict[str, str]:
+        return {
+            "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": self.broker.connection_string,
+            "SE_BRIDGE_STORAGE_CONNECTION_STRING": self.azurite.connection_string,
+            "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"t{self.tag}-",
+            "SE_BRIDGE_CONSUMER_TABLE_NAME": f"fleet{self.tag}",
+            "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": f"checkpoints-{self.tag}",
+            "SE_BRIDGE_CONSUMER_LOAD_BALANCING_INTERVAL": "2",
+            "NO_PROXY": "127.0.0.1,localhost",
+        }
+
+    def _queue(self, vm_id: str) -> QueueClient:
+        name = f"t{self.tag}-{vm_id.lower()}"
+        return QueueClient.from_connection_string(self.azurite.connection_string, name)
+
+    def forge(self, vm_id: str, text: str, name: str) -> None:
+        with self._queue(vm_id) as queue:
+            with contextlib.suppress(ResourceExistsError):
+                queue.create_queue()
+            queue.send_message(text)
+
+    def pending(self, vm_id: str) -> int:
+        with self._queue(vm_id) as queue:
+            try:
+                return int(queue.get_queue_properties().approximate_message_count or 0)
+            except ResourceNotFoundError:
+                return 0
+
+
+@pytest.fixture(params=["local", "azure"])
+def transport(request: pytest.FixtureRequest, procs: Processes) -> Transport:
+    if request.param == "local":
+        return Transport(procs.workdir)
+    broker: EventHubsBroker = request.getfixturevalue("broker")
+    azurite: Azurite = request.getfixturevalue("azurite")
+    return AzureTransport(procs.workdir, broker, azurite)
+
+
 class Loop:
-    """The simulator, an agent per VM and one consumer, sharing a hub and a command dir."""
+    """The simulator, an agent per VM and one consumer, over one transport."""
 
     def __init__(
-        self, procs: Processes, consumer_args: Sequence[str] = (), deaf: Sequence[str] = ()
+        self,
+        procs: Processes,
+        transport: Transport,
+        consumer_args: Sequence[str] = (),
+        deaf: Sequence[str] = (),
     ) -> None:
-        self.procs = procs
+        self.procs, self.transport = procs, transport
         root = procs.workdir
-        self.hub, self.commands = root / "hub", root / "commands"
         fleet = root / "fleet.json"
         fleet.write_text(json.dumps(FLEET), encoding="utf-8")
         self.sim = Simulator.launch(procs, "sim", "--fleet", str(fleet))
-        hub = ["--sink", f"hub:{self.hub}"]
-        listen = ["--commands", f"local:{self.commands}"]
+        env = transport.env()
         # A deaf agent ships its records but never reads its commands: an approver that is
         # alive to the consumer and still never acts.
         self.agents = {
-            vm: Agent(procs, vm, self.sim.vm_url(vm), args=hub + ([] if vm in deaf else listen))
+            vm: Agent(
+                procs,
+                vm,
+                self.sim.vm_url(vm),
+                env=env,
+                args=transport.agent_args(listen=vm not in deaf),
+            )
             for vm in VMS
         }
         self.decisions = root / "decisions.jsonl"
         self.consumer_argv = [
-            "consume", "--hub", str(self.hub), "--commands", f"local:{self.commands}",
-            "--state", f"sqlite:{root / 'fleet.db'}", "--state-dir", str(root / "consumer"),
+            "consume", *transport.consumer_args(), "--state-dir", str(root / "consumer"),
             "--sink", f"jsonl:{self.decisions}", *consumer_args,
         ]  # fmt: skip
         self.consumer: Proc | None = None
@@ -57,7 +153,7 @@ class Loop:
         return self
 
     def start_consumer(self) -> None:
-        self.consumer = self.procs.bridge("consumer", *self.consumer_argv)
+        self.consumer = self.procs.bridge("consumer", *self.consumer_argv, env=self.transport.env())
 
     def vm_id(self, vm: str) -> str:
         return str(self.sim.fleet()[vm]["vmId"])
@@ -84,8 +180,8 @@ class Loop:
         return "\n".join(parts)
 
 
-def test_user_reboot_is_approved_by_the_consumer(procs: Processes) -> None:
-    loop = Loop(procs).start()
+def test_user_reboot_is_approved_by_the_consumer(procs: Processes, transport: Transport) -> None:
+    loop = Loop(procs, transport).start()
     event_id = loop.sim.add_event(EventType="Reboot", EventSource="User", Resources=["app-0"])
     approval = loop.wait_approved(event_id)
     assert approval["status"] == 200
@@ -101,7 +197,7 @@ def test_user_reboot_is_approved_by_the_consumer(procs: Processes) -> None:
 
 
 def test_platform_reboot_is_held_and_never_approved(procs: Processes) -> None:
-    loop = Loop(procs).start()
+    loop = Loop(procs, Transport(procs.workdir)).start()
     event_id = loop.sim.add_event(EventType="Reboot", EventSource="Platform", Resources=["app-0"])
 
     def held() -> list[Record]:
@@ -118,8 +214,9 @@ def _fast_fallback(workdir: Path) -> Path:
     return config
 
 
-def test_fallback_when_the_chosen_vm_never_answers(procs: Processes) -> None:
-    loop = Loop(procs, ["--config", str(_fast_fallback(procs.workdir))], deaf=["app-0"]).start()
+def test_fallback_when_the_chosen_vm_never_answers(procs: Processes, transport: Transport) -> None:
+    config = ["--config", str(_fast_fallback(procs.workdir))]
+    loop = Loop(procs, transport, config, deaf=["app-0"]).start()
     event_id = loop.sim.add_event(EventType="Reboot", EventSource="User", Resources=VMS)
     approval = loop.wait_approved(event_id)
     assert approval["vm"] == "app-1"
@@ -129,14 +226,10 @@ def test_fallback_when_the_chosen_vm_never_answers(procs: Processes) -> None:
     assert len([a for a in loop.approvals() if a["eventId"] == event_id]) == 1
 
 
-def _write_command(commands: Path, vm_id: str, text: str, name: str) -> None:
-    folder = commands / vm_id.lower()
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.json").write_text(text, encoding="utf-8")
-
-
-def test_forged_expired_and_misdirected_commands_are_refused(procs: Processes) -> None:
-    loop = Loop(procs).start(agents=("app-0",))
+def test_forged_expired_and_misdirected_commands_are_refused(
+    procs: Processes, transport: Transport
+) -> None:
+    loop = Loop(procs, transport).start(agents=("app-0",))
     assert loop.consumer is not None
     loop.consumer.stop()  # no central approvals: only the commands this test forges
     event_id = loop.sim.add_event(EventType="Reboot", EventSource="Platform", Resources=["app-0"])
@@ -148,10 +241,10 @@ def test_forged_expired_and_misdirected_commands_are_refused(procs: Processes) -
     expired = _command(vm0, event_id, issued=now - 600, expires=now - 60)
     elsewhere = _command(vm1, event_id, issued=now, expires=now + 600)
     unknown = _command(vm0, "00000000-0000-4000-8000-00000000dead", issued=now, expires=now + 600)
-    _write_command(loop.commands, vm0, expired.to_json(), "expired")
-    _write_command(loop.commands, vm0, elsewhere.to_json(), "elsewhere")
-    _write_command(loop.commands, vm0, unknown.to_json(), "unknown")
-    _write_command(loop.commands, vm0, '{"Type": "Approve", "EventId": 1}', "garbage")
+    transport.forge(vm0, expired.to_json(), "expired")
+    transport.forge(vm0, elsewhere.to_json(), "elsewhere")
+    transport.forge(vm0, unknown.to_json(), "unknown")
+    transport.forge(vm0, '{"Type": "Approve", "EventId": 1}', "garbage")
 
     def refusals(records: list[Record]) -> list[Record]:
         return [r for r in records if r["RecordType"] == "Approval"]
@@ -163,7 +256,7 @@ def test_forged_expired_and_misdirected_commands_are_refused(procs: Processes) -
     assert "expired" in details
     assert vm1 in details
     assert not [a for a in loop.approvals() if a["eventId"] == event_id]
-    assert not list((loop.commands / vm0.lower()).glob("*.json"))
+    wait_until(lambda: transport.pending(vm0) == 0, "the refused commands to be deleted")
 
 
 def _command(vm_id: str, event_id: str, *, issued: float, expires: float) -> Command:

@@ -121,8 +121,9 @@ class ConsumerService:
             return
         from bridge.eventhubs_source import run_eventhubs  # noqa: PLC0415
 
+        interval = self.config.consumer.load_balancing_interval
         run_eventhubs(self.config, self.consumer.process, stop, poison=self.poison,
-                      load_balancing_interval=self.config.consumer.load_balancing_interval)  # fmt: skip
+                      load_balancing_interval=interval)  # fmt: skip
 
     def _ticks(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceExistsError
 
 from bridge import identity
@@ -98,8 +99,6 @@ class TableStore:
             if self.read(collection, doc.key) is not None:
                 raise Conflict(f"{collection}/{doc.key} was created since it was read")
             return
-        from azure.core import MatchConditions  # noqa: PLC0415
-
         pk, rk, table = escape_key(collection), escape_key(doc.key), self._table()
         try:  # the SDK treats 404 (already gone) as success
             table.delete_entity(
@@ -245,7 +244,6 @@ def _entity(collection: str, key: str, text: str) -> dict[str, Any]:
 
 
 def _replace(table: TableClient, entity: dict[str, Any], etag: str) -> dict[str, Any]:
-    from azure.core import MatchConditions  # noqa: PLC0415
     from azure.data.tables import UpdateMode  # noqa: PLC0415
 
     return table.update_entity(

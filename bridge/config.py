@@ -74,7 +74,9 @@ class AgentSettings:
     )
     state_dir: Path = _setting(host.default_state_dir(), "Where the spool and state live.")
     sinks: list[str] = _setting(
-        [], "Sink specs: jsonl:PATH, stdout. Default: jsonl:<state_dir>/records.jsonl."
+        [],
+        "Sink specs: jsonl:PATH, stdout, hub:DIR, eventhubs, loganalytics. "
+        "Default: jsonl:<state_dir>/records.jsonl.",
     )
     heartbeat_interval: float = _setting(
         300.0, "Seconds between Heartbeat records.", low=1, high=86400

@@ -5,7 +5,8 @@ characters Table Storage forbids in keys (/ \\ # ? and control characters) and `
 percent-encoded. The value is JSON text cut into string properties `Body0`, `Body1`, ...
 (a string property holds at most 64 KiB of UTF-16) with their count in `Chunks`. Writes
 are conditional on the entity's ETag, so concurrent consumers meet as a 412 (Conflict),
-never as a lost update. The table is created at first use.
+never as a lost update. The table is created at first use. bridge.state.build imports
+this module only when `tables` is configured; azure-data-tables loads at first use.
 
 An entity as stored:
     PartitionKey: "events"   RowKey: "vm%2F1"   Chunks: 1   Body0: '{"Status":"Scheduled"}'

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from bridge import specs
+
 if TYPE_CHECKING:
     from bridge.commands import Command
     from bridge.config import Config
@@ -51,20 +53,11 @@ class CommandInbox(Protocol):
     def close(self) -> None: ...
 
 
-CHANNEL_KINDS = ("local", "storagequeue")
-
-
 def parse_spec(spec: str) -> tuple[str, str]:
     """Split `local:DIR` / `storagequeue` into (kind, argument); ValueError names what is wrong."""
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind not in CHANNEL_KINDS:
-        raise ValueError(f"unknown command channel {spec!r}: expected local:DIR or storagequeue")
-    if kind == "local" and not arg.strip():
-        raise ValueError(f"command channel {spec!r} needs a directory, as in local:/var/lib/cmds")
-    if kind == "storagequeue" and arg:
-        raise ValueError(f"command channel {spec!r} takes no argument (see [storage])")
-    return kind, arg.strip()
+    return specs.split(
+        spec, "command channel", {"local": "/var/lib/se-bridge/commands", "storagequeue": None}
+    )
 
 
 def sender(spec: str, config: Config) -> CommandSender:

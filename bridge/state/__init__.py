@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from bridge import specs
 from bridge.retry import RetryableError
 
 if TYPE_CHECKING:
@@ -55,20 +56,11 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-STATE_KINDS = ("sqlite", "tables")
-
-
 def parse_spec(spec: str) -> tuple[str, str]:
     """Split `sqlite:PATH` / `tables` into (kind, argument); ValueError names what is wrong."""
-    kind, _, arg = spec.partition(":")
-    kind = kind.strip().lower()
-    if kind not in STATE_KINDS:
-        raise ValueError(f"unknown fleet state {spec!r}: expected sqlite:PATH or tables")
-    if kind == "sqlite" and not arg.strip():
-        raise ValueError(f"fleet state {spec!r} needs a path, as in sqlite:/var/lib/fleet.db")
-    if kind == "tables" and arg:
-        raise ValueError(f"fleet state {spec!r} takes no argument (see [storage])")
-    return kind, arg.strip()
+    return specs.split(
+        spec, "fleet state", {"sqlite": "/var/lib/se-bridge/fleet.db", "tables": None}
+    )
 
 
 # Table Storage counts a string property as UTF-16 (two bytes a character) against its

@@ -16,7 +16,6 @@ import json
 import logging
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -61,7 +60,6 @@ class Request:
     rule: str | None
     reason: str
     issued_at: datetime  # the command's IssuedAt, or the moment of the local decision
-    incarnation: int | None = None  # as the requester saw it
 
 
 @dataclass(frozen=True)
@@ -169,7 +167,7 @@ class Approver:
             self._approved[event_id.lower()] = command_id
             while len(self._approved) > MEMORY:
                 del self._approved[next(iter(self._approved))]  # the oldest
-            return {"events": dict(self._approved), "saved": time.time()}
+            return {"events": dict(self._approved)}
 
 
 def _find(document: ParsedDocument, event_id: str) -> ParsedEvent | None:

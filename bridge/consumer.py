@@ -145,11 +145,19 @@ class Consumer:
 
     def _decide_one(self, doc: Doc, vms: Mapping[str, VmView], names: fs.Names) -> None:
         now = self._now()
-        if fs.status(doc.value) == fs.GONE:
-            self.ledger.release(doc.key, "the event completed or was canceled")
-            return
         while True:
             ledger = self.ledger.read()
+            # The event is read after the ledger: whoever released it from the ledger had
+            # stored its end before, so a release seen there means the end is seen here. With
+            # an older copy, a completed event could be approved again (the release makes
+            # room and the ETag is fresh).
+            fresh = self.store.read(fs.EVENT, doc.key)
+            if fresh is None:
+                return
+            doc = fresh
+            if fs.status(doc.value) == fs.GONE:
+                self.ledger.release(doc.key, "the event completed or was canceled")
+                return
             entry = ledger.value.get("events", {}).get(doc.key)
             view = fs.event_view(
                 doc.value, vms, names, tuple(entry.get("tried", ())) if entry else (), now
@@ -160,7 +168,8 @@ class Consumer:
             if entry is not None and not self.ledger.needs_decision(entry, now):
                 self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
                 return
-            fleet = FleetView(vms, self.ledger.impacted(ledger), self._alive_within)
+            impacted = _by_vm_id(self.ledger.impacted(ledger), vms, names)
+            fleet = FleetView(vms, impacted, self._alive_within)
             verdict = evaluate(self.policy, fleet, view, now)
             done = self.dispatch.apply(
                 self.ledger,
@@ -184,6 +193,25 @@ class Consumer:
             self.store.delete(fs.EVENT, doc)
         except Exception:  # a concurrent update keeps it alive; the next tick looks again
             log.debug("event %s changed while being forgotten", doc.key)
+
+
+def _by_vm_id(
+    impacted: Mapping[str, frozenset[str]], vms: Mapping[str, VmView], names: fs.Names
+) -> dict[str, frozenset[str]]:
+    """The ledger's impact with VMs it names by VmId once an agent has reported them.
+
+    A ledger entry lists a VM no agent had reported yet by its name; budgets count VmIds, so
+    without this the VM drops out of every group when it becomes known. The ledger keeps no
+    subscription: a name counts every known VM of that name, which can only be stricter.
+    """
+    ids: dict[str, list[str]] = {}
+    for (_, name), vm_id in names.index.items():
+        ids.setdefault(name, []).append(vm_id)
+    known = {vm: [vm] for vm in vms}
+    return {
+        key: frozenset(v for vm in listed for v in known.get(vm) or ids.get(vm.lower(), [vm]))
+        for key, listed in impacted.items()
+    }
 
 
 def _folder(

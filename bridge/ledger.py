@@ -34,6 +34,9 @@ Emit = Callable[[list[dict[str, Any]]], None]
 
 # When NotBefore is unknown or past, a command still gets this long to be acted on.
 MIN_COMMAND_LIFETIME = timedelta(minutes=2)
+# An unsent entry this young is most likely another consumer's, between its ledger write and
+# its send: left to it, or every such overlap would send the same command twice.
+RESEND_UNSENT_AFTER = timedelta(seconds=10)
 
 
 class ApprovalLedger:
@@ -90,11 +93,18 @@ class ApprovalLedger:
         if key in doc.value["events"]:
             return
         vms = sorted(set(view.affected) | set(view.unresolved))
-        doc.value["events"][key] = {"event_id": view.event_id, "origin": "started", "vms": vms}
+        started = {"event_id": view.event_id, "origin": "started", "vms": vms}
+        doc.value["events"][key] = started
         try:
             self.store.write(fs.LEDGER, doc)
         except Conflict:
-            log.debug("ledger changed while recording that %s started; next pass", key)
+            # Not left to a later pass: until it is in the ledger, the approvals decided in
+            # between (this pass's next events, other consumers) would not count its VMs.
+            def add(value: dict[str, Any]) -> bool:
+                events = value.setdefault("events", {})
+                return events.setdefault(key, started) is started
+
+            update(self.store, fs.LEDGER, fs.LEDGER_KEY, add)
 
     def release(self, key: str, why: str) -> None:
         def drop(value: dict[str, Any]) -> bool:
@@ -122,6 +132,8 @@ class Dispatch:
         self.emit = emit
         self.policy = policy
         self.host_name = host_name
+        # CommandIds this instance wrote to the ledger and has not yet seen marked sent.
+        self._unfinished: set[str] = set()
 
     def apply(
         self,
@@ -155,6 +167,7 @@ class Dispatch:
             ledger.store.write(fs.LEDGER, ledger_doc)
         except Conflict:
             return False
+        self._unfinished.add(command.command_id)
         self._say(ledger.store, view, verdict, record)
         self._send(ledger, key, command, now)
         return True
@@ -168,6 +181,10 @@ class Dispatch:
         """
         if entry.get("origin") != "approved" or entry.get("sent") or not entry.get("command"):
             return
+        issued = fs.parse_time(entry.get("issued_at"))
+        ours = entry.get("command_id") in self._unfinished
+        if not ours and issued is not None and now - issued < RESEND_UNSENT_AFTER:
+            return
         log.info("resending the approval of event %s, which was decided but not sent", key)
         if isinstance(entry.get("decision"), dict):
             self.emit([entry["decision"]])
@@ -179,6 +196,7 @@ class Dispatch:
         ttl = max(1.0, (command.expires_at - now).total_seconds())
         self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
         ledger.mark_sent(key, command.command_id)
+        self._unfinished.discard(command.command_id)
         log.info("sent the approval of event %s to VM %s (%s)", command.event_id,
                  command.vm_id, command.reason)  # fmt: skip
 

@@ -182,7 +182,6 @@ def _request(command: Command) -> Request:
         rule=command.rule or None,
         reason=f"rule {command.rule or '(none)'}: {command.reason}",
         issued_at=command.issued_at,
-        incarnation=command.document_incarnation,
     )
 
 

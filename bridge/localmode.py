@@ -50,13 +50,14 @@ class LocalApprover:
     def observe(self, state: dict[str, Any] | None, identity: VmIdentity) -> None:
         """Decide about every Scheduled event of this VM's current document."""
         self._recheck_at = None
-        if identity.vm_id is None or state is None:
+        vm_id = identity.vm_id
+        if vm_id is None or state is None:
             return  # an approval is made as this VM: its VmId must be known
         now = self._now()
         fleet, events = local_views(state, identity, self._ready_events(), self._done(), now)
         again = False
         for event in events:
-            again |= self._act(event, evaluate(self.policy, fleet, event, now), state, identity)
+            again |= self._act(event, evaluate(self.policy, fleet, event, now), vm_id)
         if again:
             self._recheck_at = time.monotonic() + self._recheck
         self._forget(state)
@@ -73,17 +74,15 @@ class LocalApprover:
                 self._ready.add(event_id.lower())
             self._recheck_at = 0.0  # at the next poll
 
-    def _act(
-        self, event: EventView, verdict: Verdict, state: dict[str, Any], ident: VmIdentity
-    ) -> bool:
+    def _act(self, event: EventView, verdict: Verdict, vm_id: str) -> bool:
         """Carry out one verdict; True when the event should be looked at again soon."""
-        if verdict.kind == "Approve" and ident.vm_id is not None:
-            return self._approve(event, verdict, state.get("incarnation"), ident.vm_id)
+        if verdict.kind == "Approve":
+            return self._approve(event, verdict, vm_id)
         if verdict.kind in ("Defer", "Hold"):
             self._say(event, f"{verdict.kind.lower()}: {verdict.reason}")
         return verdict.kind == "Defer"
 
-    def _approve(self, event: EventView, verdict: Verdict, incarnation: Any, vm_id: str) -> bool:
+    def _approve(self, event: EventView, verdict: Verdict, vm_id: str) -> bool:
         request = Request(
             event_id=event.event_id,
             command_id=command_id(event.event_id, vm_id),
@@ -91,7 +90,6 @@ class LocalApprover:
             rule=verdict.rule,
             reason=f"local policy {self.policy.source}: {verdict.reason}",
             issued_at=self._now(),
-            incarnation=incarnation if isinstance(incarnation, int) else None,
         )
         attempt = self._approver.attempt(request)
         outcome = attempt.outcome

@@ -378,7 +378,9 @@ def check_budgets(
                     f"budget {budget.name}: the event alone impacts {len(mine)} VMs of {key}, "
                     f"more than the {limit} allowed: it starts at NotBefore"
                 )
-            busy = (others & group) - mine
+            # Other events' VMs that no agent has reported are named, not in any group, but
+            # they are in the fleet: counted for this event, so counted for the others too.
+            busy = (others if budget.group == "fleet" else others & group) - mine
             if len(busy | mine) > limit:
                 return "Defer", (
                     f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "

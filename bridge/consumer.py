@@ -157,7 +157,13 @@ class Consumer:
             doc = fresh
             if fs.status(doc.value) == fs.GONE:
                 self.ledger.release(doc.key, "the event completed or was canceled")
-                return
+                # A late reporter's Started record merged meanwhile found the entry still in
+                # the ledger and left it there; read again after the release, so that either
+                # we see that record here or its consumer saw the release and recorded it.
+                after = self.store.read(fs.EVENT, doc.key)
+                if after is None or fs.status(after.value) == fs.GONE:
+                    return
+                continue
             entry = ledger.value.get("events", {}).get(doc.key)
             view = fs.event_view(
                 doc.value, vms, names, tuple(entry.get("tried", ())) if entry else (), now

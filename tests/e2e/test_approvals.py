@@ -216,8 +216,16 @@ def _fast_fallback(workdir: Path) -> Path:
 
 def test_fallback_when_the_chosen_vm_never_answers(procs: Processes, transport: Transport) -> None:
     config = ["--config", str(_fast_fallback(procs.workdir))]
-    loop = Loop(procs, transport, config, deaf=["app-0"]).start()
+    loop = Loop(procs, transport, config, deaf=["app-0"]).start(agents=("app-0",))
     event_id = loop.sim.add_event(EventType="Reboot", EventSource="User", Resources=VMS)
+
+    def first_try() -> list[Record]:
+        return [d for d in read_records(loop.decisions) if d["EventId"] == event_id]
+
+    # app-1's agent starts only once the deaf app-0 holds the command, so the order of the
+    # two VMs' reports cannot decide who is asked first.
+    wait_until(first_try, "the approval sent to app-0", details=loop.describe)
+    loop.agents["app-1"].start()
     approval = loop.wait_approved(event_id)
     assert approval["vm"] == "app-1"
     decisions = [d for d in read_records(loop.decisions) if d["EventId"] == event_id]

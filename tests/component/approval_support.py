@@ -3,24 +3,20 @@ command listener and local mode tests."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 from bridge import commands, imds
 from bridge.agent import Agent, utc_now
 from bridge.channels import Received
-from bridge.config import AgentSettings, CommandsSettings, Config, HooksSettings, ImdsSettings
+from bridge.config import CommandsSettings, Config, HooksSettings
 from bridge.policy import Policy
 from bridge.retry import DeliveryError, RetryableError
 from bridge.simulator import SimulatorServer
-from tests.support import assert_valid
-
-VM = "vm-0"
+from tests.component.agentharness import AgentHarness
 
 
 class FakeInbox:
@@ -71,14 +67,14 @@ class FailingStart(imds.ImdsClient):
         raise self.error
 
 
-class Harness:
-    """One agent against the simulator; its jsonl output readable at any time."""
+class Harness(AgentHarness):
+    """The agent with a command listener reading a fake (or a real) inbox."""
+
+    record_type = "Approval"
 
     def __init__(self, server: SimulatorServer, root: Path) -> None:
-        self.server, self.root = server, root
-        self.out = root / "out.jsonl"
+        super().__init__(server, root)
         self.inbox = FakeInbox()
-        self.agent: Agent | None = None
 
     def start(
         self,
@@ -92,10 +88,8 @@ class Harness:
         fake_inbox: bool = True,
     ) -> Agent:
         config = Config(
-            agent=AgentSettings(
-                poll_interval=0.2, state_dir=self.root / "state", sinks=[f"jsonl:{self.out}"]
-            ),
-            imds=ImdsSettings(url=self.server.vm_url(VM), first_call_timeout=5, timeout=2),
+            agent=self.agent_settings(),
+            imds=self.imds_settings(),
             hooks=hooks or HooksSettings(),
             commands=CommandsSettings(
                 channel=channel or "", poll_interval=0.2, idle_interval=idle_interval
@@ -111,25 +105,6 @@ class Harness:
         )
         self.agent.start()
         return self.agent
-
-    def poll(self, times: int = 1) -> None:
-        assert self.agent is not None
-        for _ in range(times):
-            self.agent.cycle()
-
-    def stop(self) -> None:
-        if self.agent is not None:
-            self.agent.shutdown()
-            self.agent = None
-
-    def records(self, record_type: str = "Approval") -> list[dict[str, Any]]:
-        if self.agent is not None:
-            assert self.agent.delivery.flush(5)
-        lines = self.out.read_text(encoding="utf-8").splitlines() if self.out.exists() else []
-        records = [json.loads(line) for line in lines]
-        for record in records:
-            assert_valid(record)
-        return [r for r in records if r["RecordType"] == record_type]
 
 
 def command(

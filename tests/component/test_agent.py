@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -12,62 +11,26 @@ from typing import Any
 import pytest
 
 from bridge.agent import Agent
-from bridge.config import AgentSettings, Config, HooksSettings, ImdsSettings
-from bridge.fleet import EventSpec, Fleet
-from bridge.fleetspec import demo_vms
+from bridge.config import Config, HooksSettings
+from bridge.fleet import EventSpec
 from bridge.simulator import Simulator, SimulatorServer
-from tests.support import assert_valid
-
-VM = "vm-0"
+from tests.component.agentharness import VM, AgentHarness
 
 
-@pytest.fixture
-def sim() -> Iterator[tuple[Simulator, SimulatorServer]]:
-    simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=1.0))
-    with SimulatorServer(simulator) as server:
-        yield simulator, server
-
-
-class Harness:
-    """One agent against the simulator, with its jsonl output readable at any time."""
-
+class Harness(AgentHarness):
     def __init__(self, server: SimulatorServer, root: Path, **imds: Any) -> None:
-        self.server, self.root, self.imds = server, root, imds
-        self.out = root / "out.jsonl"
-        self.agent: Agent | None = None
+        super().__init__(server, root)
+        self.imds = imds
 
     def start(self, boot: str = "b1", hooks: HooksSettings | None = None) -> Agent:
         config = Config(
-            agent=AgentSettings(
-                poll_interval=0.2, state_dir=self.root / "state", sinks=[f"jsonl:{self.out}"]
-            ),
-            imds=ImdsSettings(
-                url=self.server.vm_url(VM), first_call_timeout=5, timeout=2, **self.imds
-            ),
+            agent=self.agent_settings(),
+            imds=self.imds_settings(**self.imds),
             hooks=hooks or HooksSettings(),
         )
         self.agent = Agent(config, boot_id=boot)
         self.agent.start()
         return self.agent
-
-    def poll(self, times: int = 1) -> None:
-        assert self.agent is not None
-        for _ in range(times):
-            self.agent.cycle()
-
-    def stop(self) -> None:
-        if self.agent is not None:
-            self.agent.shutdown()
-            self.agent = None
-
-    def records(self, record_type: str = "Event") -> list[dict[str, Any]]:
-        if self.agent is not None:
-            assert self.agent.delivery.flush(5)
-        lines = self.out.read_text(encoding="utf-8").splitlines() if self.out.exists() else []
-        records = [json.loads(line) for line in lines]
-        for record in records:
-            assert_valid(record)
-        return [r for r in records if r["RecordType"] == record_type]
 
 
 @pytest.fixture

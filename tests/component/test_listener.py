@@ -13,21 +13,14 @@ import pytest
 from bridge import listener
 from bridge.channels.local import LocalSender
 from bridge.config import ConfigError, load
-from bridge.fleet import EventSpec, Fleet
-from bridge.fleetspec import demo_vms
+from bridge.fleet import EventSpec
 from bridge.retry import PermanentError, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
-from tests.component.approval_support import VM, FailingStart, FakeInbox, Harness, command, wait_for
+from tests.component.agentharness import VM
+from tests.component.approval_support import FailingStart, FakeInbox, Harness, command, wait_for
 from tests.e2e.harness import run_bridge
 
 Sim = tuple[Simulator, SimulatorServer]
-
-
-@pytest.fixture
-def sim() -> Iterator[Sim]:
-    simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=1.0))
-    with SimulatorServer(simulator) as server:
-        yield simulator, server
 
 
 @pytest.fixture

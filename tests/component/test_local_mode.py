@@ -13,23 +13,16 @@ import pytest
 from bridge import localmode
 from bridge.commands import command_id
 from bridge.config import HooksSettings
-from bridge.fleet import EventSpec, Fleet
-from bridge.fleetspec import demo_vms
+from bridge.fleet import EventSpec
 from bridge.policy import DEFAULT_POLICY, Policy
 from bridge.policyfile import loads
 from bridge.records import VmIdentity
 from bridge.simulator import Simulator, SimulatorServer
-from tests.component.approval_support import VM, Harness, command, wait_for
+from tests.component.agentharness import VM
+from tests.component.approval_support import Harness, command, wait_for
 from tests.e2e.harness import run_bridge
 
 Sim = tuple[Simulator, SimulatorServer]
-
-
-@pytest.fixture
-def sim() -> Iterator[Sim]:
-    simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=1.0))
-    with SimulatorServer(simulator) as server:
-        yield simulator, server
 
 
 @pytest.fixture

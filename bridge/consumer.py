@@ -135,15 +135,14 @@ class Consumer:
     # --- decisions -------------------------------------------------------------------------
 
     def _decide(self, event_keys: Sequence[str]) -> None:
-        vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
-        names = fs.Names.of(vms.values())
+        known_vms = VmSnapshot(self.store)
         docs = [self.store.read(fs.EVENT, key) for key in event_keys]
         known = [d for d in docs if d is not None and d.value.get("event_type") is not None]
         # The event due soonest gets a free budget slot first, then the longest waiting.
         for doc in sorted(known, key=fs.urgency):
-            self._decide_one(doc, vms, names)
+            self._decide_one(doc, known_vms)
 
-    def _decide_one(self, doc: Doc, vms: Mapping[str, VmView], names: fs.Names) -> None:
+    def _decide_one(self, doc: Doc, known_vms: VmSnapshot) -> None:
         now = self._now()
         while True:
             ledger = self.ledger.read()
@@ -164,30 +163,35 @@ class Consumer:
                 if after is None or fs.status(after.value) == fs.GONE:
                     return
                 continue
-            entry = ledger.value.get("events", {}).get(doc.key)
-            view = fs.event_view(
-                doc.value, vms, names, tuple(entry.get("tried", ())) if entry else (), now
-            )
-            if view.status == "Started":
-                self.ledger.note_started(ledger, doc.key, view)
+            if self._decided(ledger, doc, known_vms, now):
                 return
-            if entry is not None and not self.ledger.needs_decision(entry, now):
-                self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
-                return
-            impacted = _by_vm_id(self.ledger.impacted(ledger), vms, names)
-            fleet = FleetView(vms, impacted, self._alive_within)
-            verdict = evaluate(self.policy, fleet, view, now)
-            done = self.dispatch.apply(
-                self.ledger,
-                ledger_doc=ledger,
-                event_doc=doc,
-                view=view,
-                verdict=verdict,
-                vms=vms,
-                now=now,
-            )
-            if done:
-                return
+
+    def _decided(self, ledger: Doc, doc: Doc, known_vms: VmSnapshot, now: datetime) -> bool:
+        """One decision on a live event; False when the ledger changed under us."""
+        resources = [str(r) for r in doc.value.get("resources") or []]
+        impacted = known_vms.by_vm_id(self.ledger.impacted(ledger), also=resources)
+        vms, names = known_vms.vms, known_vms.names
+        entry = ledger.value.get("events", {}).get(doc.key)
+        view = fs.event_view(
+            doc.value, vms, names, tuple(entry.get("tried", ())) if entry else (), now
+        )
+        if view.status == "Started":
+            self.ledger.note_started(ledger, doc.key, view)
+            return True
+        if entry is not None and not self.ledger.needs_decision(entry, now):
+            self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
+            return True
+        fleet = FleetView(vms, impacted, self._alive_within)
+        verdict = evaluate(self.policy, fleet, view, now)
+        return self.dispatch.apply(
+            self.ledger,
+            ledger_doc=ledger,
+            event_doc=doc,
+            view=view,
+            verdict=verdict,
+            vms=vms,
+            now=now,
+        )
 
     @property
     def _alive_within(self) -> timedelta:
@@ -201,23 +205,70 @@ class Consumer:
             log.debug("event %s changed while being forgotten", doc.key)
 
 
-def _by_vm_id(
-    impacted: Mapping[str, frozenset[str]], vms: Mapping[str, VmView], names: fs.Names
-) -> dict[str, frozenset[str]]:
-    """The ledger's impact with VMs it names by VmId once an agent has reported them.
+class VmSnapshot:
+    """The VMs known when a batch is decided, caught up with the ledger on demand.
 
-    A ledger entry lists a VM no agent had reported yet by its name; budgets count VmIds, so
-    without this the VM drops out of every group when it becomes known. The ledger keeps no
-    subscription: a name counts every known VM of that name, which can only be stricter.
+    The ledger is read after the VMs were scanned. Another consumer may meanwhile have
+    stored a VM and then approved an event on it: that VM, missing here, would fall in no
+    budget group and the next approval in its group would break the budget. Every VM an
+    entry names is therefore looked up once more before it is counted.
     """
-    ids: dict[str, list[str]] = {}
-    for (_, name), vm_id in names.index.items():
-        ids.setdefault(name, []).append(vm_id)
-    known = {vm: [vm] for vm in vms}
-    return {
-        key: frozenset(v for vm in listed for v in known.get(vm) or ids.get(vm.lower(), [vm]))
-        for key, listed in impacted.items()
-    }
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.vms: dict[str, VmView] = {}
+        self._absent: set[str] = set()  # looked up since the last scan: no VM of that id
+        self._rescanned = False
+        self._scan()
+
+    def _scan(self) -> None:
+        self.vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
+        self._absent.clear()
+        self._index()
+
+    def _index(self) -> None:
+        self.names = fs.Names.of(self.vms.values())
+        self._ids: dict[str, list[str]] = {}
+        for (_, name), vm_id in self.names.index.items():
+            self._ids.setdefault(name, []).append(vm_id)
+
+    def by_vm_id(
+        self, impacted: Mapping[str, frozenset[str]], *, also: Sequence[str] = ()
+    ) -> dict[str, frozenset[str]]:
+        """The ledger's impact with VMs it names by VmId once an agent has reported them.
+
+        A ledger entry lists a VM no agent had reported yet by its name; budgets count
+        VmIds, so without this the VM drops out of every group when it becomes known. The
+        ledger keeps no subscription: a name counts every known VM of that name, which can
+        only be stricter. `also` names VMs to catch up with too: the event being decided.
+        """
+        listed = {vm for vms in impacted.values() for vm in vms} | set(also)
+        self._catch_up(listed)
+        return {
+            key: frozenset(v for vm in vms for v in self._resolve(vm))
+            for key, vms in impacted.items()
+        }
+
+    def _resolve(self, vm: str) -> list[str]:
+        return [vm] if vm in self.vms else self._ids.get(vm.lower(), [vm])
+
+    def _catch_up(self, listed: set[str]) -> None:
+        unknown = {vm for vm in listed if vm not in self.vms and vm.lower() not in self._ids}
+        found = False
+        for vm in sorted(unknown - self._absent):
+            doc = self.store.read(fs.VM, vm)
+            if doc is None:
+                self._absent.add(vm)
+            else:
+                self.vms[vm] = fs.vm_view(vm, doc.value)
+                found = True
+        if found:
+            self._index()
+        # A name, not an id: its VM may have been stored under its id since the scan. Once
+        # per batch, so an entry naming a VM without an agent does not cost a scan per event.
+        if unknown & self._absent and not self._rescanned:
+            self._rescanned = True
+            self._scan()
 
 
 def _folder(

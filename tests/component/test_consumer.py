@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bridge import fleetstate as fs
 from bridge.commands import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import Consumer
 from bridge.policy import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
 from bridge.retry import RetryableError
+from bridge.state import Doc
 from bridge.state.sqlite import SqliteStore
 from tests.fleetrecords import FleetRecords
 from tests.support import assert_valid
@@ -221,3 +223,59 @@ def test_approve_when_ready_waits_for_every_prepare_hook(tmp_path: Path) -> None
     assert rig.sender.sent == []
     rig.consumer.process([rig.fleet.hook_ready("web_1", E1)])
     assert len(rig.sender.sent) == 1
+
+
+class InterleavingStore(SqliteStore):
+    """Runs `between` once, just before the first read of the ledger: another consumer's
+    whole batch lands after this one took its view of the VMs and before it sees the ledger."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.between: list[Callable[[], None]] = []
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        if collection == fs.LEDGER and self.between:
+            self.between.pop()()
+        return super().read(collection, key)
+
+
+def test_a_vm_reported_after_our_view_of_the_fleet_still_counts_against_its_budget(
+    tmp_path: Path,
+) -> None:
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    store = InterleavingStore(tmp_path / "fleet.db")
+    late = Consumer(store, rig.sender, policy, rig.decisions.extend, ConsumerSettings(),
+                    now=lambda: rig.fleet.now)  # fmt: skip
+    rig.fleet.vm("web_0", scale_set="web")
+    rig.fleet.vm("web_1", scale_set="web")
+    first = [rig.fleet.heartbeat("web_0"), rig.fleet.event("web_0", E1)]
+    store.between.append(lambda: rig.consumer.process(first))
+    late.process([rig.fleet.heartbeat("web_1"), rig.fleet.event("web_1", E2)])
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    assert rig.actions() == [("Approve", "all"), ("Defer", "all")]
+    store.close()
+
+
+def test_a_resource_reported_after_our_view_of_the_fleet_counts_in_its_group(
+    tmp_path: Path,
+) -> None:
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    store = InterleavingStore(tmp_path / "fleet.db")
+    late = Consumer(store, rig.sender, policy, rig.decisions.extend, ConsumerSettings(),
+                    now=lambda: rig.fleet.now)  # fmt: skip
+    rig.fleet.vm("web_0", scale_set="web")
+    rig.fleet.vm("web_1", scale_set="web")
+    store.between.append(lambda: rig.consumer.process([rig.fleet.heartbeat("web_0")]))
+    both = ["web_0", "web_1"]
+    late.process([rig.fleet.heartbeat("web_1"), rig.fleet.event("web_1", E2, resources=both)])
+    assert rig.sender.sent == []
+    assert rig.actions() == [("Hold", "all")]
+    store.close()

@@ -24,16 +24,12 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from bridge import identity
+from bridge import identity, storageerrors
 from bridge.channels import Received
 from bridge.config import Config
-from bridge.redact import describe
 from bridge.retry import (
     DeliveryError,
     PermanentError,
-    RetryableError,
-    ThrottledError,
-    parse_retry_after,
 )
 
 if TYPE_CHECKING:
@@ -152,7 +148,7 @@ class StorageQueueInbox:
         except ResourceNotFoundError:
             pass  # deleted already
         except HttpResponseError as err:
-            if _error_code(err) != "PopReceiptMismatch":
+            if storageerrors.error_code(err) != "PopReceiptMismatch":
                 raise self._edge.classify(err, self._name) from err
             # A later read holds it now, after our visibility timeout ran out: theirs to delete.
         except Exception as err:
@@ -161,12 +157,6 @@ class StorageQueueInbox:
     def close(self) -> None:
         self._client.close()
         self._edge.close()
-
-
-def _error_code(err: BaseException) -> str:
-    """The service's x-ms-error-code as plain text (the SDK may hand an enum member)."""
-    code = getattr(err, "error_code", None)
-    return str(getattr(code, "value", code) or "")
 
 
 def _received(message: Any) -> Received:
@@ -198,33 +188,8 @@ class _Edge:
         self._service.close()
 
     def classify(self, err: BaseException, queue: str) -> DeliveryError:
-        from azure.core.exceptions import ClientAuthenticationError, HttpResponseError  # noqa: PLC0415
-
-        if isinstance(err, DeliveryError):
-            return err
         target = f"queue {queue} at {self._endpoint}"
-        status = getattr(err, "status_code", None)
-        if isinstance(err, HttpResponseError) and isinstance(status, int):
-            return self._for_status(status, err, target)
-        if isinstance(err, ClientAuthenticationError):
-            return PermanentError(f"cannot authenticate to {target}: {self._auth_advice()}")
-        if type(err).__name__ == "CredentialUnavailableError":
-            return PermanentError(f"no token for {target}; {identity.CREDENTIAL_ADVICE}")
-        return RetryableError(f"cannot reach {target}: {describe(err, with_type=True)}")
-
-    def _for_status(self, status: int, err: Any, target: str) -> DeliveryError:
-        code = _error_code(err)
-        said = f"{status} {code}".strip()
-        if status == 429 or (status == 503 and code == "ServerBusy"):
-            headers = getattr(err.response, "headers", None) or {}
-            retry_after = parse_retry_after(headers.get("Retry-After"))
-            return ThrottledError(f"{said} from {target}: the account is busy", retry_after)
-        if status in (401, 403):
-            # The service's text quotes the request signature; the code says enough.
-            return PermanentError(f"{said} from {target}: {self._auth_advice()}")
-        if status >= 500 or status in (408, 409):
-            return RetryableError(f"{said} from {target}: {describe(err)}")
-        return PermanentError(f"{said} from {target}: check the storage settings ({describe(err)})")
+        return storageerrors.classify(err, target=target, auth_advice=self._auth_advice())
 
     def _auth_advice(self) -> str:
         if self._storage.connection_string:

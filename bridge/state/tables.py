@@ -16,22 +16,18 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from azure.core import MatchConditions
-from azure.core.exceptions import AzureError, ClientAuthenticationError, ResourceExistsError
+from azure.core.exceptions import AzureError, ResourceExistsError
 
-from bridge import identity
+from bridge import identity, storageerrors
 from bridge.config import Config
-from bridge.redact import describe
 from bridge.retry import (
     DeliveryError,
     PermanentError,
     RetryableError,
-    ThrottledError,
-    parse_retry_after,
 )
 from bridge.state import Conflict, Doc, decode_value, encode_value
 
@@ -77,7 +73,7 @@ class TableStore:
         try:
             entity = table.get_entity(escape_key(collection), escape_key(key))
         except AzureError as err:  # only the service's answers: anything else is a bug
-            if _status(err) == 404 and not _table_missing(err):
+            if storageerrors.status_of(err) == 404 and not _table_missing(err):
                 return None
             raise self._classify(err) from err
         return self._doc(collection, entity)
@@ -143,7 +139,9 @@ class TableStore:
         except ResourceExistsError:
             pass
         except AzureError as err:
-            if _status(err) == 409:  # TableBeingDeleted: the service frees the name in ~40 s
+            if (
+                storageerrors.status_of(err) == 409
+            ):  # TableBeingDeleted: the service frees the name in ~40 s
                 raise RetryableError(
                     f"409 from {self._target()}: being deleted, it can be made again soon"
                 ) from err
@@ -183,41 +181,22 @@ class TableStore:
     def _conflict_or_classify(
         self, err: BaseException, collection: str, key: str, statuses: tuple[int, ...]
     ) -> Exception:
-        status = _status(err)
+        status = storageerrors.status_of(err)
         if status in statuses and not _table_missing(err):
             return Conflict(f"{collection}/{key} changed since it was read ({status})")
         return self._classify(err)
 
     def _classify(self, err: BaseException) -> DeliveryError:
-        status = _status(err)
-        text = describe(err, with_type=True)
         if _table_missing(err):
             self._ready = False  # deleted under us: made again at the next attempt
             return RetryableError(f"{self._target()} does not exist; it is created again next time")
-        if status is not None:
-            return self._for_status(status, err, text)
-        if isinstance(err, ClientAuthenticationError):  # no status: the credential gave no token
-            return PermanentError(
-                f"no token for Table Storage ({text}); {identity.CREDENTIAL_ADVICE}"
-            )
-        return RetryableError(f"cannot reach {self._target()}: {text}")
-
-    def _for_status(self, status: int, err: BaseException, text: str) -> DeliveryError:
-        target = self._target()
-        if status in (429, 503):
-            headers: Mapping[str, str] = getattr(getattr(err, "response", None), "headers", {})
-            retry_after = parse_retry_after(headers.get("Retry-After"))
-            return ThrottledError(f"{status} from {target}: the account is busy", retry_after)
-        if status == 408 or status >= 500:
-            return RetryableError(f"{status} from {target}: {text}")
-        if status in (401, 403):
-            return PermanentError(f"{status} from {target}: {self._auth_advice()} ({text})")
-        if status == 404:
-            return PermanentError(
-                f"404 from {target}: account or endpoint not found; check storage.account and "
-                f"storage.endpoint_suffix, or the connection string's TableEndpoint ({text})"
-            )
-        return PermanentError(f"{status} from {target}: {text}")
+        return storageerrors.classify(
+            err,
+            target=self._target(),
+            auth_advice=self._auth_advice(),
+            not_found="account or endpoint not found; check storage.account and "
+            "storage.endpoint_suffix, or the connection string's TableEndpoint",
+        )
 
     def _auth_advice(self) -> str:
         if self._storage.connection_string:
@@ -252,11 +231,6 @@ def _replace(table: TableClient, entity: dict[str, Any], etag: str) -> dict[str,
     )
 
 
-def _status(err: BaseException) -> int | None:
-    status = getattr(err, "status_code", None)
-    return status if isinstance(status, int) else None
-
-
 def _table_missing(err: BaseException) -> bool:
     # get/update decode the service's error code; create_entity leaves it in the body.
-    return _status(err) == 404 and "TableNotFound" in str(err)
+    return storageerrors.status_of(err) == 404 and "TableNotFound" in str(err)

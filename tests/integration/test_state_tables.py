@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from collections.abc import Iterator
@@ -130,7 +131,7 @@ def test_entra_id_without_a_token_is_permanent_with_advice(
 ) -> None:
     monkeypatch.setattr(identity, "credential", lambda settings: _NoToken())
     store = TableStore(Config(storage=StorageSettings(account="acct")), unique_table())
-    with pytest.raises(PermanentError, match="no token for Table Storage") as caught:
+    with pytest.raises(PermanentError, match="no token for table ") as caught:
         store.read("vms", "vm-1")
     assert identity.CREDENTIAL_ADVICE in str(caught.value)
     store.close()
@@ -152,7 +153,7 @@ def test_a_wrong_account_key_is_permanent_and_the_key_never_shown(
     with pytest.raises(PermanentError) as caught:
         store.write("vms", Doc("vm-1", {"n": 1}))
     message = str(caught.value)
-    assert message.startswith("403 from table")
+    assert re.match(r"403( \w+)? from table ", message)
     assert "storage.connection_string" in message
     for secret in (WRONG_KEY, KEY, WRONG_KEY[:12], KEY[:12], wrong):
         assert secret not in message
@@ -236,7 +237,7 @@ def test_service_answers_map_onto_retry_kinds(
     with pytest.raises(kind) as caught:
         store.write("vms", Doc("vm-1", {"n": 1}))
     assert type(caught.value) is kind
-    assert str(caught.value).startswith(f"{status} from table")
+    assert re.match(rf"{status}( \w+)? from table ", str(caught.value))
     assert getattr(caught.value, "retry_after", None) == retry_after
     assert KEY not in str(caught.value)
     store.close()

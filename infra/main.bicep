@@ -1,0 +1,270 @@
+// se-bridge's Azure side: Event Hubs, the Log Analytics table and data collection rule, the
+// storage account for queues, tables and checkpoints, the consumer's Function App and Key Vault,
+// least-privilege role assignments, alert rules and a workbook. Deploy into a resource group:
+//   az deployment group create -g RG -f infra/main.bicep -p signingKeyPem=@signing-key.pem
+// then onboard each VM with infra/onboarding/vm.bicep and an install script (README "Deploying to Azure").
+
+@description('Region of every resource but the workspace (and the ingestion endpoint and rule, which follow the workspace).')
+param location string = resourceGroup().location
+
+@description('Short prefix of resource names (lowercase letters and digits).')
+@minLength(2)
+@maxLength(10)
+param prefix string = 'sebridge'
+
+@description('Suffix that makes globally unique names unique; derived from the resource group by default.')
+@minLength(4)
+@maxLength(13)
+param suffix string = take(uniqueString(resourceGroup().id), 6)
+
+@description('Event hub the agents send records to.')
+param eventHubName string = 'records'
+
+@description('Partitions of the event hub: the consumer scales out to at most one instance per partition. Fixed after creation.')
+@minValue(1)
+@maxValue(32)
+param eventHubPartitionCount int = 4
+
+@description('Consumer group of the Function App (not shared with a standalone consumer).')
+param consumerGroupName string = 'se-bridge-functions'
+
+@description('Create a new Log Analytics workspace (true) or use an existing one (false).')
+param createWorkspace bool = true
+
+@description('Name of the workspace (new or existing).')
+param workspaceName string = '${prefix}-logs-${suffix}'
+
+@description('Resource group of the workspace; an existing one may live elsewhere in this subscription.')
+param workspaceResourceGroup string = resourceGroup().name
+
+@description('Region of the workspace (for a new one), the data collection endpoint and rule: set it to an existing workspace\'s region.')
+param workspaceLocation string = location
+
+@description('Days records stay in SeBridgeRecords_CL.')
+@minValue(30)
+@maxValue(730)
+param retentionInDays int = 90
+
+@description('Storage account for queues, the fleet table, checkpoints and the Function App.')
+@minLength(3)
+@maxLength(24)
+param storageAccountName string = take('${prefix}${suffix}', 24)
+
+@description('Per-VM queue name prefix (commands.queue_prefix); the queue is this plus the VmId in lowercase.')
+param queuePrefix string = 'se-bridge-'
+
+@description('Table Storage table of the fleet state (consumer.table_name).')
+param fleetTableName string = 'sebridgefleet'
+
+@description('Blob container of a standalone consumer\'s checkpoints (consumer.checkpoint_container).')
+param checkpointContainerName string = 'se-bridge-checkpoints'
+
+@description('Function App name (globally unique).')
+param functionAppName string = '${prefix}-consumer-${suffix}'
+
+@description('Optional approval policy file deployed with the Function App (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml.')
+param consumerPolicy string = ''
+
+@description('True: the consumer may create a VM\'s queue with its first command (Storage Queue Data Contributor). False: Message Sender only, and every VM must be onboarded with infra/onboarding/vm.bicep.')
+param consumerCreatesQueues bool = true
+
+@description('Key Vault for the command-signing key (globally unique, 3-24 characters).')
+@minLength(3)
+@maxLength(24)
+param keyVaultName string = take('${prefix}-kv-${suffix}', 24)
+
+@description('Public network access of the Key Vault. Disabled needs a private endpoint and VNet integration that this template does not declare.')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param keyVaultPublicNetworkAccess string = 'Enabled'
+
+@description('Name of the Key Vault secret holding the signing key.')
+param signingKeySecretName string = 'se-bridge-signing-key'
+
+@description('The consumer\'s Ed25519 private key, PEM, as `se-bridge keygen` writes it (pass with -p signingKeyPem=@FILE).')
+@secure()
+param signingKeyPem string
+
+@description('Deploy the alert rules.')
+param deployAlerts bool = true
+
+@description('Action group the alert rules notify (resource id); empty: none.')
+param actionGroupId string = ''
+
+@description('Alert when an expected approval is still missing this many minutes before NotBefore.')
+param approvalOverdueMinutes int = 10
+
+@description('Alert when an agent\'s heartbeat has been missing this many minutes.')
+param heartbeatMissingMinutes int = 10
+
+@description('Alert when an agent\'s spool holds at least this many records and grows.')
+param spoolBacklogThreshold int = 1000
+
+@description('Alert when at least this many Preempt events appear in one region within an hour.')
+param preemptThreshold int = 5
+
+@description('Deploy the workbook.')
+param deployWorkbook bool = true
+
+param tags object = {
+  application: 'se-bridge'
+}
+
+var deploymentContainerName = 'app-package'
+
+module eventHubs 'modules/eventhubs.bicep' = {
+  name: 'se-bridge-eventhubs'
+  params: {
+    namespaceName: '${prefix}-${suffix}'
+    location: location
+    eventHubName: eventHubName
+    partitionCount: eventHubPartitionCount
+    consumerGroupName: consumerGroupName
+    tags: tags
+  }
+}
+
+module workspace 'modules/workspace.bicep' = {
+  name: 'se-bridge-workspace'
+  scope: resourceGroup(workspaceResourceGroup)
+  params: {
+    workspaceName: workspaceName
+    createWorkspace: createWorkspace
+    location: workspaceLocation
+    retentionInDays: retentionInDays
+    tags: tags
+  }
+}
+
+module ingestion 'modules/ingestion.bicep' = {
+  name: 'se-bridge-ingestion'
+  params: {
+    endpointName: '${prefix}-dce-${suffix}'
+    ruleName: '${prefix}-dcr-${suffix}'
+    location: workspaceLocation
+    workspaceId: workspace.outputs.workspaceId
+    tags: tags
+  }
+  dependsOn: [
+    // The rule's output stream must exist in the workspace before the rule is created.
+    workspace
+  ]
+}
+
+module storage 'modules/storage.bicep' = {
+  name: 'se-bridge-storage'
+  params: {
+    accountName: storageAccountName
+    location: location
+    fleetTableName: fleetTableName
+    checkpointContainerName: checkpointContainerName
+    deploymentContainerName: deploymentContainerName
+    tags: tags
+  }
+}
+
+module keyVault 'modules/keyvault.bicep' = {
+  name: 'se-bridge-keyvault'
+  params: {
+    vaultName: keyVaultName
+    location: location
+    publicNetworkAccess: keyVaultPublicNetworkAccess
+    secretName: signingKeySecretName
+    signingKeyPem: signingKeyPem
+    tags: tags
+  }
+}
+
+module functionApp 'modules/functionapp.bicep' = {
+  name: 'se-bridge-functionapp'
+  params: {
+    appName: functionAppName
+    location: location
+    storageAccountName: storage.outputs.accountName
+    blobEndpoint: storage.outputs.blobEndpoint
+    deploymentContainerName: storage.outputs.deploymentContainerName
+    eventHubsNamespaceFqdn: eventHubs.outputs.namespaceFqdn
+    eventHubName: eventHubs.outputs.eventHubName
+    consumerGroupName: eventHubs.outputs.consumerGroupName
+    logsIngestionEndpoint: ingestion.outputs.logsIngestionEndpoint
+    dataCollectionRuleImmutableId: ingestion.outputs.ruleImmutableId
+    signingKeySecretUri: keyVault.outputs.secretUri
+    fleetTableName: storage.outputs.fleetTableName
+    queuePrefix: queuePrefix
+    consumerPolicy: consumerPolicy
+    workspaceId: workspace.outputs.workspaceId
+    tags: tags
+  }
+}
+
+module consumerRoles 'modules/consumer-roles.bicep' = {
+  name: 'se-bridge-consumer-roles'
+  params: {
+    principalId: functionApp.outputs.identityPrincipalId
+    eventHubsNamespaceName: eventHubs.outputs.namespaceName
+    eventHubName: eventHubs.outputs.eventHubName
+    storageAccountName: storage.outputs.accountName
+    dataCollectionRuleName: ingestion.outputs.ruleName
+    keyVaultName: keyVault.outputs.vaultName
+    signingKeySecretName: keyVault.outputs.secretName
+    insightsName: functionApp.outputs.insightsName
+    consumerCreatesQueues: consumerCreatesQueues
+  }
+}
+
+module alerts 'modules/alerts.bicep' = if (deployAlerts) {
+  name: 'se-bridge-alerts'
+  params: {
+    namePrefix: prefix
+    location: workspaceLocation
+    workspaceId: workspace.outputs.workspaceId
+    actionGroupId: actionGroupId
+    approvalOverdueMinutes: approvalOverdueMinutes
+    heartbeatMissingMinutes: heartbeatMissingMinutes
+    spoolBacklogThreshold: spoolBacklogThreshold
+    preemptThreshold: preemptThreshold
+    tags: tags
+  }
+  dependsOn: [
+    // A query over SeBridgeRecords_CL is refused until the table exists.
+    workspace
+  ]
+}
+
+module workbook 'modules/workbook.bicep' = if (deployWorkbook) {
+  name: 'se-bridge-workbook'
+  params: {
+    location: workspaceLocation
+    workspaceId: workspace.outputs.workspaceId
+    tags: tags
+  }
+}
+
+@description('eventhubs.namespace of the agents.')
+output eventHubsNamespace string = eventHubs.outputs.namespaceFqdn
+@description('eventhubs.name of the agents.')
+output eventHubName string = eventHubs.outputs.eventHubName
+@description('Event Hubs namespace resource name (for infra/onboarding/vm.bicep).')
+output eventHubsNamespaceName string = eventHubs.outputs.namespaceName
+@description('loganalytics.endpoint: the data collection endpoint\'s logs ingestion URL.')
+output logsIngestionEndpoint string = ingestion.outputs.logsIngestionEndpoint
+@description('loganalytics.rule_id: the data collection rule\'s immutable id.')
+output dataCollectionRuleImmutableId string = ingestion.outputs.ruleImmutableId
+@description('Data collection rule resource name (for infra/onboarding/vm.bicep).')
+output dataCollectionRuleName string = ingestion.outputs.ruleName
+@description('storage.account of the agents and the consumer.')
+output storageAccountName string = storage.outputs.accountName
+@description('The Function App to publish functions/ to.')
+output functionAppName string = functionApp.outputs.appName
+@description('Client id of the consumer\'s identity.')
+output consumerClientId string = functionApp.outputs.identityClientId
+@description('The Key Vault holding the signing key.')
+output keyVaultUri string = keyVault.outputs.vaultUri
+@description('SE_BRIDGE_COMMANDS_SIGNING_KEY of a standalone consumer.')
+output signingKeySetting string = 'keyvault:${keyVault.outputs.secretUri}'
+@description('Per-VM queue prefix.')
+output queuePrefix string = queuePrefix
+@description('Resource id of the Log Analytics workspace.')
+output workspaceId string = workspace.outputs.workspaceId

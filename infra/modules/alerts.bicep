@@ -1,0 +1,147 @@
+// Log alert rules over SeBridgeRecords_CL, one per query in infra/kql/alerts/. A parameterised
+// query has its one parameter on line 1 (`let Name = value;`), which is replaced here by the
+// value of this module's parameter.
+
+@description('Prefix of the rules\' names.')
+param namePrefix string
+
+param location string
+
+@description('Resource id of the Log Analytics workspace holding SeBridgeRecords_CL.')
+param workspaceId string
+
+@description('Action group to notify (resource id); empty: the rules fire without notifying anyone.')
+param actionGroupId string = ''
+
+@description('Alert when an approval the policy expected is still missing this many minutes before NotBefore.')
+@minValue(1)
+@maxValue(60)
+param approvalOverdueMinutes int = 10
+
+@description('Alert when an agent\'s heartbeat has been missing this many minutes (heartbeats come every 5 minutes).')
+@minValue(6)
+@maxValue(720)
+param heartbeatMissingMinutes int = 10
+
+@description('Alert when an agent\'s spool holds at least this many records and grows.')
+@minValue(1)
+param spoolBacklogThreshold int = 1000
+
+@description('Alert when at least this many Preempt events appear in one region within an hour.')
+@minValue(1)
+param preemptThreshold int = 5
+
+param tags object = {}
+
+var actions = empty(actionGroupId) ? [] : [
+  actionGroupId
+]
+
+// Drop line 1 (the default `let Name = value;`) and put this deployment's value in its place.
+var overdueText = loadTextContent('../kql/alerts/approval-overdue.kql')
+var overdueQuery = 'let MinutesBeforeNotBefore = ${approvalOverdueMinutes}m;\n${join(skip(split(overdueText, '\n'), 1), '\n')}'
+var heartbeatText = loadTextContent('../kql/alerts/heartbeat-missing.kql')
+var heartbeatQuery = 'let MissingFor = ${heartbeatMissingMinutes}m;\n${join(skip(split(heartbeatText, '\n'), 1), '\n')}'
+var spoolText = loadTextContent('../kql/alerts/spool-backlog-growing.kql')
+var spoolQuery = 'let BacklogThreshold = ${spoolBacklogThreshold};\n${join(skip(split(spoolText, '\n'), 1), '\n')}'
+var preemptText = loadTextContent('../kql/alerts/preempt-spike.kql')
+var preemptQuery = 'let PreemptThreshold = ${preemptThreshold};\n${join(skip(split(preemptText, '\n'), 1), '\n')}'
+
+// windowSize bounds TimeGenerated for the query. Event-like rules look back an hour, so that
+// records ingested late are still seen, and keep only what was first ingested in the last
+// evaluation period (ingestion_time() in each query; no repeats); state-like rules look back a
+// day to find the event's Scheduled record or an agent's last heartbeat.
+var rules = [
+  {
+    name: 'impactful-event-scheduled'
+    title: 'se-bridge: impactful maintenance scheduled'
+    description: 'A Reboot, Redeploy, Preempt or Terminate event was scheduled for a VM.'
+    severity: 2
+    frequency: 'PT5M'
+    window: 'PT1H'
+    query: loadTextContent('../kql/alerts/impactful-event-scheduled.kql')
+  }
+  {
+    name: 'approval-overdue'
+    title: 'se-bridge: expected approval overdue'
+    description: 'The policy decided to approve an event, but no approval arrived ${approvalOverdueMinutes} minutes before NotBefore.'
+    severity: 2
+    frequency: 'PT5M'
+    window: 'P1D'
+    query: overdueQuery
+  }
+  {
+    name: 'heartbeat-missing'
+    title: 'se-bridge: agent heartbeat missing'
+    description: 'An agent has sent no heartbeat for ${heartbeatMissingMinutes} minutes without stopping cleanly.'
+    severity: 1
+    frequency: 'PT5M'
+    window: 'P1D'
+    query: heartbeatQuery
+  }
+  {
+    name: 'spool-backlog-growing'
+    title: 'se-bridge: agent spool backlog growing'
+    description: 'An agent\'s spool holds ${spoolBacklogThreshold} or more undelivered records and grows, or it shed records.'
+    severity: 2
+    frequency: 'PT15M'
+    window: 'PT1H'
+    query: spoolQuery
+  }
+  {
+    name: 'preempt-spike'
+    title: 'se-bridge: spike of Spot evictions'
+    description: '${preemptThreshold} or more Preempt events in one region within an hour.'
+    severity: 2
+    frequency: 'PT15M'
+    window: 'PT1H'
+    query: preemptQuery
+  }
+  {
+    name: 'approval-failed'
+    title: 'se-bridge: approval failed'
+    description: 'IMDS rejected an approval an agent sent (ApprovalOutcome Failed).'
+    severity: 1
+    frequency: 'PT5M'
+    window: 'PT1H'
+    query: loadTextContent('../kql/alerts/approval-failed.kql')
+  }
+]
+
+resource alert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = [for rule in rules: {
+  name: '${namePrefix}-${rule.name}'
+  location: location
+  tags: tags
+  kind: 'LogAlert'
+  properties: {
+    displayName: rule.title
+    description: rule.description
+    severity: rule.severity
+    enabled: true
+    scopes: [
+      workspaceId
+    ]
+    evaluationFrequency: rule.frequency
+    windowSize: rule.window
+    criteria: {
+      allOf: [
+        {
+          query: rule.query
+          timeAggregation: 'Count'
+          operator: 'GreaterThan'
+          threshold: 0
+          failingPeriods: {
+            numberOfEvaluationPeriods: 1
+            minFailingPeriodsToAlert: 1
+          }
+        }
+      ]
+    }
+    autoMitigate: true
+    actions: {
+      actionGroups: actions
+    }
+  }
+}]
+
+output ruleNames array = [for (rule, i) in rules: alert[i].name]

@@ -1,0 +1,185 @@
+// The consumer as an Azure Functions app (functions/, Python 3.11) on the Flex Consumption plan,
+// with a user-assigned identity so its roles exist before the host first starts. Host storage
+// (AzureWebJobsStorage) and the deployment package use that identity: the storage account has
+// shared-key access off. App settings are exactly those of README "Running the consumer in
+// Azure Functions" plus the Application Insights connection.
+
+@description('Function App name (globally unique).')
+param appName string
+
+param location string
+
+@description('Storage account for host storage, the deployment package, the fleet table and the queues.')
+param storageAccountName string
+
+@description('Blob endpoint of that account (https://NAME.blob.core.windows.net/).')
+param blobEndpoint string
+
+@description('Container of the deployment package.')
+param deploymentContainerName string
+
+@description('Event Hubs namespace host name (NAME.servicebus.windows.net).')
+param eventHubsNamespaceFqdn string
+
+param eventHubName string
+param consumerGroupName string
+
+@description('Logs ingestion endpoint (the DCE\'s) and the DCR\'s immutable id, for Decision records.')
+param logsIngestionEndpoint string
+param dataCollectionRuleImmutableId string
+
+@description('Key Vault secret URI of the signing key: https://VAULT.vault.azure.net/secrets/NAME.')
+param signingKeySecretUri string
+
+param fleetTableName string
+param queuePrefix string
+
+@description('Optional policy file deployed with the app (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml; empty: the default policy.')
+param consumerPolicy string = ''
+
+@description('Resource id of the Log Analytics workspace Application Insights stores its data in.')
+param workspaceId string
+
+@description('Maximum Flex Consumption instances.')
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 40
+
+@allowed([
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+param tags object = {}
+
+resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+  name: 'id-${appName}'
+  location: location
+  tags: tags
+}
+
+resource insights 'Microsoft.Insights/components@2020-02-02' = {
+  name: 'appi-${appName}'
+  location: location
+  tags: tags
+  kind: 'web'
+  properties: {
+    Application_Type: 'web'
+    WorkspaceResourceId: workspaceId
+    // Telemetry authenticates with the identity (Monitoring Metrics Publisher), not the key.
+    DisableLocalAuth: true
+  }
+}
+
+resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_225:Zone redundancy is not a Flex Consumption plan property here.
+  name: 'plan-${appName}'
+  location: location
+  tags: tags
+  kind: 'functionapp'
+  sku: {
+    tier: 'FlexConsumption'
+    name: 'FC1'
+  }
+  properties: {
+    reserved: true
+  }
+}
+
+var baseSettings = {
+  // Functions host: the Event Hubs trigger's identity-based connection (connection = SE_BRIDGE_EVENTHUBS).
+  SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace: eventHubsNamespaceFqdn
+  SE_BRIDGE_EVENTHUBS__credential: 'managedidentity'
+  SE_BRIDGE_EVENTHUBS__clientId: identity.properties.clientId
+  SE_BRIDGE_EVENTHUBS_NAME: eventHubName
+  SE_BRIDGE_CONSUMER_CONSUMER_GROUP: consumerGroupName
+  // Functions host storage (checkpoints, leases, timer locks) with the identity.
+  AzureWebJobsStorage__accountName: storageAccountName
+  AzureWebJobsStorage__credential: 'managedidentity'
+  AzureWebJobsStorage__clientId: identity.properties.clientId
+  SE_BRIDGE_CONSUMER_STATE: 'tables'
+  SE_BRIDGE_CONSUMER_TABLE_NAME: fleetTableName
+  SE_BRIDGE_COMMANDS_CHANNEL: 'storagequeue'
+  SE_BRIDGE_COMMANDS_QUEUE_PREFIX: queuePrefix
+  SE_BRIDGE_COMMANDS_SIGNING_KEY: 'keyvault:${signingKeySecretUri}'
+  SE_BRIDGE_STORAGE_ACCOUNT: storageAccountName
+  SE_BRIDGE_STORAGE_ENDPOINT_SUFFIX: environment().suffixes.storage
+  SE_BRIDGE_IDENTITY_KIND: 'managed'
+  SE_BRIDGE_IDENTITY_CLIENT_ID: identity.properties.clientId
+  SE_BRIDGE_LOGANALYTICS_ENDPOINT: logsIngestionEndpoint
+  SE_BRIDGE_LOGANALYTICS_RULE_ID: dataCollectionRuleImmutableId
+  APPLICATIONINSIGHTS_CONNECTION_STRING: insights.properties.ConnectionString
+  APPLICATIONINSIGHTS_AUTHENTICATION_STRING: 'ClientId=${identity.properties.clientId};Authorization=AAD'
+}
+
+var policySettings = empty(consumerPolicy) ? {} : {
+  SE_BRIDGE_CONSUMER_POLICY: consumerPolicy
+}
+
+resource app 'Microsoft.Web/sites@2024-04-01' = {
+  // checkov:skip=CKV_AZURE_67:Flex Consumption pins the runtime through functionAppConfig.runtime (python 3.11), not siteConfig.
+  // checkov:skip=CKV_AZURE_222:The app serves no HTTP functions (Event Hubs trigger and timer); public access stays on for code deployment without a VNet.
+  // checkov:skip=CKV_AZURE_17:No HTTP functions, so no client to present a certificate.
+  // checkov:skip=CKV_AZURE_212:Flex Consumption scales by itself (maximumInstanceCount); it has no minimum instance count to set.
+  // checkov:skip=CKV_AZURE_213:No HTTP endpoint to probe: the functions are an Event Hubs trigger and a timer.
+  name: appName
+  location: location
+  tags: tags
+  kind: 'functionapp,linux'
+  identity: {
+    type: 'UserAssigned'
+    userAssignedIdentities: {
+      '${identity.id}': {}
+    }
+  }
+  properties: {
+    serverFarmId: plan.id
+    httpsOnly: true
+    clientCertEnabled: false
+    siteConfig: {
+      minTlsVersion: '1.2'
+      ftpsState: 'Disabled'
+      http20Enabled: true
+    }
+    functionAppConfig: {
+      deployment: {
+        storage: {
+          type: 'blobContainer'
+          value: '${blobEndpoint}${deploymentContainerName}'
+          authentication: {
+            type: 'UserAssignedIdentity'
+            userAssignedIdentityResourceId: identity.id
+          }
+        }
+      }
+      scaleAndConcurrency: {
+        maximumInstanceCount: maximumInstanceCount
+        instanceMemoryMB: instanceMemoryMB
+      }
+      runtime: {
+        name: 'python'
+        version: '3.11'
+      }
+    }
+  }
+}
+
+resource settings 'Microsoft.Web/sites/config@2024-04-01' = {
+  // checkov reads this app-settings resource as a web config; none of these apply to it:
+  // checkov:skip=CKV_AZURE_66:Failed request tracing is for HTTP requests; the app serves none.
+  // checkov:skip=CKV_AZURE_63:HTTP logging likewise; the functions log to Application Insights.
+  // checkov:skip=CKV_AZURE_65:Detailed HTTP error pages likewise.
+  // checkov:skip=CKV_AZURE_222:Public network access is a site property; see the site above.
+  // checkov:skip=CKV_AZURE_80:A Python app: no .NET Framework.
+  // checkov:skip=CKV_AZURE_13:App Service authentication protects HTTP endpoints; the app has none.
+  // checkov:skip=CKV_AZURE_88:Azure Files is not used: Flex Consumption deploys from blob storage and shared keys are off.
+  parent: app
+  name: 'appsettings'
+  properties: union(baseSettings, policySettings)
+}
+
+output appName string = app.name
+output identityPrincipalId string = identity.properties.principalId
+output identityClientId string = identity.properties.clientId
+output insightsName string = insights.name

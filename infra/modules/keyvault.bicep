@@ -1,0 +1,68 @@
+// The Key Vault holding the consumer's Ed25519 command-signing key (PEM), read by the Function
+// App through SE_BRIDGE_COMMANDS_SIGNING_KEY = keyvault:https://VAULT.vault.azure.net/secrets/NAME.
+// RBAC mode: the consumer's identity gets Key Vault Secrets User on this one secret only.
+
+@description('Key Vault name (3-24 characters, globally unique).')
+@minLength(3)
+@maxLength(24)
+param vaultName string
+
+param location string
+
+@description('Enabled: reachable from the internet (Entra ID and RBAC guard it). Disabled needs a private endpoint and VNet integration of the Function App, which this template does not declare.')
+@allowed([
+  'Enabled'
+  'Disabled'
+])
+param publicNetworkAccess string
+
+@description('Name of the secret that holds the private key.')
+param secretName string
+
+@description('The Ed25519 private key, PEM (PKCS#8), from `se-bridge keygen`.')
+@secure()
+param signingKeyPem string
+
+param tags object = {}
+
+resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+  // checkov:skip=CKV_AZURE_109:Network access is a parameter; the Flex Consumption app has no VNet here, so the default allows public access with RBAC.
+  // checkov:skip=CKV_AZURE_189:Same parameter (publicNetworkAccess); a private endpoint needs VNet integration not declared here.
+  name: vaultName
+  location: location
+  tags: tags
+  properties: {
+    tenantId: subscription().tenantId
+    sku: {
+      family: 'A'
+      name: 'standard'
+    }
+    enableRbacAuthorization: true
+    enableSoftDelete: true
+    softDeleteRetentionInDays: 90
+    enablePurgeProtection: true
+    publicNetworkAccess: publicNetworkAccess
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: publicNetworkAccess == 'Enabled' ? 'Allow' : 'Deny'
+    }
+  }
+}
+
+resource secret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+  // checkov:skip=CKV_AZURE_41:No expiry: an expired signing key would stop every approval; rotate with a new key pair (the KeyId in each command names it).
+  parent: vault
+  name: secretName
+  properties: {
+    value: signingKeyPem
+    contentType: 'application/x-pem-file'
+    attributes: {
+      enabled: true
+    }
+  }
+}
+
+output vaultName string = vault.name
+output vaultUri string = vault.properties.vaultUri
+output secretName string = secret.name
+output secretUri string = '${vault.properties.vaultUri}secrets/${secret.name}'

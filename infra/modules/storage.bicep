@@ -1,0 +1,113 @@
+// The storage account for the per-VM command queues, the fleet state table, the standalone
+// consumer's checkpoints and the Function App's own host storage and deployment package.
+// Shared-key access is off: everything authenticates with Entra ID.
+
+@description('Storage account name (3-24 lowercase letters and digits, globally unique).')
+@minLength(3)
+@maxLength(24)
+param accountName string
+
+param location string
+
+@description('Table of the fleet state (consumer.table_name).')
+param fleetTableName string
+
+@description('Blob container of the standalone consumer\'s Event Hubs checkpoints (consumer.checkpoint_container).')
+param checkpointContainerName string
+
+@description('Blob container the Flex Consumption plan deploys the Function App package from.')
+param deploymentContainerName string
+
+@description('Replication of the account.')
+@allowed([
+  'Standard_LRS'
+  'Standard_ZRS'
+  'Standard_GRS'
+  'Standard_GZRS'
+])
+param skuName string = 'Standard_ZRS'
+
+param tags object = {}
+
+resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+  // checkov:skip=CKV_AZURE_59:Agents on VMs anywhere read their own queue over the internet; Entra ID with per-queue roles guards access, shared keys are off.
+  // checkov:skip=CKV_AZURE_35:Same reason: a default-deny firewall would shut out the agents and the Flex Consumption app (no VNet here).
+  // checkov:skip=CKV_AZURE_206:Replication is a parameter (skuName); ZRS by default, the state is rebuilt from Event Hubs if lost.
+  // checkov:skip=CKV_AZURE_43:The name is a parameter (checkov cannot resolve it); @minLength/@maxLength and Azure enforce the rules.
+  name: accountName
+  location: location
+  tags: tags
+  kind: 'StorageV2'
+  sku: {
+    name: skuName
+  }
+  properties: {
+    accessTier: 'Hot'
+    allowBlobPublicAccess: false
+    allowSharedKeyAccess: false
+    allowCrossTenantReplication: false
+    defaultToOAuthAuthentication: true
+    minimumTlsVersion: 'TLS1_2'
+    supportsHttpsTrafficOnly: true
+    publicNetworkAccess: 'Enabled'
+    networkAcls: {
+      bypass: 'AzureServices'
+      defaultAction: 'Allow'
+    }
+  }
+}
+
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+  properties: {
+    deleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+    containerDeleteRetentionPolicy: {
+      enabled: true
+      days: 7
+    }
+  }
+}
+
+resource checkpointContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: checkpointContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+  parent: blobService
+  name: deploymentContainerName
+  properties: {
+    publicAccess: 'None'
+  }
+}
+
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+resource fleetTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tableService
+  name: fleetTableName
+}
+
+// Queues themselves are made per VM: by infra/onboarding/vm.bicep, or by the consumer with a
+// VM's first command.
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
+  parent: account
+  name: 'default'
+}
+
+output accountName string = account.name
+output accountId string = account.id
+output blobEndpoint string = account.properties.primaryEndpoints.blob
+output deploymentContainerName string = deploymentContainer.name
+output fleetTableName string = fleetTable.name
+output queueServiceName string = queueService.name

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Install the se-bridge agent on a Linux VM: a venv in /opt/se-bridge/venv, the configuration
+# in /etc/se-bridge/agent.toml (Event Hubs and Log Analytics sinks, the VM's Storage Queue for
+# signed approvals), and the systemd unit, enabled and started. Run as root after
+# infra/main.bicep and infra/onboarding/vm.bicep (README "Deploying to Azure").
+#
+#   sudo ./install-agent.sh --wheel se_bridge-X.Y.Z-py3-none-any.whl \
+#     --eventhubs-namespace NS.servicebus.windows.net --logs-endpoint https://...ingest.monitor.azure.com \
+#     --dcr-id dcr-... --storage-account NAME --verify-key BASE64
+#
+# --root DIR installs into DIR instead of / (for packaging and tests): no user is created and
+# systemctl is left alone unless it is on PATH and --no-start is not given.
+set -euo pipefail
+
+usage() {
+  cat <<'USAGE'
+usage: install-agent.sh (--wheel FILE | --pip-spec SPEC) --eventhubs-namespace FQDN
+         --logs-endpoint URL --dcr-id dcr-... --storage-account NAME --verify-key BASE64
+         [--eventhub NAME] [--stream NAME] [--queue-prefix PREFIX] [--client-id GUID]
+         [--unit-file FILE] [--python PYTHON] [--root DIR] [--no-start]
+USAGE
+}
+
+die() {
+  echo "install-agent.sh: $*" >&2
+  exit 2
+}
+
+wheel="" pip_spec="" namespace="" eventhub="records" endpoint="" dcr_id="" account=""
+verify_key="" stream="Custom-SeBridgeRecords" queue_prefix="se-bridge-" client_id=""
+python="python3" root="" start=1
+unit_file="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/packaging/systemd/se-bridge-agent.service"
+
+while (($#)); do
+  case $1 in
+    --wheel) wheel=${2:?}; shift 2 ;;
+    --pip-spec) pip_spec=${2:?}; shift 2 ;;
+    --eventhubs-namespace) namespace=${2:?}; shift 2 ;;
+    --eventhub) eventhub=${2:?}; shift 2 ;;
+    --logs-endpoint) endpoint=${2:?}; shift 2 ;;
+    --dcr-id) dcr_id=${2:?}; shift 2 ;;
+    --stream) stream=${2:?}; shift 2 ;;
+    --storage-account) account=${2:?}; shift 2 ;;
+    --queue-prefix) queue_prefix=${2?}; shift 2 ;;
+    --verify-key) verify_key=${2:?}; shift 2 ;;
+    --client-id) client_id=${2:?}; shift 2 ;;
+    --unit-file) unit_file=${2:?}; shift 2 ;;
+    --python) python=${2:?}; shift 2 ;;
+    --root) root=${2:?}; shift 2 ;;
+    --no-start) start=0; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown option $1" ;;
+  esac
+done
+
+# Every value lands in a TOML string, so each is checked against what Azure allows; none can
+# hold a quote or a backslash.
+check() { # NAME VALUE REGEX HINT
+  [[ $2 =~ $3 ]] || die "--$1 '$2' is not valid: $4"
+}
+[[ -n $wheel || -n $pip_spec ]] || die "give --wheel FILE or --pip-spec SPEC"
+[[ -z $wheel || -f $wheel ]] || die "--wheel $wheel: no such file"
+check eventhubs-namespace "$namespace" '^[A-Za-z0-9][A-Za-z0-9.-]+$' \
+  "the host name only, such as contoso.servicebus.windows.net"
+check eventhub "$eventhub" '^[A-Za-z0-9][A-Za-z0-9._-]{0,255}$' "an event hub name"
+check logs-endpoint "$endpoint" '^https://[A-Za-z0-9.-]+(:[0-9]+)?/?$' \
+  "the https:// logs ingestion endpoint (main.bicep output logsIngestionEndpoint)"
+check dcr-id "$dcr_id" '^dcr-[0-9a-f]{32}$' \
+  "the rule's immutable id dcr-... (output dataCollectionRuleImmutableId)"
+check stream "$stream" '^Custom-[A-Za-z0-9_]+$' "a DCR stream name such as Custom-SeBridgeRecords"
+check storage-account "$account" '^[a-z0-9]{3,24}$' "3-24 lowercase letters and digits"
+check queue-prefix "$queue_prefix" '^[a-z0-9-]{0,40}$' "lowercase letters, digits and hyphens"
+check verify-key "$verify_key" '^[A-Za-z0-9+/]{43}=$' \
+  "base64 of the 32-byte Ed25519 public key, as se-bridge keygen prints it"
+if [[ -n $client_id ]]; then
+  check client-id "$client_id" '^[0-9a-fA-F-]{36}$' "a user-assigned identity's client id (a GUID)"
+fi
+[[ -f $unit_file ]] || die "--unit-file $unit_file: no such file"
+
+venv="$root/opt/se-bridge/venv"
+config_dir="$root/etc/se-bridge"
+config="$config_dir/agent.toml"
+unit_dir="$root/etc/systemd/system"
+
+if [[ -z $root ]] && ! id se-bridge >/dev/null 2>&1; then
+  useradd --system --no-create-home --shell /usr/sbin/nologin se-bridge
+fi
+
+echo "installing the agent into $venv"
+"$python" -m venv "$venv"
+if [[ -n $wheel ]]; then
+  "$venv/bin/python" -m pip install --quiet "$wheel"
+else
+  "$venv/bin/python" -m pip install --quiet "$pip_spec"
+fi
+"$venv/bin/se-bridge" --version
+
+identity_lines='kind = "managed"'
+if [[ -n $client_id ]]; then
+  identity_lines+=$'\n'"client_id = \"$client_id\""
+fi
+
+mkdir -p "$config_dir"
+umask 027
+tmp="$(mktemp "$config_dir/.agent.toml.XXXXXX")"
+cat >"$tmp" <<TOML
+# Written by infra/onboarding/install-agent.sh; see README "Configuration".
+[agent]
+sinks = ["eventhubs", "loganalytics"]
+
+[eventhubs]
+namespace = "$namespace"
+name = "$eventhub"
+
+[loganalytics]
+endpoint = "$endpoint"
+rule_id = "$dcr_id"
+stream = "$stream"
+
+[identity]
+$identity_lines
+
+[storage]
+account = "$account"
+
+[commands]
+channel = "storagequeue"
+queue_prefix = "$queue_prefix"
+verify_key = "$verify_key"
+TOML
+if [[ -z $root ]]; then
+  chown root:se-bridge "$tmp"
+fi
+chmod 0640 "$tmp"
+mv -f "$tmp" "$config"
+echo "wrote $config"
+
+mkdir -p "$unit_dir"
+install -m 0644 "$unit_file" "$unit_dir/se-bridge-agent.service"
+echo "installed $unit_dir/se-bridge-agent.service"
+
+if ((start)) && command -v systemctl >/dev/null 2>&1; then
+  systemctl daemon-reload
+  systemctl enable --now se-bridge-agent.service
+  echo "se-bridge-agent.service enabled and started; check it with: se-bridge check --config /etc/se-bridge/agent.toml"
+else
+  echo "not starting the service (--no-start, or no systemctl)"
+fi

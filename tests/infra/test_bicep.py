@@ -1,0 +1,207 @@
+"""infra/'s Bicep: syntax, loaded files, alert parameters, app settings, roles and their scopes."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from bridge import config
+from bridge.channels.storagequeue import queue_name
+from tests.infra import bicep_support as bicep
+
+MODULES = bicep.INFRA / "modules"
+ALERTS = MODULES / "alerts.bicep"
+FUNCTION_APP = MODULES / "functionapp.bicep"
+VM = bicep.INFRA / "onboarding" / "vm.bicep"
+
+# The built-in roles se-bridge assigns (Azure built-in roles reference), id -> name.
+BUILT_IN_ROLES = {
+    "2b629674-e913-4c01-ae53-ef4638d8f975": "Azure Event Hubs Data Sender",
+    "a638d3c7-ab3a-418d-83e6-5f17a39d4fde": "Azure Event Hubs Data Receiver",
+    "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
+    "8a0f0c08-91a1-4084-bc3d-661d67233fed": "Storage Queue Data Message Processor",
+    "c6a89b2d-59bc-44d0-9896-0f6e12d7b80a": "Storage Queue Data Message Sender",
+    "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",
+    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
+    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
+    "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
+}
+
+
+def _ids(path: Path) -> str:
+    return str(path.relative_to(bicep.INFRA))
+
+
+@pytest.mark.parametrize("path", bicep.bicep_files(), ids=_ids)
+def test_every_bicep_file_parses(path: Path) -> None:
+    parsed = bicep.parse(path)
+    assert parsed.get("resources") or parsed.get("modules")
+
+
+def test_the_parser_refuses_broken_bicep() -> None:
+    good = (MODULES / "eventhubs.bicep").read_text(encoding="utf-8")
+    bicep.parse_text(good)
+    with pytest.raises(Exception, match=r"(?i)unexpected|invalid"):
+        bicep.parse_text(
+            good.replace("partitionCount: partitionCount", "partitionCount partitionCount")
+        )
+
+
+@pytest.mark.parametrize("path", bicep.bicep_files(), ids=_ids)
+def test_every_loaded_file_exists(path: Path) -> None:
+    for loaded in bicep.loaded_files(path):
+        assert loaded.is_file(), f"{_ids(path)} loads {loaded}, which does not exist"
+
+
+def test_loaded_files_are_found() -> None:
+    kql = bicep.INFRA / "kql"
+    alerts = {p.resolve() for p in (kql / "alerts").glob("*.kql")}
+    assert len(alerts) == 6
+    assert set(bicep.loaded_files(ALERTS)) == alerts  # one rule per alert query, no more
+    assert (kql / "dcr-transform.kql").resolve() in bicep.loaded_files(MODULES / "ingestion.bicep")
+    workbook = (bicep.INFRA / "workbook" / "se-bridge.workbook.json").resolve()
+    assert bicep.loaded_files(MODULES / "workbook.bicep") == [workbook]
+
+
+def _replacements() -> dict[str, str]:
+    """Alert file name -> the parameter its line 1 is replaced with in alerts.bicep."""
+    text = ALERTS.read_text(encoding="utf-8")
+    pairs = re.findall(r"var (\w+)Text = loadTextContent\('\.\./kql/alerts/([\w-]+\.kql)'\)", text)
+    out = {}
+    for prefix, file in pairs:
+        query = re.search(rf"var {prefix}Query = 'let (\w+) = \$\{{\w+\}}\w*;\\n", text)
+        assert query, f"{prefix}Query does not replace line 1 of {file}"
+        out[file] = query.group(1)
+    return out
+
+
+def test_parameterised_alerts_replace_their_first_line_with_the_same_name() -> None:
+    replaced = _replacements()
+    assert set(replaced) == {
+        "approval-overdue.kql",
+        "heartbeat-missing.kql",
+        "spool-backlog-growing.kql",
+        "preempt-spike.kql",
+    }
+    for file, name in replaced.items():
+        first = (bicep.INFRA / "kql" / "alerts" / file).read_text(encoding="utf-8").splitlines()[0]
+        assert re.fullmatch(rf"let {name} = .+;", first), f"{file} line 1 is {first!r}"
+
+
+def _app_settings() -> dict[str, object]:
+    settings = bicep.variables(FUNCTION_APP)["baseSettings"]
+    extra = bicep.variables(FUNCTION_APP)["policySettings"]
+    assert isinstance(settings, dict)
+    return settings | {"SE_BRIDGE_CONSUMER_POLICY": extra}
+
+
+def test_every_se_bridge_app_setting_is_a_real_setting() -> None:
+    known = {
+        f"SE_BRIDGE_{section.name.upper()}_{field.name.upper()}"
+        for section in dataclasses.fields(config.Config)
+        for field in dataclasses.fields(getattr(config.Config(), section.name))
+    }
+    for name in _app_settings():
+        if name.startswith("SE_BRIDGE_") and "__" not in name:
+            assert name in known, f"{name} is no se-bridge setting"
+
+
+def test_app_settings_are_those_the_readme_requires() -> None:
+    settings = _app_settings()
+    required = {
+        "SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace",
+        "SE_BRIDGE_EVENTHUBS__credential",
+        "SE_BRIDGE_EVENTHUBS__clientId",
+        "SE_BRIDGE_EVENTHUBS_NAME",
+        "SE_BRIDGE_CONSUMER_CONSUMER_GROUP",
+        "AzureWebJobsStorage__accountName",
+        "SE_BRIDGE_CONSUMER_STATE",
+        "SE_BRIDGE_COMMANDS_CHANNEL",
+        "SE_BRIDGE_STORAGE_ACCOUNT",
+        "SE_BRIDGE_IDENTITY_KIND",
+        "SE_BRIDGE_IDENTITY_CLIENT_ID",
+        "SE_BRIDGE_LOGANALYTICS_ENDPOINT",
+        "SE_BRIDGE_LOGANALYTICS_RULE_ID",
+        "SE_BRIDGE_COMMANDS_SIGNING_KEY",
+    }
+    assert required <= set(settings)
+    assert settings["SE_BRIDGE_CONSUMER_STATE"] == "tables"
+    assert settings["SE_BRIDGE_COMMANDS_CHANNEL"] == "storagequeue"
+    assert settings["SE_BRIDGE_IDENTITY_KIND"] == "managed"
+    assert settings["SE_BRIDGE_EVENTHUBS__credential"] == "managedidentity"
+    assert settings["SE_BRIDGE_COMMANDS_SIGNING_KEY"] == "keyvault:${signingKeySecretUri}"
+    # No shared key anywhere: no connection strings.
+    assert "AzureWebJobsStorage" not in settings
+    assert "SE_BRIDGE_EVENTHUBS" not in settings
+
+
+@pytest.mark.parametrize("path", bicep.bicep_files(), ids=_ids)
+def test_role_ids_are_the_built_in_roles_they_name(path: Path) -> None:
+    for name, (guid, role) in bicep.role_variables(path).items():
+        assert BUILT_IN_ROLES.get(guid) == role, f"{_ids(path)}: {name} = {guid} is not {role}"
+
+
+def _roles(path: Path) -> set[tuple[str, str]]:
+    names = bicep.role_variables(path)
+    out = set()
+    for _, scope, var in bicep.role_assignments(path):
+        role = names[var][1] if var in names else var
+        out.add((scope, role))
+    return out
+
+
+def test_each_vm_gets_three_roles_on_its_own_resources_only() -> None:
+    assert _roles(VM) == {
+        ("queue", "Storage Queue Data Message Processor"),
+        ("hub", "Azure Event Hubs Data Sender"),
+        ("rule", "Monitoring Metrics Publisher"),
+    }
+    queue = bicep.resources(VM, "Microsoft.Storage/storageAccounts/queueServices/queues")["queue"]
+    assert queue["config"]["name"] == "queueName"
+
+
+def test_the_consumer_gets_what_it_uses() -> None:
+    assert _roles(MODULES / "consumer-roles.bicep") == {
+        ("hub", "Azure Event Hubs Data Receiver"),
+        ("account", "Storage Blob Data Owner"),
+        ("account", "Storage Table Data Contributor"),
+        ("account", "queueRole"),
+        ("rule", "Monitoring Metrics Publisher"),
+        ("insights", "Monitoring Metrics Publisher"),
+        ("secret", "Key Vault Secrets User"),
+    }
+    queue_role = bicep.variables(MODULES / "consumer-roles.bicep")["queueRole"]
+    operands = queue_role["operator"]["operands"]
+    assert (operands["true_value"], operands["false_value"]) == (
+        "storageQueueDataContributor",
+        "storageQueueDataMessageSender",
+    )
+
+
+@pytest.mark.parametrize(
+    "vm_id", ["1B1F7C1E-1234-4ABC-9DEF-00000000ABCD", " 02aab8a4-74ef-476e-8182-f6d2ba4166a6\n"]
+)
+def test_vm_queue_name_follows_the_agents_rule(vm_id: str) -> None:
+    expression = bicep.variables(VM)["queueName"]
+    assert expression == "${queuePrefix}${toLower(trim(vmId))}"
+    # What that Bicep expression computes, in Python: Bicep's trim() strips whitespace.
+    assert "se-bridge-" + vm_id.strip().lower() == queue_name("se-bridge-", vm_id)
+
+
+def test_main_outputs_what_the_readme_uses() -> None:
+    outputs = set(bicep.parse(bicep.INFRA / "main.bicep")["outputs"])
+    assert {
+        "eventHubsNamespace",
+        "eventHubName",
+        "eventHubsNamespaceName",
+        "logsIngestionEndpoint",
+        "dataCollectionRuleImmutableId",
+        "dataCollectionRuleName",
+        "storageAccountName",
+        "functionAppName",
+        "keyVaultUri",
+        "signingKeySetting",
+    } <= outputs

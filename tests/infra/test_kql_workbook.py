@@ -1,0 +1,81 @@
+"""The workbook: generated from its .kql files, with the sections the fleet's operators need."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from tests.infra.kql_support import session
+from tools.kql import workbook
+
+NAME = "infra/workbook/se-bridge.workbook.json"
+
+
+def _content() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(workbook.WORKBOOK.read_text(encoding="utf-8"))
+    return data
+
+
+def _kql_items() -> dict[str, dict[str, Any]]:
+    return {
+        i["name"]: i["content"]
+        for i in _content()["items"]
+        if i["content"].get("version") == "KqlItem/1.0"
+    }
+
+
+def _columns(item: str) -> dict[str, str]:
+    pairs = (c.partition(":") for c in session().result(f"{NAME}#{item}").columns)
+    return {name: kind for name, _, kind in pairs}
+
+
+def test_workbook_json_is_generated_from_its_queries() -> None:
+    assert workbook.WORKBOOK.read_text(encoding="utf-8") == workbook.render()
+    assert workbook.main(["--check"]) == 0
+
+
+def test_workbook_is_serialized_data_with_a_time_range_parameter() -> None:
+    content = _content()
+    assert content["version"] == "Notebook/1.0"
+    params = [i for i in content["items"] if i["type"] == 9]
+    (time_range,) = params[0]["content"]["parameters"]
+    assert (time_range["name"], time_range["type"]) == ("TimeRange", 4)
+
+
+def test_every_query_reads_the_workspace_the_workbook_is_attached_to() -> None:
+    for name, item in _kql_items().items():
+        assert item["resourceType"] == "microsoft.operationalinsights/workspaces", name
+        assert "crossComponentResources" not in item, name
+        assert item.get("timeContextFromParameter") == "TimeRange" or item["timeContext"], name
+
+
+def test_queries_have_no_workbook_placeholders_the_checker_cannot_see() -> None:
+    for name, item in _kql_items().items():
+        assert not re.search(r"\{[A-Za-z_]\w*(:\w+)?\}", item["query"]), name
+
+
+def test_sections_for_maintenance_scale_sets_approvals_and_agents() -> None:
+    headings = " ".join(i["content"]["json"] for i in _content()["items"] if i["type"] == 1)
+    for section in ("Upcoming and ongoing", "per scale set", "Scheduled to approval", "health"):
+        assert section in headings
+
+
+def test_agents_health_shows_heartbeat_age_spool_imds_and_drops() -> None:
+    columns = _columns("agents-grid")
+    for column in ("HeartbeatAgeMinutes", "SpoolDepth", "ImdsHealthy", "DroppedInRange"):
+        assert column in columns
+
+
+def test_tiles_give_name_and_value_and_charts_a_time_axis() -> None:
+    for name, item in _kql_items().items():
+        columns = _columns(name)
+        if item["visualization"] == "tiles":
+            assert columns == {"Name": "string", "Value": "long"}, name
+        if item["visualization"] == "timechart":
+            assert "datetime" in columns.values(), name
+
+
+def test_time_to_approval_is_in_minutes() -> None:
+    assert _columns("approval-time-chart")["MeanMinutesToApproval"] == "real"
+    assert _columns("scaleset-grid")["ApprovedAt"] == "datetime"

@@ -1,0 +1,132 @@
+"""Builds infra/workbook/se-bridge.workbook.json from the KQL files beside it.
+
+The workbook's queries live as .kql files in infra/workbook/queries/ (readable, diffable);
+this lays them out as the workbook's serializedData. Run it after editing a query:
+
+    python -m tools.kql.workbook          # rewrite the JSON
+    python -m tools.kql.workbook --check  # exit 1 if the JSON is stale (the tests do this)
+
+A sample of one item it writes:
+
+    {"type": 3, "name": "agents-grid", "content": {"version": "KqlItem/1.0",
+     "query": "SeBridgeRecords_CL | ...", "queryType": 0, "visualization": "table",
+     "resourceType": "microsoft.operationalinsights/workspaces",
+     "timeContextFromParameter": "TimeRange", "timeContext": {"durationMs": 604800000}, ...}}
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKBOOK = ROOT / "infra" / "workbook" / "se-bridge.workbook.json"
+QUERIES = WORKBOOK.parent / "queries"
+WORKSPACE = "microsoft.operationalinsights/workspaces"
+DAY_MS = 86_400_000
+# Open events can have been scheduled long before the chosen range (hardware failures are
+# announced days ahead), so the "now" section looks back a fixed two weeks.
+OPEN_EVENTS_MS = 14 * DAY_MS
+
+Item = dict[str, Any]
+
+
+def _text(name: str, markdown: str) -> Item:
+    return {"type": 1, "name": name, "content": {"json": markdown}}
+
+
+def _query(name: str, title: str, visualization: str, *, fixed_ms: int | None = None) -> Item:
+    content: Item = {
+        "version": "KqlItem/1.0",
+        "query": (QUERIES / f"{name}.kql").read_text(encoding="utf-8"),
+        "size": 0,
+        "title": title,
+        "queryType": 0,
+        "resourceType": WORKSPACE,
+        "visualization": visualization,
+        "timeContext": {"durationMs": fixed_ms or 7 * DAY_MS},
+    }
+    if fixed_ms is None:
+        content["timeContextFromParameter"] = "TimeRange"
+    if visualization == "tiles":
+        content["tileSettings"] = {
+            "titleContent": {"columnMatch": "Name", "formatter": 1},
+            "leftContent": {"columnMatch": "Value", "formatter": 12},
+            "showBorder": True,
+        }
+    return {"type": 3, "name": name, "content": content}
+
+
+def _parameters() -> Item:
+    choices = [1, 6, 24, 72, 168, 336, 720]
+    time_range = {
+        "id": "6f1c3e52-8d0a-4b53-9a39-3f0f3b4c2a10",
+        "version": "KqlParameterItem/1.0",
+        "name": "TimeRange",
+        "label": "Time range",
+        "type": 4,
+        "isRequired": True,
+        "value": {"durationMs": 7 * DAY_MS},
+        "typeSettings": {"selectableValues": [{"durationMs": h * 3_600_000} for h in choices]},
+    }
+    content = {
+        "version": "KqlParameterItem/1.0",
+        "parameters": [time_range],
+        "style": "pills",
+        "queryType": 0,
+        "resourceType": WORKSPACE,
+    }
+    return {"type": 9, "name": "parameters", "content": content}
+
+
+def items() -> list[Item]:
+    return [
+        _text(
+            "title",
+            "# se-bridge: scheduled maintenance across the fleet\n"
+            "Records from `SeBridgeRecords_CL` in this workspace.",
+        ),
+        _parameters(),
+        _text(
+            "upcoming-heading",
+            "## Upcoming and ongoing maintenance\n"
+            "Open events right now (looks back 14 days, whatever the time range).",
+        ),
+        _query("upcoming-tiles", "Open events", "tiles", fixed_ms=OPEN_EVENTS_MS),
+        _query("upcoming-grid", "Open events, soonest first", "table", fixed_ms=OPEN_EVENTS_MS),
+        _text("scaleset-heading", "## Timeline per scale set"),
+        _query("scaleset-chart", "VMs entering maintenance per hour, by scale set", "timechart"),
+        _query("scaleset-grid", "Each event's milestones per scale set", "table"),
+        _text("approval-heading", "## Time from Scheduled to approval"),
+        _query("approval-time-chart", "Mean minutes from Scheduled to approval", "timechart"),
+        _query("approval-time-grid", "By event type and rule", "table"),
+        _text(
+            "agents-heading",
+            "## Agents' health\n"
+            "From each agent's latest heartbeat in the time range; an agent silent for the "
+            "whole range is not listed, so pick a range longer than any outage.",
+        ),
+        _query("agents-tiles", "Agents", "tiles"),
+        _query("agents-grid", "Heartbeat age, IMDS, spool depth and dropped records", "table"),
+    ]
+
+
+def render() -> str:
+    return json.dumps({"version": "Notebook/1.0", "items": items()}, indent=2) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    text = render()
+    if "--check" in argv:
+        if WORKBOOK.read_text(encoding="utf-8") != text:
+            print(f"{WORKBOOK} is stale: run python -m tools.kql.workbook", file=sys.stderr)
+            return 1
+        return 0
+    WORKBOOK.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

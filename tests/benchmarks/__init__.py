@@ -1,0 +1,1 @@
+"""The benchmark suite (run on demand: `./dev bench`, never part of `pytest`)."""

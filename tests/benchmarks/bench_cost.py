@@ -1,0 +1,201 @@
+"""6. Cloud cost per VM-month in steady state (no maintenance), from counted operations.
+
+A measured run of three agents (Event Hubs, Log Analytics, a Storage queue command channel,
+signed commands) and one consumer (Table Storage state, blob checkpoints). Heartbeats come
+every 2 s instead of 300 s so a short run sees many; the count per heartbeat is then scaled
+to the default interval. Storage transactions are counted by a proxy in front of each
+Azurite service; Event Hubs events and Log Analytics bytes by the doubles.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+
+from bridge import schema
+from tests.azurite import ACCOUNT, KEY, Azurite
+from tests.benchmarks.bench_approval import signing_pair
+from tests.benchmarks.countingproxy import CountingProxy
+from tests.benchmarks.report import (
+    SECONDS_PER_MONTH,
+    MonthlyUse,
+    Prices,
+    Row,
+    eventhubs_units,
+    monthly_cost,
+    naive_queue_cost,
+    per_month,
+    usd,
+)
+from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.doubles.eventhubs_broker import EventHubsBroker
+from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.e2e.cloud import RULE, cloud_env
+from tests.e2e.harness import Processes, Simulator
+
+VMS = ("vm-0", "vm-1", "vm-2")
+RUN_HEARTBEAT = 2.0
+DEFAULT_HEARTBEAT = 300.0  # agent.heartbeat_interval's default
+TARGET = 0.01
+
+PRICES = Prices(
+    eventhubs_per_million_events=0.028,
+    eventhubs_tu_per_hour=0.03,
+    loganalytics_per_gb=2.30,
+    queue_per_10k_operations=0.004,
+    table_per_10k_transactions=0.00036,
+    as_of="2026-11-21 (pay-as-you-go list prices, USD)",
+    sources=(
+        "Event Hubs Standard: $0.028 per million ingress events, throughput unit $21.90/month "
+        "($0.03/h): https://azure.microsoft.com/pricing/details/event-hubs/ (as quoted by "
+        "https://github.com/infracost/infracost/issues/1354)",
+        "Log Analytics, Analytics logs: ~$2.30 per GB ingested, first 5 GB a month free "
+        "(not deducted here): https://azure.microsoft.com/pricing/details/monitor/ (as quoted by "
+        "https://monitoringcost.com/azure-monitor-cost); billed size rules: "
+        "https://learn.microsoft.com/azure/azure-monitor/logs/cost-logs",
+        "Storage queue operations $0.004 per 10,000 and Table transactions $0.00036 per 10,000 "
+        "(GPv2, LRS): NOT confirmed from a source reachable here; check "
+        "https://azure.microsoft.com/pricing/details/storage/queues/ and .../storage/tables/",
+    ),
+)
+
+
+@dataclass
+class Counted:
+    seconds: float
+    hub_sizes: list[int]
+    heartbeats: int
+    analytics_bytes: int
+    analytics_records: int
+    queue: int
+    table: int
+    blob: int
+
+
+def run(options: Options) -> Result:
+    window = options.pick(quick=20, default=60)
+    broker = EventHubsBroker(hub="records", partitions=4)
+    logs = LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration())
+    with broker, logs, scratch("cost") as procs:
+        azurite = Azurite(procs.workdir / "azurite").start()
+        try:
+            proxies = {s: CountingProxy(azurite.endpoints[s]) for s in ("queue", "table", "blob")}
+            for proxy in proxies.values():
+                proxy.__enter__()
+            try:
+                counted = _measure(procs, broker, logs, proxies, window)
+            finally:
+                for proxy in proxies.values():
+                    proxy.__exit__(None, None, None)
+        finally:
+            azurite.stop()
+    return _result(counted)
+
+
+def _connection_string(proxies: dict[str, CountingProxy]) -> str:
+    ends = {s: f"{p.url}/{ACCOUNT}" for s, p in proxies.items()}
+    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+            f"BlobEndpoint={ends['blob']};QueueEndpoint={ends['queue']};"
+            f"TableEndpoint={ends['table']};")  # fmt: skip
+
+
+def _start(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
+           storage: str) -> Simulator:  # fmt: skip
+    signing, verify = signing_pair(procs.workdir)
+    tag = uuid.uuid4().hex[:8]
+    shared = {"SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
+              "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"c{tag}-"}  # fmt: skip
+    sim = Simulator.launch(procs, "sim", "--vms", str(len(VMS)))
+    for vm in VMS:
+        env = {**cloud_env(broker, logs, sim.vm_url(vm)), **shared,
+               "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify,
+               "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(RUN_HEARTBEAT)}  # fmt: skip
+        procs.bridge(vm, "agent", "--imds-url", sim.vm_url(vm), "--poll-interval", "1",
+                     "--state-dir", str(procs.workdir / vm), "--sink", "eventhubs",
+                     "--sink", "loganalytics", "--commands", "storagequeue", env=env)  # fmt: skip
+    consumer_env = {
+        **shared, "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": broker.connection_string,
+        "SE_BRIDGE_COMMANDS_SIGNING_KEY": signing,
+        "SE_BRIDGE_CONSUMER_TABLE_NAME": f"fleet{tag}",
+        "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": f"checkpoints-{tag}",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }  # fmt: skip
+    decisions = procs.workdir / "decisions.jsonl"
+    procs.bridge("consumer", "consume", "--commands", "storagequeue", "--state", "tables",
+                 "--state-dir", str(procs.workdir / "consumer"), "--sink", f"jsonl:{decisions}",
+                 env=consumer_env)  # fmt: skip
+    return sim
+
+
+def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
+             proxies: dict[str, CountingProxy], window: int) -> Counted:  # fmt: skip
+    sim = _start(procs, broker, logs, _connection_string(proxies))
+    sim.wait_polls(dict.fromkeys(VMS, 3))
+    say(f"cost: warming up 20 s, then {window} s counted (heartbeats every {RUN_HEARTBEAT:g} s)")
+    time.sleep(20)
+    hub0, logs0 = len(broker.events()), len(logs.requests)
+    storage0 = {s: p.total() for s, p in proxies.items()}
+    began = time.monotonic()
+    time.sleep(window)
+    seconds = time.monotonic() - began
+    events = broker.events()[hub0:]
+    requests = [r for r in logs.requests[logs0:] if r.status == 204]
+    storage = {s: p.total() - storage0[s] for s, p in proxies.items()}
+    kinds = Counter(json.loads(e.body)["RecordType"] for e in events)
+    return Counted(
+        seconds, [len(e.body) for e in events], kinds["Heartbeat"],
+        sum(r.uncompressed_size or 0 for r in requests),
+        sum(r.record_count or 0 for r in requests),
+        storage["queue"], storage["table"], storage["blob"],
+    )  # fmt: skip
+
+
+def _result(c: Counted) -> Result:
+    if not c.heartbeats:
+        raise RuntimeError("no heartbeat reached Event Hubs during the counted window")
+    per_vm_month = SECONDS_PER_MONTH / DEFAULT_HEARTBEAT  # heartbeats one VM sends a month
+
+    def scaled(count: float) -> float:  # record-driven: per heartbeat, then per VM-month
+        return per_month(count, measured=c.heartbeats, month=per_vm_month)
+
+    use = MonthlyUse(
+        eventhubs_events=scaled(eventhubs_units(c.hub_sizes)),
+        eventhubs_bytes=scaled(sum(c.hub_sizes)),
+        loganalytics_bytes=scaled(c.analytics_bytes),
+        queue_operations=c.queue / len(VMS) * SECONDS_PER_MONTH / c.seconds,
+        table_transactions=scaled(c.table),
+    )
+    cost = monthly_cost(use, PRICES)
+    total = sum(cost.values())
+    naive = naive_queue_cost(PRICES)
+    blob_month = c.blob * SECONDS_PER_MONTH / c.seconds
+    breakdown = ", ".join(f"{k} {usd(v)}" for k, v in cost.items())
+    rows = [
+        Row("6a", "Cloud cost per VM-month, steady state (EH ingress + TU share + LA + queue + "
+            "table)", f"{usd(total)} ({breakdown})", f"≤ {usd(TARGET)}", total <= TARGET),
+        Row("6b", "Naive design for comparison: same, plus reading the queue every second",
+            f"{usd(total + naive)} (queue reads alone {usd(naive)})", "", None),
+    ]  # fmt: skip
+    row_bytes = c.analytics_bytes / max(1, c.analytics_records)
+    notes = [
+        f"6: counted in {c.seconds:.0f} s with {len(VMS)} agents and one consumer: "
+        f"{len(c.hub_sizes)} Event Hubs events ({c.heartbeats} heartbeats, "
+        f"{sum(c.hub_sizes) / max(1, len(c.hub_sizes)):.0f} B each on average), "
+        f"{c.analytics_records} Log Analytics rows "
+        f"({row_bytes:.0f} B of JSON each), {c.queue} queue, {c.table} table and "
+        f"{c.blob} blob requests.",
+        f"6: per VM-month at the default 300 s heartbeat: {use.eventhubs_events:,.0f} billed EH "
+        f"events, {use.loganalytics_bytes / 1e6:.1f} MB to Log Analytics, "
+        f"{use.queue_operations:,.0f} queue operations, {use.table_transactions:,.0f} table "
+        "transactions (the consumer's, per record).",
+        "6: fleet-wide, not per VM: the namespace's first throughput unit "
+        f"({usd(PRICES.eventhubs_tu_per_hour * 730)}/month whatever the fleet size), and the "
+        f"consumer's checkpoint/ownership blob requests ({blob_month:,.0f}/month measured).",
+        "6: Log Analytics is billed on the JSON bytes the double received (the service bills "
+        "the stored columns' string size, about 25% less on average): an upper bound.",
+        f"6: prices as of {PRICES.as_of}: " + " | ".join(PRICES.sources),
+    ]
+    return Result(rows, notes)

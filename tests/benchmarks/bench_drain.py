@@ -1,0 +1,122 @@
+"""4. Backlog drain: 10,000 records spooled during an outage, shipped to each sink on its own.
+
+The records are the agent's own shapes (heartbeats and events of a 100-VM fleet, built
+by tests.fleetrecords), committed to a fresh spool before the clock starts; then the
+agent's Delivery runs one sink until the spool is empty for it. The double's own count
+is checked afterwards, so a "drain" that lost records cannot pass.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bridge import schema
+from bridge.config import Config, EventHubsSettings, IdentitySettings, LogAnalyticsSettings
+from bridge.delivery import Delivery
+from bridge.fleet import Fleet
+from bridge.fleetspec import demo_vms
+from bridge.simulator import Simulator, SimulatorServer
+from bridge.sinks import Sink
+from bridge.sinks.eventhubs import EventHubsSink
+from bridge.sinks.jsonl import JsonlSink
+from bridge.sinks.loganalytics import LogAnalyticsSink
+from bridge.spool import Spool
+from tests.benchmarks.bench_detection import environment, identity_env
+from tests.benchmarks.report import Row, rate
+from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.doubles.eventhubs_broker import EventHubsBroker
+from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.e2e.cloud import RULE
+from tests.e2e.harness import read_records
+from tests.fleetrecords import FleetRecords
+
+EVENTHUBS_TARGET = 2000.0
+VMS = 100
+
+
+def backlog(count: int) -> list[dict[str, Any]]:
+    """`count` records: a heartbeat from every VM each minute, an event record every tenth."""
+    fleet = FleetRecords(datetime.now(timezone.utc))
+    names = [f"vm{i:03d}" for i in range(VMS)]
+    for name in names:
+        fleet.vm(name, scale_set=f"ss{int(name[2:]) % 5}")
+    out: list[dict[str, Any]] = []
+    while len(out) < count:
+        fleet.advance(60)
+        for i, name in enumerate(names):
+            if len(out) == count:
+                break
+            if len(out) % 10 == 9:
+                out.append(fleet.event(name, str(uuid.uuid4()).upper(), event_type="Freeze"))
+            else:
+                out.append(fleet.heartbeat(name))
+            del i
+    return out
+
+
+def drain(sink: Sink, root: Path, records: list[dict[str, Any]]) -> float:
+    """Seconds Delivery takes to ship `records` from a full spool through `sink`."""
+    spool = Spool(root / f"{sink.name}.db", [sink.name], max_records=len(records) + 100,
+                  max_bytes=2**30)  # fmt: skip
+    try:
+        for start in range(0, len(records), 1000):
+            spool.commit(records[start : start + 1000])
+        delivery = Delivery(spool, [sink])
+        began = time.monotonic()
+        delivery.start()
+        if not delivery.flush(timeout=600):
+            raise RuntimeError(f"{sink.name} did not drain within 10 minutes")
+        elapsed = time.monotonic() - began
+        delivery.stop(timeout=10)
+        return elapsed
+    finally:
+        spool.close()
+
+
+def run(options: Options) -> Result:
+    count = options.pick(quick=1000, default=10_000)
+    records = backlog(count)
+    rates: dict[str, float] = {}
+    simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=1.0))
+    broker = EventHubsBroker(hub="records", partitions=4)
+    logs = LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration())
+    with SimulatorServer(simulator) as server, broker, logs, scratch("drain") as procs:
+        vm_url = server.vm_url(simulator.vm_names[0])
+        config = Config(
+            eventhubs=EventHubsSettings(connection_string=broker.connection_string),
+            loganalytics=LogAnalyticsSettings(endpoint=logs.endpoint, rule_id=RULE),
+            identity=IdentitySettings(kind="managed"),
+        )
+        out = procs.workdir / "out.jsonl"
+        checks: dict[str, tuple[Callable[[], Sink], Callable[[], int]]] = {
+            "eventhubs": (lambda: EventHubsSink(config), lambda: len(broker.events())),
+            "loganalytics": (lambda: LogAnalyticsSink(config), lambda: len(logs.records())),
+            "jsonl": (lambda: JsonlSink(out), lambda: len(read_records(out))),
+        }
+        with environment(identity_env(vm_url, logs)):
+            for name, (make, received) in checks.items():
+                say(f"drain: {count} records to {name}")
+                seconds = drain(make(), procs.workdir, records)
+                got = received()
+                if got < count:
+                    raise RuntimeError(f"{name} holds {got} of {count} records after the drain")
+                rates[name] = rate(count, seconds)
+    return _result(rates, count)
+
+
+def _result(rates: dict[str, float], count: int) -> Result:
+    eh = rates["eventhubs"]
+    rows = [
+        Row("4a", f"Backlog drain, {count:,} spooled records → Event Hubs", f"{eh:,.0f} records/s",
+            f"≥ {EVENTHUBS_TARGET:,.0f}/s", eh >= EVENTHUBS_TARGET),
+        Row("4b", f"Backlog drain, {count:,} spooled records → Log Analytics",
+            f"{rates['loganalytics']:,.0f} records/s", "", None),
+        Row("4c", f"Backlog drain, {count:,} spooled records → jsonl file (reference)",
+            f"{rates['jsonl']:,.0f} records/s", "", None),
+    ]  # fmt: skip
+    return Result(rows, [])

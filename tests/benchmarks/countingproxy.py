@@ -1,0 +1,98 @@
+"""An HTTP pass-through that counts requests, put in front of one Azurite service.
+
+Azure Storage bills per transaction, and Azurite (started with --silent) logs nothing, so the
+cost benchmark counts what crosses this proxy. Shared Key signatures cover the path and
+headers, not the host, so clients signing for the proxy's address are accepted upstream.
+"""
+
+from __future__ import annotations
+
+import http.client
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from urllib.parse import urlsplit
+
+_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
+
+
+class CountingProxy:
+    """Forwards to `upstream` (http://host:port); `counts` holds "METHOD path-kind" totals."""
+
+    def __init__(self, upstream: str) -> None:
+        parts = urlsplit(upstream)
+        self.upstream_host = parts.hostname or "127.0.0.1"
+        self.upstream_port = parts.port or 80
+        self.counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def count(self, key: str) -> None:
+        with self._lock:
+            self.counts[key] += 1
+
+    def total(self) -> int:
+        with self._lock:
+            return sum(self.counts.values())
+
+    def __enter__(self) -> CountingProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler_for(proxy: CountingProxy) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # one line per request would drown the benchmark's output
+
+        def _forward(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            proxy.count(f"{self.command} {_kind(self.path)}")
+            upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port)
+            try:
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+            finally:
+                upstream.close()
+
+        # http.server looks handlers up by these names.
+        do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = do_PATCH = do_MERGE = _forward  # noqa: N815
+
+    return Handler
+
+
+def _kind(path: str) -> str:
+    """`messages` for queue message operations, else the first path part after the account."""
+    bare = path.split("?", 1)[0].strip("/").split("/")
+    if bare[-1] == "messages" or (len(bare) >= 2 and bare[-2] == "messages"):
+        return "messages"
+    return "other" if len(bare) < 2 else "resource"

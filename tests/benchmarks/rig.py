@@ -1,0 +1,49 @@
+"""What every benchmark shares: its options, its result, a scratch directory with processes."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.benchmarks.report import Row
+from tests.e2e.harness import Processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Options:
+    quick: bool = False  # a smoke run: few samples, numbers not worth quoting
+    long: bool = False  # the full 10-minute memory run
+
+    def pick(self, *, quick: int, default: int, long: int | None = None) -> int:
+        if self.quick:
+            return quick
+        return long if (self.long and long is not None) else default
+
+
+@dataclass
+class Result:
+    rows: list[Row] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def scratch(name: str) -> Iterator[Processes]:
+    """A temporary directory and the processes started in it (killed at the end)."""
+    with tempfile.TemporaryDirectory(prefix=f"se-bench-{name}-") as tmp:
+        procs = Processes(Path(tmp))
+        try:
+            yield procs
+        finally:
+            procs.close()
+
+
+def say(message: str) -> None:
+    """Progress on stderr: the table goes to stdout."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)

@@ -108,6 +108,11 @@ def _folded(raw: Mapping[Any, Any]) -> dict[str, Any]:
     return {str(k).strip().lower(): v for k, v in raw.items()}
 
 
+# ASCII digits only, and few enough for int(): str.isdigit() also accepts "²" and "٣", and
+# lstrip("-") let "--5" through, all of which int() refuses with a bare ValueError.
+_WHOLE = re.compile(r"-?[0-9]{1,30}")
+
+
 def _incarnation(value: object) -> int:
     if value is _MISSING:
         raise DocumentError("the document has no DocumentIncarnation")
@@ -117,7 +122,7 @@ def _incarnation(value: object) -> int:
         return value
     if isinstance(value, float) and value.is_integer():
         return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and _WHOLE.fullmatch(value.strip()):
         return int(value.strip())
     raise DocumentError(f"DocumentIncarnation is not a whole number: {str(value)[:40]!r}")
 

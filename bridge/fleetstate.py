@@ -56,6 +56,24 @@ def event_key(event_id: str) -> str:
 # --- VMs -------------------------------------------------------------------------------
 
 
+# Record fields whose values are whole numbers; every other field folded here is text (or a
+# list of text, Resources). A record is outside input: a field of another type is taken as
+# absent rather than stored, where it would break the policy and the budgets later.
+_WHOLE_FIELDS = frozenset(
+    {"PlatformFaultDomain", "PlatformUpdateDomain", "DurationInSeconds", "DocumentIncarnation"}
+)
+
+
+def field_of(record: Mapping[str, Any], name: str) -> Any:
+    """`record[name]` if it has the type the schema gives it, else None."""
+    value = record.get(name)
+    if name == "Resources":
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+    if name in _WHOLE_FIELDS:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, str) else None
+
+
 def merge_vm(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
     """Fold one record's identity into a VM document; True when something worth saving changed."""
     before = dict(value)
@@ -63,8 +81,8 @@ def merge_vm(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
     if isinstance(seen, str) and seen > value.get("last_seen", ""):
         value["last_seen"] = seen
         for key, field in _IDENTITY.items():
-            if record.get(field) is not None:
-                value[key] = record[field]
+            if field_of(record, field) is not None:
+                value[key] = field_of(record, field)
         if record.get("RecordType") == "Heartbeat" and isinstance(record.get("Tags"), dict):
             value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
         if record.get("RecordType") == "Heartbeat" and record.get("HeartbeatReason") == "Stop":
@@ -115,21 +133,21 @@ def merge_event(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
 
 
 def _merge_event_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:
-    vm_id, seen = record.get("VmId"), str(record.get("TimeGenerated") or "")
-    value.setdefault("event_id", record.get("EventId"))
+    vm_id, seen = record.get("VmId"), field_of(record, "TimeGenerated") or ""
+    value.setdefault("event_id", field_of(record, "EventId"))
     value.setdefault("first_seen", seen)
     value["first_seen"] = min(value["first_seen"], seen) if seen else value["first_seen"]
     if seen >= value.get("updated", ""):
         value["updated"] = seen
         for key, field in _EVENT_FIELDS.items():
-            if record.get(field) is not None or key not in value:
-                value[key] = record.get(field)
+            if field_of(record, field) is not None or key not in value:
+                value[key] = field_of(record, field)
     if not isinstance(vm_id, str):
         return
     reporters = value.setdefault("reporters", {})
     mine = reporters.get(vm_id)
     if mine is None or seen >= mine["at"]:
-        reporters[vm_id] = {"status": record.get("EventStatus") or GONE, "at": seen}
+        reporters[vm_id] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
 
 
 def _merge_hook_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:
@@ -139,7 +157,7 @@ def _merge_hook_record(value: dict[str, Any], record: Mapping[str, Any]) -> None
         ready = set(value.get("ready", []))
         ready.add(vm_id)
         value["ready"] = sorted(ready)
-    value.setdefault("event_id", record.get("EventId"))
+    value.setdefault("event_id", field_of(record, "EventId"))
 
 
 def status(value: Mapping[str, Any]) -> str:

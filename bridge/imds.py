@@ -8,6 +8,7 @@ something other than IMDS answered); never more than `max_rps` requests a second
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -99,7 +100,7 @@ class ImdsClient:
         response = self._call("GET", INSTANCE_PATH, INSTANCE_API_VERSION)
         try:
             data = response.json()
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             raise RetryableError(
                 f"instance metadata is not JSON: {excerpt(response.content)!r}"
             ) from err
@@ -181,13 +182,18 @@ def _text(value: object) -> str | None:
     return text or None
 
 
+# ASCII digits only, and few enough for int(): str.isdigit() also accepts "²", and
+# lstrip("-") let "--5" through, which int() refuses with a ValueError.
+_WHOLE = re.compile(r"-?[0-9]{1,30}")
+
+
 def _number(value: object) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
         return value
     text = _text(value)
-    return int(text) if text is not None and text.lstrip("-").isdigit() else None
+    return int(text) if text is not None and _WHOLE.fullmatch(text) else None
 
 
 def _tags(tags_list: object, tags: object) -> tuple[tuple[str, str], ...]:

@@ -59,7 +59,9 @@ DAY_WORDS: dict[str, frozenset[int]] = {
     "daily": frozenset(range(7)),
 }
 
-_DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?")
+_DURATION = re.compile(r"(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+_SECONDS = re.compile(r"[0-9]+")
+MAX_DAYS = timedelta.max.days
 _CLOCK = re.compile(r"([01]?\d|2[0-3]):([0-5]\d)")
 
 # The policy the consumer runs when none is configured; tests hold it equal to
@@ -137,13 +139,19 @@ def loads(text: str, source: str = "<string>") -> Policy:
     """The policy in `text`; `source` names it in errors and in `Policy.source`."""
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
+        if root is None:
+            raise PolicyError(f"{source}:1: the file holds no policy; start with `version: 1`")
+        return _policy(YamlNode(root, "", source, PolicyError))
     except yaml.MarkedYAMLError as exc:
         raise PolicyError(_syntax_error(exc, source)) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow, such as NUL
+        line = text.count("\n", 0, max(0, exc.position)) + 1
+        raise PolicyError(f"{source}:{line}: not readable as YAML: {exc.reason}, "
+                          f"character {exc.character!r}") from None  # fmt: skip
     except yaml.YAMLError as exc:
-        raise PolicyError(f"{source}: not readable as YAML: {exc}") from None
-    if root is None:
-        raise PolicyError(f"{source}:1: the file holds no policy; start with `version: 1`")
-    return _policy(YamlNode(root, "", source, PolicyError))
+        raise PolicyError(f"{source}:1: not readable as YAML: {exc}") from None
+    except RecursionError:
+        raise PolicyError(f"{source}:1: nested too deeply to be a policy") from None
 
 
 def _syntax_error(exc: yaml.MarkedYAMLError, source: str) -> str:
@@ -304,16 +312,21 @@ def _duration(node: YamlNode) -> timedelta:
     expected = "a duration such as 10m or 90s"
     text = node.text(expected).strip()
     found = _DURATION.fullmatch(text)
-    if text.isdigit():
-        seconds = int(text)
-    elif found is not None and any(found.groups()):
-        hours, minutes, secs = (int(part or 0) for part in found.groups())
-        seconds = hours * 3600 + minutes * 60 + secs
-    else:
-        node.fail(f"expected {expected}, got {text!r}")
-    if seconds <= 0:
-        node.fail(f"must be longer than 0s, got {text!r}")
-    return timedelta(seconds=seconds)
+    try:
+        if _SECONDS.fullmatch(text):
+            seconds = int(text)
+        elif found is not None and any(found.groups()):
+            hours, minutes, secs = (int(part or 0) for part in found.groups())
+            seconds = hours * 3600 + minutes * 60 + secs
+        else:
+            node.fail(f"expected {expected}, got {text!r}")
+        if seconds <= 0:
+            node.fail(f"must be longer than 0s, got {text!r}")
+        return timedelta(seconds=seconds)
+    except (ValueError, OverflowError) as err:  # PolicyError is a ValueError: let it through
+        if isinstance(err, PolicyError):
+            raise
+        node.fail(f"expected {expected} of at most {MAX_DAYS} days, got {text[:40]!r}")
 
 
 def _in_window(node: YamlNode) -> Action:

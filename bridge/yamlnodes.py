@@ -127,7 +127,10 @@ class YamlNode:
         node = self.node
         if not isinstance(node, yaml.ScalarNode) or node.tag != _INT or node.style is not None:
             self.fail(f"expected a whole number, got {self.describe()}")
-        value = SafeConstructor().construct_yaml_int(node)
+        try:
+            value = SafeConstructor().construct_yaml_int(node)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits)
+            self.fail(f"expected a whole number of reasonable size, not {len(node.value)} digits")
         if least is not None and value < least:
             self.fail(f"must be at least {least}, got {value}")
         return value
@@ -136,9 +139,12 @@ class YamlNode:
         node = self.node
         if not isinstance(node, yaml.ScalarNode) or node.tag not in (_INT, _FLOAT) or node.style:
             self.fail(f"expected a number, got {self.describe()}")
-        if node.tag == _INT:
-            return float(SafeConstructor().construct_yaml_int(node))
-        return SafeConstructor().construct_yaml_float(node)
+        try:
+            if node.tag == _INT:
+                return float(SafeConstructor().construct_yaml_int(node))
+            return float(SafeConstructor().construct_yaml_float(node))
+        except (ValueError, OverflowError):  # too many digits for int(), or for a float
+            self.fail(f"expected a number of reasonable size, got {len(node.value)} characters")
 
 
 class Names:

@@ -1,0 +1,65 @@
+"""Minimal reproductions of what the chaos suite found outside the files it may change.
+
+Each is xfail(strict=True): it fails now, and turns into a failure of the suite once fixed, so
+that the mark comes off and tests.chaos.run stops counting the symptom as known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.agent import Agent
+from bridge.config import Config
+from bridge.fleet import Fleet
+from bridge.fleetspec import numbered_vms
+from bridge.simulator import Simulator, SimulatorServer
+from tests.component.agentharness import AgentHarness
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[Simulator, SimulatorServer]]:
+    simulator = Simulator(Fleet(numbered_vms(2)))
+    with SimulatorServer(simulator) as running:
+        yield simulator, running
+
+
+class Harness(AgentHarness):
+    def start(self) -> Agent:
+        config = Config(agent=self.agent_settings(), imds=self.imds_settings())
+        self.agent = Agent(config, boot_id="b1")
+        self.agent.start()
+        return self.agent
+
+    def heartbeats(self, reason: str) -> list[dict[str, Any]]:
+        return [r for r in self.records("Heartbeat") if r["HeartbeatReason"] == reason]
+
+
+KNOWN_IDENTITY = (
+    "bridge/agent.py: a restarted agent forgets its VM identity until instance metadata answers "
+    "again; meanwhile its records carry VmId null, and the consumer cannot attribute them (an "
+    "event's Canceled from that VM is lost: the consumer's state keeps it Scheduled)"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=KNOWN_IDENTITY)
+def test_a_restarted_agent_keeps_its_identity_while_instance_metadata_fails(
+    server: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> None:
+    sim, running = server
+    harness = Harness(running, tmp_path)
+    harness.start()
+    harness.poll(2)
+    harness.stop()
+    first = harness.heartbeats("Start")[0]["VmId"]
+    assert first is not None
+    sim.set_faults({"rate503": 1.0})  # IMDS down just as the agent starts again
+    harness.start()
+    try:
+        assert [h["VmId"] for h in harness.heartbeats("Start")] == [first, first]
+    finally:
+        sim.clear_faults()
+        harness.stop()

@@ -1,17 +1,43 @@
-# se-bridge: one image for the agent (e.g. a Kubernetes DaemonSet) and the standalone consumer.
-# Build stage: build the wheel with the full toolchain; runtime stage: only the installed package.
+# syntax=docker/dockerfile:1
+# se-bridge: one image for the agent (a Kubernetes DaemonSet, packaging/kubernetes/daemonset.yaml)
+# and the standalone consumer (packaging/kubernetes/consumer-deployment.yaml).
+#   docker build -t se-bridge:0.1.0 .
+#   docker run --rm se-bridge:0.1.0 --version
+#   docker run -d -v /etc/se-bridge:/etc/se-bridge:ro se-bridge:0.1.0 consume --config /etc/se-bridge/consumer.toml
+# Secrets never go in the image: settings come from a mounted TOML file or SE_BRIDGE_* variables
+# at run time, and cloud sinks use a managed or workload identity by default.
+
+# Build stage: wheels for the package and every dependency, with the full toolchain.
 FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
-RUN useradd --system --uid 10001 --home-dir /var/lib/se-bridge --create-home se-bridge
-COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
-USER se-bridge
-ENV PYTHONUNBUFFERED=1 SE_BRIDGE_AGENT_STATE_DIR=/var/lib/se-bridge
+# Runtime stage: only the installed wheels, no compilers, no pip cache, no wheel files.
+FROM python:3.11-slim AS runtime
+LABEL org.opencontainers.image.title="se-bridge" \
+      org.opencontainers.image.description="Azure Scheduled Events agent and consumer" \
+      org.opencontainers.image.licenses="MIT"
+RUN groupadd --system --gid 10001 se-bridge \
+ && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/se-bridge --create-home \
+      --shell /usr/sbin/nologin se-bridge
+# Installed from the build stage's wheels only (--no-index): the runtime stage needs no network.
+RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
+    pip install --no-cache-dir --no-index --find-links /wheels se-bridge
+# Numeric, so Kubernetes' runAsNonRoot can check it.
+USER 10001:10001
+ENV PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    SE_BRIDGE_AGENT_STATE_DIR=/var/lib/se-bridge
+WORKDIR /var/lib/se-bridge
 VOLUME ["/var/lib/se-bridge"]
+# No HEALTHCHECK: neither the agent nor the consumer serves an endpoint to probe, and a
+# process that is up says nothing about IMDS or the sinks. Liveness is the Heartbeat record
+# (every 5 minutes, with ImdsHealthy and SpoolDepth) watched centrally; the process exits
+# non-zero on a fatal error so the runtime restarts it. Kubernetes ignores HEALTHCHECK anyway.
+HEALTHCHECK NONE
+# SIGTERM (docker stop, Kubernetes) makes the agent flush and exit 0: allow ~45 s for it.
+STOPSIGNAL SIGTERM
 ENTRYPOINT ["se-bridge"]
 CMD ["agent"]

@@ -1,0 +1,147 @@
+"""The Dockerfile, read (no Docker engine here), and its install steps run in a clean venv."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from bridge import __version__
+
+ROOT = Path(__file__).resolve().parents[2]
+SECRET_NAME = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CONNECTION_STRING|SAS", re.IGNORECASE)
+
+
+def instructions(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+DOCKERFILE_TEXT = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+STEPS = instructions(DOCKERFILE_TEXT)
+
+
+def stages() -> list[list[tuple[str, str]]]:
+    found: list[list[tuple[str, str]]] = []
+    for step in STEPS:
+        if step[0] == "FROM":
+            found.append([])
+        found[-1].append(step)
+    return found
+
+
+def test_two_stages_and_the_runtime_takes_only_wheels_from_the_build() -> None:
+    build, runtime = stages()
+    assert build[0][1].endswith(" AS build")
+    runtime_text = " ".join(args for _, args in runtime)
+    assert "from=build,source=/wheels" in runtime_text
+    assert "--no-index" in runtime_text  # the runtime stage needs no network
+
+
+def test_the_final_user_is_numeric_and_not_root() -> None:
+    users = [args for kind, args in stages()[-1] if kind == "USER"]
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit(), users
+    assert int(uid) != 0
+
+
+def test_the_entry_point_is_the_console_script() -> None:
+    [entry] = [args for kind, args in STEPS if kind == "ENTRYPOINT"]
+    assert json.loads(entry) == ["se-bridge"]
+    [cmd] = [args for kind, args in STEPS if kind == "CMD"]
+    assert json.loads(cmd) == ["agent"]
+
+
+def test_no_secret_is_baked_into_the_image() -> None:
+    for kind, args in STEPS:
+        if kind in ("ENV", "ARG", "LABEL"):
+            names = re.findall(r"(\w+)=", args) or [args.split()[0]]
+            assert not [n for n in names if SECRET_NAME.search(n)], args
+
+
+def test_healthcheck_or_the_documented_reason_for_none() -> None:
+    [check] = [args for kind, args in STEPS if kind == "HEALTHCHECK"]
+    if check.strip().upper() == "NONE":
+        assert "# No HEALTHCHECK:" in DOCKERFILE_TEXT
+
+
+def test_the_build_context_holds_only_what_the_build_copies() -> None:
+    ignore = (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()
+    rules = [line.strip() for line in ignore if line.strip() and not line.startswith("#")]
+    assert rules[0] == "*"
+    allowed = {rule[1:] for rule in rules if rule.startswith("!")}
+    assert allowed == set(copied_paths())
+
+
+def copied_paths() -> list[str]:
+    """The sources of the build stage's COPY steps (the last word is the destination)."""
+    paths: list[str] = []
+    for kind, args in stages()[0]:
+        if kind == "COPY":
+            paths += args.split()[:-1]
+    return paths
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The build stage's steps, then the runtime stage's install, in a fresh venv."""
+    work = tmp_path_factory.mktemp("image")
+    context = work / "src"
+    context.mkdir()
+    for name in copied_paths():
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(source, context / name)
+    wheels = work / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(context)])
+    [wheel] = wheels.glob("se_bridge-*.whl")
+    target = work / "venv"
+    venv.create(target, with_pip=True, symlinks=sys.platform != "win32")
+    bin_dir = target / ("Scripts" if sys.platform == "win32" else "bin")
+    # Dependencies come from pip's cache or the index, as the image's build stage fetches them.
+    run([str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check", "-q", "install",
+         str(wheel)])  # fmt: skip
+    return bin_dir
+
+
+def run(argv: list[str]) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, f"{argv}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_the_installed_console_script_reports_its_version(installed: Path) -> None:
+    assert run([str(installed / "se-bridge"), "--version"]).strip() == f"se-bridge {__version__}"
+
+
+def test_the_installed_agent_has_its_options(installed: Path) -> None:
+    text = run([str(installed / "se-bridge"), "agent", "--help"])
+    for option in ("--config", "--state-dir", "--sink", "--log-file"):
+        assert option in text
+
+
+def test_the_wheel_carries_the_schema_and_type_marker(installed: Path) -> None:
+    code = "import importlib.resources as r; print([p.name for p in r.files('bridge').iterdir()])"
+    names = run([str(installed / "python"), "-c", code])
+    assert "record.schema.json" in names
+    assert "py.typed" in names

@@ -33,7 +33,7 @@ from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
 from bridge.ledger import ApprovalLedger, Dispatch
 from bridge.policy import FleetView, Policy, VmView, evaluate
-from bridge.state import Doc, Store, update
+from bridge.state import ChangeFeed, DeferredSync, Doc, Mutation, Store, update_many
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,12 @@ class Consumer:
         self.sender = sender
         self.ledger = ApprovalLedger(store, settings)
         self.dispatch = Dispatch(sender, emit, policy, host_name)
+        self.fleet = FleetCache(store)
+        if isinstance(store, DeferredSync):
+            # What a batch merges is replayed from Event Hubs if lost, as long as it is on
+            # disk before `process` returns (then the batch may be checkpointed): flushed
+            # there. The ledger is never deferred: an approval is on disk before it is sent.
+            store.defer_sync((fs.VM, fs.EVENT))
 
     # --- batches ---------------------------------------------------------------------------
 
@@ -78,11 +84,13 @@ class Consumer:
 
     def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
         fresh = [r for r in records if self._first_sight(r)]
-        self._merge_vms(fresh)
-        touched = self._merge_events(fresh)
-        touched |= self.ledger.note_approvals(fresh)
+        events = _event_mutations(fresh)
+        update_many(self.store, fs.VM, _vm_mutations(fresh))
+        update_many(self.store, fs.EVENT, events)
+        touched = set(events) | self.ledger.note_approvals(fresh)
         if touched:
             self._decide(sorted(touched))
+        self._flush()
         for record in fresh:
             self._seen[str(record.get("RecordId"))] = None
         while len(self._seen) > SEEN_RECORD_IDS:
@@ -108,34 +116,20 @@ class Consumer:
                 open_events.append(doc.key)
         if open_events:
             self._decide(open_events)
+        self._flush()
+
+    def _flush(self) -> None:
+        if isinstance(self.store, DeferredSync):
+            self.store.flush()
 
     def _first_sight(self, record: Mapping[str, Any]) -> bool:
         rid = record.get("RecordId")
         return isinstance(rid, str) and rid not in self._seen
 
-    def _merge_vms(self, records: Sequence[Mapping[str, Any]]) -> None:
-        by_vm: dict[str, list[Mapping[str, Any]]] = {}
-        for record in records:
-            if isinstance(record.get("VmId"), str) and record.get("RecordType") != "Decision":
-                by_vm.setdefault(record["VmId"], []).append(record)
-        for vm_id, mine in by_vm.items():
-            update(self.store, fs.VM, vm_id, _folder(fs.merge_vm, mine))
-
-    def _merge_events(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
-        by_event: dict[str, list[Mapping[str, Any]]] = {}
-        for record in records:
-            if record.get("RecordType") in ("Event", "Hook") and isinstance(
-                record.get("EventId"), str
-            ):
-                by_event.setdefault(fs.event_key(record["EventId"]), []).append(record)
-        for key, mine in by_event.items():
-            update(self.store, fs.EVENT, key, _folder(fs.merge_event, mine))
-        return set(by_event)
-
     # --- decisions -------------------------------------------------------------------------
 
     def _decide(self, event_keys: Sequence[str]) -> None:
-        known_vms = VmSnapshot(self.store)
+        known_vms = VmSnapshot(self.store, self.fleet)
         docs = [self.store.read(fs.EVENT, key) for key in event_keys]
         known = [d for d in docs if d is not None and d.value.get("event_type") is not None]
         # The event due soonest gets a free budget slot first, then the longest waiting.
@@ -214,23 +208,21 @@ class VmSnapshot:
     entry names is therefore looked up once more before it is counted.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, fleet: FleetCache) -> None:
         self.store = store
+        self._fleet = fleet
         self.vms: dict[str, VmView] = {}
         self._absent: set[str] = set()  # looked up since the last scan: no VM of that id
         self._rescanned = False
         self._scan()
 
     def _scan(self) -> None:
-        self.vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
+        self.vms = self._fleet.load()
         self._absent.clear()
-        self._index()
+        self.names, self._ids = self._fleet.index()
 
     def _index(self) -> None:
-        self.names = fs.Names.of(self.vms.values())
-        self._ids: dict[str, list[str]] = {}
-        for (_, name), vm_id in self.names.index.items():
-            self._ids.setdefault(name, []).append(vm_id)
+        self.names, self._ids = _name_index(self.vms)
 
     def by_vm_id(
         self, impacted: Mapping[str, frozenset[str]], *, also: Sequence[str] = ()
@@ -269,6 +261,75 @@ class VmSnapshot:
         if unknown & self._absent and not self._rescanned:
             self._rescanned = True
             self._scan()
+
+
+class FleetCache:
+    """Every VM document as a scan would find it now, without reading them all each time.
+
+    With a store that has a change feed (SQLite) only the VMs written since the last look
+    are read; that includes those written by other consumers, so `load` returns what a
+    scan at that moment returns (VMs are never deleted). Other stores are scanned.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._mark: int | None = None
+        self._vms: dict[str, VmView] = {}
+        self._index: NameIndex | None = None
+
+    def load(self) -> dict[str, VmView]:
+        if not isinstance(self.store, ChangeFeed):
+            self._vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
+            self._index = None
+            return dict(self._vms)
+        docs, mark = self.store.scan_changes(fs.VM, self._mark)
+        if self._mark is not None and mark < self._mark:  # the file was replaced: start over
+            self._vms, self._index = {}, None
+            docs, mark = self.store.scan_changes(fs.VM, None)
+        self._mark = mark
+        for doc in docs:
+            view, before = fs.vm_view(doc.key, doc.value), self._vms.get(doc.key)
+            if before is None or (before.subscription_id, before.name) != (
+                view.subscription_id,
+                view.name,
+            ):
+                self._index = None  # the name index is the same unless a name changed
+            self._vms[doc.key] = view
+        return dict(self._vms)
+
+    def index(self) -> NameIndex:
+        """The name index of the VMs `load` returned last (built again only when it changed)."""
+        if self._index is None:
+            self._index = _name_index(self._vms)
+        return self._index
+
+
+NameIndex = tuple[fs.Names, dict[str, list[str]]]
+
+
+def _name_index(vms: Mapping[str, VmView]) -> NameIndex:
+    """Names to VmIds as the event view resolves them, and each lower-cased name's VmIds."""
+    names = fs.Names.of(vms.values())
+    ids: dict[str, list[str]] = {}
+    for (_, name), vm_id in names.index.items():
+        ids.setdefault(name, []).append(vm_id)
+    return names, ids
+
+
+def _vm_mutations(records: Sequence[Mapping[str, Any]]) -> dict[str, Mutation]:
+    by_vm: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        if isinstance(record.get("VmId"), str) and record.get("RecordType") != "Decision":
+            by_vm.setdefault(record["VmId"], []).append(record)
+    return {vm_id: _folder(fs.merge_vm, mine) for vm_id, mine in by_vm.items()}
+
+
+def _event_mutations(records: Sequence[Mapping[str, Any]]) -> dict[str, Mutation]:
+    by_event: dict[str, list[Mapping[str, Any]]] = {}
+    for record in records:
+        if record.get("RecordType") in ("Event", "Hook") and isinstance(record.get("EventId"), str):
+            by_event.setdefault(fs.event_key(record["EventId"]), []).append(record)
+    return {key: _folder(fs.merge_event, mine) for key, mine in by_event.items()}
 
 
 def _folder(

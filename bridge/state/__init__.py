@@ -11,10 +11,10 @@ Storage for a real fleet.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from bridge import specs
 from bridge.retry import RetryableError
@@ -54,6 +54,44 @@ class Store(Protocol):
         """Every document of the collection, in key order."""
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchStore(Store, Protocol):
+    """A store that reads and writes many documents of one collection per round trip."""
+
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        """The stored documents among `keys` (absent keys are left out)."""
+
+    def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
+        """Store every doc still at its etag: (the stored Docs, the keys that conflicted).
+
+        A store may write all or none (Table Storage's entity-group transaction): then
+        every key is reported as conflicted and the caller falls back to one at a time.
+        """
+
+
+@runtime_checkable
+class DeferredSync(Protocol):
+    """A store that can keep chosen collections' writes off the disk until `flush`."""
+
+    def defer_sync(self, collections: Iterable[str]) -> None:
+        """Writes to `collections` may return before they are on disk (they survive a crash
+        of the process, not of the machine) until `flush` or a synced write."""
+
+    def flush(self) -> None:
+        """Make every write made so far durable."""
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """A store that can say which documents of a collection changed since a mark."""
+
+    def scan_changes(self, collection: str, since: int | None) -> tuple[list[Doc], int]:
+        """Documents written after mark `since` (all of them for None), and the new mark.
+
+        Deleted documents are not reported: use it on collections that are never deleted.
+        """
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -124,3 +162,33 @@ def update(
         except Conflict:
             continue
     raise RetryableError(f"{collection}/{key} kept changing under {MAX_CONFLICT_RETRIES} writes")
+
+
+Mutation = Callable[[dict[str, Any]], bool]
+
+
+def update_many(
+    store: Store, collection: str, mutations: Mapping[str, Mutation]
+) -> dict[str, Doc | None]:
+    """`update` for many keys of one collection, in one read and one write where possible.
+
+    A key whose write conflicts (somebody wrote it after our read) goes through `update`,
+    which reads it again, so every mutation lands on the newest version exactly as with
+    `update`. Returns each key's stored document as `update` would.
+    """
+    if not isinstance(store, BatchStore):
+        return {key: update(store, collection, key, m) for key, m in mutations.items()}
+    found = store.read_many(collection, list(mutations))
+    done: dict[str, Doc | None] = {}
+    pending: list[Doc] = []
+    for key, mutate in mutations.items():
+        doc = found.get(key) or Doc(key)
+        if mutate(doc.value):
+            pending.append(doc)
+        else:
+            done[key] = doc if doc.etag is not None else None
+    stored, conflicted = store.write_many(collection, pending) if pending else ([], [])
+    done.update((doc.key, doc) for doc in stored)
+    for key in conflicted:
+        done[key] = update(store, collection, key, mutations[key])
+    return done

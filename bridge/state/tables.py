@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -34,6 +35,11 @@ from bridge.state import Conflict, Doc, decode_value, encode_value
 if TYPE_CHECKING:
     from azure.data.tables import TableClient, TableEntity
 
+# An entity-group transaction holds at most 100 operations and 4 MiB; a query's filter at
+# most 15 comparisons (one is the PartitionKey).
+TRANSACTION_OPS = 100
+TRANSACTION_CHARS = 1_500_000  # of ASCII JSON: 3 MB as UTF-16, under the 4 MiB limit
+FILTER_KEYS = 14
 CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB property limit
 _TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}")
 _FORBIDDEN = re.compile(r"[%/\\#?\x00-\x1f\x7f-\x9f]")
@@ -90,6 +96,58 @@ class TableStore:
             # 409: created by somebody else; 412: changed since read; 404: deleted since read.
             raise self._conflict_or_classify(err, collection, doc.key, (409, 412, 404)) from err
         return Doc(doc.key, decode_value(text), str(meta["etag"]))
+
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        unique, table = sorted(set(keys)), self._table()
+        found: dict[str, Doc] = {}
+        for start in range(0, len(unique), FILTER_KEYS):
+            chunk = unique[start : start + FILTER_KEYS]
+            params = {f"k{i}": escape_key(key) for i, key in enumerate(chunk)}
+            rows = " or ".join(f"RowKey eq @{name}" for name in params)
+            try:
+                entities = list(
+                    table.query_entities(
+                        f"PartitionKey eq @pk and ( {rows} )",  # the SDK splits on spaces
+                        parameters={"pk": escape_key(collection), **params},
+                    )
+                )
+            except AzureError as err:
+                raise self._classify(err) from err
+            found.update((d.key, d) for d in (self._doc(collection, e) for e in entities))
+        return found
+
+    def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
+        """Entity-group transactions (one partition: the collection), all or none each."""
+        stored: list[Doc] = []
+        conflicted: list[str] = []
+        for group in _groups(collection, docs):
+            try:
+                stored += self._transact(collection, group)
+            except Conflict:
+                conflicted += [doc.key for doc, _ in group]
+        return stored, conflicted
+
+    def _transact(self, collection: str, group: list[tuple[Doc, str]]) -> list[Doc]:
+        from azure.data.tables import UpdateMode  # noqa: PLC0415
+
+        operations: list[Any] = []
+        for doc, text in group:
+            entity = _entity(collection, doc.key, text)
+            if doc.etag is None:
+                operations.append(("create", entity))
+            else:
+                conditions = {"etag": doc.etag, "match_condition": MatchConditions.IfNotModified}
+                operations.append(("update", entity, {"mode": UpdateMode.REPLACE, **conditions}))
+        try:
+            answers = self._table().submit_transaction(operations)
+        except AzureError as err:
+            # 409: created by somebody else; 412: changed since read; 404: deleted since read.
+            failed = group[min(int(getattr(err, "index", 0) or 0), len(group) - 1)][0].key
+            raise self._conflict_or_classify(err, collection, failed, (409, 412, 404)) from err
+        return [
+            Doc(doc.key, decode_value(text), str(meta["etag"]))
+            for (doc, text), meta in zip(group, answers, strict=True)
+        ]
 
     def delete(self, collection: str, doc: Doc) -> None:
         if doc.etag is None:
@@ -221,6 +279,20 @@ def _entity(collection: str, key: str, text: str) -> dict[str, Any]:
     }
     entity.update({f"Body{i}": chunk for i, chunk in enumerate(chunks)})
     return entity
+
+
+def _groups(collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]:
+    """`docs` with their JSON text, in runs that fit one entity-group transaction each."""
+    groups: list[list[tuple[Doc, str]]] = []
+    size = 0
+    for doc in docs:
+        text = encode_value(collection, doc)
+        if not groups or len(groups[-1]) == TRANSACTION_OPS or size + len(text) > TRANSACTION_CHARS:
+            groups.append([])
+            size = 0
+        groups[-1].append((doc, text))
+        size += len(text)
+    return groups
 
 
 def _replace(table: TableClient, entity: dict[str, Any], etag: str) -> dict[str, Any]:

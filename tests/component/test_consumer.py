@@ -12,12 +12,12 @@ import pytest
 from bridge import fleetstate as fs
 from bridge.commands import Command
 from bridge.config import ConsumerSettings
-from bridge.consumer import Consumer
+from bridge.consumer import Consumer, FleetCache
 from bridge.policy import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
 from bridge.retry import RetryableError
 from bridge.state import Doc
 from bridge.state.sqlite import SqliteStore
-from tests.fleetrecords import FleetRecords
+from tests.fleetrecords import SUBSCRIPTION, FleetRecords
 from tests.support import assert_valid
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
@@ -279,3 +279,37 @@ def test_a_resource_reported_after_our_view_of_the_fleet_counts_in_its_group(
     assert rig.sender.sent == []
     assert rig.actions() == [("Hold", "all")]
     store.close()
+
+
+def test_the_fleet_cache_reads_what_changed_and_sees_what_a_scan_sees(tmp_path: Path) -> None:
+    """The consumer keeps the VMs between batches: each load equals a scan at that moment,
+    VMs another consumer stored included, and only the changed documents are read."""
+    ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    fleet = FleetRecords(T0)
+    for name in ("web_0", "web_1", "web_2"):
+        fleet.vm(name, scale_set="web")
+    mine = Consumer(ours, Sender(), DEFAULT_POLICY, lambda _: None, ConsumerSettings())
+    other = Consumer(theirs, Sender(), DEFAULT_POLICY, lambda _: None, ConsumerSettings())
+    mine.process([fleet.heartbeat("web_0"), fleet.heartbeat("web_1")])
+    cache = FleetCache(ours)
+
+    def scanned() -> dict[str, object]:
+        return {d.key: fs.vm_view(d.key, d.value) for d in ours.scan(fs.VM)}
+
+    assert cache.load() == scanned()
+    fleet.advance(5)
+    fleet.vm("web_0", scale_set="web", tags={"tier": "db"})  # its agent was re-tagged
+    other.process([fleet.heartbeat("web_2"), fleet.heartbeat("web_0")])
+    reads: list[str] = []
+    ours._conn.set_trace_callback(reads.append)
+    loaded = cache.load()
+    ours._conn.set_trace_callback(None)
+    assert loaded == scanned()
+    assert loaded[fleet.vm_id("web_0")].tags == {"tier": "db"}
+    names, _ = cache.index()
+    assert names.index[(SUBSCRIPTION, "web_2")] == fleet.vm_id("web_2")
+    assert [q for q in reads if q.startswith("SELECT key")] == [
+        "SELECT key, etag, value FROM docs WHERE collection = 'vm' AND rev > 1 ORDER BY key"
+    ]
+    mine.close()
+    other.close()

@@ -96,3 +96,76 @@ def test_a_file_that_is_not_a_database_is_a_permanent_error_naming_it(tmp_path: 
     db.write_bytes(b"this is not SQLite, just some text long enough to look like a header" * 20)
     with pytest.raises(PermanentError, match=str(db)):
         SqliteStore(db)
+
+
+def test_scan_changes_returns_what_any_connection_wrote_since_the_mark(tmp_path: Path) -> None:
+    ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    first = ours.write("vm", Doc("a", {"n": 1}))
+    ours.write("event", Doc("e", {"n": 1}))
+    everything, mark = ours.scan_changes("vm", None)
+    assert everything == [first]
+    assert ours.scan_changes("vm", mark) == ([], mark)
+    theirs.write("vm", Doc("b", {"n": 1}))
+    _, conflicted = theirs.write_many("vm", [Doc("a", {"n": 2}, first.etag), Doc("c", {})])
+    theirs.write("event", Doc("f", {"n": 1}))  # another collection moves no mark of this one
+    changed, later = ours.scan_changes("vm", mark)
+    assert conflicted == []
+    assert [(d.key, d.value) for d in changed] == [("a", {"n": 2}), ("b", {"n": 1}), ("c", {})]
+    assert changed == ours.scan("vm")
+    assert ours.scan_changes("vm", later) == ([], later)
+    ours.close()
+    theirs.close()
+
+
+def test_a_file_from_before_the_change_feed_is_upgraded_in_place(tmp_path: Path) -> None:
+    db = tmp_path / "fleet.db"
+    with closing(sqlite3.connect(db)) as old:
+        old.execute(
+            "CREATE TABLE docs (collection TEXT NOT NULL, key TEXT NOT NULL, etag TEXT NOT NULL,"
+            " value TEXT NOT NULL, PRIMARY KEY (collection, key)) WITHOUT ROWID"
+        )
+        old.execute("INSERT INTO docs VALUES ('vm', 'a', 'e1', '{\"n\": 1}')")
+        old.commit()
+    store = SqliteStore(db)
+    assert store.scan_changes("vm", None) == ([Doc("a", {"n": 1}, "e1")], 0)
+    store.write("vm", Doc("a", {"n": 2}, "e1"))
+    changed, _ = store.scan_changes("vm", 0)
+    assert [d.value for d in changed] == [{"n": 2}]
+    store.close()
+
+
+class Syncs:
+    """The synchronous setting of every transaction a store commits."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.seen: list[tuple[str, int]] = []
+        self.store = store
+        store._conn.set_trace_callback(self.trace)
+
+    def trace(self, statement: str) -> None:
+        if statement == "COMMIT":
+            level = self.store._conn.execute("PRAGMA synchronous").fetchone()[0]
+            self.seen.append((statement, level))
+
+
+FULL, NORMAL = 2, 1
+
+
+def test_deferred_collections_commit_unsynced_until_a_flush(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "fleet.db")
+    store.defer_sync(["vm"])
+    syncs = Syncs(store)
+    store.write_many("vm", [Doc("a", {})])
+    store.write("ledger", Doc("approvals", {}))  # FULL: syncs the log, the vm write with it
+    store.flush()  # nothing left to sync
+    assert [level for _, level in syncs.seen] == [NORMAL, FULL]
+    store.write("vm", Doc("b", {}))
+    store.flush()
+    store.flush()
+    assert [level for _, level in syncs.seen] == [NORMAL, FULL, NORMAL, FULL]
+    # Outside a deferred transaction the connection is back to FULL (deletes, for one).
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == FULL
+    store.close()
+    reopened = SqliteStore(tmp_path / "fleet.db")
+    assert [d.key for d in reopened.scan("vm")] == ["a", "b"]
+    reopened.close()

@@ -6,10 +6,11 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bridge.state import MAX_VALUE_CHARS, Conflict, Doc, Store
+from bridge.state import MAX_VALUE_CHARS, BatchStore, Conflict, Doc, Store, update_many
 from bridge.state.sqlite import SqliteStore
 from bridge.state.tables import TableStore
 from tests.state_support import increment, tables_config, unique_table
@@ -186,3 +187,73 @@ def test_two_threads_incrementing_one_counter_lose_no_update(store: Store) -> No
     assert counter is not None
     assert counter.value == {"n": 2 * times}
     assert sum(conflicts) > 0  # they did contend: the Conflicts were what kept the count exact
+
+
+# --- many documents at once (bridge.state.update_many) ------------------------------------------
+
+
+def as_batch(store: Store) -> BatchStore:
+    assert isinstance(store, BatchStore)
+    return store
+
+
+def test_read_many_returns_the_stored_documents_among_the_keys(store: Store) -> None:
+    written = {key: store.write("vms", Doc(key, {"k": key})) for key in AWKWARD_KEYS}
+    store.write("other", Doc("vm/1", {"not": "this"}))
+    found = as_batch(store).read_many("vms", [*AWKWARD_KEYS, "nobody", "vm/1"])
+    assert found == written
+
+
+def test_write_many_writes_what_is_current_and_names_every_stale_key(store: Store) -> None:
+    old = store.write("vms", Doc("stale", {"n": 1}))
+    store.write("vms", Doc("stale", {"n": 2}, old.etag))
+    kept = store.write("vms", Doc("kept", {"n": 1}))
+    docs = [
+        Doc("new", {"n": 1}),
+        Doc("kept", {"n": 2}, kept.etag),
+        Doc("stale", {"n": 3}, old.etag),
+    ]
+    stored, conflicted = as_batch(store).write_many("vms", docs)
+    # A store may refuse a whole transaction for one stale document (Table Storage does).
+    assert "stale" in conflicted
+    assert sorted(d.key for d in stored) == sorted({"new", "kept"} - set(conflicted))
+    for doc in stored:
+        assert store.read("vms", doc.key) == doc
+    assert store.read("vms", "stale").value == {"n": 2}  # type: ignore[union-attr]
+
+
+def test_write_many_writes_more_than_one_transaction_holds(store: Store) -> None:
+    docs = [Doc(f"vm{i:03d}", {"n": i}) for i in range(150)]
+    stored, conflicted = as_batch(store).write_many("vms", docs)
+    assert conflicted == []
+    assert [d.value["n"] for d in store.scan("vms")] == list(range(150))
+    assert {d.key: d.etag for d in stored} == {d.key: d.etag for d in store.scan("vms")}
+
+
+def test_update_many_lands_every_mutation_on_the_newest_version(store: Store) -> None:
+    """Two threads adding to the same 20 counters many at a time lose no addition."""
+    keys, rounds = [f"c{i}" for i in range(20)], 6
+    start = threading.Barrier(2)
+
+    def add(value: dict[str, Any]) -> bool:
+        value["n"] = value.get("n", 0) + 1
+        return True
+
+    def run() -> None:
+        start.wait()
+        for _ in range(rounds):
+            update_many(store, "counters", dict.fromkeys(keys, add))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {d.key: d.value["n"] for d in store.scan("counters")} == dict.fromkeys(keys, 2 * rounds)
+
+
+def test_update_many_writes_nothing_for_mutations_that_change_nothing(store: Store) -> None:
+    there = store.write("vms", Doc("there", {"n": 1}))
+    result = update_many(store, "vms", {"there": lambda _: False, "absent": lambda _: False})
+    assert result == {"there": there, "absent": None}
+    assert store.read("vms", "absent") is None

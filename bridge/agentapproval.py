@@ -7,7 +7,12 @@ checked against a Scheduled Events document fetched fresh from IMDS, because the
 agent's last observation may be a second old and a command may be minutes old.
 
 The memory is saved in the spool's state in the same transaction as the Approval
-record, so it survives a restart as far as the record does.
+record, so it survives a restart as far as the record does. So is the memory of the
+commands this agent handled (approved, refused or failed): a command with a CommandId in
+it is a replay. An entry is kept until the command expires, after which a replay is
+refused as expired anyway; a sample of the saved state:
+
+    {"seen": {"3d0c...": {"outcome": "Refused", "until": "2026-11-21T10:15:00.000Z"}}}
 """
 
 from __future__ import annotations
@@ -18,12 +23,12 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.imds import excerpt
-from bridge.records import ApprovalOutcome, Origin, approval_record
+from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
 from bridge.spool import Spool, SpoolError
 
@@ -31,6 +36,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 STATE_KEY = "approvals"
 MEMORY = 256  # events remembered: far more than can be pending on one VM at once
+SEEN_KEY = "commands"
+# Commands remembered: only verified ones for this VM get in, one per event at most, so
+# this bound is never reached in practice; past it the soonest to expire go first.
+SEEN_MEMORY = 1024
+# Kept a little past expiry, so a clock step on this VM does not reopen the door at once.
+SEEN_GRACE = timedelta(minutes=5)
 SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
 
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
@@ -60,6 +71,7 @@ class Request:
     rule: str | None
     reason: str
     issued_at: datetime  # the command's IssuedAt, or the moment of the local decision
+    expires_at: datetime | None = None  # a command's ExpiresAt: remembered as seen until then
 
 
 @dataclass(frozen=True)
@@ -85,7 +97,15 @@ class Approver:
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
+        self._seen: dict[str, dict[str, str]] = _load_seen(spool)  # CommandId -> outcome, until
         self._in_flight: set[str] = set()
+
+    def handled(self, command_id: str) -> str | None:
+        """How this agent ended the command `command_id` before (Approved, ...); None if new."""
+        # Only commands: an event the local policy approved is not a replay of anything.
+        with self._lock:
+            entry = self._seen.get(command_id)
+            return entry.get("outcome") if entry else None
 
     def approved(self, event_id: str) -> bool:
         with self._lock:
@@ -110,16 +130,25 @@ class Approver:
             with self._lock:
                 self._in_flight.discard(key)
 
-    def record(self, outcome: ApprovalOutcome, *, remember: bool = False) -> None:
-        """Write the Approval record; `remember` the event in the same transaction."""
+    def record(
+        self,
+        outcome: ApprovalOutcome,
+        *,
+        remember: bool = False,
+        seen_until: datetime | None = None,
+    ) -> None:
+        """Write the Approval record; `remember` the event, and the command as seen until
+        `seen_until`, in the same transaction."""
         record = approval_record(self._origin(), outcome, self._now())
         # One writer at a time, so two threads' snapshots of the memory never land out of order.
         with self._save_lock:
-            state = None
+            state: dict[str, dict[str, Any]] = {}
             if remember and outcome.event_id is not None:
-                state = {STATE_KEY: self._remember(outcome.event_id, outcome.command_id or "")}
+                state[STATE_KEY] = self._remember(outcome.event_id, outcome.command_id or "")
+            if seen_until is not None and outcome.command_id:
+                state[SEEN_KEY] = self._see(outcome.command_id, outcome.outcome, seen_until)
             try:
-                self._spool.commit([record], state=state)
+                self._spool.commit([record], state=state or None)
             except SPOOL_ERRORS as err:
                 log.error("the Approval record of event %s (%s) could not be written to the "
                           "spool %s: %s", outcome.event_id, outcome.outcome, self._spool.path,
@@ -143,7 +172,7 @@ class Approver:
         except PermanentError as err:
             detail = f"IMDS refused StartRequests for event {request.event_id}: {err}"
             failed = replace(base, outcome="Failed", detail=detail)
-            self.record(failed)
+            self.record(failed, seen_until=request.expires_at)
             return Attempt("Failed", detail, failed)
         except DeliveryError as err:
             return Attempt("Retry", f"IMDS did not accept StartRequests: {err}")
@@ -152,7 +181,7 @@ class Approver:
         detail = f"IMDS accepted StartRequests for {base.event_type} {request.event_id}: "
         approved = replace(base, outcome="Approved", detail=detail + request.reason,
                            latency_ms=latency)  # fmt: skip
-        self.record(approved, remember=True)
+        self.record(approved, remember=True, seen_until=request.expires_at)
         return Attempt("Approved", approved.detail, approved)
 
     def _document(self) -> ParsedDocument:
@@ -168,6 +197,17 @@ class Approver:
             while len(self._approved) > MEMORY:
                 del self._approved[next(iter(self._approved))]  # the oldest
             return {"events": dict(self._approved)}
+
+    def _see(self, command_id: str, outcome: str, until: datetime) -> dict[str, Any]:
+        horizon = iso(self._now() - SEEN_GRACE)
+        with self._lock:
+            self._seen[command_id] = {"outcome": outcome, "until": iso(until)}
+            # ISO UTC strings of one format sort as the times they name.
+            for key in [k for k, v in self._seen.items() if v["until"] < horizon]:
+                del self._seen[key]
+            while len(self._seen) > SEEN_MEMORY:
+                del self._seen[min(self._seen, key=lambda k: self._seen[k]["until"])]
+            return {"seen": {k: dict(v) for k, v in self._seen.items()}}
 
 
 def _find(document: ParsedDocument, event_id: str) -> ParsedEvent | None:
@@ -215,3 +255,20 @@ def _load(spool: Spool) -> dict[str, str]:
     if not isinstance(events, dict):
         return {}
     return {str(k).lower(): str(v) for k, v in events.items()}
+
+
+def _load_seen(spool: Spool) -> dict[str, dict[str, str]]:
+    try:
+        saved = spool.load_state(SEEN_KEY) or {}
+    except SPOOL_ERRORS as err:
+        log.warning("cannot read which commands this agent handled before (%s): a replay "
+                    "is checked against IMDS again, not refused as a replay", err)  # fmt: skip
+        return {}
+    seen = saved.get("seen")
+    if not isinstance(seen, dict):
+        return {}
+    return {
+        str(k): {"outcome": str(v.get("outcome")), "until": str(v.get("until"))}
+        for k, v in seen.items()
+        if isinstance(v, dict)
+    }

@@ -2,6 +2,15 @@
 turning a message body into a record, and the loop that hands one batch to the handler until
 it succeeds or the consumer stops.
 
+Every body is checked before the consumer sees it (`check_record`): at most
+MAX_RECORD_BYTES, one JSON object, valid against record.schema.json, and, when the source
+knows who sent it (the Event Hubs partition key, which the agent's sinks set to its VmId),
+a VmId that matches. A body that fails goes to the poison callback with the reason (the
+dead-letter store) and the rest of the batch goes on: a bad message never blocks its
+partition. The sender check catches a misrouted or buggy sender, not a malicious one:
+Event Hubs does not authenticate the partition key per message, so a sender with the
+right to send may set any.
+
 A source checkpoints a batch only after `BatchRetry.deliver` returned True, so a crash or a
 stop at any point at worst hands a batch to the handler twice (at-least-once), and a batch
 whose handler keeps failing holds its partition back instead of being skipped.
@@ -14,8 +23,10 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
+from bridge import schema
 from bridge.redact import describe
 from bridge.retry import Backoff, RetryableError
 
@@ -31,8 +42,24 @@ RecordHandler = Callable[[list[dict[str, Any]]], None]
 PoisonHandler = Callable[[str, str, str, str], None]
 
 
+# The largest record an agent makes is well under half of this: an Event whose Resources
+# lists a large scale set, or a Hook with its 4 KiB output tail (escaped). Anything bigger
+# is not an agent's record, and parsing and storing it would cost every consumer instance.
+MAX_RECORD_BYTES = 64 * 1024
+# Partition keys the agent uses before it knows its VmId (sinks: f"host:{HostName}").
+HOST_KEY_PREFIX = "host:"
+
+
 class NotARecord(ValueError):
-    """A message body that is not a JSON object: the message says why."""
+    """A message body that is not a valid record: the message says why."""
+
+
+class Message(NamedTuple):
+    """One message of a batch: its offset, body, and who the source says sent it."""
+
+    offset: str
+    body: str
+    sender: str | None = None  # the partition key (the agent's VmId); None when unknown
 
 
 # A body as the agent ships it (one record, JSON text), for example:
@@ -51,6 +78,129 @@ def parse_record(body: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise NotARecord(f"a JSON {type(value).__name__}, not an object")
     return value
+
+
+# A body as above, sent with partition key "02aab8a4-74ef-476e-8182-f6d2ba4166a6".
+def check_record(body: str, sender: str | None = None, *, full: bool = True) -> dict[str, Any]:
+    """The record in `body` if it is one an agent could have sent as `sender`; else NotARecord.
+
+    `full=False` leaves out the schema (the caller checks the parsed record with
+    `schema_problem`, as `se-bridge consume` does in front of the consumer).
+    """
+    size = len(body.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_RECORD_BYTES:
+        raise NotARecord(f"{size} bytes, more than the {MAX_RECORD_BYTES} a record may have")
+    record = parse_record(body)
+    problem = schema_problem(record) if full else None
+    if problem is not None:
+        raise NotARecord(f"not valid against record.schema.json: {problem}")
+    if sender is not None and not _sent_by(record, sender):
+        raise NotARecord(f"VmId {record.get('VmId')!r} does not match the sender's partition "
+                         f"key {sender!r}: refused, one VM may not speak for another")  # fmt: skip
+    return record
+
+
+def _sent_by(record: dict[str, Any], sender: str) -> bool:
+    vm_id = record.get("VmId")
+    if vm_id is None:  # before the VmId is known the agent keys its records by host name
+        return sender == f"{HOST_KEY_PREFIX}{record.get('HostName')}"
+    return str(vm_id).strip().lower() == sender.strip().lower()
+
+
+def schema_problem(record: dict[str, Any]) -> str | None:
+    """What makes `record` invalid against record.schema.json; None when it is valid."""
+    return _problem(record, schema.load(), "")
+
+
+def _problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
+    """The subset of JSON Schema record.schema.json uses (a test holds it to jsonschema)."""
+    checks = (_type_problem, _value_problem, _object_problem, _branch_problem)
+    for check in checks:
+        problem = check(value, rule, where)
+        if problem is not None:
+            return problem
+    return None
+
+
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: type(v) is int,
+    "number": lambda v: type(v) in (int, float),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+def _type_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
+    kinds = rule.get("type")
+    if kinds is None:
+        return None
+    allowed = kinds if isinstance(kinds, list) else [kinds]
+    if not any(_TYPES[k](value) for k in allowed):
+        return f"{where or 'the record'} must be {' or '.join(allowed)}, got {_short(value)}"
+    if rule.get("format") == "date-time" and isinstance(value, str) and not _is_time(value):
+        return f"{where} must be an ISO 8601 date-time, got {_short(value)}"
+    return None
+
+
+def _value_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
+    if "const" in rule and value != rule["const"]:
+        return f"{where} must be {rule['const']!r}, got {_short(value)}"
+    if "enum" in rule and value not in rule["enum"]:
+        return f"{where} must be one of {rule['enum']}, got {_short(value)}"
+    if isinstance(value, list) and "items" in rule:
+        for index, item in enumerate(value):
+            problem = _problem(item, rule["items"], f"{where}[{index}]")
+            if problem is not None:
+                return problem
+    return None
+
+
+def _object_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
+    if not isinstance(value, dict):
+        return None
+    missing = [k for k in rule.get("required", ()) if k not in value]
+    if missing:
+        return f"{where or 'the record'} lacks {', '.join(missing)}"
+    names = rule.get("propertyNames", {}).get("enum")
+    props, extra = rule.get("properties", {}), rule.get("additionalProperties", True)
+    for key, item in value.items():
+        path = f"{where}.{key}" if where else str(key)
+        if names is not None and key not in names:
+            return f"{path} is not a field of this RecordType"
+        sub = props.get(key, extra)
+        if sub is False:
+            return f"{path} is not a field of any record"
+        if isinstance(sub, dict):
+            problem = _problem(item, sub, path)
+            if problem is not None:
+                return problem
+    return None
+
+
+def _branch_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
+    for clause in rule.get("allOf", ()):
+        problem = _problem(value, clause, where)
+        if problem is not None:
+            return problem
+    if "if" in rule and _problem(value, rule["if"], where) is None and "then" in rule:
+        return _problem(value, rule["then"], where)
+    return None
+
+
+def _is_time(text: str) -> bool:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return "T" in text.upper() and moment.tzinfo is not None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def log_poison(partition: str, offset: str, body: str, reason: str) -> None:
@@ -73,10 +223,10 @@ class BatchRetry:
     backoff: Backoff = field(default_factory=Backoff)
     _streak: int = field(default=0, init=False)
 
-    def deliver(self, partition: str, messages: Sequence[tuple[str, str]]) -> bool:
-        """Hand (offset, body) `messages` over: True once done, False if stopped first."""
-        good, bad = _split(messages)
-        where = _where(self.source, partition, messages)
+    def deliver(self, partition: str, messages: Sequence[tuple[str, str] | Message]) -> bool:
+        """Hand (offset, body[, sender]) `messages` over: True once done, False if stopped."""
+        good, bad = _split([Message(*m) for m in messages])
+        where = _where(self.source, partition, [Message(*m) for m in messages])
         while not self.stop.is_set():
             try:
                 while bad:  # each poison message is handed over once, even if the handler fails
@@ -124,15 +274,13 @@ class BatchRetry:
         self.backoff.reset()
 
 
-def _split(
-    messages: Sequence[tuple[str, str]],
-) -> tuple[list[str], list[tuple[str, str, str]]]:
+def _split(messages: Sequence[Message]) -> tuple[list[str], list[tuple[str, str, str]]]:
     """Bodies of records, and (offset, body, reason) of the messages that are not records."""
     good: list[str] = []
     bad: list[tuple[str, str, str]] = []
-    for offset, body in messages:
+    for offset, body, sender in messages:
         try:
-            parse_record(body)
+            check_record(body, sender, full=False)
         except NotARecord as err:
             bad.append((offset, body, str(err)))
         else:
@@ -140,7 +288,7 @@ def _split(
     return good, bad
 
 
-def _where(source: str, partition: str, messages: Sequence[tuple[str, str]]) -> str:
+def _where(source: str, partition: str, messages: Sequence[Message]) -> str:
     if not messages:
         return f"an empty batch from partition {partition} of {source}"
     first, last = messages[0][0], messages[-1][0]

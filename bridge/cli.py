@@ -8,7 +8,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bridge import __version__, host
 from bridge.config import Config, ConfigError, load
@@ -19,11 +19,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("bridge")
 
 
-def setup_logging(level: str = "INFO") -> None:
+def setup_logging(level: str = "INFO", handler: logging.Handler | None = None) -> None:
+    """Log at `level` to `handler` (bridge.logfile.handler), by default stderr."""
     # Logs go to stderr: stdout belongs to the stdout sink.
     logging.basicConfig(
         level=level,
-        stream=sys.stderr,
+        handlers=[handler or logging.StreamHandler(sys.stderr)],
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         force=True,
     )
@@ -50,6 +51,9 @@ def add_agent_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPar
     )
     p.add_argument(
         "--policy", type=Path, metavar="FILE", help="approve with this policy here (local mode)"
+    )
+    p.add_argument(
+        "--log-file", type=Path, metavar="PATH", help="log to this size-rotated file, not stderr"
     )
     p.set_defaults(func=run_agent)
 
@@ -91,9 +95,6 @@ def run_agent(args: argparse.Namespace) -> int:
     # First, so a stop signal during start-up still ends in a clean stop with a Stop heartbeat.
     stop = threading.Event()
     host.install_stop_handler(stop.set)
-    from bridge.agent import Agent  # noqa: PLC0415 - keeps `se-bridge --help` light
-    from bridge.spool import SpoolError  # noqa: PLC0415
-
     flags = {
         "imds.url": args.imds_url,
         "agent.poll_interval": args.poll_interval,
@@ -101,13 +102,35 @@ def run_agent(args: argparse.Namespace) -> int:
         "agent.sinks": args.sink,
         "commands.channel": args.commands,
         "agent.policy": args.policy,
+        "agent.log_file": args.log_file,
     }
+    return serve_agent(args.config, flags, stop)
+
+
+def serve_agent(
+    config_file: Path | None,
+    flags: dict[str, Any],
+    stop: threading.Event,
+    *,
+    default_log_file: Path | None = None,
+) -> int:
+    """Run the agent until `stop` is set; the exit code. The Windows service calls this too."""
+    from bridge.agent import Agent  # noqa: PLC0415 - keeps `se-bridge --help` light
+    from bridge.logfile import handler  # noqa: PLC0415
+    from bridge.spool import SpoolError  # noqa: PLC0415
+
     try:
-        config = load(args.config, flags=flags)
+        config = load(config_file, flags=flags)
         policy = _local_policy(config)
     except ConfigError as err:
         return _fail(f"configuration error: {err}", 2)
-    setup_logging(config.agent.log_level)
+    settings = config.agent
+    log_file = settings.log_file or default_log_file
+    try:
+        log_to = handler(log_file, max_bytes=settings.log_max_bytes, backups=settings.log_backups)
+    except OSError as err:
+        return _fail(f"cannot open the log file {log_file}: {err.strerror or err}", 1)
+    setup_logging(settings.log_level, log_to)
     try:
         agent = Agent(config, policy=policy)
     except (SpoolError, OSError) as err:
@@ -135,7 +158,9 @@ def _fail(message: str, code: int) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from bridge.consume import add_parser as add_consume_parser  # noqa: PLC0415
     from bridge.demo import add_parser as add_demo_parser  # noqa: PLC0415
+    from bridge.signing import add_parser as add_keygen_parser  # noqa: PLC0415
     from bridge.simulator import add_parser as add_simulate_parser  # noqa: PLC0415
+    from bridge.winservice import add_parser as add_service_parser  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
         prog="se-bridge",
@@ -148,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_consume_parser(subparsers)
     add_simulate_parser(subparsers)
     add_demo_parser(subparsers)
+    add_keygen_parser(subparsers)
+    add_service_parser(subparsers)
     return parser
 
 

@@ -6,7 +6,11 @@ A sample, as it travels (one JSON object per queue message or file):
      "VmId": "1b1f7c1e-...", "EventId": "C7061BAC-AFDC-4513-B24B-AA5F13A16123",
      "DocumentIncarnation": 3, "IssuedAt": "2026-11-21T10:00:01.250Z",
      "ExpiresAt": "2026-11-21T10:15:00.000Z", "Rule": "user-initiated",
-     "Reason": "User-initiated Reboot: approve at once"}
+     "Reason": "User-initiated Reboot: approve at once",
+     "KeyId": "5b1e0f3a9c2d4e61", "Signature": "q3N0...Ag=="}
+
+`Signature` is the consumer's Ed25519 signature (base64) over `signed_bytes` of every other
+field, and `KeyId` names the key (bridge.signing); an unsigned command has neither.
 
 The shape is defined here once; both ends (consumer and agent) build and parse it
 with this module. Parsing never trusts the sender: every field is checked and a
@@ -16,7 +20,8 @@ with this module. Parsing never trusts the sender: every field is checked and a
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,6 +30,9 @@ from bridge.records import SCHEMA_VERSION, iso, record_id
 COMMAND_TYPES = ("Approve",)
 # Queue and file messages stay far below the 64 KiB a Storage Queue message may hold.
 MAX_COMMAND_BYTES = 16 * 1024
+# Prefixed to what is signed, so a command signature can never pass for a signature of
+# anything else made with the same key (and the other way round).
+SIGNING_CONTEXT = b"se-bridge command v1\n"
 
 
 class CommandError(ValueError):
@@ -42,9 +50,13 @@ class Command:
     rule: str
     reason: str
     type: str = "Approve"
+    key_id: str | None = None
     signature: str | None = None
+    # What the signature covers, as received (parse) or as built (body): not a field of its own.
+    received: bytes | None = field(default=None, compare=False, repr=False)
 
-    def to_json(self) -> str:
+    def body(self) -> dict[str, Any]:
+        """Every field as sent, except Signature."""
         body: dict[str, Any] = {
             "SchemaVersion": SCHEMA_VERSION,
             "CommandId": self.command_id,
@@ -57,12 +69,33 @@ class Command:
             "Rule": self.rule,
             "Reason": self.reason,
         }
+        if self.key_id is not None:
+            body["KeyId"] = self.key_id
+        return body
+
+    def to_json(self) -> str:
+        body = self.body()
         if self.signature is not None:
             body["Signature"] = self.signature
         return json.dumps(body, separators=(",", ":"), ensure_ascii=False)
 
+    def signed_bytes(self) -> bytes:
+        """The bytes the signature covers: the body as received, or as this side builds it."""
+        return self.received if self.received is not None else signed_bytes(self.body())
+
     def expired(self, now: datetime) -> bool:
         return now >= self.expires_at
+
+
+def signed_bytes(body: Mapping[str, Any]) -> bytes:
+    """Canonical bytes of every field but Signature: sorted keys, no spaces, UTF-8.
+
+    Taken from the body as parsed, not from the Command, so a field the parser does not
+    know still counts: a sender cannot add one to a signed command unnoticed.
+    """
+    fields = {key: value for key, value in body.items() if key != "Signature"}
+    text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return SIGNING_CONTEXT + text.encode("utf-8")
 
 
 def command_id(event_id: str, vm_id: str) -> str:
@@ -110,9 +143,11 @@ def parse(text: str | bytes) -> Command:
     incarnation = body.get("DocumentIncarnation")
     if incarnation is not None and (type(incarnation) is not int or incarnation < 0):
         raise CommandError("DocumentIncarnation must be a non-negative integer or null")
-    signature = body.get("Signature")
+    signature, key_id = body.get("Signature"), body.get("KeyId")
     if signature is not None and not isinstance(signature, str):
         raise CommandError("Signature must be a string")
+    if key_id is not None and not isinstance(key_id, str):
+        raise CommandError("KeyId must be a string")
     return Command(
         command_id=_text(body, "CommandId"),
         vm_id=_text(body, "VmId"),
@@ -123,7 +158,9 @@ def parse(text: str | bytes) -> Command:
         rule=_text(body, "Rule", empty=True),
         reason=_text(body, "Reason", empty=True),
         type=kind,
+        key_id=key_id,
         signature=signature,
+        received=signed_bytes(body),
     )
 
 

@@ -85,6 +85,18 @@ class AgentSettings:
     policy: Path | None = _setting(
         None, "Approval policy run inside this agent (local mode); none: no local approvals."
     )
+    log_file: Path | None = _setting(
+        None,
+        "Write the log to this file, rotated by size, instead of stderr; none: stderr "
+        "(journald rotates it). The Windows service defaults to "
+        "%ProgramData%\\se-bridge\\logs\\agent.log.",
+    )
+    log_max_bytes: int = _setting(
+        10 * 1024 * 1024, "Size at which the log file is rotated.", low=64 * 1024, high=2**40
+    )
+    log_backups: int = _setting(
+        5, "Rotated log files kept beside the current one.", low=1, high=100
+    )
 
 
 @dataclass(frozen=True)
@@ -197,6 +209,19 @@ class CommandsSettings:
     visibility_timeout: float = _setting(
         30.0, "Seconds a read command stays hidden before another read sees it.", low=1, high=3600
     )
+    signing_key: str = _setting(
+        "",
+        "Consumer: private key that signs commands: file:PATH (PEM, mode 0600) or "
+        "keyvault:https://VAULT.vault.azure.net/secrets/NAME[/VERSION].",
+    )
+    verify_key: str = _setting(
+        "",
+        "Agent: public key(s) commands must be signed with: base64 (`se-bridge keygen` prints "
+        "it) or file:PATH of a PEM; comma-separated while rotating.",
+    )
+    allow_unsigned: bool = _setting(
+        False, "Accept (agent) or send (consumer) unsigned commands. Never in production."
+    )
 
 
 @dataclass(frozen=True)
@@ -279,7 +304,28 @@ def load(
     if "loganalytics" in kinds:
         _check_loganalytics(config.loganalytics)
     _check_channel(config.commands)
+    _check_signing(config.commands)
     return config
+
+
+def _check_signing(settings: CommandsSettings) -> None:
+    """Secure by default: a command channel needs a key unless unsigned is asked for."""
+    if settings.verify_key:
+        from bridge.signing import SigningError, load_verifier  # noqa: PLC0415
+
+        try:
+            load_verifier(settings)
+        except SigningError as err:
+            raise ConfigError(str(err)) from err
+    if not settings.channel or settings.allow_unsigned:
+        return
+    if not (settings.verify_key or settings.signing_key):
+        raise ConfigError(
+            "commands.channel is set but no key is: agents need commands.verify_key "
+            "(SE_BRIDGE_COMMANDS_VERIFY_KEY), the consumer commands.signing_key "
+            "(SE_BRIDGE_COMMANDS_SIGNING_KEY); `se-bridge keygen --out FILE` makes a pair. "
+            "commands.allow_unsigned = true accepts unsigned commands (not for production)"
+        )
 
 
 def _check_channel(settings: CommandsSettings) -> None:
@@ -407,7 +453,9 @@ def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
 
 
 def _coerce(raw: Any, kind: Any) -> Any:
-    if kind is bool or (isinstance(raw, bool) and kind in (int, float)):
+    if kind is bool:
+        return _boolean(raw)
+    if isinstance(raw, bool) and kind in (int, float):
         raise TypeError("expected a number")
     if kind in (int, float):
         if isinstance(raw, str):
@@ -428,6 +476,17 @@ def _coerce(raw: Any, kind: Any) -> Any:
     if not isinstance(raw, str):
         raise TypeError("expected a string")
     return raw.strip()
+
+
+def _boolean(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower() if isinstance(raw, str) else None
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise ValueError("expected true or false")
 
 
 def _command(raw: Any) -> str | list[str] | None:

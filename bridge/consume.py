@@ -18,8 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bridge import channels, host, policyfile
+from bridge import channels, host, policyfile, signing
 from bridge import state as fleet_state
+from bridge.batches import schema_problem
+from bridge.channels import CommandSender
 from bridge.config import Config, ConfigError, load
 from bridge.consumer import Consumer, utc_now
 from bridge.delivery import Delivery, interruptible_wait
@@ -61,14 +63,48 @@ def build_consumer(
             "(SE_BRIDGE_COMMANDS_CHANNEL or --commands)"
         )
     policy = load_policy(config.consumer.policy)
+    signer = load_signer(config)
     store = fleet_state.build(state_spec(config), config)
-    sender = channels.sender(config.commands.channel, config)
+    sender: CommandSender = channels.sender(config.commands.channel, config)
+    if signer is not None:
+        sender = signing.SigningSender(sender, signer)
     return Consumer(store, sender, policy, emit, config.consumer, now=now,
                     host_name=host.host_name())  # fmt: skip
 
 
+def load_signer(config: Config) -> signing.Signer | None:
+    """The key that signs every command; ConfigError when it is missing or unusable.
+
+    None only with commands.allow_unsigned and no key: agents with a verify key refuse
+    what this consumer then sends, which is the point of the setting's name.
+    """
+    settings = config.commands
+    if not settings.signing_key:
+        if not settings.allow_unsigned:
+            raise ConfigError(
+                "the consumer signs its commands with commands.signing_key "
+                "(SE_BRIDGE_COMMANDS_SIGNING_KEY=file:PATH or keyvault:URL; `se-bridge keygen "
+                "--out FILE` makes one), or set commands.allow_unsigned = true (not for production)"
+            )
+        log.warning("commands.allow_unsigned is set and commands.signing_key is not: sending "
+                    "UNSIGNED commands, which agents with a verify key refuse")  # fmt: skip
+        return None
+    try:
+        signer = signing.load_signer(settings, config.identity)
+    except signing.SigningError as err:
+        raise ConfigError(str(err)) from err
+    log.info("signing commands with key %s", signer.key_id)
+    return signer
+
+
 class PoisonFile:
-    """Messages that are not records, kept whole in a JSONL file beside the state."""
+    """Messages that are not records (malformed, invalid against the schema, oversized, or
+    from another VM), kept whole with the reason in a JSONL file beside the state: the
+    consumer's dead-letter store. A sample line:
+
+        {"partition": "3", "offset": "118", "reason": "not valid against record.schema.json:
+         RecordType must be one of [...], got 'Evil'", "body": "{...}"}
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -98,6 +134,23 @@ class ConsumerService:
     def _emit(self, records: list[dict[str, Any]]) -> None:
         self.spool.commit(records)
 
+    def _process(self, records: list[dict[str, Any]]) -> None:
+        """Records valid against the schema go to the consumer; the rest to the dead letters.
+
+        A retried batch sets the same invalid record aside again: a duplicate line in
+        poison.jsonl, never a lost one.
+        """
+        valid = []
+        for record in records:
+            problem = schema_problem(record)
+            if problem is None:
+                valid.append(record)
+                continue
+            reason = f"not valid against record.schema.json: {problem}"
+            self.poison("?", f"RecordId {record.get('RecordId')}", json.dumps(record), reason)
+        if valid:
+            self.consumer.process(valid)
+
     def run(self, stop: threading.Event) -> int:
         self.delivery.start()
         timer = threading.Thread(target=self._ticks, args=(stop,), name="se-bridge reevaluate")
@@ -116,13 +169,13 @@ class ConsumerService:
         if self.config.consumer.hub is not None:
             from bridge.hub import run_local  # noqa: PLC0415
 
-            run_local(self.config.consumer.hub, self.consumer.process, stop, poison=self.poison,
+            run_local(self.config.consumer.hub, self._process, stop, poison=self.poison,
                       group=self.config.consumer.consumer_group)  # fmt: skip
             return
         from bridge.eventhubs_source import run_eventhubs  # noqa: PLC0415
 
         interval = self.config.consumer.load_balancing_interval
-        run_eventhubs(self.config, self.consumer.process, stop, poison=self.poison,
+        run_eventhubs(self.config, self._process, stop, poison=self.poison,
                       load_balancing_interval=interval)  # fmt: skip
 
     def _ticks(self, stop: threading.Event) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from bridge import host
+from bridge import host, signing
 from bridge.agent import Agent
 from bridge.config import (
     AgentSettings,
@@ -28,6 +28,7 @@ from bridge.config import (
     ConfigError,
     ConsumerSettings,
     HooksSettings,
+    IdentitySettings,
     ImdsSettings,
 )
 from bridge.consume import ConsumerService
@@ -136,11 +137,15 @@ class ViewSink:
         """Nothing to release."""
 
 
-def agent_config(url: str, state_dir: Path, poll: float, commands: str) -> Config:
+def agent_config(
+    url: str, state_dir: Path, poll: float, commands: str, *, verify_key: str = ""
+) -> Config:
     hook = [sys.executable, "-c"]
     return Config(
         agent=AgentSettings(poll_interval=poll, state_dir=state_dir, heartbeat_interval=60),
-        commands=CommandsSettings(channel=commands, poll_interval=max(0.2, poll)),
+        commands=CommandsSettings(
+            channel=commands, poll_interval=max(0.2, poll), verify_key=verify_key
+        ),
         imds=ImdsSettings(url=url, first_call_timeout=10, timeout=5),
         hooks=HooksSettings(
             prepare=[*hook, HOOK.format("prepare")],
@@ -150,11 +155,31 @@ def agent_config(url: str, state_dir: Path, poll: float, commands: str) -> Confi
     )
 
 
-def consumer_config(root: Path, policy: Path | None) -> Config:
+def demo_keys(root: Path) -> tuple[str, str]:
+    """A signing key pair for this run, so the demo's commands are signed as in production:
+    (commands.signing_key, commands.verify_key)."""
+    path = root / "signing.pem"
+    if not path.exists():  # a --state-dir used before keeps its key
+        root.mkdir(parents=True, exist_ok=True)
+        signing.keygen(path)
+    try:
+        signer = signing.load_signer(
+            CommandsSettings(signing_key=f"file:{path}"), IdentitySettings()
+        )
+    except signing.SigningError as err:
+        raise ConfigError(str(err)) from err
+    return f"file:{path}", signing.verify_key_text(signer.public_key())
+
+
+def consumer_config(root: Path, policy: Path | None, *, signing_key: str = "") -> Config:
     """The central half, on local transports: the hub the agents write, their command dirs."""
     return Config(
         agent=AgentSettings(state_dir=root / "consumer"),
-        commands=CommandsSettings(channel=f"local:{root / 'commands'}"),
+        commands=CommandsSettings(
+            channel=f"local:{root / 'commands'}",
+            signing_key=signing_key,
+            allow_unsigned=not signing_key,
+        ),
         consumer=ConsumerSettings(
             policy=policy,
             state=f"sqlite:{root / 'fleet.db'}",
@@ -171,8 +196,10 @@ class Demo:
         self, root: Path, scale: float, poll: float, view: View, policy: Path | None = None
     ) -> None:
         self.root, self.scale, self.poll, self.view = root, scale, poll, view
+        signing_key, self.verify_key = demo_keys(root)
         self.consumer = ConsumerService(
-            consumer_config(root, policy), extra_sinks=[ViewSink("central", view)]
+            consumer_config(root, policy, signing_key=signing_key),
+            extra_sinks=[ViewSink("central", view)],
         )
         self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
         self.server = SimulatorServer(self.simulator)
@@ -196,7 +223,9 @@ class Demo:
     def _start_agent(self, vm: str) -> None:
         state_dir = self.root / vm
         commands = f"local:{self.root / 'commands'}"
-        config = agent_config(self.server.vm_url(vm), state_dir, self.poll, commands)
+        config = agent_config(
+            self.server.vm_url(vm), state_dir, self.poll, commands, verify_key=self.verify_key
+        )
         sinks = [
             build(f"jsonl:{state_dir / 'records.jsonl'}"),
             build(f"hub:{self.root / 'hub'}"),

@@ -4,9 +4,10 @@
 so the logic is type-checked and tested with the package. Two functions:
 
 - `records`: an Event Hubs trigger taking batches (cardinality many) of the records the agents
-  send. Every body is parsed with `bridge.batches.parse_record`; one that is not a record is
-  logged whole at ERROR (`log_poison`), which makes the log (Application Insights) its only
-  copy, and the rest of the batch goes on to `Consumer.process`. Any exception fails the
+  send. Every body is checked with `bridge.batches.check_record` (size, JSON, the record
+  schema, VmId against the event's partition key); one that fails is logged whole at ERROR
+  with the reason (`log_poison`), which makes the log (Application Insights) its only copy,
+  and the rest of the batch goes on to `Consumer.process`. Any exception fails the
   invocation. The Event Hubs trigger checkpoints a batch after the invocation ends, even a
   failed one, so the retry policy on the function is what keeps a failed batch: the host runs
   it again with exponential backoff, indefinitely, and the partition waits behind it, as the
@@ -42,7 +43,7 @@ from typing import Any, List  # noqa: UP035
 
 import azure.functions as func
 
-from bridge.batches import NotARecord, log_poison, parse_record
+from bridge.batches import NotARecord, check_record, log_poison
 from bridge.config import Config, ConfigError, load
 from bridge.consume import build_consumer, state_spec
 from bridge.consumer import Consumer
@@ -216,7 +217,7 @@ class ConsumerApp:
         for event in events:
             body = event.get_body()
             try:
-                records.append(parse_record(body.decode("utf-8")))
+                records.append(check_record(body.decode("utf-8"), event.partition_key))
             except (UnicodeDecodeError, NotARecord) as err:
                 # Logged again if the batch is retried: a duplicate line, never a lost body.
                 text = body.decode("utf-8", errors="backslashreplace")

@@ -9,6 +9,21 @@ moment a Scheduled event appears.
 Each command is checked (DESIGN 3.2) and then approved through the shared Approver,
 which checks the event against a fresh IMDS document. A message is deleted once acted
 on or refused; one IMDS could not take is left to reappear after the visibility timeout.
+
+Checks come before anything touches IMDS, in this order, each refusal an Approval record
+whose ApprovalDetail starts with its code: Malformed, Unsigned, UnknownKey, BadSignature
+(not signed by a key in commands.verify_key), OtherVm (for another VmId), Replayed (its
+CommandId was approved, refused or failed here before), Expired. The first four and
+OtherVm come from a sender nobody vouches for: their record leaves CommandId and EventId
+empty (the claimed ones are in the detail), so a forged message cannot mark the
+consumer's real command as refused. A Replayed record does the same, so it neither
+changes the consumer's ledger nor folds into the first record of that CommandId.
+
+A message the channel hands over again after the visibility timeout (dequeue count above
+1: this agent read it before and stopped before deleting it) whose CommandId was already
+handled is not a replay: its record was written with the seen mark, in one transaction,
+so it is deleted without a second record. A fresh message (dequeue count 1) with a
+handled CommandId is a replay, whoever sent it: recorded as Replayed and deleted.
 """
 
 from __future__ import annotations
@@ -22,9 +37,10 @@ from bridge import commands
 from bridge.agentapproval import Approver, Attempt, Request
 from bridge.channels import CommandInbox, Received, inbox
 from bridge.commands import Command, CommandError
-from bridge.config import CommandsSettings, Config
+from bridge.config import CommandsSettings, Config, ConfigError
 from bridge.records import ApprovalOutcome, iso
 from bridge.retry import Backoff, DeliveryError
+from bridge.signing import SigningError, Verifier, load_signer, load_verifier
 
 log = logging.getLogger(__name__)
 BATCH = 16  # one command per pending event: a batch this size is never full in practice
@@ -40,8 +56,10 @@ class CommandListener:
         open_inbox: Opener,
         approver: Approver,
         now: Callable[[], datetime],
+        verifier: Verifier | None = None,
     ) -> None:
         self._settings, self._open, self._approver, self._now = settings, open_inbox, approver, now
+        self._verifier = verifier  # None: unsigned commands accepted (commands.allow_unsigned)
         self._vm_id: str | None = None
         self._scheduled = False
         self._inbox: tuple[str, CommandInbox] | None = None
@@ -125,28 +143,53 @@ class CommandListener:
 
     def handle(self, message: Received, vm_id: str) -> bool:
         """Act on one message; True when it is done with and may be deleted."""
-        try:
-            command = commands.parse(message.text)
-        except CommandError as err:
-            self._refuse(None, f"the message is not a valid command: {err}")
+        command = self._trusted(message.text, vm_id)
+        if command is None:
             return True
-        if command.vm_id.strip().lower() != vm_id.strip().lower():
-            self._refuse(command, f"it is for VM {command.vm_id}, this VM is {vm_id}")
+        before = self._approver.handled(command.command_id)
+        if before is not None:
+            self._repeat(command, before, message.dequeue_count)
             return True
         if self._approver.approved(command.event_id):
-            # Checked before expiry: a late redelivery of a command already acted on is no news.
+            # Another command (or the local policy) approved the event: no news.
             log.info("command %s: event %s was approved already; deleted the repeat",
                      command.command_id, command.event_id)  # fmt: skip
             return True
         if command.expired(self._now()):
-            self._refuse(command, f"it expired at {iso(command.expires_at)}")
+            self._refuse(command, f"Expired: it expired at {iso(command.expires_at)}")
             return True
         return self._approve(command)
+
+    def _trusted(self, text: str, vm_id: str) -> Command | None:
+        """The command in `text` if it is well formed, signed and for this VM; else refused."""
+        try:
+            command = commands.parse(text)
+        except CommandError as err:
+            self._refuse_untrusted(None, "Malformed", f"the message is not a valid command: {err}")
+            return None
+        refusal = self._verifier.check(command) if self._verifier is not None else None
+        if refusal is not None:
+            self._refuse_untrusted(command, refusal.code, refusal.why)
+            return None
+        if command.vm_id.strip().lower() != vm_id.strip().lower():
+            self._refuse_untrusted(command, "OtherVm", f"it is for VM {command.vm_id}, "
+                                   f"this VM is {vm_id}")  # fmt: skip
+            return None
+        return command
+
+    def _repeat(self, command: Command, before: str, dequeue_count: int) -> None:
+        if dequeue_count > 1:
+            log.info("command %s came back after the visibility timeout, already %s here: "
+                     "deleted it (its record was written the first time)",
+                     command.command_id, before.lower())  # fmt: skip
+            return
+        why = f"command {command.command_id} was {before.lower()} here already"
+        self._refuse_untrusted(command, "Replayed", why + "; a replay is never acted on")
 
     def _approve(self, command: Command) -> bool:
         attempt = self._approver.attempt(_request(command))
         if attempt.kind == "Refused" and attempt.outcome is not None:
-            self._approver.record(attempt.outcome)
+            self._approver.record(attempt.outcome, seen_until=command.expires_at)
             log.info("refused command %s: %s", command.command_id, attempt.detail)
         elif attempt.kind in ("Retry", "Busy"):
             level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
@@ -158,20 +201,41 @@ class CommandListener:
             _log_attempt(command, attempt)
         return True
 
-    def _refuse(self, command: Command | None, why: str) -> None:
+    def _refuse(self, command: Command, why: str) -> None:
+        """A refusal of a verified command for this VM: the consumer may trust its ids."""
         outcome = ApprovalOutcome(
-            event_id=command.event_id if command else None,
+            event_id=command.event_id,
             event_type=None,
-            incarnation=command.document_incarnation if command else None,
-            command_id=command.command_id if command else None,
+            incarnation=command.document_incarnation,
+            command_id=command.command_id,
             source="Central",
             outcome="Refused",
             detail=why,
-            rule=command.rule if command else None,
-            issued_at=command.issued_at if command else None,
+            rule=command.rule,
+            issued_at=command.issued_at,
         )
         self._approver.record(outcome)
-        log.info("refused command %s: %s", command.command_id if command else "(malformed)", why)
+        log.info("refused command %s: %s", command.command_id, why)
+
+    def _refuse_untrusted(self, command: Command | None, code: str, why: str) -> None:
+        """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
+        claimed = ""
+        if command is not None:
+            claimed = (f" (it claims CommandId {command.command_id}, EventId "
+                       f"{command.event_id}, VmId {command.vm_id})")  # fmt: skip
+        detail = f"{code}: {why}{claimed}"
+        outcome = ApprovalOutcome(
+            event_id=None,
+            event_type=None,
+            incarnation=None,
+            command_id=None,
+            source="Central",
+            outcome="Refused",
+            detail=detail,
+        )
+        self._approver.record(outcome)
+        level = logging.INFO if code in ("Replayed", "OtherVm") else logging.WARNING
+        log.log(level, "refused a command: %s", detail)
 
 
 def _request(command: Command) -> Request:
@@ -182,6 +246,7 @@ def _request(command: Command) -> Request:
         rule=command.rule or None,
         reason=f"rule {command.rule or '(none)'}: {command.reason}",
         issued_at=command.issued_at,
+        expires_at=command.expires_at,
     )
 
 
@@ -223,12 +288,38 @@ class _Streak:
 def build(
     config: Config, approver: Approver, now: Callable[[], datetime], open_inbox: Opener | None
 ) -> CommandListener | None:
-    """The listener `commands.channel` asks for; None when it names no channel."""
+    """The listener `commands.channel` asks for; None when it names no channel.
+
+    ConfigError when the verify key cannot be loaded. Whether a key is required at all is
+    decided when the settings are loaded (config.load); a Config built in code with none
+    gets a listener that accepts unsigned commands, said at WARNING.
+    """
     spec = config.commands.channel
     if not spec:
         return None
     opener = open_inbox or (lambda vm_id: inbox(spec, config, vm_id))
-    return CommandListener(config.commands, opener, approver, now)
+    verifier = verifier_for(config)
+    return CommandListener(config.commands, opener, approver, now, verifier)
+
+
+def verifier_for(config: Config) -> Verifier | None:
+    """The agent's Verifier: commands.verify_key, else the public half of signing_key."""
+    settings = config.commands
+    try:
+        if settings.verify_key:
+            verifier = load_verifier(settings)
+        elif settings.signing_key:
+            public = load_signer(settings, config.identity).public_key()
+            verifier = Verifier([public])
+        else:
+            log.warning("commands.verify_key is not set: this agent acts on UNSIGNED commands, "
+                        "so anyone who can write to its command channel can approve its "
+                        "events; set commands.verify_key")  # fmt: skip
+            return None
+    except SigningError as err:
+        raise ConfigError(str(err)) from err
+    log.info("acting only on commands signed by key %s", ", ".join(verifier.key_ids))
+    return verifier
 
 
 def has_scheduled(state: dict[str, object] | None) -> bool:

@@ -29,7 +29,7 @@ from azure.functions.eventhub import EventHubTriggerConverter
 from azure.functions.meta import Datum
 from azure.functions.timer import TimerRequest, TimerRequestConverter
 
-from bridge import functionapp, schema
+from bridge import functionapp, schema, signing
 from bridge.config import ConfigError, load
 from bridge.fleet import Fleet
 from bridge.fleetspec import demo_vms
@@ -100,7 +100,12 @@ def _bytes(body: bytes | dict[str, Any]) -> bytes:
 
 
 def local_env(tmp_path: Path) -> dict[str, str]:
+    # Beside tmp_path, not in it: a test checks that nothing is written there.
+    key = tmp_path.with_name(tmp_path.name + "-signing.pem")
+    if not key.exists():
+        signing.keygen(key)
     return {
+        "SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}",
         "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{tmp_path / 'fleet.db'}",
         "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'cmds'}",
         "SE_BRIDGE_AGENT_STATE_DIR": str(tmp_path),

@@ -161,10 +161,13 @@ def test_duplicate_commands_post_once(sim: Sim, harness: Harness) -> None:
     harness.inbox.put(sent)
     harness.inbox.put(sent)
     wait_for(lambda: len(harness.inbox.deleted) == 2)
-    harness.inbox.put(sent)  # a late redelivery
+    harness.inbox.put(sent)  # a late resend: a fresh message (dequeue count 1), so a replay
     wait_for(lambda: len(harness.inbox.deleted) == 3)
     assert posts(simulator, event) == [200]
-    assert [r["ApprovalOutcome"] for r in harness.records()] == ["Approved"]
+    outcomes = [(r["ApprovalOutcome"], r["ApprovalDetail"].split(":")[0])
+                for r in harness.records()]  # fmt: skip
+    assert outcomes[0][0] == "Approved"
+    assert outcomes[1:] == [("Refused", "Replayed")] * 2
 
 
 def test_no_reads_while_nothing_is_scheduled(sim: Sim, harness: Harness) -> None:
@@ -229,7 +232,10 @@ def test_has_scheduled() -> None:
 def test_a_bad_channel_spec_is_a_configuration_error() -> None:
     with pytest.raises(ConfigError, match=r"commands\.channel: unknown command channel"):
         load(environ={}, flags={"commands.channel": "kafka:x"})
-    assert load(environ={}, flags={"commands.channel": "local:/tmp/c"}).commands.channel
+    with pytest.raises(ConfigError, match=r"commands\.verify_key"):
+        load(environ={}, flags={"commands.channel": "local:/tmp/c"})
+    unsigned = {"commands.channel": "local:/tmp/c", "commands.allow_unsigned": "true"}
+    assert load(environ={}, flags=unsigned).commands.allow_unsigned
 
 
 def test_the_agent_refuses_a_bad_commands_flag(tmp_path: Path) -> None:

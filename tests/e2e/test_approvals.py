@@ -16,7 +16,9 @@ import pytest
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
+from bridge import signing
 from bridge.commands import Command, approve, command_id
+from bridge.config import CommandsSettings, IdentitySettings
 from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.e2e.harness import Agent, Proc, Processes, Record, Simulator, read_records, wait_until
@@ -122,10 +124,21 @@ class Loop:
     ) -> None:
         self.procs, self.transport = procs, transport
         root = procs.workdir
+        # Signed commands, as in production: the consumer holds the key, agents its public half.
+        key = root / "signing.pem"
+        if not key.exists():
+            signing.keygen(key)
+        settings = CommandsSettings(signing_key=f"file:{key}")
+        self.signer = signing.load_signer(settings, IdentitySettings())
+        self.env = {
+            **transport.env(),
+            "SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}",
+            "SE_BRIDGE_COMMANDS_VERIFY_KEY": signing.verify_key_text(self.signer.public_key()),
+        }
         fleet = root / "fleet.json"
         fleet.write_text(json.dumps(FLEET), encoding="utf-8")
         self.sim = Simulator.launch(procs, "sim", "--fleet", str(fleet))
-        env = transport.env()
+        env = self.env
         # A deaf agent ships its records but never reads its commands: an approver that is
         # alive to the consumer and still never acts.
         self.agents = {
@@ -153,7 +166,7 @@ class Loop:
         return self
 
     def start_consumer(self) -> None:
-        self.consumer = self.procs.bridge("consumer", *self.consumer_argv, env=self.transport.env())
+        self.consumer = self.procs.bridge("consumer", *self.consumer_argv, env=self.env)
 
     def vm_id(self, vm: str) -> str:
         return str(self.sim.fleet()[vm]["vmId"])
@@ -249,19 +262,22 @@ def test_forged_expired_and_misdirected_commands_are_refused(
     expired = _command(vm0, event_id, issued=now - 600, expires=now - 60)
     elsewhere = _command(vm1, event_id, issued=now, expires=now + 600)
     unknown = _command(vm0, "00000000-0000-4000-8000-00000000dead", issued=now, expires=now + 600)
-    transport.forge(vm0, expired.to_json(), "expired")
-    transport.forge(vm0, elsewhere.to_json(), "elsewhere")
-    transport.forge(vm0, unknown.to_json(), "unknown")
+    # Signed with the consumer's own key: refused for what they say, not for who sent them.
+    transport.forge(vm0, loop.signer.sign(expired).to_json(), "expired")
+    transport.forge(vm0, loop.signer.sign(elsewhere).to_json(), "elsewhere")
+    transport.forge(vm0, loop.signer.sign(unknown).to_json(), "unknown")
     transport.forge(vm0, '{"Type": "Approve", "EventId": 1}', "garbage")
+    transport.forge(vm0, _command(vm0, event_id, issued=now, expires=now + 600).to_json(), "bare")
 
     def refusals(records: list[Record]) -> list[Record]:
         return [r for r in records if r["RecordType"] == "Approval"]
 
-    records = loop.agents["app-0"].wait_for(lambda rs: len(refusals(rs)) >= 4, "4 refusals")
+    records = loop.agents["app-0"].wait_for(lambda rs: len(refusals(rs)) >= 5, "5 refusals")
     outcomes = {r["ApprovalOutcome"] for r in refusals(records)}
     assert outcomes == {"Refused"}
+    codes = {r["ApprovalDetail"].split(":")[0] for r in refusals(records)}
+    assert {"Expired", "OtherVm", "Malformed", "Unsigned"} <= codes
     details = " | ".join(r["ApprovalDetail"] for r in refusals(records))
-    assert "expired" in details
     assert vm1 in details
     assert not [a for a in loop.approvals() if a["eventId"] == event_id]
     wait_until(lambda: transport.pending(vm0) == 0, "the refused commands to be deleted")

@@ -108,6 +108,8 @@ class CloudConsumers:
             "SE_BRIDGE_CONSUMER_TABLE_NAME": self.table,
             "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": self.container,
             "SE_BRIDGE_COMMANDS_CHANNEL": "storagequeue",
+            # The commands' signatures are not what these tests are about.
+            "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "true",
             "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": self.prefix,
             "SE_BRIDGE_CONSUMER_LOAD_BALANCING_INTERVAL": "2",
             "SE_BRIDGE_CONSUMER_REEVALUATE_INTERVAL": "0.5",

@@ -188,7 +188,7 @@ class Approver:
         body = self._run(self._imds.scheduled_events)
         try:
             return parse_document(json.loads(body))
-        except ValueError as err:  # DocumentError is one
+        except (ValueError, RecursionError) as err:  # DocumentError is one; too deep a body
             raise RetryableError(f"unreadable document ({err}): {excerpt(body)!r}") from err
 
     def _remember(self, event_id: str, command_id: str) -> dict[str, Any]:

@@ -133,6 +133,8 @@ def serve_agent(
     setup_logging(settings.log_level, log_to)
     try:
         agent = Agent(config, policy=policy)
+    except ConfigError as err:  # e.g. a verify key derived from a signing key in Key Vault
+        return _fail(f"configuration error: {err}", 2)
     except (SpoolError, OSError) as err:
         return _fail(f"cannot start the agent: {err}", 1)
     return agent.run(stop)

@@ -95,7 +95,10 @@ def signed_bytes(body: Mapping[str, Any]) -> bytes:
     """
     fields = {key: value for key, value in body.items() if key != "Signature"}
     text = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return SIGNING_CONTEXT + text.encode("utf-8")
+    try:
+        return SIGNING_CONTEXT + text.encode("utf-8")
+    except UnicodeEncodeError as err:  # a lone surrogate such as "\ud800", which JSON allows
+        raise CommandError(f"command holds text that is not valid Unicode: {err.reason}") from err
 
 
 def command_id(event_id: str, vm_id: str) -> str:
@@ -131,7 +134,7 @@ def parse(text: str | bytes) -> Command:
         raise CommandError(f"command is {len(text)} bytes, more than {MAX_COMMAND_BYTES}")
     try:
         body = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise CommandError(f"command is not JSON: {err}") from err
     if not isinstance(body, dict):
         raise CommandError("command is not a JSON object")

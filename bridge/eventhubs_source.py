@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from bridge import identity
-from bridge.batches import BatchRetry, PoisonHandler, RecordHandler, log_poison
+from bridge.batches import BatchRetry, Message, PoisonHandler, RecordHandler, log_poison
 from bridge.config import Config, ConfigError
 from bridge.redact import describe
 from bridge.retry import Backoff
@@ -183,7 +183,7 @@ class _OnBatch:
         # one would skip it for good.
         if not events or self._retry.stop.is_set():
             return
-        messages = [(str(event.offset), _body(event)) for event in events]
+        messages = [Message(str(e.offset), _body(e), _sender(e)) for e in events]
         if self._retry.deliver(context.partition_id, messages):
             self._checkpoint(context, events[-1])
 
@@ -249,3 +249,11 @@ def _on_partition_close(context: PartitionContext, reason: CloseReason) -> None:
         "stopped reading partition %s of event hub %s (%s)",
         *(context.partition_id, context.eventhub_name, reason.name),
     )
+
+
+def _sender(event: EventData) -> str | None:
+    """The partition key the agent sent with (its VmId), as text."""
+    key = event.partition_key
+    if isinstance(key, bytes):
+        return key.decode("utf-8", "replace")
+    return key if isinstance(key, str) else None

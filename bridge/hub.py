@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
-from bridge.batches import BatchRetry, PoisonHandler, RecordHandler, log_poison
+from bridge.batches import BatchRetry, Message, PoisonHandler, RecordHandler, log_poison
 from bridge.redact import describe
 from bridge.retry import Backoff
 
@@ -53,7 +53,7 @@ _INSERT = (
     " VALUES (?, ?, ?, ?, ?)"
 )
 _READ = (
-    'SELECT "offset", body FROM records WHERE "partition" = ? AND "offset" > ?'
+    'SELECT "offset", body, partition_key FROM records WHERE "partition" = ? AND "offset" > ?'
     ' ORDER BY "offset" LIMIT ?'
 )
 _CHECKPOINT = (
@@ -109,9 +109,17 @@ class LocalHub:
 
     def read(self, partition: int, after_offset: int, limit: int) -> list[tuple[int, str]]:
         """Up to `limit` (offset, body) of `partition` after `after_offset`, in order."""
+        return [
+            (offset, body) for offset, body, _ in self.read_sent(partition, after_offset, limit)
+        ]
+
+    def read_sent(
+        self, partition: int, after_offset: int, limit: int
+    ) -> list[tuple[int, str, str]]:
+        """As `read`, with each message's partition key: who the sender says it is."""
         with self._lock:
             rows = self._conn.execute(_READ, (partition, after_offset, limit)).fetchall()
-        return [(int(offset), str(body)) for offset, body in rows]
+        return [(int(offset), str(body), str(key)) for offset, body, key in rows]
 
     def checkpoint(self, group: str, partition: int, offset: int) -> None:
         """Record that `group` has handled `partition` up to and including `offset`."""
@@ -206,10 +214,10 @@ class _LocalConsumer:
             self._hub = LocalHub(self._directory)
         busy = False
         for partition, done in self._hub.checkpoints(self._group).items():
-            rows = self._hub.read(partition, done, self._batch_size)
+            rows = self._hub.read_sent(partition, done, self._batch_size)
             if not rows:
                 continue
-            messages = [(str(offset), body) for offset, body in rows]
+            messages = [Message(str(offset), body, key) for offset, body, key in rows]
             if not self._retry.deliver(str(partition), messages):
                 return False  # stopped: this batch stays unhandled and comes again next run
             self._hub.checkpoint(self._group, partition, rows[-1][0])

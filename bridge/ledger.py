@@ -67,8 +67,10 @@ class ApprovalLedger:
 
     def note_approvals(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
         """Fold Approval records into the ledger; the events whose approval they answer."""
+        # Keyed by (CommandId, VmId): only the VM the command went to can answer it, so a VM
+        # cannot mark another VM's command refused or done by sending records in its name.
         outcomes = {
-            str(r.get("CommandId")): str(r.get("ApprovalOutcome"))
+            (str(r.get("CommandId")), str(r.get("VmId")).lower()): str(r.get("ApprovalOutcome"))
             for r in records
             if r.get("RecordType") == "Approval" and r.get("CommandId")
         }
@@ -79,7 +81,8 @@ class ApprovalLedger:
         def fold(value: dict[str, Any]) -> bool:
             touched.clear()
             for key, entry in value.setdefault("events", {}).items():
-                outcome = outcomes.get(str(entry.get("command_id")))
+                answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
+                outcome = outcomes.get(answer)
                 if outcome is not None and not entry.get("confirmed"):
                     entry["confirmed" if outcome == "Approved" else "refused"] = True
                     touched.add(key)
@@ -119,6 +122,10 @@ class ApprovalLedger:
             if entry is None or entry.get("command_id") != command_id or entry.get("sent"):
                 return False
             entry["sent"] = True
+            # Only a resend needs these; dropped, every decision reads and writes a ledger
+            # that stays small however many approvals are open.
+            entry.pop("command", None)
+            entry.pop("decision", None)
             return True
 
         update(self.store, fs.LEDGER, fs.LEDGER_KEY, sent)

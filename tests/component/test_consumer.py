@@ -313,3 +313,18 @@ def test_the_fleet_cache_reads_what_changed_and_sees_what_a_scan_sees(tmp_path: 
     ]
     mine.close()
     other.close()
+
+
+def test_only_the_vm_a_command_went_to_can_answer_it(rig: Rig) -> None:
+    batch = two_vms(rig)
+    batch += [rig.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    rig.consumer.process(batch)
+    first = rig.sender.sent[-1]
+    forged = {**rig.fleet.approval(first, "Refused"), "RecordId": "forged"}
+    other = next(n for n in ("web_0", "web_1") if rig.fleet.vm_id(n) != first.vm_id)
+    forged["VmId"] = rig.fleet.vm_id(other)
+    rig.fleet.advance(1)
+    rig.consumer.process([forged])
+    assert rig.sender.sent == [first]  # no fallback: the refusal did not come from the target
+    rig.consumer.process([rig.fleet.approval(first, "Refused")])
+    assert len(rig.sender.sent) == 2

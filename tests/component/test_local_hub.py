@@ -348,3 +348,17 @@ def test_a_hub_that_cannot_be_opened_is_retried_until_it_can(tmp_path: Path) -> 
         with LocalHub(hub_dir) as hub:
             hub.append([("vm-1", json.dumps({"RecordId": "r0", "VmId": "vm-1"}))])
         wait_for(lambda: len(consumer.records) == 1)
+
+
+def test_a_record_in_another_vms_name_goes_to_the_poison_callback(
+    hub: LocalHub, hub_dir: Path
+) -> None:
+    mine = json.dumps({"RecordId": "r0", "VmId": "vm-1"})
+    forged = json.dumps({"RecordId": "r1", "VmId": "vm-2"})
+    hub.append([("vm-1", mine), ("vm-1", forged)])
+    with Consumer(hub_dir) as consumer:
+        wait_for(lambda: len(consumer.poisoned) == 1)
+        wait_for(lambda: len(consumer.records) == 1)
+    assert [r["RecordId"] for r in consumer.records] == ["r0"]
+    assert consumer.poisoned[0][2] == forged
+    assert "does not match the sender's partition key 'vm-1'" in consumer.poisoned[0][3]

@@ -217,13 +217,18 @@ def test_a_stop_during_retries_checkpoints_nothing_and_the_next_run_gets_the_bat
         wait_for(lambda: working.ids == sent)
 
 
+# Records as vm-1 sends them: the consumer refuses a VmId other than the partition key.
+R1 = '{"RecordId": "r1", "VmId": "vm-1"}'
+R2 = '{"RecordId": "r2", "VmId": "vm-1"}'
+
+
 def test_an_event_that_is_not_a_record_goes_to_the_poison_callback(
     config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
 ) -> None:
     producer = EventHubProducerClient.from_connection_string(config.eventhubs.connection_string)
     with producer:
         batch = producer.create_batch(partition_key="vm-1")
-        for body in ('{"RecordId": "r1"}', "not json", b"\xff\xfe", '{"RecordId": "r2"}'):
+        for body in (R1, "not json", b"\xff\xfe", R2):
             batch.add(EventData(body))
         producer.send_batch(batch)
     events = broker.events()

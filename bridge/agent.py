@@ -35,6 +35,10 @@ from bridge.spool import Spool, SpoolError
 
 log = logging.getLogger(__name__)
 STATE_KEY = "normaliser"
+# The last identity instance metadata gave: a restart while instance metadata fails keeps
+# labelling records with it, so the consumer can still attribute them (an event's end with
+# VmId null would be lost to it, and hold its budget).
+IDENTITY_KEY = "identity"
 CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_RETRY_SECONDS = 60.0
 MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
@@ -74,7 +78,8 @@ class Agent:
         )
         self.delivery = Delivery(self.spool, self.sinks)
         self.hooks = self._hook_runner()
-        self.origin = Origin(VmIdentity(), host.host_name())
+        saved = VmIdentity.from_state(self.spool.load_state(IDENTITY_KEY))
+        self.origin = Origin(saved, host.host_name())
         self.state: dict[str, Any] | None = self.spool.load_state(STATE_KEY)
         self._poll = _PollHealth()
         self._last_body: bytes | None = None
@@ -253,14 +258,24 @@ class Agent:
             log.info("this VM is %s (%s)", identity.vm_name, identity.vm_id)
             self.origin = Origin(identity, self.origin.host_name)
             self._last_body = None  # AffectsThisVm depends on the name: look again
+            self._save_identity(identity)
         self._identity_warned = False
+
+    def _save_identity(self, identity: VmIdentity) -> None:
+        try:
+            self.spool.commit([], state={IDENTITY_KEY: identity.to_state()})
+        except SpoolError as err:  # kept in memory; saved again when it next changes
+            log.warning("cannot save this VM's identity in the spool (%s)", err)
 
     def _identity_failed(self, err: DeliveryError) -> None:
         self._next_identity = time.monotonic() + IDENTITY_RETRY_SECONDS
         if not self._identity_warned and not self._stop.is_set():
+            known = self.origin.identity
+            carry = (f"the identity last seen ({known.vm_name}, {known.vm_id})" if known.known
+                     else "null VM fields")  # fmt: skip
             log.warning(
-                "instance metadata is unavailable (%s); records carry null VM fields until it "
-                "answers; retrying every %gs", err, IDENTITY_RETRY_SECONDS,
+                "instance metadata is unavailable (%s); records carry %s until it answers; "
+                "retrying every %gs", err, carry, IDENTITY_RETRY_SECONDS,
             )  # fmt: skip
             self._identity_warned = True
 

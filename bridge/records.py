@@ -39,6 +39,24 @@ class VmIdentity:
         """A stable name for this VM in RecordIds: the VmId, or the host name before it is known."""
         return self.vm_id or f"host:{host_name}"
 
+    def to_state(self) -> dict[str, Any]:
+        """As kept in the agent state: {"vm_id": "02aab8a4-...", "tags": [["tier", "web"]], ...}."""
+        value = {f.name: getattr(self, f.name) for f in fields(self)}
+        value["tags"] = [list(pair) for pair in self.tags]
+        return value
+
+    @classmethod
+    def from_state(cls, value: dict[str, Any] | None) -> VmIdentity:
+        """The identity `to_state` kept; an unknown one for anything else (an older state)."""
+        if not isinstance(value, dict):
+            return cls()
+        try:
+            known = {f.name: value.get(f.name) for f in fields(cls) if f.name != "tags"}
+            tags = tuple((str(k), str(v)) for k, v in value.get("tags") or ())
+            return cls(**known, tags=tags)
+        except (TypeError, ValueError):
+            return cls()
+
 
 @dataclass(frozen=True)
 class Origin:

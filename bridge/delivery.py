@@ -22,6 +22,9 @@ from bridge.spool import Spool
 log = logging.getLogger(__name__)
 
 Waiter = Callable[[threading.Event, float], object]
+# The spool wakes an idle worker the moment records are appended; this timeout is only the
+# safety net. Waking every second to ask SQLite cost the idle agent a third of its CPU.
+IDLE_WAIT = 60.0
 
 
 def interruptible_wait(stop: threading.Event, seconds: float) -> None:
@@ -177,7 +180,7 @@ class Delivery:
         sinks: Sequence[Sink],
         *,
         backoff_factory: Callable[[], Backoff] = Backoff,
-        idle_wait: float = 1.0,
+        idle_wait: float = IDLE_WAIT,
         clock: Callable[[], float] = time.monotonic,
         wait: Waiter = interruptible_wait,
     ) -> None:

@@ -1,18 +1,24 @@
 """The IMDS edge: HTTP to the Instance Metadata Service, mapped onto the three failure kinds.
 
-One keep-alive session; `Metadata: true` on every call; never through a proxy and never
-following a redirect (IMDS answers only on the link-local address, and a redirect means
-something other than IMDS answered); never more than `max_rps` requests a second.
+One keep-alive connection (plain http.client: the agent polls every second, and requests'
+machinery cost more CPU than the rest of a poll); `Metadata: true` on every call; never
+through a proxy and never following a redirect (IMDS answers only on the link-local address,
+and a redirect means something other than IMDS answered); never more than `max_rps`
+requests a second.
 """
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import re
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple, Protocol, cast
 
 import requests
 
@@ -28,6 +34,7 @@ INSTANCE_API_VERSION = "2021-02-01"
 # Documented transient answers; everything else but 200 is permanent for that request.
 TRANSIENT = frozenset({410, 500, 502, 503, 504})
 EXCERPT = 200
+CONNECT_TIMEOUT = 5.0  # IMDS is link-local: a connection takes milliseconds or never comes
 
 
 def excerpt(body: bytes | str, limit: int = EXCERPT) -> str:
@@ -60,6 +67,142 @@ class RateLimiter:
             self._sleep(wait)
 
 
+class Answer(NamedTuple):
+    """What IMDS answered: the status, its Retry-After header if any, and the whole body."""
+
+    status: int
+    retry_after: str | None
+    content: bytes
+
+
+class Transport(Protocol):
+    def request(
+        self, method: str, path: str, *, version: str, body: bytes | None, read_timeout: float
+    ) -> Answer: ...
+
+    def close(self) -> None: ...
+
+
+class DirectTransport:
+    """One keep-alive http.client connection to IMDS: no proxy, no redirects, no cookies.
+
+    requests costs about a millisecond of Python per call (hooks, adapters, the cookie jar,
+    pool checks), as much as the whole of the rest of an idle poll; this is a fraction.
+    """
+
+    def __init__(self, base_url: str) -> None:
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"IMDS URL must be http://HOST[:PORT][/PREFIX]: {base_url!r}")
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._headers = {"Metadata": "true", "User-Agent": "se-bridge"}
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def request(
+        self, method: str, path: str, *, version: str, body: bytes | None, read_timeout: float
+    ) -> Answer:
+        target = f"{self._prefix}{path}?{urllib.parse.urlencode({'api-version': version})}"
+        headers = dict(self._headers)
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        with self._lock:
+            reused = self._conn is not None and not _dropped(self._conn)
+            try:
+                return self._exchange(method, target, body, headers, read_timeout)
+            except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
+                if not reused:
+                    raise
+            # IMDS closed the idle keep-alive connection as we reused it: once more, afresh.
+            # Safe for the POST too: IMDS answers 200 to an approval it already has.
+            return self._exchange(method, target, body, headers, read_timeout)
+
+    def _exchange(
+        self,
+        method: str,
+        target: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        read_timeout: float,
+    ) -> Answer:
+        conn = self._connection(read_timeout)
+        try:
+            conn.request(method, target, body=body, headers=headers)
+            response = conn.getresponse()
+            content = response.read()
+        except BaseException:
+            self.close()  # a half-read exchange leaves the connection unusable
+            raise
+        # On "Connection: close" http.client has let the socket go; the next call reconnects.
+        return Answer(response.status, response.getheader("Retry-After"), content)
+
+    def _connection(self, read_timeout: float) -> http.client.HTTPConnection:
+        conn = self._conn
+        if conn is None or conn.sock is None:
+            self.close()
+            kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+            conn = kind(self._host, self._port, timeout=min(CONNECT_TIMEOUT, read_timeout))
+            conn.connect()
+            self._conn = conn
+        cast(socket.socket, conn.sock).settimeout(read_timeout)
+        return conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether the far side closed (or spoke on) the idle connection: then it is closed here.
+
+    A peek, not select(): select fails on descriptors past 1024 and is socket-only on Windows.
+    """
+    sock = conn.sock
+    if sock is None:
+        return True
+    try:
+        sock.setblocking(False)  # `_connection` sets the timeout again before any use
+        sock.recv(1, socket.MSG_PEEK)  # an idle HTTP connection has nothing to say: EOF or junk
+    except BlockingIOError:
+        return False
+    except ValueError:  # TLS sockets take no flags: the retry in `request` covers them
+        return False
+    except OSError:
+        pass
+    conn.close()
+    return True
+
+
+class SessionTransport:
+    """A caller's requests.Session (tests inject canned ones), used as the old client did."""
+
+    def __init__(self, base_url: str, session: requests.Session) -> None:
+        self._base_url = base_url
+        self._session = session
+        # IMDS must be reached directly: an HTTP(S)_PROXY in the environment would intercept it.
+        self._session.trust_env = False
+        self._session.headers.update({"Metadata": "true", "User-Agent": "se-bridge"})
+
+    def request(
+        self, method: str, path: str, *, version: str, body: bytes | None, read_timeout: float
+    ) -> Answer:
+        response = self._session.request(
+            method,
+            self._base_url + path,
+            params={"api-version": version},
+            json=None if body is None else json.loads(body),
+            timeout=(min(CONNECT_TIMEOUT, read_timeout), read_timeout),
+            allow_redirects=False,
+        )
+        return Answer(response.status_code, response.headers.get("Retry-After"), response.content)
+
+    def close(self) -> None:
+        self._session.close()
+
+
 class ImdsClient:
     def __init__(
         self,
@@ -78,10 +221,11 @@ class ImdsClient:
         # Per endpoint: each one's first call after IMDS idled may be the slow one.
         self._answered: set[str] = set()
         self._limiter = RateLimiter(max_rps)
-        self._session = session or requests.Session()
-        # IMDS must be reached directly: an HTTP(S)_PROXY in the environment would intercept it.
-        self._session.trust_env = False
-        self._session.headers.update({"Metadata": "true", "User-Agent": "se-bridge"})
+        self._transport: Transport = (
+            DirectTransport(self.base_url)
+            if session is None
+            else SessionTransport(self.base_url, session)
+        )
 
     @property
     def events_url(self) -> str:
@@ -94,52 +238,45 @@ class ImdsClient:
     def start_events(self, event_ids: list[str]) -> int:
         """Approve events (POST StartRequests); the HTTP status IMDS answered with."""
         body = {"StartRequests": [{"EventId": event_id} for event_id in event_ids]}
-        return self._call("POST", EVENTS_PATH, self.api_version, body).status_code
+        return self._call("POST", EVENTS_PATH, self.api_version, json.dumps(body).encode()).status
 
     def instance_metadata(self) -> dict[str, Any]:
-        response = self._call("GET", INSTANCE_PATH, INSTANCE_API_VERSION)
+        answer = self._call("GET", INSTANCE_PATH, INSTANCE_API_VERSION)
         try:
-            data = response.json()
+            data = json.loads(answer.content)
         except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
             raise RetryableError(
-                f"instance metadata is not JSON: {excerpt(response.content)!r}"
+                f"instance metadata is not JSON: {excerpt(answer.content)!r}"
             ) from err
         if not isinstance(data, dict):
-            raise RetryableError(
-                f"instance metadata is not an object: {excerpt(response.content)!r}"
-            )
+            raise RetryableError(f"instance metadata is not an object: {excerpt(answer.content)!r}")
         return data
 
     def close(self) -> None:
-        self._session.close()
+        self._transport.close()
 
-    def _call(self, method: str, path: str, version: str, body: object = None) -> requests.Response:
+    def _call(self, method: str, path: str, version: str, body: bytes | None = None) -> Answer:
         self._limiter.acquire()
         read_timeout = self._timeout if path in self._answered else self._first_timeout
         url = self.base_url + path
         try:
-            response = self._session.request(
-                method,
-                url,
-                params={"api-version": version},
-                json=body,
-                timeout=(min(5.0, read_timeout), read_timeout),
-                allow_redirects=False,
+            answer = self._transport.request(
+                method, path, version=version, body=body, read_timeout=read_timeout
             )
-        except requests.RequestException as err:
+        except (OSError, http.client.HTTPException, requests.RequestException) as err:
             raise RetryableError(f"{method} {url} failed: {type(err).__name__}: {err}") from err
         self._answered.add(path)
-        _raise_for(response, method, url)
-        return response
+        _raise_for(answer, method, url)
+        return answer
 
 
-def _raise_for(response: requests.Response, method: str, url: str) -> None:
-    status = response.status_code
+def _raise_for(answer: Answer, method: str, url: str) -> None:
+    status = answer.status
     if status == 200:
         return
-    what = f"IMDS answered {status} to {method} {url}: {excerpt(response.content)!r}"
+    what = f"IMDS answered {status} to {method} {url}: {excerpt(answer.content)!r}"
     if status == 429:
-        raise ThrottledError(what, parse_retry_after(response.headers.get("Retry-After")))
+        raise ThrottledError(what, parse_retry_after(answer.retry_after))
     if status in TRANSIENT:
         raise RetryableError(what)
     raise PermanentError(what)

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
 class EventHubsSink:
     """Sends batches with one producer, created at the first send and kept open."""
 
-    max_batch = 500
+    # Records read from the spool per send: a backlog costs few round trips and few
+    # acknowledgements (500 made a 100-VM backlog drain at a third of the speed), while
+    # `_send_by_key` keeps only one SDK batch (at most 1 MB) per VM in memory.
+    max_batch = 5000
 
     def __init__(self, config: Config) -> None:
         self._settings = config.eventhubs
@@ -43,8 +46,7 @@ class EventHubsSink:
 
     def send(self, batch: Sequence[SpooledRecord]) -> None:
         try:
-            for events, seqs in self._batches(batch):
-                self._send(events, seqs)
+            self._send_by_key(batch)
         except DeliveryError:
             raise
         except Exception as err:
@@ -72,25 +74,33 @@ class EventHubsSink:
             self._producer.close()
             self._producer = None
 
-    def _batches(self, batch: Sequence[SpooledRecord]) -> list[tuple[EventDataBatch, list[int]]]:
-        """SDK batches (and their spool seqs) of consecutive records with one partition key."""
-        out: list[tuple[EventDataBatch, list[int]]] = []
-        current: EventDataBatch | None = None
-        current_key: str | None = None
+    def _send_by_key(self, batch: Sequence[SpooledRecord]) -> None:
+        """One SDK batch per partition key at a time, sent when full, the rest at the end.
+
+        Grouped by key, not only by run: a backlog that interleaves VMs (records from before
+        the VmId was known, a relay) would otherwise cost one round trip per record. Each
+        key's records keep their spool order, which is all per-VM order needs; only one
+        full batch per key is held, so one VM's backlog never sits in memory whole.
+        """
+        open_batches: dict[str, tuple[EventDataBatch, list[int]]] = {}
         for record in batch:
             event, key = _event(record)
-            if current is not None and key == current_key and _fits(current, event):
-                out[-1][1].append(record.seq)
+            current = open_batches.get(key)
+            if current is not None and _fits(current[0], event):
+                current[1].append(record.seq)
                 continue
-            current, current_key = self._new_batch(key), key
-            out.append((current, [record.seq]))
-            if not _fits(current, event):
+            fresh = self._new_batch(key)
+            if not _fits(fresh, event):
                 raise PoisonRecords(
                     f"record {record.record_id} is larger than an Event Hubs batch "
-                    f"({current.max_size_in_bytes} bytes) on {self._target()}",
+                    f"({fresh.max_size_in_bytes} bytes) on {self._target()}",
                     [record.seq],
                 )
-        return out
+            if current is not None:
+                self._send(*current)  # full: it goes before this key's next records
+            open_batches[key] = (fresh, [record.seq])
+        for events, seqs in open_batches.values():
+            self._send(events, seqs)
 
     def _new_batch(self, key: str) -> EventDataBatch:
         return self._get_producer().create_batch(partition_key=key)

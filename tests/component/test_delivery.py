@@ -359,6 +359,32 @@ def test_undelivered_records_survive_a_restart(tmp_path: Path) -> None:
         spool.close()
 
 
+def test_an_idle_worker_sleeps_until_records_arrive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spool = Spool(tmp_path / "spool.db", ["s"])
+    reads: list[str] = []
+    read_batch = spool.read_batch
+
+    def counted(sink: str, limit: int) -> list[SpooledRecord]:
+        reads.append(sink)
+        return read_batch(sink, limit)
+
+    monkeypatch.setattr(spool, "read_batch", counted)
+    sink = FakeSink("s")
+    delivery = Delivery(spool, [sink])  # the agent's default idle timeout
+    delivery.start()
+    try:
+        wait_until(lambda: len(reads) == 1)
+        time.sleep(2.5)  # a worker on a one-second timer would have read the spool again
+        assert len(reads) == 1
+        spool.commit([rec(1)])
+        wait_until(lambda: sink.delivered == ["r1"])  # woken by the commit, not a timeout
+    finally:
+        delivery.stop(10)
+        spool.close()
+
+
 # --- stopping and status ------------------------------------------------------------------
 
 

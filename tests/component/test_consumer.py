@@ -239,9 +239,9 @@ class InterleavingStore(SqliteStore):
         return super().read(collection, key)
 
 
-def test_a_vm_reported_after_our_view_of_the_fleet_still_counts_against_its_budget(
-    tmp_path: Path,
-) -> None:
+def late_consumer(tmp_path: Path) -> tuple[Rig, Consumer, InterleavingStore]:
+    """A rig whose consumer can act between a second consumer's scan of the VMs and its
+    read of the ledger; a budget of one VM per scale set; web_0 and web_1 in one set."""
     policy = Policy(
         rules=(Rule("all", Match(), Action("approve")),),
         budgets=(Budget("one-web", "scale_set", max_vms=1),),
@@ -252,6 +252,13 @@ def test_a_vm_reported_after_our_view_of_the_fleet_still_counts_against_its_budg
                     now=lambda: rig.fleet.now)  # fmt: skip
     rig.fleet.vm("web_0", scale_set="web")
     rig.fleet.vm("web_1", scale_set="web")
+    return rig, late, store
+
+
+def test_a_vm_reported_after_our_view_of_the_fleet_still_counts_against_its_budget(
+    tmp_path: Path,
+) -> None:
+    rig, late, store = late_consumer(tmp_path)
     first = [rig.fleet.heartbeat("web_0"), rig.fleet.event("web_0", E1)]
     store.between.append(lambda: rig.consumer.process(first))
     late.process([rig.fleet.heartbeat("web_1"), rig.fleet.event("web_1", E2)])
@@ -263,16 +270,7 @@ def test_a_vm_reported_after_our_view_of_the_fleet_still_counts_against_its_budg
 def test_a_resource_reported_after_our_view_of_the_fleet_counts_in_its_group(
     tmp_path: Path,
 ) -> None:
-    policy = Policy(
-        rules=(Rule("all", Match(), Action("approve")),),
-        budgets=(Budget("one-web", "scale_set", max_vms=1),),
-    )
-    rig = Rig(tmp_path / "fleet.db", policy)
-    store = InterleavingStore(tmp_path / "fleet.db")
-    late = Consumer(store, rig.sender, policy, rig.decisions.extend, ConsumerSettings(),
-                    now=lambda: rig.fleet.now)  # fmt: skip
-    rig.fleet.vm("web_0", scale_set="web")
-    rig.fleet.vm("web_1", scale_set="web")
+    rig, late, store = late_consumer(tmp_path)
     store.between.append(lambda: rig.consumer.process([rig.fleet.heartbeat("web_0")]))
     both = ["web_0", "web_1"]
     late.process([rig.fleet.heartbeat("web_1"), rig.fleet.event("web_1", E2, resources=both)])

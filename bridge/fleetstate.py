@@ -142,12 +142,20 @@ def _merge_event_record(value: dict[str, Any], record: Mapping[str, Any]) -> Non
         for key, field in _EVENT_FIELDS.items():
             if field_of(record, field) is not None or key not in value:
                 value[key] = field_of(record, field)
-    if not isinstance(vm_id, str):
+    host = field_of(record, "HostName")
+    # Before an agent knows its VmId (instance metadata failing since its first start) its
+    # records name only the host: counted under "host:NAME", as its sinks key them, so that
+    # the event's end is not lost; dropped once the same host reports with its VmId.
+    host_key = f"host:{host}" if isinstance(host, str) and host else None
+    who = vm_id if isinstance(vm_id, str) else host_key
+    if who is None:
         return
     reporters = value.setdefault("reporters", {})
-    mine = reporters.get(vm_id)
+    if who == vm_id and host_key is not None:
+        reporters.pop(host_key, None)
+    mine = reporters.get(who)
     if mine is None or seen >= mine["at"]:
-        reporters[vm_id] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
+        reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
 
 
 def _merge_hook_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:

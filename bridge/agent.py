@@ -253,6 +253,10 @@ class Agent:
         except DeliveryError as err:
             self._identity_failed(err)
             return
+        if not identity.known:
+            # JSON, but not this VM's metadata (no vmId): never trade a known identity for it.
+            self._identity_failed(RetryableError("the answer holds no compute.vmId"))
+            return
         self._next_identity = time.monotonic() + self.config.imds.instance_refresh
         if identity != self.origin.identity:
             log.info("this VM is %s (%s)", identity.vm_name, identity.vm_id)

@@ -62,3 +62,22 @@ def test_a_restarted_agent_keeps_its_identity_while_instance_metadata_fails(
     finally:
         sim.clear_faults()
         harness.stop()
+
+
+def test_an_answer_that_is_not_metadata_never_replaces_a_known_identity(
+    server: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> None:
+    sim, running = server
+    harness = Harness(running, tmp_path)
+    agent = harness.start()
+    try:
+        harness.poll(2)
+        known = agent.origin.identity
+        assert known.vm_id is not None
+        sim.set_faults({"rateNotDocument": 1.0})  # JSON, but not metadata: [], {"Events": null}..
+        for _ in range(20):  # each answer is one of the simulator's samples, drawn at random
+            agent._refresh_identity()
+            assert agent.origin.identity == known
+    finally:
+        sim.clear_faults()
+        harness.stop()

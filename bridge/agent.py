@@ -13,6 +13,7 @@ import queue
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -91,6 +92,7 @@ class Agent:
         self._warned: set[str] = set()
         self._spool_failing = False
         self._stop = threading.Event()
+        self._run = uuid.uuid4().hex  # this process, in heartbeat ids
         self._imds_thread = _Worker("imds")
         # Central commands and the local policy approve through one Approver, so an event
         # approved by either is never approved again by the other.
@@ -297,7 +299,8 @@ class Agent:
             last_imds_success=self._poll.last_success,
         )
         try:
-            self.spool.commit([heartbeat_record(self.origin, reason, health, self._now())])
+            beat = heartbeat_record(self.origin, reason, health, self._now(), run=self._run)
+            self.spool.commit([beat])
         except SPOOL_ERRORS as err:
             log.warning("heartbeat not written to the spool %s: %s", self.spool.path, err)
 

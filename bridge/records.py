@@ -118,8 +118,13 @@ class Health:
     last_imds_success: datetime | None
 
 
-def heartbeat_record(origin: Origin, reason: str, health: Health, now: datetime) -> dict[str, Any]:
-    rid = origin.record_id("Heartbeat", reason, iso(now))
+def heartbeat_record(
+    origin: Origin, reason: str, health: Health, now: datetime, *, run: str = ""
+) -> dict[str, Any]:
+    """`run` names the agent process: two agents on one VM (a second install, a test twin)
+    that beat in the same millisecond still send two heartbeats, not one id twice. A
+    heartbeat is stored with its id once made, so a resend never recomputes it."""
+    rid = origin.record_id("Heartbeat", reason, iso(now), run)
     record = origin.common_fields("Heartbeat", rid, now)
     record.update(
         DocumentIncarnation=health.incarnation,

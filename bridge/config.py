@@ -302,7 +302,7 @@ def load(
     if "eventhubs" in kinds:
         _check_eventhubs(config.eventhubs)
     if "loganalytics" in kinds:
-        _check_loganalytics(config.loganalytics)
+        check_loganalytics(config.loganalytics, "the loganalytics sink")
     _check_channel(config.commands)
     _check_signing(config.commands)
     return config
@@ -357,11 +357,13 @@ def _check_eventhubs(settings: EventHubsSettings) -> None:
         )
 
 
-def _check_loganalytics(settings: LogAnalyticsSettings) -> None:
+def check_loganalytics(settings: LogAnalyticsSettings, user: str) -> None:
+    """ConfigError unless `user` (what uploads) has every Logs Ingestion setting it needs."""
     missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
     if missing:
         names = ", ".join(f"loganalytics.{k}" for k in missing)
-        raise ConfigError(f"the loganalytics sink needs {names} (SE_BRIDGE_LOGANALYTICS_...)")
+        env = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
+        raise ConfigError(f"{user} needs {names} ({env})")
     if not settings.endpoint.lower().startswith("https://"):
         raise ConfigError(
             f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"

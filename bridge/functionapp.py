@@ -44,7 +44,7 @@ from typing import Any, List  # noqa: UP035
 import azure.functions as func
 
 from bridge.batches import NotARecord, check_record, log_poison
-from bridge.config import Config, ConfigError, load
+from bridge.config import Config, ConfigError, check_loganalytics, load
 from bridge.consume import build_consumer, state_spec
 from bridge.consumer import Consumer
 from bridge.redact import describe
@@ -90,14 +90,7 @@ class DecisionOutlet:
         settings = config.loganalytics
         if not (settings.endpoint or settings.rule_id):
             return cls(None)
-        missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
-        if missing:
-            names = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
-            raise ConfigError(f"Decision records to Log Analytics need {names} as well")
-        if not settings.endpoint.lower().startswith("https://"):
-            raise ConfigError(
-                f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
-            )
+        check_loganalytics(settings, "sending Decision records to Log Analytics")
         from bridge.sinks.loganalytics import LogAnalyticsSink  # noqa: PLC0415
 
         return cls(LogAnalyticsSink(config))

@@ -5,10 +5,13 @@ from __future__ import annotations
 import gc
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tests.azurite import Azurite
+from tests.doubles.eventhubs_broker import EventHubsBroker
+from tests.e2e.harness import Processes
 
 
 @pytest.fixture(autouse=True)
@@ -31,3 +34,20 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         yield emulator
     finally:
         emulator.stop()
+
+
+@pytest.fixture
+def broker() -> Iterator[EventHubsBroker]:
+    """The Event Hubs test broker (AMQP on a free port): hub `records`, four partitions."""
+    with EventHubsBroker(hub="records", partitions=4) as running:
+        yield running
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Processes]:
+    """Processes started by one test; whatever still runs at its end is killed."""
+    processes = Processes(tmp_path)
+    try:
+        yield processes
+    finally:
+        processes.close()

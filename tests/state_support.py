@@ -1,4 +1,5 @@
-"""Shared helpers of the fleet state tests: Azurite settings and a contended counter."""
+"""Shared helpers of the fleet state tests: Azurite settings, a contended counter, and a
+store that hands every call on (subclasses step in before one)."""
 
 from __future__ import annotations
 
@@ -33,3 +34,29 @@ def increment(store: Store, collection: str, key: str, times: int) -> int:
                 continue
             break
     return conflicts
+
+
+class DelegatingStore:
+    """A Store that hands every call to `inner`; tests override the call they interleave.
+
+    It has only the plain Store methods, so the consumer takes its one-document-at-a-time path
+    through it (no batched writes, no change feed).
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        return self.inner.read(collection, key)
+
+    def write(self, collection: str, doc: Doc) -> Doc:
+        return self.inner.write(collection, doc)
+
+    def delete(self, collection: str, doc: Doc) -> None:
+        self.inner.delete(collection, doc)
+
+    def scan(self, collection: str) -> list[Doc]:
+        return self.inner.scan(collection)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -242,7 +242,7 @@ def run_chaos(root: Path, *, cycles: int, seed: int) -> inv.Report:
         report.add(chaos.settle())
         report.add(chaos.stop_all(lambda: sinks_complete(rig)))
         check(rig, report)
-        inv.separate_known_stuck(report, chaos.stuck)
+        inv.add_unapproved(report, chaos.stuck)
     finally:
         rig.close()
     report.numbers = {

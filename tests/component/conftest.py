@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bridge.fleet import Fleet
 from bridge.fleetspec import demo_vms
 from bridge.simulator import Simulator, SimulatorServer
+from tests.component.approval_support import Harness
 
 
 @pytest.fixture
@@ -17,3 +19,11 @@ def sim() -> Iterator[tuple[Simulator, SimulatorServer]]:
     simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=1.0))
     with SimulatorServer(simulator) as server:
         yield simulator, server
+
+
+@pytest.fixture
+def harness(sim: tuple[Simulator, SimulatorServer], tmp_path: Path) -> Iterator[Harness]:
+    """An in-process agent with a command listener against `sim` (test modules may override)."""
+    made = Harness(sim[1], tmp_path)
+    yield made
+    made.stop()

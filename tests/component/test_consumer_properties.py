@@ -53,6 +53,7 @@ from bridge.policy import Action, Budget, Match, Policy, Rule
 from bridge.state import Doc, Store
 from bridge.state.sqlite import SqliteStore
 from tests.fleetrecords import FleetRecords
+from tests.state_support import DelegatingStore
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 SETTINGS = ConsumerSettings(alive_within=120.0, approval_timeout=30.0)
@@ -756,30 +757,18 @@ def test_a_vm_named_before_its_agent_reported_counts_in_its_group_once_known(
     pair.close()
 
 
-class Interrupting:
+class Interrupting(DelegatingStore):
     """A store whose next ledger write, once armed, lets something else happen first."""
 
     def __init__(self, inner: SqliteStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.armed: Callable[[], None] | None = None
-
-    def read(self, collection: str, key: str) -> Doc | None:
-        return self.inner.read(collection, key)
 
     def write(self, collection: str, doc: Doc) -> Doc:
         if collection == fs.LEDGER and self.armed:
             first, self.armed = self.armed, None
             first()
         return self.inner.write(collection, doc)
-
-    def delete(self, collection: str, doc: Doc) -> None:
-        self.inner.delete(collection, doc)
-
-    def scan(self, collection: str) -> list[Doc]:
-        return self.inner.scan(collection)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def test_a_started_event_is_recorded_even_when_another_consumer_wrote_the_ledger_first(

@@ -18,12 +18,6 @@ from tests.support import assert_valid, event_record
 
 
 @pytest.fixture
-def broker() -> Iterator[EventHubsBroker]:
-    with EventHubsBroker(hub="records", partitions=4) as b:
-        yield b
-
-
-@pytest.fixture
 def sink(broker: EventHubsBroker) -> Iterator[EventHubsSink]:
     s = EventHubsSink(
         Config(eventhubs=EventHubsSettings(connection_string=broker.connection_string))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -21,13 +20,6 @@ from tests.component.approval_support import FailingStart, FakeInbox, Harness, c
 from tests.e2e.harness import run_bridge
 
 Sim = tuple[Simulator, SimulatorServer]
-
-
-@pytest.fixture
-def harness(sim: Sim, tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(sim[1], tmp_path)
-    yield h
-    h.stop()
 
 
 def vm_id(simulator: Simulator, name: str = VM) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -23,13 +22,6 @@ from tests.component.approval_support import Harness, command, wait_for
 from tests.e2e.harness import run_bridge
 
 Sim = tuple[Simulator, SimulatorServer]
-
-
-@pytest.fixture
-def harness(sim: Sim, tmp_path: Path) -> Iterator[Harness]:
-    h = Harness(sim[1], tmp_path)
-    yield h
-    h.stop()
 
 
 def posts(simulator: Simulator, event_id: str) -> list[int]:

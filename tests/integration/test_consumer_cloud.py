@@ -15,7 +15,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,25 +38,9 @@ from tests.integration.consumer_cloud import (
     by_event,
     scale_set_of,
 )
-from tests.state_support import tables_config, unique_table
+from tests.state_support import DelegatingStore, tables_config, unique_table
 
 EVENT_TYPES = ("Reboot", "Redeploy", "Freeze")
-
-
-@pytest.fixture
-def broker() -> Iterator[EventHubsBroker]:
-    """The Event Hubs test broker: hub `records`, four partitions."""
-    with EventHubsBroker(hub="records", partitions=4) as running:
-        yield running
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Processes]:
-    processes = Processes(tmp_path)
-    try:
-        yield processes
-    finally:
-        processes.close()
 
 
 @pytest.fixture
@@ -229,19 +212,16 @@ def test_consumers_killed_mid_batch_leave_no_double_approval_and_no_budget_leak(
 # --- two consumer cores racing on one table -----------------------------------------------------
 
 
-class RacingStore:
+class RacingStore(DelegatingStore):
     """A TableStore whose first ledger write in each thread waits until the other thread's
     first ledger write is due too: both decisions have then read the same ledger ETag."""
 
     def __init__(self, inner: TableStore, barrier: threading.Barrier) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.barrier = barrier
         self.armed = False
         self.conflicts = 0
         self._waited = threading.local()
-
-    def read(self, collection: str, key: str) -> Doc | None:
-        return self.inner.read(collection, key)
 
     def write(self, collection: str, doc: Doc) -> Doc:
         if self.armed and collection == fs.LEDGER and not getattr(self._waited, "done", False):
@@ -252,15 +232,6 @@ class RacingStore:
         except Conflict:
             self.conflicts += 1
             raise
-
-    def delete(self, collection: str, doc: Doc) -> None:
-        self.inner.delete(collection, doc)
-
-    def scan(self, collection: str) -> list[Doc]:
-        return self.inner.scan(collection)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class Sender:

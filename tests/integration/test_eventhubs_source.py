@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -29,12 +29,6 @@ from tests.doubles.eventhubs_broker import EventHubsBroker
 
 HUB = "records"
 GROUP = "$Default"
-
-
-@pytest.fixture
-def broker() -> Iterator[EventHubsBroker]:
-    with EventHubsBroker(hub=HUB, partitions=4) as running:
-        yield running
 
 
 @pytest.fixture

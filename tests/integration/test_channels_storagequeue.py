@@ -76,11 +76,12 @@ def test_the_first_command_creates_the_vm_queue_named_from_prefix_and_vm_id(
     harness: QueueHarness,
 ) -> None:
     vm = new_vm().upper()
-    harness.sender().send(command(vm), 60)
+    sent = command(vm)
+    harness.sender().send(sent, 60)
     name = harness.config.commands.queue_prefix + vm.lower()
     with QueueClient.from_connection_string(harness.config.storage.connection_string, name) as q:
         [message] = q.peek_messages()
-    assert message.content == command(vm).to_json()  # plain text, no base64
+    assert message.content == sent.to_json()  # plain text, no base64
 
 
 def test_a_sender_caches_a_bounded_number_of_queue_clients(azurite: Azurite) -> None:
@@ -101,10 +102,11 @@ def test_the_builders_make_queue_channels_from_the_spec(harness: QueueHarness) -
     vm = new_vm()
     sender = channels.sender("storagequeue", harness.config)
     inbox = channels.inbox("storagequeue", harness.config, vm)
+    sent = command(vm)  # once: two calls a second apart differ in IssuedAt
     try:
-        sender.send(command(vm), 60)
+        sender.send(sent, 60)
         [message] = inbox.receive(5)
-        assert message.text == command(vm).to_json()
+        assert message.text == sent.to_json()
     finally:
         sender.close()
         inbox.close()

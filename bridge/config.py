@@ -239,6 +239,13 @@ class ConsumerSettings:
     checkpoint_container: str = _setting(
         "se-bridge-checkpoints", "Blob container of the Event Hubs checkpoints."
     )
+    checkpoint_interval: float = _setting(
+        5.0,
+        "Seconds between checkpoint writes (billed blob requests) of one partition; a "
+        "consumer taking a partition over reads at most this much again, deduplicated.",
+        low=0,
+        high=300,
+    )
     sinks: list[str] = _setting(
         [], "Where Decision records go. Default: jsonl:<state_dir>/decisions.jsonl."
     )

@@ -174,9 +174,10 @@ class ConsumerService:
             return
         from bridge.eventhubs_source import run_eventhubs  # noqa: PLC0415
 
-        interval = self.config.consumer.load_balancing_interval
+        settings = self.config.consumer
         run_eventhubs(self.config, self._process, stop, poison=self.poison,
-                      load_balancing_interval=interval)  # fmt: skip
+                      load_balancing_interval=settings.load_balancing_interval,
+                      checkpoint_interval=settings.checkpoint_interval)  # fmt: skip
 
     def _ticks(self, stop: threading.Event) -> None:
         while not stop.is_set():

@@ -11,12 +11,22 @@ What the SDK does not do for us, and this module does:
 - Its receive loop serves every partition in one thread: while a batch is being retried the
   other partitions wait too. That is the price of never skipping a batch.
 - It stops only when `close()` is called: a thread calls it once `stop` is set.
+
+Latency against cost: the SDK serves the partitions in turn, each turn waiting up to its
+socket timeout (0.2 s by default) for frames, and holds a batch back until `max_wait_time`
+has passed since the last one. Both are short here (SOCKET_TIMEOUT, BATCH_WAIT), because an
+approval waits for every step of this path. Checkpoints, on the other hand, are blob writes
+billed per request: one per batch would make their cost grow with the fleet's records, so a
+partition's checkpoint is written at most every `checkpoint_interval` seconds. A consumer
+that takes a partition over reads again at most that much, which the fleet state's
+deduplication and the approval ledger make harmless.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +41,8 @@ if TYPE_CHECKING:
     from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
 
 log = logging.getLogger(__name__)
+SOCKET_TIMEOUT = 0.05  # the SDK's wait per partition turn: 4 partitions, a 0.2 s round
+BATCH_WAIT = 0.1
 
 
 def run_eventhubs(
@@ -40,8 +52,9 @@ def run_eventhubs(
     *,
     poison: PoisonHandler = log_poison,
     batch_size: int = 100,
-    max_wait_time: float = 1.0,
+    max_wait_time: float = BATCH_WAIT,
     load_balancing_interval: float = 10.0,
+    checkpoint_interval: float = 5.0,
     backoff_factory: Callable[[], Backoff] = Backoff,
 ) -> None:
     """Hand every record of the event hub to `handler`, batch by batch, until `stop` is set.
@@ -54,7 +67,7 @@ def run_eventhubs(
         return
     client = _client(config, store, load_balancing_interval)
     retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory())
-    on_batch = _OnBatch(config, retry, backoff_factory())
+    on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval)
     finished = threading.Event()
     closer = threading.Thread(
         target=_close_when_stopped, args=(client, stop, finished), name="se-bridge eventhubs stop"
@@ -65,7 +78,7 @@ def run_eventhubs(
             on_event_batch=on_batch,
             on_error=_on_error,
             on_partition_initialize=_on_partition_initialize,
-            on_partition_close=_on_partition_close,
+            on_partition_close=on_batch.closed,
             max_batch_size=batch_size,
             max_wait_time=max_wait_time,
             starting_position="-1",  # a partition without a checkpoint: from its first event
@@ -109,6 +122,7 @@ def _client(
         # per interval, so approvals do not wait for a slow start.
         "load_balancing_strategy": "greedy",
         "logging_enable": False,
+        "socket_timeout": SOCKET_TIMEOUT,
     }
     if hub.connection_string:
         return EventHubConsumerClient.from_connection_string(
@@ -173,19 +187,58 @@ def _close_when_stopped(
 
 
 class _OnBatch:
-    """The SDK's on_event_batch callback: hand over, then checkpoint, retrying in place."""
+    """The SDK's on_event_batch callback: hand over, then checkpoint, retrying in place.
 
-    def __init__(self, config: Config, retry: BatchRetry, backoff: Backoff) -> None:
+    The SDK also calls it with no events once `max_wait_time` passes: that is when a
+    handled batch whose checkpoint was held back gets it, once `interval` has passed.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        retry: BatchRetry,
+        backoff: Backoff,
+        *,
+        interval: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._config, self._retry, self._backoff = config, retry, backoff
+        self._interval, self._clock = interval, clock
+        self._written: dict[str, float] = {}  # partition -> monotonic time of its last write
+        self._held: dict[str, EventData] = {}  # partition -> last handled, not checkpointed
 
     def __call__(self, context: PartitionContext, events: list[EventData]) -> None:
         # Once stopping, handle nothing more: a later batch checkpointed after an unhandled
         # one would skip it for good.
-        if not events or self._retry.stop.is_set():
+        if self._retry.stop.is_set():
             return
-        messages = [Message(str(e.offset), _body(e), _sender(e)) for e in events]
-        if self._retry.deliver(context.partition_id, messages):
-            self._checkpoint(context, events[-1])
+        partition = context.partition_id
+        if events:
+            messages = [Message(str(e.offset), _body(e), _sender(e)) for e in events]
+            if not self._retry.deliver(partition, messages):
+                return
+            self._held[partition] = events[-1]
+        if partition in self._held and self._due(partition):
+            self._checkpoint(context, self._held.pop(partition))
+            self._written[partition] = self._clock()
+
+    def closed(self, context: PartitionContext, reason: CloseReason) -> None:
+        """on_partition_close: a held checkpoint is written if the partition is still ours."""
+        _on_partition_close(context, reason)
+        last = self._held.pop(context.partition_id, None)
+        self._written.pop(context.partition_id, None)
+        if last is None or reason.name != "SHUTDOWN":
+            return  # ownership lost: the new owner reads the batch again, deduplicated
+        try:
+            context.update_checkpoint(last)
+        except Exception as err:  # the next owner reads again from the previous checkpoint
+            log.info("the checkpoint of partition %s was not written at shutdown (%s); its "
+                     "next reader reads its last records again", context.partition_id,
+                     describe(err))  # fmt: skip
+
+    def _due(self, partition: str) -> bool:
+        last = self._written.get(partition)
+        return last is None or self._clock() - last >= self._interval
 
     def _checkpoint(self, context: PartitionContext, last: EventData) -> None:
         failures = 0

@@ -20,10 +20,13 @@ from tests.azurite import ACCOUNT, KEY, Azurite
 from tests.benchmarks.bench_approval import signing_pair
 from tests.benchmarks.countingproxy import CountingProxy
 from tests.benchmarks.report import (
+    GB,
+    HOURS_PER_MONTH,
     SECONDS_PER_MONTH,
     MonthlyUse,
     Prices,
     Row,
+    billed_row_size,
     eventhubs_units,
     monthly_cost,
     naive_queue_cost,
@@ -47,6 +50,7 @@ PRICES = Prices(
     loganalytics_per_gb=2.30,
     queue_per_10k_operations=0.004,
     table_per_10k_transactions=0.00036,
+    blob_write_per_10k_operations=0.065,
     as_of="2026-11-21 (pay-as-you-go list prices, USD)",
     sources=(
         "Event Hubs Standard: $0.028 per million ingress events, throughput unit $21.90/month "
@@ -56,9 +60,10 @@ PRICES = Prices(
         "(not deducted here): https://azure.microsoft.com/pricing/details/monitor/ (as quoted by "
         "https://monitoringcost.com/azure-monitor-cost); billed size rules: "
         "https://learn.microsoft.com/azure/azure-monitor/logs/cost-logs",
-        "Storage queue operations $0.004 per 10,000 and Table transactions $0.00036 per 10,000 "
-        "(GPv2, LRS): NOT confirmed from a source reachable here; check "
-        "https://azure.microsoft.com/pricing/details/storage/queues/ and .../storage/tables/",
+        "Storage queue operations $0.004 per 10,000, Table transactions $0.00036 per 10,000, "
+        "blob write operations (hot) $0.065 per 10,000 (GPv2, LRS): NOT confirmed from a "
+        "source reachable here; check https://azure.microsoft.com/pricing/details/storage/queues/,"
+        " .../storage/tables/ and .../storage/blobs/",
     ),
 )
 
@@ -68,7 +73,8 @@ class Counted:
     seconds: float
     hub_sizes: list[int]
     heartbeats: int
-    analytics_bytes: int
+    analytics_bytes: int  # JSON as sent
+    analytics_billed: int  # by the service's billed-size rule (report.billed_row_size)
     analytics_records: int
     queue: int
     table: int
@@ -136,7 +142,7 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
     sim.wait_polls(dict.fromkeys(VMS, 3))
     say(f"cost: warming up 20 s, then {window} s counted (heartbeats every {RUN_HEARTBEAT:g} s)")
     time.sleep(20)
-    hub0, logs0 = len(broker.events()), len(logs.requests)
+    hub0, logs0, rows0 = len(broker.events()), len(logs.requests), len(logs.records())
     storage0 = {s: p.total() for s, p in proxies.items()}
     began = time.monotonic()
     time.sleep(window)
@@ -145,9 +151,11 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
     requests = [r for r in logs.requests[logs0:] if r.status == 204]
     storage = {s: p.total() - storage0[s] for s, p in proxies.items()}
     kinds = Counter(json.loads(e.body)["RecordType"] for e in events)
+    types = dict(schema.columns())
     return Counted(
         seconds, [len(e.body) for e in events], kinds["Heartbeat"],
         sum(r.uncompressed_size or 0 for r in requests),
+        sum(billed_row_size(row, types) for row in logs.records()[rows0:]),
         sum(r.record_count or 0 for r in requests),
         storage["queue"], storage["table"], storage["blob"],
     )  # fmt: skip
@@ -164,14 +172,18 @@ def _result(c: Counted) -> Result:
     use = MonthlyUse(
         eventhubs_events=scaled(eventhubs_units(c.hub_sizes)),
         eventhubs_bytes=scaled(sum(c.hub_sizes)),
-        loganalytics_bytes=scaled(c.analytics_bytes),
+        loganalytics_bytes=scaled(c.analytics_billed),
         queue_operations=c.queue / len(VMS) * SECONDS_PER_MONTH / c.seconds,
         table_transactions=scaled(c.table),
     )
     cost = monthly_cost(use, PRICES)
     total = sum(cost.values())
+    json_bytes = scaled(c.analytics_bytes)
+    upper = total - cost["loganalytics"] + json_bytes / GB * PRICES.loganalytics_per_gb
     naive = naive_queue_cost(PRICES)
     blob_month = c.blob * SECONDS_PER_MONTH / c.seconds
+    blob_cost = blob_month / 1e4 * PRICES.blob_write_per_10k_operations
+    tu_month = PRICES.eventhubs_tu_per_hour * HOURS_PER_MONTH
     breakdown = ", ".join(f"{k} {usd(v)}" for k, v in cost.items())
     rows = [
         Row("6a", "Cloud cost per VM-month, steady state (EH ingress + TU share + LA + queue + "
@@ -179,23 +191,31 @@ def _result(c: Counted) -> Result:
         Row("6b", "Naive design for comparison: same, plus reading the queue every second",
             f"{usd(total + naive)} (queue reads alone {usd(naive)})", "", None),
     ]  # fmt: skip
-    row_bytes = c.analytics_bytes / max(1, c.analytics_records)
+    stored = max(1, c.analytics_records)
     notes = [
         f"6: counted in {c.seconds:.0f} s with {len(VMS)} agents and one consumer: "
         f"{len(c.hub_sizes)} Event Hubs events ({c.heartbeats} heartbeats, "
         f"{sum(c.hub_sizes) / max(1, len(c.hub_sizes)):.0f} B each on average), "
         f"{c.analytics_records} Log Analytics rows "
-        f"({row_bytes:.0f} B of JSON each), {c.queue} queue, {c.table} table and "
+        f"({c.analytics_bytes / stored:.0f} B of JSON each, {c.analytics_billed / stored:.0f} B "
+        f"billed), {c.queue} queue, {c.table} table and "
         f"{c.blob} blob requests.",
         f"6: per VM-month at the default 300 s heartbeat: {use.eventhubs_events:,.0f} billed EH "
-        f"events, {use.loganalytics_bytes / 1e6:.1f} MB to Log Analytics, "
+        f"events, {use.loganalytics_bytes / 1e6:.1f} MB billed by Log Analytics, "
         f"{use.queue_operations:,.0f} queue operations, {use.table_transactions:,.0f} table "
         "transactions (the consumer's, per record).",
         "6: fleet-wide, not per VM: the namespace's first throughput unit "
-        f"({usd(PRICES.eventhubs_tu_per_hour * 730)}/month whatever the fleet size), and the "
-        f"consumer's checkpoint/ownership blob requests ({blob_month:,.0f}/month measured).",
-        "6: Log Analytics is billed on the JSON bytes the double received (the service bills "
-        "the stored columns' string size, about 25% less on average): an upper bound.",
+        f"({usd(tu_month)}/month whatever the fleet size), and the "
+        f"consumer's checkpoint/ownership blob requests ({blob_month:,.0f}/month measured, "
+        f"{usd(blob_cost)}/month all priced as writes; they grow with partitions and consumers, "
+        "not VMs: a partition's checkpoint is written at most every "
+        "consumer.checkpoint_interval, 5 s). Spread over a fleet of 1,000 VMs these two add "
+        f"{usd((tu_month + blob_cost) / 1000)} per VM-month.",
+        "6: Log Analytics bytes follow the service's billed-size rule: the string form of each "
+        "stored column's value, plus TenantId, datetimes as 28 characters; null columns and "
+        "column names count nothing (the rule does not say so in as many words). Billed on "
+        f"the JSON the double received instead, {json_bytes / 1e6:.1f} MB, the total would "
+        f"be {usd(upper)}: the upper bound.",
         f"6: prices as of {PRICES.as_of}: " + " | ".join(PRICES.sources),
     ]
     return Result(rows, notes)

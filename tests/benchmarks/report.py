@@ -6,9 +6,11 @@ check every number the report prints.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 HOURS_PER_MONTH = 730.0  # Azure's pricing pages bill a month as 730 hours
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600.0
@@ -67,6 +69,7 @@ class Prices:
     loganalytics_per_gb: float
     queue_per_10k_operations: float
     table_per_10k_transactions: float
+    blob_write_per_10k_operations: float
     as_of: str
     sources: tuple[str, ...]
 
@@ -110,6 +113,28 @@ def monthly_cost(use: MonthlyUse, prices: Prices) -> dict[str, float]:
         "queue": use.queue_operations / 1e4 * prices.queue_per_10k_operations,
         "table": use.table_transactions / 1e4 * prices.table_per_10k_transactions,
     }
+
+
+# Log Analytics bills "a string representation of the columns that are stored" for a row,
+# leaving out _ResourceId, _SubscriptionId, _ItemId, _IsBillable, _BilledSize and Type:
+# https://learn.microsoft.com/azure/azure-monitor/logs/cost-logs#data-size-calculation
+DATETIME_CHARS = 28  # 2026-11-21T17:36:51.7630000Z: Kusto prints datetimes in 100 ns ticks
+TENANT_ID_CHARS = 36  # every row's TenantId column, a GUID, stored by the service
+
+
+def billed_row_size(row: dict[str, Any], types: dict[str, str]) -> int:
+    """Bytes Log Analytics bills for one stored row; null and empty columns store nothing."""
+    size = TENANT_ID_CHARS
+    for name, value in row.items():
+        if value is None or value == "" or name not in types:
+            continue  # a column the table does not have is dropped, not stored
+        if types[name] == "datetime":
+            size += DATETIME_CHARS
+        elif isinstance(value, str):
+            size += len(value.encode("utf-8"))
+        else:  # numbers, booleans and dynamic values: their JSON text
+            size += len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+    return size
 
 
 def naive_queue_cost(prices: Prices, *, poll_seconds: float = 1.0) -> float:

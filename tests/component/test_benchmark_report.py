@@ -9,6 +9,7 @@ from tests.benchmarks.report import (
     MonthlyUse,
     Prices,
     Row,
+    billed_row_size,
     eventhubs_units,
     median,
     monthly_cost,
@@ -27,6 +28,7 @@ PRICES = Prices(
     loganalytics_per_gb=2.30,
     queue_per_10k_operations=0.004,
     table_per_10k_transactions=0.00036,
+    blob_write_per_10k_operations=0.065,
     as_of="test",
     sources=(),
 )
@@ -100,3 +102,14 @@ def test_table_marks_misses_and_escapes_pipes() -> None:
     assert lines[2] == "| 1 | a\\|b | 0.7 | ≤ 0.6 | **no** |"
     assert lines[3] == "| 2 | c | 1 |  |  |"
     assert lines[4].endswith("| yes |")
+
+
+def test_billed_row_size_counts_stored_values_not_names_nulls_or_unknown_columns() -> None:
+    types = {"TimeGenerated": "datetime", "VmName": "string", "SpoolDepth": "int",
+             "ImdsHealthy": "boolean", "Tags": "dynamic", "Zone": "string"}  # fmt: skip
+    row = {"TimeGenerated": "2026-11-21T17:36:51.763Z", "VmName": "vm-ü", "SpoolDepth": 120,
+           "ImdsHealthy": False, "Tags": {"a": "b"}, "Zone": None,
+           "NotAColumn": "x" * 50}  # fmt: skip
+    # TenantId 36, datetime 28, "vm-ü" 5 bytes, "120" 3, "false" 5, {"a":"b"} 9
+    assert billed_row_size(row, types) == 36 + 28 + 5 + 3 + 5 + 9
+    assert billed_row_size({"Zone": "", "VmName": None}, types) == 36

@@ -83,13 +83,18 @@ class Consumer:
     """run_eventhubs in a thread with short waits, recording what it hands over."""
 
     def __init__(
-        self, config: Config, handler: Callable[[list[dict[str, Any]]], None] | None = None
+        self,
+        config: Config,
+        handler: Callable[[list[dict[str, Any]]], None] | None = None,
+        *,
+        checkpoint_interval: float = 0.0,
     ) -> None:
         self.batches: list[list[dict[str, Any]]] = []
         self.poisoned: list[tuple[str, str, str, str]] = []
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
         self._config, self._handler = config, handler
+        self._checkpoint_interval = checkpoint_interval
         self.thread = threading.Thread(target=self._run)
 
     def _run(self) -> None:
@@ -101,6 +106,7 @@ class Consumer:
                 poison=lambda *args: self.poisoned.append(args),
                 max_wait_time=0.2,
                 load_balancing_interval=1.0,
+                checkpoint_interval=self._checkpoint_interval,
                 backoff_factory=lambda: Backoff(initial=0.05, maximum=0.1),
             )
         except BaseException as err:
@@ -209,6 +215,21 @@ def test_a_stop_during_retries_checkpoints_nothing_and_the_next_run_gets_the_bat
     assert failing.stopped_in < 10
     with Consumer(config) as working:
         wait_for(lambda: working.ids == sent)
+
+
+def test_checkpoints_held_back_by_the_interval_are_written_at_shutdown(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    first = send(config, range(1, 4), vms=1)
+    partition = broker.events()[0].partition
+    with Consumer(config, checkpoint_interval=3600) as consumer:
+        wait_for(lambda: consumer.ids == first)
+        wait_for(lambda: checkpoints(store, broker) == {partition: 2})  # the first is written
+        second = send(config, range(4, 7), vms=1)
+        wait_for(lambda: consumer.ids == first + second)
+        time.sleep(1.0)  # a checkpoint per batch would have been written by now
+        assert checkpoints(store, broker) == {partition: 2}
+    assert checkpoints(store, broker) == {partition: 5}
 
 
 # Records as vm-1 sends them: the consumer refuses a VmId other than the partition key.

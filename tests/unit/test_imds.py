@@ -56,18 +56,52 @@ def test_old_style_tags_string() -> None:
     assert identity != VmIdentity()
 
 
-def test_rate_limiter_spaces_calls() -> None:
-    clock = [0.0]
+def limited(rate: float) -> tuple[imds.RateLimiter, list[float], list[float]]:
+    """A limiter on a hand-moved clock: (limiter, clock, sleeps)."""
+    clock = [100.0]
     slept: list[float] = []
 
     def sleep(seconds: float) -> None:
         slept.append(seconds)
         clock[0] += seconds
 
-    limiter = imds.RateLimiter(5.0, clock=lambda: clock[0], sleep=sleep)
-    for _ in range(4):
+    return imds.RateLimiter(rate, clock=lambda: clock[0], sleep=sleep), clock, slept
+
+
+def test_rate_limiter_lets_a_burst_through_and_holds_the_sixth_call_of_a_second() -> None:
+    limiter, clock, slept = limited(5.0)
+    for _ in range(3):  # an approval: poll, fresh read, POST
         limiter.acquire()
-    assert slept == pytest.approx([0.2, 0.2, 0.2])
+    assert slept == []
+    clock[0] += 0.5
+    limiter.acquire()
+    limiter.acquire()
+    assert slept == []
+    limiter.acquire()  # the sixth within one second: waits for the first to leave the window
+    assert slept == pytest.approx([0.5])
+    limiter.acquire()
+    limiter.acquire()  # the calls of 100.0 leave the window at 101.0: two more go at once
+    assert slept == pytest.approx([0.5])
+    limiter.acquire()  # five since 100.5: waits for 101.5
+    assert slept == pytest.approx([0.5, 0.5])
+
+
+def test_rate_limiter_never_allows_more_than_rate_calls_in_any_second() -> None:
+    limiter, clock, _slept = limited(5.0)
+    times = []
+    for step in [0.0, 0.05, 0.3, 0.0, 0.0, 0.0, 0.7, 0.0, 0.0, 0.1] * 5:
+        clock[0] += step
+        limiter.acquire()
+        times.append(clock[0])
+    for i, start in enumerate(times):
+        assert sum(1 for t in times[i:] if t < start + 1.0 - 1e-9) <= 5
+
+
+def test_rate_limiter_below_one_call_a_second_spaces_calls() -> None:
+    limiter, _clock, slept = limited(0.5)
+    for _ in range(3):
+        limiter.acquire()
+    assert slept == pytest.approx([2.0, 2.0])
 
 
 def response(status: int, body: bytes = b"{}", headers: dict[str, str] | None = None) -> Any:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -85,7 +85,7 @@ class Consumer:
     def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
         fresh = [r for r in records if self._first_sight(r)]
         events = _event_mutations(fresh)
-        update_many(self.store, fs.VM, _vm_mutations(fresh))
+        self.fleet.update(_vm_mutations(fresh))
         update_many(self.store, fs.EVENT, events)
         touched = set(events) | self.ledger.note_approvals(fresh)
         if touched:
@@ -236,8 +236,10 @@ class VmSnapshot:
         """
         listed = {vm for vms in impacted.values() for vm in vms} | set(also)
         self._catch_up(listed)
+        known = self.vms.keys()
+        # Most entries name VmIds already known: taken as they are, without a look at each.
         return {
-            key: frozenset(v for vm in vms for v in self._resolve(vm))
+            key: vms if known >= vms else frozenset(v for vm in vms for v in self._resolve(vm))
             for key, vms in impacted.items()
         }
 
@@ -275,18 +277,50 @@ class FleetCache:
         self.store = store
         self._mark: int | None = None
         self._vms: dict[str, VmView] = {}
+        # With a change feed: the documents `_vms` was made from, at the version last seen.
+        self._docs: dict[str, Doc] = {}
+        self._etags: dict[str, str] = {}  # of `_docs`, as `scan_changes` takes them
         self._index: NameIndex | None = None
+
+    def update(self, mutations: Mapping[str, Mutation]) -> None:
+        """Merge into VM documents (`update_many`), starting from the versions held here.
+
+        A held version is most likely current (this process wrote it or saw it last), so it
+        is not read again; if another consumer wrote since, its write conflicts and that
+        document is read and merged again.
+        """
+        held = {key: self._docs[key] for key in mutations if key in self._docs}
+        try:
+            stored = update_many(self.store, fs.VM, mutations, known=held)
+        except BaseException:
+            for key in held:  # changed in place, perhaps not stored: read again next time
+                del self._docs[key], self._etags[key]
+            raise
+        self._note(stored.values())
+
+    def _note(self, docs: Iterable[Doc | None]) -> None:
+        """VM documents this process just stored: the next `load` need not read them again.
+
+        Only with a change feed: their ETags tell a later load which of the documents
+        written since its mark are these versions (skipped) and which are newer (read).
+        """
+        if isinstance(self.store, ChangeFeed):
+            self._take(doc for doc in docs if doc is not None and doc.etag is not None)
 
     def load(self) -> dict[str, VmView]:
         if not isinstance(self.store, ChangeFeed):
             self._vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
             self._index = None
             return dict(self._vms)
-        docs, mark = self.store.scan_changes(fs.VM, self._mark)
+        docs, mark = self.store.scan_changes(fs.VM, self._mark, self._etags)
         if self._mark is not None and mark < self._mark:  # the file was replaced: start over
-            self._vms, self._index = {}, None
+            self._vms, self._docs, self._etags, self._index = {}, {}, {}, None
             docs, mark = self.store.scan_changes(fs.VM, None)
         self._mark = mark
+        self._take(docs)
+        return dict(self._vms)
+
+    def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:
             view, before = fs.vm_view(doc.key, doc.value), self._vms.get(doc.key)
             if before is None or (before.subscription_id, before.name) != (
@@ -295,7 +329,8 @@ class FleetCache:
             ):
                 self._index = None  # the name index is the same unless a name changed
             self._vms[doc.key] = view
-        return dict(self._vms)
+            self._docs[doc.key] = doc
+            self._etags[doc.key] = str(doc.etag)
 
     def index(self) -> NameIndex:
         """The name index of the VMs `load` returned last (built again only when it changed)."""

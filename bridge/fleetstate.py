@@ -55,6 +55,8 @@ def event_key(event_id: str) -> str:
 
 # --- VMs -------------------------------------------------------------------------------
 
+_IDENTITY_ITEMS = tuple(_IDENTITY.items())
+
 
 # Record fields whose values are whole numbers; every other field folded here is text (or a
 # list of text, Resources). A record is outside input: a field of another type is taken as
@@ -70,26 +72,33 @@ def field_of(record: Mapping[str, Any], name: str) -> Any:
     if name == "Resources":
         return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
     if name in _WHOLE_FIELDS:
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return value if _whole(value) else None
     return value if isinstance(value, str) else None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def merge_vm(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
     """Fold one record's identity into a VM document; True when something worth saving changed."""
-    before = dict(value)
     seen = record.get("TimeGenerated")
-    if isinstance(seen, str) and seen > value.get("last_seen", ""):
-        value["last_seen"] = seen
-        for key, field in _IDENTITY.items():
-            if field_of(record, field) is not None:
-                value[key] = field_of(record, field)
-        if record.get("RecordType") == "Heartbeat" and isinstance(record.get("Tags"), dict):
-            value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
-        if record.get("RecordType") == "Heartbeat" and record.get("HeartbeatReason") == "Stop":
-            value["stopped"] = seen
-        elif value.get("stopped"):
-            value.pop("stopped")
-    return value != before
+    # Only a newer record changes anything, and it always moves last_seen: changed.
+    if not isinstance(seen, str) or seen <= value.get("last_seen", ""):
+        return False
+    value["last_seen"] = seen
+    for key, field in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
+        given = record.get(field)
+        if isinstance(given, str) if field not in _WHOLE_FIELDS else _whole(given):
+            value[key] = given
+    heartbeat = record.get("RecordType") == "Heartbeat"
+    if heartbeat and isinstance(record.get("Tags"), dict):
+        value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
+    if heartbeat and record.get("HeartbeatReason") == "Stop":
+        value["stopped"] = seen
+    elif value.get("stopped"):
+        value.pop("stopped")
+    return True
 
 
 def vm_view(vm_id: str, value: Mapping[str, Any]) -> VmView:

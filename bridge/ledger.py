@@ -116,7 +116,14 @@ class ApprovalLedger:
         if update(self.store, fs.LEDGER, fs.LEDGER_KEY, drop) is not None:
             log.info("event %s no longer counts against budgets: %s", key, why)
 
-    def mark_sent(self, key: str, command_id: str) -> None:
+    def mark_sent(self, key: str, command_id: str, *, written: Doc | None = None) -> None:
+        """Mark the entry's command sent; `written`: the ledger as this process just stored it.
+
+        From `written` the change is made without reading the ledger again (the ledger
+        is the largest document, read and decoded on every decision); if another
+        consumer wrote the ledger since, the write conflicts and the newest one is read.
+        """
+
         def sent(value: dict[str, Any]) -> bool:
             entry = value.setdefault("events", {}).get(key)
             if entry is None or entry.get("command_id") != command_id or entry.get("sent"):
@@ -128,6 +135,13 @@ class ApprovalLedger:
             entry.pop("decision", None)
             return True
 
+        if written is not None and written.etag is not None and sent(written.value):
+            try:
+                self.store.write(fs.LEDGER, written)
+            except Conflict:
+                pass
+            else:
+                return
         update(self.store, fs.LEDGER, fs.LEDGER_KEY, sent)
 
 
@@ -171,12 +185,12 @@ class Dispatch:
             "decision": record,
         }
         try:
-            ledger.store.write(fs.LEDGER, ledger_doc)
+            written = ledger.store.write(fs.LEDGER, ledger_doc)
         except Conflict:
             return False
         self._unfinished.add(command.command_id)
         self._say(ledger.store, view, verdict, record)
-        self._send(ledger, key, command, now)
+        self._send(ledger, key, command, now, written=written)
         return True
 
     def resend_if_unsent(
@@ -198,11 +212,17 @@ class Dispatch:
         self._send(ledger, key, commands.parse(entry["command"]), now)
 
     def _send(
-        self, ledger: ApprovalLedger, key: str, command: commands.Command, now: datetime
+        self,
+        ledger: ApprovalLedger,
+        key: str,
+        command: commands.Command,
+        now: datetime,
+        *,
+        written: Doc | None = None,
     ) -> None:
         ttl = max(1.0, (command.expires_at - now).total_seconds())
         self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
-        ledger.mark_sent(key, command.command_id)
+        ledger.mark_sent(key, command.command_id, written=written)
         self._unfinished.discard(command.command_id)
         log.info("sent the approval of event %s to VM %s (%s)", command.event_id,
                  command.vm_id, command.reason)  # fmt: skip

@@ -45,7 +45,10 @@ class Store(Protocol):
         """The document, or None when there is none."""
 
     def write(self, collection: str, doc: Doc) -> Doc:
-        """Store `doc` if still at `doc.etag`: the stored Doc with its new etag, or Conflict."""
+        """Store `doc` if still at `doc.etag`: the stored Doc with its new etag, or Conflict.
+
+        The stored Doc shares `doc.value` (what was written): change neither afterwards.
+        """
 
     def delete(self, collection: str, doc: Doc) -> None:
         """Remove `doc` if it is still at `doc.etag`; Conflict if it changed, nothing if gone."""
@@ -87,10 +90,14 @@ class DeferredSync(Protocol):
 class ChangeFeed(Protocol):
     """A store that can say which documents of a collection changed since a mark."""
 
-    def scan_changes(self, collection: str, since: int | None) -> tuple[list[Doc], int]:
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, str] | None = None
+    ) -> tuple[list[Doc], int]:
         """Documents written after mark `since` (all of them for None), and the new mark.
 
         Deleted documents are not reported: use it on collections that are never deleted.
+        A document still at the ETag `known` gives for its key is left out (the caller has
+        that version already).
         """
 
 
@@ -168,17 +175,27 @@ Mutation = Callable[[dict[str, Any]], bool]
 
 
 def update_many(
-    store: Store, collection: str, mutations: Mapping[str, Mutation]
+    store: Store,
+    collection: str,
+    mutations: Mapping[str, Mutation],
+    *,
+    known: Mapping[str, Doc] | None = None,
 ) -> dict[str, Doc | None]:
     """`update` for many keys of one collection, in one read and one write where possible.
 
     A key whose write conflicts (somebody wrote it after our read) goes through `update`,
     which reads it again, so every mutation lands on the newest version exactly as with
     `update`. Returns each key's stored document as `update` would.
+
+    `known`: documents the caller holds, most likely still current, used instead of reading
+    them again. They are changed in place (on an exception, the caller must drop them); a
+    stale one conflicts and goes through `update` like any other.
     """
     if not isinstance(store, BatchStore):
         return {key: update(store, collection, key, m) for key, m in mutations.items()}
-    found = store.read_many(collection, list(mutations))
+    held = {key: known[key] for key in mutations if known and key in known}
+    missing = [key for key in mutations if key not in held]
+    found = {**(store.read_many(collection, missing) if missing else {}), **held}
     done: dict[str, Doc | None] = {}
     pending: list[Doc] = []
     for key, mutate in mutations.items():

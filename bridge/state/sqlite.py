@@ -14,10 +14,10 @@ ask for what changed since it last looked (`scan_changes`).
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
-import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ UPDATE = (
 )
 DELETE = "DELETE FROM docs WHERE collection = ? AND key = ? AND etag = ?"
 READ = "SELECT etag, value FROM docs WHERE collection = ? AND key = ?"
+ETAG = "SELECT etag FROM docs WHERE collection = ? AND key = ?"
 SCAN = "SELECT key, etag, value FROM docs WHERE collection = ? ORDER BY key"
 CHANGES = "SELECT key, etag, value FROM docs WHERE collection = ? AND rev > ? ORDER BY key"
 # SQLite's default limit on host parameters is 999 in old builds; two go to the collection.
@@ -136,22 +137,22 @@ class SqliteStore:
             self._transaction(lambda c: c.execute(FLUSH), sync=True)
 
     def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
-        """One transaction: every doc still at its etag is written, the others are named."""
+        """One transaction: every doc still at its etag is written, the others are named.
+
+        The stored Docs share their value with `docs` (it is what was written).
+        """
         texts = [encode_value(collection, doc) for doc in docs]  # refused before anything is
-        etags = [uuid.uuid4().hex for _ in docs]
+        etags = _new_etags(len(docs))
 
         def work(conn: sqlite3.Connection) -> list[bool]:
             conn.execute(BUMP, (collection,))
             rev = conn.execute(MARK, (collection,)).fetchone()[0]
-            return [
-                _put(conn, collection, doc, etag=etag, text=text, rev=rev)
-                for doc, etag, text in zip(docs, etags, texts, strict=True)
-            ]
+            return _put_all(conn, collection, docs, etags=etags, texts=texts, rev=rev)
 
         written = self._transaction(work, sync=collection not in self._deferred)
         stored = [
-            Doc(doc.key, decode_value(text), etag)
-            for doc, etag, text, ok in zip(docs, etags, texts, written, strict=True)
+            Doc(doc.key, doc.value, etag)
+            for doc, etag, ok in zip(docs, etags, written, strict=True)
             if ok
         ]
         return stored, [doc.key for doc, ok in zip(docs, written, strict=True) if not ok]
@@ -169,15 +170,24 @@ class SqliteStore:
         rows = self._run(lambda c: c.execute(SCAN, (collection,)).fetchall())
         return [Doc(key, decode_value(value), etag) for key, etag, value in rows]
 
-    def scan_changes(self, collection: str, since: int | None) -> tuple[list[Doc], int]:
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, str] | None = None
+    ) -> tuple[list[Doc], int]:
         # The mark is read first: a transaction committed in between is returned now and
         # again next time (harmless), never skipped.
         row = self._run(lambda c: c.execute(MARK, (collection,)).fetchone())
         mark = 0 if row is None else int(row[0])
         if since is None:
-            return self.scan(collection), mark
-        rows = self._run(lambda c: c.execute(CHANGES, (collection, since)).fetchall())
-        return [Doc(key, decode_value(value), etag) for key, etag, value in rows], mark
+            rows = self._run(lambda c: c.execute(SCAN, (collection,)).fetchall())
+        else:
+            rows = self._run(lambda c: c.execute(CHANGES, (collection, since)).fetchall())
+        seen = known or {}
+        # A document at an ETag the caller knows is the value it already has: not decoded.
+        return [
+            Doc(key, decode_value(value), etag)
+            for key, etag, value in rows
+            if seen.get(key) != etag
+        ], mark
 
     def close(self) -> None:
         with self._lock:
@@ -226,12 +236,35 @@ class SqliteStore:
         )
 
 
-def _put(
-    conn: sqlite3.Connection, collection: str, doc: Doc, *, etag: str, text: str, rev: int
-) -> bool:
-    """Write one document if still at `doc.etag` (absent for None); False when it is not."""
-    if doc.etag is None:
-        cursor = conn.execute(INSERT, (collection, doc.key, etag, text, rev))
-    else:
-        cursor = conn.execute(UPDATE, (etag, text, rev, collection, doc.key, doc.etag))
-    return cursor.rowcount == 1
+def _new_etags(count: int) -> list[str]:
+    """`count` random 128-bit tokens (as uuid4 would give, from one call to the OS)."""
+    raw = os.urandom(16 * count).hex()
+    return [raw[i : i + 32] for i in range(0, len(raw), 32)]
+
+
+def _put_all(
+    conn: sqlite3.Connection,
+    collection: str,
+    docs: Sequence[Doc],
+    *,
+    etags: Sequence[str],
+    texts: Sequence[str],
+    rev: int,
+) -> list[bool]:
+    """Write every doc still at its `doc.etag` (absent for None); which ones were written.
+
+    One statement per kind for the whole batch; only when some row did not match is each
+    doc looked up, inside the same transaction: written means it now has its new ETag.
+    """
+    rows = list(zip(docs, etags, texts, strict=True))
+    inserts = [(collection, d.key, e, t, rev) for d, e, t in rows if d.etag is None]
+    updates = [(e, t, rev, collection, d.key, d.etag) for d, e, t in rows if d.etag is not None]
+    changed = 0
+    if inserts:
+        changed += conn.executemany(INSERT, inserts).rowcount
+    if updates:
+        changed += conn.executemany(UPDATE, updates).rowcount
+    if changed == len(docs):
+        return [True] * len(docs)
+    now = [conn.execute(ETAG, (collection, d.key)).fetchone() for d in docs]
+    return [row is not None and row[0] == e for row, e in zip(now, etags, strict=True)]

@@ -95,7 +95,7 @@ class TableStore:
         except AzureError as err:
             # 409: created by somebody else; 412: changed since read; 404: deleted since read.
             raise self._conflict_or_classify(err, collection, doc.key, (409, 412, 404)) from err
-        return Doc(doc.key, decode_value(text), str(meta["etag"]))
+        return Doc(doc.key, doc.value, str(meta["etag"]))
 
     def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
         unique, table = sorted(set(keys)), self._table()
@@ -145,8 +145,8 @@ class TableStore:
             failed = group[min(int(getattr(err, "index", 0) or 0), len(group) - 1)][0].key
             raise self._conflict_or_classify(err, collection, failed, (409, 412, 404)) from err
         return [
-            Doc(doc.key, decode_value(text), str(meta["etag"]))
-            for (doc, text), meta in zip(group, answers, strict=True)
+            Doc(doc.key, doc.value, str(meta["etag"]))
+            for (doc, _), meta in zip(group, answers, strict=True)
         ]
 
     def delete(self, collection: str, doc: Doc) -> None:

@@ -169,3 +169,50 @@ def test_deferred_collections_commit_unsynced_until_a_flush(tmp_path: Path) -> N
     reopened = SqliteStore(tmp_path / "fleet.db")
     assert [d.key for d in reopened.scan("vm")] == ["a", "b"]
     reopened.close()
+
+
+def test_write_many_names_each_stale_duplicate_or_taken_key_of_one_statement(
+    tmp_path: Path,
+) -> None:
+    """The batch goes to SQLite as one statement per kind; which rows took is still exact."""
+    ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    old = ours.write("vm", Doc("stale", {"n": 1}))
+    theirs.write("vm", Doc("stale", {"n": 2}, old.etag))
+    kept = ours.write("vm", Doc("kept", {"n": 1}))
+    theirs.write("vm", Doc("taken", {"by": "them"}))
+    docs = [
+        Doc("new", {"n": 1}),
+        Doc("new", {"n": 2}),  # the same key twice: the second is stale once the first is in
+        Doc("kept", {"n": 2}, kept.etag),
+        Doc("stale", {"n": 3}, old.etag),
+        Doc("taken", {"by": "us"}),
+    ]
+    stored, conflicted = ours.write_many("vm", docs)
+    assert conflicted == ["new", "stale", "taken"]
+    assert [(d.key, d.value) for d in stored] == [("new", {"n": 1}), ("kept", {"n": 2})]
+    assert {d.key: d for d in ours.scan("vm") if d.key in ("new", "kept")} == {
+        d.key: d for d in stored
+    }
+    assert {d.key: d.value for d in ours.scan("vm")} == {
+        "kept": {"n": 2}, "new": {"n": 1}, "stale": {"n": 2}, "taken": {"by": "them"}
+    }  # fmt: skip
+    assert all(len(d.etag or "") == 32 for d in stored)
+    assert stored[0].etag != stored[1].etag
+    ours.close()
+    theirs.close()
+
+
+def test_scan_changes_leaves_out_the_versions_the_caller_knows(tmp_path: Path) -> None:
+    ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    a, b = ours.write("vm", Doc("a", {"n": 1})), ours.write("vm", Doc("b", {"n": 1}))
+    known = {"a": str(a.etag), "b": str(b.etag)}
+    assert ours.scan_changes("vm", None, known)[0] == []
+    _, mark = ours.scan_changes("vm", None)
+    newer = theirs.write("vm", Doc("a", {"n": 2}, a.etag))
+    ours.write("vm", Doc("b", {"n": 2}, b.etag))
+    b_now = ours.read("vm", "b")
+    assert b_now is not None
+    changed, _ = ours.scan_changes("vm", mark, {**known, "b": str(b_now.etag)})
+    assert changed == [newer]  # a: another version than the one known; b: the one known
+    ours.close()
+    theirs.close()

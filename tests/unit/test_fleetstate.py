@@ -43,3 +43,24 @@ def test_the_host_counts_until_it_reports_with_its_vm_id() -> None:
     fs.merge_event(value, event(None, "2026-11-21T10:00:03Z", vm_id="vm-0"))
     fs.merge_event(value, event(None, "2026-11-21T10:00:03Z", vm_id=None, host="web-1"))
     assert fs.status(value) == fs.GONE
+
+
+def heartbeat(at: str, **fields: Any) -> dict[str, Any]:
+    return {"RecordType": "Heartbeat", "VmId": "vm-0", "VmName": "web-0", "TimeGenerated": at,
+            "HeartbeatReason": "Periodic", **fields}  # fmt: skip
+
+
+def test_a_vm_document_changes_only_for_a_newer_record_and_says_so() -> None:
+    value: dict[str, Any] = {}
+    assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", Tags={"tier": "web"}))
+    kept = dict(value)
+    assert not fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", VmName="other"))  # same time
+    assert not fs.merge_vm(value, heartbeat("2026-11-21T10:00:01Z", VmName="other"))  # older
+    assert not fs.merge_vm(value, {"RecordType": "Heartbeat", "TimeGenerated": 5})  # no time
+    assert value == kept == {"last_seen": "2026-11-21T10:00:05Z", "name": "web-0",
+                             "tags": {"tier": "web"}}  # fmt: skip
+    assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:09Z", HeartbeatReason="Stop"))
+    assert value["stopped"] == "2026-11-21T10:00:09Z"
+    assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:12Z", PlatformFaultDomain="2"))
+    assert "stopped" not in value  # back after a stop
+    assert "fault_domain" not in value  # a field of the wrong type is taken as absent

@@ -279,7 +279,6 @@ class FleetCache:
         self._vms: dict[str, VmView] = {}
         # With a change feed: the documents `_vms` was made from, at the version last seen.
         self._docs: dict[str, Doc] = {}
-        self._etags: dict[str, str] = {}  # of `_docs`, as `scan_changes` takes them
         self._index: NameIndex | None = None
 
     def update(self, mutations: Mapping[str, Mutation]) -> None:
@@ -294,7 +293,7 @@ class FleetCache:
             stored = update_many(self.store, fs.VM, mutations, known=held)
         except BaseException:
             for key in held:  # changed in place, perhaps not stored: read again next time
-                del self._docs[key], self._etags[key]
+                del self._docs[key]
             raise
         self._note(stored.values())
 
@@ -312,9 +311,9 @@ class FleetCache:
             self._vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
             self._index = None
             return dict(self._vms)
-        docs, mark = self.store.scan_changes(fs.VM, self._mark, self._etags)
+        docs, mark = self.store.scan_changes(fs.VM, self._mark, self._docs)
         if self._mark is not None and mark < self._mark:  # the file was replaced: start over
-            self._vms, self._docs, self._etags, self._index = {}, {}, {}, None
+            self._vms, self._docs, self._index = {}, {}, None
             docs, mark = self.store.scan_changes(fs.VM, None)
         self._mark = mark
         self._take(docs)
@@ -330,7 +329,6 @@ class FleetCache:
                 self._index = None  # the name index is the same unless a name changed
             self._vms[doc.key] = view
             self._docs[doc.key] = doc
-            self._etags[doc.key] = str(doc.etag)
 
     def index(self) -> NameIndex:
         """The name index of the VMs `load` returned last (built again only when it changed)."""

@@ -91,13 +91,13 @@ class ChangeFeed(Protocol):
     """A store that can say which documents of a collection changed since a mark."""
 
     def scan_changes(
-        self, collection: str, since: int | None, known: Mapping[str, str] | None = None
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
     ) -> tuple[list[Doc], int]:
         """Documents written after mark `since` (all of them for None), and the new mark.
 
         Deleted documents are not reported: use it on collections that are never deleted.
-        A document still at the ETag `known` gives for its key is left out (the caller has
-        that version already).
+        A document still at the ETag of the `known` one of its key is left out (the caller
+        has that version already).
         """
 
 

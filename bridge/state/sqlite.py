@@ -171,7 +171,7 @@ class SqliteStore:
         return [Doc(key, decode_value(value), etag) for key, etag, value in rows]
 
     def scan_changes(
-        self, collection: str, since: int | None, known: Mapping[str, str] | None = None
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
     ) -> tuple[list[Doc], int]:
         # The mark is read first: a transaction committed in between is returned now and
         # again next time (harmless), never skipped.
@@ -186,7 +186,7 @@ class SqliteStore:
         return [
             Doc(key, decode_value(value), etag)
             for key, etag, value in rows
-            if seen.get(key) != etag
+            if (held := seen.get(key)) is None or held.etag != etag
         ], mark
 
     def close(self) -> None:

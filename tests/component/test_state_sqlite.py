@@ -205,14 +205,14 @@ def test_write_many_names_each_stale_duplicate_or_taken_key_of_one_statement(
 def test_scan_changes_leaves_out_the_versions_the_caller_knows(tmp_path: Path) -> None:
     ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
     a, b = ours.write("vm", Doc("a", {"n": 1})), ours.write("vm", Doc("b", {"n": 1}))
-    known = {"a": str(a.etag), "b": str(b.etag)}
+    known = {"a": a, "b": b}
     assert ours.scan_changes("vm", None, known)[0] == []
     _, mark = ours.scan_changes("vm", None)
     newer = theirs.write("vm", Doc("a", {"n": 2}, a.etag))
     ours.write("vm", Doc("b", {"n": 2}, b.etag))
     b_now = ours.read("vm", "b")
     assert b_now is not None
-    changed, _ = ours.scan_changes("vm", mark, {**known, "b": str(b_now.etag)})
+    changed, _ = ours.scan_changes("vm", mark, {**known, "b": b_now})
     assert changed == [newer]  # a: another version than the one known; b: the one known
     ours.close()
     theirs.close()

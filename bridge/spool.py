@@ -26,7 +26,22 @@ log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 30_000
 MAX_SEQ = 2**63 - 1
+# The WAL is checkpointed by the acks' connection at CHECKPOINT_PAGES, never by a record
+# commit unless acks have stopped for BACKSTOP_PAGES (every sink down). It is kept at
+# RESERVE_PAGES on disk, written once at start: a commit then overwrites WAL pages in place,
+# and its fdatasync flushes only data, with no file growth for the filesystem's journal to
+# commit first (about half the time of an appending sync, at p50 and p99, on ext4 here).
+PAGE_SIZE = 4096
+CHECKPOINT_PAGES = 256
+BACKSTOP_PAGES = 2560
+RESERVE_PAGES = 320
+RESERVE_KEY = "wal-reserve"
 _T = TypeVar("_T")
+
+
+def wal_bytes(pages: int) -> int:
+    """The size of a WAL file holding this many frames (a 32-byte header, 24 per frame)."""
+    return 32 + pages * (24 + PAGE_SIZE)
 
 
 class SpoolError(Exception):
@@ -57,18 +72,18 @@ class Spool:
         self._changed = threading.Condition()
         self._generation = 0
         self._closed = False
-        self._durable = self._connect("FULL")
+        self._durable = self._connect("FULL", checkpoint_at=BACKSTOP_PAGES)
         try:
             self._prepare()
             # A lost ack only causes a duplicate delivery, so acks skip the fsync.
-            self._light = self._connect("NORMAL")
+            self._light = self._connect("NORMAL", checkpoint_at=CHECKPOINT_PAGES)
         except BaseException:
             self._durable.close()
             raise
 
     # --- opening -------------------------------------------------------------------------
 
-    def _connect(self, synchronous: str) -> sqlite3.Connection:
+    def _connect(self, synchronous: str, *, checkpoint_at: int = 0) -> sqlite3.Connection:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -81,6 +96,9 @@ class Spool:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute(f"PRAGMA synchronous = {synchronous}")
+            conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint_at}")
+            # After a backstop checkpoint the WAL shrinks back to the reserve, not to nothing.
+            conn.execute(f"PRAGMA journal_size_limit = {wal_bytes(RESERVE_PAGES)}")
         except sqlite3.Error as err:
             if conn is not None:
                 conn.close()
@@ -103,8 +121,30 @@ class Spool:
                 self._create_schema(conn)
                 self._sync_sinks(conn)
                 self._prune(conn, MAX_SEQ)
+                conn.execute("DELETE FROM state WHERE key = ?", (RESERVE_KEY,))  # a crash's
+            self._reserve_wal()
         except sqlite3.Error as err:
             raise SpoolError(self._unusable(err)) from err
+
+    def _reserve_wal(self) -> None:
+        """Grow the WAL to RESERVE_PAGES with a throw-away row, then checkpoint it all, so the
+        next commit restarts the WAL at its start and writes in place from then on."""
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size >= wal_bytes(RESERVE_PAGES):
+            return
+        # Its own connection, closed at once: the page cache the row passes through goes too.
+        scratch = self._connect("FULL")
+        try:
+            scratch.execute("PRAGMA secure_delete = OFF")  # zeroes: no need to zero them again
+            blob = RESERVE_PAGES * PAGE_SIZE
+            with self._transaction(scratch):
+                scratch.execute("INSERT INTO state (key, value) VALUES (?, zeroblob(?))",
+                                (RESERVE_KEY, blob))  # fmt: skip
+            with self._transaction(scratch):
+                scratch.execute("DELETE FROM state WHERE key = ?", (RESERVE_KEY,))
+        finally:
+            scratch.close()
+        self._durable.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         version = conn.execute("PRAGMA user_version").fetchone()[0]

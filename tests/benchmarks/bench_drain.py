@@ -26,9 +26,8 @@ from bridge.sinks.eventhubs import EventHubsSink
 from bridge.sinks.jsonl import JsonlSink
 from bridge.sinks.loganalytics import LogAnalyticsSink
 from bridge.spool import Spool
-from tests.benchmarks.bench_detection import environment, identity_env
 from tests.benchmarks.report import Row, rate
-from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.benchmarks.rig import Options, Result, environment, identity_env, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.e2e.cloud import RULE
@@ -98,7 +97,7 @@ def run(options: Options) -> Result:
             "loganalytics": (lambda: LogAnalyticsSink(config), lambda: len(logs.records())),
             "jsonl": (lambda: JsonlSink(out), lambda: len(read_records(out))),
         }
-        with environment(identity_env(vm_url, logs)):
+        with environment(identity_env(vm_url, logs.ca_bundle)):
             for name, (make, received) in checks.items():
                 say(f"drain: {count} records to {name}")
                 seconds = drain(make(), procs.workdir, records)

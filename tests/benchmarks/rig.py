@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -47,3 +48,28 @@ def scratch(name: str) -> Iterator[Processes]:
 def say(message: str) -> None:
     """Progress on stderr: the table goes to stdout."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """These environment variables set in this process for the block, then restored."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def identity_env(imds_url: str, ca_bundle: Path) -> dict[str, str]:
+    """This process's environment for cloud sinks in it: managed identity from the simulator,
+    trust in the Logs Ingestion double's certificate."""
+    return {
+        "AZURE_POD_IDENTITY_AUTHORITY_HOST": imds_url,
+        "REQUESTS_CA_BUNDLE": str(ca_bundle),
+        "NO_PROXY": "127.0.0.1,localhost",
+    }

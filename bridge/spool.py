@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bridge import spoolsql as sql
+from bridge import sqlitewal
 from bridge.sinks import SpooledRecord
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,9 @@ class Spool:
             ) from err
         conn: sqlite3.Connection | None = None
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute(f"PRAGMA synchronous = {synchronous}")
+            conn = sqlitewal.connect(
+                self.path, synchronous=synchronous, busy_timeout_ms=BUSY_TIMEOUT_MS
+            )
             conn.execute(f"PRAGMA wal_autocheckpoint = {checkpoint_at}")
             # After a backstop checkpoint the WAL shrinks back to the reserve, not to nothing.
             conn.execute(f"PRAGMA journal_size_limit = {wal_bytes(RESERVE_PAGES)}")

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bridge import sqlitewal
 from bridge.retry import DeliveryError, PermanentError, RetryableError
 from bridge.state import Conflict, Doc, decode_value, encode_value
 
@@ -86,10 +87,7 @@ class SqliteStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # Autocommit: a single statement is its own transaction; batches say BEGIN.
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = FULL")
+            conn = sqlitewal.connect(self.path, synchronous="FULL", busy_timeout_ms=BUSY_TIMEOUT_MS)
             for statement in SCHEMA:
                 conn.execute(statement)
             columns = {row[1] for row in conn.execute("PRAGMA table_info(docs)")}

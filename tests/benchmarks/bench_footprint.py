@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from bridge import schema
 from tests.benchmarks import procstat
-from tests.benchmarks.report import Row, median, slope_per_minute
+from tests.benchmarks.report import Row, median, slope_per_minute, window_medians
 from tests.benchmarks.rig import ROOT, Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
@@ -129,5 +129,8 @@ def _result(m: Measured, duration: int) -> Result:
         f"agent/sample = {ticks_ratio:.2f} over {m.whole_run_polls['agent']} and "
         f"{m.whole_run_polls['sample']} polls.",
         "1: per-window ratios: " + ", ".join(f"{w.ratio:.2f}" for w in m.windows) + ".",
+        "1: agent resident memory, median of each window (growth or settling): "
+        + ", ".join(f"{v:.2f}" for v in window_medians(m.rss["agent"], len(m.windows)))
+        + " MB.",
     ]
     return Result(rows, notes)

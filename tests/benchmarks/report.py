@@ -37,6 +37,15 @@ def median(values: Sequence[float]) -> float:
     return percentile(values, 50)
 
 
+def window_medians(samples: Sequence[tuple[float, float]], windows: int) -> list[float]:
+    """The median value of each of `windows` consecutive equal shares of (seconds, value)
+    samples, oldest first (a leftover sample or two at the end is not counted)."""
+    size = len(samples) // windows
+    if size == 0:
+        raise ValueError(f"{len(samples)} samples cannot fill {windows} windows")
+    return [median([v for _, v in samples[i : i + size]]) for i in range(0, size * windows, size)]
+
+
 def slope_per_minute(samples: Sequence[tuple[float, float]]) -> float:
     """Least-squares slope of (seconds, value) samples, in value units per minute."""
     if len(samples) < 2:

@@ -20,6 +20,7 @@ from tests.benchmarks.report import (
     render_table,
     slope_per_minute,
     tu_share,
+    window_medians,
 )
 
 PRICES = Prices(
@@ -57,6 +58,13 @@ def test_slope_is_per_minute_and_zero_when_flat() -> None:
     assert slope_per_minute([(0.0, 5.0), (60.0, 5.0), (120.0, 5.0)]) == pytest.approx(0.0)
     with pytest.raises(ValueError, match="two samples"):
         slope_per_minute([(0.0, 1.0)])
+
+
+def test_window_medians_are_oldest_first_and_need_a_sample_each() -> None:
+    samples = [(float(t), v) for t, v in enumerate([1.0, 9.0, 2.0, 3.0, 3.0, 8.0, 5.0])]
+    assert window_medians(samples, 3) == [5.0, 2.5, 5.5]  # the seventh sample is left over
+    with pytest.raises(ValueError, match="cannot fill"):
+        window_medians(samples[:2], 3)
 
 
 def test_rate_and_per_month_scaling() -> None:

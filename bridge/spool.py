@@ -121,7 +121,8 @@ class Spool:
                 self._create_schema(conn)
                 self._sync_sinks(conn)
                 self._prune(conn, MAX_SEQ)
-                conn.execute("DELETE FROM state WHERE key = ?", (RESERVE_KEY,))  # a crash's
+                # A reserve row a crash left behind (between _reserve_wal's two commits).
+                conn.execute("DELETE FROM state WHERE key = ?", (RESERVE_KEY,))
             self._reserve_wal()
         except sqlite3.Error as err:
             raise SpoolError(self._unusable(err)) from err

@@ -27,10 +27,10 @@ from bridge.sinks.jsonl import JsonlSink
 from bridge.sinks.loganalytics import LogAnalyticsSink
 from bridge.spool import Spool
 from tests.benchmarks.report import Row, rate
-from tests.benchmarks.rig import Options, Result, environment, identity_env, say, scratch
+from tests.benchmarks.rig import Options, Result, environment, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE
+from tests.e2e.cloud import RULE, cloud_env
 from tests.e2e.harness import read_records
 from tests.fleetrecords import FleetRecords
 
@@ -97,7 +97,7 @@ def run(options: Options) -> Result:
             "loganalytics": (lambda: LogAnalyticsSink(config), lambda: len(logs.records())),
             "jsonl": (lambda: JsonlSink(out), lambda: len(read_records(out))),
         }
-        with environment(identity_env(vm_url, logs.ca_bundle)):
+        with environment(cloud_env(broker, logs, vm_url)):  # its identity and CA parts
             for name, (make, received) in checks.items():
                 say(f"drain: {count} records to {name}")
                 seconds = drain(make(), procs.workdir, records)

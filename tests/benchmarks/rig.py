@@ -63,13 +63,3 @@ def environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-
-
-def identity_env(imds_url: str, ca_bundle: Path) -> dict[str, str]:
-    """This process's environment for cloud sinks in it: managed identity from the simulator,
-    trust in the Logs Ingestion double's certificate."""
-    return {
-        "AZURE_POD_IDENTITY_AUTHORITY_HOST": imds_url,
-        "REQUESTS_CA_BUNDLE": str(ca_bundle),
-        "NO_PROXY": "127.0.0.1,localhost",
-    }

@@ -7,10 +7,17 @@ fleet state are shared by processes that may start together.
 from __future__ import annotations
 
 import sqlite3
+import struct
 import time
 from pathlib import Path
 
 RETRY_SECONDS = 0.01
+# The WAL-index header at the start of the -shm file (https://www.sqlite.org/walformat.html,
+# "the WAL-index header"), in the machine's byte order: mxFrame, the last frame of the WAL
+# that holds data, at byte 16; nBackfill, how many of them a checkpoint has copied into the
+# database, at byte 96.
+_U32 = struct.Struct("=I")
+_MX_FRAME, _N_BACKFILL = 16, 96
 
 
 def connect(path: Path, *, synchronous: str, busy_timeout_ms: int) -> sqlite3.Connection:
@@ -40,3 +47,23 @@ def _enter_wal(conn: sqlite3.Connection, deadline: float) -> None:
             time.sleep(RETRY_SECONDS)
         else:
             return
+
+
+def fully_checkpointed(path: Path) -> bool:
+    """True if every frame of `path`'s WAL is in the database, so the next write transaction
+    (of any connection) restarts the WAL at its start: it writes a new WAL header and syncs
+    it before its own frames, one sync more than usual. False when unknown (no -shm file).
+
+    Read without SQLite's locks: a torn read can only make the caller restart the WAL when
+    it need not, or leave the restart to the next writer, as without this check.
+    """
+    try:
+        with path.with_name(path.name + "-shm").open("rb") as shm:
+            head = shm.read(_N_BACKFILL + _U32.size)
+    except OSError:
+        return False
+    if len(head) < _N_BACKFILL + _U32.size:
+        return False
+    mx_frame: int = _U32.unpack_from(head, _MX_FRAME)[0]
+    backfilled: int = _U32.unpack_from(head, _N_BACKFILL)[0]
+    return 0 < mx_frame == backfilled

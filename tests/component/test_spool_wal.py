@@ -1,8 +1,9 @@
 """The spool's WAL on disk: reserved at open, written in place, checkpointed by acks only.
 
 Why it matters: a durable commit's fdatasync costs about half as much when it overwrites
-pages the file already has as when it grows the file (benchmark row 2f against 2g), and a
-checkpoint inside a record commit would add two more syncs to the poll loop.
+pages the file already has as when it grows the file (benchmark row 2f against 2g), a
+checkpoint inside a record commit would add two more syncs to the poll loop, and restarting
+the WAL after a checkpoint adds one (the new header's).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from bridge.spool import RESERVE_KEY, RESERVE_PAGES, Spool, wal_bytes
+from bridge.spool import RESERVE_KEY, RESERVE_PAGES, RESTART_KEY, Spool, wal_bytes
+from bridge.sqlitewal import fully_checkpointed
 
 
 def rec(n: int) -> dict[str, object]:
@@ -86,3 +88,18 @@ def test_the_reserve_row_never_outlives_opening(db: Path) -> None:
     again = Spool(db, ["a"])
     assert again.load_state("k") == {"n": 1}
     again.close()
+
+
+def test_no_record_commit_is_left_to_restart_the_wal(spool: Spool, db: Path) -> None:
+    assert not fully_checkpointed(db)  # opening checkpointed the reserve, then restarted
+    checkpoints = 0
+    for n in range(300):  # about 1,000 WAL pages: a checkpoint every 256
+        before = digest(db)
+        commit_and_ack(spool, n)
+        checkpoints += digest(db) != before
+        # Fully checkpointed here would mean the next record commit writes and syncs a new
+        # WAL header first: two syncs instead of one.
+        assert not fully_checkpointed(db), f"after ack {n}, the WAL awaits a restart"
+    assert checkpoints >= 3
+    assert spool.load_state(RESTART_KEY) is None
+    assert spool.load_state("k") == {"n": 299}

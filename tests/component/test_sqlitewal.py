@@ -46,3 +46,20 @@ def test_a_file_that_is_not_a_database_is_an_error_at_once(tmp_path: Path) -> No
     bad.write_bytes(b"not a database" * 100)
     with pytest.raises(sqlite3.DatabaseError, match="not a database"):
         sqlitewal.connect(bad, synchronous="FULL", busy_timeout_ms=10_000)
+
+
+def test_fully_checkpointed_reads_the_wal_index(tmp_path: Path) -> None:
+    path = tmp_path / "x.db"
+    assert not sqlitewal.fully_checkpointed(path)  # no file, no -shm: unknown
+    conn = sqlitewal.connect(path, synchronous="FULL", busy_timeout_ms=1000)
+    conn.execute("PRAGMA wal_autocheckpoint = 0")
+    conn.execute("CREATE TABLE t (k INTEGER PRIMARY KEY)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    assert not sqlitewal.fully_checkpointed(path)  # frames not yet in the database
+    busy, frames, copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert (busy, frames) == (0, copied)
+    assert sqlitewal.fully_checkpointed(path)
+    conn.execute("INSERT INTO t VALUES (2)")  # this write restarted the WAL
+    assert not sqlitewal.fully_checkpointed(path)
+    assert conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1] == 1
+    conn.close()

@@ -82,10 +82,15 @@ class Spool:
             self._prepare()
             # A lost ack only causes a duplicate delivery, so acks skip the fsync.
             self._light = self._connect("NORMAL", checkpoint_at=CHECKPOINT_PAGES)
-            self._restart_wal_if_checkpointed()  # the reserve was checkpointed at open
         except BaseException:
             self._durable.close()
             raise
+        try:
+            self._restart_wal_if_checkpointed()  # the reserve was checkpointed at open
+        except sqlite3.Error as err:
+            self._durable.close()
+            self._light.close()
+            raise SpoolError(f"cannot write to the spool database {self.path}: {err}") from err
 
     # --- opening -------------------------------------------------------------------------
 

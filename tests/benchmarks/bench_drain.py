@@ -81,8 +81,8 @@ def timed_drain(kind: str, config: Config, spool_path: Path) -> float:
     """In the child: open the spool filled by `drain`, ship it all, return the seconds taken."""
     sink = make_sink(kind, config, spool_path)
     spool = Spool(spool_path, [sink.name], max_records=2**31, max_bytes=2**30)
-    delivery = Delivery(spool, [sink])
     try:
+        delivery = Delivery(spool, [sink])
         began = time.monotonic()
         delivery.start()
         if not delivery.flush(timeout=600):
@@ -99,7 +99,11 @@ def make_sink(kind: str, config: Config, spool_path: Path) -> Sink:
         return EventHubsSink(config)
     if kind == "loganalytics":
         return LogAnalyticsSink(config)
-    return JsonlSink(spool_path.with_suffix(".jsonl"))
+    return JsonlSink(jsonl_out(spool_path))
+
+
+def jsonl_out(spool_path: Path) -> Path:
+    return spool_path.with_suffix(".jsonl")
 
 
 def run(options: Options) -> Result:
@@ -119,7 +123,7 @@ def run(options: Options) -> Result:
         received: dict[str, Callable[[], int]] = {
             "eventhubs": lambda: len(broker.events()),
             "loganalytics": lambda: len(logs.records()),
-            "jsonl": lambda: len(read_records(procs.workdir / "jsonl.jsonl")),
+            "jsonl": lambda: len(read_records(jsonl_out(procs.workdir / "jsonl.db"))),
         }
         with environment(cloud_env(broker, logs, vm_url)):  # its identity and CA parts
             for name, count_received in received.items():

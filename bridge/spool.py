@@ -140,7 +140,7 @@ class Spool:
     def _reserve_wal(self) -> None:
         """Grow the WAL to RESERVE_PAGES with a throw-away row, then checkpoint it all, so the
         next commit restarts the WAL at its start and writes in place from then on."""
-        wal = self.path.with_name(self.path.name + "-wal")
+        wal = sqlitewal.wal_path(self.path)
         if wal.exists() and wal.stat().st_size >= wal_bytes(RESERVE_PAGES):
             return
         # Its own connection, closed at once: the page cache the row passes through goes too.

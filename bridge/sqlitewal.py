@@ -49,6 +49,11 @@ def _enter_wal(conn: sqlite3.Connection, deadline: float) -> None:
             return
 
 
+def wal_path(path: Path) -> Path:
+    """The write-ahead log SQLite keeps beside the database `path`."""
+    return path.with_name(path.name + "-wal")
+
+
 def fully_checkpointed(path: Path) -> bool:
     """True if every frame of `path`'s WAL is in the database, so the next write transaction
     (of any connection) restarts the WAL at its start: it writes a new WAL header and syncs

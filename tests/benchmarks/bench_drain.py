@@ -13,6 +13,7 @@ process, the doubles' decoding of every frame took the interpreter lock from the
 from __future__ import annotations
 
 import multiprocessing
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -20,8 +21,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bridge import schema
-from bridge.config import Config, EventHubsSettings, IdentitySettings, LogAnalyticsSettings
+from bridge import config, schema
+from bridge.config import Config
 from bridge.delivery import Delivery
 from bridge.fleet import Fleet
 from bridge.fleetspec import demo_vms
@@ -32,7 +33,7 @@ from bridge.sinks.jsonl import JsonlSink
 from bridge.sinks.loganalytics import LogAnalyticsSink
 from bridge.spool import Spool
 from tests.benchmarks.report import Row, rate
-from tests.benchmarks.rig import Options, Result, environment, say, scratch
+from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.e2e.cloud import RULE, cloud_env
@@ -63,9 +64,11 @@ def backlog(count: int) -> list[dict[str, Any]]:
     return out
 
 
-def drain(kind: str, config: Config, spool_path: Path, records: list[dict[str, Any]]) -> float:
-    """Seconds Delivery, in a process of its own, takes to ship `records` through a sink."""
-    sink = make_sink(kind, config, spool_path).name  # built again in the child
+def drain(kind: str, env: dict[str, str], spool_path: Path,
+          records: list[dict[str, Any]]) -> float:  # fmt: skip
+    """Seconds Delivery, in a process of its own with settings `env`, takes to ship `records`
+    through a sink."""
+    sink = make_sink(kind, config.load(environ=env), spool_path).name  # built again in the child
     spool = Spool(spool_path, [sink], max_records=len(records) + 100, max_bytes=2**30)
     try:
         for start in range(0, len(records), 1000):
@@ -73,13 +76,17 @@ def drain(kind: str, config: Config, spool_path: Path, records: list[dict[str, A
     finally:
         spool.close()
     # spawn, not fork: a forked child would inherit the doubles' threads' locks mid-use.
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply_async(timed_drain, (kind, config, spool_path)).get(timeout=660)
+    with multiprocessing.get_context("spawn").Pool(1, _settle, (env,)) as pool:
+        return pool.apply_async(timed_drain, (kind, spool_path)).get(timeout=660)
 
 
-def timed_drain(kind: str, config: Config, spool_path: Path) -> float:
+def _settle(env: dict[str, str]) -> None:
+    os.environ.update(env)
+
+
+def timed_drain(kind: str, spool_path: Path) -> float:
     """In the child: open the spool filled by `drain`, ship it all, return the seconds taken."""
-    sink = make_sink(kind, config, spool_path)
+    sink = make_sink(kind, config.load(), spool_path)
     spool = Spool(spool_path, [sink.name], max_records=2**31, max_bytes=2**30)
     try:
         delivery = Delivery(spool, [sink])
@@ -94,11 +101,11 @@ def timed_drain(kind: str, config: Config, spool_path: Path) -> float:
         spool.close()
 
 
-def make_sink(kind: str, config: Config, spool_path: Path) -> Sink:
+def make_sink(kind: str, settings: Config, spool_path: Path) -> Sink:
     if kind == "eventhubs":
-        return EventHubsSink(config)
+        return EventHubsSink(settings)
     if kind == "loganalytics":
-        return LogAnalyticsSink(config)
+        return LogAnalyticsSink(settings)
     return JsonlSink(jsonl_out(spool_path))
 
 
@@ -114,25 +121,19 @@ def run(options: Options) -> Result:
     broker = EventHubsBroker(hub="records", partitions=4)
     logs = LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration())
     with SimulatorServer(simulator) as server, broker, logs, scratch("drain") as procs:
-        vm_url = server.vm_url(simulator.vm_names[0])
-        config = Config(
-            eventhubs=EventHubsSettings(connection_string=broker.connection_string),
-            loganalytics=LogAnalyticsSettings(endpoint=logs.endpoint, rule_id=RULE),
-            identity=IdentitySettings(kind="managed"),
-        )
+        env = cloud_env(broker, logs, server.vm_url(simulator.vm_names[0]))
         received: dict[str, Callable[[], int]] = {
             "eventhubs": lambda: len(broker.events()),
             "loganalytics": lambda: len(logs.records()),
             "jsonl": lambda: len(read_records(jsonl_out(procs.workdir / "jsonl.db"))),
         }
-        with environment(cloud_env(broker, logs, vm_url)):  # its identity and CA parts
-            for name, count_received in received.items():
-                say(f"drain: {count} records to {name}")
-                seconds = drain(name, config, procs.workdir / f"{name}.db", records)
-                got = count_received()
-                if got < count:
-                    raise RuntimeError(f"{name} holds {got} of {count} records after the drain")
-                rates[name] = rate(count, seconds)
+        for name, count_received in received.items():
+            say(f"drain: {count} records to {name}")
+            seconds = drain(name, env, procs.workdir / f"{name}.db", records)
+            got = count_received()
+            if got < count:
+                raise RuntimeError(f"{name} holds {got} of {count} records after the drain")
+            rates[name] = rate(count, seconds)
     return _result(rates, count)
 
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bridge
+from bridge import sqlitewal
 from bridge.fleet import EventSpec
 from bridge.simulator import Simulator
 
@@ -336,7 +337,7 @@ class AgentKiller:
     ) -> None:
         self.argv, self.log_path, self.output = argv, log_path, output
         # SQLite appends every transaction to the WAL first: its writes are the commits.
-        self.wal = spool.with_name(spool.name + "-wal")
+        self.wal = sqlitewal.wal_path(spool)
         self.sim, self.changes, self.rng = sim, changes, rng
         self.stats = KillStats()
         self.proc: subprocess.Popen[bytes] | None = None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bridge.spool import RESERVE_KEY, RESERVE_PAGES, RESTART_KEY, Spool, wal_bytes
-from bridge.sqlitewal import fully_checkpointed
+from bridge.sqlitewal import fully_checkpointed, wal_path
 
 
 def rec(n: int) -> dict[str, object]:
@@ -36,7 +36,7 @@ def spool(db: Path) -> Iterator[Spool]:
 
 
 def wal_size(db: Path) -> int:
-    return db.with_name(db.name + "-wal").stat().st_size
+    return wal_path(db).stat().st_size
 
 
 def digest(db: Path) -> str:

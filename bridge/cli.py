@@ -14,7 +14,7 @@ from bridge import __version__, host
 from bridge.config import Config, ConfigError, load
 
 if TYPE_CHECKING:
-    from bridge.policy import Policy
+    from bridge.policy.model import Policy
 
 log = logging.getLogger("bridge")
 
@@ -115,9 +115,9 @@ def serve_agent(
     default_log_file: Path | None = None,
 ) -> int:
     """Run the agent until `stop` is set; the exit code. The Windows service calls this too."""
-    from bridge.agent import Agent  # noqa: PLC0415 - keeps `se-bridge --help` light
+    from bridge.agent.loop import Agent  # noqa: PLC0415 - keeps `se-bridge --help` light
     from bridge.logfile import handler  # noqa: PLC0415
-    from bridge.spool import SpoolError  # noqa: PLC0415
+    from bridge.outbox.spool import SpoolError  # noqa: PLC0415
 
     try:
         config = load(config_file, flags=flags)
@@ -144,7 +144,7 @@ def _local_policy(config: Config) -> Policy | None:
     """The local-mode policy, read at start so a bad file stops the agent with a message."""
     if config.agent.policy is None:
         return None
-    from bridge.localmode import load_policy  # noqa: PLC0415 - YAML only when asked for
+    from bridge.agent.localmode import load_policy  # noqa: PLC0415 - YAML only when asked for
 
     try:
         return load_policy(config.agent.policy)
@@ -158,11 +158,11 @@ def _fail(message: str, code: int) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from bridge.consume import add_parser as add_consume_parser  # noqa: PLC0415
+    from bridge.agent.winservice import add_parser as add_service_parser  # noqa: PLC0415
+    from bridge.commands.signing import add_parser as add_keygen_parser  # noqa: PLC0415
+    from bridge.consumer.service import add_parser as add_consume_parser  # noqa: PLC0415
     from bridge.demo import add_parser as add_demo_parser  # noqa: PLC0415
-    from bridge.signing import add_parser as add_keygen_parser  # noqa: PLC0415
-    from bridge.simulator import add_parser as add_simulate_parser  # noqa: PLC0415
-    from bridge.winservice import add_parser as add_service_parser  # noqa: PLC0415
+    from bridge.simulator.command import add_parser as add_simulate_parser  # noqa: PLC0415
 
     parser = argparse.ArgumentParser(
         prog="se-bridge",

@@ -318,7 +318,7 @@ def load(
 def _check_signing(settings: CommandsSettings) -> None:
     """Secure by default: a command channel needs a key unless unsigned is asked for."""
     if settings.verify_key:
-        from bridge.signing import SigningError, load_verifier  # noqa: PLC0415
+        from bridge.commands.signing import SigningError, load_verifier  # noqa: PLC0415
 
         try:
             load_verifier(settings)

@@ -19,8 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from bridge import host, signing
-from bridge.agent import Agent
+from bridge import host
+from bridge.agent.loop import Agent
+from bridge.commands import signing
 from bridge.config import (
     AgentSettings,
     CommandsSettings,
@@ -31,10 +32,10 @@ from bridge.config import (
     IdentitySettings,
     ImdsSettings,
 )
-from bridge.consume import ConsumerService
-from bridge.fleet import Fleet
-from bridge.fleetspec import demo_vms
-from bridge.simulator import Simulator, SimulatorServer
+from bridge.consumer.service import ConsumerService
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import Fleet
+from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord, build
 
 SCENARIOS = (

@@ -12,9 +12,9 @@ import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Protocol
 
-from bridge import commands
 from bridge.channels import CommandInbox, CommandSender, Received
-from bridge.commands import Command
+from bridge.commands import message as commands
+from bridge.commands.message import Command
 
 # Past the 1 s visibility timeout or time-to-live, with room for a coarse server clock.
 PAST_ONE_SECOND = 1.6

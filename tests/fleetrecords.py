@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from bridge.commands import Command
+from bridge.commands.message import Command
 from bridge.records import (
     ApprovalOutcome,
     Health,

@@ -7,7 +7,7 @@ import time
 import uuid
 
 from bridge.config import Config, StorageSettings
-from bridge.state import Conflict, Doc, Store
+from bridge.consumer.state import Conflict, Doc, Store
 
 
 def tables_config(connection_string: str) -> Config:

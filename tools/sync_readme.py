@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from bridge import config, schema
-from bridge.normalise import Context, normalise
+from bridge.agent.normalise import Context, normalise
 from bridge.records import Origin, VmIdentity
 
 ROOT = Path(__file__).resolve().parent.parent

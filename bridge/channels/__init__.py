@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from bridge import specs
 
 if TYPE_CHECKING:
-    from bridge.commands import Command
+    from bridge.commands.message import Command
     from bridge.config import Config
 
 

@@ -31,7 +31,7 @@ from bridge.channels import Received
 from bridge.retry import PermanentError, RetryableError
 
 if TYPE_CHECKING:
-    from bridge.commands import Command
+    from bridge.commands.message import Command
 
 T = TypeVar("T")
 

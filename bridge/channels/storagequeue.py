@@ -24,8 +24,8 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from bridge import identity, storageerrors
-from bridge.channels import Received
+from bridge import identity
+from bridge.channels import Received, storageerrors
 from bridge.config import Config
 from bridge.retry import (
     DeliveryError,
@@ -35,7 +35,7 @@ from bridge.retry import (
 if TYPE_CHECKING:
     from azure.storage.queue import QueueClient, QueueServiceClient
 
-    from bridge.commands import Command
+    from bridge.commands.message import Command
 
 # Azure's rule: 3-63 characters, lowercase letters, digits and single hyphens, starting
 # and ending with a letter or digit.

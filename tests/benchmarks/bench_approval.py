@@ -20,7 +20,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bridge.signing import verify_key_text
+from bridge.commands.signing import verify_key_text
 from tests.azurite import Azurite
 from tests.benchmarks.report import Row, ms, percentile
 from tests.benchmarks.rig import Options, Result, say, scratch

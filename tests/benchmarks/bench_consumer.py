@@ -1,6 +1,6 @@
 """5. Consumer throughput: records per second through dedup, fleet state and policy.
 
-The consumer core (bridge.consumer.Consumer) in this process, pinned to one CPU, is fed
+The consumer core (bridge.consumer.core.Consumer) in this process, pinned to one CPU, is fed
 batches of 100 records as Event Hubs would hand them: heartbeats of a fleet, and every
 50th record a new event (half user reboots, which are approved and sent to a local
 command directory; half platform reboots, which are held). State in SQLite, or in Table
@@ -20,11 +20,11 @@ from typing import Any
 
 from bridge.channels.local import LocalSender
 from bridge.config import Config, ConsumerSettings, StorageSettings
-from bridge.consumer import Consumer
-from bridge.policy import DEFAULT_POLICY
-from bridge.state import Store
-from bridge.state.sqlite import SqliteStore
-from bridge.state.tables import TableStore
+from bridge.consumer.core import Consumer
+from bridge.consumer.state import Store
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.consumer.state.tables import TableStore
+from bridge.policy.model import DEFAULT_POLICY
 from tests.azurite import Azurite
 from tests.benchmarks.report import Row, rate
 from tests.benchmarks.rig import Options, Result, say, scratch

@@ -23,15 +23,15 @@ from typing import Any
 
 from bridge import config, schema
 from bridge.config import Config
-from bridge.delivery import Delivery
-from bridge.fleet import Fleet
-from bridge.fleetspec import demo_vms
-from bridge.simulator import Simulator, SimulatorServer
+from bridge.outbox.delivery import Delivery
+from bridge.outbox.spool import Spool
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import Fleet
+from bridge.simulator.vms import demo_vms
 from bridge.sinks import Sink
 from bridge.sinks.eventhubs import EventHubsSink
 from bridge.sinks.jsonl import JsonlSink
 from bridge.sinks.loganalytics import LogAnalyticsSink
-from bridge.spool import Spool
 from tests.benchmarks.report import Row, rate
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker

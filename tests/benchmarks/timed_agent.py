@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge import cli
-from bridge.agent import Agent
+from bridge.agent.loop import Agent
 from bridge.sinks import Sink, SpooledRecord
 
 FULL = 2  # the generation of a full garbage collection

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bridge import fleetstate as fs
-from bridge.fleet import EventSpec
-from bridge.hub import PARTITIONS, LocalHub
-from bridge.state.sqlite import SqliteStore
+from bridge.consumer import documents as fs
+from bridge.consumer.sources.hub import PARTITIONS, LocalHub
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.simulator.fleet import EventSpec
 from tests.chaos.rig import BUDGET, SCALE_SETS, allowed, scale_set_of
 
 Record = dict[str, Any]

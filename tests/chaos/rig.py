@@ -19,10 +19,11 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bridge import schema, signing
-from bridge.fleet import EventSpec, Fleet
-from bridge.fleetspec import vms_from_spec
-from bridge.simulator import Simulator, SimulatorServer
+from bridge import schema
+from bridge.commands import signing
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import EventSpec, Fleet
+from bridge.simulator.vms import vms_from_spec
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.e2e.cloud import RULE, cloud_env

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge.fleet import EventSpec
-from bridge.hub import PARTITIONS, LocalHub
+from bridge.consumer.sources.hub import PARTITIONS, LocalHub
+from bridge.simulator.fleet import EventSpec
 from tests.chaos import invariants as inv
 from tests.chaos.rig import SCALE_SETS, VMS, Rig, allowed, scale_set_of
 from tests.e2e.harness import Proc

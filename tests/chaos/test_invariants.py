@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bridge.fleet import EventSpec
+from bridge.simulator.fleet import EventSpec
 from tests.chaos import invariants as inv
 
 USER = EventSpec("Reboot", ("web_0",), event_source="User")

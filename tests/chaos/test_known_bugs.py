@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from bridge.agent import Agent
+from bridge.agent.loop import Agent
 from bridge.config import Config
-from bridge.fleet import Fleet
-from bridge.fleetspec import numbered_vms
-from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import Fleet
+from bridge.simulator.vms import numbered_vms
 from tests.component.agentharness import AgentHarness
 
 
@@ -39,7 +39,7 @@ class Harness(AgentHarness):
 
 
 KNOWN_IDENTITY = (
-    "bridge/agent.py: a restarted agent forgets its VM identity until instance metadata answers "
+    "bridge/agent/loop.py: a restarted agent forgets its VM identity until instance metadata answers "
     "again; meanwhile its records carry VmId null, and the consumer cannot attribute them (an "
     "event's Canceled from that VM is lost: the consumer's state keeps it Scheduled)"
 )

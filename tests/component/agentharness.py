@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bridge.agent import Agent
+from bridge.agent.loop import Agent
 from bridge.config import AgentSettings, ImdsSettings
-from bridge.simulator import SimulatorServer
+from bridge.simulator.command import SimulatorServer
 from tests.support import assert_valid
 
 VM = "vm-0"

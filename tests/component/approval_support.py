@@ -9,13 +9,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from bridge import commands, imds
-from bridge.agent import Agent, utc_now
+from bridge.agent import imds
+from bridge.agent.loop import Agent, utc_now
 from bridge.channels import Received
+from bridge.commands import message as commands
 from bridge.config import CommandsSettings, Config, HooksSettings
-from bridge.policy import Policy
+from bridge.policy.model import Policy
 from bridge.retry import DeliveryError, RetryableError
-from bridge.simulator import SimulatorServer
+from bridge.simulator.command import SimulatorServer
 from tests.component.agentharness import AgentHarness
 
 

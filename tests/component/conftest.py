@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from bridge.fleet import Fleet
-from bridge.fleetspec import demo_vms
-from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import Fleet
+from bridge.simulator.vms import demo_vms
 from tests.component.approval_support import Harness
 
 

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bridge
-from bridge import sqlitewal
-from bridge.fleet import EventSpec
-from bridge.simulator import Simulator
+from bridge.outbox import sqlitewal
+from bridge.simulator.command import Simulator
+from bridge.simulator.fleet import EventSpec
 
 REPO_ROOT = Path(bridge.__file__).resolve().parent.parent
 AGENT_VM = "vm-0"

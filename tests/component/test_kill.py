@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from bridge.fleet import EventSpec, Fleet
-from bridge.fleetspec import numbered_vms
-from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import EventSpec, Fleet
+from bridge.simulator.vms import numbered_vms
 from tests.component.killtools import (
     AGENT_VM,
     GATE_TIMEOUT,

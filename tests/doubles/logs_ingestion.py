@@ -55,7 +55,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from bridge.simserver import ClosingHTTPServer
+from bridge.simulator.server import ClosingHTTPServer
 from tests.doubles.tls import make_server_certificate
 
 logger = logging.getLogger("tests.doubles.logs_ingestion")

@@ -16,8 +16,8 @@ import pytest
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
-from bridge import signing
-from bridge.commands import Command, approve, command_id
+from bridge.commands import signing
+from bridge.commands.message import Command, approve, command_id
 from bridge.config import CommandsSettings, IdentitySettings
 from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
-from bridge.fleetspec import demo_vms
+from bridge.simulator.vms import demo_vms
 from tests.e2e.harness import (
     PYTHON,
     Agent,

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from bridge import __version__, scenarios
+from bridge import __version__
+from bridge.simulator import scenarios
 from tests.e2e.harness import (
     Agent,
     Processes,

@@ -16,9 +16,9 @@ import requests
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bridge import imds
-from bridge.document import DocumentError, parse_document, parse_time
-from bridge.normalise import Context, normalise
+from bridge.agent import imds
+from bridge.agent.document import DocumentError, parse_document, parse_time
+from bridge.agent.normalise import Context, normalise
 from bridge.records import Origin, VmIdentity
 from bridge.retry import RetryableError
 from tests.fuzz.strategies import (
@@ -52,7 +52,7 @@ bodies = (
 
 
 def decode(body: bytes) -> Any:
-    """As the agent decodes a body (bridge.agent Agent._observe): not JSON is skipped."""
+    """As the agent decodes a body (bridge.agent.loop Agent._observe): not JSON is skipped."""
     try:
         return json.loads(body)
     except ValueError:

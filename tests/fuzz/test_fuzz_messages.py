@@ -19,12 +19,12 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bridge.batches import NotARecord, parse_record
-from bridge.commands import Command, CommandError, approve, parse
+from bridge.commands.message import Command, CommandError, approve, parse
 from bridge.config import ConsumerSettings
-from bridge.consumer import Consumer
-from bridge.policy import Action, Budget, Match, Policy, Rule
-from bridge.state.sqlite import SqliteStore
+from bridge.consumer.core import Consumer
+from bridge.consumer.sources.batches import NotARecord, parse_record
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.fleetrecords import FleetRecords
 from tests.fuzz.strategies import DEEP_JSON, FUZZ, NASTY_TEXT, as_json_bytes, json_values, mutations
 

@@ -14,8 +14,8 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from bridge.policy import Policy
-from bridge.policyfile import EXAMPLE_POLICY_YAML, PolicyError, loads
+from bridge.policy.file import EXAMPLE_POLICY_YAML, PolicyError, loads
+from bridge.policy.model import Policy
 from tests.fuzz.strategies import FUZZ, NASTY_TEXT, json_values, mutations
 
 SOURCE = "fuzz.yaml"

@@ -23,12 +23,12 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
 from azure.storage.queue import QueueServiceClient
 
-from bridge import commands
-from bridge import fleetstate as fs
+from bridge.commands import message as commands
 from bridge.config import Config, EventHubsSettings
+from bridge.consumer import documents as fs
+from bridge.consumer.state.tables import TableStore
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
-from bridge.state.tables import TableStore
 from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.e2e.harness import Proc, Processes, Record, read_records, tail, wait_until
@@ -299,7 +299,7 @@ def assert_one_approval_per_event(found: Sequence[commands.Command]) -> dict[str
     """At most one CommandId per event, every copy of it identical; the copies per CommandId.
 
     A copy is the same command sent again: a consumer resends the command of a ledger entry
-    left unsent for a while (bridge.ledger.RESEND_UNSENT_AFTER), which after a crash between
+    left unsent for a while (bridge.consumer.ledger.RESEND_UNSENT_AFTER), which after a crash between
     the send and marking the entry sent means twice. The agent acts once per EventId and
     CommandId, so a copy is never a second approval.
     """

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.fleet import Fleet
-from bridge.fleetspec import demo_vms
-from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import Fleet
+from bridge.simulator.vms import demo_vms
 
 
 @pytest.fixture

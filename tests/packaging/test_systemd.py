@@ -124,7 +124,7 @@ except PermissionError:
     pass
 else:
     sys.exit("write+execute memory was allowed: the check below proves nothing")
-import bridge.agent, bridge.consume, bridge.sinks.eventhubs, bridge.sinks.loganalytics
+import bridge.agent.loop, bridge.consumer.service, bridge.sinks.eventhubs, bridge.sinks.loganalytics
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 key = Ed25519PrivateKey.generate()
 key.public_key().verify(key.sign(b"approve"), b"approve")

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 
-from bridge import cli, winservice
-from bridge.simulator import SimulatorServer
+from bridge import cli
+from bridge.agent import winservice
+from bridge.simulator.command import SimulatorServer
 from tests.e2e.harness import wait_until
 
 
@@ -66,7 +67,9 @@ def test_install_registers_a_delayed_auto_start_localsystem_service(tmp_path: Pa
     assert (spec.name, spec.account, spec.delayed_start) == ("se-bridge", None, True)
     assert spec.config == config.resolve()
     package_parent = Path(winservice.__file__).resolve().parent.parent
-    assert spec.class_string == ntpath.join(str(package_parent), "bridge.winservice.AgentService")
+    assert spec.class_string == ntpath.join(
+        str(package_parent), "bridge.agent.winservice.AgentService"
+    )
     assert commands == [
         ["sc.exe", "failure", "se-bridge", "reset=", "86400", "actions=",
          "restart/5000/restart/15000/restart/60000"],

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from bridge import fleetstate, imds
-from bridge.document import DocumentError, parse_document
-from bridge.policyfile import PolicyError, loads
+from bridge.agent import imds
+from bridge.agent.document import DocumentError, parse_document
+from bridge.consumer import documents as fleetstate
+from bridge.policy.file import PolicyError, loads
 
 RULES = "rules:\n  - {name: r, action: hold}\n"
 

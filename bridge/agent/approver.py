@@ -1,0 +1,274 @@
+"""Approving one event through IMDS: the step the command listener and local mode share.
+
+Both end here so they share one memory of what this agent approved: an event approved
+by a central command is never approved again by the local policy (or the other way
+round), and a redelivered command does not POST twice. Before every POST the event is
+checked against a Scheduled Events document fetched fresh from IMDS, because the
+agent's last observation may be a second old and a command may be minutes old.
+
+The memory is saved in the spool's state in the same transaction as the Approval
+record, so it survives a restart as far as the record does. So is the memory of the
+commands this agent handled (approved, refused or failed): a command with a CommandId in
+it is a replay. An entry is kept until the command expires, after which a replay is
+refused as expired anyway; a sample of the saved state:
+
+    {"seen": {"3d0c...": {"outcome": "Refused", "until": "2026-11-21T10:15:00.000Z"}}}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal, Protocol, TypeVar
+
+from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
+from bridge.agent.imds import excerpt
+from bridge.outbox.spool import Spool, SpoolError
+from bridge.records import ApprovalOutcome, Origin, approval_record, iso
+from bridge.retry import DeliveryError, PermanentError, RetryableError
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+STATE_KEY = "approvals"
+MEMORY = 256  # events remembered: far more than can be pending on one VM at once
+SEEN_KEY = "commands"
+# Commands remembered: only verified ones for this VM get in, one per event at most, so
+# this bound is never reached in practice; past it the soonest to expire go first.
+SEEN_MEMORY = 1024
+# Kept a little past expiry, so a clock step on this VM does not reopen the door at once.
+SEEN_GRACE = timedelta(minutes=5)
+SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
+
+# Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
+# Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.
+Kind = Literal["Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry"]
+
+
+class Runner(Protocol):
+    """Runs an IMDS call on the agent's IMDS worker (`Agent._interruptible`)."""
+
+    def __call__(self, call: Callable[[], T]) -> T: ...
+
+
+class EventsApi(Protocol):
+    def scheduled_events(self) -> bytes: ...
+
+    def start_events(self, event_ids: list[str]) -> int: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    """Approve `event_id`: what a command (Central) or the local policy (Local) asks for."""
+
+    event_id: str
+    command_id: str
+    source: str  # Central | Local
+    rule: str | None
+    reason: str
+    issued_at: datetime  # the command's IssuedAt, or the moment of the local decision
+    expires_at: datetime | None = None  # a command's ExpiresAt: remembered as seen until then
+
+
+@dataclass(frozen=True)
+class Attempt:
+    kind: Kind
+    detail: str
+    outcome: ApprovalOutcome | None = None
+
+
+class Approver:
+    """Check against a fresh document, POST StartRequests, write the Approval record."""
+
+    def __init__(
+        self,
+        imds: EventsApi,
+        run: Runner,
+        spool: Spool,
+        origin: Callable[[], Origin],
+        now: Callable[[], datetime],
+    ) -> None:
+        self._imds, self._run, self._spool = imds, run, spool
+        self._origin, self._now = origin, now
+        self._lock = threading.Lock()
+        self._save_lock = threading.Lock()
+        self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
+        self._seen: dict[str, dict[str, str]] = _load_seen(spool)  # CommandId -> outcome, until
+        self._in_flight: set[str] = set()
+
+    def handled(self, command_id: str) -> str | None:
+        """How this agent ended the command `command_id` before (Approved, ...); None if new."""
+        # Only commands: an event the local policy approved is not a replay of anything.
+        with self._lock:
+            entry = self._seen.get(command_id)
+            return entry.get("outcome") if entry else None
+
+    def approved(self, event_id: str) -> bool:
+        with self._lock:
+            return event_id.lower() in self._approved
+
+    def approved_events(self) -> frozenset[str]:
+        """EventIds (lower case) this agent approved."""
+        with self._lock:
+            return frozenset(self._approved)
+
+    def attempt(self, request: Request) -> Attempt:
+        key = request.event_id.lower()
+        with self._lock:
+            if key in self._approved or request.command_id in self._approved.values():
+                return Attempt("Duplicate", f"event {request.event_id} was approved already")
+            if key in self._in_flight:
+                return Attempt("Busy", f"event {request.event_id} is being approved right now")
+            self._in_flight.add(key)
+        try:
+            return self._attempt(request)
+        finally:
+            with self._lock:
+                self._in_flight.discard(key)
+
+    def record(
+        self,
+        outcome: ApprovalOutcome,
+        *,
+        remember: bool = False,
+        seen_until: datetime | None = None,
+    ) -> None:
+        """Write the Approval record; `remember` the event, and the command as seen until
+        `seen_until`, in the same transaction."""
+        record = approval_record(self._origin(), outcome, self._now())
+        # One writer at a time, so two threads' snapshots of the memory never land out of order.
+        with self._save_lock:
+            state: dict[str, dict[str, Any]] = {}
+            if remember and outcome.event_id is not None:
+                state[STATE_KEY] = self._remember(outcome.event_id, outcome.command_id or "")
+            if seen_until is not None and outcome.command_id:
+                state[SEEN_KEY] = self._see(outcome.command_id, outcome.outcome, seen_until)
+            try:
+                self._spool.commit([record], state=state or None)
+            except SPOOL_ERRORS as err:
+                log.error("the Approval record of event %s (%s) could not be written to the "
+                          "spool %s: %s", outcome.event_id, outcome.outcome, self._spool.path,
+                          err)  # fmt: skip
+
+    def _attempt(self, request: Request) -> Attempt:
+        try:
+            document = self._document()
+        except DeliveryError as err:
+            return Attempt("Retry", f"cannot read the current Scheduled Events document: {err}")
+        event = _find(document, request.event_id)
+        refusal = _refusal(document, event, request.event_id)
+        base = _outcome(request, document, event)
+        if refusal is not None:
+            return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
+        return self._start(request, base)
+
+    def _start(self, request: Request, base: ApprovalOutcome) -> Attempt:
+        try:
+            self._run(lambda: self._imds.start_events([request.event_id]))
+        except PermanentError as err:
+            detail = f"IMDS refused StartRequests for event {request.event_id}: {err}"
+            failed = replace(base, outcome="Failed", detail=detail)
+            self.record(failed, seen_until=request.expires_at)
+            return Attempt("Failed", detail, failed)
+        except DeliveryError as err:
+            return Attempt("Retry", f"IMDS did not accept StartRequests: {err}")
+        answered = self._now()
+        latency = max(0, round((answered - request.issued_at).total_seconds() * 1000))
+        detail = f"IMDS accepted StartRequests for {base.event_type} {request.event_id}: "
+        approved = replace(base, outcome="Approved", detail=detail + request.reason,
+                           latency_ms=latency)  # fmt: skip
+        self.record(approved, remember=True, seen_until=request.expires_at)
+        return Attempt("Approved", approved.detail, approved)
+
+    def _document(self) -> ParsedDocument:
+        body = self._run(self._imds.scheduled_events)
+        try:
+            return parse_document(json.loads(body))
+        except (ValueError, RecursionError) as err:  # DocumentError is one; too deep a body
+            raise RetryableError(f"unreadable document ({err}): {excerpt(body)!r}") from err
+
+    def _remember(self, event_id: str, command_id: str) -> dict[str, Any]:
+        with self._lock:
+            self._approved[event_id.lower()] = command_id
+            while len(self._approved) > MEMORY:
+                del self._approved[next(iter(self._approved))]  # the oldest
+            return {"events": dict(self._approved)}
+
+    def _see(self, command_id: str, outcome: str, until: datetime) -> dict[str, Any]:
+        horizon = iso(self._now() - SEEN_GRACE)
+        with self._lock:
+            self._seen[command_id] = {"outcome": outcome, "until": iso(until)}
+            # ISO UTC strings of one format sort as the times they name.
+            for key in [k for k, v in self._seen.items() if v["until"] < horizon]:
+                del self._seen[key]
+            while len(self._seen) > SEEN_MEMORY:
+                del self._seen[min(self._seen, key=lambda k: self._seen[k]["until"])]
+            return {"seen": {k: dict(v) for k, v in self._seen.items()}}
+
+
+def _find(document: ParsedDocument, event_id: str) -> ParsedEvent | None:
+    return next((e for e in document.events if e.key == event_id.lower()), None)
+
+
+def _refusal(document: ParsedDocument, event: ParsedEvent | None, event_id: str) -> str | None:
+    """Why IMDS's current document forbids approving `event_id`; None when it allows it."""
+    if event is None:
+        where = f"this VM's current Scheduled Events document (incarnation {document.incarnation})"
+        return f"event {event_id} is not in {where}: it ended or was never sent to this VM"
+    status = event.present.get("EventStatus")
+    if is_started(status):
+        return f"event {event_id} has already Started: nothing to approve"
+    if not (isinstance(status, str) and status.strip().lower() == "scheduled"):
+        return f"event {event_id} is {status!r}, not Scheduled"
+    return None
+
+
+def _outcome(
+    request: Request, document: ParsedDocument, event: ParsedEvent | None
+) -> ApprovalOutcome:
+    event_type = event.present.get("EventType") if event is not None else None
+    return ApprovalOutcome(
+        event_id=request.event_id,
+        event_type=event_type if isinstance(event_type, str) else None,
+        incarnation=document.incarnation,
+        command_id=request.command_id,
+        source=request.source,
+        outcome="Refused",
+        detail="",
+        rule=request.rule,
+        issued_at=request.issued_at,
+    )
+
+
+def _load(spool: Spool) -> dict[str, str]:
+    try:
+        saved = spool.load_state(STATE_KEY) or {}
+    except SPOOL_ERRORS as err:
+        log.warning("cannot read which events this agent approved before (%s): a command "
+                    "delivered again may be approved again, which IMDS accepts", err)  # fmt: skip
+        return {}
+    events = saved.get("events")
+    if not isinstance(events, dict):
+        return {}
+    return {str(k).lower(): str(v) for k, v in events.items()}
+
+
+def _load_seen(spool: Spool) -> dict[str, dict[str, str]]:
+    try:
+        saved = spool.load_state(SEEN_KEY) or {}
+    except SPOOL_ERRORS as err:
+        log.warning("cannot read which commands this agent handled before (%s): a replay "
+                    "is checked against IMDS again, not refused as a replay", err)  # fmt: skip
+        return {}
+    seen = saved.get("seen")
+    if not isinstance(seen, dict):
+        return {}
+    return {
+        str(k): {"outcome": str(v.get("outcome")), "until": str(v.get("until"))}
+        for k, v in seen.items()
+        if isinstance(v, dict)
+    }

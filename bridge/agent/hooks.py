@@ -1,0 +1,382 @@
+"""Local hooks: user commands run when an event starts to affect this VM and when it ends.
+
+`plan` decides which Event records call for a hook and `hook_record` turns an outcome into a
+Hook record; both are pure. `HookRunner` runs the commands on a few worker threads so the poll
+loop never waits for a hook. The lead persists each HookJob in the spool before submitting it
+and drops it after `on_done`, so a hook runs at least once even across a kill -9.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import suppress
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from bridge.agent.hookproc import KILL_WAIT_S, Command, HookOutcome, Popen, kill_tree, run_hook
+from bridge.records import Origin, record_id
+
+log = logging.getLogger(__name__)
+
+Phase = Literal["prepare", "recover"]
+PHASES: tuple[Phase, ...] = ("prepare", "recover")
+
+_FIRST_SIGHT = frozenset({"Scheduled", "Started"})
+_GONE = frozenset({"Completed", "Canceled"})
+
+# Linux refuses an environment string over 128 KiB and Windows a variable over 32767
+# characters; the whole record is on stdin anyway.
+ENV_VALUE_MAX = 32_000
+
+ENV_FIELDS: tuple[tuple[str, str], ...] = (
+    ("SE_BRIDGE_EVENT_ID", "EventId"),
+    ("SE_BRIDGE_EVENT_TYPE", "EventType"),
+    ("SE_BRIDGE_EVENT_STATUS", "EventStatus"),
+    ("SE_BRIDGE_TRANSITION", "Transition"),
+    ("SE_BRIDGE_NOT_BEFORE", "NotBefore"),
+    ("SE_BRIDGE_RESOURCES", "Resources"),
+    ("SE_BRIDGE_EVENT_SOURCE", "EventSource"),
+    ("SE_BRIDGE_DURATION_SECONDS", "DurationInSeconds"),
+    ("SE_BRIDGE_DESCRIPTION", "Description"),
+    ("SE_BRIDGE_AFFECTS_THIS_VM", "AffectsThisVm"),
+    ("SE_BRIDGE_RECORD_ID", "RecordId"),
+    ("SE_BRIDGE_VM_NAME", "VmName"),
+    ("SE_BRIDGE_VM_ID", "VmId"),
+)
+
+
+@dataclass(frozen=True)
+class HookJob:
+    """One hook to run: `phase` for the Event record `trigger`. Its id is deterministic."""
+
+    job_id: str
+    phase: Phase
+    trigger: dict[str, Any] = field(hash=False)
+
+    @classmethod
+    def for_event(cls, record: Mapping[str, Any], phase: Phase) -> HookJob:
+        return cls(record_id(record["RecordId"], phase), phase, dict(record))
+
+    @property
+    def event_id(self) -> str:
+        event = self.trigger.get("EventId")
+        return event if isinstance(event, str) else self.job_id
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "phase": self.phase, "trigger": dict(self.trigger)}
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> HookJob:
+        job_id, phase, trigger = payload.get("job_id"), payload.get("phase"), payload.get("trigger")
+        if not isinstance(job_id, str) or phase not in PHASES or not isinstance(trigger, dict):
+            raise ValueError("not a hook job payload")
+        return cls(job_id, phase, dict(trigger))
+
+
+# --- planning -------------------------------------------------------------------------------
+
+
+def phase_for(record: Mapping[str, Any]) -> Phase | None:
+    """The hook an Event record calls for, if any."""
+    if record.get("RecordType") != "Event":
+        return None
+    transition = record.get("Transition")
+    affects = record.get("AffectsThisVm")
+    # None means the VM's name is unknown: prepare and recover to be safe.
+    if transition in _FIRST_SIGHT and record.get("PreviousStatus") is None:
+        return "prepare" if affects is not False else None
+    if transition in _GONE:
+        return "recover" if affects is not False else None
+    if transition == "Updated" and "AffectsThisVm" in (record.get("ChangedFields") or ()):
+        if affects is True:
+            return "prepare"
+        if affects is False:
+            return "recover"
+    return None
+
+
+def plan(records: Sequence[Mapping[str, Any]], *, prepare: bool, recover: bool) -> list[HookJob]:
+    """The hook jobs the normaliser's new Event records call for, given the configured hooks."""
+    wanted = {"prepare": prepare, "recover": recover}
+    jobs: dict[str, HookJob] = {}
+    for record in records:
+        phase = phase_for(record)
+        if phase is None or not wanted[phase]:
+            continue
+        if not isinstance(record.get("RecordId"), str):
+            log.warning("event record without a RecordId: no %s hook", phase)
+            continue
+        job = HookJob.for_event(record, phase)
+        jobs.setdefault(job.job_id, job)
+    return list(jobs.values())
+
+
+# --- records --------------------------------------------------------------------------------
+
+
+def hook_record_id(job: HookJob) -> str:
+    return record_id(job.job_id, "Hook")
+
+
+def hook_record(
+    origin: Origin, job: HookJob, outcome: HookOutcome, now: datetime
+) -> dict[str, Any]:
+    """The Hook record of a finished job; a replay of the job after a crash keeps its RecordId."""
+    trigger = job.trigger
+    record = origin.common_fields("Hook", hook_record_id(job), now)
+    record.update(
+        EventId=trigger.get("EventId"),
+        EventType=trigger.get("EventType"),
+        Transition=trigger.get("Transition"),
+        HookPhase=job.phase,
+        TriggerRecordId=trigger.get("RecordId"),
+        HookExitCode=outcome.exit_code,
+        HookTimedOut=outcome.timed_out,
+        HookDurationMs=int(outcome.duration_ms),
+        HookOutput=outcome.output,
+        HookError=outcome.error,
+    )
+    return record
+
+
+# --- running one hook -----------------------------------------------------------------------
+
+
+def hook_environment(job: HookJob, base: Mapping[str, str]) -> dict[str, str]:
+    # The agent's own SE_BRIDGE_* settings may hold secrets (a connection string): a hook
+    # gets the event, not the agent's credentials.
+    env = {k: v for k, v in base.items() if not k.upper().startswith("SE_BRIDGE_")}
+    env["SE_BRIDGE_HOOK_PHASE"] = job.phase
+    for name, key in ENV_FIELDS:
+        env[name] = _env_value(job.trigger.get(key))[:ENV_VALUE_MAX]
+    return env
+
+
+def _env_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return ",".join(str(v) for v in value)
+    # The OS refuses NUL in the environment; one odd Description must not stop the hook.
+    return str(value).replace("\0", "")
+
+
+# --- the runner -----------------------------------------------------------------------------
+
+
+class HookRunner:
+    """Runs hook jobs on `max_concurrent` daemon worker threads; `submit` never blocks.
+
+    Jobs of the same event run one after another in submission order, so a recover never
+    overtakes the prepare of its event; jobs of different events run side by side.
+    `on_done` is called from a worker thread. A hook killed by `stop` is not reported, so
+    it stays pending in the spool and runs again after the restart.
+    """
+
+    def __init__(
+        self,
+        *,
+        prepare: Command | None,
+        recover: Command | None,
+        timeout: float,
+        max_output: int = 4096,
+        max_concurrent: int = 4,
+        max_pending: int = 64,
+        on_done: Callable[[HookJob, HookOutcome], None],
+        system: str | None = None,
+    ) -> None:
+        if timeout <= 0 or max_concurrent < 1 or max_pending < 1:
+            raise ValueError("hook timeout, max_concurrent and max_pending must be positive")
+        self._commands: dict[str, Command | None] = {"prepare": prepare, "recover": recover}
+        self._timeout = timeout
+        self._max_output = max_output
+        self._max_pending = max_pending
+        self._on_done = on_done
+        self._system = system or platform.system()
+        # Room for the stop sentinels on top of the pending jobs: put_nowait never fails.
+        self._queue: queue.Queue[HookJob | None] = queue.Queue(max_pending + max_concurrent)
+        self._lock = threading.Lock()
+        self._accepted: set[str] = set()  # job ids queued, waiting or running
+        self._behind: dict[str, deque[HookJob]] = {}  # per busy event: jobs waiting their turn
+        self._pending = 0  # accepted jobs not started yet
+        self._procs: dict[str, Popen] = {}
+        self._killed: set[str] = set()
+        self._stopping = False
+        self._killing = False
+        self._workers = [
+            threading.Thread(target=self._work, name=f"hook-worker-{i}", daemon=True)
+            for i in range(max_concurrent)
+        ]
+        for worker in self._workers:
+            worker.start()
+
+    def configured(self, phase: Phase) -> bool:
+        return self._commands[phase] is not None
+
+    def submit(self, job: HookJob) -> bool:
+        """Queue `job`; False when refused (full or stopping): keep it pending and retry later."""
+        with self._lock:
+            if self._stopping:
+                return False
+            if job.job_id in self._accepted:
+                return True  # already queued or running: once is enough
+            full = self._pending >= self._max_pending
+            if not full:
+                self._enqueue(job)
+        if full:
+            log.warning(
+                "hook queue full (%d pending): %s hook for event %s stays pending",
+                self._max_pending, job.phase, job.event_id,
+            )  # fmt: skip
+        return not full
+
+    def active(self) -> int:
+        """Jobs accepted and not finished: queued, waiting behind their event, or running."""
+        with self._lock:
+            return len(self._accepted)
+
+    def stop(self, timeout: float) -> None:
+        """Drop queued jobs, wait up to `timeout` for running hooks, then kill what is left."""
+        if not self._close():
+            return
+        for _ in self._workers:
+            self._queue.put_nowait(None)
+        self._join(time.monotonic() + max(0.0, timeout))
+        if any(w.is_alive() for w in self._workers):
+            self._kill_running()
+            self._join(time.monotonic() + KILL_WAIT_S)
+
+    # -- bookkeeping, under the lock --
+
+    def _enqueue(self, job: HookJob) -> None:
+        waiting = self._behind.get(job.event_id)
+        if waiting is not None:
+            waiting.append(job)
+        else:
+            self._behind[job.event_id] = deque()
+            self._queue.put_nowait(job)
+        self._accepted.add(job.job_id)
+        self._pending += 1
+
+    def _close(self) -> bool:
+        """Refuse new jobs and forget the queued ones (the spool still has them)."""
+        with self._lock:
+            if self._stopping:
+                return False
+            self._stopping = True
+            dropped = [j.job_id for q in self._behind.values() for j in q]
+            self._behind.clear()
+            with suppress(queue.Empty):
+                while True:
+                    job = self._queue.get_nowait()
+                    if job is not None:
+                        dropped.append(job.job_id)
+            self._accepted.difference_update(dropped)
+            self._pending = 0
+        return True
+
+    def _start(self, job: HookJob) -> bool:
+        with self._lock:
+            if self._stopping:
+                return False
+            self._pending -= 1
+            return True
+
+    def _next_after(self, job: HookJob) -> HookJob | None:
+        with self._lock:
+            self._accepted.discard(job.job_id)
+            waiting = self._behind.get(job.event_id)
+            if self._stopping or not waiting:
+                self._behind.pop(job.event_id, None)
+                return None
+            return waiting.popleft()
+
+    def _register(self, job: HookJob, proc: Popen) -> None:
+        with self._lock:
+            self._procs[job.job_id] = proc
+            kill = self._killing
+            if kill:
+                self._killed.add(job.job_id)
+        if kill:
+            kill_tree(proc, self._system)
+
+    def _finish(self, job: HookJob) -> bool:
+        """Forget the job's process; True when stop killed it."""
+        with self._lock:
+            self._procs.pop(job.job_id, None)
+            return job.job_id in self._killed
+
+    def _kill_running(self) -> None:
+        with self._lock:
+            self._killing = True
+            procs = list(self._procs.items())
+            self._killed.update(job_id for job_id, _ in procs)
+        for job_id, proc in procs:
+            log.warning("hook job %s still running at stop: killing it", job_id)
+            kill_tree(proc, self._system)
+
+    def _join(self, deadline: float) -> None:
+        for worker in self._workers:
+            worker.join(max(0.0, deadline - time.monotonic()))
+
+    # -- workers --
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            current: HookJob | None = job
+            while current is not None:
+                if self._start(current):
+                    self._run(current)
+                current = self._next_after(current)
+
+    def _run(self, job: HookJob) -> None:
+        try:
+            outcome = self._execute(job)
+        except Exception as exc:
+            log.exception("%s hook for event %s failed in the runner", job.phase, job.event_id)
+            outcome = HookOutcome(None, error=f"hook runner failed: {exc}")
+        if self._finish(job):
+            log.info("%s hook for event %s was stopped: it stays pending", job.phase, job.event_id)
+            return
+        _log_outcome(job, outcome)
+        try:
+            self._on_done(job, outcome)
+        except Exception:
+            log.exception("on_done failed for hook job %s", job.job_id)
+
+    def _execute(self, job: HookJob) -> HookOutcome:
+        command = self._commands[job.phase]
+        if command is None:
+            return HookOutcome(None, error=f"no {job.phase} hook configured")
+        return run_hook(
+            command,
+            stdin=(json.dumps(job.trigger, default=str) + "\n").encode("utf-8"),
+            env=hook_environment(job, os.environ),
+            timeout=self._timeout,
+            max_output=self._max_output,
+            system=self._system,
+            on_spawn=lambda proc: self._register(job, proc),
+        )
+
+
+def _log_outcome(job: HookJob, outcome: HookOutcome) -> None:
+    what = f"{job.phase} hook for event {job.event_id}"
+    if outcome.error is not None:
+        log.warning("%s could not run: %s", what, outcome.error)
+    elif outcome.timed_out:
+        log.warning("%s timed out after %d ms and was killed", what, outcome.duration_ms)
+    elif outcome.exit_code != 0:
+        log.warning("%s exited with %s after %d ms", what, outcome.exit_code, outcome.duration_ms)
+    else:
+        log.info("%s succeeded in %d ms", what, outcome.duration_ms)

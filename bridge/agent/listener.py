@@ -1,0 +1,333 @@
+"""The agent's command listener: reads this VM's command channel and acts on approvals.
+
+It reads on its own thread, so a slow Storage Queue never delays an IMDS poll, and only
+while it has a reason to: every `commands.poll_interval` while the current document
+holds a Scheduled event, every `commands.idle_interval` otherwise (0: not at all, since
+each read is a billed transaction on every VM of the fleet). The agent wakes it the
+moment a Scheduled event appears.
+
+Each command is checked (DESIGN 3.2) and then approved through the shared Approver,
+which checks the event against a fresh IMDS document. A message is deleted once acted
+on or refused; one IMDS could not take is left to reappear after the visibility timeout.
+
+Checks come before anything touches IMDS, in this order, each refusal an Approval record
+whose ApprovalDetail starts with its code: Malformed, Unsigned, UnknownKey, BadSignature
+(not signed by a key in commands.verify_key), OtherVm (for another VmId), Replayed (its
+CommandId was approved, refused or failed here before), Expired. The first four and
+OtherVm come from a sender nobody vouches for: their record leaves CommandId and EventId
+empty (the claimed ones are in the detail), so a forged message cannot mark the
+consumer's real command as refused. A Replayed record does the same, so it neither
+changes the consumer's ledger nor folds into the first record of that CommandId.
+
+A message the channel hands over again after the visibility timeout (dequeue count above
+1: this agent read it before and stopped before deleting it) whose CommandId was already
+handled is not a replay: its record was written with the seen mark, in one transaction,
+so it is deleted without a second record. A fresh message (dequeue count 1) with a
+handled CommandId is a replay, whoever sent it: recorded as Replayed and deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import datetime
+
+from bridge.agent.approver import Approver, Attempt, Request
+from bridge.channels import CommandInbox, Received, inbox
+from bridge.commands import message as commands
+from bridge.commands.message import Command, CommandError
+from bridge.commands.signing import SigningError, Verifier, load_signer, load_verifier
+from bridge.config import CommandsSettings, Config, ConfigError
+from bridge.records import ApprovalOutcome, iso
+from bridge.retry import Backoff, DeliveryError
+
+log = logging.getLogger(__name__)
+BATCH = 16  # one command per pending event: a batch this size is never full in practice
+MAX_BACKOFF = 60.0
+FIRST_BACKOFF = 1.0
+Opener = Callable[[str], CommandInbox]
+
+
+class CommandListener:
+    def __init__(
+        self,
+        settings: CommandsSettings,
+        open_inbox: Opener,
+        approver: Approver,
+        now: Callable[[], datetime],
+        verifier: Verifier | None = None,
+    ) -> None:
+        self._settings, self._open, self._approver, self._now = settings, open_inbox, approver, now
+        self._verifier = verifier  # None: unsigned commands accepted (commands.allow_unsigned)
+        self._vm_id: str | None = None
+        self._scheduled = False
+        self._inbox: tuple[str, CommandInbox] | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._reads = _Streak("read the command channel")
+        self._deletes = _Streak("delete a command message")
+        self._thread = threading.Thread(target=self._run, name="commands", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def update(self, vm_id: str | None, scheduled: bool) -> None:
+        """What the agent knows now: this VM's VmId and whether an event is Scheduled."""
+        wake = (scheduled and not self._scheduled) or vm_id != self._vm_id
+        self._vm_id, self._scheduled = vm_id, scheduled
+        if wake:
+            self._wake.set()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        if self._inbox is not None and not self._thread.is_alive():
+            self._inbox[1].close()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.clear()  # before reading: an update from now on cuts the wait short
+            try:
+                delay = self.read_once()
+            except Exception:  # the listener must outlive any bug in one read
+                log.exception("unexpected error in the command listener; reading again later")
+                delay = self._settings.poll_interval
+            self._wake.wait(delay)
+
+    def interval(self) -> float | None:
+        """Seconds until the next read; None: no read until the agent wakes the listener."""
+        if self._vm_id is None:
+            return None
+        if self._scheduled:
+            return self._settings.poll_interval
+        return self._settings.idle_interval or None
+
+    def read_once(self) -> float | None:
+        """One read of the channel, if one is due at all; the wait before the next."""
+        interval, vm_id = self.interval(), self._vm_id
+        if interval is None or vm_id is None:
+            return None
+        try:
+            channel = self._channel(vm_id)
+            messages = channel.receive(BATCH)
+        except (DeliveryError, ValueError) as err:
+            return max(interval, self._reads.failed(err))
+        self._reads.succeeded()
+        for message in messages:
+            if self._stop.is_set():
+                break  # unacted messages reappear after the visibility timeout
+            if self.handle(message, vm_id):
+                self._delete(channel, message)
+        return interval
+
+    def _channel(self, vm_id: str) -> CommandInbox:
+        if self._inbox is None or self._inbox[0] != vm_id:
+            if self._inbox is not None:
+                self._inbox[1].close()
+                self._inbox = None
+            self._inbox = (vm_id, self._open(vm_id))
+        return self._inbox[1]
+
+    def _delete(self, channel: CommandInbox, message: Received) -> None:
+        try:
+            channel.delete(message)
+        except DeliveryError as err:
+            self._deletes.failed(err)  # it reappears; acting on it again is harmless
+            return
+        self._deletes.succeeded()
+
+    # --- one command ------------------------------------------------------------------
+
+    def handle(self, message: Received, vm_id: str) -> bool:
+        """Act on one message; True when it is done with and may be deleted."""
+        command = self._trusted(message.text, vm_id)
+        if command is None:
+            return True
+        before = self._approver.handled(command.command_id)
+        if before is not None:
+            self._repeat(command, before, message.dequeue_count)
+            return True
+        if self._approver.approved(command.event_id):
+            # Another command (or the local policy) approved the event: no news.
+            log.info("command %s: event %s was approved already; deleted the repeat",
+                     command.command_id, command.event_id)  # fmt: skip
+            return True
+        if command.expired(self._now()):
+            self._refuse(command, f"Expired: it expired at {iso(command.expires_at)}")
+            return True
+        return self._approve(command)
+
+    def _trusted(self, text: str, vm_id: str) -> Command | None:
+        """The command in `text` if it is well formed, signed and for this VM; else refused."""
+        try:
+            command = commands.parse(text)
+        except CommandError as err:
+            self._refuse_untrusted(None, "Malformed", f"the message is not a valid command: {err}")
+            return None
+        refusal = self._verifier.check(command) if self._verifier is not None else None
+        if refusal is not None:
+            self._refuse_untrusted(command, refusal.code, refusal.why)
+            return None
+        if command.vm_id.strip().lower() != vm_id.strip().lower():
+            self._refuse_untrusted(command, "OtherVm", f"it is for VM {command.vm_id}, "
+                                   f"this VM is {vm_id}")  # fmt: skip
+            return None
+        return command
+
+    def _repeat(self, command: Command, before: str, dequeue_count: int) -> None:
+        if dequeue_count > 1:
+            log.info("command %s came back after the visibility timeout, already %s here: "
+                     "deleted it (its record was written the first time)",
+                     command.command_id, before.lower())  # fmt: skip
+            return
+        why = f"command {command.command_id} was {before.lower()} here already"
+        self._refuse_untrusted(command, "Replayed", why + "; a replay is never acted on")
+
+    def _approve(self, command: Command) -> bool:
+        attempt = self._approver.attempt(_request(command))
+        if attempt.kind == "Refused" and attempt.outcome is not None:
+            self._approver.record(attempt.outcome, seen_until=command.expires_at)
+            log.info("refused command %s: %s", command.command_id, attempt.detail)
+        elif attempt.kind in ("Retry", "Busy"):
+            level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
+            log.log(level, "command %s for event %s left in the channel for the next read "
+                    "(in %gs): %s", command.command_id, command.event_id,
+                    self._settings.visibility_timeout, attempt.detail)  # fmt: skip
+            return False
+        else:
+            _log_attempt(command, attempt)
+        return True
+
+    def _refuse(self, command: Command, why: str) -> None:
+        """A refusal of a verified command for this VM: the consumer may trust its ids."""
+        outcome = ApprovalOutcome(
+            event_id=command.event_id,
+            event_type=None,
+            incarnation=command.document_incarnation,
+            command_id=command.command_id,
+            source="Central",
+            outcome="Refused",
+            detail=why,
+            rule=command.rule,
+            issued_at=command.issued_at,
+        )
+        self._approver.record(outcome)
+        log.info("refused command %s: %s", command.command_id, why)
+
+    def _refuse_untrusted(self, command: Command | None, code: str, why: str) -> None:
+        """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
+        claimed = ""
+        if command is not None:
+            claimed = (f" (it claims CommandId {command.command_id}, EventId "
+                       f"{command.event_id}, VmId {command.vm_id})")  # fmt: skip
+        detail = f"{code}: {why}{claimed}"
+        outcome = ApprovalOutcome(
+            event_id=None,
+            event_type=None,
+            incarnation=None,
+            command_id=None,
+            source="Central",
+            outcome="Refused",
+            detail=detail,
+        )
+        self._approver.record(outcome)
+        level = logging.INFO if code in ("Replayed", "OtherVm") else logging.WARNING
+        log.log(level, "refused a command: %s", detail)
+
+
+def _request(command: Command) -> Request:
+    return Request(
+        event_id=command.event_id,
+        command_id=command.command_id,
+        source="Central",
+        rule=command.rule or None,
+        reason=f"rule {command.rule or '(none)'}: {command.reason}",
+        issued_at=command.issued_at,
+        expires_at=command.expires_at,
+    )
+
+
+def _log_attempt(command: Command, attempt: Attempt) -> None:
+    outcome = attempt.outcome
+    if attempt.kind == "Approved" and outcome is not None:
+        log.info("approved event %s (%s) for the fleet: rule %s, %s ms after the consumer "
+                 "issued it", command.event_id, outcome.event_type, command.rule or "(none)",
+                 outcome.latency_ms)  # fmt: skip
+    elif attempt.kind == "Failed":
+        log.error("could not approve event %s for command %s: %s; the event starts at its "
+                  "NotBefore", command.event_id, command.command_id, attempt.detail)  # fmt: skip
+    else:
+        log.info("command %s: %s; deleted the repeat", command.command_id, attempt.detail)
+
+
+class _Streak:
+    """Failures of one kind: a WARNING at the first of a streak, backoff, a line at the end."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._failures = 0
+        self._backoff = Backoff(initial=FIRST_BACKOFF, maximum=MAX_BACKOFF)
+
+    def failed(self, err: Exception) -> float:
+        self._failures += 1
+        if self._failures == 1:
+            log.warning("cannot %s: %s; retrying with backoff (said once until it works)",
+                        self._what, err)  # fmt: skip
+        return self._backoff.delay_for(err)
+
+    def succeeded(self) -> None:
+        if self._failures:
+            log.info("could %s again after %d failures", self._what, self._failures)
+        self._failures = 0
+        self._backoff.reset()
+
+
+def build(
+    config: Config, approver: Approver, now: Callable[[], datetime], open_inbox: Opener | None
+) -> CommandListener | None:
+    """The listener `commands.channel` asks for; None when it names no channel.
+
+    ConfigError when the verify key cannot be loaded. Whether a key is required at all is
+    decided when the settings are loaded (config.load); a Config built in code with none
+    gets a listener that accepts unsigned commands, said at WARNING.
+    """
+    spec = config.commands.channel
+    if not spec:
+        return None
+    opener = open_inbox or (lambda vm_id: inbox(spec, config, vm_id))
+    verifier = verifier_for(config)
+    return CommandListener(config.commands, opener, approver, now, verifier)
+
+
+def verifier_for(config: Config) -> Verifier | None:
+    """The agent's Verifier: commands.verify_key, else the public half of signing_key."""
+    settings = config.commands
+    try:
+        if settings.verify_key:
+            verifier = load_verifier(settings)
+        elif settings.signing_key:
+            public = load_signer(settings, config.identity).public_key()
+            verifier = Verifier([public])
+        else:
+            log.warning("commands.verify_key is not set: this agent acts on UNSIGNED commands, "
+                        "so anyone who can write to its command channel can approve its "
+                        "events; set commands.verify_key")  # fmt: skip
+            return None
+    except SigningError as err:
+        raise ConfigError(str(err)) from err
+    log.info("acting only on commands signed by key %s", ", ".join(verifier.key_ids))
+    return verifier
+
+
+def has_scheduled(state: dict[str, object] | None) -> bool:
+    """Whether the agent's state holds an event still Scheduled, so a command may come."""
+    events = (state or {}).get("events")
+    if not isinstance(events, dict):
+        return False
+    return any(
+        isinstance(e, dict) and str(e.get("EventStatus") or "").strip().lower() == "scheduled"
+        for e in events.values()
+    )

@@ -1,0 +1,228 @@
+"""Local mode (`se-bridge agent --policy FILE`): the approval policy inside one agent.
+
+For a VM with no central parts. At each change of the document, and every few seconds
+while an event is deferred, the agent evaluates each Scheduled event that affects it
+with the same pure `bridge.policy.model.evaluate` the consumer uses, over a fleet of one: this
+VM. What this agent cannot know stays unknown to the policy: other VMs named in
+`Resources` are `unresolved`, so rules about VMs do not match them and readiness waits
+for them, as the consumer would with VMs it has never heard of.
+
+An Approve is POSTed at once (no channel) through the shared Approver, which remembers
+it: each event is approved at most once, whether by this policy or a central command.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bridge.agent.approver import Approver, Request
+from bridge.agent.document import is_started, parse_time
+from bridge.commands.message import command_id
+from bridge.config import Config
+from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
+from bridge.records import VmIdentity
+
+log = logging.getLogger(__name__)
+RECHECK_SECONDS = 5.0
+
+
+class LocalApprover:
+    def __init__(
+        self,
+        policy: Policy,
+        approver: Approver,
+        now: Callable[[], datetime],
+        recheck: float = RECHECK_SECONDS,
+    ) -> None:
+        self.policy, self._approver, self._now, self._recheck = policy, approver, now, recheck
+        self._lock = threading.Lock()
+        self._ready: set[str] = set()  # events whose prepare hook succeeded on this VM
+        self._given_up: set[str] = set()  # IMDS refused the approval (400): not asked again
+        self._said: set[tuple[str, str]] = set()
+        self._recheck_at: float | None = None  # time.monotonic() of the next look, if any
+
+    def observe(self, state: dict[str, Any] | None, identity: VmIdentity) -> None:
+        """Decide about every Scheduled event of this VM's current document."""
+        self._recheck_at = None
+        vm_id = identity.vm_id
+        if vm_id is None or state is None:
+            return  # an approval is made as this VM: its VmId must be known
+        now = self._now()
+        fleet, events = local_views(state, identity, self._ready_events(), self._done(), now)
+        again = False
+        for event in events:
+            again |= self._act(event, evaluate(self.policy, fleet, event, now), vm_id)
+        if again:
+            self._recheck_at = time.monotonic() + self._recheck
+        self._forget(state)
+
+    def tick(self, state: dict[str, Any] | None, identity: VmIdentity) -> None:
+        """From the poll loop: look again when a deferred event is due for it."""
+        if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
+            self.observe(state, identity)
+
+    def hook_done(self, event_id: str, phase: str, ok: bool) -> None:
+        """A hook finished (on a hook thread): a prepared event may now be approved."""
+        if phase == "prepare" and ok:
+            with self._lock:
+                self._ready.add(event_id.lower())
+            self._recheck_at = 0.0  # at the next poll
+
+    def _act(self, event: EventView, verdict: Verdict, vm_id: str) -> bool:
+        """Carry out one verdict; True when the event should be looked at again soon."""
+        if verdict.kind == "Approve":
+            return self._approve(event, verdict, vm_id)
+        if verdict.kind in ("Defer", "Hold"):
+            self._say(event, f"{verdict.kind.lower()}: {verdict.reason}")
+        return verdict.kind == "Defer"
+
+    def _approve(self, event: EventView, verdict: Verdict, vm_id: str) -> bool:
+        request = Request(
+            event_id=event.event_id,
+            command_id=command_id(event.event_id, vm_id),
+            source="Local",
+            rule=verdict.rule,
+            reason=f"local policy {self.policy.source}: {verdict.reason}",
+            issued_at=self._now(),
+        )
+        attempt = self._approver.attempt(request)
+        outcome = attempt.outcome
+        if attempt.kind == "Approved" and outcome is not None:
+            log.info("approved event %s (%s) by the local policy: rule %s, IMDS answered %s ms "
+                     "after the decision", event.event_id, event.event_type, verdict.rule,
+                     outcome.latency_ms)  # fmt: skip
+        elif attempt.kind == "Failed":
+            self._given_up.add(event.event_id.lower())
+            log.error("could not approve event %s by the local policy: %s; the event starts at "
+                      "its NotBefore", event.event_id, attempt.detail)  # fmt: skip
+        elif attempt.kind in ("Retry", "Busy"):
+            self._say(event, f"approval postponed: {attempt.detail}", logging.WARNING)
+            return True
+        elif attempt.kind == "Refused":
+            self._say(event, f"not approved after all: {attempt.detail}")
+        return False
+
+    def _say(self, event: EventView, what: str, level: int = logging.INFO) -> None:
+        # Once per event and reason: a deferred event is looked at every few seconds.
+        key = (event.event_id.lower(), what)
+        if key not in self._said:
+            self._said.add(key)
+            log.log(level, "local policy, event %s (%s): %s", event.event_id,
+                    event.event_type, what)  # fmt: skip
+
+    def _ready_events(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._ready)
+
+    def _done(self) -> frozenset[str]:
+        return self._approver.approved_events() | self._given_up
+
+    def _forget(self, state: dict[str, Any]) -> None:
+        """Drop what is remembered about events that left the document."""
+        present = {key for key, _ in _events(state)}
+        with self._lock:
+            self._ready &= present
+        self._given_up &= present
+        self._said = {s for s in self._said if s[0] in present}
+
+
+def local_views(
+    state: dict[str, Any],
+    identity: VmIdentity,
+    ready: frozenset[str],
+    done: frozenset[str],
+    now: datetime,
+) -> tuple[FleetView, list[EventView]]:
+    """The fleet of one VM and the events to decide about (Scheduled, affecting it, not done)."""
+    vm_id = identity.vm_id or ""
+    impacted = {
+        event["EventId"]: frozenset({vm_id})
+        for key, event in _events(state)
+        if event.get("AffectsThisVm") is True
+        and (is_started(event.get("EventStatus")) or key in done)
+    }
+    fleet = FleetView(vms={vm_id: vm_view(identity, now)}, impacted=impacted)
+    views = [
+        event_view(event, identity, key in ready, now)
+        for key, event in _events(state)
+        if key not in done and _scheduled(event) and event.get("AffectsThisVm") is True
+    ]
+    return fleet, views
+
+
+def vm_view(identity: VmIdentity, now: datetime) -> VmView:
+    return VmView(
+        vm_id=identity.vm_id or "",
+        name=identity.vm_name or "",
+        subscription_id=identity.subscription_id,
+        resource_group=identity.resource_group,
+        location=identity.location,
+        zone=identity.zone,
+        scale_set=identity.vm_scale_set_name,
+        fault_domain=identity.platform_fault_domain,
+        update_domain=identity.platform_update_domain,
+        tags=dict(identity.tags),
+        last_seen=now,
+    )
+
+
+def event_view(
+    event: dict[str, Any], identity: VmIdentity, ready: bool, now: datetime
+) -> EventView:
+    vm_id, mine = identity.vm_id or "", _vm_key(identity.vm_name or "")
+    duration = event.get("DurationInSeconds")
+    return EventView(
+        event_id=event["EventId"],
+        event_type=str(event.get("EventType") or ""),
+        event_source=event.get("EventSource"),
+        duration=duration if isinstance(duration, int) else None,
+        status=str(event.get("EventStatus") or ""),
+        not_before=parse_time(event.get("NotBefore")),
+        first_seen=parse_time(event.get("FirstSeen")) or now,
+        affected=(vm_id,),
+        unresolved=tuple(r for r in event["Resources"] if _vm_key(str(r)) != mine),
+        reporters=(vm_id,),
+        ready=frozenset({vm_id}) if ready else frozenset(),
+    )
+
+
+def _events(state: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    events = state.get("events")
+    if isinstance(events, dict):
+        for event in events.values():
+            if isinstance(event, dict) and isinstance(event.get("EventId"), str):
+                yield event["EventId"].lower(), event
+
+
+def _scheduled(event: dict[str, Any]) -> bool:
+    return str(event.get("EventStatus") or "").strip().lower() == "scheduled"
+
+
+def _vm_key(name: str) -> str:
+    # As the normaliser compares names: scale-set instances appear as "web_3" or "_web_3".
+    return name.strip().lstrip("_").lower()
+
+
+def load_policy(path: Path) -> Policy:
+    """The policy in `path`; bridge.policy.file.PolicyError (a ValueError) says what is wrong."""
+    from bridge.policy.file import load  # noqa: PLC0415 - YAML is loaded only in local mode
+
+    return load(path)
+
+
+def build(
+    config: Config, approver: Approver, now: Callable[[], datetime], policy: Policy | None
+) -> LocalApprover | None:
+    """Local mode when `agent.policy` (or a given policy) asks for it; None otherwise."""
+    if policy is None:
+        if config.agent.policy is None:
+            return None
+        policy = load_policy(config.agent.policy)
+    log.info("local mode: approving with the policy %s", policy.source)
+    return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS)

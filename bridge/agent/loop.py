@@ -1,0 +1,433 @@
+"""The agent: poll IMDS, normalise, spool (records and state in one transaction), deliver, hook.
+
+Threads: this loop (polling, heartbeats, instance metadata), one delivery worker per
+sink, and the hook workers. Only this loop produces Event records, so their order in
+the spool is the order they were observed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import datetime, timedelta, timezone
+from typing import Any, TypeVar
+
+from bridge import host
+from bridge.agent import imds, listener, localmode
+from bridge.agent.approver import Approver
+from bridge.agent.hookproc import HookOutcome
+from bridge.agent.hooks import HookJob, HookRunner, hook_record, plan
+from bridge.agent.normalise import Context, normalise, pending_events
+from bridge.channels import CommandInbox
+from bridge.config import Config
+from bridge.outbox.delivery import Delivery
+from bridge.outbox.spool import Spool, SpoolError
+from bridge.policy.model import Policy
+from bridge.records import Health, Origin, VmIdentity, heartbeat_record
+from bridge.retry import Backoff, DeliveryError, PermanentError, RetryableError
+from bridge.sinks import Sink, build
+
+log = logging.getLogger(__name__)
+STATE_KEY = "normaliser"
+# The last identity instance metadata gave: a restart while instance metadata fails keeps
+# labelling records with it, so the consumer can still attribute them (an event's end with
+# VmId null would be lost to it, and hold its budget).
+IDENTITY_KEY = "identity"
+CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
+IDENTITY_RETRY_SECONDS = 60.0
+MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
+STOP_CHECK_SECONDS = 0.1
+SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
+T = TypeVar("T")
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        client: imds.ImdsClient | None = None,
+        sinks: Sequence[Sink] | None = None,
+        now: Callable[[], datetime] = utc_now,
+        boot_id: str | None = None,
+        policy: Policy | None = None,
+        open_inbox: Callable[[str], CommandInbox] | None = None,
+    ) -> None:
+        self.config = config
+        self._now = now
+        self._boot_id = boot_id if boot_id is not None else host.boot_id()
+        self.imds = client or _client(config)
+        self.sinks = (
+            list(sinks) if sinks is not None else [build(s, config) for s in config.sink_specs()]
+        )
+        self.spool = Spool(
+            config.agent.state_dir / "spool.db",
+            [sink.name for sink in self.sinks],
+            max_records=config.spool.max_records,
+            max_bytes=config.spool.max_bytes,
+        )
+        self.delivery = Delivery(self.spool, self.sinks)
+        self.hooks = self._hook_runner()
+        saved = VmIdentity.from_state(self.spool.load_state(IDENTITY_KEY))
+        self.origin = Origin(saved, host.host_name())
+        self.state: dict[str, Any] | None = self.spool.load_state(STATE_KEY)
+        self._poll = _PollHealth()
+        self._last_body: bytes | None = None
+        self._last_commit = 0.0
+        self._waiting_jobs: list[HookJob] = []
+        self._next_heartbeat = 0.0
+        self._next_identity = 0.0
+        self._identity_warned = False
+        self._warned: set[str] = set()
+        self._spool_failing = False
+        self._stop = threading.Event()
+        self._run = uuid.uuid4().hex  # this process, in heartbeat ids
+        self._imds_thread = _Worker("imds")
+        # Central commands and the local policy approve through one Approver, so an event
+        # approved by either is never approved again by the other.
+        self.approver = Approver(
+            self.imds, self._interruptible, self.spool, lambda: self.origin, now
+        )
+        self.listener = listener.build(config, self.approver, now, open_inbox)
+        self.local = localmode.build(config, self.approver, now, policy)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> int:
+        """Poll until `stop` is set, then flush and return 0."""
+        self._stop = stop
+        self.start()
+        while not stop.is_set():
+            stop.wait(self._guarded_cycle())
+        self.shutdown()
+        return 0
+
+    def _guarded_cycle(self) -> float:
+        # Past start-up the agent holds unsent data: a bug in one cycle must not end it.
+        try:
+            return self.cycle()
+        except Exception:
+            log.exception("unexpected error in the poll loop; polling again")
+            return self.config.agent.poll_interval
+
+    def start(self) -> None:
+        self.delivery.start()
+        self._resume_hooks()
+        self._refresh_identity()
+        self._heartbeat("Start")
+        if self.listener is not None:
+            self.listener.start()
+        self._notify_approvers()
+        log.info(
+            "polling %s every %gs; sinks: %s",
+            self.imds.events_url,
+            self.config.agent.poll_interval,
+            ", ".join(s.name for s in self.sinks),
+        )
+
+    def cycle(self) -> float:
+        """One poll and whatever housekeeping is due; the seconds to wait before the next."""
+        started = time.monotonic()
+        delay = self._poll_events()
+        if started >= self._next_identity:
+            self._refresh_identity()
+        if started >= self._next_heartbeat:
+            self._heartbeat("Periodic")
+        self._resubmit_hooks()
+        if self.local is not None:
+            self.local.tick(self.state, self.origin.identity)
+        return max(0.0, delay - (time.monotonic() - started))
+
+    def shutdown(self) -> None:
+        log.info("stopping: flushing the spool to every sink")
+        if self.hooks is not None:
+            self.hooks.stop(timeout=10.0)
+        if self.listener is not None:
+            self.listener.stop()
+        self._heartbeat("Stop")
+        if not self.delivery.flush(timeout=10.0):
+            log.warning("stopped with %d records not yet delivered; they stay in the spool "
+                        "and are sent at the next start", self.spool.depth())  # fmt: skip
+        self.delivery.stop(timeout=5.0)
+        self.spool.close()
+        self._imds_thread.stop()
+        self.imds.close()
+
+    # --- scheduled events -------------------------------------------------------------------
+
+    def _poll_events(self) -> float:
+        try:
+            body = self._interruptible(self.imds.scheduled_events)
+        except DeliveryError as err:
+            return self._poll.failed(err, self.config.agent.poll_interval)
+        self._poll.succeeded(self._now())
+        checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
+        if body != self._last_body or checkpoint_due:
+            self._last_body = body
+            self._observe(body)
+        return self.config.agent.poll_interval
+
+    def _interruptible(self, call: Callable[[], T]) -> T:
+        """`call()` on the IMDS thread, abandoned (RetryableError) if the agent is told to stop."""
+        future: Future[T] = self._imds_thread.submit(call)
+        while True:
+            try:
+                return future.result(timeout=STOP_CHECK_SECONDS)
+            except FutureTimeout:
+                if self._stop.is_set():
+                    raise RetryableError("stopping before IMDS answered") from None
+
+    def _observe(self, body: bytes) -> None:
+        try:
+            raw = json.loads(body)
+        except ValueError:
+            self._problem("not json", f"IMDS sent a body that is not JSON; skipped: "
+                          f"{imds.excerpt(body)!r}")  # fmt: skip
+            return
+        ctx = Context(self._now(), self.origin, self._boot_id, self._gap())
+        result = normalise(self.state, raw, ctx)
+        for problem in result.problems:
+            self._problem(problem.partition(":")[0], problem)
+        if not result.problems:
+            self._warned.clear()  # a clean document ends every streak
+        self._commit(result.records, result.state)
+
+    def _commit(self, records: list[dict[str, Any]], state: dict[str, Any]) -> None:
+        jobs = self._plan_hooks(records)
+        try:
+            self.spool.commit(
+                records,
+                state={STATE_KEY: state},
+                jobs=[(job.job_id, job.to_payload()) for job in jobs],
+            )
+        except SPOOL_ERRORS as err:
+            # The state did not advance either, so the next poll observes the same change
+            # again and makes the same records, with the same RecordIds.
+            self._last_body = None
+            if not self._spool_failing:
+                log.error("cannot write %d records to the spool %s: %s; trying again at every "
+                          "poll", len(records), self.spool.path, err)  # fmt: skip
+                self._spool_failing = True
+            return
+        if self._spool_failing:
+            log.warning("the spool %s accepts records again", self.spool.path)
+            self._spool_failing = False
+        self.state = state
+        self._last_commit = time.monotonic()
+        for record in records:
+            log.info("%s", describe(record))
+        for job in jobs:
+            self._submit(job)
+        self._notify_approvers()
+
+    def _notify_approvers(self) -> None:
+        """After each observation: wake the command listener, let local mode decide."""
+        if self.listener is not None:
+            self.listener.update(self.origin.identity.vm_id, listener.has_scheduled(self.state))
+        if self.local is not None:
+            self.local.observe(self.state, self.origin.identity)
+
+    def _gap(self) -> timedelta:
+        return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))
+
+    def _problem(self, kind: str, message: str) -> None:
+        # Said once per kind until a clean document: a bad body every second is one line.
+        if kind not in self._warned:
+            log.warning("%s", message)
+            self._warned.add(kind)
+
+    # --- instance metadata ----------------------------------------------------------------
+
+    def _refresh_identity(self) -> None:
+        try:
+            identity = imds.parse_instance(self._interruptible(self.imds.instance_metadata))
+        except DeliveryError as err:
+            self._identity_failed(err)
+            return
+        if not identity.known:
+            # JSON, but not this VM's metadata (no vmId): never trade a known identity for it.
+            self._identity_failed(RetryableError("the answer holds no compute.vmId"))
+            return
+        self._next_identity = time.monotonic() + self.config.imds.instance_refresh
+        if identity != self.origin.identity:
+            log.info("this VM is %s (%s)", identity.vm_name, identity.vm_id)
+            self.origin = Origin(identity, self.origin.host_name)
+            self._last_body = None  # AffectsThisVm depends on the name: look again
+            self._save_identity(identity)
+        self._identity_warned = False
+
+    def _save_identity(self, identity: VmIdentity) -> None:
+        try:
+            self.spool.commit([], state={IDENTITY_KEY: identity.to_state()})
+        except SpoolError as err:  # kept in memory; saved again when it next changes
+            log.warning("cannot save this VM's identity in the spool (%s)", err)
+
+    def _identity_failed(self, err: DeliveryError) -> None:
+        self._next_identity = time.monotonic() + IDENTITY_RETRY_SECONDS
+        if not self._identity_warned and not self._stop.is_set():
+            known = self.origin.identity
+            carry = (f"the identity last seen ({known.vm_name}, {known.vm_id})" if known.known
+                     else "null VM fields")  # fmt: skip
+            log.warning(
+                "instance metadata is unavailable (%s); records carry %s until it answers; "
+                "retrying every %gs", err, carry, IDENTITY_RETRY_SECONDS,
+            )  # fmt: skip
+            self._identity_warned = True
+
+    # --- heartbeats ----------------------------------------------------------------------
+
+    def _heartbeat(self, reason: str) -> None:
+        self._next_heartbeat = time.monotonic() + self.config.agent.heartbeat_interval
+        state = self.state or {}
+        health = Health(
+            incarnation=state.get("incarnation"),
+            pending_events=pending_events(state),
+            spool_depth=self.spool.depth(),
+            spool_dropped=self.spool.dropped(),
+            imds_healthy=self._poll.healthy,
+            last_imds_success=self._poll.last_success,
+        )
+        try:
+            beat = heartbeat_record(self.origin, reason, health, self._now(), run=self._run)
+            self.spool.commit([beat])
+        except SPOOL_ERRORS as err:
+            log.warning("heartbeat not written to the spool %s: %s", self.spool.path, err)
+
+    # --- hooks ---------------------------------------------------------------------------
+
+    def _hook_runner(self) -> HookRunner | None:
+        hooks = self.config.hooks
+        if hooks.prepare is None and hooks.recover is None:
+            return None
+        return HookRunner(
+            prepare=hooks.prepare,
+            recover=hooks.recover,
+            timeout=hooks.timeout,
+            max_concurrent=hooks.max_concurrent,
+            on_done=self._hook_done,
+        )
+
+    def _plan_hooks(self, records: list[dict[str, Any]]) -> list[HookJob]:
+        hooks = self.config.hooks
+        if self.hooks is None:
+            return []
+        return plan(records, prepare=hooks.prepare is not None, recover=hooks.recover is not None)
+
+    def _hook_done(self, job: HookJob, outcome: HookOutcome) -> None:
+        if self.local is not None:
+            self.local.hook_done(job.event_id, job.phase, outcome.ok)
+        record = hook_record(self.origin, job, outcome, self._now())
+        try:
+            self.spool.finish_job(job.job_id, [record])
+        except SPOOL_ERRORS as err:
+            log.error("the outcome of the %s hook for event %s could not be saved (%s); the "
+                      "hook stays due and runs again at the next start", job.phase,
+                      job.event_id, err)  # fmt: skip
+
+    def _submit(self, job: HookJob) -> None:
+        if self.hooks is not None and not self.hooks.submit(job):
+            self._waiting_jobs.append(job)
+
+    def _resubmit_hooks(self) -> None:
+        waiting, self._waiting_jobs = self._waiting_jobs, []
+        for job in waiting:
+            self._submit(job)
+
+    def _resume_hooks(self) -> None:
+        """Hooks that were due when the agent last stopped run now: hooks are at-least-once."""
+        for _job_id, payload in self.spool.pending_jobs():
+            if self.hooks is not None:
+                self._submit(HookJob.from_payload(payload))
+
+
+class _Worker:
+    """One daemon thread running calls in turn.
+
+    IMDS calls run here so a stop signal never waits for a slow answer (the first may take
+    two minutes). Daemon, unlike a ThreadPoolExecutor's workers, so an abandoned call
+    cannot hold the process at exit.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        threading.Thread(target=self._serve, name=name, daemon=True).start()
+
+    def submit(self, call: Callable[[], T]) -> Future[T]:
+        future: Future[T] = Future()
+        self._calls.put((call, future))
+        return future
+
+    def stop(self) -> None:
+        self._calls.put(None)
+
+    def _serve(self) -> None:
+        while (item := self._calls.get()) is not None:
+            call, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except BaseException as err:  # handed to the caller, who decides
+                    future.set_exception(err)
+
+
+class _PollHealth:
+    """Whether IMDS answers, and how long to wait after it did not."""
+
+    def __init__(self) -> None:
+        self.healthy = False
+        self.last_success: datetime | None = None
+        self.failures = 0
+        self._backoff = Backoff(initial=0.5, maximum=MAX_POLL_BACKOFF)
+
+    def succeeded(self, now: datetime) -> None:
+        if self.failures:
+            log.info("IMDS answers again after %d failed polls", self.failures)
+        self.healthy, self.last_success, self.failures = True, now, 0
+        self._backoff.reset()
+
+    def failed(self, err: DeliveryError, interval: float) -> float:
+        self.healthy = False
+        self.failures += 1
+        if self.failures == 1:
+            level = logging.ERROR if isinstance(err, PermanentError) else logging.WARNING
+            log.log(level, "cannot read scheduled events: %s; retrying with backoff", err)
+        return max(interval, self._backoff.delay_for(err))
+
+
+def describe(record: dict[str, Any]) -> str:
+    """One line a person reads in the agent's log for each Event record."""
+    affects = {True: "affects this VM", False: "not this VM", None: "VM name unknown"}
+    parts = [
+        f"{record['EventType']} {record['EventId']} {record['Transition']}",
+        "(inferred)" if record.get("Inferred") else "",
+        f"NotBefore {record['NotBefore']}" if record.get("NotBefore") else "",
+        f"changed {', '.join(record['ChangedFields'])}" if record.get("ChangedFields") else "",
+        affects[record.get("AffectsThisVm")],
+        f"resources {', '.join(record['Resources'])}" if record.get("Resources") else "",
+    ]
+    return "; ".join(p for p in parts if p)
+
+
+def _client(config: Config) -> imds.ImdsClient:
+    settings = config.imds
+    return imds.ImdsClient(
+        settings.url,
+        settings.api_version,
+        timeout=settings.timeout,
+        first_call_timeout=settings.first_call_timeout,
+        max_rps=settings.max_requests_per_second,
+    )

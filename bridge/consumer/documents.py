@@ -1,0 +1,251 @@
+"""What the consumer knows about the fleet, as documents, and how records change them.
+
+Three collections in a `bridge.consumer.state.Store`:
+
+- `vm/<VmId>`: identity, tags and when the VM was last heard from;
+- `event/<eventid>`: the event as VMs report it, per reporting VM, and hook readiness;
+- `ledger/approvals`: every approved event that has not completed, with the VMs it
+  impacts and where its approval went. Budgets are checked against this one document
+  and it is written with its ETag, so two consumers cannot both spend the last slot.
+
+The merge functions here are pure: they take a document value and a record and say
+whether the value changed. Replays are harmless: a reporter's status only moves
+forward in TimeGenerated, and readiness is a set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from bridge.consumer.state import Doc
+from bridge.policy.model import EventView, VmView
+
+VM, EVENT, LEDGER = "vm", "event", "ledger"
+LEDGER_KEY = "approvals"
+GONE = "Gone"
+
+_IDENTITY = {
+    "name": "VmName",
+    "subscription_id": "SubscriptionId",
+    "resource_group": "ResourceGroup",
+    "location": "Location",
+    "zone": "Zone",
+    "scale_set": "VmScaleSetName",
+    "fault_domain": "PlatformFaultDomain",
+    "update_domain": "PlatformUpdateDomain",
+}
+
+
+def parse_time(text: object) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def event_key(event_id: str) -> str:
+    return event_id.strip().lower()
+
+
+# --- VMs -------------------------------------------------------------------------------
+
+_IDENTITY_ITEMS = tuple(_IDENTITY.items())
+
+
+# Record fields whose values are whole numbers; every other field folded here is text (or a
+# list of text, Resources). A record is outside input: a field of another type is taken as
+# absent rather than stored, where it would break the policy and the budgets later.
+_WHOLE_FIELDS = frozenset(
+    {"PlatformFaultDomain", "PlatformUpdateDomain", "DurationInSeconds", "DocumentIncarnation"}
+)
+
+
+def field_of(record: Mapping[str, Any], name: str) -> Any:
+    """`record[name]` if it has the type the schema gives it, else None."""
+    value = record.get(name)
+    if name == "Resources":
+        return [v for v in value if isinstance(v, str)] if isinstance(value, list) else None
+    if name in _WHOLE_FIELDS:
+        return value if _whole(value) else None
+    return value if isinstance(value, str) else None
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def merge_vm(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
+    """Fold one record's identity into a VM document; True when something worth saving changed."""
+    seen = record.get("TimeGenerated")
+    # Only a newer record changes anything, and it always moves last_seen: changed.
+    if not isinstance(seen, str) or seen <= value.get("last_seen", ""):
+        return False
+    value["last_seen"] = seen
+    for key, field in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
+        given = record.get(field)
+        if isinstance(given, str) if field not in _WHOLE_FIELDS else _whole(given):
+            value[key] = given
+    heartbeat = record.get("RecordType") == "Heartbeat"
+    if heartbeat and isinstance(record.get("Tags"), dict):
+        value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
+    if heartbeat and record.get("HeartbeatReason") == "Stop":
+        value["stopped"] = seen
+    elif value.get("stopped"):
+        value.pop("stopped")
+    return True
+
+
+def vm_view(vm_id: str, value: Mapping[str, Any]) -> VmView:
+    # A VM whose agent said goodbye is not alive, however recent its last record.
+    last_seen = None if value.get("stopped") else parse_time(value.get("last_seen"))
+    return VmView(
+        vm_id=vm_id,
+        name=str(value.get("name") or vm_id),
+        subscription_id=value.get("subscription_id"),
+        resource_group=value.get("resource_group"),
+        location=value.get("location"),
+        zone=value.get("zone"),
+        scale_set=value.get("scale_set"),
+        fault_domain=value.get("fault_domain"),
+        update_domain=value.get("update_domain"),
+        tags=dict(value.get("tags") or {}),
+        last_seen=last_seen,
+    )
+
+
+# --- events ----------------------------------------------------------------------------
+
+_EVENT_FIELDS = {
+    "event_type": "EventType",
+    "event_source": "EventSource",
+    "duration": "DurationInSeconds",
+    "resources": "Resources",
+    "not_before": "NotBefore",
+    "incarnation": "DocumentIncarnation",
+}
+
+
+def merge_event(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
+    """Fold an Event or Hook record into an event document; True when it changed."""
+    before = repr(value)
+    if record.get("RecordType") == "Event":
+        _merge_event_record(value, record)
+    elif record.get("RecordType") == "Hook":
+        _merge_hook_record(value, record)
+    return repr(value) != before
+
+
+def _merge_event_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:
+    vm_id, seen = record.get("VmId"), field_of(record, "TimeGenerated") or ""
+    value.setdefault("event_id", field_of(record, "EventId"))
+    value.setdefault("first_seen", seen)
+    value["first_seen"] = min(value["first_seen"], seen) if seen else value["first_seen"]
+    if seen >= value.get("updated", ""):
+        value["updated"] = seen
+        for key, field in _EVENT_FIELDS.items():
+            if field_of(record, field) is not None or key not in value:
+                value[key] = field_of(record, field)
+    host = field_of(record, "HostName")
+    # Before an agent knows its VmId (instance metadata failing since its first start) its
+    # records name only the host: counted under "host:NAME", as its sinks key them, so that
+    # the event's end is not lost; dropped once the same host reports with its VmId.
+    host_key = f"host:{host}" if isinstance(host, str) and host else None
+    who = vm_id if isinstance(vm_id, str) else host_key
+    if who is None:
+        return
+    reporters = value.setdefault("reporters", {})
+    if who == vm_id and host_key is not None:
+        reporters.pop(host_key, None)
+    mine = reporters.get(who)
+    if mine is None or seen >= mine["at"]:
+        reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
+
+
+def _merge_hook_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:
+    vm_id = record.get("VmId")
+    succeeded = record.get("HookExitCode") == 0 and not record.get("HookTimedOut")
+    if record.get("HookPhase") == "prepare" and succeeded and isinstance(vm_id, str):
+        ready = set(value.get("ready", []))
+        ready.add(vm_id)
+        value["ready"] = sorted(ready)
+    value.setdefault("event_id", field_of(record, "EventId"))
+
+
+def status(value: Mapping[str, Any]) -> str:
+    """The event's status across its reporters: Started wins, then Scheduled, else Gone."""
+    seen = {r["status"] for r in value.get("reporters", {}).values()}
+    for candidate in ("Started", "Scheduled"):
+        if candidate in seen:
+            return candidate
+    return GONE
+
+
+def active_reporters(value: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(sorted(v for v, r in value.get("reporters", {}).items() if r["status"] != GONE))
+
+
+@dataclass(frozen=True)
+class Names:
+    """VM names to VmIds, per subscription: Resources lists names, budgets count VmIds."""
+
+    index: Mapping[tuple[str | None, str], str]
+
+    @classmethod
+    def of(cls, vms: Iterable[VmView]) -> Names:
+        return cls({(vm.subscription_id, vm.name.lower()): vm.vm_id for vm in vms})
+
+    def resolve(
+        self, names: Iterable[str], subscription: str | None
+    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        found: list[str] = []
+        missing: list[str] = []
+        for name in names:
+            vm_id = self.index.get((subscription, name.lower()))
+            (found if vm_id else missing).append(vm_id or name)
+        return tuple(found), tuple(missing)
+
+
+def event_view(
+    value: Mapping[str, Any],
+    vms: Mapping[str, VmView],
+    names: Names,
+    tried: tuple[str, ...],
+    now: datetime,
+) -> EventView:
+    reporters = active_reporters(value)
+    subscription = next(
+        (vms[r].subscription_id for r in value.get("reporters", {}) if r in vms), None
+    )
+    affected, unresolved = names.resolve(value.get("resources") or [], subscription)
+    return EventView(
+        event_id=str(value.get("event_id")),
+        event_type=str(value.get("event_type") or ""),
+        event_source=value.get("event_source"),
+        duration=value.get("duration"),
+        status=status(value),
+        not_before=parse_time(value.get("not_before")),
+        first_seen=parse_time(value.get("first_seen")) or now,
+        affected=affected,
+        unresolved=unresolved,
+        reporters=reporters,
+        ready=frozenset(value.get("ready", [])),
+        tried=tried,
+    )
+
+
+def is_stale(value: Mapping[str, Any], now: datetime, stale_after: timedelta) -> bool:
+    updated = parse_time(value.get("updated")) or parse_time(value.get("first_seen"))
+    return updated is not None and now - updated > stale_after
+
+
+def urgency(doc: Doc) -> tuple[bool, str, str, str]:
+    """Sort key: what already impacts VMs is counted before anything is approved."""
+    value = doc.value
+    due = str(value.get("not_before") or "~")
+    return (status(value) == "Scheduled", due, str(value.get("first_seen") or ""), doc.key)

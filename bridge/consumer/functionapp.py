@@ -1,0 +1,324 @@
+"""The Azure Functions app (Python v2 programming model): a thin wrapper over the consumer core.
+
+`functions/function_app.py`, the file the Functions host loads, is one line over this module,
+so the logic is type-checked and tested with the package. Two functions:
+
+- `records`: an Event Hubs trigger taking batches (cardinality many) of the records the agents
+  send. Every body is checked with `bridge.consumer.sources.batches.check_record` (size, JSON, the record
+  schema, VmId against the event's partition key); one that fails is logged whole at ERROR
+  with the reason (`log_poison`), which makes the log (Application Insights) its only copy,
+  and the rest of the batch goes on to `Consumer.process`. Any exception fails the
+  invocation. The Event Hubs trigger checkpoints a batch after the invocation ends, even a
+  failed one, so the retry policy on the function is what keeps a failed batch: the host runs
+  it again with exponential backoff, indefinitely, and the partition waits behind it, as the
+  standalone consumer's partition does. Only a host restart during the retries hands the batch
+  over afresh, from the last checkpoint. Processing is idempotent, so a re-run is harmless.
+- `reevaluate`: a timer calling `Consumer.tick` (deferrals, fallbacks, unsent commands).
+  Its schedule is SE_BRIDGE_FUNCTIONS_TIMER, read when the app is indexed, or every 10 s.
+  A failed tick is not retried: the next one does the same work.
+
+Decision records go straight to Log Analytics when loganalytics.endpoint/rule_id are set, else
+to the log as JSON at INFO. There is no local spool: a Function instance's disk is not durable.
+A failed upload fails the invocation, and the retry policy runs the batch again.
+
+The consumer is built at the first invocation in each worker process and kept; the settings
+are the usual SE_BRIDGE_<SECTION>_<KEY> environment variables (app settings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# typing.List, not list[...]: the Python worker checks the trigger parameter's annotation
+# with azure.functions' converters, which refuse the builtin generic (the function would
+# fail to load). The names stay at module level: the worker resolves these string
+# annotations (PEP 563) with typing.get_type_hints against this module's globals.
+from typing import Any, List  # noqa: UP035
+
+import azure.functions as func
+
+from bridge.config import Config, ConfigError, check_loganalytics, load
+from bridge.consumer.core import Consumer
+from bridge.consumer.service import build_consumer, state_spec
+from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
+from bridge.consumer.state import parse_spec as parse_state_spec
+from bridge.redact import describe
+from bridge.retry import PoisonRecords
+from bridge.sinks import Sink, SpooledRecord
+
+log = logging.getLogger(__name__)
+
+# The app setting (or, with an identity, the prefix of the settings) of the Event Hubs
+# connection: SE_BRIDGE_EVENTHUBS holds a connection string; identity-based connections use
+# SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace (and __credential / __clientId for a
+# user-assigned identity). Not an SE_BRIDGE_<SECTION>_<KEY> setting: config ignores it.
+CONNECTION = "SE_BRIDGE_EVENTHUBS"
+EVENT_HUB_NAME = "%SE_BRIDGE_EVENTHUBS_NAME%"
+CONSUMER_GROUP = "%SE_BRIDGE_CONSUMER_CONSUMER_GROUP%"
+TIMER_SETTING = "SE_BRIDGE_FUNCTIONS_TIMER"
+DEFAULT_TIMER = "*/10 * * * * *"  # NCRONTAB with seconds: every 10 s
+# Retried without end: a batch is never skipped, like the standalone consumer's. The worker
+# reads the intervals with strptime("%H:%M:%S"), so they must stay under a day.
+RETRY_STRATEGY = "exponential_backoff"
+RETRY_FOREVER = "-1"
+RETRY_MIN = "00:00:01"
+RETRY_MAX = "00:01:00"
+# Set on every App Service / Functions instance in Azure, absent under Core Tools and tests.
+IN_AZURE = "WEBSITE_INSTANCE_ID"
+
+
+class DecisionOutlet:
+    """Where the consumer's Decision records go: Log Analytics, or the log as JSON.
+
+    A failure raises, failing the batch. The consumer emits a Hold or Defer before it records
+    the decision in the fleet state, so the retried batch emits it again. An approval's ledger
+    entry is written first, so its retry only resends the command, and the Decision record is
+    lost (bridge.consumer.ledger.Dispatch.apply; an xfail test in tests/component/test_functionapp.py).
+    """
+
+    def __init__(self, sink: Sink | None) -> None:
+        self.sink = sink
+
+    @classmethod
+    def from_config(cls, config: Config) -> DecisionOutlet:
+        settings = config.loganalytics
+        if not (settings.endpoint or settings.rule_id):
+            return cls(None)
+        check_loganalytics(settings, "sending Decision records to Log Analytics")
+        from bridge.sinks.loganalytics import LogAnalyticsSink  # noqa: PLC0415
+
+        return cls(LogAnalyticsSink(config))
+
+    def __call__(self, records: list[dict[str, Any]]) -> None:
+        if self.sink is None:
+            for record in records:
+                log.info("Decision record: %s", json.dumps(record, ensure_ascii=False))
+            return
+        batch = [
+            SpooledRecord(seq, str(r.get("RecordId")), str(r.get("RecordType")), json.dumps(r))
+            for seq, r in enumerate(records)
+        ]
+        while batch:
+            try:
+                self.sink.send(batch)
+            except PoisonRecords as err:
+                # Refused for good (they do not fit the DCR): the log keeps them, as the
+                # standalone consumer's dead-letter table would. Anything else raises on.
+                if not err.seqs:
+                    raise
+                for refused in (r for r in batch if r.seq in err.seqs):
+                    log.error("the Logs Ingestion API refused a Decision record (%s); it is "
+                              "kept only in this log line: %s", err, refused.body)  # fmt: skip
+                batch = [r for r in batch if r.seq not in err.seqs]
+            else:
+                return
+
+    def close(self) -> None:
+        if self.sink is not None:
+            self.sink.close()
+
+
+def load_config(environ: Mapping[str, str], app_dir: Path | None = None) -> Config:
+    """The consumer's settings from app settings; ConfigError names a bad or missing one."""
+    # Names with "__" are the Functions host's (identity-based connections such as
+    # SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace); config would warn about them as unknown.
+    config = load(environ={k: v for k, v in environ.items() if "__" not in k})
+    policy = config.consumer.policy
+    if policy is not None and not policy.is_absolute() and app_dir is not None:
+        # A policy file deployed with the app: relative to the app, not the worker's cwd.
+        consumer = dataclasses.replace(config.consumer, policy=app_dir / policy)
+        config = dataclasses.replace(config, consumer=consumer)
+    if environ.get(IN_AZURE):
+        _check_durable(config)
+    return config
+
+
+def _check_durable(config: Config) -> None:
+    """In Azure, state and commands must live outside the instance, whose disk is not durable
+    and which scale-out multiplies (each instance with its own SQLite would keep its own
+    budgets)."""
+    try:
+        kind, _ = parse_state_spec(state_spec(config))
+    except ValueError as err:
+        raise ConfigError(f"consumer.state: {err}") from err
+    if kind != "tables":
+        raise ConfigError(
+            "a consumer in Azure Functions keeps the fleet state in Table Storage: set "
+            "SE_BRIDGE_CONSUMER_STATE=tables and SE_BRIDGE_STORAGE_ACCOUNT"
+        )
+    if not config.commands.channel.strip().lower().startswith("storagequeue"):
+        raise ConfigError(
+            "a consumer in Azure Functions sends approvals through Storage Queues: set "
+            "SE_BRIDGE_COMMANDS_CHANNEL=storagequeue"
+        )
+
+
+class ConsumerApp:
+    """The consumer behind the functions, built at the first invocation of this worker process.
+
+    The worker may run invocations on several threads at once; building is guarded, and the
+    consumer serialises its own work. A failed build is not kept: the next invocation tries
+    again (changing an app setting restarts the app anyway).
+    """
+
+    def __init__(
+        self, environ: Mapping[str, str] | None = None, app_dir: Path | None = None
+    ) -> None:
+        self._environ = environ
+        self._app_dir = app_dir
+        self._lock = threading.Lock()
+        self._consumer: Consumer | None = None
+        self._outlet: DecisionOutlet | None = None
+
+    def consumer(self) -> Consumer:
+        with self._lock:
+            if self._consumer is None:
+                self._consumer = self._build()
+            return self._consumer
+
+    def _build(self) -> Consumer:
+        environ = os.environ if self._environ is None else self._environ
+        try:
+            config = load_config(environ, self._app_dir)
+            _log_levels(config)
+            outlet = DecisionOutlet.from_config(config)
+            try:
+                consumer = build_consumer(config, outlet)
+            except BaseException:
+                outlet.close()
+                raise
+        except ConfigError as err:
+            log.error("se-bridge: configuration error: %s", err)
+            raise
+        if config.consumer.sinks:
+            log.warning("consumer.sinks is ignored in Azure Functions: Decision records go to "
+                        "Log Analytics (loganalytics.*) or the log")  # fmt: skip
+        self._outlet = outlet
+        log.info("se-bridge consumer ready; policy: %s; decisions to %s",
+                 consumer.policy.source, "Log Analytics" if outlet.sink else "the log")  # fmt: skip
+        return consumer
+
+    def handle_events(self, events: Sequence[func.EventHubEvent]) -> None:
+        """Parse a batch, log what is not a record, and hand the records to the consumer."""
+        records = []
+        for event in events:
+            body = event.get_body()
+            try:
+                records.append(check_record(body.decode("utf-8"), event.partition_key))
+            except (UnicodeDecodeError, NotARecord) as err:
+                # Logged again if the batch is retried: a duplicate line, never a lost body.
+                text = body.decode("utf-8", errors="backslashreplace")
+                log_poison(_partition(event), _offset(event), text, str(err))
+        if not records:
+            return
+        try:
+            self.consumer().process(records)
+        except Exception as err:
+            where = f"{len(records)} records from partition {_partition(events[0])}"
+            log.warning("handling %s failed: %s; the retry policy runs the batch again, nothing "
+                        "is checkpointed before it succeeds", where,
+                        describe(err, with_type=True))  # fmt: skip
+            raise
+
+    def reevaluate(self, timer: func.TimerRequest) -> None:
+        if timer.past_due:
+            log.info("re-evaluation timer is past due; running it now")
+        self.consumer().tick()
+
+    def close(self) -> None:
+        """For tests and orderly shutdown; the host normally just ends the process."""
+        with self._lock:
+            if self._consumer is not None:
+                self._consumer.close()
+                self._consumer = None
+            if self._outlet is not None:
+                self._outlet.close()
+                self._outlet = None
+
+
+def _log_levels(config: Config) -> None:
+    # The worker forwards Python logging to the host at the root logger's level; these
+    # narrow what se-bridge and the Azure SDKs (which narrate every request at INFO) send.
+    level = logging.getLevelName(config.agent.log_level)
+    logging.getLogger("bridge").setLevel(level)
+    logging.getLogger("azure").setLevel(max(logging.WARNING, level))
+
+
+def _partition(event: func.EventHubEvent) -> str:
+    """The partition id from the trigger metadata, "?" when there is none (as in tests)."""
+    try:
+        context = (event.metadata or {}).get("PartitionContext")
+    except Exception:  # metadata conversion is the worker's; a quirk must not fail the batch
+        return "?"
+    if isinstance(context, str):
+        try:
+            context = json.loads(context)
+        except ValueError:
+            return "?"
+    if isinstance(context, dict) and context.get("PartitionId") is not None:
+        return str(context["PartitionId"])
+    return "?"
+
+
+def _offset(event: func.EventHubEvent) -> str:
+    if event.offset is not None:
+        return str(event.offset)
+    if event.sequence_number is not None:
+        return f"sequence number {event.sequence_number}"
+    return "?"
+
+
+def timer_schedule(environ: Mapping[str, str]) -> str:
+    """SE_BRIDGE_FUNCTIONS_TIMER or every 10 s; ConfigError when it is not six NCRONTAB fields."""
+    schedule = environ.get(TIMER_SETTING, "").strip() or DEFAULT_TIMER
+    if len(schedule.split()) != 6:
+        raise ConfigError(
+            f"{TIMER_SETTING} must be an NCRONTAB expression with six fields (seconds first), "
+            f"such as {DEFAULT_TIMER!r}; got {schedule!r}"
+        )
+    return schedule
+
+
+def build_app(
+    backend: ConsumerApp | None = None, environ: Mapping[str, str] | None = None
+) -> func.FunctionApp:
+    """The FunctionApp whose functions hand their work to `backend`."""
+    backend = backend or ConsumerApp()
+    schedule = timer_schedule(os.environ if environ is None else environ)
+    app = func.FunctionApp()
+
+    @app.function_name("records")
+    @app.retry(
+        strategy=RETRY_STRATEGY,
+        max_retry_count=RETRY_FOREVER,
+        minimum_interval=RETRY_MIN,
+        maximum_interval=RETRY_MAX,
+    )
+    @app.event_hub_message_trigger(
+        arg_name="events",
+        connection=CONNECTION,
+        event_hub_name=EVENT_HUB_NAME,
+        consumer_group=CONSUMER_GROUP,
+        cardinality=func.Cardinality.MANY,
+        # The bodies as the agents sent them (bytes, decoded here as UTF-8). Without a data
+        # type a batch may arrive as JSON, whose bodies azure.functions re-serialises.
+        data_type=func.DataType.BINARY,
+    )
+    def records(events: List[func.EventHubEvent]) -> None:  # noqa: UP006 - see the import
+        backend.handle_events(events)
+
+    @app.function_name("reevaluate")
+    # use_monitor keeps schedule state in storage so that a missed run is made up: pointless
+    # for a re-evaluation every few seconds. Its default is on for schedules of a minute or
+    # more, which SE_BRIDGE_FUNCTIONS_TIMER may give.
+    @app.timer_trigger(arg_name="timer", schedule=schedule, use_monitor=False)
+    def reevaluate(timer: func.TimerRequest) -> None:
+        backend.reevaluate(timer)
+
+    return app

@@ -1,0 +1,211 @@
+"""Fleet state stores: small JSON documents with optimistic concurrency.
+
+The consumer keeps everything it knows (VMs, events, the approval ledger) as documents
+in named collections. Every write names the version it read (an ETag); a write over
+a newer version fails with `Conflict`, and the caller re-reads and re-decides. That is
+what lets several consumer instances share one fleet without exceeding a budget or
+approving one event twice. Two implementations: SQLite for one machine, Azure Table
+Storage for a real fleet.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from bridge import specs
+from bridge.retry import RetryableError
+
+if TYPE_CHECKING:
+    from bridge.config import Config
+
+
+class Conflict(Exception):
+    """The document changed (or appeared, or vanished) since it was read."""
+
+
+@dataclass
+class Doc:
+    """A document, its key within its collection, and the version it was read at.
+
+    `etag` is None for a document not yet stored: writing it creates it, and fails with
+    Conflict if somebody else created it first.
+    """
+
+    key: str
+    value: dict[str, Any] = field(default_factory=dict)
+    etag: str | None = None
+
+
+class Store(Protocol):
+    def read(self, collection: str, key: str) -> Doc | None:
+        """The document, or None when there is none."""
+
+    def write(self, collection: str, doc: Doc) -> Doc:
+        """Store `doc` if still at `doc.etag`: the stored Doc with its new etag, or Conflict.
+
+        The stored Doc shares `doc.value` (what was written): change neither afterwards.
+        """
+
+    def delete(self, collection: str, doc: Doc) -> None:
+        """Remove `doc` if it is still at `doc.etag`; Conflict if it changed, nothing if gone."""
+
+    def scan(self, collection: str) -> list[Doc]:
+        """Every document of the collection, in key order."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class BatchStore(Store, Protocol):
+    """A store that reads and writes many documents of one collection per round trip."""
+
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        """The stored documents among `keys` (absent keys are left out)."""
+
+    def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
+        """Store every doc still at its etag: (the stored Docs, the keys that conflicted).
+
+        A store may write all or none (Table Storage's entity-group transaction): then
+        every key is reported as conflicted and the caller falls back to one at a time.
+        """
+
+
+@runtime_checkable
+class DeferredSync(Protocol):
+    """A store that can keep chosen collections' writes off the disk until `flush`."""
+
+    def defer_sync(self, collections: Iterable[str]) -> None:
+        """Writes to `collections` may return before they are on disk (they survive a crash
+        of the process, not of the machine) until `flush` or a synced write."""
+
+    def flush(self) -> None:
+        """Make every write made so far durable."""
+
+
+@runtime_checkable
+class ChangeFeed(Protocol):
+    """A store that can say which documents of a collection changed since a mark."""
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        """Documents written after mark `since` (all of them for None), and the new mark.
+
+        Deleted documents are not reported: use it on collections that are never deleted.
+        A document still at the ETag of the `known` one of its key is left out (the caller
+        has that version already).
+        """
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """Split `sqlite:PATH` / `tables` into (kind, argument); ValueError names what is wrong."""
+    return specs.split(
+        spec, "fleet state", {"sqlite": "/var/lib/se-bridge/fleet.db", "tables": None}
+    )
+
+
+# Table Storage counts a string property as UTF-16 (two bytes a character) against its
+# 1 MiB entity limit, so about 500 000 characters fit; both stores refuse more, so a
+# value that works on SQLite also works on Tables.
+MAX_VALUE_CHARS = 480_000
+
+
+def encode_value(collection: str, doc: Doc) -> str:
+    """`doc.value` as compact ASCII JSON; TypeError if not a JSON object, ValueError if too big."""
+    if not isinstance(doc.value, dict):
+        raise TypeError(f"{collection}/{doc.key}: a document's value must be a dict")
+    try:
+        text = json.dumps(doc.value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:  # ValueError: NaN, Infinity or a circular reference
+        raise TypeError(f"{collection}/{doc.key} is not JSON-serialisable: {err}") from err
+    if len(text) > MAX_VALUE_CHARS:
+        raise ValueError(
+            f"{collection}/{doc.key} is {len(text)} characters of JSON; fleet state documents "
+            f"hold at most {MAX_VALUE_CHARS} (Table Storage's 1 MiB entity limit)"
+        )
+    return text
+
+
+def decode_value(text: str) -> dict[str, Any]:
+    value: dict[str, Any] = json.loads(text)
+    return value
+
+
+def build(spec: str, config: Config) -> Store:
+    """The store a `consumer.state` SPEC names (`sqlite:PATH` or `tables`)."""
+    kind, arg = parse_spec(spec)
+    # Imported only when chosen, so a local consumer never loads the Azure SDK.
+    if kind == "sqlite":
+        from bridge.consumer.state.sqlite import SqliteStore  # noqa: PLC0415
+
+        return SqliteStore(Path(arg).expanduser())
+    from bridge.consumer.state.tables import TableStore  # noqa: PLC0415
+
+    return TableStore(config)
+
+
+MAX_CONFLICT_RETRIES = 50
+
+
+def update(
+    store: Store, collection: str, key: str, mutate: Callable[[dict[str, Any]], bool]
+) -> Doc | None:
+    """Read-modify-write `key` until no other writer interferes.
+
+    `mutate` changes the value in place and says whether it changed anything; nothing is
+    written when it did not. Returns the stored document (None if it never existed and
+    `mutate` left it unchanged).
+    """
+    for _ in range(MAX_CONFLICT_RETRIES):
+        doc = store.read(collection, key) or Doc(key)
+        if not mutate(doc.value):
+            return doc if doc.etag is not None else None
+        try:
+            return store.write(collection, doc)
+        except Conflict:
+            continue
+    raise RetryableError(f"{collection}/{key} kept changing under {MAX_CONFLICT_RETRIES} writes")
+
+
+Mutation = Callable[[dict[str, Any]], bool]
+
+
+def update_many(
+    store: Store,
+    collection: str,
+    mutations: Mapping[str, Mutation],
+    *,
+    known: Mapping[str, Doc] | None = None,
+) -> dict[str, Doc | None]:
+    """`update` for many keys of one collection, in one read and one write where possible.
+
+    A key whose write conflicts (somebody wrote it after our read) goes through `update`,
+    which reads it again, so every mutation lands on the newest version exactly as with
+    `update`. Returns each key's stored document as `update` would.
+
+    `known`: documents the caller holds, most likely still current, used instead of reading
+    them again. They are changed in place (on an exception, the caller must drop them); a
+    stale one conflicts and goes through `update` like any other.
+    """
+    if not isinstance(store, BatchStore):
+        return {key: update(store, collection, key, m) for key, m in mutations.items()}
+    held = {key: known[key] for key in mutations if known and key in known}
+    missing = [key for key in mutations if key not in held]
+    found = {**(store.read_many(collection, missing) if missing else {}), **held}
+    done: dict[str, Doc | None] = {}
+    pending: list[Doc] = []
+    for key, mutate in mutations.items():
+        doc = found.get(key) or Doc(key)
+        if mutate(doc.value):
+            pending.append(doc)
+        else:
+            done[key] = doc if doc.etag is not None else None
+    stored, conflicted = store.write_many(collection, pending) if pending else ([], [])
+    done.update((doc.key, doc) for doc in stored)
+    for key in conflicted:
+        done[key] = update(store, collection, key, mutations[key])
+    return done

@@ -1,0 +1,309 @@
+"""`tables`: the fleet state in Azure Table Storage, shared by every consumer instance.
+
+One table (`consumer.table_name`): PartitionKey = collection, RowKey = key, each with the
+characters Table Storage forbids in keys (/ \\ # ? and control characters) and `%` itself
+percent-encoded. The value is JSON text cut into string properties `Body0`, `Body1`, ...
+(a string property holds at most 64 KiB of UTF-16) with their count in `Chunks`. Writes
+are conditional on the entity's ETag, so concurrent consumers meet as a 412 (Conflict),
+never as a lost update. The table is created at first use. bridge.consumer.state.build imports
+this module only when `tables` is configured; azure-data-tables loads at first use.
+
+An entity as stored:
+    PartitionKey: "events"   RowKey: "vm%2F1"   Chunks: 1   Body0: '{"Status":"Scheduled"}'
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from azure.core import MatchConditions
+from azure.core.exceptions import AzureError, ResourceExistsError
+
+from bridge import identity
+from bridge.channels import storageerrors
+from bridge.config import Config
+from bridge.consumer.state import Conflict, Doc, decode_value, encode_value
+from bridge.retry import (
+    DeliveryError,
+    PermanentError,
+    RetryableError,
+)
+
+if TYPE_CHECKING:
+    from azure.data.tables import TableClient, TableEntity
+
+# An entity-group transaction holds at most 100 operations and 4 MiB; a query's filter at
+# most 15 comparisons (one is the PartitionKey).
+TRANSACTION_OPS = 100
+TRANSACTION_CHARS = 1_500_000  # of ASCII JSON: 3 MB as UTF-16, under the 4 MiB limit
+FILTER_KEYS = 14
+CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB property limit
+_TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}")
+_FORBIDDEN = re.compile(r"[%/\\#?\x00-\x1f\x7f-\x9f]")
+
+
+def escape_key(text: str) -> str:
+    """`text` with every character Table Storage refuses in a key (and `%`) percent-encoded."""
+    return _FORBIDDEN.sub(lambda m: "".join(f"%{b:02X}" for b in m[0].encode()), text)
+
+
+def unescape_key(text: str) -> str:
+    return unquote(text, errors="strict")
+
+
+class TableStore:
+    """Documents in one table; the SDK client is created, and the table made, at first use."""
+
+    def __init__(self, config: Config, table_name: str | None = None) -> None:
+        self._storage = config.storage
+        self._identity = config.identity
+        self.table_name = table_name or config.consumer.table_name
+        if not _TABLE_NAME.fullmatch(self.table_name):
+            raise ValueError(
+                f"table name {self.table_name!r} (consumer.table_name) must be 3 to 63 letters "
+                "and digits, starting with a letter"
+            )
+        if not (self._storage.connection_string or self._storage.account):
+            raise ValueError(
+                "fleet state `tables` needs storage.account or storage.connection_string"
+            )
+        self._lock = threading.Lock()
+        self._client: TableClient | None = None
+        self._ready = False
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        table = self._table()
+        try:
+            entity = table.get_entity(escape_key(collection), escape_key(key))
+        except AzureError as err:  # only the service's answers: anything else is a bug
+            if storageerrors.status_of(err) == 404 and not _table_missing(err):
+                return None
+            raise self._classify(err) from err
+        return self._doc(collection, entity)
+
+    def write(self, collection: str, doc: Doc) -> Doc:
+        text = encode_value(collection, doc)
+        entity, table = _entity(collection, doc.key, text), self._table()
+        try:
+            if doc.etag is None:
+                meta = table.create_entity(entity)
+            else:
+                meta = _replace(table, entity, doc.etag)
+        except AzureError as err:
+            # 409: created by somebody else; 412: changed since read; 404: deleted since read.
+            raise self._conflict_or_classify(err, collection, doc.key, (409, 412, 404)) from err
+        return Doc(doc.key, doc.value, str(meta["etag"]))
+
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        unique, table = sorted(set(keys)), self._table()
+        found: dict[str, Doc] = {}
+        for start in range(0, len(unique), FILTER_KEYS):
+            chunk = unique[start : start + FILTER_KEYS]
+            params = {f"k{i}": escape_key(key) for i, key in enumerate(chunk)}
+            rows = " or ".join(f"RowKey eq @{name}" for name in params)
+            try:
+                entities = list(
+                    table.query_entities(
+                        f"PartitionKey eq @pk and ( {rows} )",  # the SDK splits on spaces
+                        parameters={"pk": escape_key(collection), **params},
+                    )
+                )
+            except AzureError as err:
+                raise self._classify(err) from err
+            found.update((d.key, d) for d in (self._doc(collection, e) for e in entities))
+        return found
+
+    def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
+        """Entity-group transactions (one partition: the collection), all or none each."""
+        stored: list[Doc] = []
+        conflicted: list[str] = []
+        for group in _groups(collection, docs):
+            try:
+                stored += self._transact(collection, group)
+            except Conflict:
+                conflicted += [doc.key for doc, _ in group]
+        return stored, conflicted
+
+    def _transact(self, collection: str, group: list[tuple[Doc, str]]) -> list[Doc]:
+        from azure.data.tables import UpdateMode  # noqa: PLC0415
+
+        operations: list[Any] = []
+        for doc, text in group:
+            entity = _entity(collection, doc.key, text)
+            if doc.etag is None:
+                operations.append(("create", entity))
+            else:
+                conditions = {"etag": doc.etag, "match_condition": MatchConditions.IfNotModified}
+                operations.append(("update", entity, {"mode": UpdateMode.REPLACE, **conditions}))
+        try:
+            answers = self._table().submit_transaction(operations)
+        except AzureError as err:
+            # 409: created by somebody else; 412: changed since read; 404: deleted since read.
+            failed = group[min(int(getattr(err, "index", 0) or 0), len(group) - 1)][0].key
+            raise self._conflict_or_classify(err, collection, failed, (409, 412, 404)) from err
+        return [
+            Doc(doc.key, doc.value, str(meta["etag"]))
+            for (doc, _), meta in zip(group, answers, strict=True)
+        ]
+
+    def delete(self, collection: str, doc: Doc) -> None:
+        if doc.etag is None:
+            if self.read(collection, doc.key) is not None:
+                raise Conflict(f"{collection}/{doc.key} was created since it was read")
+            return
+        pk, rk, table = escape_key(collection), escape_key(doc.key), self._table()
+        try:  # the SDK treats 404 (already gone) as success
+            table.delete_entity(
+                pk, rk, etag=doc.etag, match_condition=MatchConditions.IfNotModified
+            )
+        except AzureError as err:
+            raise self._conflict_or_classify(err, collection, doc.key, (412,)) from err
+
+    def scan(self, collection: str) -> list[Doc]:
+        query, table = "PartitionKey eq @pk", self._table()
+        try:
+            entities = list(table.query_entities(query, parameters={"pk": escape_key(collection)}))
+        except AzureError as err:
+            raise self._classify(err) from err
+        # Sorted here: escaping changes the service's order (`%` sorts before most characters).
+        return sorted((self._doc(collection, e) for e in entities), key=lambda d: d.key)
+
+    def check(self) -> str:
+        """A harmless real round trip: make sure the table exists and can be read."""
+        self.scan("check")
+        return f"Table Storage serves {self._target()}"
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def _table(self) -> TableClient:
+        with self._lock:
+            if self._client is None:
+                self._client = self._open()
+            if not self._ready:
+                self._create_table(self._client)
+                self._ready = True
+            return self._client
+
+    def _create_table(self, client: TableClient) -> None:
+        try:
+            client.create_table()
+        except ResourceExistsError:
+            pass
+        except AzureError as err:
+            if (
+                storageerrors.status_of(err) == 409
+            ):  # TableBeingDeleted: the service frees the name in ~40 s
+                raise RetryableError(
+                    f"409 from {self._target()}: being deleted, it can be made again soon"
+                ) from err
+            raise self._classify(err) from err
+
+    def _open(self) -> TableClient:
+        from azure.data.tables import TableClient  # noqa: PLC0415
+
+        # Retries are the caller's: an SDK retry of a write whose answer was lost would
+        # report the caller's own success as a Conflict.
+        options: dict[str, Any] = {"retry_total": 0, "connection_timeout": 10, "read_timeout": 30}
+        s = self._storage
+        if s.connection_string:
+            try:
+                return TableClient.from_connection_string(
+                    s.connection_string, self.table_name, **options
+                )
+            except ValueError:  # its message could quote the string; say which setting instead
+                raise PermanentError(
+                    "storage.connection_string is not a valid storage connection string"
+                ) from None
+        endpoint = f"https://{s.account}.table.{s.endpoint_suffix}"
+        credential = identity.credential(self._identity)
+        return TableClient(endpoint, self.table_name, credential=credential, **options)
+
+    def _doc(self, collection: str, entity: TableEntity) -> Doc:
+        key = unescape_key(str(entity["RowKey"]))
+        try:
+            text = "".join(entity[f"Body{i}"] for i in range(int(entity["Chunks"])))
+        except (KeyError, TypeError, ValueError):
+            raise PermanentError(
+                f"{collection}/{key} in {self._target()} was not written by se-bridge; "
+                "give the fleet state a table of its own (consumer.table_name)"
+            ) from None
+        return Doc(key, decode_value(text), str(entity.metadata["etag"]))
+
+    def _conflict_or_classify(
+        self, err: BaseException, collection: str, key: str, statuses: tuple[int, ...]
+    ) -> Exception:
+        status = storageerrors.status_of(err)
+        if status in statuses and not _table_missing(err):
+            return Conflict(f"{collection}/{key} changed since it was read ({status})")
+        return self._classify(err)
+
+    def _classify(self, err: BaseException) -> DeliveryError:
+        if _table_missing(err):
+            self._ready = False  # deleted under us: made again at the next attempt
+            return RetryableError(f"{self._target()} does not exist; it is created again next time")
+        return storageerrors.classify(
+            err,
+            target=self._target(),
+            auth_advice=self._auth_advice(),
+            not_found="account or endpoint not found; check storage.account and "
+            "storage.endpoint_suffix, or the connection string's TableEndpoint",
+        )
+
+    def _auth_advice(self) -> str:
+        if self._storage.connection_string:
+            return "check storage.connection_string (was the account key rotated?)"
+        return (
+            f"grant {identity.describe(self._identity)} the Storage Table Data Contributor role "
+            f"on the storage account {self._storage.account}"
+        )
+
+    def _target(self) -> str:
+        # The account name is no secret; the connection string around it may be.
+        account = self._storage.account or getattr(self._client, "account_name", None)
+        return f"table {self.table_name} in account {account or '(from the connection string)'}"
+
+
+def _entity(collection: str, key: str, text: str) -> dict[str, Any]:
+    chunks = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
+    entity: dict[str, Any] = {
+        "PartitionKey": escape_key(collection),
+        "RowKey": escape_key(key),
+        "Chunks": len(chunks),
+    }
+    entity.update({f"Body{i}": chunk for i, chunk in enumerate(chunks)})
+    return entity
+
+
+def _groups(collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]:
+    """`docs` with their JSON text, in runs that fit one entity-group transaction each."""
+    groups: list[list[tuple[Doc, str]]] = []
+    size = 0
+    for doc in docs:
+        text = encode_value(collection, doc)
+        if not groups or len(groups[-1]) == TRANSACTION_OPS or size + len(text) > TRANSACTION_CHARS:
+            groups.append([])
+            size = 0
+        groups[-1].append((doc, text))
+        size += len(text)
+    return groups
+
+
+def _replace(table: TableClient, entity: dict[str, Any], etag: str) -> dict[str, Any]:
+    from azure.data.tables import UpdateMode  # noqa: PLC0415
+
+    return table.update_entity(
+        entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
+    )
+
+
+def _table_missing(err: BaseException) -> bool:
+    # get/update decode the service's error code; create_entity leaves it in the body.
+    return storageerrors.status_of(err) == 404 and "TableNotFound" in str(err)

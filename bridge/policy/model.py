@@ -1,0 +1,417 @@
+"""The approval policy: what it says (the model) and what it decides (a pure evaluator).
+
+`evaluate(policy, fleet, event, now)` looks at one event and the fleet as the consumer
+knows it and returns a Verdict: approve it now (and through which VM), defer it (look
+again later: a budget is full, hooks are not ready, the window is closed), or hold it
+(let NotBefore arrive). It does no I/O and reads no clock: the same inputs always give
+the same verdict, which is what the table-driven and property tests rely on.
+
+Policy files are read by `bridge.policy.file`; the model here is what they become.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, time, timedelta, timezone
+from typing import Literal
+from zoneinfo import ZoneInfo
+
+ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold"]
+VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore"]
+GROUP_KINDS = ("fleet", "scale_set", "zone", "fault_domain", "update_domain", "resource_group")
+
+
+@dataclass(frozen=True)
+class Range:
+    """DurationInSeconds bounds: at_least <= d < below; None leaves that side open."""
+
+    at_least: int | None = None
+    below: int | None = None
+
+    def contains(self, value: int | None) -> bool:
+        if value is None:
+            return False
+        low_ok = self.at_least is None or value >= self.at_least
+        return low_ok and (self.below is None or value < self.below)
+
+
+@dataclass(frozen=True)
+class Match:
+    """Every condition given must hold; an empty set means "any". Names compare case-blind."""
+
+    event_types: frozenset[str] = frozenset()
+    event_sources: frozenset[str] = frozenset()
+    statuses: frozenset[str] = frozenset()
+    duration: Range | None = None
+    tags: tuple[tuple[str, str], ...] = ()
+    scale_sets: frozenset[str] = frozenset()
+    resource_groups: frozenset[str] = frozenset()
+    locations: frozenset[str] = frozenset()
+    zones: frozenset[str] = frozenset()
+    names: tuple[str, ...] = ()
+
+    @property
+    def about_vms(self) -> bool:
+        return bool(
+            self.tags
+            or self.scale_sets
+            or self.resource_groups
+            or self.locations
+            or self.zones
+            or self.names
+        )
+
+
+@dataclass(frozen=True)
+class Window:
+    """A weekly window: `days` (0 = Monday), from `start` to `end` local time (end may wrap)."""
+
+    days: frozenset[int]
+    start: time
+    end: time
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: ActionKind
+    deadline: timedelta | None = None
+    on_deadline: Literal["approve", "hold"] = "hold"
+    windows: tuple[Window, ...] = ()
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    match: Match
+    action: Action
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most `max_vms`, or `max_percent` of each group, impacted at once."""
+
+    name: str
+    group: str  # one of GROUP_KINDS, or "tag:NAME"
+    max_vms: int | None = None
+    max_percent: float | None = None
+
+    def limit(self, size: int) -> int:
+        if self.max_vms is not None:
+            return self.max_vms
+        # A percentage always lets one VM through, or a small group could never be maintained.
+        return max(1, math.floor((self.max_percent or 0) * size / 100))
+
+
+@dataclass(frozen=True)
+class Policy:
+    rules: tuple[Rule, ...]
+    budgets: tuple[Budget, ...] = ()
+    source: str = "built-in default"
+
+
+@dataclass(frozen=True)
+class VmView:
+    vm_id: str
+    name: str
+    subscription_id: str | None = None
+    resource_group: str | None = None
+    location: str | None = None
+    zone: str | None = None
+    scale_set: str | None = None
+    fault_domain: int | None = None
+    update_domain: int | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    last_seen: datetime | None = None
+
+
+@dataclass(frozen=True)
+class EventView:
+    event_id: str
+    event_type: str
+    event_source: str | None
+    duration: int | None
+    status: str
+    not_before: datetime | None
+    first_seen: datetime
+    affected: tuple[str, ...]  # VmIds resolved from Resources
+    unresolved: tuple[str, ...] = ()  # names in Resources no agent has reported
+    reporters: tuple[str, ...] = ()  # VmIds whose current document holds the event
+    ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
+    tried: tuple[str, ...] = ()  # VmIds already asked to approve it
+
+
+@dataclass(frozen=True)
+class FleetView:
+    vms: Mapping[str, VmView]
+    impacted: Mapping[str, frozenset[str]]  # EventId -> VmIds counted until it completes
+    alive_within: timedelta = timedelta(minutes=11)
+
+    def alive(self, vm_id: str, now: datetime) -> bool:
+        vm = self.vms.get(vm_id)
+        return (
+            vm is not None and vm.last_seen is not None and now - vm.last_seen <= self.alive_within
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: VerdictKind
+    rule: str
+    reason: str
+    target: str | None = None
+    recheck_at: datetime | None = None
+
+
+NO_RULE = "(no rule)"
+
+# The seeds' sample: approve what a user asked for and freezes too short to notice.
+DEFAULT_POLICY = Policy(
+    rules=(
+        Rule("user-initiated", Match(event_sources=frozenset({"user"})), Action("approve")),
+        Rule(
+            "short-freeze",
+            Match(event_types=frozenset({"freeze"}), duration=Range(at_least=0, below=9)),
+            Action("approve"),
+        ),
+        Rule("everything-else", Match(), Action("hold")),
+    )
+)
+
+
+def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) -> Verdict:
+    """The decision for `event` now; pure."""
+    if event.status.lower() != "scheduled":
+        return Verdict("Ignore", NO_RULE, f"the event is {event.status}: nothing to approve")
+    rule = first_match(policy, fleet, event)
+    if rule is None:
+        return Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore")
+    gate = _gate(rule, event, now)
+    if gate is not None:
+        return gate
+    blocked = check_budgets(policy.budgets, fleet, event)
+    if blocked is not None:
+        kind, why = blocked
+        return Verdict(kind, rule.name, why)
+    target = choose_target(fleet, event, now)
+    if target is None:
+        return Verdict("Defer", rule.name, "no live VM reports the event to carry the approval")
+    return Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target)
+
+
+def first_match(policy: Policy, fleet: FleetView, event: EventView) -> Rule | None:
+    return next((r for r in policy.rules if matches(r.match, fleet, event)), None)
+
+
+def matches(match: Match, fleet: FleetView, event: EventView) -> bool:
+    if not _event_matches(match, event):
+        return False
+    if not match.about_vms:
+        return True
+    # VM conditions must hold for every affected VM, so a rule meant for one tier never
+    # approves an event that also takes down a VM of another.
+    vms = [fleet.vms[v] for v in event.affected if v in fleet.vms]
+    if not vms or event.unresolved:
+        return False
+    return all(vm_matches(match, vm) for vm in vms)
+
+
+def _event_matches(match: Match, event: EventView) -> bool:
+    return (
+        _in(match.event_types, event.event_type)
+        and _in(match.event_sources, event.event_source)
+        and _in(match.statuses, event.status)
+        and (match.duration is None or match.duration.contains(event.duration))
+    )
+
+
+def vm_matches(match: Match, vm: VmView) -> bool:
+    tags = {k.lower(): v for k, v in vm.tags.items()}
+    return (
+        all(tags.get(k.lower()) == v for k, v in match.tags)
+        and _in(match.scale_sets, vm.scale_set)
+        and _in(match.resource_groups, vm.resource_group)
+        and _in(match.locations, vm.location)
+        and _in(match.zones, vm.zone)
+        and (
+            not match.names
+            or any(fnmatch.fnmatchcase(vm.name.lower(), p.lower()) for p in match.names)
+        )
+    )
+
+
+def _in(allowed: frozenset[str], value: str | None) -> bool:
+    return not allowed or (value is not None and value.lower() in allowed)
+
+
+def _gate(rule: Rule, event: EventView, now: datetime) -> Verdict | None:
+    """Hold or Defer when the rule's action does not allow approval yet; None when it does."""
+    action = rule.action
+    if action.kind == "hold":
+        return Verdict("Hold", rule.name, f"rule {rule.name} holds: the event starts at NotBefore")
+    if action.kind == "approve_when_ready":
+        return _ready_gate(rule, event, now)
+    if action.kind == "approve_in_window":
+        return _window_gate(rule, event, now)
+    return None
+
+
+def _ready_gate(rule: Rule, event: EventView, now: datetime) -> Verdict | None:
+    waiting = [v for v in event.affected if v not in event.ready]
+    if not waiting and not event.unresolved:
+        return None
+    count = len(waiting) + len(event.unresolved)
+    total = len(event.affected) + len(event.unresolved)
+    # Without a deadline the rule waits for the hooks until NotBefore makes it moot.
+    deadline = event.first_seen + rule.action.deadline if rule.action.deadline else None
+    if deadline is None or now < deadline:
+        why = f"waiting for prepare hooks: {count} of {total} VMs not ready"
+        return Verdict("Defer", rule.name, why, recheck_at=deadline)
+    if rule.action.on_deadline == "approve":
+        return None
+    why = (
+        f"prepare deadline passed with {count} of {total} VMs not ready: "
+        "the event starts at NotBefore"
+    )
+    return Verdict("Hold", rule.name, why)
+
+
+def _window_gate(rule: Rule, event: EventView, now: datetime) -> Verdict | None:
+    zone = ZoneInfo(rule.action.timezone)
+    if in_window(rule.action.windows, now, zone):
+        return None
+    opens = next_window_start(rule.action.windows, now, zone)
+    if opens is None or (event.not_before is not None and opens >= event.not_before):
+        why = "no maintenance window opens before NotBefore: the event starts at NotBefore"
+        return Verdict("Hold", rule.name, why)
+    return Verdict(
+        "Defer",
+        rule.name,
+        f"outside the maintenance window until {opens:%a %H:%M}Z",
+        recheck_at=opens,
+    )
+
+
+def in_window(windows: tuple[Window, ...], now: datetime, zone: ZoneInfo) -> bool:
+    local = now.astimezone(zone)
+    today, yesterday, clock = local.weekday(), (local.weekday() - 1) % 7, local.time()
+    for w in windows:
+        if w.start < w.end and today in w.days and w.start <= clock < w.end:
+            return True
+        # A window that wraps past midnight belongs to the day it opened.
+        if w.start >= w.end and (
+            (today in w.days and clock >= w.start) or (yesterday in w.days and clock < w.end)
+        ):
+            return True
+    return False
+
+
+def next_window_start(
+    windows: tuple[Window, ...], now: datetime, zone: ZoneInfo
+) -> datetime | None:
+    local = now.astimezone(zone)
+    starts = []
+    for offset in range(8):
+        day = local.date() + timedelta(days=offset)
+        for w in windows:
+            if day.weekday() in w.days:
+                begin = datetime.combine(day, w.start, tzinfo=zone)
+                starts += [s for s in _instants(begin) if s > now]
+    return min(starts).astimezone(now.tzinfo) if starts else None
+
+
+def _instants(begin: datetime) -> list[datetime]:
+    """When a local wall time happens, in UTC: once, or twice in the hour a DST change repeats.
+
+    Compared as instants: Python compares datetimes sharing a tzinfo by wall time alone, which
+    put a window start in the first pass of the repeated hour "after" a now in the second pass.
+    """
+    first = begin.astimezone(timezone.utc)
+    second = begin.replace(fold=1).astimezone(timezone.utc)
+    return [first, second] if second > first else [first]
+
+
+def group_key(group: str, vm: VmView) -> str | None:
+    """The group `vm` belongs to for a budget over `group`; None when it belongs to none."""
+    if group.startswith("tag:"):
+        wanted = group[4:].lower()
+        value = next((v for k, v in vm.tags.items() if k.lower() == wanted), None)
+        return None if value is None else f"{group[4:]}={value}"
+    if group in ("fault_domain", "update_domain"):
+        number = vm.fault_domain if group == "fault_domain" else vm.update_domain
+        # IMDS does not name the availability set, so a domain is scoped by group and scale set.
+        scope = f"{vm.resource_group}/{vm.scale_set or 'availability set'}"
+        return None if number is None else f"{scope}/{group.replace('_', ' ')} {number}"
+    keys = {
+        "fleet": "fleet",
+        "scale_set": f"{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None,
+        "zone": f"{vm.location}/zone {vm.zone}" if vm.zone else None,
+        "resource_group": vm.resource_group,
+    }
+    return keys.get(group)
+
+
+def check_budgets(
+    budgets: tuple[Budget, ...], fleet: FleetView, event: EventView
+) -> tuple[VerdictKind, str] | None:
+    """("Defer"|"Hold", why) when approving `event` would break a budget; None when it fits."""
+    others: set[str] = set()
+    for event_id, vms in fleet.impacted.items():
+        if event_id != event.event_id:
+            others |= vms
+    for budget in budgets:
+        members = _groups(budget.group, fleet.vms.values())
+        for key, group in members.items():
+            mine = {v for v in event.affected if v in group}
+            if budget.group == "fleet":
+                mine |= set(event.unresolved)
+            if not mine:
+                continue
+            limit = budget.limit(
+                len(group) + (len(event.unresolved) if budget.group == "fleet" else 0)
+            )
+            if len(mine) > limit:
+                return "Hold", (
+                    f"budget {budget.name}: the event alone impacts {len(mine)} VMs of {key}, "
+                    f"more than the {limit} allowed: it starts at NotBefore"
+                )
+            # Other events' VMs that no agent has reported are named, not in any group, but
+            # they are in the fleet: counted for this event, so counted for the others too.
+            busy = (others if budget.group == "fleet" else others & group) - mine
+            if len(busy | mine) > limit:
+                return "Defer", (
+                    f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "
+                    f"{len(mine)} more would exceed {limit}"
+                )
+    return None
+
+
+def _groups(group: str, vms: Iterable[VmView]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for vm in vms:
+        key = group_key(group, vm)
+        if key is not None:
+            out.setdefault(key, set()).add(vm.vm_id)
+    return out
+
+
+def choose_target(fleet: FleetView, event: EventView, now: datetime) -> str | None:
+    """The VM to carry the approval: a live reporter not yet asked, affected VMs first."""
+    affected = set(event.affected)
+    candidates = [v for v in event.reporters if v not in event.tried and fleet.alive(v, now)]
+    if not candidates:
+        return None
+
+    def preference(vm_id: str) -> tuple[bool, str]:
+        vm = fleet.vms[vm_id]
+        return (vm_id not in affected, vm.name.lower())
+
+    return min(candidates, key=preference)
+
+
+def _approve_reason(rule: Rule, fleet: FleetView, target: str) -> str:
+    name = fleet.vms[target].name
+    return f"rule {rule.name} ({rule.action.kind.replace('_', ' ')}); approval sent through {name}"

@@ -1,0 +1,250 @@
+"""The IMDS client's own HTTP (http.client, one keep-alive connection) against a loopback server.
+
+The server answers from a script, one entry per request, and can drop the connection the way
+an idle keep-alive timeout does, so every semantic the old requests-based client had is
+checked on the wire: headers, no proxy, no redirects, timeouts, failure kinds, reconnects.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+
+from bridge.agent import imds
+from bridge.retry import PermanentError, RetryableError, ThrottledError
+
+DOC = b'{"DocumentIncarnation": 1, "Events": []}'
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = DOC
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+    drop_after: bool = False  # close the connection after answering, without saying so
+    drop_instead: bool = False  # close the connection without answering at all
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+class ScriptedImds(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.script: list[Reply] = []
+        self.seen: list[Seen] = []
+        self.connections = 0
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def next_reply(self) -> Reply:
+        with self.lock:
+            return self.script.pop(0) if self.script else Reply()
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as IMDS does
+    server: ScriptedImds
+
+    def setup(self) -> None:
+        super().setup()
+        with self.server.lock:
+            self.server.connections += 1
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        body = self.rfile.read(length) if length else b""
+        self.server.seen.append(Seen(self.command, self.path, dict(self.headers), body))
+        reply = self.server.next_reply()
+        if reply.drop_instead:
+            self.close_connection = True
+            return
+        time.sleep(reply.delay)
+        self.send_response(reply.status)
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(reply.body)))
+        self.end_headers()
+        self.wfile.write(reply.body)
+        self.close_connection = reply.drop_after
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedImds]:
+    s = ScriptedImds()
+    thread = threading.Thread(target=s.serve_forever, daemon=True)
+    thread.start()
+    yield s
+    s.shutdown()
+    s.server_close()
+    thread.join(5)
+
+
+@pytest.fixture
+def client(server: ScriptedImds) -> Iterator[imds.ImdsClient]:
+    c = imds.ImdsClient(server.url + "/vm/vm-0", timeout=2, first_call_timeout=5, max_rps=1e6)
+    yield c
+    c.close()
+
+
+def test_get_carries_header_version_and_prefix_over_one_kept_alive_connection(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    assert client.scheduled_events() == DOC
+    assert client.scheduled_events() == DOC
+    first = server.seen[0]
+    assert (first.method, first.path) == ("GET", "/vm/vm-0/metadata/scheduledevents"
+                                                 "?api-version=2020-07-01")  # fmt: skip
+    assert first.headers["Metadata"] == "true"
+    assert server.connections == 1
+
+
+def test_instance_metadata_uses_its_own_version(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    server.script.append(Reply(body=b'{"compute": {"name": "vm-0"}}'))
+    assert client.instance_metadata() == {"compute": {"name": "vm-0"}}
+    assert server.seen[0].path.endswith("/metadata/instance?api-version=2021-02-01")
+
+
+def test_approval_posts_json_start_requests(server: ScriptedImds, client: imds.ImdsClient) -> None:
+    assert client.start_events(["e1", "e2"]) == 200
+    seen = server.seen[0]
+    assert seen.method == "POST"
+    assert seen.headers["Content-Type"] == "application/json"
+    assert json.loads(seen.body) == {"StartRequests": [{"EventId": "e1"}, {"EventId": "e2"}]}
+
+
+def test_a_proxy_in_the_environment_is_never_used(
+    server: ScriptedImds, client: imds.ImdsClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{free_port()}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    assert client.scheduled_events() == DOC
+    assert len(server.seen) == 1
+
+
+def test_a_redirect_is_not_followed_and_is_permanent(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    server.script.append(Reply(302, b"", {"Location": server.url + "/elsewhere"}))
+    with pytest.raises(PermanentError, match="302"):
+        client.scheduled_events()
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize(
+    ("reply", "kind", "text"),
+    [
+        (Reply(400, b'{ "error": "Bad request: . Required metadata header not specified" }'),
+         PermanentError, "Required metadata header"),
+        (Reply(404, b"nope"), PermanentError, "404"),
+        (Reply(410, b""), RetryableError, "410"),
+        (Reply(500, b""), RetryableError, "500"),
+        (Reply(503, b""), RetryableError, "503"),
+        (Reply(429, b"", {"Retry-After": "7"}), ThrottledError, "429"),
+    ],
+)  # fmt: skip
+def test_statuses_map_onto_failure_kinds(
+    server: ScriptedImds, client: imds.ImdsClient, reply: Reply, kind: type[Exception], text: str
+) -> None:
+    server.script.append(reply)
+    with pytest.raises(kind, match=text) as info:
+        client.scheduled_events()
+    assert type(info.value) is kind
+    if kind is ThrottledError:
+        assert info.value.retry_after == 7.0  # type: ignore[attr-defined]
+    assert client.scheduled_events() == DOC  # the connection survives an error status
+
+
+def test_first_answer_may_be_slow_later_ones_may_not(server: ScriptedImds) -> None:
+    client = imds.ImdsClient(server.url, timeout=0.2, first_call_timeout=5, max_rps=1e6)
+    server.script += [Reply(delay=0.5), Reply(delay=0.5), Reply()]
+    try:
+        assert client.scheduled_events() == DOC
+        with pytest.raises(RetryableError, match="timed out"):
+            client.scheduled_events()
+        assert client.scheduled_events() == DOC  # a fresh connection after the timeout
+    finally:
+        client.close()
+
+
+def test_nothing_listening_is_retryable() -> None:
+    client = imds.ImdsClient(f"http://127.0.0.1:{free_port()}", max_rps=1e6)
+    with pytest.raises(RetryableError, match="ConnectionRefusedError"):
+        client.scheduled_events()
+    client.close()
+
+
+def test_a_connection_closed_while_idle_is_replaced(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    server.script.append(Reply(drop_after=True))
+    assert client.scheduled_events() == DOC
+    assert client.scheduled_events() == DOC
+    assert server.connections == 2
+
+
+def test_a_kept_alive_connection_closed_under_a_request_is_retried_once_afresh(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    assert client.scheduled_events() == DOC
+    server.script.append(Reply(drop_instead=True))
+    assert client.scheduled_events() == DOC
+    assert (len(server.seen), server.connections) == (3, 2)
+
+
+def test_a_fresh_connection_closed_without_answer_is_retryable_not_retried(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    server.script.append(Reply(drop_instead=True))
+    with pytest.raises(RetryableError, match="RemoteDisconnected"):
+        client.scheduled_events()
+    assert len(server.seen) == 1
+
+
+def test_connection_close_is_honoured(server: ScriptedImds, client: imds.ImdsClient) -> None:
+    server.script.append(Reply(headers={"Connection": "close"}, drop_after=True))
+    assert client.scheduled_events() == DOC
+    assert client.scheduled_events() == DOC
+    assert server.connections == 2
+
+
+def test_a_url_that_is_not_http_is_refused() -> None:
+    with pytest.raises(ValueError, match="IMDS URL"):
+        imds.ImdsClient("ftp://169.254.169.254")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

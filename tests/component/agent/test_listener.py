@@ -1,0 +1,237 @@
+"""The command listener inside a real agent against the IMDS simulator, with a fake inbox."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from bridge.agent import listener
+from bridge.channels.local import LocalSender
+from bridge.config import ConfigError, load
+from bridge.retry import PermanentError, RetryableError
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import EventSpec
+from tests.component.agentharness import VM
+from tests.component.approval_support import FailingStart, FakeInbox, Harness, command, wait_for
+from tests.e2e.harness import run_bridge
+
+Sim = tuple[Simulator, SimulatorServer]
+
+
+def vm_id(simulator: Simulator, name: str = VM) -> str:
+    return simulator.fleet.vm(name).vm_id
+
+
+def posts(simulator: Simulator, event_id: str) -> list[int]:
+    return [a.status for a in simulator.approvals() if a.event_id == event_id]
+
+
+def user_reboot(simulator: Simulator, approval_delay: float | None = None) -> str:
+    spec = EventSpec("Reboot", (VM,), event_source="User", approval_delay=approval_delay)
+    return simulator.add_event(spec)
+
+
+def test_a_command_is_approved_recorded_and_deleted(sim: Sim, harness: Harness) -> None:
+    simulator, _ = sim
+    event = user_reboot(simulator)
+    harness.start()
+    harness.poll()
+    sent = command(vm_id(simulator), event)
+    harness.inbox.put(sent.to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    assert posts(simulator, event) == [200]
+    [record] = harness.records()
+    assert record["ApprovalOutcome"] == "Approved"
+    assert record["ApprovalSource"] == "Central"
+    assert record["CommandId"] == sent.command_id
+    assert record["EventId"] == event
+    assert record["EventType"] == "Reboot"
+    assert record["DecisionRule"] == "user-initiated"
+    assert record["CommandIssuedAt"] is not None
+    assert record["ApprovalLatencyMs"] >= 400
+    assert record["VmId"] == vm_id(simulator)
+
+
+def refusal_cases(simulator: Simulator, me: str) -> dict[str, tuple[str, str]]:
+    """Per reason: the message text and a phrase its ApprovalDetail must hold."""
+    event = user_reboot(simulator)
+    started = user_reboot(simulator)
+    simulator.start_event(started)
+    other_vm = vm_id(simulator, "vm-1")
+    return {
+        "malformed": ('{"SchemaVersion": 1, "Type": "Approve"', "not a valid command"),
+        "other VM": (command(other_vm, event).to_json(), f"it is for VM {other_vm}"),
+        "expired": (command(me, event, expires=timedelta(seconds=-1)).to_json(), "expired at"),
+        "not in document": (
+            command(me, "00000000-0000-0000-0000-000000000001").to_json(),
+            "is not in this VM's current Scheduled Events document",
+        ),
+        "started": (command(me, started).to_json(), "has already Started"),
+    }
+
+
+@pytest.mark.parametrize(
+    "reason", ["malformed", "other VM", "expired", "not in document", "started"]
+)
+def test_each_refusal_is_recorded_and_deleted(sim: Sim, harness: Harness, reason: str) -> None:
+    simulator, _ = sim
+    cases = refusal_cases(simulator, vm_id(simulator))
+    harness.start()
+    harness.poll()  # a Scheduled event: the listener reads
+    text, phrase = cases[reason]
+    harness.inbox.put(text)
+    wait_for(lambda: harness.inbox.deleted == [text])
+    [record] = harness.records()
+    assert record["ApprovalOutcome"] == "Refused"
+    assert phrase in record["ApprovalDetail"]
+    assert record["ApprovalLatencyMs"] is None
+    assert [a for a in simulator.approvals() if a.status == 200] == []
+
+
+def test_the_event_is_checked_against_a_fresh_document(sim: Sim, harness: Harness) -> None:
+    simulator, _ = sim
+    event = user_reboot(simulator)
+    harness.start()
+    harness.poll()  # the agent's own state: Scheduled
+    simulator.start_event(event)  # ... but IMDS has moved on, unseen by the agent
+    harness.inbox.put(command(vm_id(simulator), event).to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    [record] = harness.records()
+    assert (record["ApprovalOutcome"], record["EventType"]) == ("Refused", "Reboot")
+    assert "has already Started" in record["ApprovalDetail"]
+    assert posts(simulator, event) == []
+
+
+def test_a_retryable_imds_failure_leaves_the_command(
+    sim: Sim, harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    simulator, server = sim
+    event = user_reboot(simulator)
+    client = FailingStart(server.vm_url(VM), RetryableError("IMDS answered 503"))
+    harness.start(client=client)
+    harness.poll()
+    harness.inbox.put(command(vm_id(simulator), event).to_json())
+    wait_for(lambda: client.posts >= 2)  # read again: the message stayed
+    assert harness.inbox.deleted == []
+    assert harness.inbox.pending() == 1
+    assert harness.records() == []
+    assert any(
+        r.levelno == logging.WARNING and "left in the channel" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_an_imds_400_is_a_failed_approval(
+    sim: Sim, harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    simulator, server = sim
+    event = user_reboot(simulator)
+    client = FailingStart(server.vm_url(VM), PermanentError("IMDS answered 400 to POST"))
+    harness.start(client=client)
+    harness.poll()
+    harness.inbox.put(command(vm_id(simulator), event).to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    [record] = harness.records()
+    assert record["ApprovalOutcome"] == "Failed"
+    assert "IMDS answered 400" in record["ApprovalDetail"]
+    assert client.posts == 1
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert [event in r.getMessage() for r in errors] == [True]
+
+
+def test_duplicate_commands_post_once(sim: Sim, harness: Harness) -> None:
+    simulator, _ = sim
+    # Approved but not started for a while, so the agent keeps reading commands.
+    event = user_reboot(simulator, approval_delay=300.0)
+    harness.start()
+    harness.poll()
+    sent = command(vm_id(simulator), event).to_json()
+    harness.inbox.put(sent)
+    harness.inbox.put(sent)
+    wait_for(lambda: len(harness.inbox.deleted) == 2)
+    harness.inbox.put(sent)  # a late resend: a fresh message (dequeue count 1), so a replay
+    wait_for(lambda: len(harness.inbox.deleted) == 3)
+    assert posts(simulator, event) == [200]
+    outcomes = [(r["ApprovalOutcome"], r["ApprovalDetail"].split(":")[0])
+                for r in harness.records()]  # fmt: skip
+    assert outcomes[0][0] == "Approved"
+    assert outcomes[1:] == [("Refused", "Replayed")] * 2
+
+
+def test_no_reads_while_nothing_is_scheduled(sim: Sim, harness: Harness) -> None:
+    simulator, _ = sim
+    started = simulator.add_event(EventSpec("Freeze", (VM,), status="Started"))
+    harness.start()
+    harness.poll(3)
+    time.sleep(0.5)  # several poll intervals: reading now would be a billed transaction
+    assert harness.inbox.receives == 0
+    event = user_reboot(simulator)
+    harness.poll()
+    wait_for(lambda: harness.inbox.receives >= 3)  # repeated reads while it is Scheduled
+    simulator.cancel_event(event)
+    simulator.complete_event(started)
+    harness.poll()
+    time.sleep(0.3)  # a read already under way may still finish
+    reads = harness.inbox.receives
+    time.sleep(0.6)
+    assert harness.inbox.receives == reads
+
+
+def test_idle_interval_reads_with_nothing_scheduled(harness: Harness) -> None:
+    harness.start(idle_interval=0.2)
+    harness.poll()
+    wait_for(lambda: harness.inbox.receives >= 2)
+
+
+def test_read_failures_warn_once_and_back_off(
+    sim: Sim, harness: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(listener, "FIRST_BACKOFF", 0.05)
+    simulator, _ = sim
+    event = user_reboot(simulator)
+    harness.inbox = FakeInbox(failures=3)
+    harness.start()
+    harness.poll()
+    harness.inbox.put(command(vm_id(simulator), event).to_json())
+    wait_for(lambda: harness.inbox.deleted != [])  # it recovered and acted
+    warnings = [r for r in caplog.records if "cannot read the command channel" in r.getMessage()]
+    assert len(warnings) == 1
+    assert posts(simulator, event) == [200]
+
+
+def test_the_real_local_channel(sim: Sim, harness: Harness, tmp_path: Path) -> None:
+    simulator, _ = sim
+    event = user_reboot(simulator)
+    channel = tmp_path / "commands"
+    harness.start(channel=f"local:{channel}", fake_inbox=False)
+    harness.poll()
+    LocalSender(channel).send(command(vm_id(simulator), event), time_to_live=600)
+    folder = channel / vm_id(simulator).lower()
+    wait_for(lambda: posts(simulator, event) == [200] and not any(folder.iterdir()))
+    assert [r["ApprovalOutcome"] for r in harness.records()] == ["Approved"]
+
+
+def test_has_scheduled() -> None:
+    assert not listener.has_scheduled(None)
+    assert not listener.has_scheduled({"events": {"a": {"EventStatus": "Started"}}})
+    assert listener.has_scheduled({"events": {"a": {"EventStatus": "Scheduled"}}})
+
+
+def test_a_bad_channel_spec_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigError, match=r"commands\.channel: unknown command channel"):
+        load(environ={}, flags={"commands.channel": "kafka:x"})
+    with pytest.raises(ConfigError, match=r"commands\.verify_key"):
+        load(environ={}, flags={"commands.channel": "local:/tmp/c"})
+    unsigned = {"commands.channel": "local:/tmp/c", "commands.allow_unsigned": "true"}
+    assert load(environ={}, flags=unsigned).commands.allow_unsigned
+
+
+def test_the_agent_refuses_a_bad_commands_flag(tmp_path: Path) -> None:
+    done = run_bridge("agent", "--state-dir", str(tmp_path / "state"), "--commands", "local:")
+    assert done.returncode == 2
+    assert "commands.channel" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -1,0 +1,328 @@
+"""The consumer core over a real SQLite fleet state, with an in-memory command sender."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.commands.message import Command
+from bridge.config import ConsumerSettings
+from bridge.consumer import documents as fs
+from bridge.consumer.core import Consumer, FleetCache
+from bridge.consumer.state import Doc
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
+from bridge.retry import RetryableError
+from tests.fleetrecords import SUBSCRIPTION, FleetRecords
+from tests.support import assert_valid
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+E2 = "A1B2C3D4-0000-4000-8000-000000000002"
+
+
+class Sender:
+    """Records commands; can be told to fail the next sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+        self.failures = 0
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        assert time_to_live >= 1
+        if self.failures:
+            self.failures -= 1
+            raise RetryableError("queue unreachable")
+        self.sent.append(command)
+
+    def close(self) -> None:
+        pass
+
+
+class Rig:
+    def __init__(self, path: Path, policy: Policy = DEFAULT_POLICY, **settings: Any) -> None:
+        self.fleet = FleetRecords(T0)
+        self.store = SqliteStore(path)
+        self.sender = Sender()
+        self.decisions: list[dict[str, Any]] = []
+        self.consumer = self.make(policy, **settings)
+
+    def make(self, policy: Policy, **settings: Any) -> Consumer:
+        return Consumer(
+            self.store,
+            self.sender,
+            policy,
+            self.decisions.extend,
+            ConsumerSettings(**settings),
+            now=lambda: self.fleet.now,
+        )
+
+    def actions(self) -> list[tuple[str, str]]:
+        return [(d["DecisionAction"], d["DecisionRule"]) for d in self.decisions]
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    made = Rig(tmp_path / "fleet.db")
+    yield made
+    made.store.close()
+
+
+def two_vms(rig: Rig) -> list[dict[str, Any]]:
+    rig.fleet.vm("web_0", scale_set="web")
+    rig.fleet.vm("web_1", scale_set="web")
+    return [rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1")]
+
+
+def test_user_reboot_is_approved_once_through_an_affected_vm(rig: Rig) -> None:
+    batch = two_vms(rig)
+    batch += [
+        rig.fleet.event("web_1", E1, resources=["web_1"]),
+        rig.fleet.event("web_0", E1, resources=["web_1"]),
+    ]
+    rig.consumer.process(batch)
+    assert [c.vm_id for c in rig.sender.sent] == [rig.fleet.vm_id("web_1")]
+    assert rig.sender.sent[0].event_id == E1
+    assert rig.actions() == [("Approve", "user-initiated")]
+    for decision in rig.decisions:
+        assert_valid(decision)
+    # A replayed batch (not checkpointed before a crash) changes nothing.
+    rig.consumer.process(batch)
+    fresh = rig.make(DEFAULT_POLICY)
+    fresh.process(batch)
+    assert len(rig.sender.sent) == 1
+    assert len(rig.decisions) == 1
+
+
+def test_platform_reboot_is_held_and_said_once(rig: Rig) -> None:
+    batch = [*two_vms(rig), rig.fleet.event("web_0", E1, source="Platform")]
+    rig.consumer.process(batch)
+    rig.consumer.tick()
+    rig.fleet.advance(10)
+    rig.consumer.process([rig.fleet.event("web_1", E1, source="Platform", resources=["web_0"])])
+    assert rig.sender.sent == []
+    assert rig.actions() == [("Hold", "everything-else")]
+
+
+def test_refused_approval_falls_back_to_the_next_vm(rig: Rig) -> None:
+    batch = two_vms(rig)
+    batch += [
+        rig.fleet.event("web_0", E1, resources=["web_0", "web_1"]),
+        rig.fleet.event("web_1", E1, resources=["web_0", "web_1"]),
+    ]
+    rig.consumer.process(batch)
+    first = rig.sender.sent[-1]
+    assert first.vm_id == rig.fleet.vm_id("web_0")
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.approval(first, "Refused")])
+    second = rig.sender.sent[-1]
+    assert second.vm_id == rig.fleet.vm_id("web_1")
+    assert second.command_id != first.command_id
+    assert [d["Attempt"] for d in rig.decisions] == [1, 2]
+
+
+def test_silent_approver_is_replaced_after_the_timeout(rig: Rig) -> None:
+    batch = two_vms(rig)
+    batch += [rig.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    rig.consumer.process(batch)
+    rig.fleet.advance(29)
+    rig.consumer.tick()
+    assert len(rig.sender.sent) == 1
+    rig.fleet.advance(2)
+    rig.consumer.tick()
+    assert [c.vm_id for c in rig.sender.sent] == [rig.fleet.vm_id(n) for n in ("web_0", "web_1")]
+    # A confirmation ends the search: no third VM is ever asked.
+    rig.consumer.process([rig.fleet.approval(rig.sender.sent[-1])])
+    rig.fleet.advance(60)
+    rig.consumer.tick()
+    assert len(rig.sender.sent) == 2
+
+
+def test_dead_vm_is_not_asked(rig: Rig) -> None:
+    batch = two_vms(rig)
+    rig.consumer.process(batch)
+    rig.fleet.advance(700)  # web_0's last heartbeat is now older than alive_within
+    rig.consumer.process([rig.fleet.heartbeat("web_1")])
+    events = [rig.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    rig.consumer.process([events[1]])
+    assert [c.vm_id for c in rig.sender.sent] == [rig.fleet.vm_id("web_1")]
+
+
+def test_send_failure_is_retried_with_the_same_command(rig: Rig) -> None:
+    batch = [*two_vms(rig), rig.fleet.event("web_0", E1)]
+    rig.sender.failures = 1
+    with pytest.raises(RetryableError):
+        rig.consumer.process(batch)
+    assert rig.sender.sent == []
+    rig.consumer.process(batch)  # the batch comes back: it was not checkpointed
+    assert len(rig.sender.sent) == 1
+    assert len({d["RecordId"] for d in rig.decisions}) == 1
+
+
+def test_budget_defers_until_the_first_event_completes(tmp_path: Path) -> None:
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    batch = two_vms(rig)
+    batch.append(rig.fleet.event("web_0", E1))
+    rig.fleet.advance(1)
+    batch.append(rig.fleet.event("web_1", E2))
+    rig.consumer.process(batch)
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    assert rig.actions() == [("Approve", "all"), ("Defer", "all")]
+    rig.fleet.advance(5)
+    rig.consumer.process([rig.fleet.event("web_0", E1, transition="Started")])
+    rig.consumer.tick()
+    assert len(rig.sender.sent) == 1
+    rig.fleet.advance(60)
+    rig.consumer.process([rig.fleet.event("web_0", E1, transition="Completed")])
+    rig.consumer.tick()
+    assert [c.event_id for c in rig.sender.sent] == [E1, E2]
+
+
+def test_started_event_counts_against_the_budget(tmp_path: Path) -> None:
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    batch = two_vms(rig)
+    batch += [rig.fleet.event("web_0", E1, transition="Started", source="Platform")]
+    batch += [rig.fleet.event("web_1", E2)]
+    rig.consumer.process(batch)
+    assert rig.sender.sent == []
+    assert rig.actions() == [("Defer", "all")]
+
+
+def test_two_consumers_sharing_state_spend_one_budget_slot(tmp_path: Path) -> None:
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    other = rig.make(policy)
+    rig.consumer.process(two_vms(rig))
+    rig.consumer.process([rig.fleet.event("web_0", E1)])
+    other.process([rig.fleet.event("web_1", E2)])
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+
+
+def test_approve_when_ready_waits_for_every_prepare_hook(tmp_path: Path) -> None:
+    policy = Policy(rules=(Rule("drain", Match(), Action("approve_when_ready")),))
+    rig = Rig(tmp_path / "fleet.db", policy)
+    rig.consumer.process(two_vms(rig))
+    both = ["web_0", "web_1"]
+    rig.consumer.process([rig.fleet.event(n, E1, resources=both) for n in both])
+    rig.consumer.process([rig.fleet.hook_ready("web_0", E1)])
+    assert rig.sender.sent == []
+    rig.consumer.process([rig.fleet.hook_ready("web_1", E1)])
+    assert len(rig.sender.sent) == 1
+
+
+class InterleavingStore(SqliteStore):
+    """Runs `between` once, just before the first read of the ledger: another consumer's
+    whole batch lands after this one took its view of the VMs and before it sees the ledger."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.between: list[Callable[[], None]] = []
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        if collection == fs.LEDGER and self.between:
+            self.between.pop()()
+        return super().read(collection, key)
+
+
+def late_consumer(tmp_path: Path) -> tuple[Rig, Consumer, InterleavingStore]:
+    """A rig whose consumer can act between a second consumer's scan of the VMs and its
+    read of the ledger; a budget of one VM per scale set; web_0 and web_1 in one set."""
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    store = InterleavingStore(tmp_path / "fleet.db")
+    late = Consumer(store, rig.sender, policy, rig.decisions.extend, ConsumerSettings(),
+                    now=lambda: rig.fleet.now)  # fmt: skip
+    rig.fleet.vm("web_0", scale_set="web")
+    rig.fleet.vm("web_1", scale_set="web")
+    return rig, late, store
+
+
+def test_a_vm_reported_after_our_view_of_the_fleet_still_counts_against_its_budget(
+    tmp_path: Path,
+) -> None:
+    rig, late, store = late_consumer(tmp_path)
+    first = [rig.fleet.heartbeat("web_0"), rig.fleet.event("web_0", E1)]
+    store.between.append(lambda: rig.consumer.process(first))
+    late.process([rig.fleet.heartbeat("web_1"), rig.fleet.event("web_1", E2)])
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    assert rig.actions() == [("Approve", "all"), ("Defer", "all")]
+    store.close()
+
+
+def test_a_resource_reported_after_our_view_of_the_fleet_counts_in_its_group(
+    tmp_path: Path,
+) -> None:
+    rig, late, store = late_consumer(tmp_path)
+    store.between.append(lambda: rig.consumer.process([rig.fleet.heartbeat("web_0")]))
+    both = ["web_0", "web_1"]
+    late.process([rig.fleet.heartbeat("web_1"), rig.fleet.event("web_1", E2, resources=both)])
+    assert rig.sender.sent == []
+    assert rig.actions() == [("Hold", "all")]
+    store.close()
+
+
+def test_the_fleet_cache_reads_what_changed_and_sees_what_a_scan_sees(tmp_path: Path) -> None:
+    """The consumer keeps the VMs between batches: each load equals a scan at that moment,
+    VMs another consumer stored included, and only the changed documents are read."""
+    ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    fleet = FleetRecords(T0)
+    for name in ("web_0", "web_1", "web_2"):
+        fleet.vm(name, scale_set="web")
+    mine = Consumer(ours, Sender(), DEFAULT_POLICY, lambda _: None, ConsumerSettings())
+    other = Consumer(theirs, Sender(), DEFAULT_POLICY, lambda _: None, ConsumerSettings())
+    mine.process([fleet.heartbeat("web_0"), fleet.heartbeat("web_1")])
+    cache = FleetCache(ours)
+
+    def scanned() -> dict[str, object]:
+        return {d.key: fs.vm_view(d.key, d.value) for d in ours.scan(fs.VM)}
+
+    assert cache.load() == scanned()
+    fleet.advance(5)
+    fleet.vm("web_0", scale_set="web", tags={"tier": "db"})  # its agent was re-tagged
+    other.process([fleet.heartbeat("web_2"), fleet.heartbeat("web_0")])
+    reads: list[str] = []
+    ours._conn.set_trace_callback(reads.append)
+    loaded = cache.load()
+    ours._conn.set_trace_callback(None)
+    assert loaded == scanned()
+    assert loaded[fleet.vm_id("web_0")].tags == {"tier": "db"}
+    names, _ = cache.index()
+    assert names.index[(SUBSCRIPTION, "web_2")] == fleet.vm_id("web_2")
+    assert [q for q in reads if q.startswith("SELECT key")] == [
+        "SELECT key, etag, value FROM docs WHERE collection = 'vm' AND rev > 1 ORDER BY key"
+    ]
+    mine.close()
+    other.close()
+
+
+def test_only_the_vm_a_command_went_to_can_answer_it(rig: Rig) -> None:
+    batch = two_vms(rig)
+    batch += [rig.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    rig.consumer.process(batch)
+    first = rig.sender.sent[-1]
+    forged = {**rig.fleet.approval(first, "Refused"), "RecordId": "forged"}
+    other = next(n for n in ("web_0", "web_1") if rig.fleet.vm_id(n) != first.vm_id)
+    forged["VmId"] = rig.fleet.vm_id(other)
+    rig.fleet.advance(1)
+    rig.consumer.process([forged])
+    assert rig.sender.sent == [first]  # no fallback: the refusal did not come from the target
+    rig.consumer.process([rig.fleet.approval(first, "Refused")])
+    assert len(rig.sender.sent) == 2

@@ -1,0 +1,542 @@
+"""The Azure Functions app: its binding metadata as the host receives it, and its functions
+called as the Python worker calls them, with real azure.functions objects, over a SQLite
+fleet state and a local command channel (Core Tools cannot be installed offline).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import sys
+import time
+import typing
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.functions import FunctionRegister
+from azure.functions.decorators.core import BindingDirection, Cardinality, DataType
+from azure.functions.decorators.eventhub import EventHubTrigger
+from azure.functions.decorators.function_app import Function
+from azure.functions.decorators.timer import TimerTrigger
+from azure.functions.eventhub import EventHubTriggerConverter
+from azure.functions.meta import Datum
+from azure.functions.timer import TimerRequest, TimerRequestConverter
+
+from bridge import schema
+from bridge.commands import signing
+from bridge.config import ConfigError, load
+from bridge.consumer import functionapp
+from bridge.consumer.functionapp import ConsumerApp, DecisionOutlet, build_app, load_config
+from bridge.retry import PoisonRecords, RetryableError
+from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator.fleet import Fleet
+from bridge.simulator.vms import demo_vms
+from bridge.sinks import SpooledRecord
+from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.fleetrecords import FleetRecords
+from tests.support import assert_valid
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[2]
+APP_DIR = ROOT / "functions"
+E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+E2 = "A1B2C3D4-0000-4000-8000-000000000002"
+RULE = "dcr-00000000000000000000000000000002"
+
+
+@dataclass
+class Rig:
+    """A function app over local transports, and a fleet whose records it is handed."""
+
+    env: dict[str, str]
+    backend: ConsumerApp
+    functions: dict[str, Function]  # get_functions() may be called once per app: it raises after
+    fleet: FleetRecords
+    commands: Path
+
+    def function(self, name: str) -> Function:
+        return self.functions[name]
+
+    def records(self, *bodies: bytes | dict[str, Any]) -> None:
+        """Invoke the Event Hubs function as the worker does, with one batch."""
+        events = [func.EventHubEvent(body=_bytes(body)) for body in bodies]
+        self.function("records").get_user_function()(events)
+
+    def tick(self) -> None:
+        self.function("reevaluate").get_user_function()(TimerRequest(past_due=False))
+
+    def sent(self, name: str) -> list[dict[str, Any]]:
+        """The commands in the channel of VM `name`: DIR/<vmid lowercased>/<command_id>.json."""
+        folder = self.commands / self.fleet.vm_id(name).lower()
+        if not folder.is_dir():
+            return []
+        out = []
+        for path in sorted(folder.glob("*.json")):
+            command = json.loads(json.loads(path.read_text(encoding="utf-8"))["Body"])
+            assert path.name == f"{command['CommandId'].lower()}.json"
+            out.append(command)
+        return out
+
+    def user_reboot(self, name: str, event_id: str = E1) -> list[dict[str, Any]]:
+        """Heartbeats of both VMs, then a user-initiated reboot of `name` only."""
+        return [
+            self.fleet.heartbeat("web_0"),
+            self.fleet.heartbeat("web_1"),
+            self.fleet.event(name, event_id, resources=[name]),
+        ]
+
+
+def _bytes(body: bytes | dict[str, Any]) -> bytes:
+    return body if isinstance(body, bytes) else json.dumps(body).encode("utf-8")
+
+
+def local_env(tmp_path: Path) -> dict[str, str]:
+    # Beside tmp_path, not in it: a test checks that nothing is written there.
+    key = tmp_path.with_name(tmp_path.name + "-signing.pem")
+    if not key.exists():
+        signing.keygen(key)
+    return {
+        "SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}",
+        "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{tmp_path / 'fleet.db'}",
+        "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'cmds'}",
+        "SE_BRIDGE_AGENT_STATE_DIR": str(tmp_path),
+        "SE_BRIDGE_EVENTHUBS_NAME": "records",
+        "SE_BRIDGE_CONSUMER_CONSUMER_GROUP": "$Default",
+        # The host's identity-based connection settings, present in a real app.
+        "SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace": "contoso.servicebus.windows.net",
+        "SE_BRIDGE_EVENTHUBS__credential": "managedidentity",
+    }
+
+
+def make_rig(env: dict[str, str], tmp_path: Path) -> Rig:
+    backend = ConsumerApp(environ=env)
+    fleet = FleetRecords(datetime.now(timezone.utc))
+    fleet.vm("web_0", scale_set="web")
+    fleet.vm("web_1", scale_set="web")
+    functions = by_name(build_app(backend, environ=env))
+    return Rig(env, backend, functions, fleet, tmp_path / "cmds")
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    made = make_rig(local_env(tmp_path), tmp_path)
+    yield made
+    made.backend.close()
+
+
+def by_name(app: FunctionRegister) -> dict[str, Function]:
+    return {str(f.get_function_name()): f for f in app.get_functions()}
+
+
+def decisions_logged(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
+    prefix = "Decision record: "
+    return [
+        json.loads(r.getMessage()[len(prefix) :])
+        for r in caplog.records
+        if r.name == "bridge.consumer.functionapp" and r.getMessage().startswith(prefix)
+    ]
+
+
+# --- binding metadata ------------------------------------------------------------------------
+
+
+def test_the_event_hub_trigger_takes_batches_named_by_app_settings(rig: Rig) -> None:
+    assert sorted(rig.functions) == ["records", "reevaluate"]
+    records = rig.function("records")
+    trigger = records.get_trigger()
+    assert isinstance(trigger, EventHubTrigger)
+    assert [b.name for b in records.get_bindings()] == ["events"]
+    assert trigger.direction == BindingDirection.IN.value
+    assert trigger.cardinality == Cardinality.MANY
+    assert trigger.data_type == DataType.BINARY.value
+    # What the worker hands the host (raw bindings), and the function.json equivalent.
+    (raw,) = [json.loads(b) for b in records.get_raw_bindings()]
+    assert json.loads(records.get_function_json()) == {
+        "scriptFile": "function_app.py",
+        "bindings": [raw],
+    }
+    assert raw["type"] == "eventHubTrigger"
+    assert raw["name"] == "events"
+    assert raw["direction"].lower() == "in"
+    assert raw["cardinality"].lower() == "many"
+    assert raw["dataType"].lower() == "binary"
+    assert raw["connection"] == "SE_BRIDGE_EVENTHUBS"
+    assert raw["eventHubName"] == "%SE_BRIDGE_EVENTHUBS_NAME%"
+    assert raw["consumerGroup"] == "%SE_BRIDGE_CONSUMER_CONSUMER_GROUP%"
+    # The %settings% the host resolves are the ones se-bridge's own config reads.
+    config = load(environ={"SE_BRIDGE_EVENTHUBS_NAME": "hub-a",
+                           "SE_BRIDGE_CONSUMER_CONSUMER_GROUP": "group-b"})  # fmt: skip
+    assert (config.eventhubs.name, config.consumer.consumer_group) == ("hub-a", "group-b")
+
+
+def test_a_failed_batch_is_retried_forever_with_exponential_backoff(rig: Rig) -> None:
+    retry = rig.function("records").get_settings_dict("retry_policy")
+    assert retry == {
+        "setting_name": "retry_policy",
+        "strategy": "exponential_backoff",
+        "max_retry_count": "-1",
+        "minimum_interval": "00:00:01",
+        "maximum_interval": "00:01:00",
+    }
+    # Read as the worker reads them (int(), strptime "%H:%M:%S").
+    assert int(retry["max_retry_count"]) == -1
+    for key, seconds in (("minimum_interval", 1), ("maximum_interval", 60)):
+        parsed = time.strptime(retry[key], "%H:%M:%S")
+        assert parsed.tm_hour * 3600 + parsed.tm_min * 60 + parsed.tm_sec == seconds
+    # The timer needs none: its next run does the same work.
+    assert rig.function("reevaluate").get_settings_dict("retry_policy") is None
+
+
+def test_the_timer_runs_every_10_seconds_unless_an_app_setting_says_otherwise(
+    rig: Rig, tmp_path: Path
+) -> None:
+    timer = rig.function("reevaluate")
+    trigger = timer.get_trigger()
+    assert isinstance(trigger, TimerTrigger)
+    (raw,) = [json.loads(b) for b in timer.get_raw_bindings()]
+    assert raw == {
+        "direction": raw["direction"],
+        "type": "timerTrigger",
+        "name": "timer",
+        "schedule": "*/10 * * * * *",
+        "useMonitor": False,
+    }
+    assert raw["direction"].lower() == "in"
+    other = build_app(rig.backend, environ={"SE_BRIDGE_FUNCTIONS_TIMER": "0 */1 * * * *"})
+    again = by_name(other)["reevaluate"]
+    assert json.loads(again.get_raw_bindings()[0])["schedule"] == "0 */1 * * * *"
+    with pytest.raises(ConfigError, match="SE_BRIDGE_FUNCTIONS_TIMER"):
+        build_app(rig.backend, environ={"SE_BRIDGE_FUNCTIONS_TIMER": "*/5 * * * *"})
+
+
+def test_the_worker_would_load_both_functions(rig: Rig) -> None:
+    """The checks the Python worker makes when it indexes the app (azure_functions_worker
+    functions.Registry.add_indexed_function): annotations resolved with get_type_hints,
+    parameters named as the bindings, and each annotation accepted by its converter."""
+    converters = {"eventHubTrigger": EventHubTriggerConverter,
+                  "timerTrigger": TimerRequestConverter}  # fmt: skip
+    for function in rig.functions.values():
+        user = function.get_user_function()
+        hints = typing.get_type_hints(user)
+        params = [p for p in hints if p != "return"]
+        assert params == [b.name for b in function.get_bindings()]
+        trigger = function.get_trigger()
+        assert trigger is not None
+        assert converters[str(trigger.type)].check_input_type_annotation(hints[params[0]])
+    # Why the trigger's annotation is typing.List: the converter refuses the builtin generic.
+    assert not EventHubTriggerConverter.check_input_type_annotation(list[func.EventHubEvent])
+
+
+def test_function_app_py_defines_one_app_and_builds_nothing_when_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in local_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    spec = importlib.util.spec_from_file_location("function_app", APP_DIR / "function_app.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # The worker indexes the module's one FunctionRegister; a second one fails indexing.
+    apps = [v for v in vars(module).values() if isinstance(v, FunctionRegister)]
+    assert len(apps) == 1
+    assert sorted(by_name(apps[0])) == ["records", "reevaluate"]
+    assert list(tmp_path.iterdir()) == []  # the consumer is built at the first invocation
+
+
+def test_the_deployment_files_agree_with_the_package() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    version = pyproject["project"]["version"]
+    functions_pin = next(d for d in pyproject["project"]["optional-dependencies"]["functions"]
+                         if d.startswith("azure-functions"))  # fmt: skip
+    lines = (APP_DIR / "requirements.txt").read_text(encoding="utf-8").splitlines()
+    wanted = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    assert wanted == ["--find-links wheels", f"se-bridge=={version}", functions_pin]
+    host = json.loads((APP_DIR / "host.json").read_text(encoding="utf-8"))
+    assert host["version"] == "2.0"
+    assert host["extensionBundle"]["version"] == "[4.*, 5.0.0)"
+    event_hubs = host["extensions"]["eventHubs"]
+    assert event_hubs["maxEventBatchSize"] == 100
+    # A poison body and the Decision records (without Log Analytics) live only in traces:
+    # sampling must not drop them.
+    excluded = host["logging"]["applicationInsights"]["samplingSettings"]["excludedTypes"]
+    assert "Trace" in excluded.split(";")
+    lines = (APP_DIR / ".funcignore").read_text(encoding="utf-8").splitlines()
+    ignored = [line for line in lines if line.strip() and not line.startswith("#")]
+    assert ignored
+    assert not [line for line in ignored if "wheels" in line or "function_app" in line]
+
+
+# --- invocations -----------------------------------------------------------------------------
+
+
+def test_a_user_reboot_becomes_one_command_for_the_right_vm(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bridge")
+    rig.records(*rig.user_reboot("web_1"))
+    (command,) = rig.sent("web_1")
+    assert (command["Type"], command["EventId"]) == ("Approve", E1)
+    assert command["VmId"] == rig.fleet.vm_id("web_1")
+    assert rig.sent("web_0") == []
+    # Without Log Analytics settings the Decision record goes to the log, whole, as JSON.
+    (decision,) = decisions_logged(caplog)
+    assert (decision["DecisionAction"], decision["CommandId"]) == ("Approve", command["CommandId"])
+    assert_valid(decision)
+
+
+def test_poison_bodies_are_logged_whole_and_the_good_records_go_on(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    poison = [b"{not json", b"\xff\xfe\x00garbage", b"[1, 2]", b""]
+    heartbeat_0, heartbeat_1, event = rig.user_reboot("web_1")
+    rig.records(heartbeat_0, poison[0], heartbeat_1, poison[1], poison[2], event, poison[3])
+    assert [c["EventId"] for c in rig.sent("web_1")] == [E1]
+    logged = [r for r in caplog.records if r.name == "bridge.consumer.sources.batches"]
+    assert [r.levelno for r in logged] == [logging.ERROR] * 4
+    messages = [r.getMessage() for r in logged]
+    assert repr("{not json") in messages[0]
+    assert repr("\\xff\\xfe\x00garbage") in messages[1]  # not UTF-8: kept byte for byte
+    assert "not an object" in messages[2]
+    assert "not JSON" in messages[3]
+
+
+def test_a_batch_of_only_poison_builds_nothing(rig: Rig, tmp_path: Path) -> None:
+    rig.records(b"nonsense")
+    assert not (tmp_path / "fleet.db").exists()
+
+
+def test_a_failing_channel_fails_the_invocation_and_the_rerun_sends_one_command(
+    rig: Rig,
+) -> None:
+    blocker = rig.commands / rig.fleet.vm_id("web_1").lower()
+    rig.commands.mkdir()
+    blocker.write_text("a file where the VM's channel directory should be", encoding="utf-8")
+    batch = rig.user_reboot("web_1")
+    with pytest.raises(RetryableError, match="cannot write command file"):
+        rig.records(*batch)
+    blocker.unlink()
+    assert rig.sent("web_1") == []
+    # The retry policy invokes the function again with the same batch.
+    rig.records(*batch)
+    first = rig.sent("web_1")
+    assert len(first) == 1
+    rig.records(*batch)  # replayed once more (a restart before the checkpoint)
+    rig.tick()
+    assert rig.sent("web_1") == first
+    assert rig.sent("web_0") == []
+
+
+def test_the_timer_sends_what_a_failed_batch_left_unsent(rig: Rig) -> None:
+    blocker = rig.commands / rig.fleet.vm_id("web_1").lower()
+    rig.commands.mkdir()
+    blocker.write_text("blocked", encoding="utf-8")
+    with pytest.raises(RetryableError):
+        rig.records(*rig.user_reboot("web_1"))
+    blocker.unlink()
+    rig.tick()
+    assert [c["EventId"] for c in rig.sent("web_1")] == [E1]
+
+
+def test_a_batch_as_the_worker_decodes_it_names_partition_and_offset(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    bodies = [_bytes(r) for r in rig.user_reboot("web_1")] + [b"oops"]
+    properties = [
+        {"Offset": 4096 + n, "SequenceNumber": 7 + n, "EnqueuedTimeUtc": "2026-11-21T10:00:00Z"}
+        for n in range(len(bodies))
+    ]
+    partition = {"PartitionId": "3", "ConsumerGroup": "$Default", "EventHubName": "records"}
+    events = EventHubTriggerConverter.decode(
+        Datum(SimpleNamespace(bytes=bodies), "collection_bytes"),
+        trigger_metadata={
+            "SystemPropertiesArray": Datum(json.dumps(properties), "json"),
+            "PartitionContext": Datum(json.dumps(partition), "json"),
+        },
+    )
+    assert isinstance(events, list)
+    rig.function("records").get_user_function()(events)
+    assert len(rig.sent("web_1")) == 1
+    (poison,) = [r for r in caplog.records if r.name == "bridge.consumer.sources.batches"]
+    assert "offset 4099 of partition 3" in poison.getMessage()
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_a_configuration_error_is_logged_raised_and_not_kept(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    channel = rig.env.pop("SE_BRIDGE_COMMANDS_CHANNEL")
+    batch = rig.user_reboot("web_1")
+    with pytest.raises(ConfigError, match=r"commands\.channel"):
+        rig.records(*batch)
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "configuration error" in error.getMessage()
+    assert "commands.channel" in error.getMessage()
+    rig.env["SE_BRIDGE_COMMANDS_CHANNEL"] = channel  # fixed: the next invocation builds it
+    rig.records(*batch)
+    assert len(rig.sent("web_1")) == 1
+
+
+def test_host_connection_settings_are_not_mistaken_for_se_bridge_settings(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    load_config(local_env(tmp_path))
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_a_relative_policy_file_is_the_one_deployed_with_the_app(tmp_path: Path) -> None:
+    env = {**local_env(tmp_path), "SE_BRIDGE_CONSUMER_POLICY": "policy.yaml"}
+    assert load_config(env, tmp_path / "app").consumer.policy == tmp_path / "app" / "policy.yaml"
+    absolute = tmp_path / "elsewhere.yaml"
+    env["SE_BRIDGE_CONSUMER_POLICY"] = str(absolute)
+    assert load_config(env, tmp_path / "app").consumer.policy == absolute
+
+
+def test_in_azure_state_and_commands_must_outlive_the_instance(tmp_path: Path) -> None:
+    env = {**local_env(tmp_path), "WEBSITE_INSTANCE_ID": "0a1b2c"}
+    with pytest.raises(ConfigError, match="SE_BRIDGE_CONSUMER_STATE=tables"):
+        load_config(env)
+    env["SE_BRIDGE_CONSUMER_STATE"] = "tables"
+    with pytest.raises(ConfigError, match="SE_BRIDGE_COMMANDS_CHANNEL=storagequeue"):
+        load_config(env)
+    env["SE_BRIDGE_COMMANDS_CHANNEL"] = "storagequeue"
+    env["SE_BRIDGE_STORAGE_ACCOUNT"] = "sebridge"
+    assert load_config(env).consumer.state == "tables"
+
+
+def test_log_analytics_settings_must_be_complete(tmp_path: Path) -> None:
+    env = {**local_env(tmp_path), "SE_BRIDGE_LOGANALYTICS_ENDPOINT": "https://x.ingest.monitor"}
+    with pytest.raises(ConfigError, match="SE_BRIDGE_LOGANALYTICS_RULE_ID"):
+        DecisionOutlet.from_config(load_config(env))
+    env["SE_BRIDGE_LOGANALYTICS_ENDPOINT"] = "http://x.ingest.monitor"
+    env["SE_BRIDGE_LOGANALYTICS_RULE_ID"] = RULE
+    with pytest.raises(ConfigError, match="https://"):
+        DecisionOutlet.from_config(load_config(env))
+
+
+# --- Decision records to Log Analytics -------------------------------------------------------
+
+
+class RefusingSink:
+    """Refuses the records whose RecordId is in `refuse` as poison, accepts the rest."""
+
+    name = "fake"
+    max_batch = 100
+
+    def __init__(self, refuse: set[str]) -> None:
+        self.refuse = refuse
+        self.accepted: list[str] = []
+
+    def send(self, batch: Sequence[SpooledRecord]) -> None:
+        bad = [r.seq for r in batch if r.record_id in self.refuse]
+        if bad:
+            raise PoisonRecords("400: does not fit the stream declaration", bad)
+        self.accepted += [r.record_id for r in batch]
+
+    def close(self) -> None:
+        pass
+
+
+def test_decisions_log_analytics_refuses_are_logged_whole_and_the_rest_sent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    sink = RefusingSink({"d2"})
+    DecisionOutlet(sink)([{"RecordId": f"d{n}", "RecordType": "Decision"} for n in (1, 2, 3)])
+    assert sink.accepted == ["d1", "d3"]
+    (error,) = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert '{"RecordId": "d2", "RecordType": "Decision"}' in error.getMessage()
+
+
+@pytest.fixture
+def log_analytics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Rig, LogsIngestionDouble]]:
+    """The app with Decision records going to the strict Logs Ingestion double, with a
+    managed identity token from the IMDS simulator (as in test_loganalytics_sink)."""
+    with (
+        LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration()) as double,
+        SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds,
+    ):
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
+        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
+        env = {
+            **local_env(tmp_path),
+            "SE_BRIDGE_LOGANALYTICS_ENDPOINT": double.endpoint,
+            "SE_BRIDGE_LOGANALYTICS_RULE_ID": RULE,
+            "SE_BRIDGE_IDENTITY_KIND": "managed",
+        }
+        made = make_rig(env, tmp_path)
+        try:
+            yield made, double
+        finally:
+            made.backend.close()
+
+
+def test_decisions_go_to_log_analytics_and_a_failed_upload_fails_the_batch(
+    log_analytics: tuple[Rig, LogsIngestionDouble], caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, double = log_analytics
+    caplog.set_level(logging.INFO, logger="bridge")
+    rig.records(*rig.user_reboot("web_1"))
+    (decision,) = double.records()
+    assert (decision["DecisionAction"], decision["EventId"]) == ("Approve", E1)
+    assert decisions_logged(caplog) == []
+    # A platform event is held (no command); its Decision is the only effect, so a failed
+    # upload must fail the invocation, and the retry must upload it.
+    held = rig.fleet.event("web_0", E2, source="Platform", resources=["web_0"])
+    double.script(503)
+    with pytest.raises(RetryableError, match="503"):
+        rig.records(held)
+    rig.records(held)
+    assert [(d["DecisionAction"], d["EventId"]) for d in double.records()] == [
+        ("Approve", E1),
+        ("Hold", E2),
+    ]
+    rig.records(held)  # replayed after success: said once
+    assert len(double.records()) == 2
+
+
+def test_an_approval_whose_decision_upload_failed_still_reaches_log_analytics(
+    log_analytics: tuple[Rig, LogsIngestionDouble],
+) -> None:
+    rig, double = log_analytics
+    batch = rig.user_reboot("web_1")
+    double.script(503)
+    with pytest.raises(RetryableError):
+        rig.records(*batch)
+    rig.records(*batch)
+    assert len(rig.sent("web_1")) == 1
+    assert [d["DecisionAction"] for d in double.records()] == ["Approve"]
+
+
+def test_partition_and_offset_fall_back_when_the_metadata_is_missing() -> None:
+    event = func.EventHubEvent(body=b"x", sequence_number=12)
+    assert (functionapp._partition(event), functionapp._offset(event)) == (
+        "?",
+        "sequence number 12",
+    )
+    odd = func.EventHubEvent(
+        body=b"x", trigger_metadata={"PartitionContext": Datum("not json", "string")}
+    )
+    assert (functionapp._partition(odd), functionapp._offset(odd)) == ("?", "?")
+
+
+def test_a_past_due_timer_still_ticks(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="bridge")
+    rig.function("reevaluate").get_user_function()(TimerRequest(past_due=True))
+    assert any("past due" in r.getMessage() for r in caplog.records)

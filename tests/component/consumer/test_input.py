@@ -1,0 +1,81 @@
+"""What the consumer refuses before it folds a record in: each refusal path, and the batch
+goes on past it (bridge.consumer.sources.batches, consume.ConsumerService's schema gate)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from bridge import schema
+from bridge.consumer.sources.batches import (
+    MAX_RECORD_BYTES,
+    BatchRetry,
+    Message,
+    NotARecord,
+    check_record,
+    schema_problem,
+)
+from bridge.records import Health, Origin, VmIdentity, heartbeat_record
+
+VM = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
+NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+
+
+def heartbeat(vm_id: str | None = VM) -> dict[str, Any]:
+    origin = Origin(VmIdentity(vm_id=vm_id, vm_name="web_0"), "host-a")
+    return heartbeat_record(origin, "Periodic", Health(3, 0, 0, 0, True, NOW), NOW)
+
+
+def test_a_real_record_passes() -> None:
+    body = json.dumps(heartbeat())
+    assert check_record(body, VM)["VmId"] == VM
+    assert check_record(json.dumps(heartbeat(None)), "host:host-a")["VmId"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "sender", "reason"),
+    [
+        ("x" * (MAX_RECORD_BYTES + 1), None, "more than"),
+        ("{not json", None, "not JSON"),
+        ("[1]", None, "not an object"),
+        (json.dumps({**heartbeat(), "RecordType": "Evil"}), None, "RecordType must be one of"),
+        (json.dumps({**heartbeat(), "Extra": 1}), None, "not a field"),
+        (json.dumps({**heartbeat(), "PendingEvents": "1"}), None, "PendingEvents must be integer"),
+        (json.dumps({k: v for k, v in heartbeat().items() if k != "VmName"}), None, "lacks VmName"),
+        (json.dumps({**heartbeat(), "TimeGenerated": "yesterday"}), None, "date-time"),
+        (json.dumps(heartbeat()), "9c2e0000-0000-0000-0000-000000000000", "does not match"),
+        (json.dumps(heartbeat(None)), "host:other", "does not match"),
+    ],
+)
+def test_each_refusal_names_its_reason(body: str, sender: str | None, reason: str) -> None:
+    with pytest.raises(NotARecord, match=reason):
+        check_record(body, sender)
+
+
+def test_the_small_validator_agrees_with_jsonschema() -> None:
+    validator = Draft202012Validator(schema.load())
+    base = heartbeat()
+    variants = [
+        base, {**base, "Tags": {"a": 1}}, {**base, "Tags": None}, {**base, "SchemaVersion": 2},
+        {**base, "HeartbeatReason": "Later"}, {**base, "PlatformFaultDomain": True},
+        {**base, "EventId": "E1"}, {"RecordType": "Event"},
+    ]  # fmt: skip
+    for record in variants:
+        assert (schema_problem(record) is None) == validator.is_valid(record), record
+
+
+def test_a_refused_message_goes_to_the_dead_letters_and_the_batch_goes_on() -> None:
+    handled: list[list[dict[str, Any]]] = []
+    poisoned: list[tuple[str, str, str, str]] = []
+    retry = BatchRetry(handled.append, lambda *p: poisoned.append(p), threading.Event(), "test")
+    good, other = json.dumps(heartbeat()), json.dumps(heartbeat())
+    messages = [Message("1", good, VM), Message("2", other, "someone-else"), Message("3", "oops")]
+    assert retry.deliver("0", messages)
+    assert [len(batch) for batch in handled] == [1]
+    assert "does not match" in poisoned[0][3]
+    assert [p[1] for p in poisoned] == ["2", "3"]

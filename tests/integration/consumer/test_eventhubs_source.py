@@ -1,0 +1,291 @@
+"""run_eventhubs against the Event Hubs test broker and Azurite, through the real SDKs.
+
+Records go in through the real EventHubsSink; checkpoints and partition ownership land in an
+Azurite blob container, one per test.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.eventhub import EventData, EventHubProducerClient
+from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
+
+from bridge.config import Config, ConfigError, ConsumerSettings, EventHubsSettings, StorageSettings
+from bridge.consumer.sources.eventhubs import checkpoint_store, run_eventhubs
+from bridge.retry import Backoff, RetryableError, ThrottledError
+from bridge.sinks import SpooledRecord
+from bridge.sinks.eventhubs import EventHubsSink
+from tests.azurite import Azurite
+from tests.doubles.eventhubs_broker import EventHubsBroker
+
+HUB = "records"
+GROUP = "$Default"
+
+
+@pytest.fixture
+def config(broker: EventHubsBroker, azurite: Azurite) -> Config:
+    return Config(
+        eventhubs=EventHubsSettings(connection_string=broker.connection_string),
+        storage=StorageSettings(connection_string=azurite.connection_string),
+        consumer=ConsumerSettings(checkpoint_container=f"cp-{uuid.uuid4().hex[:16]}"),
+    )
+
+
+@pytest.fixture
+def store(config: Config) -> BlobCheckpointStore:
+    return checkpoint_store(config)
+
+
+def send(config: Config, seqs: range, vms: int = 8) -> list[str]:
+    """Records n of `seqs` for VM n % vms through the agent's sink: their RecordIds."""
+    batch = []
+    for n in seqs:
+        body = {"RecordId": f"r{n}", "VmId": f"vm-{n % vms}", "SchemaVersion": 1, "N": n}
+        batch.append(SpooledRecord(n, f"r{n}", "Event", json.dumps(body)))
+    sink = EventHubsSink(config)
+    try:
+        sink.send(batch)
+    finally:
+        sink.close()
+    return [record.record_id for record in batch]
+
+
+def namespace(broker: EventHubsBroker) -> str:
+    # What the SDK names the namespace of Endpoint=sb://127.0.0.1:PORT in checkpoint blobs.
+    return f"{broker.host}:{broker.port}"
+
+
+def checkpoints(store: BlobCheckpointStore, broker: EventHubsBroker) -> dict[str, int]:
+    """Checkpointed sequence number by partition (none before the container exists)."""
+    try:
+        found = store.list_checkpoints(namespace(broker), HUB, GROUP)
+    except ResourceNotFoundError:
+        return {}
+    return {c["partition_id"]: int(c["sequence_number"]) for c in found}
+
+
+def last_sequence_numbers(broker: EventHubsBroker) -> dict[str, int]:
+    return {
+        p: events[-1].sequence_number for p in broker.partition_ids if (events := broker.events(p))
+    }
+
+
+class Consumer:
+    """run_eventhubs in a thread with short waits, recording what it hands over."""
+
+    def __init__(
+        self,
+        config: Config,
+        handler: Callable[[list[dict[str, Any]]], None] | None = None,
+        *,
+        checkpoint_interval: float = 0.0,
+    ) -> None:
+        self.batches: list[list[dict[str, Any]]] = []
+        self.poisoned: list[tuple[str, str, str, str]] = []
+        self.errors: list[BaseException] = []
+        self.stop = threading.Event()
+        self._config, self._handler = config, handler
+        self._checkpoint_interval = checkpoint_interval
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            run_eventhubs(
+                self._config,
+                self._handle,
+                self.stop,
+                poison=lambda *args: self.poisoned.append(args),
+                max_wait_time=0.2,
+                load_balancing_interval=1.0,
+                checkpoint_interval=self._checkpoint_interval,
+                backoff_factory=lambda: Backoff(initial=0.05, maximum=0.1),
+            )
+        except BaseException as err:
+            self.errors.append(err)
+            raise
+
+    def _handle(self, records: list[dict[str, Any]]) -> None:
+        self.batches.append(records)
+        if self._handler is not None:
+            self._handler(records)
+
+    @property
+    def ids(self) -> list[str]:
+        return [record["RecordId"] for batch in self.batches for record in batch]
+
+    def __enter__(self) -> Consumer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        started = time.monotonic()
+        self.stop.set()
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "run_eventhubs did not stop"
+        assert not self.errors
+        self.stopped_in = time.monotonic() - started
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_every_record_is_handed_over_in_order_and_checkpointed(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    sent = send(config, range(1, 41))
+    with Consumer(config) as consumer:
+        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
+        wait_for(lambda: checkpoints(store, broker) == last_sequence_numbers(broker))
+
+    assert len(last_sequence_numbers(broker)) == 4  # the records really used every partition
+    handled = [record for batch in consumer.batches for record in batch]
+    for vm in range(8):
+        mine = [r["N"] for r in handled if r["VmId"] == f"vm-{vm}"]
+        assert mine == [n for n in range(1, 41) if n % 8 == vm]
+    assert consumer.poisoned == []
+    assert consumer.stopped_in < 10
+
+
+def test_a_second_run_resumes_after_the_checkpoints(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    first_sent = send(config, range(1, 13))
+    with Consumer(config) as first:
+        wait_for(lambda: sorted(first.ids) == sorted(first_sent))
+        wait_for(lambda: checkpoints(store, broker) == last_sequence_numbers(broker))
+    second_sent = send(config, range(13, 19))
+    with Consumer(config) as second:
+        wait_for(lambda: sorted(second.ids) == sorted(second_sent))
+        time.sleep(1.5)  # anything handed over again would have arrived by now
+    assert sorted(second.ids) == sorted(second_sent)
+
+
+def test_a_failing_batch_is_retried_in_the_callback_and_checkpointed_after_success(
+    config: Config,
+    broker: EventHubsBroker,
+    store: BlobCheckpointStore,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="bridge.consumer.sources.eventhubs")
+    sent = send(config, range(1, 6), vms=1)
+    partition = broker.events()[0].partition
+    seen: list[dict[str, int]] = []
+
+    def fail_twice(_records: list[dict[str, Any]]) -> None:
+        seen.append(checkpoints(store, broker))
+        if len(seen) <= 2:
+            raise (RetryableError if len(seen) == 1 else ThrottledError)("state store busy")
+
+    with Consumer(config, fail_twice) as consumer:
+        wait_for(lambda: checkpoints(store, broker).get(partition) == 4)
+
+    assert [[r["RecordId"] for r in batch] for batch in consumer.batches] == [sent] * 3
+    assert seen == [{}, {}, {}]
+    # Retried inside the callback: had it raised, the SDK would have dropped the partition
+    # (OWNERSHIP_LOST) and read it again from the checkpoint a load-balancing cycle later.
+    closes = [r.getMessage() for r in caplog.records if "stopped reading" in r.getMessage()]
+    assert closes
+    assert all("SHUTDOWN" in message for message in closes)
+
+
+def test_a_stop_during_retries_checkpoints_nothing_and_the_next_run_gets_the_batch(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    sent = send(config, range(1, 4), vms=1)
+
+    def always_fails(_records: list[dict[str, Any]]) -> None:
+        raise RetryableError("state store down")
+
+    with Consumer(config, always_fails) as failing:
+        wait_for(lambda: len(failing.batches) >= 3)
+    assert checkpoints(store, broker) == {}
+    assert failing.stopped_in < 10
+    with Consumer(config) as working:
+        wait_for(lambda: working.ids == sent)
+
+
+def test_checkpoints_held_back_by_the_interval_are_written_at_shutdown(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    first = send(config, range(1, 4), vms=1)
+    partition = broker.events()[0].partition
+    with Consumer(config, checkpoint_interval=3600) as consumer:
+        wait_for(lambda: consumer.ids == first)
+        wait_for(lambda: checkpoints(store, broker) == {partition: 2})  # the first is written
+        second = send(config, range(4, 7), vms=1)
+        wait_for(lambda: consumer.ids == first + second)
+        time.sleep(1.0)  # a checkpoint per batch would have been written by now
+        assert checkpoints(store, broker) == {partition: 2}
+    assert checkpoints(store, broker) == {partition: 5}
+
+
+# Records as vm-1 sends them: the consumer refuses a VmId other than the partition key.
+R1 = '{"RecordId": "r1", "VmId": "vm-1"}'
+R2 = '{"RecordId": "r2", "VmId": "vm-1"}'
+
+
+def test_an_event_that_is_not_a_record_goes_to_the_poison_callback(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    producer = EventHubProducerClient.from_connection_string(config.eventhubs.connection_string)
+    with producer:
+        batch = producer.create_batch(partition_key="vm-1")
+        for body in (R1, "not json", b"\xff\xfe", R2):
+            batch.add(EventData(body))
+        producer.send_batch(batch)
+    events = broker.events()
+    with Consumer(config) as consumer:
+        wait_for(lambda: consumer.ids == ["r1", "r2"])
+        wait_for(lambda: checkpoints(store, broker) == {events[0].partition: 3})
+
+    partition = events[0].partition
+    assert [p[:3] for p in consumer.poisoned] == [
+        (partition, events[1].offset, "not json"),
+        (partition, events[2].offset, "\\xff\\xfe"),  # the bytes stay visible
+    ]
+    assert all("not JSON" in p[3] for p in consumer.poisoned)
+
+
+def test_missing_checkpoint_storage_is_a_config_error(broker: EventHubsBroker) -> None:
+    config = Config(eventhubs=EventHubsSettings(connection_string=broker.connection_string))
+    with pytest.raises(ConfigError, match=r"storage\.account"):
+        run_eventhubs(config, lambda _records: None, threading.Event())
+
+
+def test_two_consumers_share_the_partitions_and_lose_nothing(
+    config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
+) -> None:
+    with Consumer(config) as one, Consumer(config) as two:
+
+        def balanced() -> bool:
+            try:
+                found = store.list_ownership(namespace(broker), HUB, GROUP)
+            except ResourceNotFoundError:  # the consumers have not created the container yet
+                return False
+            owners = [o["owner_id"] for o in found if o["owner_id"]]
+            return len(owners) == 4 and sorted(owners.count(o) for o in set(owners)) == [2, 2]
+
+        wait_for(balanced, timeout=60)
+        sent = send(config, range(1, 81), vms=16)
+        wait_for(lambda: set(one.ids) | set(two.ids) == set(sent))
+
+    assert one.ids, "the first consumer took no part"
+    assert two.ids, "the second consumer took no part"
+    # Each partition went to one of them, so each VM's records stayed with one, in order.
+    for consumer in (one, two):
+        for vm in {int(i[1:]) % 16 for i in consumer.ids}:
+            mine = [int(i[1:]) for i in consumer.ids if int(i[1:]) % 16 == vm]
+            assert mine == [n for n in range(1, 81) if n % 16 == vm]

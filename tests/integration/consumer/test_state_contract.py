@@ -1,0 +1,259 @@
+"""The fleet state contract, run against both stores: SQLite and Table Storage (Azurite)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.consumer.state import MAX_VALUE_CHARS, BatchStore, Conflict, Doc, Store, update_many
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.consumer.state.tables import TableStore
+from tests.state_support import increment, tables_config, unique_table
+
+# Every character Table Storage refuses in a key, `%` (the escape character itself, and
+# a literal escape sequence that must not collide with "/"), and text beyond the BMP.
+AWKWARD_KEYS = [
+    "vm/1",
+    "vm%2F1",
+    "back\\slash",
+    "#hash",
+    "what?",
+    "100%",
+    "tab\there",
+    "ctl\x00\x1f\x7f\x85\x9f",
+    'quote\'d "both"',
+    "Zürich ✓ 😀",
+    "",
+]
+
+
+@pytest.fixture(params=["sqlite", "tables"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    opened: Store
+    if request.param == "sqlite":
+        opened = SqliteStore(tmp_path / "fleet.db")
+    else:
+        azurite = request.getfixturevalue("azurite")
+        opened = TableStore(tables_config(azurite.connection_string), unique_table())
+    yield opened
+    opened.close()
+
+
+def test_a_missing_document_reads_as_none(store: Store) -> None:
+    assert store.read("vms", "nobody") is None
+    assert store.scan("vms") == []
+
+
+def test_create_read_update_with_etags(store: Store) -> None:
+    created = store.write("vms", Doc("vm-1", {"Status": "Scheduled", "N": [1, 2]}))
+    assert created.etag is not None
+    read = store.read("vms", "vm-1")
+    assert read == Doc("vm-1", {"Status": "Scheduled", "N": [1, 2]}, created.etag)
+
+    read.value["Status"] = "Started"
+    updated = store.write("vms", read)
+    assert updated.etag not in (None, created.etag)
+    assert store.read("vms", "vm-1") == Doc("vm-1", read.value, updated.etag)
+    assert read.value == {"Status": "Started", "N": [1, 2]}
+
+
+def test_a_stale_etag_is_a_conflict_and_changes_nothing(store: Store) -> None:
+    first = store.write("vms", Doc("vm-1", {"n": 1}))
+    second = store.write("vms", Doc("vm-1", {"n": 2}, first.etag))
+    with pytest.raises(Conflict):
+        store.write("vms", Doc("vm-1", {"n": 3}, first.etag))
+    assert store.read("vms", "vm-1") == Doc("vm-1", {"n": 2}, second.etag)
+
+
+def test_creating_twice_is_a_conflict(store: Store) -> None:
+    store.write("vms", Doc("vm-1", {"by": "a"}))
+    with pytest.raises(Conflict):
+        store.write("vms", Doc("vm-1", {"by": "b"}))
+    current = store.read("vms", "vm-1")
+    assert current is not None
+    assert current.value == {"by": "a"}
+
+
+def test_updating_a_deleted_document_is_a_conflict(store: Store) -> None:
+    doc = store.write("vms", Doc("vm-1", {"n": 1}))
+    store.delete("vms", doc)
+    with pytest.raises(Conflict):
+        store.write("vms", Doc("vm-1", {"n": 2}, doc.etag))
+    assert store.read("vms", "vm-1") is None
+
+
+def test_an_etag_from_before_a_delete_never_matches_the_document_created_after(
+    store: Store,
+) -> None:
+    old = store.write("vms", Doc("vm-1", {"gen": 1}))
+    store.delete("vms", old)
+    new = store.write("vms", Doc("vm-1", {"gen": 2}))
+    with pytest.raises(Conflict):
+        store.write("vms", Doc("vm-1", {"gen": 3}, old.etag))
+    with pytest.raises(Conflict):
+        store.delete("vms", old)
+    assert store.read("vms", "vm-1") == Doc("vm-1", {"gen": 2}, new.etag)
+
+
+def test_delete_is_conditional_and_quiet_when_already_gone(store: Store) -> None:
+    first = store.write("events", Doc("e1", {"n": 1}))
+    second = store.write("events", Doc("e1", {"n": 2}, first.etag))
+    with pytest.raises(Conflict):
+        store.delete("events", first)
+    assert store.read("events", "e1") == Doc("e1", {"n": 2}, second.etag)
+
+    store.delete("events", second)
+    assert store.read("events", "e1") is None
+    store.delete("events", second)  # already gone: what the caller wanted
+    store.delete("events", Doc("never-stored"))
+
+
+def test_deleting_a_document_read_as_absent_conflicts_once_it_exists(store: Store) -> None:
+    store.write("events", Doc("e1", {"n": 1}))
+    with pytest.raises(Conflict):
+        store.delete("events", Doc("e1"))
+    assert store.read("events", "e1") is not None
+
+
+def test_scan_returns_one_collection_in_key_order(store: Store) -> None:
+    keys = [*AWKWARD_KEYS, "a", "b", "vm-10", "vm-2", "vm0"]
+    for key in random.Random(7).sample(keys, len(keys)):
+        store.write("vms", Doc(key, {"key": key}))
+    store.write("events", Doc("vm-2", {"other": True}))
+
+    scanned = store.scan("vms")
+    assert [d.key for d in scanned] == sorted(keys)
+    assert all(d.value == {"key": d.key} for d in scanned)
+    assert all(d == store.read("vms", d.key) for d in scanned)  # etags usable as read
+    assert [d.value for d in store.scan("events")] == [{"other": True}]
+
+
+@pytest.mark.parametrize("key", AWKWARD_KEYS)
+def test_keys_and_collections_with_forbidden_characters_round_trip(store: Store, key: str) -> None:
+    collection = f"c/{key}"
+    doc = store.write(collection, Doc(key, {"key": key}))
+    assert store.read(collection, key) == doc
+    assert store.scan(collection) == [doc]
+    updated = store.write(collection, Doc(key, {"key": key, "v": 2}, doc.etag))
+    store.delete(collection, updated)
+    assert store.read(collection, key) is None
+
+
+def test_large_values_round_trip_and_shrink(store: Store) -> None:
+    rng = random.Random(1)
+    big = {"blob": "".join(rng.choice("abcdefgh\u00e9\u2713") for _ in range(200_000)), "n": 1}
+    written = store.write("ledger", Doc("big", big))
+    assert store.read("ledger", "big") == written
+    assert written.value == big
+
+    small = store.write("ledger", Doc("big", {"n": 2}, written.etag))
+    assert store.read("ledger", "big") == Doc("big", {"n": 2}, small.etag)
+
+
+def test_a_value_too_large_for_table_storage_is_refused(store: Store) -> None:
+    with pytest.raises(ValueError, match=f"at most {MAX_VALUE_CHARS}"):
+        store.write("ledger", Doc("huge", {"blob": "x" * MAX_VALUE_CHARS}))
+    assert store.read("ledger", "huge") is None
+
+
+def test_a_value_that_is_not_a_json_object_is_refused(store: Store) -> None:
+    with pytest.raises(TypeError):
+        store.write("ledger", Doc("nan", {"x": float("nan")}))
+    with pytest.raises(TypeError):
+        store.write("ledger", Doc("set", {"x": {1, 2}}))
+    assert store.scan("ledger") == []
+
+
+def test_two_threads_incrementing_one_counter_lose_no_update(store: Store) -> None:
+    times = 30
+    conflicts: list[int] = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        start.wait()
+        conflicts.append(increment(store, "counters", "c", times))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counter = store.read("counters", "c")
+    assert counter is not None
+    assert counter.value == {"n": 2 * times}
+    assert sum(conflicts) > 0  # they did contend: the Conflicts were what kept the count exact
+
+
+# --- many documents at once (bridge.consumer.state.update_many) ------------------------------------------
+
+
+def as_batch(store: Store) -> BatchStore:
+    assert isinstance(store, BatchStore)
+    return store
+
+
+def test_read_many_returns_the_stored_documents_among_the_keys(store: Store) -> None:
+    written = {key: store.write("vms", Doc(key, {"k": key})) for key in AWKWARD_KEYS}
+    store.write("other", Doc("vm/1", {"not": "this"}))
+    found = as_batch(store).read_many("vms", [*AWKWARD_KEYS, "nobody", "vm/1"])
+    assert found == written
+
+
+def test_write_many_writes_what_is_current_and_names_every_stale_key(store: Store) -> None:
+    old = store.write("vms", Doc("stale", {"n": 1}))
+    store.write("vms", Doc("stale", {"n": 2}, old.etag))
+    kept = store.write("vms", Doc("kept", {"n": 1}))
+    docs = [
+        Doc("new", {"n": 1}),
+        Doc("kept", {"n": 2}, kept.etag),
+        Doc("stale", {"n": 3}, old.etag),
+    ]
+    stored, conflicted = as_batch(store).write_many("vms", docs)
+    # A store may refuse a whole transaction for one stale document (Table Storage does).
+    assert "stale" in conflicted
+    assert sorted(d.key for d in stored) == sorted({"new", "kept"} - set(conflicted))
+    for doc in stored:
+        assert store.read("vms", doc.key) == doc
+    assert store.read("vms", "stale").value == {"n": 2}  # type: ignore[union-attr]
+
+
+def test_write_many_writes_more_than_one_transaction_holds(store: Store) -> None:
+    docs = [Doc(f"vm{i:03d}", {"n": i}) for i in range(150)]
+    stored, conflicted = as_batch(store).write_many("vms", docs)
+    assert conflicted == []
+    assert [d.value["n"] for d in store.scan("vms")] == list(range(150))
+    assert {d.key: d.etag for d in stored} == {d.key: d.etag for d in store.scan("vms")}
+
+
+def test_update_many_lands_every_mutation_on_the_newest_version(store: Store) -> None:
+    """Two threads adding to the same 20 counters many at a time lose no addition."""
+    keys, rounds = [f"c{i}" for i in range(20)], 6
+    start = threading.Barrier(2)
+
+    def add(value: dict[str, Any]) -> bool:
+        value["n"] = value.get("n", 0) + 1
+        return True
+
+    def run() -> None:
+        start.wait()
+        for _ in range(rounds):
+            update_many(store, "counters", dict.fromkeys(keys, add))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {d.key: d.value["n"] for d in store.scan("counters")} == dict.fromkeys(keys, 2 * rounds)
+
+
+def test_update_many_writes_nothing_for_mutations_that_change_nothing(store: Store) -> None:
+    there = store.write("vms", Doc("there", {"n": 1}))
+    result = update_many(store, "vms", {"there": lambda _: False, "absent": lambda _: False})
+    assert result == {"there": there, "absent": None}
+    assert store.read("vms", "absent") is None

@@ -1,0 +1,243 @@
+"""TableStore specifics against Azurite and a scripted HTTP server: layout, recovery, errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.data.tables import TableClient
+from azure.identity import CredentialUnavailableError
+
+from bridge import identity
+from bridge.config import Config, ConsumerSettings, StorageSettings
+from bridge.consumer.state import Doc, build
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.consumer.state.tables import CHUNK_CHARS, TableStore
+from bridge.retry import PermanentError, RetryableError, ThrottledError
+from tests.azurite import ACCOUNT, KEY, Azurite
+from tests.state_support import tables_config, unique_table
+
+WRONG_KEY = "c2VjcmV0LWJ1dC13cm9uZy1rZXktMDEyMzQ1Njc4OWFiY2RlZg=="
+
+
+@pytest.fixture
+def table_name() -> str:
+    return unique_table()
+
+
+@pytest.fixture
+def store(azurite: Azurite, table_name: str) -> Iterator[TableStore]:
+    opened = TableStore(tables_config(azurite.connection_string), table_name)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def raw(azurite: Azurite, table_name: str) -> Iterator[TableClient]:
+    """The same table through the SDK directly, to see what the store really wrote."""
+    with TableClient.from_connection_string(azurite.connection_string, table_name) as client:
+        yield client
+
+
+def test_values_are_chunked_under_the_property_limit_and_keys_escaped(
+    store: TableStore, raw: TableClient
+) -> None:
+    value = {"blob": "y" * 200_000}
+    store.write("vms/all", Doc("vm/1?#", value))
+
+    entity = raw.get_entity("vms%2Fall", "vm%2F1%3F%23")
+    bodies = [entity[f"Body{i}"] for i in range(entity["Chunks"])]
+    assert entity["Chunks"] == 7
+    assert all(len(body) <= CHUNK_CHARS for body in bodies)
+    assert json.loads("".join(bodies)) == value
+    assert set(entity) == {"PartitionKey", "RowKey", "Chunks", *(f"Body{i}" for i in range(7))}
+
+
+def test_shrinking_a_value_leaves_no_stale_chunks(store: TableStore, raw: TableClient) -> None:
+    big = store.write("ledger", Doc("k", {"blob": "z" * 100_000}))
+    store.write("ledger", Doc("k", {"n": 1}, big.etag))
+    entity = raw.get_entity("ledger", "k")
+    assert set(entity) == {"PartitionKey", "RowKey", "Chunks", "Body0"}
+
+
+def test_an_entity_not_written_by_se_bridge_is_a_permanent_error(
+    store: TableStore, raw: TableClient
+) -> None:
+    store.scan("vms")  # creates the table
+    raw.create_entity({"PartitionKey": "vms", "RowKey": "alien", "Colour": "green"})
+    with pytest.raises(PermanentError, match="not written by se-bridge"):
+        store.read("vms", "alien")
+
+
+def test_a_table_deleted_under_the_store_is_made_again(store: TableStore, raw: TableClient) -> None:
+    store.write("vms", Doc("vm-1", {"n": 1}))
+    raw.delete_table()
+    with pytest.raises(RetryableError, match="does not exist"):
+        store.read("vms", "vm-1")
+    assert store.read("vms", "vm-1") is None
+    assert store.write("vms", Doc("vm-1", {"n": 2})).value == {"n": 2}
+
+
+def test_build_names_either_store(azurite: Azurite, tmp_path: Path, table_name: str) -> None:
+    config = Config(
+        storage=StorageSettings(connection_string=azurite.connection_string),
+        consumer=ConsumerSettings(table_name=table_name),
+    )
+    tables = build("tables", config)
+    local = build(f"sqlite:{tmp_path / 'fleet.db'}", config)
+    try:
+        assert isinstance(tables, TableStore)
+        assert tables.table_name == table_name
+        assert tables.check() == f"Table Storage serves table {table_name} in account {ACCOUNT}"
+        assert isinstance(local, SqliteStore)
+        for store in (tables, local):
+            store.write("vms", Doc("vm-1", {"via": "build"}))
+            assert [d.value for d in store.scan("vms")] == [{"via": "build"}]
+    finally:
+        tables.close()
+        local.close()
+    with pytest.raises(ValueError, match="unknown fleet state"):
+        build("redis", config)
+
+
+# --- settings and errors ------------------------------------------------------------------
+
+
+def test_bad_settings_are_refused_at_construction() -> None:
+    with pytest.raises(ValueError, match=r"consumer\.table_name"):
+        TableStore(tables_config("UseDevelopmentStorage=true"), "no-dashes")
+    with pytest.raises(ValueError, match=r"storage\.account or storage\.connection_string"):
+        TableStore(Config())
+
+
+class _NoToken:
+    """A credential that has no token, as on a VM without a managed identity."""
+
+    def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        raise CredentialUnavailableError("no managed identity endpoint")
+
+    get_token_info = get_token
+
+
+def test_entra_id_without_a_token_is_permanent_with_advice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(identity, "credential", lambda settings: _NoToken())
+    store = TableStore(Config(storage=StorageSettings(account="acct")), unique_table())
+    with pytest.raises(PermanentError, match="no token for table ") as caught:
+        store.read("vms", "vm-1")
+    assert identity.CREDENTIAL_ADVICE in str(caught.value)
+    store.close()
+
+
+def test_a_malformed_connection_string_is_named_not_quoted() -> None:
+    secret = "AccountKey=s3cr3t-value"
+    store = TableStore(tables_config(f"nonsense;{secret}"), unique_table())
+    with pytest.raises(PermanentError, match=r"storage\.connection_string") as caught:
+        store.read("vms", "vm-1")
+    assert "s3cr3t" not in str(caught.value)
+
+
+def test_a_wrong_account_key_is_permanent_and_the_key_never_shown(
+    azurite: Azurite, table_name: str
+) -> None:
+    wrong = azurite.connection_string.replace(KEY, WRONG_KEY)
+    store = TableStore(tables_config(wrong), table_name)
+    with pytest.raises(PermanentError) as caught:
+        store.write("vms", Doc("vm-1", {"n": 1}))
+    message = str(caught.value)
+    assert re.match(r"403( \w+)? from table ", message)
+    assert "storage.connection_string" in message
+    for secret in (WRONG_KEY, KEY, WRONG_KEY[:12], KEY[:12], wrong):
+        assert secret not in message
+    store.close()
+
+
+def test_an_unreachable_endpoint_is_retryable() -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    connection_string = (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+        f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT};"
+    )
+    store = TableStore(tables_config(connection_string), unique_table())
+    with pytest.raises(RetryableError, match="cannot reach") as caught:
+        store.read("vms", "vm-1")
+    assert not isinstance(caught.value, ThrottledError)
+    assert KEY not in str(caught.value)
+    store.close()
+
+
+class _Scripted(BaseHTTPRequestHandler):
+    """Answers every request with the status and headers the test put on the server."""
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        status, headers = self.server.script  # type: ignore[attr-defined]
+        body = json.dumps({"odata.error": {"code": "Scripted", "message": {"value": "no"}}})
+        self.send_response(status)
+        for name, value in {"Content-Type": "application/json", **headers}.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_MERGE = _answer  # noqa: N815
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def scripted() -> Iterator[ThreadingHTTPServer]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Scripted)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "kind", "retry_after"),
+    [
+        (503, {"Retry-After": "7", "x-ms-error-code": "ServerBusy"}, ThrottledError, 7.0),
+        (429, {}, ThrottledError, None),
+        (500, {}, RetryableError, None),
+        (408, {}, RetryableError, None),
+        (409, {"x-ms-error-code": "TableBeingDeleted"}, RetryableError, None),
+        (403, {"x-ms-error-code": "AuthorizationPermissionMismatch"}, PermanentError, None),
+        (401, {}, PermanentError, None),
+        (400, {}, PermanentError, None),
+    ],
+)
+def test_service_answers_map_onto_retry_kinds(
+    scripted: ThreadingHTTPServer,
+    status: int,
+    headers: dict[str, str],
+    kind: type[Exception],
+    retry_after: float | None,
+) -> None:
+    scripted.script = (status, headers)  # type: ignore[attr-defined]
+    port = scripted.server_address[1]
+    connection_string = (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+        f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT};"
+    )
+    store = TableStore(tables_config(connection_string), unique_table())
+    with pytest.raises(kind) as caught:
+        store.write("vms", Doc("vm-1", {"n": 1}))
+    assert type(caught.value) is kind
+    assert re.match(rf"{status}( \w+)? from table ", str(caught.value))
+    assert getattr(caught.value, "retry_after", None) == retry_after
+    assert KEY not in str(caught.value)
+    store.close()

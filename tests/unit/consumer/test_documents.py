@@ -1,0 +1,66 @@
+"""How Event records change an event document: reporters by VmId, or by host before it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bridge.consumer import documents as fs
+
+E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+
+
+def event(status: str | None, at: str, *, vm_id: str | None, host: str = "web-0") -> dict[str, Any]:
+    return {"RecordType": "Event", "EventId": E1, "EventType": "Reboot", "EventStatus": status,
+            "TimeGenerated": at, "VmId": vm_id, "HostName": host}  # fmt: skip
+
+
+def fold(*records: dict[str, Any]) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for record in records:
+        fs.merge_event(value, record)
+    return value
+
+
+def test_a_vm_that_does_not_know_its_vm_id_yet_still_holds_the_event() -> None:
+    value = fold(
+        event("Scheduled", "2026-11-21T10:00:00Z", vm_id="vm-0"),
+        event("Scheduled", "2026-11-21T10:00:00Z", vm_id=None, host="web-1"),
+        event(None, "2026-11-21T10:00:05Z", vm_id="vm-0"),
+    )
+    assert fs.status(value) == "Scheduled"  # still in web-1's document
+    fs.merge_event(value, event(None, "2026-11-21T10:00:06Z", vm_id=None, host="web-1"))
+    assert fs.status(value) == fs.GONE
+
+
+def test_the_host_counts_until_it_reports_with_its_vm_id() -> None:
+    value = fold(
+        event("Scheduled", "2026-11-21T10:00:00Z", vm_id=None),
+        event("Scheduled", "2026-11-21T10:00:01Z", vm_id=None, host="web-1"),
+    )
+    assert fs.active_reporters(value) == ("host:web-0", "host:web-1")
+    fs.merge_event(value, event("Scheduled", "2026-11-21T10:00:02Z", vm_id="vm-0"))
+    assert fs.active_reporters(value) == ("host:web-1", "vm-0")
+    fs.merge_event(value, event(None, "2026-11-21T10:00:03Z", vm_id="vm-0"))
+    fs.merge_event(value, event(None, "2026-11-21T10:00:03Z", vm_id=None, host="web-1"))
+    assert fs.status(value) == fs.GONE
+
+
+def heartbeat(at: str, **fields: Any) -> dict[str, Any]:
+    return {"RecordType": "Heartbeat", "VmId": "vm-0", "VmName": "web-0", "TimeGenerated": at,
+            "HeartbeatReason": "Periodic", **fields}  # fmt: skip
+
+
+def test_a_vm_document_changes_only_for_a_newer_record_and_says_so() -> None:
+    value: dict[str, Any] = {}
+    assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", Tags={"tier": "web"}))
+    kept = dict(value)
+    assert not fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", VmName="other"))  # same time
+    assert not fs.merge_vm(value, heartbeat("2026-11-21T10:00:01Z", VmName="other"))  # older
+    assert not fs.merge_vm(value, {"RecordType": "Heartbeat", "TimeGenerated": 5})  # no time
+    assert value == kept == {"last_seen": "2026-11-21T10:00:05Z", "name": "web-0",
+                             "tags": {"tier": "web"}}  # fmt: skip
+    assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:09Z", HeartbeatReason="Stop"))
+    assert value["stopped"] == "2026-11-21T10:00:09Z"
+    assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:12Z", PlatformFaultDomain="2"))
+    assert "stopped" not in value  # back after a stop
+    assert "fault_domain" not in value  # a field of the wrong type is taken as absent

@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
 from bridge import host
-from bridge.channels import parse_spec as parse_channel_spec
 from bridge.schema import DCR_STREAM
-from bridge.sinks import parse_spec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -299,82 +297,7 @@ def load(
         section_cls = get_type_hints(Config)[f.name]
         sections[f.name] = _section(f.name, section_cls, layers)
     _reject_unknown(layers[0][1], layers[2][1])
-    config = Config(**sections)
-    kinds = set()
-    for spec in config.sink_specs():
-        try:
-            kinds.add(parse_spec(spec)[0])
-        except ValueError as err:
-            raise ConfigError(f"agent.sinks: {err}") from err
-    if "eventhubs" in kinds:
-        _check_eventhubs(config.eventhubs)
-    if "loganalytics" in kinds:
-        check_loganalytics(config.loganalytics, "the loganalytics sink")
-    _check_channel(config.commands)
-    _check_signing(config.commands)
-    return config
-
-
-def _check_signing(settings: CommandsSettings) -> None:
-    """Secure by default: a command channel needs a key unless unsigned is asked for."""
-    if settings.verify_key:
-        from bridge.commands.signing import SigningError, load_verifier  # noqa: PLC0415
-
-        try:
-            load_verifier(settings)
-        except SigningError as err:
-            raise ConfigError(str(err)) from err
-    if not settings.channel or settings.allow_unsigned:
-        return
-    if not (settings.verify_key or settings.signing_key):
-        raise ConfigError(
-            "commands.channel is set but no key is: agents need commands.verify_key "
-            "(SE_BRIDGE_COMMANDS_VERIFY_KEY), the consumer commands.signing_key "
-            "(SE_BRIDGE_COMMANDS_SIGNING_KEY); `se-bridge keygen --out FILE` makes a pair. "
-            "commands.allow_unsigned = true accepts unsigned commands (not for production)"
-        )
-
-
-def _check_channel(settings: CommandsSettings) -> None:
-    if not settings.channel:
-        return
-    try:
-        parse_channel_spec(settings.channel)
-    except ValueError as err:
-        raise ConfigError(f"commands.channel: {err}") from err
-
-
-def _check_eventhubs(settings: EventHubsSettings) -> None:
-    if settings.connection_string:
-        if "endpoint=" not in settings.connection_string.lower():
-            raise ConfigError(
-                "eventhubs.connection_string is not a connection string (no Endpoint=)"
-            )
-        return
-    if not (settings.namespace and settings.name):
-        raise ConfigError(
-            "the eventhubs sink needs eventhubs.namespace and eventhubs.name (Entra ID auth), "
-            "or eventhubs.connection_string (SE_BRIDGE_EVENTHUBS_NAMESPACE, ..._NAME, "
-            "..._CONNECTION_STRING)"
-        )
-    if "://" in settings.namespace or "/" in settings.namespace:
-        raise ConfigError(
-            f"eventhubs.namespace: give the host name only, such as "
-            f"contoso.servicebus.windows.net, got {settings.namespace!r}"
-        )
-
-
-def check_loganalytics(settings: LogAnalyticsSettings, user: str) -> None:
-    """ConfigError unless `user` (what uploads) has every Logs Ingestion setting it needs."""
-    missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
-    if missing:
-        names = ", ".join(f"loganalytics.{k}" for k in missing)
-        env = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
-        raise ConfigError(f"{user} needs {names} ({env})")
-    if not settings.endpoint.lower().startswith("https://"):
-        raise ConfigError(
-            f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
-        )
+    return Config(**sections)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -28,3 +28,10 @@ def handler(
         return logging.StreamHandler(sys.stderr)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     return RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+
+
+def setup_logging(level: str = "INFO", to: logging.Handler | None = None) -> None:
+    """Log at `level` to `to` (see `handler`), by default stderr; every program calls this."""
+    logging.basicConfig(level=level, handlers=[to or handler(None)], format=LOG_FORMAT, force=True)
+    # The Azure SDKs narrate every retry and request at INFO; the sinks report what matters.
+    logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLevelName(level)))

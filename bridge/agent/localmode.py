@@ -18,13 +18,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from bridge.agent.approver import Approver, Request
 from bridge.agent.document import is_started, parse_time
 from bridge.commands.message import command_id
 from bridge.config import Config
+from bridge.policy import file as policyfile
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
 from bridge.records import VmIdentity
 
@@ -209,13 +209,6 @@ def _vm_key(name: str) -> str:
     return name.strip().lstrip("_").lower()
 
 
-def load_policy(path: Path) -> Policy:
-    """The policy in `path`; bridge.policy.file.PolicyError (a ValueError) says what is wrong."""
-    from bridge.policy.file import load  # noqa: PLC0415 - YAML is loaded only in local mode
-
-    return load(path)
-
-
 def build(
     config: Config, approver: Approver, now: Callable[[], datetime], policy: Policy | None
 ) -> LocalApprover | None:
@@ -223,6 +216,6 @@ def build(
     if policy is None:
         if config.agent.policy is None:
             return None
-        policy = load_policy(config.agent.policy)
+        policy = policyfile.load_setting("agent.policy", config.agent.policy)
     log.info("local mode: approving with the policy %s", policy.source)
     return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS)

@@ -4,9 +4,9 @@ How it is wired: `install` registers pywin32's service host (pythonservice.exe, 
 win32serviceutil copies into the virtual environment so the host finds its packages) with
 the class string `<site-packages>\bridge.agent.winservice.AgentService`. The host imports this
 module and asks for `AgentService`, which is built on first use (module __getattr__), so
-this module imports on Linux without pywin32. The service runs the agent in-process
-through `cli.serve_agent`, the same code as `se-bridge agent`; a Stop or Shutdown control
-sets the stop Event that SIGTERM sets on Linux: the agent flushes and returns 0.
+this module imports on Linux without pywin32. The service runs the agent in-process through
+`bridge.agent.command.serve_agent`, the same code as `se-bridge agent`; a Stop or Shutdown
+control sets the stop Event that SIGTERM sets on Linux: the agent flushes and returns 0.
 
 Everything that decides something (arguments, what is registered, the recovery and grant
 commands, the stop path) is plain Python and tested on Linux with a fake SCM; only
@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bridge import host
+from bridge.agent.command import serve_agent
 
 SERVICE_NAME = "se-bridge"
 DISPLAY_NAME = "se-bridge agent"
@@ -96,7 +97,8 @@ Runner = Callable[[Sequence[str]], None]
 def class_string(package_parent: Path | str) -> str:
     r"""The host splits at the last backslash, puts the left part on sys.path, imports the rest.
 
-    `C:\venv\Lib\site-packages\bridge.agent.winservice.AgentService` imports `bridge.agent.winservice`.
+    `C:\venv\Lib\site-packages\bridge.agent.winservice.AgentService` imports
+    `bridge.agent.winservice`.
     """
     return ntpath.join(str(package_parent), f"bridge.agent.winservice.{CLASS_NAME}")
 
@@ -248,8 +250,6 @@ class ServiceBody:
     def run(self) -> int:
         serve = self._serve
         if serve is None:
-            from bridge.cli import serve_agent  # noqa: PLC0415 - cli imports this module
-
             serve = serve_agent
         captured = io.StringIO()
         with contextlib.redirect_stderr(captured), contextlib.redirect_stdout(captured):

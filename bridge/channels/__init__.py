@@ -6,51 +6,25 @@ command names; the agent side reads only its own channel, and deletes a message 
 it has acted on it (or refused it), so a crash in between only repeats the command,
 which is harmless: CommandIds are deterministic and IMDS accepts an approval twice.
 
-Failures are the kinds of `bridge.retry`: RetryableError / ThrottledError for
-transient faults, PermanentError when a person must fix something (auth, names).
+The `--commands` SPEC grammar and its check live here, with the kinds. Failures are the
+kinds of `bridge.retry`: RetryableError / ThrottledError for transient faults,
+PermanentError when a person must fix something (auth, names).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
 from bridge import specs
+from bridge.channels.base import CommandInbox, CommandSender, Received
+from bridge.channels.local import LocalInbox, LocalSender
+from bridge.channels.storagequeue import StorageQueueInbox, StorageQueueSender
+from bridge.commands.message import Command
+from bridge.commands.signing import Signer
+from bridge.config import Config, ConfigError
 
-if TYPE_CHECKING:
-    from bridge.commands.message import Command
-    from bridge.config import Config
-
-
-@dataclass(frozen=True)
-class Received:
-    """One message read from an inbox: its raw text (not yet trusted) and a delete handle."""
-
-    text: str
-    handle: object
-    dequeue_count: int = 1
-
-
-class CommandSender(Protocol):
-    """The consumer's end: deliver to the channel of `command.vm_id`."""
-
-    def send(self, command: Command, time_to_live: float) -> None:
-        """Enqueue `command`; it vanishes unread after `time_to_live` seconds."""
-
-    def close(self) -> None: ...
-
-
-class CommandInbox(Protocol):
-    """One agent's end: its own channel only."""
-
-    def receive(self, max_messages: int) -> list[Received]:
-        """Up to `max_messages` messages, hidden from other reads for a while; [] when none."""
-
-    def delete(self, message: Received) -> None:
-        """Remove a message for good (acted on, refused, or expired)."""
-
-    def close(self) -> None: ...
+__all__ = ["CommandInbox", "CommandSender", "Received", "SigningSender", "check_config",
+           "inbox", "parse_spec", "sender"]  # fmt: skip
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -63,13 +37,8 @@ def parse_spec(spec: str) -> tuple[str, str]:
 def sender(spec: str, config: Config) -> CommandSender:
     """The consumer's end of the channels a `commands.channel` SPEC names."""
     kind, arg = parse_spec(spec)
-    # Each kind is imported only when configured, so the Storage SDK loads only if used.
     if kind == "local":
-        from bridge.channels.local import LocalSender  # noqa: PLC0415
-
         return LocalSender(Path(arg))
-    from bridge.channels.storagequeue import StorageQueueSender  # noqa: PLC0415
-
     return StorageQueueSender(config)
 
 
@@ -78,9 +47,41 @@ def inbox(spec: str, config: Config, vm_id: str) -> CommandInbox:
     kind, arg = parse_spec(spec)
     timeout = config.commands.visibility_timeout
     if kind == "local":
-        from bridge.channels.local import LocalInbox  # noqa: PLC0415
-
         return LocalInbox(Path(arg), vm_id, timeout)
-    from bridge.channels.storagequeue import StorageQueueInbox  # noqa: PLC0415
-
     return StorageQueueInbox(config, vm_id, timeout)
+
+
+def check_config(config: Config) -> None:
+    """ConfigError naming the setting unless commands.channel's SPEC parses and, secure by
+    default, a key signs or verifies what it carries (or unsigned is asked for by name).
+
+    Whether the key itself can be loaded is checked where it is used (the listener, the
+    consumer's signer), which also stops the process at start with exit 2.
+    """
+    settings = config.commands
+    if not settings.channel:
+        return
+    try:
+        parse_spec(settings.channel)
+    except ValueError as err:
+        raise ConfigError(f"commands.channel: {err}") from err
+    if not (settings.verify_key or settings.signing_key or settings.allow_unsigned):
+        raise ConfigError(
+            "commands.channel is set but no key is: agents need commands.verify_key "
+            "(SE_BRIDGE_COMMANDS_VERIFY_KEY), the consumer commands.signing_key "
+            "(SE_BRIDGE_COMMANDS_SIGNING_KEY); `se-bridge keygen --out FILE` makes a pair. "
+            "commands.allow_unsigned = true accepts unsigned commands (not for production)"
+        )
+
+
+class SigningSender:
+    """A CommandSender that signs every command before the channel sends it."""
+
+    def __init__(self, inner: CommandSender, signer: Signer) -> None:
+        self._inner, self._signer = inner, signer
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        self._inner.send(self._signer.sign(command), time_to_live)
+
+    def close(self) -> None:
+        self._inner.close()

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from bridge.channels import Received
+from bridge.channels.base import Received
 from bridge.retry import PermanentError, RetryableError
 
 if TYPE_CHECKING:

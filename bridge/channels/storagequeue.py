@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from bridge import identity
-from bridge.channels import Received, storageerrors
+from bridge.channels import storageerrors
+from bridge.channels.base import Received
 from bridge.config import Config
 from bridge.retry import (
     DeliveryError,

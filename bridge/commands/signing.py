@@ -29,7 +29,6 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -39,10 +38,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from bridge.commands.message import Command
-
-if TYPE_CHECKING:
-    from bridge.channels import CommandSender
-    from bridge.config import CommandsSettings, IdentitySettings
+from bridge.config import CommandsSettings, IdentitySettings
+from bridge.identity import CREDENTIAL_ADVICE, credential
 
 FILE = "file:"
 KEYVAULT = "keyvault:"
@@ -127,19 +124,6 @@ class Verifier:
         return None
 
 
-class SigningSender:
-    """A CommandSender that signs every command before the channel sends it."""
-
-    def __init__(self, inner: CommandSender, signer: Signer) -> None:
-        self._inner, self._signer = inner, signer
-
-    def send(self, command: Command, time_to_live: float) -> None:
-        self._inner.send(self._signer.sign(command), time_to_live)
-
-    def close(self) -> None:
-        self._inner.close()
-
-
 # --- loading keys ---------------------------------------------------------------------------
 
 
@@ -214,8 +198,6 @@ def _private_file(path: Path) -> bytes:
 def _keyvault_secret(url: str, identity: IdentitySettings) -> bytes:
     from azure.core.exceptions import AzureError  # noqa: PLC0415 - only with Key Vault
     from azure.keyvault.secrets import KeyVaultSecretIdentifier, SecretClient  # noqa: PLC0415
-
-    from bridge.identity import CREDENTIAL_ADVICE, credential  # noqa: PLC0415
 
     try:
         secret_id = KeyVaultSecretIdentifier(url)

@@ -4,10 +4,10 @@
 so the logic is type-checked and tested with the package. Two functions:
 
 - `records`: an Event Hubs trigger taking batches (cardinality many) of the records the agents
-  send. Every body is checked with `bridge.consumer.sources.batches.check_record` (size, JSON, the record
-  schema, VmId against the event's partition key); one that fails is logged whole at ERROR
-  with the reason (`log_poison`), which makes the log (Application Insights) its only copy,
-  and the rest of the batch goes on to `Consumer.process`. Any exception fails the
+  send. Every body is checked with `bridge.consumer.sources.batches.check_record` (size,
+  JSON, the record schema, VmId against the event's partition key); one that fails is logged
+  whole at ERROR with the reason (`log_poison`), which makes the log (Application Insights)
+  its only copy, and the rest of the batch goes on to `Consumer.process`. Any exception fails the
   invocation. The Event Hubs trigger checkpoints a batch after the invocation ends, even a
   failed one, so the retry policy on the function is what keeps a failed batch: the host runs
   it again with exponential backoff, indefinitely, and the partition waits behind it, as the
@@ -43,14 +43,15 @@ from typing import Any, List  # noqa: UP035
 
 import azure.functions as func
 
-from bridge.config import Config, ConfigError, check_loganalytics, load
+from bridge.config import Config, ConfigError
+from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
-from bridge.consumer.service import build_consumer, state_spec
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
 from bridge.consumer.state import parse_spec as parse_state_spec
+from bridge.consumer.wiring import build_consumer, state_spec
 from bridge.redact import describe
 from bridge.retry import PoisonRecords
-from bridge.sinks import Sink, SpooledRecord
+from bridge.sinks import Sink, SpooledRecord, loganalytics
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ class DecisionOutlet:
     A failure raises, failing the batch. The consumer emits a Hold or Defer before it records
     the decision in the fleet state, so the retried batch emits it again. An approval's ledger
     entry is written first, so its retry only resends the command, and the Decision record is
-    lost (bridge.consumer.ledger.Dispatch.apply; an xfail test in tests/component/test_functionapp.py).
+    lost (bridge.consumer.ledger.Dispatch.apply; an xfail test in
+    tests/component/consumer/test_functionapp.py).
     """
 
     def __init__(self, sink: Sink | None) -> None:
@@ -90,10 +92,8 @@ class DecisionOutlet:
         settings = config.loganalytics
         if not (settings.endpoint or settings.rule_id):
             return cls(None)
-        check_loganalytics(settings, "sending Decision records to Log Analytics")
-        from bridge.sinks.loganalytics import LogAnalyticsSink  # noqa: PLC0415
-
-        return cls(LogAnalyticsSink(config))
+        loganalytics.check_settings(settings, "sending Decision records to Log Analytics")
+        return cls(loganalytics.LogAnalyticsSink(config))
 
     def __call__(self, records: list[dict[str, Any]]) -> None:
         if self.sink is None:
@@ -128,7 +128,7 @@ def load_config(environ: Mapping[str, str], app_dir: Path | None = None) -> Conf
     """The consumer's settings from app settings; ConfigError names a bad or missing one."""
     # Names with "__" are the Functions host's (identity-based connections such as
     # SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace); config would warn about them as unknown.
-    config = load(environ={k: v for k, v in environ.items() if "__" not in k})
+    config = wiring.load_config(environ={k: v for k, v in environ.items() if "__" not in k})
     policy = config.consumer.policy
     if policy is not None and not policy.is_absolute() and app_dir is not None:
         # A policy file deployed with the app: relative to the app, not the worker's cwd.

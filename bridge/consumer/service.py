@@ -13,90 +13,24 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge import channels, host
-from bridge.channels import CommandSender
-from bridge.commands import signing
-from bridge.config import Config, ConfigError, load
-from bridge.consumer import state as fleet_state
-from bridge.consumer.core import Consumer, utc_now
-from bridge.consumer.ledger import Emit
+from bridge import host
+from bridge.config import Config, ConfigError
+from bridge.consumer import wiring
 from bridge.consumer.sources.batches import schema_problem
+from bridge.consumer.sources.eventhubs import run_eventhubs
+from bridge.consumer.sources.hub import run_local
+from bridge.logfile import setup_logging
 from bridge.outbox.delivery import Delivery, interruptible_wait
 from bridge.outbox.spool import Spool, SpoolError
-from bridge.policy import file as policyfile
-from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.redact import describe
 from bridge.retry import DeliveryError
 from bridge.sinks import Sink, build
 
 log = logging.getLogger(__name__)
-
-
-def load_policy(path: Path | None) -> Policy:
-    """The policy file's, or the built-in default; PolicyError (a ConfigError) when bad."""
-    if path is None:
-        return DEFAULT_POLICY
-    try:
-        return policyfile.load(path)
-    except policyfile.PolicyError as err:
-        raise ConfigError(f"consumer.policy: {err}") from err
-
-
-def state_spec(config: Config) -> str:
-    return config.consumer.state or f"sqlite:{config.agent.state_dir / 'fleet.db'}"
-
-
-def decision_sinks(config: Config) -> list[str]:
-    return config.consumer.sinks or [f"jsonl:{config.agent.state_dir / 'decisions.jsonl'}"]
-
-
-def build_consumer(
-    config: Config, emit: Emit, *, now: Callable[[], datetime] = utc_now
-) -> Consumer:
-    """The consumer core wired to the configured state store, channel and policy."""
-    if not config.commands.channel:
-        raise ConfigError(
-            "the consumer needs commands.channel (local:DIR or storagequeue) to send approvals "
-            "(SE_BRIDGE_COMMANDS_CHANNEL or --commands)"
-        )
-    policy = load_policy(config.consumer.policy)
-    signer = load_signer(config)
-    store = fleet_state.build(state_spec(config), config)
-    sender: CommandSender = channels.sender(config.commands.channel, config)
-    if signer is not None:
-        sender = signing.SigningSender(sender, signer)
-    return Consumer(store, sender, policy, emit, config.consumer, now=now,
-                    host_name=host.host_name())  # fmt: skip
-
-
-def load_signer(config: Config) -> signing.Signer | None:
-    """The key that signs every command; ConfigError when it is missing or unusable.
-
-    None only with commands.allow_unsigned and no key: agents with a verify key refuse
-    what this consumer then sends, which is the point of the setting's name.
-    """
-    settings = config.commands
-    if not settings.signing_key:
-        if not settings.allow_unsigned:
-            raise ConfigError(
-                "the consumer signs its commands with commands.signing_key "
-                "(SE_BRIDGE_COMMANDS_SIGNING_KEY=file:PATH or keyvault:URL; `se-bridge keygen "
-                "--out FILE` makes one), or set commands.allow_unsigned = true (not for production)"
-            )
-        log.warning("commands.allow_unsigned is set and commands.signing_key is not: sending "
-                    "UNSIGNED commands, which agents with a verify key refuse")  # fmt: skip
-        return None
-    try:
-        signer = signing.load_signer(settings, config.identity)
-    except signing.SigningError as err:
-        raise ConfigError(str(err)) from err
-    log.info("signing commands with key %s", signer.key_id)
-    return signer
 
 
 class PoisonFile:
@@ -127,10 +61,12 @@ class ConsumerService:
         self.config = config
         state_dir = config.agent.state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
-        self.sinks = [build(spec, config) for spec in decision_sinks(config)] + list(extra_sinks)
+        self.sinks = [build(spec, config) for spec in wiring.decision_sinks(config)] + list(
+            extra_sinks
+        )
         self.spool = Spool(state_dir / "decisions-spool.db", [s.name for s in self.sinks])
         self.delivery = Delivery(self.spool, self.sinks)
-        self.consumer = build_consumer(config, self._emit)
+        self.consumer = wiring.build_consumer(config, self._emit)
         self.poison = PoisonFile(state_dir / "poison.jsonl")
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
@@ -169,13 +105,9 @@ class ConsumerService:
 
     def _read(self, stop: threading.Event) -> None:
         if self.config.consumer.hub is not None:
-            from bridge.consumer.sources.hub import run_local  # noqa: PLC0415
-
             run_local(self.config.consumer.hub, self._process, stop, poison=self.poison,
                       group=self.config.consumer.consumer_group)  # fmt: skip
             return
-        from bridge.consumer.sources.eventhubs import run_eventhubs  # noqa: PLC0415
-
         settings = self.config.consumer
         run_eventhubs(self.config, self._process, stop, poison=self.poison,
                       load_balancing_interval=settings.load_balancing_interval,
@@ -223,8 +155,6 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from bridge.cli import setup_logging  # noqa: PLC0415 - cli imports this module
-
     stop = threading.Event()
     host.install_stop_handler(stop.set)
     flags = {
@@ -236,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         "consumer.sinks": args.sink,
     }
     try:
-        config = load(args.config, flags=flags)
+        config = wiring.load_config(args.config, flags=flags)
         setup_logging(config.agent.log_level)
         service = ConsumerService(config)
     except ConfigError as err:

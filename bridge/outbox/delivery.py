@@ -17,7 +17,7 @@ from typing import Any
 from bridge.outbox.spool import Spool
 from bridge.redact import describe
 from bridge.retry import Backoff, PermanentError, PoisonRecords, RetryableError
-from bridge.sinks import Sink, SpooledRecord
+from bridge.sinks.base import Sink, SpooledRecord
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bridge import sqlitewal
 from bridge.outbox import spoolsql as sql
-from bridge.outbox import sqlitewal
-from bridge.sinks import SpooledRecord
+from bridge.sinks.base import SpooledRecord
 
 log = logging.getLogger(__name__)
 

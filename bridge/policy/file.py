@@ -43,6 +43,7 @@ from typing import Literal
 
 import yaml
 
+from bridge.config import ConfigError
 from bridge.policy.model import GROUP_KINDS, Action, Budget, Match, Policy, Range, Rule, Window
 from bridge.policy.yamlnodes import Names, YamlNode, suggest
 
@@ -133,6 +134,15 @@ def load(path: Path) -> Policy:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise PolicyError(f"{path}: cannot read the policy file: {reason}") from None
     return loads(text, str(path))
+
+
+def load_setting(setting: str, path: Path) -> Policy:
+    """The policy file that `setting` (agent.policy, consumer.policy) names, read at start;
+    ConfigError naming the setting, the file, the line and the field when it is bad."""
+    try:
+        return load(path)
+    except PolicyError as err:
+        raise ConfigError(f"{setting}: {err}") from err
 
 
 def loads(text: str, source: str = "<string>") -> Policy:

@@ -1,7 +1,7 @@
 """The simulator's state: the fleet behind a lock, approvals received, request counters.
 
-`Simulator` is the in-process API; bridge.simulator.server puts it on HTTP and bridge.simulator.command
-is the public entry point (re-exports and the `se-bridge simulate` command).
+`Simulator` is the in-process API; bridge.simulator.server puts it on HTTP and
+bridge.simulator.command is the public entry point (re-exports and `se-bridge simulate`).
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ class Simulator:
         run_time: float | None = None,
         cancel_after: float | None = None,
     ) -> list[str]:
-        """Run a named scenario (see bridge.simulator.scenarios); returns the EventIds it created."""
+        """Run a named scenario (bridge.simulator.scenarios); returns the EventIds it created."""
         opts = scenarios.ScenarioOptions(
             vms=tuple(vms) if vms else None,
             notice=notice,

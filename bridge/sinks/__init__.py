@@ -1,57 +1,21 @@
-"""Sinks: where spooled records go. One module per kind; cloud SDKs load only when configured.
-
-A sink is handed batches in spool order and either returns (every record of the batch
-is accepted and may be acknowledged) or raises one of the failure kinds of
-`bridge.retry`: RetryableError / ThrottledError (the same batch comes back after a
-backoff), PoisonRecords (those records are set aside, the rest retried), or
-PermanentError (a person must fix something; retried slowly and logged at ERROR).
+"""Sinks: where spooled records go. One module per kind (`--sink` SPEC grammar and the check of
+each kind's settings live here, with the kinds); cloud SDKs load only when a cloud sink sends.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:
-    from bridge.config import Config
+from bridge.config import Config, ConfigError
+from bridge.sinks import eventhubs, loganalytics
+from bridge.sinks.base import Sink, SpooledRecord, check
+from bridge.sinks.eventhubs import EventHubsSink
+from bridge.sinks.hub import HubSink
+from bridge.sinks.jsonl import JsonlSink
+from bridge.sinks.loganalytics import LogAnalyticsSink
+from bridge.sinks.stdout import StdoutSink
 
-
-@dataclass(frozen=True)
-class SpooledRecord:
-    """A record as the spool holds it: its sequence number and its JSON text."""
-
-    seq: int
-    record_id: str
-    record_type: str
-    body: str
-
-
-class Sink(Protocol):
-    @property
-    def name(self) -> str:
-        """Unique, stable name; the spool keeps this sink's progress under it."""
-
-    @property
-    def max_batch(self) -> int:
-        """Most records one `send` may be handed."""
-
-    def send(self, batch: Sequence[SpooledRecord]) -> None:
-        """Deliver every record of `batch`, in order, or raise a bridge.retry failure."""
-
-    def close(self) -> None:
-        """Release files and connections; called once at shutdown."""
-
-
-def check(sink: Sink) -> str:
-    """A harmless real round trip to `sink`: what worked, or a bridge.retry failure with advice."""
-    probe = getattr(sink, "check", None)
-    if probe is None:
-        return "no check for this sink"
-    result: str = probe()
-    return result
-
+__all__ = ["Sink", "SpooledRecord", "build", "check", "check_config", "parse_spec"]
 
 SINK_KINDS = ("jsonl", "stdout", "eventhubs", "loganalytics", "hub")
 _WITH_ARGUMENT = ("jsonl", "hub")
@@ -79,25 +43,29 @@ def parse_spec(spec: str) -> tuple[str, str]:
 def build(spec: str, config: Config | None = None) -> Sink:
     """The sink a `--sink` SPEC names; cloud sinks take their settings from `config`."""
     kind, arg = parse_spec(spec)
-    # Each kind is imported only when configured, so a cloud sink's SDK loads only if used.
     if kind == "jsonl":
-        from bridge.sinks.jsonl import JsonlSink  # noqa: PLC0415
-
         return JsonlSink(Path(arg))
     if kind == "hub":
-        from bridge.sinks.hub import HubSink  # noqa: PLC0415
-
         return HubSink(Path(arg))
     if kind == "stdout":
-        from bridge.sinks.stdout import StdoutSink  # noqa: PLC0415
-
         return StdoutSink()
     if config is None:
         raise ValueError(f"sink {spec!r} needs its settings")
     if kind == "eventhubs":
-        from bridge.sinks.eventhubs import EventHubsSink  # noqa: PLC0415
-
         return EventHubsSink(config)
-    from bridge.sinks.loganalytics import LogAnalyticsSink  # noqa: PLC0415
-
     return LogAnalyticsSink(config)
+
+
+def check_config(config: Config, specs: list[str]) -> None:
+    """ConfigError naming the setting unless every spec of `specs` parses and the cloud
+    sinks among them have the settings they need: checked at start, before anything runs."""
+    kinds = set()
+    for spec in specs:
+        try:
+            kinds.add(parse_spec(spec)[0])
+        except ValueError as err:
+            raise ConfigError(f"agent.sinks: {err}") from err
+    if "eventhubs" in kinds:
+        eventhubs.check_settings(config.eventhubs)
+    if "loganalytics" in kinds:
+        loganalytics.check_settings(config.loganalytics, "the loganalytics sink")

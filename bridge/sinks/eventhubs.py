@@ -18,14 +18,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge import identity
-from bridge.config import Config
+from bridge.config import Config, ConfigError, EventHubsSettings
 from bridge.redact import describe
 from bridge.retry import DeliveryError, PermanentError, PoisonRecords, RetryableError
+from bridge.sinks.base import SpooledRecord
 
 if TYPE_CHECKING:
     from azure.eventhub import EventData, EventDataBatch, EventHubProducerClient
-
-    from bridge.sinks import SpooledRecord
 
 
 class EventHubsSink:
@@ -214,3 +213,23 @@ def encode_once() -> None:
         utils.get_message_encoded_size = get_message_encoded_size
         utils.add_batch = add_batch
         _encode_once_installed.append(True)
+
+
+def check_settings(settings: EventHubsSettings) -> None:
+    if settings.connection_string:
+        if "endpoint=" not in settings.connection_string.lower():
+            raise ConfigError(
+                "eventhubs.connection_string is not a connection string (no Endpoint=)"
+            )
+        return
+    if not (settings.namespace and settings.name):
+        raise ConfigError(
+            "the eventhubs sink needs eventhubs.namespace and eventhubs.name (Entra ID auth), "
+            "or eventhubs.connection_string (SE_BRIDGE_EVENTHUBS_NAMESPACE, ..._NAME, "
+            "..._CONNECTION_STRING)"
+        )
+    if "://" in settings.namespace or "/" in settings.namespace:
+        raise ConfigError(
+            f"eventhubs.namespace: give the host name only, such as "
+            f"contoso.servicebus.windows.net, got {settings.namespace!r}"
+        )

@@ -1,4 +1,4 @@
-"""`hub:DIR`: records to a local hub (bridge.consumer.sources.hub), the one-machine stand-in for Event Hubs.
+"""`hub:DIR`: records to a local hub (bridge.localhub), the one-machine stand-in for Event Hubs.
 
 Partition key = VmId (the host name until the VmId is known), as for the eventhubs sink, so
 one VM's records stay in order. A batch is stored in one transaction: all of it or nothing.
@@ -10,13 +10,10 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from bridge.consumer.sources.hub import DB_NAME, LocalHub
+from bridge.localhub import DB_NAME, LocalHub
 from bridge.retry import PermanentError, RetryableError
-
-if TYPE_CHECKING:
-    from bridge.sinks import SpooledRecord
+from bridge.sinks.base import SpooledRecord
 
 
 class HubSink:

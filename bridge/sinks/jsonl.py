@@ -12,12 +12,10 @@ import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from bridge.retry import PermanentError, RetryableError
-
-if TYPE_CHECKING:
-    from bridge.sinks import SpooledRecord
+from bridge.sinks.base import SpooledRecord
 
 
 class JsonlSink:

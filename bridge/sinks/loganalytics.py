@@ -22,7 +22,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge import identity, schema
-from bridge.config import Config
+from bridge.config import Config, ConfigError, LogAnalyticsSettings
 from bridge.redact import describe
 from bridge.retry import (
     DeliveryError,
@@ -32,11 +32,11 @@ from bridge.retry import (
     ThrottledError,
     parse_retry_after,
 )
+from bridge.sinks.base import SpooledRecord
 
 if TYPE_CHECKING:
     from azure.monitor.ingestion import LogsIngestionClient, LogsUploadError
 
-    from bridge.sinks import SpooledRecord
 
 SCOPE = "https://monitor.azure.com/.default"
 # The service refuses bodies over 1 MiB, and the SDK's chunking forgets the commas and
@@ -204,3 +204,16 @@ class LogAnalyticsSink:
 def _severity(err: DeliveryError) -> int:
     # Report the failure a person must act on before the ones that heal by themselves.
     return 2 if isinstance(err, PermanentError) else 1 if isinstance(err, ThrottledError) else 0
+
+
+def check_settings(settings: LogAnalyticsSettings, user: str) -> None:
+    """ConfigError unless `user` (what uploads) has every Logs Ingestion setting it needs."""
+    missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
+    if missing:
+        names = ", ".join(f"loganalytics.{k}" for k in missing)
+        env = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
+        raise ConfigError(f"{user} needs {names} ({env})")
+    if not settings.endpoint.lower().startswith("https://"):
+        raise ConfigError(
+            f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
+        )

@@ -5,12 +5,10 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
 from bridge.retry import PermanentError, RetryableError
-
-if TYPE_CHECKING:
-    from bridge.sinks import SpooledRecord
+from bridge.sinks.base import SpooledRecord
 
 
 class StdoutSink:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge.consumer import documents as fs
-from bridge.consumer.sources.hub import PARTITIONS, LocalHub
 from bridge.consumer.state.sqlite import SqliteStore
+from bridge.localhub import PARTITIONS, LocalHub
 from bridge.simulator.fleet import EventSpec
 from tests.chaos.rig import BUDGET, SCALE_SETS, allowed, scale_set_of
 

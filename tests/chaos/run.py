@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bridge.consumer.sources.hub import PARTITIONS, LocalHub
+from bridge.localhub import PARTITIONS, LocalHub
 from bridge.simulator.fleet import EventSpec
 from tests.chaos import invariants as inv
 from tests.chaos.rig import SCALE_SETS, VMS, Rig, allowed, scale_set_of

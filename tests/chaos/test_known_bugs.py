@@ -39,7 +39,8 @@ class Harness(AgentHarness):
 
 
 KNOWN_IDENTITY = (
-    "bridge/agent/loop.py: a restarted agent forgets its VM identity until instance metadata answers "
+    "bridge/agent/loop.py: a restarted agent forgets its VM identity until instance metadata "
+    "answers "
     "again; meanwhile its records carry VmId null, and the consumer cannot attribute them (an "
     "event's Canceled from that VM is lost: the consumer's state keeps it Scheduled)"
 )

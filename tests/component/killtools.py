@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import bridge
-from bridge.outbox import sqlitewal
+from bridge import sqlitewal
 from bridge.simulator.command import Simulator
 from bridge.simulator.fleet import EventSpec
 

@@ -60,12 +60,14 @@ ERRORS = {
         {"SE_BRIDGE_SPOOL_MAX_RECORDS": "10.5"},
         "spool.max_records (from SE_BRIDGE_SPOOL_MAX_RECORDS): expected a whole number",
     ),
+    "bad identity kind": (
+        {"SE_BRIDGE_IDENTITY_KIND": "password"},
+        "identity.kind (from SE_BRIDGE_IDENTITY_KIND): must be one of auto, managed",
+    ),
     "bad choice": (
         {"SE_BRIDGE_AGENT_LOG_LEVEL": "chatty"},
         "agent.log_level (from SE_BRIDGE_AGENT_LOG_LEVEL): must be one of DEBUG",
     ),
-    "bad sink": ({"SE_BRIDGE_AGENT_SINKS": "kafka:x"}, "agent.sinks: unknown sink 'kafka:x'"),
-    "jsonl without a path": ({"SE_BRIDGE_AGENT_SINKS": "jsonl:"}, "needs a path"),
 }
 
 
@@ -104,67 +106,6 @@ def test_unknown_environment_setting_is_ignored_with_a_warning(
     config = load(environ={"SE_BRIDGE_AGENT_POLL_INTERVALL": "3"})
     assert config == Config()
     assert "agent.poll_intervall" in caplog.text
-
-
-CLOUD_ERRORS = {
-    "eventhubs without settings": (
-        {"SE_BRIDGE_AGENT_SINKS": "eventhubs"},
-        "the eventhubs sink needs eventhubs.namespace and eventhubs.name",
-    ),
-    "eventhubs namespace given as a URL": (
-        {
-            "SE_BRIDGE_AGENT_SINKS": "eventhubs",
-            "SE_BRIDGE_EVENTHUBS_NAMESPACE": "sb://contoso.servicebus.windows.net/",
-            "SE_BRIDGE_EVENTHUBS_NAME": "records",
-        },
-        "eventhubs.namespace: give the host name only",
-    ),
-    "loganalytics without settings": (
-        {"SE_BRIDGE_AGENT_SINKS": "loganalytics"},
-        "needs loganalytics.endpoint, loganalytics.rule_id",
-    ),
-    "loganalytics over http": (
-        {
-            "SE_BRIDGE_AGENT_SINKS": "loganalytics",
-            "SE_BRIDGE_LOGANALYTICS_ENDPOINT": "http://x.ingest.monitor.azure.com",
-            "SE_BRIDGE_LOGANALYTICS_RULE_ID": "dcr-1",
-        },
-        "loganalytics.endpoint must be an https:// URL",
-    ),
-    "bad identity kind": (
-        {"SE_BRIDGE_IDENTITY_KIND": "password"},
-        "identity.kind (from SE_BRIDGE_IDENTITY_KIND): must be one of auto, managed",
-    ),
-}
-
-
-@pytest.mark.parametrize(("env", "message"), CLOUD_ERRORS.values(), ids=CLOUD_ERRORS)
-def test_cloud_sink_settings_are_checked_at_start(env: dict[str, str], message: str) -> None:
-    with pytest.raises(ConfigError) as info:
-        load(environ=env)
-    assert message in str(info.value)
-
-
-def test_a_secret_never_appears_in_an_error() -> None:
-    secret = "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRET"
-    with pytest.raises(ConfigError) as info:
-        load(path=None, environ={}, flags={"eventhubs.connection_string": 42})
-    assert "a secret value" in str(info.value)
-    config = load(
-        environ={
-            "SE_BRIDGE_AGENT_SINKS": "eventhubs",
-            "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": secret,
-        }
-    )
-    assert config.eventhubs.connection_string == secret
-    with pytest.raises(ConfigError) as bad:
-        load(
-            environ={
-                "SE_BRIDGE_AGENT_SINKS": "eventhubs",
-                "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": "TOPSECRET",
-            }
-        )
-    assert "TOPSECRET" not in str(bad.value)
 
 
 def test_identity_kind_is_case_insensitive() -> None:

@@ -13,14 +13,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from bridge import specs
 from bridge.retry import RetryableError
-
-if TYPE_CHECKING:
-    from bridge.config import Config
 
 
 class Conflict(Exception):
@@ -133,19 +129,6 @@ def encode_value(collection: str, doc: Doc) -> str:
 def decode_value(text: str) -> dict[str, Any]:
     value: dict[str, Any] = json.loads(text)
     return value
-
-
-def build(spec: str, config: Config) -> Store:
-    """The store a `consumer.state` SPEC names (`sqlite:PATH` or `tables`)."""
-    kind, arg = parse_spec(spec)
-    # Imported only when chosen, so a local consumer never loads the Azure SDK.
-    if kind == "sqlite":
-        from bridge.consumer.state.sqlite import SqliteStore  # noqa: PLC0415
-
-        return SqliteStore(Path(arg).expanduser())
-    from bridge.consumer.state.tables import TableStore  # noqa: PLC0415
-
-    return TableStore(config)
 
 
 MAX_CONFLICT_RETRIES = 50

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bridge import sqlitewal
 from bridge.consumer.state import Conflict, Doc, decode_value, encode_value
-from bridge.outbox import sqlitewal
 from bridge.retry import DeliveryError, PermanentError, RetryableError
 
 T = TypeVar("T")

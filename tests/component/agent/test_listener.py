@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bridge.agent import listener
+from bridge.agent.command import load_config
 from bridge.channels.local import LocalSender
 from bridge.config import ConfigError, load
 from bridge.retry import PermanentError, RetryableError
@@ -223,9 +224,9 @@ def test_has_scheduled() -> None:
 
 def test_a_bad_channel_spec_is_a_configuration_error() -> None:
     with pytest.raises(ConfigError, match=r"commands\.channel: unknown command channel"):
-        load(environ={}, flags={"commands.channel": "kafka:x"})
+        load_config(environ={}, flags={"commands.channel": "kafka:x"})
     with pytest.raises(ConfigError, match=r"commands\.verify_key"):
-        load(environ={}, flags={"commands.channel": "local:/tmp/c"})
+        load_config(environ={}, flags={"commands.channel": "local:/tmp/c"})
     unsigned = {"commands.channel": "local:/tmp/c", "commands.allow_unsigned": "true"}
     assert load(environ={}, flags=unsigned).commands.allow_unsigned
 

@@ -12,7 +12,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.agent.loop import Agent, utc_now
-from bridge.channels import Received
+from bridge.channels import Received, SigningSender
 from bridge.channels.local import LocalSender
 from bridge.commands import message as commands
 from bridge.commands import signing
@@ -208,7 +208,7 @@ def test_a_command_signed_with_another_key_on_the_real_local_channel(
     harness.start_signed(channel=f"local:{channel}", fake_inbox=False)
     harness.poll()
     vm = simulator.fleet.vm(VM).vm_id
-    sender = signing.SigningSender(LocalSender(channel), OTHER_KEY)
+    sender = SigningSender(LocalSender(channel), OTHER_KEY)
     sender.send(command(vm, event), time_to_live=600)
     folder = channel / vm.lower()
     wait_for(lambda: bool(harness.records()) and not any(folder.iterdir()))

@@ -1,7 +1,7 @@
 """The Event Hubs callback writes a partition's checkpoint at most once per interval.
 
 Fakes stand in for the SDK's PartitionContext and EventData (the real ones, against the
-test broker and Azurite, are in tests/integration/test_eventhubs_source.py); the clock is
+test broker and Azurite, are in tests/integration/consumer/test_eventhubs_source.py); the clock is
 moved by hand.
 """
 

@@ -48,7 +48,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 APP_DIR = ROOT / "functions"
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 E2 = "A1B2C3D4-0000-4000-8000-000000000002"

@@ -15,7 +15,7 @@ from bridge.consumer.state import sqlite as sqlite_store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.retry import PermanentError, RetryableError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 _INCREMENTS = """
 import sys

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bridge.outbox.spool import RESERVE_KEY, RESERVE_PAGES, RESTART_KEY, Spool, wal_bytes
-from bridge.outbox.sqlitewal import fully_checkpointed, wal_path
+from bridge.sqlitewal import fully_checkpointed, wal_path
 
 
 def rec(n: int) -> dict[str, object]:

@@ -609,7 +609,7 @@ def test_stop_closes_idle_keep_alive_connections_promptly(make_server: Factory) 
 
 _CLI = (
     "import argparse, sys\n"
-    "from bridge import simulator\n"
+    "from bridge.simulator import command as simulator\n"
     "parser = argparse.ArgumentParser(prog='se-bridge')\n"
     "simulator.add_parser(parser.add_subparsers(dest='command'))\n"
     "args = parser.parse_args()\n"

@@ -189,7 +189,7 @@ def test_two_threads_incrementing_one_counter_lose_no_update(store: Store) -> No
     assert sum(conflicts) > 0  # they did contend: the Conflicts were what kept the count exact
 
 
-# --- many documents at once (bridge.consumer.state.update_many) ------------------------------------------
+# --- many documents at once (bridge.consumer.state.update_many) ---------------------------
 
 
 def as_batch(store: Store) -> BatchStore:

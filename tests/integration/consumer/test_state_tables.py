@@ -17,9 +17,10 @@ from azure.identity import CredentialUnavailableError
 
 from bridge import identity
 from bridge.config import Config, ConsumerSettings, StorageSettings
-from bridge.consumer.state import Doc, build
+from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import CHUNK_CHARS, TableStore
+from bridge.consumer.wiring import build_store as build
 from bridge.retry import PermanentError, RetryableError, ThrottledError
 from tests.azurite import ACCOUNT, KEY, Azurite
 from tests.state_support import tables_config, unique_table

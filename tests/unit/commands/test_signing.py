@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bridge.agent.command import load_config
+from bridge.agent.listener import verifier_for
 from bridge.commands import message as commands
 from bridge.commands import signing
 from bridge.config import CommandsSettings, ConfigError, IdentitySettings, load
@@ -75,17 +77,18 @@ def test_a_key_file_others_can_read_is_refused(tmp_path: Path) -> None:
     [("not base64!", "not base64"), ("AAAA", "3 bytes"), ("file:/nonexistent.pem", "cannot read")],
 )
 def test_a_bad_verify_key_stops_the_start(verify_key: str, message: str) -> None:
+    config = load(environ={}, flags={"commands.verify_key": verify_key})
     with pytest.raises(ConfigError, match=message):
-        load(environ={}, flags={"commands.verify_key": verify_key})
+        verifier_for(config)  # where the listener is built, before the agent runs
 
 
 def test_a_channel_without_a_key_needs_allow_unsigned() -> None:
     with pytest.raises(ConfigError, match=r"commands\.verify_key.*commands\.signing_key"):
-        load(environ={"SE_BRIDGE_COMMANDS_CHANNEL": "storagequeue"})
+        load_config(environ={"SE_BRIDGE_COMMANDS_CHANNEL": "storagequeue"})
     env = {"SE_BRIDGE_COMMANDS_CHANNEL": "storagequeue", "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "1"}
-    assert load(environ=env).commands.allow_unsigned
+    assert load_config(environ=env).commands.allow_unsigned
     with pytest.raises(ConfigError, match="true or false"):
-        load(environ={**env, "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "maybe"})
+        load_config(environ={**env, "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "maybe"})
 
 
 def test_a_bad_key_vault_url_names_the_setting() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.outbox import sqlitewal
+from bridge import sqlitewal
 
 
 def _open_together(path: Path, openers: int) -> list[BaseException]:

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from bridge.consumer.sources import hub as hub_module
-from bridge.consumer.sources.hub import NOTHING, PARTITIONS, LocalHub, partition_for, run_local
+from bridge import localhub
+from bridge.consumer.sources.hub import run_local
+from bridge.localhub import NOTHING, PARTITIONS, LocalHub, partition_for
 from bridge.retry import Backoff, RetryableError, ThrottledError
 from bridge.sinks import SpooledRecord, build, parse_spec
 from bridge.sinks.hub import HubSink
@@ -204,7 +205,7 @@ def test_two_writer_processes_at_once_lose_nothing(hub_dir: Path, hub: LocalHub)
 def test_a_hub_locked_past_the_busy_timeout_is_a_retryable_failure(
     sink: HubSink, hub_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(hub_module, "BUSY_TIMEOUT_MS", 50)
+    monkeypatch.setattr(localhub, "BUSY_TIMEOUT_MS", 50)
     sink.send([spooled(1, "vm-1")])  # creates the hub
     sink.close()
     blocker = sqlite3.connect(hub_dir / "hub.db", isolation_level=None)

@@ -1,0 +1,149 @@
+"""`se-bridge agent` and `se-bridge check`: the agent's entry points
+(docs/contracts.md#command-line).
+
+`serve_agent` is the one way to run an agent: the command line and the Windows service
+both call it, so both refuse a bad setting the same way (exit 2) before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from bridge import channels, host, sinks
+from bridge.agent.loop import Agent
+from bridge.config import Config, ConfigError, load
+from bridge.logfile import handler, setup_logging
+from bridge.outbox.spool import SpoolError
+from bridge.policy import file as policyfile
+from bridge.policy.model import Policy
+from bridge.redact import describe
+from bridge.retry import DeliveryError
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `agent` and `check` sub-commands."""
+    p = subparsers.add_parser("agent", help="poll IMDS and ship records (runs until stopped)")
+    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--imds-url", help="IMDS base URL (default http://169.254.169.254)")
+    p.add_argument("--poll-interval", type=float, help="seconds between polls (default 1)")
+    p.add_argument("--state-dir", type=Path, help="spool and state directory")
+    p.add_argument(
+        "--sink",
+        action="append",
+        metavar="SPEC",
+        help="jsonl:PATH or stdout; repeat for several (default jsonl:<state-dir>/records.jsonl)",
+    )
+    p.add_argument(
+        "--commands",
+        metavar="SPEC",
+        help="approval command channel to listen on: local:DIR or storagequeue",
+    )
+    p.add_argument(
+        "--policy", type=Path, metavar="FILE", help="approve with this policy here (local mode)"
+    )
+    p.add_argument(
+        "--log-file", type=Path, metavar="PATH", help="log to this size-rotated file, not stderr"
+    )
+    p.set_defaults(func=run_agent)
+
+    p = subparsers.add_parser(
+        "check", help="make a harmless round trip to every configured sink and give advice"
+    )
+    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--state-dir", type=Path, help="spool and state directory")
+    p.add_argument("--sink", action="append", metavar="SPEC", help="as for `se-bridge agent`")
+    p.set_defaults(func=run_check)
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """The agent's settings: config.load, then the sink and channel SPECs and their settings."""
+    config = load(path, environ, flags)
+    sinks.check_config(config, config.sink_specs())
+    channels.check_config(config)
+    return config
+
+
+def run_check(args: argparse.Namespace) -> int:
+    flags = {"agent.state_dir": args.state_dir, "agent.sinks": args.sink}
+    try:
+        config = load_config(args.config, flags=flags)
+    except ConfigError as err:
+        return _fail(f"configuration error: {err}", 2)
+    failed = 0
+    for spec in config.sink_specs():
+        sink = sinks.build(spec, config)
+        try:
+            print(f"ok      {sink.name}: {sinks.check(sink)}")
+        except DeliveryError as err:
+            failed += 1
+            print(f"FAILED  {sink.name}: {describe(err)}")
+        finally:
+            sink.close()
+    return 1 if failed else 0
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    # First, so a stop signal during start-up still ends in a clean stop with a Stop heartbeat.
+    stop = threading.Event()
+    host.install_stop_handler(stop.set)
+    flags = {
+        "imds.url": args.imds_url,
+        "agent.poll_interval": args.poll_interval,
+        "agent.state_dir": args.state_dir,
+        "agent.sinks": args.sink,
+        "commands.channel": args.commands,
+        "agent.policy": args.policy,
+        "agent.log_file": args.log_file,
+    }
+    return serve_agent(args.config, flags, stop)
+
+
+def serve_agent(
+    config_file: Path | None,
+    flags: dict[str, Any],
+    stop: threading.Event,
+    *,
+    default_log_file: Path | None = None,
+) -> int:
+    """Run the agent until `stop` is set; the exit code. The Windows service calls this too."""
+    try:
+        config = load_config(config_file, flags=flags)
+        policy = _local_policy(config)
+    except ConfigError as err:
+        return _fail(f"configuration error: {err}", 2)
+    settings = config.agent
+    log_file = settings.log_file or default_log_file
+    try:
+        log_to = handler(log_file, max_bytes=settings.log_max_bytes, backups=settings.log_backups)
+    except OSError as err:
+        return _fail(f"cannot open the log file {log_file}: {err.strerror or err}", 1)
+    setup_logging(settings.log_level, log_to)
+    try:
+        agent = Agent(config, policy=policy)
+    except ConfigError as err:  # e.g. a verify key that cannot be loaded
+        return _fail(f"configuration error: {err}", 2)
+    except (SpoolError, OSError) as err:
+        return _fail(f"cannot start the agent: {err}", 1)
+    return agent.run(stop)
+
+
+def _local_policy(config: Config) -> Policy | None:
+    """The local-mode policy, read at start so a bad file stops the agent with a message."""
+    if config.agent.policy is None:
+        return None
+    return policyfile.load_setting("agent.policy", config.agent.policy)
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"se-bridge: {message}", file=sys.stderr)
+    return code

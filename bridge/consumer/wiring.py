@@ -1,0 +1,106 @@
+"""Building a consumer from the configuration: its policy, fleet state store, command channel
+and signing key. The standalone worker (`service`), the Functions app and the demo all
+start a consumer this way, so each refuses the same bad settings with the same words.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bridge import channels, host, sinks
+from bridge.channels import CommandSender
+from bridge.commands import signing
+from bridge.config import Config, ConfigError, load
+from bridge.consumer.core import Consumer, utc_now
+from bridge.consumer.ledger import Emit
+from bridge.consumer.state import Store, parse_spec
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy import file as policyfile
+from bridge.policy.model import DEFAULT_POLICY, Policy
+
+log = logging.getLogger(__name__)
+
+
+def load_config(
+    path: Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    flags: Mapping[str, Any] | None = None,
+) -> Config:
+    """The consumer's settings: config.load, then the channel and Decision sink SPECs."""
+    config = load(path, environ, flags)
+    channels.check_config(config)
+    sinks.check_config(config, decision_sinks(config))
+    return config
+
+
+def load_policy(path: Path | None) -> Policy:
+    """The policy file's, or the built-in default; ConfigError when bad."""
+    return DEFAULT_POLICY if path is None else policyfile.load_setting("consumer.policy", path)
+
+
+def state_spec(config: Config) -> str:
+    return config.consumer.state or f"sqlite:{config.agent.state_dir / 'fleet.db'}"
+
+
+def decision_sinks(config: Config) -> list[str]:
+    return config.consumer.sinks or [f"jsonl:{config.agent.state_dir / 'decisions.jsonl'}"]
+
+
+def build_consumer(
+    config: Config, emit: Emit, *, now: Callable[[], datetime] = utc_now
+) -> Consumer:
+    """The consumer core wired to the configured state store, channel and policy."""
+    if not config.commands.channel:
+        raise ConfigError(
+            "the consumer needs commands.channel (local:DIR or storagequeue) to send approvals "
+            "(SE_BRIDGE_COMMANDS_CHANNEL or --commands)"
+        )
+    policy = load_policy(config.consumer.policy)
+    signer = load_signer(config)
+    store = build_store(state_spec(config), config)
+    sender: CommandSender = channels.sender(config.commands.channel, config)
+    if signer is not None:
+        sender = channels.SigningSender(sender, signer)
+    return Consumer(store, sender, policy, emit, config.consumer, now=now,
+                    host_name=host.host_name())  # fmt: skip
+
+
+def load_signer(config: Config) -> signing.Signer | None:
+    """The key that signs every command; ConfigError when it is missing or unusable.
+
+    None only with commands.allow_unsigned and no key: agents with a verify key refuse
+    what this consumer then sends, which is the point of the setting's name.
+    """
+    settings = config.commands
+    if not settings.signing_key:
+        if not settings.allow_unsigned:
+            raise ConfigError(
+                "the consumer signs its commands with commands.signing_key "
+                "(SE_BRIDGE_COMMANDS_SIGNING_KEY=file:PATH or keyvault:URL; `se-bridge keygen "
+                "--out FILE` makes one), or set commands.allow_unsigned = true (not for production)"
+            )
+        log.warning("commands.allow_unsigned is set and commands.signing_key is not: sending "
+                    "UNSIGNED commands, which agents with a verify key refuse")  # fmt: skip
+        return None
+    try:
+        signer = signing.load_signer(settings, config.identity)
+    except signing.SigningError as err:
+        raise ConfigError(str(err)) from err
+    log.info("signing commands with key %s", signer.key_id)
+    return signer
+
+
+def build_store(spec: str, config: Config) -> Store:
+    """The store a `consumer.state` SPEC names (`sqlite:PATH` or `tables`)."""
+    kind, arg = parse_spec(spec)
+    if kind == "sqlite":
+        return SqliteStore(Path(arg).expanduser())
+    # Loaded on first use: the tables module brings azure-core and the Tables SDK.
+    from bridge.consumer.state.tables import TableStore  # noqa: PLC0415
+
+    return TableStore(config)

@@ -1,4 +1,5 @@
-"""The common part of every record: who observed it, when, and its deterministic id."""
+"""The common part of every record: who observed it, when, and its deterministic id
+(docs/contracts.md#record; the fields themselves are in record.schema.json)."""
 
 from __future__ import annotations
 

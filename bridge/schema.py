@@ -1,6 +1,6 @@
 """Views derived from the one record schema file (`record.schema.json`).
 
-Everything that needs the record's shape (the README table, the Log Analytics
+Everything that needs the record's shape (the docs' table, the Log Analytics
 table and DCR stream declaration, the tests) derives it from here, so the
 shape is written down once.
 """

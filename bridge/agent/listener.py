@@ -6,7 +6,7 @@ holds a Scheduled event, every `commands.idle_interval` otherwise (0: not at all
 each read is a billed transaction on every VM of the fleet). The agent wakes it the
 moment a Scheduled event appears.
 
-Each command is checked (DESIGN 3.2) and then approved through the shared Approver,
+Each command is checked (docs/contracts.md#command) and then approved through the shared Approver,
 which checks the event against a fresh IMDS document. A message is deleted once acted
 on or refused; one IMDS could not take is left to reappear after the visibility timeout.
 

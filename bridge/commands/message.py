@@ -1,4 +1,4 @@
-"""The command message (DESIGN 3.2): what the consumer sends down one VM's channel.
+"""The command message (docs/contracts.md#command): what the consumer sends down one VM's channel.
 
 A sample, as it travels (one JSON object per queue message or file):
 

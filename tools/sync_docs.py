@@ -1,6 +1,8 @@
-"""Rewrite the README's generated sections from their single sources (`./dev docs`).
+"""Rewrite the docs pages' generated sections from their single sources (`./dev docs`).
 
-The test suite calls `expected()` and fails when the README has drifted.
+A generated section sits between `<!-- NAME:start -->` and `<!-- NAME:end -->` in a page under
+docs/; PAGES says which page holds which section. The test suite calls `expected()` on every
+page and fails when one has drifted.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from bridge.records import Origin, VmIdentity
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 SEEDS = ROOT / "tests" / "data" / "seeds"
+_MARKER = re.compile(r"<!-- ([\w-]+):(start|end) -->")
 
 
 def example_record() -> str:
@@ -42,11 +46,24 @@ def example_record() -> str:
     return "```json\n" + json.dumps(record, indent=2) + "\n```\n"
 
 
-SECTIONS: dict[str, Callable[[], str]] = {
-    "schema": schema.markdown_table,
-    "settings": config.markdown_table,
-    "example": example_record,
+# Each generated section, by the page that holds it.
+PAGES: dict[str, dict[str, Callable[[], str]]] = {
+    "records.md": {"schema": schema.markdown_table, "example": example_record},
+    "configuration.md": {"settings": config.markdown_table},
 }
+SECTIONS: dict[str, Callable[[], str]] = {
+    name: render for sections in PAGES.values() for name, render in sections.items()
+}
+
+
+def pages() -> list[Path]:
+    """Every page of the site."""
+    return sorted(DOCS.rglob("*.md"))
+
+
+def markers(text: str) -> list[str]:
+    """The section names of the start and end markers in `text`, in order."""
+    return [match.group(1) for match in _MARKER.finditer(text)]
 
 
 def _pattern(name: str) -> re.Pattern[str]:
@@ -54,6 +71,7 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 
 def expected(text: str) -> str:
+    """`text` with every generated section it holds rewritten from its source."""
     for name, render in SECTIONS.items():
         text = _pattern(name).sub(rf"\g<1>{_escape(render())}\g<2>", text)
     return text
@@ -64,11 +82,12 @@ def _escape(replacement: str) -> str:
 
 
 def main() -> int:
-    text = README.read_text(encoding="utf-8")
-    updated = expected(text)
-    if updated != text:
-        README.write_text(updated, encoding="utf-8")
-        print("README.md updated")
+    for page in pages():
+        text = page.read_text(encoding="utf-8")
+        updated = expected(text)
+        if updated != text:
+            page.write_text(updated, encoding="utf-8")
+            print(f"{page.relative_to(ROOT)} updated")
     return 0
 
 

@@ -440,7 +440,7 @@ def _string_list(raw: Any) -> list[str]:
 
 
 def markdown_table() -> str:
-    """The README's settings table, from the dataclasses themselves."""
+    """The settings table of docs/configuration.md, from the dataclasses themselves."""
     lines = ["| Setting | Environment | Default | Meaning |", "| --- | --- | --- | --- |"]
     defaults = Config()
     for section in dataclasses.fields(Config):

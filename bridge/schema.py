@@ -73,7 +73,7 @@ DCR_STREAM = "Custom-SeBridgeRecords"
 
 
 def markdown_table() -> str:
-    """The README's record table."""
+    """The record table of docs/records.md."""
     types = record_types()
     lines = ["| Field | Type | Record types | Meaning |", "| --- | --- | --- | --- |"]
     common = set(common_fields())

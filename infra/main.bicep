@@ -2,7 +2,7 @@
 // storage account for queues, tables and checkpoints, the consumer's Function App and Key Vault,
 // least-privilege role assignments, alert rules and a workbook. Deploy into a resource group:
 //   az deployment group create -g RG -f infra/main.bicep -p signingKeyPem=@signing-key.pem
-// then onboard each VM with infra/onboarding/vm.bicep and an install script (README "Deploying to Azure").
+// then onboard each VM with infra/onboarding/vm.bicep and an install script (docs/deploying.md).
 
 @description('Region of every resource but the workspace (and the ingestion endpoint and rule, which follow the workspace).')
 param location string = resourceGroup().location

@@ -36,7 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--sink",
         action="append",
         metavar="SPEC",
-        help="jsonl:PATH or stdout; repeat for several (default jsonl:<state-dir>/records.jsonl)",
+        help="where records go: jsonl:PATH, stdout, hub:DIR, eventhubs or loganalytics; repeat "
+        "for several (default jsonl:<state-dir>/records.jsonl)",
     )
     p.add_argument(
         "--commands",

@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
     if platform.system() != "Windows":
         return _fail(
             "`se-bridge service` manages a Windows service and works only on Windows; on "
-            "Linux install packaging/systemd/se-bridge-agent.service (see the README)",
+            "Linux install packaging/systemd/se-bridge-agent.service (see docs/deploying.md)",
             EXIT_NOT_WINDOWS,
         )
     return execute(args, Pywin32Scm(), _run_checked)

@@ -1,8 +1,8 @@
 // The consumer as an Azure Functions app (functions/, Python 3.11) on the Flex Consumption plan,
 // with a user-assigned identity so its roles exist before the host first starts. Host storage
 // (AzureWebJobsStorage) and the deployment package use that identity: the storage account has
-// shared-key access off. App settings are exactly those of README "Running the consumer in
-// Azure Functions" plus the Application Insights connection.
+// shared-key access off. App settings are exactly those of docs/approvals.md ("Running the
+// consumer in Azure Functions") plus the Application Insights connection.
 
 @description('Function App name (globally unique).')
 param appName string

@@ -63,7 +63,7 @@ $identityLines = 'kind = "managed"'
 if ($ClientId) { $identityLines += "`nclient_id = `"$ClientId`"" }
 
 $toml = @"
-# Written by infra/onboarding/install-agent.ps1; see README "Configuration".
+# Written by infra/onboarding/install-agent.ps1; see docs/configuration.md.
 [agent]
 sinks = ["eventhubs", "loganalytics"]
 

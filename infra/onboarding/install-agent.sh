@@ -2,7 +2,7 @@
 # Install the se-bridge agent on a Linux VM: a venv in /opt/se-bridge/venv, the configuration
 # in /etc/se-bridge/agent.toml (Event Hubs and Log Analytics sinks, the VM's Storage Queue for
 # signed approvals), and the systemd unit, enabled and started. Run as root after
-# infra/main.bicep and infra/onboarding/vm.bicep (README "Deploying to Azure").
+# infra/main.bicep and infra/onboarding/vm.bicep (docs/deploying.md, "Deploying to Azure").
 #
 #   sudo ./install-agent.sh --wheel se_bridge-X.Y.Z-py3-none-any.whl \
 #     --eventhubs-namespace NS.servicebus.windows.net --logs-endpoint https://...ingest.monitor.azure.com \
@@ -104,7 +104,7 @@ mkdir -p "$config_dir"
 umask 027
 tmp="$(mktemp "$config_dir/.agent.toml.XXXXXX")"
 cat >"$tmp" <<TOML
-# Written by infra/onboarding/install-agent.sh; see README "Configuration".
+# Written by infra/onboarding/install-agent.sh; see docs/configuration.md.
 [agent]
 sinks = ["eventhubs", "loganalytics"]
 

@@ -251,7 +251,7 @@ def check_event(event: ScriptedEvent, records: list[dict[str, Any]]) -> list[str
 def inferred(record: dict[str, Any]) -> bool:
     """What Inferred must be when the agent was never down 90 s and the VM never rebooted.
 
-    Only one rule is left (README, Transitions): an event that vanished while Scheduled is
+    Only one rule is left (docs/transitions.md): an event that vanished while Scheduled is
     Canceled, Inferred when incarnations were skipped, because another VM's approval could
     have started it unseen. Changes while the agent is down, or two within one poll
     interval, skip incarnations. NotBefore is an hour away, so no vanished Scheduled event
@@ -289,7 +289,7 @@ def check_kills(stats: KillStats) -> list[str]:
 
 
 def check_log(path: Path) -> list[str]:
-    # ERROR means data was lost or an action failed (README, Operations).
+    # ERROR means data was lost or an action failed (docs/operations.md).
     text = path.read_text(encoding="utf-8", errors="replace")
     bad = [line for line in text.splitlines() if " ERROR " in line or "Traceback" in line]
     return [f"the agent logged: {line}" for line in bad[:20]]

@@ -1,6 +1,6 @@
 """Fuzzing the policy file: any text gives a Policy or a PolicyError naming file and line.
 
-Inputs: the README's example policy with bytes cut, replaced or inserted; YAML documents built
+Inputs: the docs' example policy with bytes cut, replaced or inserted; YAML documents built
 near the real shape; and the classic hostile files (alias bombs, deep nesting, huge numbers).
 """
 
@@ -19,7 +19,7 @@ from bridge.policy.model import Policy
 from tests.fuzz.strategies import FUZZ, NASTY_TEXT, json_values, mutations
 
 SOURCE = "fuzz.yaml"
-# Every error names the file, then the line (README, "Checking a policy").
+# Every error names the file, then the line (docs/policy.md, "Checking a policy").
 ERROR_FORMAT = re.compile(rf"^{re.escape(SOURCE)}:\d+: \S")
 
 

@@ -2,7 +2,7 @@
 
 No Bicep compiler installs here, so the tests check what can be checked without one: every
 file parses, every file it loads exists, the structure (settings, roles, scopes) is what the
-README promises, and checkov finds nothing it was not told why to skip.
+docs promise, and checkov finds nothing it was not told why to skip.
 """
 
 from __future__ import annotations

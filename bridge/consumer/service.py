@@ -17,10 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge import host
+from bridge import host, schema
 from bridge.config import Config, ConfigError
 from bridge.consumer import wiring
-from bridge.consumer.sources.batches import schema_problem
 from bridge.consumer.sources.eventhubs import run_eventhubs
 from bridge.consumer.sources.hub import run_local
 from bridge.logfile import setup_logging
@@ -80,7 +79,7 @@ class ConsumerService:
         """
         valid = []
         for record in records:
-            problem = schema_problem(record)
+            problem = schema.problem(record)
             if problem is None:
                 valid.append(record)
                 continue

@@ -23,7 +23,6 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, NamedTuple
 
 from bridge import schema
@@ -85,13 +84,13 @@ def check_record(body: str, sender: str | None = None, *, full: bool = True) -> 
     """The record in `body` if it is one an agent could have sent as `sender`; else NotARecord.
 
     `full=False` leaves out the schema (the caller checks the parsed record with
-    `schema_problem`, as `se-bridge consume` does in front of the consumer).
+    `schema.problem`, as `se-bridge consume` does in front of the consumer).
     """
     size = len(body.encode("utf-8", errors="surrogatepass"))
     if size > MAX_RECORD_BYTES:
         raise NotARecord(f"{size} bytes, more than the {MAX_RECORD_BYTES} a record may have")
     record = parse_record(body)
-    problem = schema_problem(record) if full else None
+    problem = schema.problem(record) if full else None
     if problem is not None:
         raise NotARecord(f"not valid against record.schema.json: {problem}")
     if sender is not None and not _sent_by(record, sender):
@@ -105,102 +104,6 @@ def _sent_by(record: dict[str, Any], sender: str) -> bool:
     if vm_id is None:  # before the VmId is known the agent keys its records by host name
         return sender == f"{HOST_KEY_PREFIX}{record.get('HostName')}"
     return str(vm_id).strip().lower() == sender.strip().lower()
-
-
-def schema_problem(record: dict[str, Any]) -> str | None:
-    """What makes `record` invalid against record.schema.json; None when it is valid."""
-    return _problem(record, schema.load(), "")
-
-
-def _problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
-    """The subset of JSON Schema record.schema.json uses (a test holds it to jsonschema)."""
-    checks = (_type_problem, _value_problem, _object_problem, _branch_problem)
-    for check in checks:
-        problem = check(value, rule, where)
-        if problem is not None:
-            return problem
-    return None
-
-
-_TYPES: dict[str, Callable[[Any], bool]] = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: type(v) is int,
-    "number": lambda v: type(v) in (int, float),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-}
-
-
-def _type_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
-    kinds = rule.get("type")
-    if kinds is None:
-        return None
-    allowed = kinds if isinstance(kinds, list) else [kinds]
-    if not any(_TYPES[k](value) for k in allowed):
-        return f"{where or 'the record'} must be {' or '.join(allowed)}, got {_short(value)}"
-    if rule.get("format") == "date-time" and isinstance(value, str) and not _is_time(value):
-        return f"{where} must be an ISO 8601 date-time, got {_short(value)}"
-    return None
-
-
-def _value_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
-    if "const" in rule and value != rule["const"]:
-        return f"{where} must be {rule['const']!r}, got {_short(value)}"
-    if "enum" in rule and value not in rule["enum"]:
-        return f"{where} must be one of {rule['enum']}, got {_short(value)}"
-    if isinstance(value, list) and "items" in rule:
-        for index, item in enumerate(value):
-            problem = _problem(item, rule["items"], f"{where}[{index}]")
-            if problem is not None:
-                return problem
-    return None
-
-
-def _object_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
-    if not isinstance(value, dict):
-        return None
-    missing = [k for k in rule.get("required", ()) if k not in value]
-    if missing:
-        return f"{where or 'the record'} lacks {', '.join(missing)}"
-    names = rule.get("propertyNames", {}).get("enum")
-    props, extra = rule.get("properties", {}), rule.get("additionalProperties", True)
-    for key, item in value.items():
-        path = f"{where}.{key}" if where else str(key)
-        if names is not None and key not in names:
-            return f"{path} is not a field of this RecordType"
-        sub = props.get(key, extra)
-        if sub is False:
-            return f"{path} is not a field of any record"
-        if isinstance(sub, dict):
-            problem = _problem(item, sub, path)
-            if problem is not None:
-                return problem
-    return None
-
-
-def _branch_problem(value: Any, rule: dict[str, Any], where: str) -> str | None:
-    for clause in rule.get("allOf", ()):
-        problem = _problem(value, clause, where)
-        if problem is not None:
-            return problem
-    if "if" in rule and _problem(value, rule["if"], where) is None and "then" in rule:
-        return _problem(value, rule["then"], where)
-    return None
-
-
-def _is_time(text: str) -> bool:
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return False
-    return "T" in text.upper() and moment.tzinfo is not None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def log_poison(partition: str, offset: str, body: str, reason: str) -> None:

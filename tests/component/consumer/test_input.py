@@ -1,5 +1,5 @@
 """What the consumer refuses before it folds a record in: each refusal path, and the batch
-goes on past it (bridge.consumer.sources.batches, consume.ConsumerService's schema gate)."""
+goes on past it (bridge.consumer.sources.batches; bridge.schema.problem, the service's gate)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from bridge.consumer.sources.batches import (
     Message,
     NotARecord,
     check_record,
-    schema_problem,
 )
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
 
@@ -66,7 +65,7 @@ def test_the_small_validator_agrees_with_jsonschema() -> None:
         {**base, "EventId": "E1"}, {"RecordType": "Event"},
     ]  # fmt: skip
     for record in variants:
-        assert (schema_problem(record) is None) == validator.is_valid(record), record
+        assert (schema.problem(record) is None) == validator.is_valid(record), record
 
 
 def test_a_refused_message_goes_to_the_dead_letters_and_the_batch_goes_on() -> None:

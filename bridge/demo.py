@@ -33,7 +33,7 @@ from bridge.config import (
     ImdsSettings,
 )
 from bridge.consumer.service import ConsumerService
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord, build

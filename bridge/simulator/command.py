@@ -1,23 +1,6 @@
 """A local Azure IMDS that behaves like the real one: `se-bridge simulate`.
 
-In-process use (tests, the demo):
-
-    from bridge.simulator.fleet import Fleet
-    from bridge.simulator.vms import demo_vms
-    from bridge.simulator.command import Simulator, SimulatorServer
-
-    sim = Simulator(Fleet(demo_vms(seed=0), time_scale=60))
-    with SimulatorServer(sim) as server:            # 127.0.0.1 on a free port
-        imds_url = server.vm_url("web_0")           # an agent's --imds-url
-        [event_id] = sim.run_scenario("user-reboot", vms=["web_0"])
-        ...
-        sim.approvals()                             # every StartRequests POST received
-
-Addressing on the main port: the control API under /control (bridge.simulator.control), each VM
-under /vm/<name> (append /metadata/scheduledevents, /metadata/instance, ...), and the bare
-/metadata paths as the first VM. With --per-vm-ports each VM also listens on its own port
-at the root paths, like the real 169.254.169.254. Fleet files: bridge.simulator.vms. Faults:
-bridge.simulator.faults. Scenarios: bridge.simulator.scenarios.
+In-process use and addressing: see the package (bridge.simulator).
 """
 
 from __future__ import annotations
@@ -31,23 +14,13 @@ from types import FrameType
 from typing import Any
 
 from bridge.simulator import scenarios
-from bridge.simulator.core import Approval, Simulator, vm_path
+from bridge.simulator.core import Simulator
 from bridge.simulator.faults import FaultError, FaultPlan, Faults, fields_from_json
 from bridge.simulator.fleet import Fleet, SimulationError
 from bridge.simulator.server import SimulatorServer
 from bridge.simulator.vms import FleetSpecError, demo_vms, load_fleet_file, numbered_vms
 
-__all__ = [
-    "Approval",
-    "Simulator",
-    "SimulatorServer",
-    "add_parser",
-    "build_simulator",
-    "run",
-    "vm_path",
-]
-
-logger = logging.getLogger("bridge.simulator.command")
+logger = logging.getLogger("bridge.simulator")
 
 _FAULT_FLAGS = (
     ("--latency", "latency", "seconds added to every IMDS response"),

@@ -28,7 +28,7 @@ from bridge.simulator.fleet import (
     rfc1123,
 )
 
-logger = logging.getLogger("bridge.simulator.command")
+logger = logging.getLogger("bridge.simulator")
 
 TOKEN_LIFETIME = 86399  # managed identity tokens live about a day
 

@@ -22,7 +22,7 @@ from bridge.simulator import imds as simimds
 from bridge.simulator.core import Simulator, vm_path
 from bridge.simulator.imds import Reply, Request, json_reply
 
-logger = logging.getLogger("bridge.simulator.command")
+logger = logging.getLogger("bridge.simulator")
 
 MAX_BODY = 1 << 20
 

@@ -25,7 +25,7 @@ from bridge import config, schema
 from bridge.config import Config
 from bridge.outbox.delivery import Delivery
 from bridge.outbox.spool import Spool
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import Sink

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge import schema
 from bridge.commands import signing
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import vms_from_spec
 from tests.doubles.eventhubs_broker import EventHubsBroker

@@ -14,7 +14,7 @@ import pytest
 
 from bridge.agent.loop import Agent
 from bridge.config import Config
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import numbered_vms
 from tests.component.agentharness import AgentHarness

@@ -9,7 +9,7 @@ from typing import Any
 
 from bridge.agent.loop import Agent
 from bridge.config import AgentSettings, ImdsSettings
-from bridge.simulator.command import SimulatorServer
+from bridge.simulator import SimulatorServer
 from tests.support import assert_valid
 
 VM = "vm-0"

@@ -16,7 +16,7 @@ from bridge.commands import message as commands
 from bridge.config import CommandsSettings, Config, HooksSettings
 from bridge.policy.model import Policy
 from bridge.retry import DeliveryError, RetryableError
-from bridge.simulator.command import SimulatorServer
+from bridge.simulator import SimulatorServer
 from tests.component.agentharness import AgentHarness
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import bridge
 from bridge import sqlitewal
-from bridge.simulator.command import Simulator
+from bridge.simulator import Simulator
 from bridge.simulator.fleet import EventSpec
 
 REPO_ROOT = Path(bridge.__file__).resolve().parent.parent

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import numbered_vms
 from tests.component.killtools import (

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 

@@ -21,7 +21,7 @@ import pytest
 
 from bridge import cli
 from bridge.agent import winservice
-from bridge.simulator.command import SimulatorServer
+from bridge.simulator import SimulatorServer
 from tests.e2e.harness import wait_until
 
 

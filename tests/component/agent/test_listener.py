@@ -14,7 +14,7 @@ from bridge.agent.command import load_config
 from bridge.channels.local import LocalSender
 from bridge.config import ConfigError, load
 from bridge.retry import PermanentError, RetryableError
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.component.agentharness import VM
 from tests.component.approval_support import FailingStart, FakeInbox, Harness, command, wait_for

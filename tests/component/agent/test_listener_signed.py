@@ -17,7 +17,7 @@ from bridge.channels.local import LocalSender
 from bridge.commands import message as commands
 from bridge.commands import signing
 from bridge.config import CommandsSettings, Config
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.component.agentharness import VM
 from tests.component.approval_support import FakeInbox, Harness, command, wait_for

@@ -15,7 +15,7 @@ from bridge.config import HooksSettings
 from bridge.policy.file import loads
 from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import VmIdentity
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.component.agentharness import VM
 from tests.component.approval_support import Harness, command, wait_for

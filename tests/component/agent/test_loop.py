@@ -12,7 +12,7 @@ import pytest
 
 from bridge.agent.loop import Agent
 from bridge.config import Config, HooksSettings
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.component.agentharness import VM, AgentHarness
 

@@ -35,7 +35,7 @@ from bridge.config import ConfigError, load
 from bridge.consumer import functionapp
 from bridge.consumer.functionapp import ConsumerApp, DecisionOutlet, build_app, load_config
 from bridge.retry import PoisonRecords, RetryableError
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import pytest
 import requests
 
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.faults import FaultPlan, Faults
 from bridge.simulator.fleet import Fleet, UnknownEventError
 from bridge.simulator.vms import demo_vms

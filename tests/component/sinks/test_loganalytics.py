@@ -18,7 +18,7 @@ import pytest
 from bridge import schema
 from bridge.config import Config, IdentitySettings, LogAnalyticsSettings
 from bridge.retry import PermanentError, PoisonRecords, RetryableError, ThrottledError
-from bridge.simulator.command import Simulator, SimulatorServer
+from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord

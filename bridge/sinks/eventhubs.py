@@ -13,8 +13,7 @@ An event as it leaves (body = the record's JSON text):
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bridge import identity
@@ -113,7 +112,6 @@ class EventHubsSink:
     def _open(self) -> EventHubProducerClient:
         from azure.eventhub import EventHubProducerClient  # noqa: PLC0415
 
-        encode_once()
         s = self._settings
         # Retries are the delivery loop's (jittered, never giving up); keep the SDK's short.
         options: dict[str, Any] = {"retry_total": 1, "logging_enable": False}
@@ -172,47 +170,6 @@ def _fits(batch: EventDataBatch, event: EventData) -> bool:
     except ValueError:  # the SDK's way of saying the batch is full
         return False
     return True
-
-
-_last_encoded = threading.local()
-_encode_once_installed: list[bool] = []
-_install_lock = threading.Lock()
-
-
-def encode_once() -> None:
-    """Make the SDK encode each event once, not twice, as it joins a batch.
-
-    azure-eventhub 5.15.1's EventDataBatch.add encodes the event to measure it
-    (`utils.get_message_encoded_size`), then again to append it (`utils.add_batch`): a
-    quarter of the sender's CPU in a backlog drain. The measured bytes are kept, per
-    thread, and appended if the very same message object comes next, which is the only
-    order `add` calls them in. Anything else falls through to the SDK's own function, so the
-    bytes sent are the same either way (tests/unit/test_eventhubs_encode.py checks both).
-    """
-    from azure.eventhub._pyamqp import _encode, utils  # noqa: PLC0415
-
-    with _install_lock:
-        if _encode_once_installed:
-            return
-        append: Callable[[Any, Any], None] = utils.add_batch
-
-        def get_message_encoded_size(message: Any) -> int:
-            output = bytearray()
-            _encode.encode_payload(output, message)
-            _last_encoded.pair = (message, output)
-            return len(output)
-
-        def add_batch(batch: Any, message: Any) -> None:
-            pair = getattr(_last_encoded, "pair", None)
-            _last_encoded.pair = None
-            if pair is not None and pair[0] is message:
-                batch[5].append(pair[1])
-            else:
-                append(batch, message)
-
-        utils.get_message_encoded_size = get_message_encoded_size
-        utils.add_batch = add_batch
-        _encode_once_installed.append(True)
 
 
 def check_settings(settings: EventHubsSettings) -> None:

@@ -2,6 +2,12 @@
 
 Faults never apply here. Errors come back as `{"error": "..."}` with 400 (bad request),
 404 (unknown VM, event or path), 405 (wrong method) or 409 (event in the wrong state).
+
+A web page in a browser on the same machine must not be able to drive it: every request must
+name a loopback host (or the address the simulator is bound to) in its Host header, else 403,
+which stops DNS rebinding; and every request that changes something (POST, PUT, DELETE) must
+say `Content-Type: application/json`, else 415, a type no page can send without the
+browser's CORS preflight, which this API never answers.
 Times in requests (`notice`, `runTime`, `cancelAfter`, `approvalDelay`) are *simulated*
 seconds: the simulator divides them by its time scale.
 
@@ -45,11 +51,13 @@ Fault keys are listed in bridge.simulator.faults.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from bridge.simulator import scenarios
 from bridge.simulator.core import vm_path
@@ -86,6 +94,9 @@ class _Route:
 
 def handle(sim: Simulator, base_url: str, request: Request) -> Reply:
     """Answer one control request; `base_url` is the main port's URL, for VM links."""
+    refused = _refusal(request, urlsplit(base_url).hostname or "")
+    if refused is not None:
+        return refused
     matches = [(r, r.pattern.fullmatch(request.path)) for r in ROUTES]
     matching = [(r, m) for r, m in matches if m is not None]
     if not matching:
@@ -97,6 +108,32 @@ def handle(sim: Simulator, base_url: str, request: Request) -> Reply:
             return _run(route, sim, base_url, match, request)
     allowed = ", ".join(r.method for r, _ in matching)
     return json_reply(405, {"error": f"use {allowed} on {request.path}"}, (("Allow", allowed),))
+
+
+_LOOPBACK_NAMES = frozenset({"localhost", "::1"})
+_JSON = "application/json"
+
+
+def _refusal(request: Request, bound_host: str) -> Reply | None:
+    """403 unless the Host header names this machine's loopback (or the bound address); 415
+    for a change without a JSON content type."""
+    host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
+    loopback = host in _LOOPBACK_NAMES or host == bound_host.lower() or _is_loopback_ip(host)
+    if not loopback:
+        return json_reply(403, {"error": f"the control API answers only requests addressed to "
+                                         f"a loopback host, not Host {host!r}"})  # fmt: skip
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if request.method != "GET" and media != _JSON:
+        return json_reply(415, {"error": f"send {request.method} requests with Content-Type: "
+                                         f"{_JSON}"})  # fmt: skip
+    return None
+
+
+def _is_loopback_ip(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _run(

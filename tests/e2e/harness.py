@@ -201,7 +201,8 @@ class Simulator:
         # environment gets between the test and 127.0.0.1.
         with requests.Session() as session:
             session.trust_env = False
-            response = session.request(method, self.url + path, json=body, timeout=10)
+            response = session.request(method, self.url + path, json=body, timeout=10,
+                                       headers={"Content-Type": "application/json"})  # fmt: skip
         assert response.ok, f"{method} {path} {body!r}: {response.status_code} {response.text}"
         return response.json()
 

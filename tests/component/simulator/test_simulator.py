@@ -33,6 +33,7 @@ Factory = Callable[..., tuple[Simulator, SimulatorServer]]
 @pytest.fixture
 def http() -> Iterator[requests.Session]:
     with requests.Session() as session:
+        session.headers["Content-Type"] = "application/json"  # as the control API requires
         yield session
 
 
@@ -671,3 +672,55 @@ def test_the_cli_refuses_bad_settings_with_exit_code_2(
         _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 2
     assert message in stderr
+
+
+# --- the control API refuses what a web page could send -------------------------------------
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"Content-Type": "text/plain"},  # a form or fetch() needs no CORS preflight for this
+        {"Content-Type": "application/x-www-form-urlencoded"},
+        {},  # fetch() with no body sends no Content-Type at all
+    ],
+    ids=["text/plain", "form", "none"],
+)
+def test_a_change_needs_a_json_content_type(
+    served: tuple[Simulator, SimulatorServer], headers: dict[str, str]
+) -> None:
+    sim, server = served
+    with requests.Session() as plain:
+        body = json.dumps({"rate503": 1.0}).encode()
+        refused = plain.post(server.url + "/control/faults", data=body, headers=headers)
+        ended = plain.post(f"{server.url}/control/vms/{sim.vm_names[0]}/reset", headers=headers)
+    assert (refused.status_code, ended.status_code) == (415, 415)
+    assert "application/json" in refused.json()["error"]
+    assert sim.faults.snapshot()["global"]["rate503"] == 0
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:80", "127.0.0.1.evil.example"])
+@pytest.mark.parametrize("method", ["GET", "POST"])
+def test_the_control_api_answers_only_a_loopback_host(
+    served: tuple[Simulator, SimulatorServer], host: str, method: str
+) -> None:
+    """DNS rebinding: a page served from evil.example that resolves to 127.0.0.1 still says
+    Host: evil.example."""
+    sim, server = served
+    with requests.Session() as plain:
+        response = plain.request(method, server.url + "/control/faults", json={"rate503": 1.0},
+                                 headers={"Host": host})  # fmt: skip
+    assert response.status_code == 403
+    assert "loopback" in response.json()["error"]
+    assert sim.faults.snapshot()["global"]["rate503"] == 0
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1", "[::1]", "LOCALHOST"])
+def test_loopback_hosts_may_use_the_control_api(
+    served: tuple[Simulator, SimulatorServer], http: requests.Session, host: str
+) -> None:
+    _, server = served
+    port = server.url.rsplit(":", 1)[1]
+    response = http.post(server.url + "/control/faults", json={"latency": 0},
+                         headers={"Host": f"{host}:{port}"})  # fmt: skip
+    assert response.status_code == 200, response.text

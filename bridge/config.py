@@ -141,6 +141,12 @@ class HooksSettings:
         300.0, "Seconds a hook may run before it is killed.", low=1, high=86400
     )
     max_concurrent: int = _setting(4, "Hooks that may run at once.", low=1, high=64)
+    environment: list[str] = _setting(
+        [],
+        "Names of the agent's environment variables also passed to hooks; by default a hook "
+        "gets only PATH, HOME, the locale, TZ, the temporary directory and (on Windows) the "
+        "system's variables, never the agent's credentials or SE_BRIDGE_* settings.",
+    )
 
 
 @dataclass(frozen=True)

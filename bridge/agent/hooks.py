@@ -151,14 +151,41 @@ def hook_record(
 # --- running one hook -----------------------------------------------------------------------
 
 
-def hook_environment(job: HookJob, base: Mapping[str, str]) -> dict[str, str]:
-    # The agent's own SE_BRIDGE_* settings may hold secrets (a connection string): a hook
-    # gets the event, not the agent's credentials.
-    env = {k: v for k, v in base.items() if not k.upper().startswith("SE_BRIDGE_")}
+# What a hook inherits from the agent's environment: what a program needs to run (the search
+# path, home, locale, time zone, temporary directory; on Windows the system's own variables),
+# and nothing else. The agent's environment may hold cloud credentials (AZURE_CLIENT_SECRET,
+# IDENTITY_HEADER, MSI_SECRET, an SE_BRIDGE_* connection string): a hook gets the event, not
+# the agent's credentials. `hooks.environment` names more variables to pass.
+BASE_ENVIRONMENT = (
+    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
+    "SYSTEMROOT", "WINDIR", "SYSTEMDRIVE", "COMSPEC", "PATHEXT", "TEMP", "TMP", "USERPROFILE",
+    "PROGRAMDATA", "PROGRAMFILES", "PROGRAMFILES(X86)", "ALLUSERSPROFILE",
+)  # fmt: skip
+LOCALE_PREFIX = "LC_"
+OWN_PREFIX = "SE_BRIDGE_"
+
+
+def hook_environment(
+    job: HookJob, base: Mapping[str, str], allow: Sequence[str] = ()
+) -> dict[str, str]:
+    """The documented environment of a hook: BASE_ENVIRONMENT and the locale (LC_*) from
+    `base`, the variables `allow` names, and the event's SE_BRIDGE_* variables."""
+    wanted = {_env_name(name) for name in (*BASE_ENVIRONMENT, *allow)}
+    env = {
+        k: v
+        for k, v in base.items()
+        if not _env_name(k).startswith(OWN_PREFIX)
+        and (_env_name(k) in wanted or k.startswith(LOCALE_PREFIX))
+    }
     env["SE_BRIDGE_HOOK_PHASE"] = job.phase
     for name, key in ENV_FIELDS:
         env[name] = _env_value(job.trigger.get(key))[:ENV_VALUE_MAX]
     return env
+
+
+def _env_name(name: str) -> str:
+    # Windows matches environment names in any case; POSIX exactly.
+    return name.upper() if os.name == "nt" else name
 
 
 def _env_value(value: Any) -> str:
@@ -195,10 +222,12 @@ class HookRunner:
         max_pending: int = 64,
         on_done: Callable[[HookJob, HookOutcome], None],
         system: str | None = None,
+        environment: Sequence[str] = (),
     ) -> None:
         if timeout <= 0 or max_concurrent < 1 or max_pending < 1:
             raise ValueError("hook timeout, max_concurrent and max_pending must be positive")
         self._commands: dict[str, Command | None] = {"prepare": prepare, "recover": recover}
+        self._environment = tuple(environment)
         self._timeout = timeout
         self._max_output = max_output
         self._max_pending = max_pending
@@ -362,7 +391,7 @@ class HookRunner:
         return run_hook(
             command,
             stdin=(json.dumps(job.trigger, default=str) + "\n").encode("utf-8"),
-            env=hook_environment(job, os.environ),
+            env=hook_environment(job, os.environ, self._environment),
             timeout=self._timeout,
             max_output=self._max_output,
             system=self._system,

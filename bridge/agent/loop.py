@@ -317,6 +317,7 @@ class Agent:
             timeout=hooks.timeout,
             max_concurrent=hooks.max_concurrent,
             on_done=self._hook_done,
+            environment=hooks.environment,
         )
 
     def _plan_hooks(self, records: list[dict[str, Any]]) -> list[HookJob]:

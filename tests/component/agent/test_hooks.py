@@ -381,3 +381,30 @@ def test_outcome_logging(caplog: pytest.LogCaptureFixture) -> None:
     assert [level for level, _ in logged] == ["INFO", "WARNING"]
     assert logged[0][1].startswith(f"prepare hook for event {EVENT_ID} succeeded in ")
     assert logged[1][1].startswith(f"prepare hook for event {EVENT_ID} exited with 2 after ")
+
+
+def test_a_hook_gets_none_of_the_agents_cloud_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    secrets = {"AZURE_CLIENT_SECRET": "s3cret", "IDENTITY_HEADER": "hdr", "MSI_SECRET": "msi",
+               "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": "Endpoint=sb://x/;SharedAccessKey=K",
+               "APP_MODE": "prod"}  # fmt: skip
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    code = "import os, json; print(json.dumps(dict(os.environ)))"
+    outcome = run(py(code), job(), max_output=1_000_000, environment=("APP_MODE",))
+    assert outcome.ok, outcome
+    env = json.loads(outcome.output)
+    assert env["APP_MODE"] == "prod"
+    assert not {"s3cret", "hdr", "msi", "Endpoint=sb://x/;SharedAccessKey=K"} & set(env.values())
+
+
+def test_an_event_field_full_of_shell_metacharacters_arrives_unchanged_on_stdin() -> None:
+    """What a Windows `cmd` hook should read (docs/hooks.md): cmd expands %VAR% before it
+    parses a line, so a Description such as this one would run `calc` there; the JSON on
+    stdin carries it as data, byte for byte."""
+    hostile = 'x" & calc & echo "%PATH%" | more ^ <nul >out !VAR! `id` $(id)'
+    hook = job()
+    hook.trigger["Description"] = hostile
+    code = "import sys, json; print(json.load(sys.stdin)['Description'])"
+    outcome = run(py(code), hook)
+    assert outcome.ok, outcome
+    assert outcome.output.rstrip("\r\n") == hostile

@@ -311,3 +311,44 @@ def test_kill_tree_tolerates_a_vanished_group(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(os, "killpg", gone)
     hookproc.kill_tree(FakeProc(), "Linux")  # type: ignore[arg-type]
+
+
+CLOUD_CREDENTIALS = {
+    "AZURE_CLIENT_SECRET": "s3cret",
+    "AZURE_CLIENT_ID": "11111111-2222-3333-4444-555555555555",
+    "AZURE_FEDERATED_TOKEN_FILE": "/var/run/secrets/token",
+    "IDENTITY_HEADER": "hdr",
+    "IDENTITY_ENDPOINT": "http://localhost:42356/msi/token",
+    "MSI_ENDPOINT": "http://localhost:42356/msi/token",
+    "MSI_SECRET": "msi",
+    "AWS_SECRET_ACCESS_KEY": "aws",
+}
+
+
+def test_environment_is_minimal_and_carries_no_cloud_credentials() -> None:
+    job = plan([event("Scheduled")], prepare=True, recover=True)[0]
+    base = {"PATH": "/bin", "HOME": "/root", "LANG": "C.UTF-8", "LC_TIME": "de_DE.UTF-8",
+            "TZ": "UTC", "APP_MODE": "prod", **CLOUD_CREDENTIALS}  # fmt: skip
+    env = hook_environment(job, base)
+    assert [k for k in env if not k.startswith("SE_BRIDGE_")] == [
+        "PATH", "HOME", "LANG", "LC_TIME", "TZ"
+    ]  # fmt: skip
+    assert not set(CLOUD_CREDENTIALS.values()) & set(env.values())
+
+
+def test_environment_passes_what_hooks_environment_allows() -> None:
+    job = plan([event("Scheduled")], prepare=True, recover=True)[0]
+    base = {"PATH": "/bin", "APP_MODE": "prod", "app_region": "eu", **CLOUD_CREDENTIALS}
+    env = hook_environment(job, base, allow=("APP_MODE", "APP_REGION", "ABSENT"))
+    assert env["APP_MODE"] == "prod"
+    assert "ABSENT" not in env
+    assert "AZURE_CLIENT_SECRET" not in env
+    # Names are matched as the platform does: exactly on POSIX, in any case on Windows.
+    assert ("app_region" in env) == (os.name == "nt")
+
+
+def test_environment_never_passes_the_agents_own_settings_even_when_allowed() -> None:
+    job = plan([event("Scheduled")], prepare=True, recover=True)[0]
+    base = {"SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": "Endpoint=sb://x/;SharedAccessKey=SECRET"}
+    env = hook_environment(job, base, allow=("SE_BRIDGE_EVENTHUBS_CONNECTION_STRING",))
+    assert "SECRET" not in "".join(env.values())

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from bridge.agent.approver import Approver, Attempt, Request
-from bridge.channels import CommandInbox, Received, inbox
+from bridge.channels import CommandInbox, Received, check_inbox, inbox
 from bridge.commands import message as commands
 from bridge.commands.message import Command, CommandError
 from bridge.commands.signing import SigningError, Verifier, load_signer, load_verifier
@@ -297,6 +297,10 @@ def build(
     spec = config.commands.channel
     if not spec:
         return None
+    try:
+        check_inbox(spec)
+    except ValueError as err:
+        raise ConfigError(f"commands.channel: {err}") from err
     opener = open_inbox or (lambda vm_id: inbox(spec, config, vm_id))
     verifier = verifier_for(config)
     return CommandListener(config.commands, opener, approver, now, verifier)

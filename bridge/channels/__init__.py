@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bridge import specs
+from bridge.channels import local
 from bridge.channels.base import CommandInbox, CommandSender, Received
 from bridge.channels.local import LocalInbox, LocalSender
 from bridge.channels.storagequeue import StorageQueueInbox, StorageQueueSender
@@ -24,7 +25,7 @@ from bridge.commands.signing import Signer
 from bridge.config import Config, ConfigError
 
 __all__ = ["CommandInbox", "CommandSender", "Received", "SigningSender", "check_config",
-           "inbox", "parse_spec", "sender"]  # fmt: skip
+           "check_inbox", "inbox", "parse_spec", "sender"]  # fmt: skip
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -49,6 +50,14 @@ def inbox(spec: str, config: Config, vm_id: str) -> CommandInbox:
     if kind == "local":
         return LocalInbox(Path(arg), vm_id, timeout)
     return StorageQueueInbox(config, vm_id, timeout)
+
+
+def check_inbox(spec: str) -> None:
+    """ValueError unless the agent may read the channel `spec` names: a local directory must be
+    the agent's own (bridge.channels.local.check_directory); a queue has nothing to check."""
+    kind, arg = parse_spec(spec)
+    if kind == "local":
+        local.check_directory(Path(arg))
 
 
 def check_config(config: Config) -> None:

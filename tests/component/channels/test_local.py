@@ -204,3 +204,86 @@ def test_the_builders_make_local_channels_from_the_spec(tmp_path: Path) -> None:
     time.sleep(1.2)  # the configured visibility timeout, not a default, applies
     [again] = inbox.receive(5)
     assert (first.dequeue_count, again.dequeue_count) == (1, 2)
+
+
+# --- a hostile neighbour on the same host ---------------------------------------------------
+
+POSIX = pytest.mark.skipif(os.name != "posix", reason="links, owners and modes are POSIX's")
+
+
+def victim(tmp_path: Path) -> Path:
+    """A directory the agent must never empty: what a symlink would point it at."""
+    folder = tmp_path / "victim"
+    folder.mkdir()
+    for name in ("passwd", "shadow.json", "notes.txt"):
+        (folder / name).write_text("precious", encoding="utf-8")
+    return folder
+
+
+@POSIX
+def test_a_vm_channel_that_is_a_symlink_is_neither_read_nor_emptied(tmp_path: Path) -> None:
+    directory, target = tmp_path / "commands", victim(tmp_path)
+    directory.mkdir(mode=0o700)
+    vm_id = new_vm()
+    (directory / vm_id).symlink_to(target, target_is_directory=True)
+    inbox = LocalInbox(directory, vm_id, 30.0)
+    with pytest.raises(PermanentError, match="symbolic link"):
+        inbox.receive(10)
+    assert files(target) == ["notes.txt", "passwd", "shadow.json"]
+    assert all(p.read_text() == "precious" for p in target.iterdir())
+
+
+@POSIX
+def test_entries_that_are_not_regular_files_are_skipped_and_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory, target = tmp_path / "commands", victim(tmp_path)
+    vm_id = new_vm()
+    LocalSender(directory).send(command(vm_id), 60)
+    folder = directory / vm_id
+    (folder / "link.json").symlink_to(target / "passwd")
+    (folder / "sub.json").mkdir()
+    os.mkfifo(folder / "pipe.json")
+    inbox = LocalInbox(directory, vm_id, 30.0)
+    received = inbox.receive(10)
+    assert len(received) == 1
+    inbox.delete(received[0])
+    assert files(folder) == ["link.json", "pipe.json", "sub.json"]
+    assert (target / "passwd").read_text() == "precious"
+    assert "link.json" in caplog.text
+    assert "not a regular file" in caplog.text
+    inbox.receive(10)  # reported once, not at every read
+    assert caplog.text.count("link.json") == 1
+
+
+@POSIX
+@pytest.mark.parametrize("hostile", ["others may write", "owned by another user", "a symlink"])
+def test_a_channel_directory_that_is_not_private_is_refused_at_start(
+    tmp_path: Path, hostile: str
+) -> None:
+    directory = tmp_path / "commands"
+    if hostile == "a symlink":
+        (tmp_path / "elsewhere").mkdir()
+        directory.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    else:
+        directory.mkdir(mode=0o700)
+    if hostile == "others may write":
+        directory.chmod(0o777)
+    if hostile == "owned by another user":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give a directory away")
+        os.chown(directory, 12345, 12345)
+    with pytest.raises(ValueError, match=str(directory)):
+        channels.check_inbox(f"local:{directory}")
+    assert LocalInbox(directory, new_vm(), 30.0) is not None  # built, but never reads there
+    with pytest.raises(PermanentError):
+        LocalInbox(directory, new_vm(), 30.0).receive(1)
+
+
+@POSIX
+def test_a_private_channel_directory_passes_the_start_check(tmp_path: Path) -> None:
+    directory = tmp_path / "commands"
+    channels.check_inbox(f"local:{directory}")  # not there yet: nothing to refuse
+    directory.mkdir(mode=0o750)
+    channels.check_inbox(f"local:{directory}")
+    channels.check_inbox("storagequeue")

@@ -24,11 +24,11 @@ import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
 from types import TracebackType
 
 from bridge import sqlitewal
+from bridge.records import iso, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +66,6 @@ def partition_for(key: str) -> int:
     return zlib.crc32(key.encode("utf-8")) % PARTITIONS
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 class LocalHub:
     """One process's connection to a hub directory; safe to share between its threads."""
 
@@ -92,7 +88,7 @@ class LocalHub:
 
     def append(self, messages: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
         """Store (partition key, body) `messages` in one transaction: their (partition, offset)."""
-        enqueued = _now()
+        enqueued = iso(utc_now())
         placed: list[tuple[int, int]] = []
         with self._transaction():
             last = dict(self._conn.execute(_LAST_OFFSETS).fetchall())
@@ -121,7 +117,7 @@ class LocalHub:
     def checkpoint(self, group: str, partition: int, offset: int) -> None:
         """Record that `group` has handled `partition` up to and including `offset`."""
         with self._transaction():
-            self._conn.execute(_CHECKPOINT, (group, partition, offset, _now()))
+            self._conn.execute(_CHECKPOINT, (group, partition, offset, iso(utc_now())))
 
     def checkpoints(self, group: str) -> dict[int, int]:
         """Every partition's checkpoint for `group` (NOTHING where none was made yet)."""

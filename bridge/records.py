@@ -97,14 +97,24 @@ def record_id(*parts: object) -> str:
     return str(uuid.uuid5(RECORD_NAMESPACE, "|".join("" if p is None else str(p) for p in parts)))
 
 
+def vm_key(name: str) -> str:
+    """The one way a VM name is compared, by the agent and the consumer alike.
+
+    Azure names ignore case, and api-version 2017-03-01 lists a scale-set instance in
+    `Resources` with a leading underscore: "_web_3", "WEB_3" and "web_3" name one VM.
+    """
+    return name.strip().lstrip("_").lower()
+
+
+def utc_now() -> datetime:
+    """The current time, aware and in UTC: the clock every program's pure cores are handed."""
+    return datetime.now(timezone.utc)
+
+
 def iso(moment: datetime) -> str:
     """ISO 8601 UTC with a Z, millisecond precision: the one time format of every record."""
     utc = moment.astimezone(timezone.utc)
     return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
-def identity_fields() -> list[str]:
-    return [f.name for f in fields(VmIdentity)]
 
 
 @dataclass(frozen=True)

@@ -44,10 +44,6 @@ def record_types() -> dict[str, list[str]]:
     return out
 
 
-def fields_of(record_type: str) -> list[str]:
-    return common_fields() + record_types()[record_type]
-
-
 def kusto_type(prop: dict[str, Any]) -> str:
     """The Log Analytics column type of a schema property."""
     kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -28,21 +27,18 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
-from bridge.outbox.spool import Spool, SpoolError
+from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-STATE_KEY = "approvals"
 MEMORY = 256  # events remembered: far more than can be pending on one VM at once
-SEEN_KEY = "commands"
 # Commands remembered: only verified ones for this VM get in, one per event at most, so
 # this bound is never reached in practice; past it the soonest to expire go first.
 SEEN_MEMORY = 1024
 # Kept a little past expiry, so a clock step on this VM does not reopen the door at once.
 SEEN_GRACE = timedelta(minutes=5)
-SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
 
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
 # Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.
@@ -144,9 +140,13 @@ class Approver:
         with self._save_lock:
             state: dict[str, dict[str, Any]] = {}
             if remember and outcome.event_id is not None:
-                state[STATE_KEY] = self._remember(outcome.event_id, outcome.command_id or "")
+                state[StateKey.APPROVALS] = self._remember(
+                    outcome.event_id, outcome.command_id or ""
+                )
             if seen_until is not None and outcome.command_id:
-                state[SEEN_KEY] = self._see(outcome.command_id, outcome.outcome, seen_until)
+                state[StateKey.SEEN_COMMANDS] = self._see(
+                    outcome.command_id, outcome.outcome, seen_until
+                )
             try:
                 self._spool.commit([record], state=state or None)
             except SPOOL_ERRORS as err:
@@ -246,7 +246,7 @@ def _outcome(
 
 def _load(spool: Spool) -> dict[str, str]:
     try:
-        saved = spool.load_state(STATE_KEY) or {}
+        saved = spool.load_state(StateKey.APPROVALS) or {}
     except SPOOL_ERRORS as err:
         log.warning("cannot read which events this agent approved before (%s): a command "
                     "delivered again may be approved again, which IMDS accepts", err)  # fmt: skip
@@ -259,7 +259,7 @@ def _load(spool: Spool) -> dict[str, str]:
 
 def _load_seen(spool: Spool) -> dict[str, dict[str, str]]:
     try:
-        saved = spool.load_state(SEEN_KEY) or {}
+        saved = spool.load_state(StateKey.SEEN_COMMANDS) or {}
     except SPOOL_ERRORS as err:
         log.warning("cannot read which commands this agent handled before (%s): a replay "
                     "is checked against IMDS again, not refused as a replay", err)  # fmt: skip

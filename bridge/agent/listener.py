@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 
 from bridge.agent.approver import Approver, Attempt, Request
@@ -40,7 +40,7 @@ from bridge.commands.message import Command, CommandError
 from bridge.commands.signing import SigningError, Verifier, load_signer, load_verifier
 from bridge.config import CommandsSettings, Config, ConfigError
 from bridge.records import ApprovalOutcome, iso
-from bridge.retry import Backoff, DeliveryError
+from bridge.retry import Backoff, DeliveryError, FailureStreak
 
 log = logging.getLogger(__name__)
 BATCH = 16  # one command per pending event: a batch this size is never full in practice
@@ -268,21 +268,18 @@ class _Streak:
 
     def __init__(self, what: str) -> None:
         self._what = what
-        self._failures = 0
-        self._backoff = Backoff(initial=FIRST_BACKOFF, maximum=MAX_BACKOFF)
+        self._streak = FailureStreak(Backoff(initial=FIRST_BACKOFF, maximum=MAX_BACKOFF))
 
     def failed(self, err: Exception) -> float:
-        self._failures += 1
-        if self._failures == 1:
+        first, delay = self._streak.failed(err)
+        if first:
             log.warning("cannot %s: %s; retrying with backoff (said once until it works)",
                         self._what, err)  # fmt: skip
-        return self._backoff.delay_for(err)
+        return delay
 
     def succeeded(self) -> None:
-        if self._failures:
-            log.info("could %s again after %d failures", self._what, self._failures)
-        self._failures = 0
-        self._backoff.reset()
+        if ended := self._streak.succeeded():
+            log.info("could %s again after %d failures", self._what, ended)
 
 
 def build(
@@ -326,7 +323,7 @@ def verifier_for(config: Config) -> Verifier | None:
     return verifier
 
 
-def has_scheduled(state: dict[str, object] | None) -> bool:
+def has_scheduled(state: Mapping[str, object] | None) -> bool:
     """Whether the agent's state holds an event still Scheduled, so a command may come."""
     events = (state or {}).get("events")
     if not isinstance(events, dict):

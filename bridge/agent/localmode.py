@@ -18,15 +18,15 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import Any
 
 from bridge.agent.approver import Approver, Request
 from bridge.agent.document import is_started, parse_time
+from bridge.agent.normalise import NormaliserState, SavedEvent
 from bridge.commands.message import command_id
 from bridge.config import Config
 from bridge.policy import file as policyfile
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
-from bridge.records import VmIdentity
+from bridge.records import VmIdentity, vm_key
 
 log = logging.getLogger(__name__)
 RECHECK_SECONDS = 5.0
@@ -47,7 +47,7 @@ class LocalApprover:
         self._said: set[tuple[str, str]] = set()
         self._recheck_at: float | None = None  # time.monotonic() of the next look, if any
 
-    def observe(self, state: dict[str, Any] | None, identity: VmIdentity) -> None:
+    def observe(self, state: NormaliserState | None, identity: VmIdentity) -> None:
         """Decide about every Scheduled event of this VM's current document."""
         self._recheck_at = None
         vm_id = identity.vm_id
@@ -62,7 +62,7 @@ class LocalApprover:
             self._recheck_at = time.monotonic() + self._recheck
         self._forget(state)
 
-    def tick(self, state: dict[str, Any] | None, identity: VmIdentity) -> None:
+    def tick(self, state: NormaliserState | None, identity: VmIdentity) -> None:
         """From the poll loop: look again when a deferred event is due for it."""
         if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
             self.observe(state, identity)
@@ -123,7 +123,7 @@ class LocalApprover:
     def _done(self) -> frozenset[str]:
         return self._approver.approved_events() | self._given_up
 
-    def _forget(self, state: dict[str, Any]) -> None:
+    def _forget(self, state: NormaliserState) -> None:
         """Drop what is remembered about events that left the document."""
         present = {key for key, _ in _events(state)}
         with self._lock:
@@ -133,7 +133,7 @@ class LocalApprover:
 
 
 def local_views(
-    state: dict[str, Any],
+    state: NormaliserState,
     identity: VmIdentity,
     ready: frozenset[str],
     done: frozenset[str],
@@ -172,10 +172,8 @@ def vm_view(identity: VmIdentity, now: datetime) -> VmView:
     )
 
 
-def event_view(
-    event: dict[str, Any], identity: VmIdentity, ready: bool, now: datetime
-) -> EventView:
-    vm_id, mine = identity.vm_id or "", _vm_key(identity.vm_name or "")
+def event_view(event: SavedEvent, identity: VmIdentity, ready: bool, now: datetime) -> EventView:
+    vm_id, mine = identity.vm_id or "", vm_key(identity.vm_name or "")
     duration = event.get("DurationInSeconds")
     return EventView(
         event_id=event["EventId"],
@@ -186,27 +184,19 @@ def event_view(
         not_before=parse_time(event.get("NotBefore")),
         first_seen=parse_time(event.get("FirstSeen")) or now,
         affected=(vm_id,),
-        unresolved=tuple(r for r in event["Resources"] if _vm_key(str(r)) != mine),
+        unresolved=tuple(r for r in event["Resources"] if vm_key(str(r)) != mine),
         reporters=(vm_id,),
         ready=frozenset({vm_id}) if ready else frozenset(),
     )
 
 
-def _events(state: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    events = state.get("events")
-    if isinstance(events, dict):
-        for event in events.values():
-            if isinstance(event, dict) and isinstance(event.get("EventId"), str):
-                yield event["EventId"].lower(), event
+def _events(state: NormaliserState) -> Iterator[tuple[str, SavedEvent]]:
+    for event in state["events"].values():
+        yield event["EventId"].lower(), event
 
 
-def _scheduled(event: dict[str, Any]) -> bool:
+def _scheduled(event: SavedEvent) -> bool:
     return str(event.get("EventStatus") or "").strip().lower() == "scheduled"
-
-
-def _vm_key(name: str) -> str:
-    # As the normaliser compares names: scale-set instances appear as "web_3" or "_web_3".
-    return name.strip().lstrip("_").lower()
 
 
 def build(

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import queue
-import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 from bridge import host
@@ -25,32 +24,29 @@ from bridge.agent import imds, listener, localmode
 from bridge.agent.approver import Approver
 from bridge.agent.hookproc import HookOutcome
 from bridge.agent.hooks import HookJob, HookRunner, hook_record, plan
-from bridge.agent.normalise import Context, normalise, pending_events
+from bridge.agent.normalise import (
+    Context,
+    NormaliserState,
+    empty_state,
+    normalise,
+    pending_events,
+    restore,
+)
 from bridge.channels import CommandInbox
 from bridge.config import Config
 from bridge.outbox.delivery import Delivery
-from bridge.outbox.spool import Spool, SpoolError
+from bridge.outbox.spool import SPOOL_ERRORS, Spool, SpoolError, StateKey
 from bridge.policy.model import Policy
-from bridge.records import Health, Origin, VmIdentity, heartbeat_record
-from bridge.retry import Backoff, DeliveryError, PermanentError, RetryableError
+from bridge.records import Health, Origin, VmIdentity, heartbeat_record, utc_now
+from bridge.retry import Backoff, DeliveryError, FailureStreak, PermanentError, RetryableError
 from bridge.sinks import Sink, build
 
 log = logging.getLogger(__name__)
-STATE_KEY = "normaliser"
-# The last identity instance metadata gave: a restart while instance metadata fails keeps
-# labelling records with it, so the consumer can still attribute them (an event's end with
-# VmId null would be lost to it, and hold its budget).
-IDENTITY_KEY = "identity"
 CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_RETRY_SECONDS = 60.0
 MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
 STOP_CHECK_SECONDS = 0.1
-SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
 T = TypeVar("T")
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 class Agent:
@@ -80,9 +76,11 @@ class Agent:
         )
         self.delivery = Delivery(self.spool, self.sinks)
         self.hooks = self._hook_runner()
-        saved = VmIdentity.from_state(self.spool.load_state(IDENTITY_KEY))
+        saved = VmIdentity.from_state(self.spool.load_state(StateKey.IDENTITY))
         self.origin = Origin(saved, host.host_name())
-        self.state: dict[str, Any] | None = self.spool.load_state(STATE_KEY)
+        self.state, dropped = restore(self.spool.load_state(StateKey.NORMALISER))
+        for problem in dropped:
+            log.warning("%s (in the spool %s)", problem, self.spool.path)
         self._poll = _PollHealth()
         self._last_body: bytes | None = None
         self._last_commit = 0.0
@@ -204,12 +202,12 @@ class Agent:
             self._warned.clear()  # a clean document ends every streak
         self._commit(result.records, result.state)
 
-    def _commit(self, records: list[dict[str, Any]], state: dict[str, Any]) -> None:
+    def _commit(self, records: list[dict[str, Any]], state: NormaliserState) -> None:
         jobs = self._plan_hooks(records)
         try:
             self.spool.commit(
                 records,
-                state={STATE_KEY: state},
+                state={StateKey.NORMALISER: state},
                 jobs=[(job.job_id, job.to_payload()) for job in jobs],
             )
         except SPOOL_ERRORS as err:
@@ -270,7 +268,10 @@ class Agent:
 
     def _save_identity(self, identity: VmIdentity) -> None:
         try:
-            self.spool.commit([], state={IDENTITY_KEY: identity.to_state()})
+            # Kept so a restart while instance metadata fails still labels records with the
+            # VM: an event's end with VmId null would be lost to the consumer, and hold its
+            # budget.
+            self.spool.commit([], state={StateKey.IDENTITY: identity.to_state()})
         except SpoolError as err:  # kept in memory; saved again when it next changes
             log.warning("cannot save this VM's identity in the spool (%s)", err)
 
@@ -290,9 +291,9 @@ class Agent:
 
     def _heartbeat(self, reason: str) -> None:
         self._next_heartbeat = time.monotonic() + self.config.agent.heartbeat_interval
-        state = self.state or {}
+        state = self.state or empty_state()
         health = Health(
-            incarnation=state.get("incarnation"),
+            incarnation=state["incarnation"],
             pending_events=pending_events(state),
             spool_depth=self.spool.depth(),
             spool_dropped=self.spool.dropped(),
@@ -391,22 +392,20 @@ class _PollHealth:
     def __init__(self) -> None:
         self.healthy = False
         self.last_success: datetime | None = None
-        self.failures = 0
-        self._backoff = Backoff(initial=0.5, maximum=MAX_POLL_BACKOFF)
+        self._streak = FailureStreak(Backoff(initial=0.5, maximum=MAX_POLL_BACKOFF))
 
     def succeeded(self, now: datetime) -> None:
-        if self.failures:
-            log.info("IMDS answers again after %d failed polls", self.failures)
-        self.healthy, self.last_success, self.failures = True, now, 0
-        self._backoff.reset()
+        if ended := self._streak.succeeded():
+            log.info("IMDS answers again after %d failed polls", ended)
+        self.healthy, self.last_success = True, now
 
     def failed(self, err: DeliveryError, interval: float) -> float:
         self.healthy = False
-        self.failures += 1
-        if self.failures == 1:
+        first, delay = self._streak.failed(err)
+        if first:
             level = logging.ERROR if isinstance(err, PermanentError) else logging.WARNING
             log.log(level, "cannot read scheduled events: %s; retrying with backoff", err)
-        return max(interval, self._backoff.delay_for(err))
+        return max(interval, delay)
 
 
 def describe(record: dict[str, Any]) -> str:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from bridge.agent.document import (
     EVENT_FIELDS,
@@ -24,7 +25,7 @@ from bridge.agent.document import (
     parse_document,
     parse_time,
 )
-from bridge.records import Origin, iso
+from bridge.records import Origin, iso, vm_key
 
 # Event types after which a vanished, still-Scheduled event must have run if the VM rebooted.
 REBOOTING_TYPES = frozenset({"reboot", "redeploy", "preempt", "terminate"})
@@ -42,18 +43,60 @@ class Context:
     gap: timedelta = DEFAULT_GAP
 
 
+class SavedEvent(TypedDict):
+    """One event as the normaliser keeps it between observations: the IMDS fields (as the
+    document gave them, or the last known value where a document is silent) and what the
+    agent derived. A sample, from the seeds' live-migration documents:
+
+        {"EventId": "C7061BAC-AFDC-4513-B24B-AA5F13A16123", "EventType": "Freeze",
+         "ResourceType": "VirtualMachine", "Resources": ["WestNO_0", "WestNO_1"],
+         "EventStatus": "Scheduled", "NotBeforeRaw": "Mon, 11 Apr 2022 22:26:58 GMT",
+         "Description": "Virtual machine is being paused because of a memory-preserving
+         Live Migration operation.", "EventSource": "Platform", "DurationInSeconds": 5,
+         "NotBefore": "2022-04-11T22:26:58.000Z", "AffectsThisVm": true,
+         "FirstSeen": "2022-04-11T22:10:01.000Z"}
+    """
+
+    EventId: str
+    EventType: Any
+    ResourceType: Any
+    Resources: list[str]
+    EventStatus: Any  # None once the event is gone (the Completed or Canceled record)
+    NotBeforeRaw: Any
+    Description: Any
+    EventSource: Any
+    DurationInSeconds: Any
+    NotBefore: str | None
+    AffectsThisVm: bool | None
+    FirstSeen: str
+
+
+class NormaliserState(TypedDict):
+    """What the normaliser hands from one observation to the next, kept in the spool under
+    bridge.outbox.spool.StateKey.NORMALISER. A sample:
+
+        {"incarnation": 3, "observed_at": "2022-04-11T22:10:01.000Z", "boot_id": "5c1e0f...",
+         "events": {"c7061bac-afdc-4513-b24b-aa5f13a16123": {...a SavedEvent...}}}
+    """
+
+    incarnation: int | None
+    observed_at: str | None
+    boot_id: str | None
+    events: dict[str, SavedEvent]
+
+
 @dataclass(frozen=True)
 class Result:
     records: list[dict[str, Any]]
-    state: dict[str, Any]
+    state: NormaliserState
     problems: list[str] = field(default_factory=list)
 
 
-def empty_state() -> dict[str, Any]:
+def empty_state() -> NormaliserState:
     return {"incarnation": None, "observed_at": None, "boot_id": None, "events": {}}
 
 
-def normalise(previous: dict[str, Any] | None, raw: object, ctx: Context) -> Result:
+def normalise(previous: Mapping[str, Any] | None, raw: object, ctx: Context) -> Result:
     """Diff the decoded IMDS body `raw` against `previous`. Never raises on any input."""
     prev, problems = _checked_state(previous)
     try:
@@ -64,17 +107,23 @@ def normalise(previous: dict[str, Any] | None, raw: object, ctx: Context) -> Res
     return Result(result.records, result.state, problems + result.problems)
 
 
+def restore(saved: object) -> tuple[NormaliserState | None, list[str]]:
+    """The state the spool kept, checked as `normalise` checks it (None: nothing was kept),
+    and what had to be dropped from it."""
+    return (None, []) if saved is None else _checked_state(saved)
+
+
 _STORED_FIELDS = (*EVENT_FIELDS, "EventId", "NotBefore", "AffectsThisVm", "FirstSeen")
 
 
-def _checked_state(state: object) -> tuple[dict[str, Any], list[str]]:
+def _checked_state(state: object) -> tuple[NormaliserState, list[str]]:
     """The persisted state, minus anything an older version or a damaged file left malformed."""
     if state is None:
         return empty_state(), []
     if not isinstance(state, dict) or not isinstance(state.get("events"), dict):
         return empty_state(), ["ignored a malformed saved state; starting from an empty one"]
-    events = {
-        k: v
+    events: dict[str, SavedEvent] = {
+        k: cast(SavedEvent, v)
         for k, v in state["events"].items()
         if isinstance(v, dict)
         and all(f in v for f in _STORED_FIELDS)
@@ -83,14 +132,21 @@ def _checked_state(state: object) -> tuple[dict[str, Any], list[str]]:
     }
     dropped = len(state["events"]) - len(events)
     problems = [f"ignored {dropped} malformed event(s) in the saved state"] if dropped else []
-    return {**empty_state(), **state, "events": events}, problems
+    incarnation, observed, boot = (state.get(k) for k in ("incarnation", "observed_at", "boot_id"))
+    checked: NormaliserState = {
+        "incarnation": incarnation if isinstance(incarnation, int) else None,
+        "observed_at": observed if isinstance(observed, str) else None,
+        "boot_id": boot if isinstance(boot, str) else None,
+        "events": events,
+    }
+    return checked, problems
 
 
-def _diff(prev: dict[str, Any], doc: ParsedDocument, ctx: Context) -> Result:
+def _diff(prev: NormaliserState, doc: ParsedDocument, ctx: Context) -> Result:
     watch = _Watch.of(prev, doc, ctx)
-    old: dict[str, dict[str, Any]] = prev["events"]
+    old = prev["events"]
     records: list[dict[str, Any]] = []
-    events: dict[str, dict[str, Any]] = {}
+    events: dict[str, SavedEvent] = {}
     for parsed in doc.events:
         current = _merge(old.get(parsed.key), parsed, ctx)
         events[parsed.key] = current
@@ -100,10 +156,10 @@ def _diff(prev: dict[str, Any], doc: ParsedDocument, ctx: Context) -> Result:
     for key, gone in old.items():
         if key not in events:
             records.append(_vanished(gone, watch, ctx))
-    state = {
+    state: NormaliserState = {
         "incarnation": doc.incarnation,
         "observed_at": iso(ctx.now),
-        "boot_id": ctx.boot_id if ctx.boot_id is not None else prev.get("boot_id"),
+        "boot_id": ctx.boot_id if ctx.boot_id is not None else prev["boot_id"],
         "events": events,
     }
     return Result(records, state, list(doc.problems))
@@ -120,11 +176,10 @@ class _Watch:
     rebooted: bool
 
     @classmethod
-    def of(cls, prev: dict[str, Any], doc: ParsedDocument, ctx: Context) -> _Watch:
-        last = parse_time(prev.get("observed_at"))
-        prev_inc = prev.get("incarnation")
-        prev_inc = prev_inc if isinstance(prev_inc, int) else None
-        old_boot = prev.get("boot_id")
+    def of(cls, prev: NormaliserState, doc: ParsedDocument, ctx: Context) -> _Watch:
+        last = parse_time(prev["observed_at"])
+        prev_inc = prev["incarnation"]
+        old_boot = prev["boot_id"]
         return cls(
             incarnation=doc.incarnation,
             previous_incarnation=prev_inc,
@@ -134,31 +189,35 @@ class _Watch:
         )
 
 
-def _merge(old: dict[str, Any] | None, parsed: ParsedEvent, ctx: Context) -> dict[str, Any]:
+def _merge(old: SavedEvent | None, parsed: ParsedEvent, ctx: Context) -> SavedEvent:
     """The event's fields now: what the document says, the last known value where it is silent."""
-    current: dict[str, Any] = dict.fromkeys(EVENT_FIELDS)
-    current["Resources"] = []
+    fields: dict[str, Any] = dict.fromkeys(EVENT_FIELDS)
+    fields["Resources"] = []
     if old is not None:
-        current.update({k: old[k] for k in EVENT_FIELDS if k in old})
-    current.update(parsed.present)
-    current["EventId"] = parsed.event_id
-    not_before = parse_time(current["NotBeforeRaw"])
-    current["NotBefore"] = iso(not_before) if not_before else None
-    current["AffectsThisVm"] = _affects(current["Resources"], ctx.origin.identity.vm_name)
-    current["FirstSeen"] = old["FirstSeen"] if old else iso(ctx.now)
-    return current
+        fields.update({k: v for k, v in old.items() if k in EVENT_FIELDS})
+    fields.update(parsed.present)
+    not_before = parse_time(fields["NotBeforeRaw"])
+    return {
+        "EventId": parsed.event_id,
+        "EventType": fields["EventType"],
+        "ResourceType": fields["ResourceType"],
+        "Resources": fields["Resources"],
+        "EventStatus": fields["EventStatus"],
+        "NotBeforeRaw": fields["NotBeforeRaw"],
+        "Description": fields["Description"],
+        "EventSource": fields["EventSource"],
+        "DurationInSeconds": fields["DurationInSeconds"],
+        "NotBefore": iso(not_before) if not_before else None,
+        "AffectsThisVm": _affects(fields["Resources"], ctx.origin.identity.vm_name),
+        "FirstSeen": old["FirstSeen"] if old else iso(ctx.now),
+    }
 
 
 def _affects(resources: list[str], vm_name: str | None) -> bool | None:
     if not vm_name:
         return None
-    mine = _vm_key(vm_name)
-    return any(_vm_key(name) == mine for name in resources)
-
-
-def _vm_key(name: str) -> str:
-    # Scale-set instances appear as "web_3" or "_web_3"; case never matters in Azure names.
-    return name.strip().lstrip("_").lower()
+    mine = vm_key(vm_name)
+    return any(vm_key(name) == mine for name in resources)
 
 
 # Compared to decide Updated; NotBefore by its parsed value so a reformatted time is no change.
@@ -167,7 +226,7 @@ _COMPARED = ("EventType", "ResourceType", "Resources", "NotBefore", "Description
 
 
 def _change(
-    old: dict[str, Any] | None, cur: dict[str, Any], watch: _Watch, ctx: Context
+    old: SavedEvent | None, cur: SavedEvent, watch: _Watch, ctx: Context
 ) -> dict[str, Any] | None:
     started = is_started(cur["EventStatus"])
     if old is None:
@@ -182,15 +241,17 @@ def _change(
     return _record(cur, old, "Updated", watch, ctx, changed=changed)
 
 
-def _differs(name: str, old: dict[str, Any], cur: dict[str, Any]) -> bool:
+def _differs(name: str, old: SavedEvent, cur: SavedEvent) -> bool:
     if name == "Resources":
-        return sorted(map(_vm_key, old["Resources"])) != sorted(map(_vm_key, cur["Resources"]))
+        return sorted(map(vm_key, old["Resources"])) != sorted(map(vm_key, cur["Resources"]))
     if name == "NotBefore" and old["NotBefore"] is None and cur["NotBefore"] is None:
         return bool(old["NotBeforeRaw"] != cur["NotBeforeRaw"])
-    return bool(old.get(name) != cur.get(name))
+    before: Mapping[str, object] = old
+    now: Mapping[str, object] = cur
+    return before.get(name) != now.get(name)
 
 
-def _vanished(gone: dict[str, Any], watch: _Watch, ctx: Context) -> dict[str, Any]:
+def _vanished(gone: SavedEvent, watch: _Watch, ctx: Context) -> dict[str, Any]:
     """Completed or Canceled for an event no longer in the document."""
     if is_started(gone["EventStatus"]):
         return _record(_ended(gone), gone, "Completed", watch, ctx, inferred=watch.gap)
@@ -200,24 +261,24 @@ def _vanished(gone: dict[str, Any], watch: _Watch, ctx: Context) -> dict[str, An
     return _record(_ended(gone), gone, "Canceled", watch, ctx, inferred=unsure)
 
 
-def _ran_unseen(gone: dict[str, Any], watch: _Watch, now: datetime) -> bool:
+def _ran_unseen(gone: SavedEvent, watch: _Watch, now: datetime) -> bool:
     """Signs that a Scheduled event which vanished while unobserved actually ran."""
-    kind = str(gone.get("EventType") or "").lower()
-    if watch.rebooted and kind in REBOOTING_TYPES and gone.get("AffectsThisVm") is not False:
+    kind = str(gone["EventType"] or "").lower()
+    if watch.rebooted and kind in REBOOTING_TYPES and gone["AffectsThisVm"] is not False:
         return True
     if not (watch.gap or watch.skipped):
         return False
-    not_before = parse_time(gone.get("NotBefore"))
+    not_before = parse_time(gone["NotBefore"])
     return not_before is None or not_before <= now
 
 
-def _ended(gone: dict[str, Any]) -> dict[str, Any]:
+def _ended(gone: SavedEvent) -> SavedEvent:
     return {**gone, "EventStatus": None}
 
 
 def _record(
-    cur: dict[str, Any],
-    old: dict[str, Any] | None,
+    cur: SavedEvent,
+    old: SavedEvent | None,
     transition: str,
     watch: _Watch,
     ctx: Context,
@@ -251,11 +312,11 @@ def _record(
     return record
 
 
-def _digest(event: dict[str, Any]) -> str:
-    content = {k: event.get(k) for k in (*EVENT_FIELDS, "AffectsThisVm")}
+def _digest(event: SavedEvent) -> str:
+    fields: Mapping[str, object] = event
+    content = {k: fields.get(k) for k in (*EVENT_FIELDS, "AffectsThisVm")}
     return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def pending_events(state: dict[str, Any]) -> int:
-    events = state.get("events")
-    return len(events) if isinstance(events, dict) else 0
+def pending_events(state: NormaliserState) -> int:
+    return len(state["events"])

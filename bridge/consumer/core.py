@@ -25,24 +25,22 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, TypeVar, cast
 
 from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
-from bridge.consumer.ledger import ApprovalLedger, Dispatch
+from bridge.consumer.dispatch import Dispatch
+from bridge.consumer.ledger import ApprovalLedger, Emit, ledger_events
 from bridge.consumer.state import ChangeFeed, DeferredSync, Doc, Mutation, Store, update_many
 from bridge.policy.model import FleetView, Policy, VmView, evaluate
+from bridge.records import utc_now, vm_key
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[list[dict[str, Any]]], None]
 SEEN_RECORD_IDS = 100_000
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
+D = TypeVar("D", fs.VmDocument, fs.EventDocument)
 
 
 class Consumer:
@@ -110,9 +108,11 @@ class Consumer:
         held = self.ledger.entries()
         open_events = []
         for doc in self.store.scan(fs.EVENT):
-            if fs.is_stale(doc.value, now, timedelta(seconds=self.settings.stale_after)):
+            if fs.is_stale(
+                fs.event_document(doc), now, timedelta(seconds=self.settings.stale_after)
+            ):
                 self._forget(doc)
-            elif fs.status(doc.value) != fs.GONE or doc.key in held:
+            elif fs.status(fs.event_document(doc)) != fs.GONE or doc.key in held:
                 open_events.append(doc.key)
         if open_events:
             self._decide(open_events)
@@ -148,13 +148,13 @@ class Consumer:
             if fresh is None:
                 return
             doc = fresh
-            if fs.status(doc.value) == fs.GONE:
+            if fs.status(fs.event_document(doc)) == fs.GONE:
                 self.ledger.release(doc.key, "the event completed or was canceled")
                 # A late reporter's Started record merged meanwhile found the entry still in
                 # the ledger and left it there; read again after the release, so that either
                 # we see that record here or its consumer saw the release and recorded it.
                 after = self.store.read(fs.EVENT, doc.key)
-                if after is None or fs.status(after.value) == fs.GONE:
+                if after is None or fs.status(fs.event_document(after)) == fs.GONE:
                     return
                 continue
             if self._decided(ledger, doc, known_vms, now):
@@ -165,9 +165,9 @@ class Consumer:
         resources = [str(r) for r in doc.value.get("resources") or []]
         impacted = known_vms.by_vm_id(self.ledger.impacted(ledger), also=resources)
         vms, names = known_vms.vms, known_vms.names
-        entry = ledger.value.get("events", {}).get(doc.key)
+        entry = ledger_events(ledger.value).get(doc.key)
         view = fs.event_view(
-            doc.value, vms, names, tuple(entry.get("tried", ())) if entry else (), now
+            fs.event_document(doc), vms, names, tuple(entry.get("tried", ())) if entry else (), now
         )
         if view.status == "Started":
             self.ledger.note_started(ledger, doc.key, view)
@@ -244,17 +244,17 @@ class VmSnapshot:
         }
 
     def _resolve(self, vm: str) -> list[str]:
-        return [vm] if vm in self.vms else self._ids.get(vm.lower(), [vm])
+        return [vm] if vm in self.vms else self._ids.get(vm_key(vm), [vm])
 
     def _catch_up(self, listed: set[str]) -> None:
-        unknown = {vm for vm in listed if vm not in self.vms and vm.lower() not in self._ids}
+        unknown = {vm for vm in listed if vm not in self.vms and vm_key(vm) not in self._ids}
         found = False
         for vm in sorted(unknown - self._absent):
             doc = self.store.read(fs.VM, vm)
             if doc is None:
                 self._absent.add(vm)
             else:
-                self.vms[vm] = fs.vm_view(vm, doc.value)
+                self.vms[vm] = fs.vm_view(vm, fs.vm_document(doc))
                 found = True
         if found:
             self._index()
@@ -308,7 +308,9 @@ class FleetCache:
 
     def load(self) -> dict[str, VmView]:
         if not isinstance(self.store, ChangeFeed):
-            self._vms = {doc.key: fs.vm_view(doc.key, doc.value) for doc in self.store.scan(fs.VM)}
+            self._vms = {
+                doc.key: fs.vm_view(doc.key, fs.vm_document(doc)) for doc in self.store.scan(fs.VM)
+            }
             self._index = None
             return dict(self._vms)
         docs, mark = self.store.scan_changes(fs.VM, self._mark, self._docs)
@@ -321,7 +323,7 @@ class FleetCache:
 
     def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:
-            view, before = fs.vm_view(doc.key, doc.value), self._vms.get(doc.key)
+            view, before = fs.vm_view(doc.key, fs.vm_document(doc)), self._vms.get(doc.key)
             if before is None or (before.subscription_id, before.name) != (
                 view.subscription_id,
                 view.name,
@@ -341,7 +343,7 @@ NameIndex = tuple[fs.Names, dict[str, list[str]]]
 
 
 def _name_index(vms: Mapping[str, VmView]) -> NameIndex:
-    """Names to VmIds as the event view resolves them, and each lower-cased name's VmIds."""
+    """Names to VmIds as the event view resolves them, and each name's VmIds (by vm_key)."""
     names = fs.Names.of(vms.values())
     ids: dict[str, list[str]] = {}
     for (_, name), vm_id in names.index.items():
@@ -366,15 +368,16 @@ def _event_mutations(records: Sequence[Mapping[str, Any]]) -> dict[str, Mutation
 
 
 def _folder(
-    merge: Callable[[dict[str, Any], Mapping[str, Any]], bool],
+    merge: Callable[[D, Mapping[str, Any]], bool],
     records: Sequence[Mapping[str, Any]],
 ) -> Callable[[dict[str, Any]], bool]:
     """A mutation for `bridge.consumer.state.update` that merges every record of `records`."""
 
     def fold(value: dict[str, Any]) -> bool:
+        document = cast(D, value)  # the stored JSON is the document `merge` owns
         changed = False
         for record in records:
-            changed = merge(value, record) or changed
+            changed = merge(document, record) or changed
         return changed
 
     return fold

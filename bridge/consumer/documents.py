@@ -18,10 +18,75 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from bridge.consumer.state import Doc
 from bridge.policy.model import EventView, VmView
+from bridge.records import vm_key
+
+
+class VmDocument(TypedDict, total=False):
+    """`vm/<VmId>`: a VM as its records describe it (the ledger's shape is
+    bridge.consumer.ledger.LedgerEntry). A sample:
+
+        {"last_seen": "2026-11-21T10:00:00.000Z", "name": "web_0",
+         "subscription_id": "8d5f9c8e-...", "resource_group": "rg-prod", "location": "westeurope",
+         "zone": "1", "scale_set": "web", "fault_domain": 0, "update_domain": 0,
+         "tags": {"role": "web"}}
+
+    `stopped` holds the TimeGenerated of a Stop heartbeat until the VM reports again.
+    """
+
+    last_seen: str
+    name: str
+    subscription_id: str
+    resource_group: str
+    location: str
+    zone: str
+    scale_set: str
+    fault_domain: int
+    update_domain: int
+    tags: dict[str, str]
+    stopped: str
+
+
+class Reporter(TypedDict):
+    status: str  # the reporter's EventStatus, or Gone once the event left its document
+    at: str  # the TimeGenerated of that record
+
+
+class EventDocument(TypedDict, total=False):
+    """`event/<eventid>`: an event as the VMs report it. A sample:
+
+    {"event_id": "C7061BAC-...", "first_seen": "2026-11-21T10:00:00.000Z",
+     "updated": "2026-11-21T10:00:05.000Z", "event_type": "Reboot", "event_source": "User",
+     "duration": -1, "resources": ["web_0"], "not_before": "2026-11-21T10:15:00.000Z",
+     "incarnation": 3, "reporters": {"1b1f...": {"status": "Scheduled",
+     "at": "2026-11-21T10:00:05.000Z"}}, "ready": ["1b1f..."],
+     "decision": {"kind": "Approve", "rule": "user-initiated", "reason": "..."}}
+    """
+
+    event_id: str | None
+    first_seen: str
+    updated: str
+    event_type: str | None
+    event_source: str | None
+    duration: int | None
+    resources: list[str] | None
+    not_before: str | None
+    incarnation: int | None
+    reporters: dict[str, Reporter]  # by VmId, or host:NAME before the VM knows its VmId
+    ready: list[str]  # VmIds whose prepare hook succeeded
+    decision: dict[str, str]  # the standing decision, said once
+
+
+def vm_document(doc: Doc) -> VmDocument:
+    return cast(VmDocument, doc.value)
+
+
+def event_document(doc: Doc) -> EventDocument:
+    return cast(EventDocument, doc.value)
+
 
 VM, EVENT, LEDGER = "vm", "event", "ledger"
 LEDGER_KEY = "approvals"
@@ -80,17 +145,18 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def merge_vm(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
+def merge_vm(value: VmDocument, record: Mapping[str, Any]) -> bool:
     """Fold one record's identity into a VM document; True when something worth saving changed."""
     seen = record.get("TimeGenerated")
     # Only a newer record changes anything, and it always moves last_seen: changed.
     if not isinstance(seen, str) or seen <= value.get("last_seen", ""):
         return False
     value["last_seen"] = seen
+    fields = cast(dict[str, Any], value)
     for key, field in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
         given = record.get(field)
         if isinstance(given, str) if field not in _WHOLE_FIELDS else _whole(given):
-            value[key] = given
+            fields[key] = given
     heartbeat = record.get("RecordType") == "Heartbeat"
     if heartbeat and isinstance(record.get("Tags"), dict):
         value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
@@ -101,7 +167,7 @@ def merge_vm(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
     return True
 
 
-def vm_view(vm_id: str, value: Mapping[str, Any]) -> VmView:
+def vm_view(vm_id: str, value: VmDocument) -> VmView:
     # A VM whose agent said goodbye is not alive, however recent its last record.
     last_seen = None if value.get("stopped") else parse_time(value.get("last_seen"))
     return VmView(
@@ -131,7 +197,7 @@ _EVENT_FIELDS = {
 }
 
 
-def merge_event(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
+def merge_event(value: EventDocument, record: Mapping[str, Any]) -> bool:
     """Fold an Event or Hook record into an event document; True when it changed."""
     before = repr(value)
     if record.get("RecordType") == "Event":
@@ -141,16 +207,17 @@ def merge_event(value: dict[str, Any], record: Mapping[str, Any]) -> bool:
     return repr(value) != before
 
 
-def _merge_event_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:
+def _merge_event_record(value: EventDocument, record: Mapping[str, Any]) -> None:
     vm_id, seen = record.get("VmId"), field_of(record, "TimeGenerated") or ""
     value.setdefault("event_id", field_of(record, "EventId"))
     value.setdefault("first_seen", seen)
     value["first_seen"] = min(value["first_seen"], seen) if seen else value["first_seen"]
     if seen >= value.get("updated", ""):
         value["updated"] = seen
+        fields = cast(dict[str, Any], value)
         for key, field in _EVENT_FIELDS.items():
             if field_of(record, field) is not None or key not in value:
-                value[key] = field_of(record, field)
+                fields[key] = field_of(record, field)
     host = field_of(record, "HostName")
     # Before an agent knows its VmId (instance metadata failing since its first start) its
     # records name only the host: counted under "host:NAME", as its sinks key them, so that
@@ -167,7 +234,7 @@ def _merge_event_record(value: dict[str, Any], record: Mapping[str, Any]) -> Non
         reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
 
 
-def _merge_hook_record(value: dict[str, Any], record: Mapping[str, Any]) -> None:
+def _merge_hook_record(value: EventDocument, record: Mapping[str, Any]) -> None:
     vm_id = record.get("VmId")
     succeeded = record.get("HookExitCode") == 0 and not record.get("HookTimedOut")
     if record.get("HookPhase") == "prepare" and succeeded and isinstance(vm_id, str):
@@ -177,7 +244,7 @@ def _merge_hook_record(value: dict[str, Any], record: Mapping[str, Any]) -> None
     value.setdefault("event_id", field_of(record, "EventId"))
 
 
-def status(value: Mapping[str, Any]) -> str:
+def status(value: EventDocument) -> str:
     """The event's status across its reporters: Started wins, then Scheduled, else Gone."""
     seen = {r["status"] for r in value.get("reporters", {}).values()}
     for candidate in ("Started", "Scheduled"):
@@ -186,7 +253,7 @@ def status(value: Mapping[str, Any]) -> str:
     return GONE
 
 
-def active_reporters(value: Mapping[str, Any]) -> tuple[str, ...]:
+def active_reporters(value: EventDocument) -> tuple[str, ...]:
     return tuple(sorted(v for v, r in value.get("reporters", {}).items() if r["status"] != GONE))
 
 
@@ -198,7 +265,7 @@ class Names:
 
     @classmethod
     def of(cls, vms: Iterable[VmView]) -> Names:
-        return cls({(vm.subscription_id, vm.name.lower()): vm.vm_id for vm in vms})
+        return cls({(vm.subscription_id, vm_key(vm.name)): vm.vm_id for vm in vms})
 
     def resolve(
         self, names: Iterable[str], subscription: str | None
@@ -206,13 +273,13 @@ class Names:
         found: list[str] = []
         missing: list[str] = []
         for name in names:
-            vm_id = self.index.get((subscription, name.lower()))
+            vm_id = self.index.get((subscription, vm_key(name)))
             (found if vm_id else missing).append(vm_id or name)
         return tuple(found), tuple(missing)
 
 
 def event_view(
-    value: Mapping[str, Any],
+    value: EventDocument,
     vms: Mapping[str, VmView],
     names: Names,
     tried: tuple[str, ...],
@@ -239,13 +306,13 @@ def event_view(
     )
 
 
-def is_stale(value: Mapping[str, Any], now: datetime, stale_after: timedelta) -> bool:
+def is_stale(value: EventDocument, now: datetime, stale_after: timedelta) -> bool:
     updated = parse_time(value.get("updated")) or parse_time(value.get("first_seen"))
     return updated is not None and now - updated > stale_after
 
 
 def urgency(doc: Doc) -> tuple[bool, str, str, str]:
     """Sort key: what already impacts VMs is counted before anything is approved."""
-    value = doc.value
+    value = event_document(doc)
     due = str(value.get("not_before") or "~")
     return (status(value) == "Scheduled", due, str(value.get("first_seen") or ""), doc.key)

@@ -80,7 +80,7 @@ class DecisionOutlet:
     A failure raises, failing the batch. The consumer emits a Hold or Defer before it records
     the decision in the fleet state, so the retried batch emits it again. An approval's ledger
     entry is written first, so its retry only resends the command, and the Decision record is
-    lost (bridge.consumer.ledger.Dispatch.apply; an xfail test in
+    lost (bridge.consumer.dispatch.Dispatch.apply; an xfail test in
     tests/component/consumer/test_functionapp.py).
     """
 

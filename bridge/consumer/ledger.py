@@ -18,25 +18,45 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict, cast
 
-from bridge.channels import CommandSender
-from bridge.commands import message as commands
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Conflict, Doc, Store, update
-from bridge.policy.model import EventView, Policy, Verdict, VmView
-from bridge.records import Origin, VmIdentity, iso, record_id
+from bridge.policy.model import EventView
 
 log = logging.getLogger(__name__)
 
+# Where the consumer's records (Decisions) go: the service's spool, the Functions app's outlet.
 Emit = Callable[[list[dict[str, Any]]], None]
 
-# When NotBefore is unknown or past, a command still gets this long to be acted on.
-MIN_COMMAND_LIFETIME = timedelta(minutes=2)
-# An unsent entry this young is most likely another consumer's, between its ledger write and
-# its send: left to it, or every such overlap would send the same command twice.
-RESEND_UNSENT_AFTER = timedelta(seconds=10)
+
+class _ImpactEntry(TypedDict):
+    event_id: str
+    origin: str  # "approved" (by us) or "started" (by the platform, approved or not)
+    vms: list[str]  # VmIds, and names not yet resolved to one: what the budgets count
+
+
+class LedgerEntry(_ImpactEntry, total=False):
+    """One event in the ledger (the module's sample): a "started" entry has only the three
+    keys above; an "approved" one also the command and how it fared."""
+
+    target: str  # the VmId the command went to
+    attempt: int
+    tried: list[str]  # VmIds asked so far, in order
+    rule: str
+    command_id: str
+    command: str  # the command's JSON, until it is marked sent
+    decision: dict[str, Any]  # its Decision record, until it is marked sent
+    issued_at: str
+    sent: bool
+    confirmed: bool
+    refused: bool
+
+
+def ledger_events(value: dict[str, Any]) -> dict[str, LedgerEntry]:
+    """The entries of the ledger document `value`, by event key (created when missing)."""
+    return cast(dict[str, LedgerEntry], value.setdefault("events", {}))
 
 
 class ApprovalLedger:
@@ -46,18 +66,17 @@ class ApprovalLedger:
 
     def read(self) -> Doc:
         doc = self.store.read(fs.LEDGER, fs.LEDGER_KEY) or Doc(fs.LEDGER_KEY)
-        doc.value.setdefault("events", {})
+        ledger_events(doc.value)
         return doc
 
     @staticmethod
     def impacted(doc: Doc) -> dict[str, frozenset[str]]:
-        return {key: frozenset(e["vms"]) for key, e in doc.value["events"].items()}
+        return {key: frozenset(e["vms"]) for key, e in ledger_events(doc.value).items()}
 
-    def entries(self) -> dict[str, dict[str, Any]]:
-        events: dict[str, dict[str, Any]] = self.read().value["events"]
-        return events
+    def entries(self) -> dict[str, LedgerEntry]:
+        return ledger_events(self.read().value)
 
-    def needs_decision(self, entry: Mapping[str, Any], now: datetime) -> bool:
+    def needs_decision(self, entry: LedgerEntry, now: datetime) -> bool:
         """An approval we sent that was refused, or went unconfirmed for too long."""
         if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
             return False
@@ -80,7 +99,7 @@ class ApprovalLedger:
 
         def fold(value: dict[str, Any]) -> bool:
             touched.clear()
-            for key, entry in value.setdefault("events", {}).items():
+            for key, entry in ledger_events(value).items():
                 answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
                 outcome = outcomes.get(answer)
                 if outcome is not None and not entry.get("confirmed"):
@@ -93,25 +112,24 @@ class ApprovalLedger:
 
     def note_started(self, doc: Doc, key: str, view: EventView) -> None:
         """A Started event impacts its VMs whether or not we approved it."""
-        if key in doc.value["events"]:
+        if key in ledger_events(doc.value):
             return
         vms = sorted(set(view.affected) | set(view.unresolved))
-        started = {"event_id": view.event_id, "origin": "started", "vms": vms}
-        doc.value["events"][key] = started
+        started: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": vms}
+        ledger_events(doc.value)[key] = started
         try:
             self.store.write(fs.LEDGER, doc)
         except Conflict:
             # Not left to a later pass: until it is in the ledger, the approvals decided in
             # between (this pass's next events, other consumers) would not count its VMs.
             def add(value: dict[str, Any]) -> bool:
-                events = value.setdefault("events", {})
-                return events.setdefault(key, started) is started
+                return ledger_events(value).setdefault(key, started) is started
 
             update(self.store, fs.LEDGER, fs.LEDGER_KEY, add)
 
     def release(self, key: str, why: str) -> None:
         def drop(value: dict[str, Any]) -> bool:
-            return value.setdefault("events", {}).pop(key, None) is not None
+            return ledger_events(value).pop(key, None) is not None
 
         if update(self.store, fs.LEDGER, fs.LEDGER_KEY, drop) is not None:
             log.info("event %s no longer counts against budgets: %s", key, why)
@@ -125,7 +143,7 @@ class ApprovalLedger:
         """
 
         def sent(value: dict[str, Any]) -> bool:
-            entry = value.setdefault("events", {}).get(key)
+            entry = ledger_events(value).get(key)
             if entry is None or entry.get("command_id") != command_id or entry.get("sent"):
                 return False
             entry["sent"] = True
@@ -143,207 +161,3 @@ class ApprovalLedger:
             else:
                 return
         update(self.store, fs.LEDGER, fs.LEDGER_KEY, sent)
-
-
-class Dispatch:
-    """Turns a verdict into ledger entries, Decision records and commands."""
-
-    def __init__(self, sender: CommandSender, emit: Emit, policy: Policy, host_name: str) -> None:
-        self.sender = sender
-        self.emit = emit
-        self.policy = policy
-        self.host_name = host_name
-        # CommandIds this instance wrote to the ledger and has not yet seen marked sent.
-        self._unfinished: set[str] = set()
-
-    def apply(
-        self,
-        ledger: ApprovalLedger,
-        *,
-        ledger_doc: Doc,
-        event_doc: Doc,
-        view: EventView,
-        verdict: Verdict,
-        vms: Mapping[str, VmView],
-        now: datetime,
-    ) -> bool:
-        """Carry out `verdict`; False when the ledger changed under us and it must be redone."""
-        if verdict.kind == "Ignore":
-            return True
-        decided = (event_doc, view, verdict, vms, now)
-        if verdict.kind != "Approve" or verdict.target is None:
-            said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
-            if event_doc.value.get("decision") != said:  # a standing decision is said once
-                self._say(ledger.store, view, verdict, self._decision(*decided, None))
-            return True
-        command = self._command(event_doc, view, verdict, now)
-        key = fs.event_key(view.event_id)
-        record = self._decision(*decided, command)
-        # The Decision travels with the entry, so a retry after a failed emit still says it.
-        ledger_doc.value["events"][key] = {
-            **_entry(view, verdict, command, now),
-            "decision": record,
-        }
-        try:
-            written = ledger.store.write(fs.LEDGER, ledger_doc)
-        except Conflict:
-            return False
-        self._unfinished.add(command.command_id)
-        self._say(ledger.store, view, verdict, record)
-        self._send(ledger, key, command, now, written=written)
-        return True
-
-    def resend_if_unsent(
-        self, ledger: ApprovalLedger, key: str, entry: Mapping[str, Any], now: datetime
-    ) -> None:
-        """A failure between the ledger write and the send left a command unsent: finish it.
-
-        The Decision is said again too (same RecordId) in case it was the emit that failed.
-        """
-        if entry.get("origin") != "approved" or entry.get("sent") or not entry.get("command"):
-            return
-        issued = fs.parse_time(entry.get("issued_at"))
-        ours = entry.get("command_id") in self._unfinished
-        if not ours and issued is not None and now - issued < RESEND_UNSENT_AFTER:
-            return
-        log.info("resending the approval of event %s, which was decided but not sent", key)
-        if isinstance(entry.get("decision"), dict):
-            self.emit([entry["decision"]])
-        self._send(ledger, key, commands.parse(entry["command"]), now)
-
-    def _send(
-        self,
-        ledger: ApprovalLedger,
-        key: str,
-        command: commands.Command,
-        now: datetime,
-        *,
-        written: Doc | None = None,
-    ) -> None:
-        ttl = max(1.0, (command.expires_at - now).total_seconds())
-        self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
-        ledger.mark_sent(key, command.command_id, written=written)
-        self._unfinished.discard(command.command_id)
-        log.info("sent the approval of event %s to VM %s (%s)", command.event_id,
-                 command.vm_id, command.reason)  # fmt: skip
-
-    @staticmethod
-    def _command(
-        event_doc: Doc, view: EventView, verdict: Verdict, now: datetime
-    ) -> commands.Command:
-        assert verdict.target is not None
-        expires = view.not_before if view.not_before and view.not_before > now else None
-        return commands.approve(
-            vm_id=verdict.target,
-            event_id=view.event_id,
-            document_incarnation=event_doc.value.get("incarnation"),
-            issued_at=now,
-            expires_at=expires or now + MIN_COMMAND_LIFETIME,
-            rule=verdict.rule,
-            reason=verdict.reason,
-        )
-
-    def _decision(  # noqa: PLR0917 - one decision in full
-        self,
-        event_doc: Doc,
-        view: EventView,
-        verdict: Verdict,
-        vms: Mapping[str, VmView],
-        now: datetime,
-        command: commands.Command | None,
-    ) -> dict[str, Any]:
-        return decision_record(
-            event_doc.value,
-            view=view,
-            verdict=verdict,
-            target=vms.get(verdict.target) if verdict.target else None,
-            command=command,
-            policy_source=self.policy.source,
-            host_name=self.host_name,
-            now=now,
-        )
-
-    def _say(self, store: Store, view: EventView, verdict: Verdict, record: dict[str, Any]) -> None:
-        """Emit the Decision record, then remember it so a standing decision is not repeated."""
-        said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
-
-        def remember(value: dict[str, Any]) -> bool:
-            changed = value.get("decision") != said
-            value["decision"] = said
-            return changed
-
-        self.emit([record])
-        update(store, fs.EVENT, fs.event_key(view.event_id), remember)
-        log.info("event %s (%s): %s by rule %s: %s", view.event_id, view.event_type,
-                 verdict.kind, verdict.rule, verdict.reason)  # fmt: skip
-
-
-def _entry(
-    view: EventView, verdict: Verdict, command: commands.Command, now: datetime
-) -> dict[str, Any]:
-    assert verdict.target is not None
-    return {
-        "event_id": view.event_id,
-        "origin": "approved",
-        "vms": sorted(set(view.affected) | set(view.unresolved)),
-        "target": verdict.target,
-        "attempt": len(view.tried) + 1,
-        "tried": [*view.tried, verdict.target],
-        "rule": verdict.rule,
-        "command_id": command.command_id,
-        "command": command.to_json(),
-        "issued_at": iso(now),
-        "sent": False,
-    }
-
-
-def decision_record(
-    event: Mapping[str, Any],
-    *,
-    view: EventView,
-    verdict: Verdict,
-    target: VmView | None,
-    command: commands.Command | None,
-    policy_source: str,
-    host_name: str,
-    now: datetime,
-) -> dict[str, Any]:
-    """The audit trail of one decision; its common fields describe the target VM, if any."""
-    attempt = len(view.tried) + 1 if command is not None else 0
-    rid = record_id("Decision", fs.event_key(view.event_id), verdict.kind, verdict.rule,
-                    verdict.reason, verdict.target, attempt)  # fmt: skip
-    record = Origin(_identity(target), host_name).common_fields("Decision", rid, now)
-    record.update(
-        EventId=view.event_id,
-        EventType=view.event_type,
-        EventSource=view.event_source,
-        DurationInSeconds=view.duration,
-        Resources=list(event.get("resources") or []),
-        NotBefore=iso(view.not_before) if view.not_before else None,
-        EventStatus=view.status,
-        DecisionAction=verdict.kind,
-        DecisionRule=verdict.rule,
-        DecisionReason=verdict.reason,
-        TargetVmId=verdict.target,
-        TargetVmName=target.name if target else None,
-        CommandId=command.command_id if command else None,
-        Attempt=attempt,
-        PolicySource=policy_source,
-    )
-    return record
-
-
-def _identity(vm: VmView | None) -> VmIdentity:
-    if vm is None:
-        return VmIdentity()
-    return VmIdentity(
-        vm_id=vm.vm_id,
-        vm_name=vm.name,
-        subscription_id=vm.subscription_id,
-        resource_group=vm.resource_group,
-        location=vm.location,
-        zone=vm.zone,
-        vm_scale_set_name=vm.scale_set,
-        platform_fault_domain=vm.fault_domain,
-        platform_update_domain=vm.update_domain,
-    )

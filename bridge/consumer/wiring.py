@@ -15,12 +15,13 @@ from bridge import channels, host, sinks
 from bridge.channels import CommandSender
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, load
-from bridge.consumer.core import Consumer, utc_now
+from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
 from bridge.consumer.state import Store, parse_spec
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy import file as policyfile
 from bridge.policy.model import DEFAULT_POLICY, Policy
+from bridge.records import utc_now
 
 log = logging.getLogger(__name__)
 

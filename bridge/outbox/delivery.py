@@ -16,7 +16,7 @@ from typing import Any
 
 from bridge.outbox.spool import Spool
 from bridge.redact import describe
-from bridge.retry import Backoff, PermanentError, PoisonRecords, RetryableError
+from bridge.retry import Backoff, FailureStreak, PermanentError, PoisonRecords, RetryableError
 from bridge.sinks.base import Sink, SpooledRecord
 
 log = logging.getLogger(__name__)
@@ -47,10 +47,9 @@ class _Worker:
         wait: Waiter,
     ) -> None:
         self.sink, self.name = sink, sink.name
-        self._spool, self._backoff = spool, backoff
+        self._spool, self._streak = spool, FailureStreak(backoff)
         self._stop, self._progressed = stop, progressed
         self._idle_wait, self._wait = idle_wait, wait
-        self.failures = 0
         self.last_error: str | None = None
         self._reported: set[str] = set()  # what this failure streak already logged loudly
         self.thread = threading.Thread(
@@ -62,7 +61,7 @@ class _Worker:
             try:
                 self._step()
             except Exception as err:  # the spool itself failed (disk, I/O); keep going
-                self._failed(err, self._backoff.delay_for(err), kind="spool")
+                self._failed(err, kind="spool")
 
     def _step(self) -> None:
         batch = self._spool.read_batch(self.name, self.sink.max_batch)
@@ -74,11 +73,11 @@ class _Worker:
         except PoisonRecords as err:
             self._set_aside(batch, err)
         except PermanentError as err:
-            self._failed(err, self._backoff.maximum, kind="permanent")
+            self._failed(err, kind="permanent")
         except RetryableError as err:
-            self._failed(err, self._backoff.delay_for(err), kind="retryable")
+            self._failed(err, kind="retryable")
         except Exception as err:  # a sink bug must not end delivery: retry it like a fault
-            self._failed(err, self._backoff.delay_for(err), kind="unexpected")
+            self._failed(err, kind="unexpected")
         else:
             self._spool.ack(self.name, batch[-1].seq)
             self._succeeded()
@@ -87,7 +86,7 @@ class _Worker:
         seqs = sorted({record.seq for record in batch} & set(err.seqs))
         if not seqs:
             # Naming no record of the batch would make it fail forever without progress.
-            self._failed(err, self._backoff.maximum, kind="permanent")
+            self._failed(err, kind="permanent")
             return
         reason = describe(err)
         self._spool.dead_letter(self.name, seqs, reason)
@@ -98,8 +97,13 @@ class _Worker:
         )
         self._progressed()
 
-    def _failed(self, err: Exception, delay: float, *, kind: str) -> None:
-        self.failures += 1
+    @property
+    def failures(self) -> int:
+        """Failures in a row, up to now."""
+        return self._streak.failures
+
+    def _failed(self, err: Exception, *, kind: str) -> None:
+        _, delay = self._streak.failed(err, longest=kind == "permanent")
         self.last_error = describe(err, with_type=kind in ("unexpected", "spool"))
         self._log_failure(err, delay, kind)
         self._wait(self._stop, delay)
@@ -140,14 +144,12 @@ class _Worker:
             )
 
     def _succeeded(self) -> None:
-        if self.failures:
+        if ended := self._streak.succeeded():
             log.warning(
                 "sink %s recovered after %d failures; catching up %d records",
-                *(self.name, self.failures, self._spool.backlog(self.name)),
+                *(self.name, ended, self._spool.backlog(self.name)),
             )
-        self.failures = 0
         self._reported.clear()
-        self._backoff.reset()
         self._progressed()
 
     def status(self) -> dict[str, Any]:

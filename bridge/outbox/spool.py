@@ -15,12 +15,12 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from bridge import sqlitewal
 from bridge.outbox import spoolsql as sql
+from bridge.records import iso, utc_now
 from bridge.sinks.base import SpooledRecord
 
 log = logging.getLogger(__name__)
@@ -39,9 +39,23 @@ PAGE_SIZE = 4096
 CHECKPOINT_PAGES = 256
 BACKSTOP_PAGES = 2560
 RESERVE_PAGES = 320
-RESERVE_KEY = "wal-reserve"
-RESTART_KEY = "wal-restart"
 _T = TypeVar("_T")
+
+
+class StateKey:
+    """The one registry of the names the spool keeps state under, each with its owner and its
+    shape; a key lives here, never as a constant in the module that uses it."""
+
+    NORMALISER: Final = "normaliser"  # bridge.agent.normalise.NormaliserState
+    IDENTITY: Final = "identity"  # bridge.records.VmIdentity.to_state()
+    APPROVALS: Final = "approvals"  # bridge.agent.approver: {"events": {EventId: CommandId}}
+    SEEN_COMMANDS: Final = "commands"  # bridge.agent.approver: {"seen": {CommandId: {...}}}
+    WAL_RESERVE: Final = "wal-reserve"  # this module: the blob that keeps the WAL's size
+    WAL_RESTART: Final = "wal-restart"  # this module: the acks' write that restarts the WAL
+
+
+RESERVE_KEY = StateKey.WAL_RESERVE
+RESTART_KEY = StateKey.WAL_RESTART
 
 
 def wal_bytes(pages: int) -> int:
@@ -51,6 +65,11 @@ def wal_bytes(pages: int) -> int:
 
 class SpoolError(Exception):
     """The spool database cannot be opened or used; the message names the file."""
+
+
+# What a failed spool operation may raise: a caller that must go on (the poll loop, the
+# approver) catches these, reports them, and keeps what it holds.
+SPOOL_ERRORS = (sqlite3.Error, SpoolError, OSError)
 
 
 class Spool:
@@ -369,7 +388,7 @@ class Spool:
 
     def dead_letter(self, sink: str, seqs: Sequence[int], reason: str) -> None:
         """Set records aside for this sink with the reason; they count as handled for it."""
-        at = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        at = iso(utc_now())
 
         def work(conn: sqlite3.Connection) -> int:
             self._acked(conn, sink)

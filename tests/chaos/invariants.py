@@ -262,9 +262,10 @@ def check_consumer_state(
         else:
             report.problems.append(text)
     for doc in docs:
-        if fs.status(doc.value) == fs.GONE:
+        state = fs.status(fs.event_document(doc))
+        if state == fs.GONE:
             continue
-        text = f"the consumer's event {doc.key} is {fs.status(doc.value)}, but the event ended"
+        text = f"the consumer's event {doc.key} is {state}, but the event ended"
         if doc.key in unattributed:
             report.problems.append(f"{text}: a VM reported its end with VmId null")
         else:

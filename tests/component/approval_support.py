@@ -10,11 +10,12 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from bridge.agent import imds
-from bridge.agent.loop import Agent, utc_now
+from bridge.agent.loop import Agent
 from bridge.channels import Received
 from bridge.commands import message as commands
 from bridge.config import CommandsSettings, Config, HooksSettings
 from bridge.policy.model import Policy
+from bridge.records import utc_now
 from bridge.retry import DeliveryError, RetryableError
 from bridge.simulator import SimulatorServer
 from tests.component.agentharness import AgentHarness

@@ -299,7 +299,7 @@ def assert_one_approval_per_event(found: Sequence[commands.Command]) -> dict[str
     """At most one CommandId per event, every copy of it identical; the copies per CommandId.
 
     A copy is the same command sent again: a consumer resends the command of a ledger entry
-    left unsent for a while (bridge.consumer.ledger.RESEND_UNSENT_AFTER), which after a crash
+    left unsent for a while (bridge.consumer.dispatch.RESEND_UNSENT_AFTER), which after a crash
     between the send and marking the entry sent means twice. The agent acts once per EventId and
     CommandId, so a copy is never a second approval.
     """

@@ -50,7 +50,7 @@ def test_a_policy_yaml_cannot_hold_is_a_policy_error_with_its_line(text: str, li
 
 
 def test_record_fields_of_the_wrong_type_are_not_folded_into_the_fleet_state() -> None:
-    value: dict[str, object] = {}
+    value: fleetstate.EventDocument = {}
     record = {"RecordType": "Event", "VmId": "v", "TimeGenerated": "2026-01-01T00:00:00Z",
               "EventId": ["x"], "Resources": [["web_0"], "web_1"], "EventStatus": ["Started"],
               "DurationInSeconds": True, "EventType": 5}  # fmt: skip

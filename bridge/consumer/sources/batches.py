@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from bridge import schema
 from bridge.redact import describe
-from bridge.retry import Backoff, RetryableError
+from bridge.retry import Backoff, FailureStreak, RetryableError
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,10 @@ class BatchRetry:
     stop: threading.Event
     source: str  # "local hub /srv/hub", "event hub records": names the source in log lines
     backoff: Backoff = field(default_factory=Backoff)
-    _streak: int = field(default=0, init=False)
+    _streak: FailureStreak = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._streak = FailureStreak(self.backoff)
 
     def deliver(self, partition: str, messages: Sequence[tuple[str, str] | Message]) -> bool:
         """Hand (offset, body[, sender]) `messages` over: True once done, False if stopped."""
@@ -151,10 +154,9 @@ class BatchRetry:
         self.stop.wait(delay)
 
     def _failed(self, err: Exception, where: str) -> None:
-        self._streak += 1
-        delay = self.backoff.delay_for(err)
+        first, delay = self._streak.failed(err)
         expected = isinstance(err, RetryableError)
-        if self._streak == 1:
+        if first:
             log.warning(
                 "handling %s failed%s: %s; retrying in %.1f s, nothing is checkpointed "
                 "until it succeeds",
@@ -167,14 +169,13 @@ class BatchRetry:
                 exc_info=None if expected else err,
             )
         else:
-            log.debug("handling %s failed again (%d): %s", where, self._streak, describe(err))
+            log.debug("handling %s failed again (%d): %s", where, self._streak.failures,
+                      describe(err))  # fmt: skip
         self.wait(delay)
 
     def _succeeded(self, where: str) -> None:
-        if self._streak:
-            log.warning("handled %s after %d failed attempts", where, self._streak)
-        self._streak = 0
-        self.backoff.reset()
+        if ended := self._streak.succeeded():
+            log.warning("handled %s after %d failed attempts", where, ended)
 
 
 def _split(messages: Sequence[Message]) -> tuple[list[str], list[tuple[str, str, str]]]:

@@ -40,7 +40,7 @@ from bridge.consumer.sources.batches import (
     log_poison,
 )
 from bridge.redact import describe
-from bridge.retry import Backoff
+from bridge.retry import Backoff, FailureStreak
 
 if TYPE_CHECKING:
     from azure.eventhub import CloseReason, EventData, EventHubConsumerClient, PartitionContext
@@ -154,17 +154,16 @@ def _ensure_container(
     # The store keeps its ContainerClient private; the pinned checkpointstoreblob==1.2.0
     # has no public way to create the container, and a consumer should not need a person to.
     client: Any = store._container_client
-    failures = 0
+    streak = FailureStreak(backoff)
     while not stop.is_set():
         try:
             client.create_container()
         except ResourceExistsError:
             pass
         except Exception as err:  # storage unreachable or refusing: nothing to read without it
-            failures += 1
-            delay = backoff.delay_for(err)
+            first, delay = streak.failed(err)
             log.log(
-                logging.WARNING if failures == 1 else logging.DEBUG,
+                logging.WARNING if first else logging.DEBUG,
                 "cannot create or reach the checkpoint container %s: %s; the consumer waits "
                 "for it (grant %s the Storage Blob Data Contributor role on the account, or "
                 "check storage.connection_string); retrying in %.1f s",
@@ -247,15 +246,14 @@ class _OnBatch:
         return last is None or self._clock() - last >= self._interval
 
     def _checkpoint(self, context: PartitionContext, last: EventData) -> None:
-        failures = 0
+        streak = FailureStreak(self._backoff)
         while not self._retry.stop.is_set():
             try:
                 context.update_checkpoint(last)
             except Exception as err:  # storage trouble: the batch is handled, keep its mark
-                failures += 1
-                delay = self._backoff.delay_for(err)
+                first, delay = streak.failed(err)
                 log.log(
-                    logging.WARNING if failures == 1 else logging.DEBUG,
+                    logging.WARNING if first else logging.DEBUG,
                     "cannot write the checkpoint of partition %s (offset %s) to container %s: "
                     "%s; retrying in %.1f s",
                     *(context.partition_id, last.offset, self._container, describe(err)),
@@ -263,7 +261,7 @@ class _OnBatch:
                 )
                 self._retry.wait(delay)
                 continue
-            self._backoff.reset()
+            streak.succeeded()
             return
 
     @property

@@ -22,7 +22,7 @@ from bridge.consumer.sources.batches import (
 )
 from bridge.localhub import LocalHub
 from bridge.redact import describe
-from bridge.retry import Backoff
+from bridge.retry import Backoff, FailureStreak
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +52,8 @@ class _LocalConsumer:
         self, directory: Path, group: str, batch_size: int, retry: BatchRetry, backoff: Backoff
     ) -> None:
         self._directory, self._group, self._batch_size = directory, group, batch_size
-        self._retry, self._backoff = retry, backoff
+        self._retry, self._streak = retry, FailureStreak(backoff)
         self._hub: LocalHub | None = None
-        self._failures = 0
 
     def run(self, poll_interval: float) -> None:
         try:
@@ -87,10 +86,9 @@ class _LocalConsumer:
         return busy
 
     def _trouble(self, err: Exception) -> None:
-        self._failures += 1
         self._drop()
-        delay = self._backoff.delay_for(err)
-        if self._failures == 1:
+        first, delay = self._streak.failed(err)
+        if first:
             log.warning(
                 "cannot read or checkpoint the local hub in %s: %s; retrying in %.1f s "
                 "(records handled since the last checkpoint are handled again)",
@@ -101,13 +99,9 @@ class _LocalConsumer:
         self._retry.wait(delay)
 
     def _recovered(self) -> None:
-        if self._failures:
-            log.warning(
-                "the local hub in %s works again after %d failed attempts",
-                *(self._directory, self._failures),
-            )
-        self._failures = 0
-        self._backoff.reset()
+        if ended := self._streak.succeeded():
+            log.warning("the local hub in %s works again after %d failed attempts",
+                        self._directory, ended)  # fmt: skip
 
     def _drop(self) -> None:
         hub, self._hub = self._hub, None

@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bridge.agent.loop import Agent, utc_now
+from bridge.agent.loop import Agent
 from bridge.channels import Received, SigningSender
 from bridge.channels.local import LocalSender
 from bridge.commands import message as commands
 from bridge.commands import signing
 from bridge.config import CommandsSettings, Config
+from bridge.records import utc_now
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.component.agentharness import VM

@@ -6,10 +6,12 @@ import logging
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 from bridge.agent import localmode
+from bridge.agent.normalise import NormaliserState
 from bridge.commands.message import command_id
 from bridge.config import HooksSettings
 from bridge.policy.file import loads
@@ -168,7 +170,8 @@ def test_local_views_know_only_this_vm() -> None:
     }
     started = {**event, "EventId": "E2", "EventStatus": "Started"}
     state = {"incarnation": 3, "events": {"e1": event, "e2": started}}
-    fleet, [view] = localmode.local_views(state, me, frozenset({"e1"}), frozenset(), now)
+    partial = cast(NormaliserState, state)  # only the fields local mode reads
+    fleet, [view] = localmode.local_views(partial, me, frozenset({"e1"}), frozenset(), now)
     assert fleet.vms["id-0"].tags == {"role": "db"}
     assert fleet.impacted == {"E2": frozenset({"id-0"})}
     assert (view.affected, view.unresolved, view.ready) == (

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -42,7 +42,7 @@ def merging(records: dict[str, dict[str, Any]]) -> dict[str, Mutation]:
     """One heartbeat per VmId, as the consumer folds a batch into VM documents."""
 
     def merge(record: dict[str, Any]) -> Mutation:
-        return lambda value: fs.merge_vm(value, record)
+        return lambda value: fs.merge_vm(cast(fs.VmDocument, value), record)
 
     return {vm_id: merge(record) for vm_id, record in records.items()}
 
@@ -84,7 +84,7 @@ def test_the_vms_written_last_are_not_read_again_yet_a_newer_version_wins(
     theirs.write("vm", current)
     cache.update(merging({vm: older}))  # held version is stale: conflicts, read, merged again
     assert ours.read("vm", vm).value["last_seen"] == "2099-01-01T00:00:00Z"  # type: ignore[union-attr]
-    assert cache.load() == {d.key: fs.vm_view(d.key, d.value) for d in ours.scan("vm")}
+    assert cache.load() == {d.key: fs.vm_view(d.key, fs.vm_document(d)) for d in ours.scan("vm")}
     ours.close()
     theirs.close()
 

@@ -292,7 +292,7 @@ def test_the_fleet_cache_reads_what_changed_and_sees_what_a_scan_sees(tmp_path: 
     cache = FleetCache(ours)
 
     def scanned() -> dict[str, object]:
-        return {d.key: fs.vm_view(d.key, d.value) for d in ours.scan(fs.VM)}
+        return {d.key: fs.vm_view(d.key, fs.vm_document(d)) for d in ours.scan(fs.VM)}
 
     assert cache.load() == scanned()
     fleet.advance(5)
@@ -326,3 +326,18 @@ def test_only_the_vm_a_command_went_to_can_answer_it(rig: Rig) -> None:
     assert rig.sender.sent == [first]  # no fallback: the refusal did not come from the target
     rig.consumer.process([rig.fleet.approval(first, "Refused")])
     assert len(rig.sender.sent) == 2
+
+
+def test_a_2017_name_with_a_leading_underscore_names_the_same_vm(rig: Rig) -> None:
+    """api-version 2017-03-01 lists a scale-set instance as "_web_1"; the agent has always
+    read it as web_1 (AffectsThisVm), and the consumer must resolve it the same way."""
+    batch = two_vms(rig)
+    batch += [
+        rig.fleet.event("web_0", E1, resources=["_WEB_1"]),
+        rig.fleet.event("web_1", E1, resources=["_WEB_1"]),
+    ]
+    rig.consumer.process(batch)
+    assert [c.vm_id for c in rig.sender.sent] == [rig.fleet.vm_id("web_1")]
+    assert rig.actions() == [("Approve", "user-initiated")]
+    [decision] = rig.decisions
+    assert decision["VmId"] == rig.fleet.vm_id("web_1")

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from bridge.agent.normalise import Context, Result, empty_state, normalise
+from bridge.agent.normalise import Context, NormaliserState, Result, empty_state, normalise
 from bridge.records import Origin, VmIdentity
 from tests.support import assert_valid, seed
 
@@ -24,7 +24,7 @@ def run(
     docs: list[Any], *, name: str | None = "WestNO_0", step: float = 1.0
 ) -> list[list[dict[str, Any]]]:
     """Feed documents one poll apart; the records each produced, each checked against the schema."""
-    state: dict[str, Any] | None = None
+    state: NormaliserState | None = None
     out = []
     for i, doc in enumerate(docs):
         result = normalise(state, doc, Context(T0 + timedelta(seconds=i * step), origin(name)))

@@ -14,8 +14,8 @@ def event(status: str | None, at: str, *, vm_id: str | None, host: str = "web-0"
             "TimeGenerated": at, "VmId": vm_id, "HostName": host}  # fmt: skip
 
 
-def fold(*records: dict[str, Any]) -> dict[str, Any]:
-    value: dict[str, Any] = {}
+def fold(*records: dict[str, Any]) -> fs.EventDocument:
+    value: fs.EventDocument = {}
     for record in records:
         fs.merge_event(value, record)
     return value
@@ -51,7 +51,7 @@ def heartbeat(at: str, **fields: Any) -> dict[str, Any]:
 
 
 def test_a_vm_document_changes_only_for_a_newer_record_and_says_so() -> None:
-    value: dict[str, Any] = {}
+    value: fs.VmDocument = {}
     assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", Tags={"tier": "web"}))
     kept = dict(value)
     assert not fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", VmName="other"))  # same time

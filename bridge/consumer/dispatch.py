@@ -1,0 +1,229 @@
+"""Carrying out a verdict: the ledger entry, the Decision record (the audit trail) and the
+signed command to one VM, sent once and resent if a crash came between writing and sending.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from bridge.channels import CommandSender
+from bridge.commands import message as commands
+from bridge.consumer import documents as fs
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, ledger_events
+from bridge.consumer.state import Conflict, Doc, Store, update
+from bridge.policy.model import EventView, Policy, Verdict, VmView
+from bridge.records import Origin, VmIdentity, iso, record_id
+
+log = logging.getLogger(__name__)
+
+# When NotBefore is unknown or past, a command still gets this long to be acted on.
+MIN_COMMAND_LIFETIME = timedelta(minutes=2)
+# An unsent entry this young is most likely another consumer's, between its ledger write and
+# its send: left to it, or every such overlap would send the same command twice.
+RESEND_UNSENT_AFTER = timedelta(seconds=10)
+
+
+class Dispatch:
+    """Turns a verdict into ledger entries, Decision records and commands."""
+
+    def __init__(self, sender: CommandSender, emit: Emit, policy: Policy, host_name: str) -> None:
+        self.sender = sender
+        self.emit = emit
+        self.policy = policy
+        self.host_name = host_name
+        # CommandIds this instance wrote to the ledger and has not yet seen marked sent.
+        self._unfinished: set[str] = set()
+
+    def apply(
+        self,
+        ledger: ApprovalLedger,
+        *,
+        ledger_doc: Doc,
+        event_doc: Doc,
+        view: EventView,
+        verdict: Verdict,
+        vms: Mapping[str, VmView],
+        now: datetime,
+    ) -> bool:
+        """Carry out `verdict`; False when the ledger changed under us and it must be redone."""
+        if verdict.kind == "Ignore":
+            return True
+        decided = (event_doc, view, verdict, vms, now)
+        if verdict.kind != "Approve" or verdict.target is None:
+            said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
+            if event_doc.value.get("decision") != said:  # a standing decision is said once
+                self._say(ledger.store, view, verdict, self._decision(*decided, None))
+            return True
+        command = self._command(event_doc, view, verdict, now)
+        key = fs.event_key(view.event_id)
+        record = self._decision(*decided, command)
+        # The Decision travels with the entry, so a retry after a failed emit still says it.
+        entry = _entry(view, verdict, command, now)
+        entry["decision"] = record
+        ledger_events(ledger_doc.value)[key] = entry
+        try:
+            written = ledger.store.write(fs.LEDGER, ledger_doc)
+        except Conflict:
+            return False
+        self._unfinished.add(command.command_id)
+        self._say(ledger.store, view, verdict, record)
+        self._send(ledger, key, command, now, written=written)
+        return True
+
+    def resend_if_unsent(
+        self, ledger: ApprovalLedger, key: str, entry: LedgerEntry, now: datetime
+    ) -> None:
+        """A failure between the ledger write and the send left a command unsent: finish it.
+
+        The Decision is said again too (same RecordId) in case it was the emit that failed.
+        """
+        if entry.get("origin") != "approved" or entry.get("sent") or not entry.get("command"):
+            return
+        issued = fs.parse_time(entry.get("issued_at"))
+        ours = entry.get("command_id") in self._unfinished
+        if not ours and issued is not None and now - issued < RESEND_UNSENT_AFTER:
+            return
+        log.info("resending the approval of event %s, which was decided but not sent", key)
+        if "decision" in entry:
+            self.emit([entry["decision"]])
+        self._send(ledger, key, commands.parse(entry["command"]), now)
+
+    def _send(
+        self,
+        ledger: ApprovalLedger,
+        key: str,
+        command: commands.Command,
+        now: datetime,
+        *,
+        written: Doc | None = None,
+    ) -> None:
+        ttl = max(1.0, (command.expires_at - now).total_seconds())
+        self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
+        ledger.mark_sent(key, command.command_id, written=written)
+        self._unfinished.discard(command.command_id)
+        log.info("sent the approval of event %s to VM %s (%s)", command.event_id,
+                 command.vm_id, command.reason)  # fmt: skip
+
+    @staticmethod
+    def _command(
+        event_doc: Doc, view: EventView, verdict: Verdict, now: datetime
+    ) -> commands.Command:
+        assert verdict.target is not None
+        expires = view.not_before if view.not_before and view.not_before > now else None
+        return commands.approve(
+            vm_id=verdict.target,
+            event_id=view.event_id,
+            document_incarnation=event_doc.value.get("incarnation"),
+            issued_at=now,
+            expires_at=expires or now + MIN_COMMAND_LIFETIME,
+            rule=verdict.rule,
+            reason=verdict.reason,
+        )
+
+    def _decision(  # noqa: PLR0917 - one decision in full
+        self,
+        event_doc: Doc,
+        view: EventView,
+        verdict: Verdict,
+        vms: Mapping[str, VmView],
+        now: datetime,
+        command: commands.Command | None,
+    ) -> dict[str, Any]:
+        return decision_record(
+            event_doc.value,
+            view=view,
+            verdict=verdict,
+            target=vms.get(verdict.target) if verdict.target else None,
+            command=command,
+            policy_source=self.policy.source,
+            host_name=self.host_name,
+            now=now,
+        )
+
+    def _say(self, store: Store, view: EventView, verdict: Verdict, record: dict[str, Any]) -> None:
+        """Emit the Decision record, then remember it so a standing decision is not repeated."""
+        said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
+
+        def remember(value: dict[str, Any]) -> bool:
+            changed = value.get("decision") != said
+            value["decision"] = said
+            return changed
+
+        self.emit([record])
+        update(store, fs.EVENT, fs.event_key(view.event_id), remember)
+        log.info("event %s (%s): %s by rule %s: %s", view.event_id, view.event_type,
+                 verdict.kind, verdict.rule, verdict.reason)  # fmt: skip
+
+
+def _entry(
+    view: EventView, verdict: Verdict, command: commands.Command, now: datetime
+) -> LedgerEntry:
+    assert verdict.target is not None
+    return {
+        "event_id": view.event_id,
+        "origin": "approved",
+        "vms": sorted(set(view.affected) | set(view.unresolved)),
+        "target": verdict.target,
+        "attempt": len(view.tried) + 1,
+        "tried": [*view.tried, verdict.target],
+        "rule": verdict.rule,
+        "command_id": command.command_id,
+        "command": command.to_json(),
+        "issued_at": iso(now),
+        "sent": False,
+    }
+
+
+def decision_record(
+    event: Mapping[str, Any],
+    *,
+    view: EventView,
+    verdict: Verdict,
+    target: VmView | None,
+    command: commands.Command | None,
+    policy_source: str,
+    host_name: str,
+    now: datetime,
+) -> dict[str, Any]:
+    """The audit trail of one decision; its common fields describe the target VM, if any."""
+    attempt = len(view.tried) + 1 if command is not None else 0
+    rid = record_id("Decision", fs.event_key(view.event_id), verdict.kind, verdict.rule,
+                    verdict.reason, verdict.target, attempt)  # fmt: skip
+    record = Origin(_identity(target), host_name).common_fields("Decision", rid, now)
+    record.update(
+        EventId=view.event_id,
+        EventType=view.event_type,
+        EventSource=view.event_source,
+        DurationInSeconds=view.duration,
+        Resources=list(event.get("resources") or []),
+        NotBefore=iso(view.not_before) if view.not_before else None,
+        EventStatus=view.status,
+        DecisionAction=verdict.kind,
+        DecisionRule=verdict.rule,
+        DecisionReason=verdict.reason,
+        TargetVmId=verdict.target,
+        TargetVmName=target.name if target else None,
+        CommandId=command.command_id if command else None,
+        Attempt=attempt,
+        PolicySource=policy_source,
+    )
+    return record
+
+
+def _identity(vm: VmView | None) -> VmIdentity:
+    if vm is None:
+        return VmIdentity()
+    return VmIdentity(
+        vm_id=vm.vm_id,
+        vm_name=vm.name,
+        subscription_id=vm.subscription_id,
+        resource_group=vm.resource_group,
+        location=vm.location,
+        zone=vm.zone,
+        vm_scale_set_name=vm.scale_set,
+        platform_fault_domain=vm.fault_domain,
+        platform_update_domain=vm.update_domain,
+    )

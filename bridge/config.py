@@ -83,6 +83,12 @@ class AgentSettings:
     policy: Path | None = _setting(
         None, "Approval policy run inside this agent (local mode); none: no local approvals."
     )
+    vm_name: str = _setting(
+        "",
+        "This VM's name as Scheduled Events' Resources lists it, for an IMDS that serves no "
+        "instance metadata (some emulators); instance metadata's name wins when it answers. "
+        "Empty: without instance metadata an event naming this host counts as this VM's.",
+    )
     log_file: Path | None = _setting(
         None,
         "Write the log to this file, rotated by size, instead of stderr; none: stderr "

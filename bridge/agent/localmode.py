@@ -26,7 +26,7 @@ from bridge.commands.message import command_id
 from bridge.config import Config
 from bridge.policy import file as policyfile
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
-from bridge.records import VmIdentity, vm_key
+from bridge.records import Origin, VmIdentity, vm_key
 
 log = logging.getLogger(__name__)
 RECHECK_SECONDS = 5.0
@@ -47,14 +47,19 @@ class LocalApprover:
         self._said: set[tuple[str, str]] = set()
         self._recheck_at: float | None = None  # time.monotonic() of the next look, if any
 
-    def observe(self, state: NormaliserState | None, identity: VmIdentity) -> None:
+    def observe(self, state: NormaliserState | None, origin: Origin) -> None:
         """Decide about every Scheduled event of this VM's current document."""
         self._recheck_at = None
-        vm_id = identity.vm_id
-        if vm_id is None or state is None:
-            return  # an approval is made as this VM: its VmId must be known
+        if state is None:
+            return
+        identity = origin.identity
+        # Without instance metadata the host name stands in, as the consumer keys such an
+        # agent: the approval needs a name to be made under, and no VmId is ever guessed.
+        vm_id = identity.vm_id or f"host:{origin.host_name}"
+        name = identity.vm_name or origin.host_name
         now = self._now()
-        fleet, events = local_views(state, identity, self._ready_events(), self._done(), now)
+        fleet, events = local_views(state, identity, self._ready_events(), self._done(), now,
+                                    vm_id=vm_id, name=name)  # fmt: skip
         again = False
         for event in events:
             again |= self._act(event, evaluate(self.policy, fleet, event, now), vm_id)
@@ -62,10 +67,10 @@ class LocalApprover:
             self._recheck_at = time.monotonic() + self._recheck
         self._forget(state)
 
-    def tick(self, state: NormaliserState | None, identity: VmIdentity) -> None:
+    def tick(self, state: NormaliserState | None, origin: Origin) -> None:
         """From the poll loop: look again when a deferred event is due for it."""
         if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
-            self.observe(state, identity)
+            self.observe(state, origin)
 
     def hook_done(self, event_id: str, phase: str, ok: bool) -> None:
         """A hook finished (on a hook thread): a prepared event may now be approved."""
@@ -138,28 +143,35 @@ def local_views(
     ready: frozenset[str],
     done: frozenset[str],
     now: datetime,
+    *,
+    vm_id: str | None = None,
+    name: str | None = None,
 ) -> tuple[FleetView, list[EventView]]:
-    """The fleet of one VM and the events to decide about (Scheduled, affecting it, not done)."""
-    vm_id = identity.vm_id or ""
+    """The fleet of one VM and the events to decide about (Scheduled, affecting it, not done).
+
+    `vm_id` and `name` are what this VM goes by: instance metadata's, unless it has none.
+    """
+    vm_id = vm_id or identity.vm_id or ""
+    name = name or identity.vm_name or ""
     impacted = {
         event["EventId"]: frozenset({vm_id})
         for key, event in _events(state)
         if event.get("AffectsThisVm") is True
         and (is_started(event.get("EventStatus")) or key in done)
     }
-    fleet = FleetView(vms={vm_id: vm_view(identity, now)}, impacted=impacted)
+    fleet = FleetView(vms={vm_id: vm_view(identity, now, vm_id, name)}, impacted=impacted)
     views = [
-        event_view(event, identity, key in ready, now)
+        event_view(event, vm_id, name, key in ready, now)
         for key, event in _events(state)
         if key not in done and _scheduled(event) and event.get("AffectsThisVm") is True
     ]
     return fleet, views
 
 
-def vm_view(identity: VmIdentity, now: datetime) -> VmView:
+def vm_view(identity: VmIdentity, now: datetime, vm_id: str, name: str) -> VmView:
     return VmView(
-        vm_id=identity.vm_id or "",
-        name=identity.vm_name or "",
+        vm_id=vm_id,
+        name=name,
         subscription_id=identity.subscription_id,
         resource_group=identity.resource_group,
         location=identity.location,
@@ -172,8 +184,8 @@ def vm_view(identity: VmIdentity, now: datetime) -> VmView:
     )
 
 
-def event_view(event: SavedEvent, identity: VmIdentity, ready: bool, now: datetime) -> EventView:
-    vm_id, mine = identity.vm_id or "", vm_key(identity.vm_name or "")
+def event_view(event: SavedEvent, vm_id: str, name: str, ready: bool, now: datetime) -> EventView:
+    mine = vm_key(name)
     duration = event.get("DurationInSeconds")
     return EventView(
         event_id=event["EventId"],

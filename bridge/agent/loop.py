@@ -7,6 +7,7 @@ the spool is the order they were observed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -77,7 +78,7 @@ class Agent:
         self.delivery = Delivery(self.spool, self.sinks)
         self.hooks = self._hook_runner()
         saved = VmIdentity.from_state(self.spool.load_state(StateKey.IDENTITY))
-        self.origin = Origin(saved, host.host_name())
+        self.origin = Origin(self._named(saved), host.host_name())
         self.state, dropped = restore(self.spool.load_state(StateKey.NORMALISER))
         for problem in dropped:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
@@ -145,7 +146,7 @@ class Agent:
             self._heartbeat("Periodic")
         self._resubmit_hooks()
         if self.local is not None:
-            self.local.tick(self.state, self.origin.identity)
+            self.local.tick(self.state, self.origin)
         return max(0.0, delay - (time.monotonic() - started))
 
     def shutdown(self) -> None:
@@ -235,7 +236,7 @@ class Agent:
         if self.listener is not None:
             self.listener.update(self.origin.identity.vm_id, listener.has_scheduled(self.state))
         if self.local is not None:
-            self.local.observe(self.state, self.origin.identity)
+            self.local.observe(self.state, self.origin)
 
     def _gap(self) -> timedelta:
         return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))
@@ -259,12 +260,20 @@ class Agent:
             self._identity_failed(RetryableError("the answer holds no compute.vmId"))
             return
         self._next_identity = time.monotonic() + self.config.imds.instance_refresh
+        identity = self._named(identity)
         if identity != self.origin.identity:
             log.info("this VM is %s (%s)", identity.vm_name, identity.vm_id)
             self.origin = Origin(identity, self.origin.host_name)
             self._last_body = None  # AffectsThisVm depends on the name: look again
             self._save_identity(identity)
         self._identity_warned = False
+
+    def _named(self, identity: VmIdentity) -> VmIdentity:
+        """`identity`, with agent.vm_name where instance metadata gave no name."""
+        configured = self.config.agent.vm_name
+        if identity.vm_name or not configured:
+            return identity
+        return dataclasses.replace(identity, vm_name=configured)
 
     def _save_identity(self, identity: VmIdentity) -> None:
         try:
@@ -283,9 +292,18 @@ class Agent:
                      else "null VM fields")  # fmt: skip
             log.warning(
                 "instance metadata is unavailable (%s); records carry %s until it answers; "
-                "retrying every %gs", err, carry, IDENTITY_RETRY_SECONDS,
+                "retrying every %gs%s", err, carry, IDENTITY_RETRY_SECONDS, self._unnamed(),
             )  # fmt: skip
             self._identity_warned = True
+
+    def _unnamed(self) -> str:
+        """What a person should know while this VM has no name to match Resources with."""
+        if self.origin.identity.vm_name:
+            return ""
+        return (f". Without a VM name, an event whose Resources names this host "
+                f"({self.origin.host_name}) counts as this VM's and any other stays unknown "
+                "(AffectsThisVm null): set agent.vm_name to this VM's name as Scheduled "
+                "Events lists it")  # fmt: skip
 
     # --- heartbeats ----------------------------------------------------------------------
 

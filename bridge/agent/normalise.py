@@ -208,16 +208,23 @@ def _merge(old: SavedEvent | None, parsed: ParsedEvent, ctx: Context) -> SavedEv
         "EventSource": fields["EventSource"],
         "DurationInSeconds": fields["DurationInSeconds"],
         "NotBefore": iso(not_before) if not_before else None,
-        "AffectsThisVm": _affects(fields["Resources"], ctx.origin.identity.vm_name),
+        "AffectsThisVm": _affects(fields["Resources"], ctx.origin),
         "FirstSeen": old["FirstSeen"] if old else iso(ctx.now),
     }
 
 
-def _affects(resources: list[str], vm_name: str | None) -> bool | None:
-    if not vm_name:
-        return None
-    mine = vm_key(vm_name)
-    return any(vm_key(name) == mine for name in resources)
+def _affects(resources: list[str], origin: Origin) -> bool | None:
+    """Whether `resources` names this VM; None when that cannot be told.
+
+    Without a VM name (an IMDS that serves no instance metadata, and no agent.vm_name) the
+    host name stands in, but only to say yes: a scale-set instance's host name differs from
+    its instance name, so a miss rules nothing out.
+    """
+    if origin.identity.vm_name:
+        mine = vm_key(origin.identity.vm_name)
+        return any(vm_key(name) == mine for name in resources)
+    host = vm_key(origin.host_name)
+    return True if host and any(vm_key(name) == host for name in resources) else None
 
 
 # Compared to decide Updated; NotBefore by its parsed value so a reformatted time is no change.

@@ -32,6 +32,7 @@ _FAULT_FLAGS = (
     ("--first-call-delay", "first_call_delay", "the first call after start/reset waits this long"),
     ("--rate-not-json", "rate_not_json", "share of 200 bodies that are not JSON"),
     ("--rate-not-document", "rate_not_document", "share of 200 bodies that are not a document"),
+    ("--rate-no-instance", "rate_no_instance", "share of instance metadata requests answered 404"),
 )
 
 

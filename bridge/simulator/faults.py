@@ -17,6 +17,8 @@ snake_case forms (rate429 -> rate_429, firstCallDelay -> first_call_delay):
 - rateNotJson, --rate-not-json R: share of 200 bodies that are not JSON at all.
 - rateNotDocument, --rate-not-document R: share of 200 bodies that are JSON but not a
   document (`[]`, `{"DocumentIncarnation": "x"}`, ...).
+- rateNoInstance, --rate-no-instance R: share of instance metadata requests answered 404;
+  1 is an IMDS, like some emulators, that serves only scheduledevents.
 
 Rates are 0..1; the four status rates together must not exceed 1, nor the two body rates.
 """
@@ -39,6 +41,7 @@ JSON_KEYS = {
     "firstCallDelay": "first_call_delay",
     "rateNotJson": "rate_not_json",
     "rateNotDocument": "rate_not_document",
+    "rateNoInstance": "rate_no_instance",
 }
 _FIELD_KEYS = {v: k for k, v in JSON_KEYS.items()}
 _STATUS_RATES = (("rate_429", 429), ("rate_410", 410), ("rate_500", 500), ("rate_503", 503))
@@ -68,6 +71,7 @@ class Faults:
     first_call_delay: float = 0.0
     rate_not_json: float = 0.0
     rate_not_document: float = 0.0
+    rate_no_instance: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -104,6 +108,7 @@ class Decision:
     status: int | None = None
     retry_after: float = 0.0
     corrupt_body: bytes | None = None
+    no_instance: bool = False  # instance metadata answers 404, as if the IMDS had none
 
 
 class FaultPlan:
@@ -154,7 +159,8 @@ class FaultPlan:
         with self._lock:
             status = self._pick_status(faults, self._rng.random())
             body = self._pick_body(faults, self._rng.random())
-        return Decision(delay, status, faults.retry_after, body)
+            no_instance = self._rng.random() < faults.rate_no_instance
+        return Decision(delay, status, faults.retry_after, body, no_instance)
 
     def _pick_status(self, faults: Faults, roll: float) -> int | None:
         edge = 0.0

@@ -93,6 +93,9 @@ def serve(sim: Simulator, vm: str, request: Request, wait: Callable[[float], obj
     decision = sim.faults.decide(vm, first_call)
     if decision.delay > 0:
         wait(decision.delay)
+    if name == "instance" and decision.no_instance:
+        sim.record_request(vm, request.method, name, 404)
+        return json_reply(404, {"error": "Not found"})
     reply = _answer(sim, vm, ENDPOINTS[name], request, decision)
     sim.record_request(vm, request.method, name, reply.status)
     if name == "scheduledevents" and request.method == "POST":

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import cast
 
 import pytest
 
+from bridge import host
 from bridge.agent import localmode
 from bridge.agent.normalise import NormaliserState
 from bridge.commands.message import command_id
@@ -189,3 +191,45 @@ def test_the_agent_refuses_a_bad_policy_file(tmp_path: Path) -> None:
     assert "agent.policy" in done.stderr
     assert "policy.yaml" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# --- an IMDS that serves no instance metadata (some emulators) -------------------------------
+
+
+def test_without_instance_metadata_a_user_reboot_naming_this_host_is_approved(
+    sim: Sim, harness: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    simulator, _ = sim
+    simulator.set_faults({"rateNoInstance": 1.0}, vm=VM)
+    monkeypatch.setattr(host, "host_name", lambda: "VM-1")  # this machine's OS host name
+    mine = simulator.add_event(EventSpec("Reboot", ("vm-1",), audience=(VM,),
+                                         event_source="User"))  # fmt: skip
+    other = simulator.add_event(EventSpec("Reboot", ("web_1",), audience=(VM,),
+                                          event_source="User"))  # fmt: skip
+    harness.start(channel=None, policy=DEFAULT_POLICY)
+    harness.poll(4)
+    assert posts(simulator, mine) == [200]
+    assert posts(simulator, other) == []
+    events = {r["EventId"]: r for r in harness.records("Event")}
+    assert events[mine]["AffectsThisVm"] is True
+    assert events[other]["AffectsThisVm"] is None  # a miss rules nothing out
+    assert events[mine]["VmId"] is None  # the VmId is never guessed
+    assert said(caplog, "agent.vm_name") == 1
+
+
+def test_agent_vm_name_names_this_vm_when_instance_metadata_is_missing(
+    sim: Sim, harness: Harness
+) -> None:
+    simulator, _ = sim
+    simulator.set_faults({"rateNoInstance": 1.0}, vm=VM)
+    mine = simulator.add_event(EventSpec("Reboot", (VM,), event_source="User"))
+    other = simulator.add_event(EventSpec("Reboot", ("web_1",), audience=(VM,),
+                                          event_source="User"))  # fmt: skip
+    settings = harness.agent_settings()
+    harness.agent_settings = lambda: replace(settings, vm_name=VM)  # type: ignore[method-assign]
+    harness.start(channel=None, policy=DEFAULT_POLICY)
+    harness.poll(4)
+    assert posts(simulator, mine) == [200]
+    events = {r["EventId"]: r for r in harness.records("Event")}
+    assert (events[mine]["AffectsThisVm"], events[other]["AffectsThisVm"]) == (True, False)
+    assert events[mine]["VmName"] == VM

@@ -374,3 +374,17 @@ def test_state_round_trips_through_json() -> None:
 
 def test_empty_state_shape() -> None:
     assert empty_state()["events"] == {}
+
+
+@pytest.mark.parametrize(
+    ("listed", "affects"),
+    [(["HOST-A"], True), (["other", "host-a"], True), (["_host-a"], True), (["other"], None)],
+)
+def test_without_a_vm_name_the_host_name_recognises_this_vm_but_never_rules_it_out(
+    listed: list[str], affects: bool | None
+) -> None:
+    """An IMDS with no instance metadata: a scale-set instance's host name differs from its
+    instance name, so a miss says nothing (null), while a match is this VM."""
+    [[record]] = run([doc(1, event(Resources=listed))], name=None)
+    assert record["AffectsThisVm"] is affects
+    assert record["VmId"] is None  # never guessed

@@ -312,6 +312,24 @@ def load(
     return Config(**sections)
 
 
+def warn_if_secrets_readable(path: Path | None) -> None:
+    """Say (WARNING) when the config file holds a secret and every user may read it."""
+    if path is None or not host.readable_by_others(path):
+        return
+    data = _read_file(path)
+    held = [
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(Config)
+        for f in dataclasses.fields(get_type_hints(Config)[section.name])
+        if f.metadata.get("secret") and isinstance(data.get(section.name), dict)
+        and data[section.name].get(f.name)
+    ]  # fmt: skip
+    if held:
+        log.warning("the config file %s holds %s and every user of this machine can read it: "
+                    "chmod 600 %s (or 640 with the agent's group)", path, ", ".join(held),
+                    path)  # fmt: skip
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     try:
         with path.open("rb") as handle:

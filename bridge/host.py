@@ -44,6 +44,35 @@ def default_state_dir(system: str | None = None, environ: Mapping[str, str] | No
     return Path(ntpath.join(program_data, STATE_DIR_NAME))
 
 
+# Files this process creates: no access for other users of the machine, no writing by the
+# group (0640 files, 0750 directories). On Windows the ACL of the state directory decides
+# (`se-bridge service install` limits it to SYSTEM and Administrators).
+PRIVATE_UMASK = 0o027
+
+
+def restrict_new_files() -> None:
+    """From now on, create files and directories closed to other users (POSIX)."""
+    if os.name == "posix":
+        os.umask(PRIVATE_UMASK)
+
+
+def private_directory(path: Path) -> None:
+    """Create `path` closed to other users, or close an existing one this process owns."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.name != "posix":
+        return
+    info = path.stat()
+    if info.st_uid == os.geteuid() and info.st_mode & 0o007:
+        path.chmod(info.st_mode & 0o770)
+        log.info("%s was open to every user of this machine: now mode %o", path,
+                 info.st_mode & 0o770)  # fmt: skip
+
+
+def readable_by_others(path: Path) -> bool:
+    """Whether every user of this machine may read `path` (POSIX; never on Windows)."""
+    return os.name == "posix" and bool(path.stat().st_mode & 0o004)
+
+
 def host_name() -> str:
     return socket.gethostname()
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from bridge import channels, host, sinks
 from bridge.agent.loop import Agent
-from bridge.config import Config, ConfigError, load
+from bridge.config import Config, ConfigError, load, warn_if_secrets_readable
 from bridge.logfile import handler, setup_logging
 from bridge.outbox.spool import SpoolError
 from bridge.policy import file as policyfile
@@ -80,6 +80,7 @@ def run_check(args: argparse.Namespace) -> int:
         config = load_config(args.config, flags=flags)
     except ConfigError as err:
         return _fail(f"configuration error: {err}", 2)
+    warn_if_secrets_readable(args.config)
     failed = 0
     for spec in config.sink_specs():
         sink = sinks.build(spec, config)
@@ -117,6 +118,7 @@ def serve_agent(
     default_log_file: Path | None = None,
 ) -> int:
     """Run the agent until `stop` is set; the exit code. The Windows service calls this too."""
+    host.restrict_new_files()  # first: the log, the spool and the records are not for others
     try:
         config = load_config(config_file, flags=flags)
         policy = _local_policy(config)
@@ -129,7 +131,9 @@ def serve_agent(
     except OSError as err:
         return _fail(f"cannot open the log file {log_file}: {err.strerror or err}", 1)
     setup_logging(settings.log_level, log_to)
+    warn_if_secrets_readable(config_file)
     try:
+        host.private_directory(settings.state_dir)
         agent = Agent(config, policy=policy)
     except ConfigError as err:  # e.g. a verify key that cannot be loaded
         return _fail(f"configuration error: {err}", 2)

@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import io
 import ntpath
+import os
 import platform
 import subprocess
 import sys
@@ -73,6 +74,7 @@ class ServiceSpec:
     config: Path | None
     account: str | None  # None: LocalSystem
     grant_dirs: tuple[str, ...] = ()
+    state_dir: str = ""  # closed to all but SYSTEM and Administrators at install
     delayed_start: bool = True
     restart_delays_ms: tuple[int, ...] = RESTART_DELAYS_MS
     reset_after_s: int = RESET_FAILURES_AFTER_S
@@ -118,7 +120,8 @@ def spec_from_args(args: argparse.Namespace, *, package_parent: Path | str) -> S
         config = config.resolve()  # the host starts in its own directory
     virtual = args.account == "virtual"
     account = f"NT SERVICE\\{args.name}" if virtual else None
-    grants = (str(host.default_state_dir("Windows")),) if virtual else ()
+    state_dir = str(host.default_state_dir("Windows"))
+    grants = (state_dir,) if virtual else ()
     return ServiceSpec(
         name=args.name,
         display_name=DISPLAY_NAME if args.name == SERVICE_NAME else f"{DISPLAY_NAME} ({args.name})",
@@ -127,6 +130,7 @@ def spec_from_args(args: argparse.Namespace, *, package_parent: Path | str) -> S
         config=config,
         account=account,
         grant_dirs=grants,
+        state_dir=state_dir,
     )
 
 
@@ -138,6 +142,19 @@ def recovery_commands(spec: ServiceSpec) -> list[list[str]]:
         # Without the flag only a crash counts; the agent failing to start exits cleanly.
         ["sc.exe", "failureflag", spec.name, "1"],
     ]
+
+
+# Well-known SIDs, so the command means the same on a Windows of any language.
+SYSTEM_SID, ADMINISTRATORS_SID = "*S-1-5-18", "*S-1-5-32-544"
+
+
+def restrict_commands(spec: ServiceSpec) -> list[list[str]]:
+    """%ProgramData%\\se-bridge is readable by every user by inheritance: the spool, the
+    records and the log are for SYSTEM and Administrators only (then the grants below)."""
+    if not spec.state_dir:
+        return []
+    return [["icacls", spec.state_dir, "/inheritance:r", "/grant:r",
+             f"{SYSTEM_SID}:(OI)(CI)F", f"{ADMINISTRATORS_SID}:(OI)(CI)F"]]  # fmt: skip
 
 
 def grant_commands(spec: ServiceSpec) -> list[list[str]]:
@@ -196,10 +213,13 @@ def execute(args: argparse.Namespace, scm: Scm, runner: Runner) -> int:
 
 def _install(args: argparse.Namespace, scm: Scm, runner: Runner) -> int:
     spec = spec_from_args(args, package_parent=Path(__file__).resolve().parent.parent)
-    for directory in spec.grant_dirs:
+    # The ACL commands need the directories to exist (on Windows: elsewhere, as in tests, a
+    # Windows path would only make an oddly named directory).
+    made = {*spec.grant_dirs, spec.state_dir} - {""} if os.name == "nt" else set(spec.grant_dirs)
+    for directory in made:
         Path(directory).mkdir(parents=True, exist_ok=True)
     scm.install(spec)
-    for argv in grant_commands(spec) + recovery_commands(spec):
+    for argv in restrict_commands(spec) + grant_commands(spec) + recovery_commands(spec):
         runner(argv)
     account = spec.account or "LocalSystem"
     print(f"installed {spec.name} as {account}, delayed auto start; start it with "

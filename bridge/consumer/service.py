@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge import host, schema
-from bridge.config import Config, ConfigError
+from bridge.config import Config, ConfigError, warn_if_secrets_readable
 from bridge.consumer import wiring
 from bridge.consumer.sources.eventhubs import run_eventhubs
 from bridge.consumer.sources.hub import run_local
@@ -59,7 +59,7 @@ class ConsumerService:
     def __init__(self, config: Config, *, extra_sinks: Sequence[Sink] = ()) -> None:
         self.config = config
         state_dir = config.agent.state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
+        host.private_directory(state_dir)
         self.sinks = [build(spec, config) for spec in wiring.decision_sinks(config)] + list(
             extra_sinks
         )
@@ -156,6 +156,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     host.install_stop_handler(stop.set)
+    host.restrict_new_files()
     flags = {
         "agent.state_dir": args.state_dir,
         "consumer.hub": args.hub,
@@ -167,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = wiring.load_config(args.config, flags=flags)
         setup_logging(config.agent.log_level)
+        warn_if_secrets_readable(args.config)
         service = ConsumerService(config)
     except ConfigError as err:
         print(f"se-bridge: configuration error: {err}", file=sys.stderr)

@@ -71,6 +71,8 @@ def test_install_registers_a_delayed_auto_start_localsystem_service(tmp_path: Pa
         str(package_parent), "bridge.agent.winservice.AgentService"
     )
     assert commands == [
+        ["icacls", spec.state_dir, "/inheritance:r", "/grant:r", "*S-1-5-18:(OI)(CI)F",
+         "*S-1-5-32-544:(OI)(CI)F"],
         ["sc.exe", "failure", "se-bridge", "reset=", "86400", "actions=",
          "restart/5000/restart/15000/restart/60000"],
         ["sc.exe", "failureflag", "se-bridge", "1"],

@@ -108,7 +108,11 @@ class ImdsSettings:
     url: str = _setting("http://169.254.169.254", "IMDS base URL (the simulator's for tests).")
     api_version: str = _setting("2020-07-01", "Scheduled Events api-version.")
     timeout: float = _setting(
-        10.0, "Seconds to wait for an answer once IMDS has answered once.", low=0.5, high=300
+        10.0,
+        "Seconds a whole answer may take once IMDS has answered once (a deadline, however "
+        "slowly it arrives).",
+        low=0.5,
+        high=300,
     )
     first_call_timeout: float = _setting(
         120.0,

@@ -4,12 +4,17 @@ One keep-alive connection (plain http.client: the agent polls every second, and 
 machinery cost more CPU than the rest of a poll); `Metadata: true` on every call; never
 through a proxy and never following a redirect (IMDS answers only on the link-local address,
 and a redirect means something other than IMDS answered); never more than `max_rps`
-requests a second.
+requests a second. Nothing IMDS sends can exhaust the agent: a body larger than its
+endpoint's cap (MAX_BODY) is refused after reading one byte past the cap, and every request
+has a total deadline (the read timeout), enforced by a watchdog that shuts the socket, so a
+server that drips its answer a byte at a time cannot hold the poll, the heartbeats or an
+approval behind it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import http.client
 import json
 import logging
@@ -36,6 +41,57 @@ INSTANCE_API_VERSION = "2021-02-01"
 TRANSIENT = frozenset({410, 500, 502, 503, 504})
 EXCERPT = 200
 CONNECT_TIMEOUT = 5.0  # IMDS is link-local: a connection takes milliseconds or never comes
+# Real answers are far smaller: a document lists a few events, each naming at most the VMs of
+# one scale-set placement group; instance metadata is a few KB, an approval's answer empty.
+MAX_BODY = {"scheduledevents": 4 * 1024 * 1024, "instance": 1024 * 1024}
+MAX_OTHER_BODY = 64 * 1024
+
+
+class AnswerTooLarge(http.client.HTTPException):
+    """IMDS sent more than the endpoint's cap: refused, never read to its end."""
+
+
+class _Watchdog:
+    """Ends an exchange that outlives its deadline by shutting its socket, from a thread of
+    its own: a socket timeout bounds each read, not a whole answer sent a byte at a time."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._sock: socket.socket | None = None
+        self._due: float | None = None
+        self._fired = False
+        self._thread: threading.Thread | None = None
+
+    def arm(self, sock: socket.socket, seconds: float) -> None:
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="se-bridge imds deadline",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._sock, self._due, self._fired = sock, time.monotonic() + seconds, False
+            self._cond.notify()
+
+    def disarm(self) -> bool:
+        """Stop watching; whether the deadline had passed and the socket was shut."""
+        with self._cond:
+            fired, self._sock, self._due = self._fired, None, None
+            return fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if self._due is None:
+                    self._cond.wait()
+                    continue
+                left = self._due - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                if self._sock is not None:
+                    with contextlib.suppress(OSError):  # closed already: nothing to end
+                        self._sock.shutdown(socket.SHUT_RDWR)
+                    self._fired = True
+                self._due = None
 
 
 def excerpt(body: bytes | str, limit: int = EXCERPT) -> str:
@@ -88,7 +144,14 @@ class Answer(NamedTuple):
 
 class Transport(Protocol):
     def request(
-        self, method: str, path: str, *, version: str, body: bytes | None, read_timeout: float
+        self,
+        method: str,
+        path: str,
+        *,
+        version: str,
+        body: bytes | None,
+        read_timeout: float,
+        limit: int = MAX_OTHER_BODY,
     ) -> Answer: ...
 
     def close(self) -> None: ...
@@ -111,9 +174,17 @@ class DirectTransport:
         self._headers = {"Metadata": "true", "User-Agent": "se-bridge"}
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
+        self._watchdog = _Watchdog()
 
     def request(
-        self, method: str, path: str, *, version: str, body: bytes | None, read_timeout: float
+        self,
+        method: str,
+        path: str,
+        *,
+        version: str,
+        body: bytes | None,
+        read_timeout: float,
+        limit: int = MAX_OTHER_BODY,
     ) -> Answer:
         target = f"{self._prefix}{path}?{urllib.parse.urlencode({'api-version': version})}"
         headers = dict(self._headers)
@@ -121,31 +192,40 @@ class DirectTransport:
             headers["Content-Type"] = "application/json"
         with self._lock:
             reused = self._conn is not None and not _dropped(self._conn)
+            exchange = (method, target, body, headers, read_timeout, limit)
             try:
-                return self._exchange(method, target, body, headers, read_timeout)
+                return self._exchange(*exchange)
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 if not reused:
                     raise
             # IMDS closed the idle keep-alive connection as we reused it: once more, afresh.
             # Safe for the POST too: IMDS answers 200 to an approval it already has.
-            return self._exchange(method, target, body, headers, read_timeout)
+            return self._exchange(*exchange)
 
-    def _exchange(
+    def _exchange(  # noqa: PLR0917 - one request in full
         self,
         method: str,
         target: str,
         body: bytes | None,
         headers: dict[str, str],
         read_timeout: float,
+        limit: int,
     ) -> Answer:
         conn = self._connection(read_timeout)
+        self._watchdog.arm(cast(socket.socket, conn.sock), read_timeout)
         try:
             conn.request(method, target, body=body, headers=headers)
             response = conn.getresponse()
-            content = response.read()
+            content = _read_body(response, limit)
         except BaseException:
+            late = self._watchdog.disarm()
             self.close()  # a half-read exchange leaves the connection unusable
+            if late:
+                raise _late(read_timeout) from None
             raise
+        if self._watchdog.disarm():  # shut mid-body: what was read is not the whole answer
+            self.close()
+            raise _late(read_timeout)
         # On "Connection: close" http.client has let the socket go; the next call reconnects.
         return Answer(response.status, response.getheader("Retry-After"), content)
 
@@ -164,6 +244,20 @@ class DirectTransport:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+
+def _read_body(response: http.client.HTTPResponse, limit: int) -> bytes:
+    """The whole body, or AnswerTooLarge once it passes `limit`; never more in memory."""
+    content = response.read(limit + 1)
+    if len(content) > limit:
+        raise AnswerTooLarge(f"IMDS sent more than {limit} bytes: refused unread")
+    if response.length:  # Content-Length promised more than came before the socket closed
+        raise http.client.IncompleteRead(content, response.length)
+    return content
+
+
+def _late(seconds: float) -> TimeoutError:
+    return TimeoutError(f"IMDS timed out: it did not finish answering within {seconds:g} s")
 
 
 def _dropped(conn: http.client.HTTPConnection) -> bool:
@@ -198,7 +292,14 @@ class SessionTransport:
         self._session.headers.update({"Metadata": "true", "User-Agent": "se-bridge"})
 
     def request(
-        self, method: str, path: str, *, version: str, body: bytes | None, read_timeout: float
+        self,
+        method: str,
+        path: str,
+        *,
+        version: str,
+        body: bytes | None,
+        read_timeout: float,
+        limit: int = MAX_OTHER_BODY,
     ) -> Answer:
         response = self._session.request(
             method,
@@ -208,6 +309,8 @@ class SessionTransport:
             timeout=(min(CONNECT_TIMEOUT, read_timeout), read_timeout),
             allow_redirects=False,
         )
+        if len(response.content) > limit:
+            raise AnswerTooLarge(f"IMDS sent more than {limit} bytes: refused")
         return Answer(response.status_code, response.headers.get("Retry-After"), response.content)
 
     def close(self) -> None:
@@ -270,9 +373,14 @@ class ImdsClient:
         self._limiter.acquire()
         read_timeout = self._timeout if path in self._answered else self._first_timeout
         url = self.base_url + path
+        limit = (
+            MAX_BODY.get(path.rsplit("/", 1)[-1], MAX_OTHER_BODY)
+            if method == "GET"
+            else (MAX_OTHER_BODY)
+        )
         try:
             answer = self._transport.request(
-                method, path, version=version, body=body, read_timeout=read_timeout
+                method, path, version=version, body=body, read_timeout=read_timeout, limit=limit
             )
         except (OSError, http.client.HTTPException, requests.RequestException) as err:
             raise RetryableError(f"{method} {url} failed: {type(err).__name__}: {err}") from err

@@ -191,7 +191,7 @@ class Agent:
     def _observe(self, body: bytes) -> None:
         try:
             raw = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than JSON allows
             self._problem("not json", f"IMDS sent a body that is not JSON; skipped: "
                           f"{imds.excerpt(body)!r}")  # fmt: skip
             return
@@ -435,9 +435,17 @@ def describe(record: dict[str, Any]) -> str:
         f"NotBefore {record['NotBefore']}" if record.get("NotBefore") else "",
         f"changed {', '.join(record['ChangedFields'])}" if record.get("ChangedFields") else "",
         affects[record.get("AffectsThisVm")],
-        f"resources {', '.join(record['Resources'])}" if record.get("Resources") else "",
+        f"resources {_some(record['Resources'])}" if record.get("Resources") else "",
     ]
     return "; ".join(p for p in parts if p)
+
+
+SHOWN_RESOURCES = 20  # a log line is for a person: a scale set's 1,000 names are not
+
+
+def _some(names: list[str]) -> str:
+    shown = ", ".join(imds.excerpt(str(n), 64) for n in names[:SHOWN_RESOURCES])
+    return shown if len(names) <= SHOWN_RESOURCES else f"{shown}, ... ({len(names)} in all)"
 
 
 def _client(config: Config) -> imds.ImdsClient:

@@ -248,3 +248,69 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# --- an IMDS that never finishes ------------------------------------------------------------
+
+
+class Hostile:
+    """A raw server with one misbehaviour: an endless chunked body, or a body dripped a byte
+    at a time; it stops by itself when the test is done."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.stop = threading.Event()
+        self.sent = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                if self.kind == "endless":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    chunk = b"%x\r\n%s\r\n" % (65536, b" " * 65536)
+                    while not self.stop.is_set() and self.sent < 2**31:
+                        conn.sendall(chunk)
+                        self.sent += 65536
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n{")
+                    while not self.stop.wait(0.2):
+                        conn.sendall(b" ")
+            except OSError:
+                return  # the client hung up: what it should do
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+def test_an_endless_body_is_cut_off_at_the_endpoints_cap() -> None:
+    server = Hostile("endless")
+    client = imds.ImdsClient(server.url, timeout=30, first_call_timeout=30)
+    try:
+        with pytest.raises(RetryableError, match="more than"):
+            client.scheduled_events()
+        assert server.sent < 64 * imds.MAX_BODY["scheduledevents"]  # stopped reading early
+    finally:
+        client.close()
+        server.close()
+
+
+def test_a_body_dripped_byte_by_byte_hits_the_total_deadline() -> None:
+    server = Hostile("drip")
+    client = imds.ImdsClient(server.url, timeout=1.0, first_call_timeout=1.0)
+    began = time.monotonic()
+    try:
+        with pytest.raises(RetryableError, match="did not finish answering"):
+            client.scheduled_events()
+        assert time.monotonic() - began < 5  # 1 s deadline, not 100,000 drips
+    finally:
+        client.close()
+        server.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -282,3 +283,34 @@ def test_an_unexpected_error_in_a_cycle_does_not_end_the_agent(
         delay = agent._guarded_cycle()
     assert (calls, delay) == ([1], 0.2)
     assert "unexpected error in the poll loop" in caplog.text
+
+
+def test_a_deeply_nested_document_is_one_clear_warning(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    agent = harness.start()
+    harness.poll()
+    deep = b"[" * 100_000 + b"]" * 100_000
+    for _ in range(3):
+        agent._observe(deep)  # no RecursionError escapes the observe step
+    warned = [r for r in caplog.records if "not JSON" in r.getMessage()]
+    assert len(warned) == 1
+    assert warned[0].exc_info is None
+    harness.poll()  # and the agent goes on
+
+
+def test_a_document_with_200000_resources_makes_no_huge_log_line(
+    harness: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bridge")
+    agent = harness.start()
+    harness.poll()
+    resources = [f"vm-{i}" for i in range(200_000)]
+    event = {"EventId": "E-big", "EventType": "Freeze", "ResourceType": "VirtualMachine",
+             "Resources": resources, "EventStatus": "Scheduled", "NotBefore": "",
+             "Description": "", "EventSource": "Platform", "DurationInSeconds": 5}  # fmt: skip
+    agent._observe(json.dumps({"DocumentIncarnation": 9, "Events": [event]}).encode())
+    lines = [r.getMessage() for r in caplog.records]
+    assert any("E-big" in line for line in lines)
+    assert max(len(line) for line in lines) < 2000
+    assert any("200000 in all" in line for line in lines)

@@ -327,6 +327,7 @@ class ImdsClient:
         first_call_timeout: float = 120.0,
         max_rps: float = 5.0,
         session: requests.Session | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_version = api_version
@@ -334,7 +335,8 @@ class ImdsClient:
         self._first_timeout = first_call_timeout
         # Per endpoint: each one's first call after IMDS idled may be the slow one.
         self._answered: set[str] = set()
-        self._limiter = RateLimiter(max_rps)
+        # Shared by the clients of one agent (the poll's, the approvals'): IMDS counts per VM.
+        self.limiter = limiter or RateLimiter(max_rps)
         self._transport: Transport = (
             DirectTransport(self.base_url)
             if session is None
@@ -370,7 +372,7 @@ class ImdsClient:
         self._transport.close()
 
     def _call(self, method: str, path: str, version: str, body: bytes | None = None) -> Answer:
-        self._limiter.acquire()
+        self.limiter.acquire()
         read_timeout = self._timeout if path in self._answered else self._first_timeout
         url = self.base_url + path
         limit = (

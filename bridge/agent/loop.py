@@ -66,6 +66,9 @@ class Agent:
         self._now = now
         self._boot_id = boot_id if boot_id is not None else host.boot_id()
         self.imds = client or _client(config)
+        # Approvals have their own connection and thread: one never waits behind a poll that
+        # IMDS is slow to answer (each is bounded by its own deadline).
+        self.approval_imds = client or _client(config, limiter=self.imds.limiter)
         self.sinks = (
             list(sinks) if sinks is not None else [build(s, config) for s in config.sink_specs()]
         )
@@ -94,10 +97,15 @@ class Agent:
         self._stop = threading.Event()
         self._run = uuid.uuid4().hex  # this process, in heartbeat ids
         self._imds_thread = _Worker("imds")
+        self._approval_thread = _Worker("imds approvals")
         # Central commands and the local policy approve through one Approver, so an event
         # approved by either is never approved again by the other.
         self.approver = Approver(
-            self.imds, self._interruptible, self.spool, lambda: self.origin, now
+            self.approval_imds,
+            lambda call: self._interruptible(call, self._approval_thread),
+            self.spool,
+            lambda: self.origin,
+            now,
         )
         self.listener = listener.build(config, self.approver, now, open_inbox)
         self.local = localmode.build(config, self.approver, now, policy)
@@ -162,7 +170,10 @@ class Agent:
         self.delivery.stop(timeout=5.0)
         self.spool.close()
         self._imds_thread.stop()
+        self._approval_thread.stop()
         self.imds.close()
+        if self.approval_imds is not self.imds:
+            self.approval_imds.close()
 
     # --- scheduled events -------------------------------------------------------------------
 
@@ -178,9 +189,10 @@ class Agent:
             self._observe(body)
         return self.config.agent.poll_interval
 
-    def _interruptible(self, call: Callable[[], T]) -> T:
-        """`call()` on the IMDS thread, abandoned (RetryableError) if the agent is told to stop."""
-        future: Future[T] = self._imds_thread.submit(call)
+    def _interruptible(self, call: Callable[[], T], worker: _Worker | None = None) -> T:
+        """`call()` on an IMDS thread (the poll's unless told), abandoned (RetryableError) if
+        the agent is told to stop."""
+        future: Future[T] = (worker or self._imds_thread).submit(call)
         while True:
             try:
                 return future.result(timeout=STOP_CHECK_SECONDS)
@@ -448,7 +460,7 @@ def _some(names: list[str]) -> str:
     return shown if len(names) <= SHOWN_RESOURCES else f"{shown}, ... ({len(names)} in all)"
 
 
-def _client(config: Config) -> imds.ImdsClient:
+def _client(config: Config, limiter: imds.RateLimiter | None = None) -> imds.ImdsClient:
     settings = config.imds
     return imds.ImdsClient(
         settings.url,
@@ -456,4 +468,5 @@ def _client(config: Config) -> imds.ImdsClient:
         timeout=settings.timeout,
         first_call_timeout=settings.first_call_timeout,
         max_rps=settings.max_requests_per_second,
+        limiter=limiter,
     )

@@ -14,10 +14,15 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 
 from bridge.agent import imds
+from bridge.agent.approver import Request
+from bridge.agent.loop import Agent
+from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
 
 DOC = b'{"DocumentIncarnation": 1, "Events": []}'
@@ -314,3 +319,31 @@ def test_a_body_dripped_byte_by_byte_hits_the_total_deadline() -> None:
     finally:
         client.close()
         server.close()
+
+
+def test_an_approval_does_not_wait_behind_a_stalled_poll(
+    server: ScriptedImds, tmp_path: Path
+) -> None:
+    """The poll's GET hangs for 3 s; the approval's own read and POST answer at once."""
+    doc = (b'{"DocumentIncarnation": 2, "Events": [{"EventId": "E1", "EventStatus": "Scheduled",'
+           b' "EventType": "Reboot", "ResourceType": "VirtualMachine", "Resources": ["vm-0"],'
+           b' "NotBefore": "Mon, 11 Apr 2022 22:26:58 GMT"}]}')  # fmt: skip
+    server.script += [Reply(body=doc, delay=3.0), Reply(body=doc), Reply(body=b"")]
+    config = Config(
+        agent=AgentSettings(state_dir=tmp_path / "state", sinks=[f"jsonl:{tmp_path / 'r'}"]),
+        imds=ImdsSettings(url=server.url, timeout=5, first_call_timeout=5),
+    )
+    agent = Agent(config, boot_id="b1")
+    poll = threading.Thread(target=agent.cycle, daemon=True)
+    try:
+        poll.start()
+        time.sleep(0.3)  # the poll's GET is in flight, held by the server
+        began = time.monotonic()
+        attempt = agent.approver.attempt(
+            Request("E1", "C1", "Local", "r", "test", datetime.now(timezone.utc))
+        )
+        assert time.monotonic() - began < 1.5
+        assert attempt.kind == "Approved", attempt
+    finally:
+        poll.join(10)
+        agent.shutdown()

@@ -33,6 +33,8 @@ _FAULT_FLAGS = (
     ("--rate-not-json", "rate_not_json", "share of 200 bodies that are not JSON"),
     ("--rate-not-document", "rate_not_document", "share of 200 bodies that are not a document"),
     ("--rate-no-instance", "rate_no_instance", "share of instance metadata requests answered 404"),
+    ("--drip", "drip", "seconds between the bytes of every 200 body (a stalled IMDS)"),
+    ("--rate-endless", "rate_endless", "share of 200 bodies that never end"),
 )
 
 

@@ -19,6 +19,9 @@ snake_case forms (rate429 -> rate_429, firstCallDelay -> first_call_delay):
   document (`[]`, `{"DocumentIncarnation": "x"}`, ...).
 - rateNoInstance, --rate-no-instance R: share of instance metadata requests answered 404;
   1 is an IMDS, like some emulators, that serves only scheduledevents.
+- drip, --drip S: a 200 body is sent one byte every S seconds (a stalled IMDS).
+- rateEndless, --rate-endless R: share of 200 answers whose body never ends (chunked, until
+  the client hangs up or 256 MiB went out).
 
 Rates are 0..1; the four status rates together must not exceed 1, nor the two body rates.
 """
@@ -42,6 +45,8 @@ JSON_KEYS = {
     "rateNotJson": "rate_not_json",
     "rateNotDocument": "rate_not_document",
     "rateNoInstance": "rate_no_instance",
+    "drip": "drip",
+    "rateEndless": "rate_endless",
 }
 _FIELD_KEYS = {v: k for k, v in JSON_KEYS.items()}
 _STATUS_RATES = (("rate_429", 429), ("rate_410", 410), ("rate_500", 500), ("rate_503", 503))
@@ -72,6 +77,8 @@ class Faults:
     rate_not_json: float = 0.0
     rate_not_document: float = 0.0
     rate_no_instance: float = 0.0
+    drip: float = 0.0
+    rate_endless: float = 0.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -109,6 +116,8 @@ class Decision:
     retry_after: float = 0.0
     corrupt_body: bytes | None = None
     no_instance: bool = False  # instance metadata answers 404, as if the IMDS had none
+    drip: float = 0.0  # seconds between the bytes of a 200 body
+    endless: bool = False  # a 200 body that never ends
 
 
 class FaultPlan:
@@ -160,7 +169,8 @@ class FaultPlan:
             status = self._pick_status(faults, self._rng.random())
             body = self._pick_body(faults, self._rng.random())
             no_instance = self._rng.random() < faults.rate_no_instance
-        return Decision(delay, status, faults.retry_after, body, no_instance)
+            endless = self._rng.random() < faults.rate_endless
+        return Decision(delay, status, faults.retry_after, body, no_instance, faults.drip, endless)
 
     def _pick_status(self, faults: Faults, roll: float) -> int | None:
         edge = 0.0

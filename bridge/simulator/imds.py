@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bridge.simulator.faults import Decision
@@ -68,6 +68,8 @@ class Reply:
     body: bytes = b""
     content_type: str | None = JSON_CONTENT_TYPE
     headers: tuple[tuple[str, str], ...] = ()
+    drip: float = 0.0  # send the body a byte at a time, this many seconds apart
+    endless: bool = False  # send the body again and again, chunked, never ending it
 
 
 def json_reply(status: int, payload: Any, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
@@ -125,6 +127,8 @@ def _answer(
     reply = endpoint.answer(sim, vm, request)
     if decision.corrupt_body is not None and request.method == "GET" and reply.status == 200:
         return Reply(200, decision.corrupt_body)
+    if reply.status == 200 and (decision.drip or decision.endless):
+        return replace(reply, drip=decision.drip, endless=decision.endless)
     return reply
 
 

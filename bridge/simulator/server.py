@@ -25,6 +25,7 @@ from bridge.simulator.imds import Reply, Request, json_reply
 logger = logging.getLogger("bridge.simulator")
 
 MAX_BODY = 1 << 20
+ENDLESS_BYTES = 256 << 20  # an "endless" body ends here, so the simulator stops by itself
 
 
 class ClosingHTTPServer(ThreadingHTTPServer):
@@ -159,9 +160,33 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", reply.content_type)
         for name, value in reply.headers:
             self.send_header(name, value)
-        self.send_header("Content-Length", str(len(reply.body)))
+        if reply.endless:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
-        self.wfile.write(reply.body)
+        if not (reply.endless or reply.drip):
+            self.wfile.write(reply.body)
+            return
+        self.close_connection = True  # a faulty answer ends its connection
+        with contextlib.suppress(OSError):  # the client hung up: what it should do
+            self._send_slowly(reply)
+
+    def _send_slowly(self, reply: Reply) -> None:
+        server = self.server
+        assert isinstance(server, SimHTTPServer)
+        if reply.endless:
+            chunk = b"%x\r\n%s\r\n" % (len(reply.body) or 1, reply.body or b" ")
+            for _ in range(ENDLESS_BYTES // len(chunk)):
+                if server.stopping.is_set():
+                    return
+                self.wfile.write(chunk)
+            return
+        for byte in reply.body:
+            if server.stopping.wait(reply.drip):
+                return
+            self.wfile.write(bytes([byte]))
+            self.wfile.flush()
 
 
 class SimulatorServer:

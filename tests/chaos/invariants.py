@@ -6,6 +6,7 @@ Each check returns problems (sentences naming what broke) and adds its numbers t
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -297,3 +298,15 @@ def _ended_without_vm_id(jsonl: Mapping[str, Path]) -> set[str]:
         for r in read_jsonl(path)[1]
         if r["RecordType"] == "Event" and r["Transition"] in TERMINAL and r["VmId"] is None
     }
+
+
+def check_planted(planted: list[Path], victim: Path) -> list[str]:
+    """A hostile entry in a command channel is skipped, never removed, and what a link in it
+    points at is never read away, renamed or deleted (bridge.channels.local)."""
+    problems = [f"{path} was removed or renamed by an agent" for path in planted
+                if not os.path.lexists(path)]  # fmt: skip
+    if planted and [p.name for p in victim.iterdir()] != ["precious.json"]:
+        problems.append(f"the victim directory {victim} was changed: {sorted(victim.iterdir())}")
+    if planted and (victim / "precious.json").read_text(encoding="utf-8") != '{"keep": true}':
+        problems.append("the victim file a planted link points at was changed")
+    return problems

@@ -11,6 +11,7 @@ Commands are signed: the consumer holds the private key, agents the public one.
 from __future__ import annotations
 
 import json
+import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,8 +83,25 @@ class Rig:
         self.hub, self.commands = root / "hub", root / "commands"
         self.fleet_db, self.decisions = root / "fleet.db", root / "decisions.jsonl"
         self.kinds = Kinds()
+        self.victim = root / "victim"  # what a planted link points at: never to be touched
+        self.planted: list[Path] = []
         self.agents: dict[str, Agent] = {}
         self.consumer_runs: list[Proc] = []
+
+    def plant_hostile(self, vm: str, n: int) -> list[Path]:
+        """Entries a hostile local user could put in `vm`'s command channel: a link to a
+        victim file, a named pipe and a directory, each named like a command."""
+        if not self.victim.exists():
+            self.victim.mkdir()
+            (self.victim / "precious.json").write_text('{"keep": true}', encoding="utf-8")
+        folder = self.commands / self.sim.fleet.vm(vm).vm_id.lower()
+        folder.mkdir(parents=True, exist_ok=True)
+        link, pipe, sub = (folder / f"hostile-{n}-{kind}.json" for kind in ("link", "pipe", "dir"))
+        link.symlink_to(self.victim / "precious.json")
+        os.mkfifo(pipe)
+        sub.mkdir()
+        self.planted += [link, pipe, sub]
+        return [link, pipe, sub]
 
     def start(self) -> Rig:
         self.server.start()

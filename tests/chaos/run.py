@@ -32,6 +32,13 @@ FAULTS: list[dict[str, Any]] = [
     {"rate503": 0.5},
 ]
 SLOW_VM_LATENCY = 11.0  # above the agent's 10 s IMDS read timeout: its requests time out
+# One VM's IMDS at a time: too slow, stalled (an answer a byte every 2 s, cut off by the
+# agent's 10 s deadline), or endless (a body that never ends, refused past its cap).
+ONE_VM_FAULTS = {
+    "timeouts": {"latency": SLOW_VM_LATENCY},
+    "stalled IMDS": {"drip": 2.0},
+    "endless IMDS": {"rateEndless": 1.0},
+}
 SETTLE = 240.0
 
 
@@ -52,6 +59,8 @@ class Chaos:
             self.new_event()
         if cycle % 6 == 0:
             self.change_faults()
+        if cycle % 5 == 2:
+            self.plant_in_a_channel()
         if cycle % 9 == 0:
             self.toggle_broker()
         if cycle % 7 == 3:
@@ -78,14 +87,22 @@ class Chaos:
 
     def change_faults(self) -> None:
         self.rig.sim.clear_faults()
-        if self.rng.random() < 0.15:
+        if self.rng.random() < 0.3:
             vm = self.rng.choice(VMS)
-            self.rig.sim.set_faults({"latency": SLOW_VM_LATENCY}, vm)
-            self.faults_used["timeouts"] += 1
+            kind = self.rng.choice(sorted(ONE_VM_FAULTS))
+            self.rig.sim.set_faults(ONE_VM_FAULTS[kind], vm)
+            self.faults_used[kind] += 1
             return
         faults = self.rng.choice(FAULTS)
         self.rig.sim.set_faults(faults)
         self.faults_used[",".join(sorted(faults)) or "none"] += 1
+
+    def plant_in_a_channel(self) -> None:
+        """A hostile neighbour: a link to a file the agent must never touch, a pipe and a
+        directory, among one VM's commands (check_planted says whether they survived)."""
+        vm = self.rng.choice(VMS)
+        planted = self.rig.plant_hostile(vm, len(self.rig.planted))
+        self.faults_used["hostile channel entries"] += len(planted)
 
     def toggle_broker(self) -> None:
         if self.broker_down:
@@ -242,6 +259,7 @@ def run_chaos(root: Path, *, cycles: int, seed: int) -> inv.Report:
         report.add(chaos.settle())
         report.add(chaos.stop_all(lambda: sinks_complete(rig)))
         check(rig, report)
+        report.add(inv.check_planted(rig.planted, rig.victim))
         inv.add_unapproved(report, chaos.stuck)
     finally:
         rig.close()

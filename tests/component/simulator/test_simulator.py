@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 import pytest
 import requests
 
+from bridge.agent import imds
+from bridge.retry import RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.faults import FaultPlan, Faults
 from bridge.simulator.fleet import Fleet, UnknownEventError
@@ -724,3 +726,28 @@ def test_loopback_hosts_may_use_the_control_api(
     response = http.post(server.url + "/control/faults", json={"latency": 0},
                          headers={"Host": f"{host}:{port}"})  # fmt: skip
     assert response.status_code == 200, response.text
+
+
+# --- a stalled and an endless IMDS --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("faults", "message"),
+    [({"drip": 0.5}, "did not finish answering"), ({"rateEndless": 1.0}, "more than")],
+    ids=["drip", "endless"],
+)
+def test_a_stalled_or_endless_imds_ends_as_a_retryable_error(
+    served: tuple[Simulator, SimulatorServer], faults: dict[str, float], message: str
+) -> None:
+    sim, server = served
+    sim.set_faults(faults)
+    client = imds.ImdsClient(server.vm_url(sim.vm_names[0]), timeout=1.0, first_call_timeout=1.0)
+    began = time.monotonic()
+    try:
+        with pytest.raises(RetryableError, match=message):
+            client.scheduled_events()
+    finally:
+        client.close()
+    assert time.monotonic() - began < 5
+    sim.clear_faults()
+    assert document(requests.Session(), server.vm_url(sim.vm_names[0]))["Events"] == []

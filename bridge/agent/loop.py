@@ -47,6 +47,7 @@ CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_RETRY_SECONDS = 60.0
 MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
 STOP_CHECK_SECONDS = 0.1
+STALL_WAIT = 1.0  # how long a cycle waits for a poll's answer before its housekeeping
 T = TypeVar("T")
 
 
@@ -97,6 +98,7 @@ class Agent:
         self._stop = threading.Event()
         self._run = uuid.uuid4().hex  # this process, in heartbeat ids
         self._imds_thread = _Worker("imds")
+        self._pending: Future[bytes] | None = None  # a poll IMDS has not answered yet
         self._approval_thread = _Worker("imds approvals")
         # Central commands and the local policy approve through one Approver, so an event
         # approved by either is never approved again by the other.
@@ -148,8 +150,8 @@ class Agent:
         """One poll and whatever housekeeping is due; the seconds to wait before the next."""
         started = time.monotonic()
         delay = self._poll_events()
-        if started >= self._next_identity:
-            self._refresh_identity()
+        if started >= self._next_identity and self._pending is None:
+            self._refresh_identity()  # not while a poll is stalled: it would queue behind it
         if started >= self._next_heartbeat:
             self._heartbeat("Periodic")
         self._resubmit_hooks()
@@ -178,16 +180,38 @@ class Agent:
     # --- scheduled events -------------------------------------------------------------------
 
     def _poll_events(self) -> float:
+        # A poll IMDS is slow to answer is waited for a while, then left running while the
+        # loop does its housekeeping (heartbeats, hooks, local mode), and taken up again next
+        # cycle; the request's own deadline ends it (imds.timeout).
+        if self._pending is None:
+            self._pending = self._imds_thread.submit(self.imds.scheduled_events)
         try:
-            body = self._interruptible(self.imds.scheduled_events)
+            body = self._result(self._pending, max(STALL_WAIT, self.config.agent.poll_interval))
         except DeliveryError as err:
+            self._pending = None
             return self._poll.failed(err, self.config.agent.poll_interval)
+        if body is None:
+            return 0.0  # still waiting for IMDS
+        self._pending = None
         self._poll.succeeded(self._now())
         checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
         if body != self._last_body or checkpoint_due:
             self._last_body = body
             self._observe(body)
         return self.config.agent.poll_interval
+
+    def _result(self, future: Future[T], seconds: float) -> T | None:
+        """`future`'s result, or None when it is not ready within `seconds`; RetryableError
+        if the agent is told to stop meanwhile."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                return future.result(timeout=STOP_CHECK_SECONDS)
+            except FutureTimeout:
+                if self._stop.is_set():
+                    raise RetryableError("stopping before IMDS answered") from None
+                if time.monotonic() >= deadline:
+                    return None
 
     def _interruptible(self, call: Callable[[], T], worker: _Worker | None = None) -> T:
         """`call()` on an IMDS thread (the poll's unless told), abandoned (RetryableError) if

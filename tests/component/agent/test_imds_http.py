@@ -347,3 +347,31 @@ def test_an_approval_does_not_wait_behind_a_stalled_poll(
     finally:
         poll.join(10)
         agent.shutdown()
+
+
+def test_heartbeats_go_on_while_a_poll_is_stalled(server: ScriptedImds, tmp_path: Path) -> None:
+    """The poll's GET takes 4 s; every cycle of the loop still returns within about a second,
+    so its housekeeping (the periodic heartbeat) never waits for IMDS."""
+    server.script += [Reply(), Reply(), Reply(delay=4.0)]  # events, instance, events
+    out = tmp_path / "r.jsonl"
+    config = Config(
+        agent=AgentSettings(state_dir=tmp_path / "state", sinks=[f"jsonl:{out}"],
+                            heartbeat_interval=1, poll_interval=0.2),
+        imds=ImdsSettings(url=server.url, timeout=10, first_call_timeout=10),
+    )  # fmt: skip
+    agent = Agent(config, boot_id="b1")
+    agent.start()
+    try:
+        agent.cycle()  # the first poll and instance metadata answer at once
+        began = time.monotonic()
+        longest = 0.0
+        while time.monotonic() - began < 3.8:  # the stalled GET answers at about 4 s
+            start = time.monotonic()
+            time.sleep(agent.cycle())
+            longest = max(longest, time.monotonic() - start)
+        assert longest < 1.6
+        assert agent.delivery.flush(5)
+        beats = [line for line in out.read_text().splitlines() if '"Periodic"' in line]
+        assert len(beats) >= 2
+    finally:
+        agent.shutdown()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import queue
 import threading
 import time
@@ -187,11 +188,11 @@ class Agent:
             self._pending = self._imds_thread.submit(self.imds.scheduled_events)
         try:
             body = self._result(self._pending, max(STALL_WAIT, self.config.agent.poll_interval))
+        except FutureTimeout:
+            return 0.0  # still waiting for IMDS
         except DeliveryError as err:
             self._pending = None
             return self._poll.failed(err, self.config.agent.poll_interval)
-        if body is None:
-            return 0.0  # still waiting for IMDS
         self._pending = None
         self._poll.succeeded(self._now())
         checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
@@ -200,9 +201,9 @@ class Agent:
             self._observe(body)
         return self.config.agent.poll_interval
 
-    def _result(self, future: Future[T], seconds: float) -> T | None:
-        """`future`'s result, or None when it is not ready within `seconds`; RetryableError
-        if the agent is told to stop meanwhile."""
+    def _result(self, future: Future[T], seconds: float = math.inf) -> T:
+        """`future`'s result; FutureTimeout when it is not ready within `seconds`, and
+        RetryableError if the agent is told to stop meanwhile."""
         deadline = time.monotonic() + seconds
         while True:
             try:
@@ -211,18 +212,12 @@ class Agent:
                 if self._stop.is_set():
                     raise RetryableError("stopping before IMDS answered") from None
                 if time.monotonic() >= deadline:
-                    return None
+                    raise
 
     def _interruptible(self, call: Callable[[], T], worker: _Worker | None = None) -> T:
         """`call()` on an IMDS thread (the poll's unless told), abandoned (RetryableError) if
         the agent is told to stop."""
-        future: Future[T] = (worker or self._imds_thread).submit(call)
-        while True:
-            try:
-                return future.result(timeout=STOP_CHECK_SECONDS)
-            except FutureTimeout:
-                if self._stop.is_set():
-                    raise RetryableError("stopping before IMDS answered") from None
+        return self._result((worker or self._imds_thread).submit(call))
 
     def _observe(self, body: bytes) -> None:
         try:

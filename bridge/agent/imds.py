@@ -89,7 +89,9 @@ class _Watchdog:
                     continue
                 if self._sock is not None:
                     with contextlib.suppress(OSError):  # closed already: nothing to end
-                        self._sock.shutdown(socket.SHUT_RDWR)
+                        # The plain socket's shutdown, also under TLS: SSLSocket.shutdown
+                        # would unwrap TLS under the feet of the thread reading it.
+                        socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
                     self._fired = True
                 self._due = None
 

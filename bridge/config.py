@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -264,7 +265,11 @@ class ConsumerSettings:
         [], "Where Decision records go. Default: jsonl:<state_dir>/decisions.jsonl."
     )
     alive_within: float = _setting(
-        660.0, "A VM whose last record is older than this is not asked to approve.", low=10
+        660.0,
+        "Seconds: a VM heard from within this (on the consumer's clock) is alive: it may carry "
+        "an approval and it counts in its groups' sizes.",
+        low=10,
+        high=86400,
     )
     approval_timeout: float = _setting(
         30.0, "Seconds to wait for an Approval record before asking the next VM.", low=1, high=3600
@@ -273,7 +278,10 @@ class ConsumerSettings:
         5.0, "Seconds between re-evaluations of deferred events.", low=0.2, high=3600
     )
     stale_after: float = _setting(
-        6 * 3600.0, "Seconds after which an event no VM reports on stops counting.", low=60
+        6 * 3600.0,
+        "Seconds after which an event no VM reports on stops counting.",
+        low=60,
+        high=30 * 86400,
     )
 
 
@@ -406,9 +414,7 @@ def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}, got {shown}") from err
     low, high = meta.get("low"), meta.get("high")
-    if isinstance(value, (int, float)) and not (
-        (low is None or value >= low) and (high is None or value <= high)
-    ):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not low <= value <= high:
         raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {shown}")
     choices = {choice.upper(): choice for choice in meta.get("choices") or ()}
     if not choices:
@@ -427,6 +433,8 @@ def _coerce(raw: Any, kind: Any) -> Any:
         if isinstance(raw, str):
             raw = raw.strip()
         number = float(raw)
+        if not math.isfinite(number):
+            raise ValueError("expected a finite number")
         if kind is int and not number.is_integer():
             raise ValueError("expected a whole number")
         return kind(number)
@@ -482,9 +490,10 @@ def markdown_table() -> str:
             default = getattr(getattr(defaults, section.name), f.name)
             shown = "platform default" if f.name == "state_dir" else _show(default)
             env = f"{ENV_PREFIX}{section.name.upper()}_{f.name.upper()}"
-            lines.append(
-                f"| `{section.name}.{f.name}` | `{env}` | {shown} | {f.metadata['help']} |"
-            )
+            meaning = f.metadata["help"]
+            if f.metadata["low"] is not None:
+                meaning += f" From {f.metadata['low']:g} to {f.metadata['high']:g}."
+            lines.append(f"| `{section.name}.{f.name}` | `{env}` | {shown} | {meaning} |")
     return "\n".join(lines) + "\n"
 
 

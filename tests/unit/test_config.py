@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+from datetime import timedelta
 from pathlib import Path
+from typing import Any, get_type_hints
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from bridge.config import Config, ConfigError, load
+from bridge.config import Config, ConfigError, load, markdown_table
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -110,3 +116,54 @@ def test_unknown_environment_setting_is_ignored_with_a_warning(
 
 def test_identity_kind_is_case_insensitive() -> None:
     assert load(environ={"SE_BRIDGE_IDENTITY_KIND": "Managed"}).identity.kind == "managed"
+
+
+# --- every numeric setting has bounds, and a value outside them is a ConfigError ------------
+
+NUMERIC = [
+    (section.name, f)
+    for section in dataclasses.fields(Config)
+    for f in dataclasses.fields(getattr(Config(), section.name))
+    if get_type_hints(type(getattr(Config(), section.name)))[f.name] in (int, float)
+]
+
+
+@pytest.mark.parametrize(("section", "setting"), NUMERIC, ids=lambda v: getattr(v, "name", v))
+def test_every_numeric_setting_has_documented_bounds(
+    section: str, setting: dataclasses.Field[Any]
+) -> None:
+    low, high = setting.metadata["low"], setting.metadata["high"]
+    assert low is not None and high is not None, f"{section}.{setting.name} has open bounds"
+    assert math.isfinite(low) and math.isfinite(high) and low <= high
+
+
+@given(
+    pick=st.sampled_from(NUMERIC),
+    raw=st.one_of(
+        st.sampled_from(["0", "-1", "nan", "NaN", "inf", "-inf", "1e308", "-1e308", "", " ", "x"]),
+        st.floats(allow_nan=True, allow_infinity=True).map(repr),
+        st.integers(min_value=-(10**20), max_value=10**20).map(str),
+    ),
+)
+def test_any_value_of_any_numeric_setting_is_accepted_in_bounds_or_a_config_error(
+    pick: tuple[str, dataclasses.Field[Any]], raw: str
+) -> None:
+    section, setting = pick
+    env = {f"SE_BRIDGE_{section.upper()}_{setting.name.upper()}": raw}
+    try:
+        config = load(environ=env)
+    except ConfigError as err:
+        assert f"{section}.{setting.name}" in str(err)
+        return
+    value = getattr(getattr(config, section), setting.name)
+    assert math.isfinite(value)
+    assert setting.metadata["low"] <= value <= setting.metadata["high"]
+    # A value in bounds is usable as a duration wherever the code makes one of it.
+    timedelta(seconds=value)
+
+
+def test_the_settings_table_shows_each_numeric_bound() -> None:
+    table = markdown_table()
+    for section, setting in NUMERIC:
+        row = next(line for line in table.splitlines() if f"`{section}.{setting.name}`" in line)
+        assert f"{setting.metadata['low']:g} to {setting.metadata['high']:g}" in row

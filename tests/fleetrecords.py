@@ -34,13 +34,15 @@ class FleetRecords:
     origins: dict[str, Origin] = field(default_factory=dict)
 
     def vm(self, name: str, *, scale_set: str | None = None, zone: str | None = None,
-           fault_domain: int | None = None, tags: dict[str, str] | None = None) -> str:  # fmt: skip
-        vm_id = str(record_id("test-vm", name))
+           fault_domain: int | None = None, tags: dict[str, str] | None = None,
+           resource_group: str = "rg-app", handle: str | None = None) -> str:  # fmt: skip
+        """Add a VM; `handle` names it in these tests when its VM name repeats in the fleet."""
+        vm_id = str(record_id("test-vm", handle or name))
         identity = VmIdentity(
             vm_id=vm_id,
             vm_name=name,
             subscription_id=SUBSCRIPTION,
-            resource_group="rg-app",
+            resource_group=resource_group,
             location="westeurope",
             zone=zone,
             vm_scale_set_name=scale_set,
@@ -48,7 +50,7 @@ class FleetRecords:
             platform_update_domain=0,
             tags=tuple(sorted((tags or {}).items())),
         )
-        self.origins[name] = Origin(identity, host_name=name)
+        self.origins[handle or name] = Origin(identity, host_name=handle or name)
         return vm_id
 
     def vm_id(self, name: str) -> str:
@@ -80,7 +82,7 @@ class FleetRecords:
         status = {"Scheduled": "Scheduled", "Started": "Started", "Updated": "Scheduled"}.get(
             transition
         )
-        affected = resources if resources is not None else [name]
+        affected = resources if resources is not None else [str(origin.identity.vm_name)]
         rid = origin.record_id("Event", event_id, transition, iso(self.now))
         record = origin.common_fields("Event", rid, self.now)
         nb = not_before or self.now + timedelta(minutes=15)
@@ -99,7 +101,7 @@ class FleetRecords:
             Transition=transition,
             NotBefore=iso(nb) if status == "Scheduled" else None,
             NotBeforeRaw=nb.strftime("%a, %d %b %Y %H:%M:%S GMT") if status == "Scheduled" else "",
-            AffectsThisVm=name in affected,
+            AffectsThisVm=origin.identity.vm_name in affected,
             Inferred=False,
             ChangedFields=[],
         )

@@ -421,7 +421,7 @@ def parse_instance(raw: Mapping[str, Any]) -> VmIdentity:
     if not isinstance(compute, Mapping):
         return VmIdentity()
     return VmIdentity(
-        vm_id=_text(compute.get("vmId")),
+        vm_id=_guid(compute.get("vmId")),
         vm_name=_text(compute.get("name")),
         resource_id=_text(compute.get("resourceId")),
         subscription_id=_text(compute.get("subscriptionId")),
@@ -433,6 +433,16 @@ def parse_instance(raw: Mapping[str, Any]) -> VmIdentity:
         platform_update_domain=_number(compute.get("platformUpdateDomain")),
         tags=_tags(compute.get("tagsList"), compute.get("tags")),
     )
+
+
+# Azure's vmId is a GUID; anything else (an emulator's, a hostile answer's "x/../y") cannot
+# name a command channel or a record the consumer accepts: taken as no vmId at all.
+_GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def _guid(value: object) -> str | None:
+    text = _text(value)
+    return text if text is not None and _GUID.fullmatch(text) else None
 
 
 def _text(value: object) -> str | None:

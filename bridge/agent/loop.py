@@ -288,7 +288,7 @@ class Agent:
             return
         if not identity.known:
             # JSON, but not this VM's metadata (no vmId): never trade a known identity for it.
-            self._identity_failed(RetryableError("the answer holds no compute.vmId"))
+            self._identity_failed(RetryableError("the answer holds no compute.vmId that is a GUID"))
             return
         self._next_identity = time.monotonic() + self.config.imds.instance_refresh
         identity = self._named(identity)

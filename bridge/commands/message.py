@@ -7,7 +7,12 @@ A sample, as it travels (one JSON object per queue message or file):
      "DocumentIncarnation": 3, "IssuedAt": "2026-11-21T10:00:01.250Z",
      "ExpiresAt": "2026-11-21T10:15:00.000Z", "Rule": "user-initiated",
      "Reason": "User-initiated Reboot: approve at once",
+     "ResourcesDigest": "9f86d081884c7d65",
      "KeyId": "5b1e0f3a9c2d4e61", "Signature": "q3N0...Ag=="}
+
+`ResourcesDigest` binds the approval to the event's `Resources` as the consumer decided it
+(`resources_digest`): the agent refuses the command (ResourcesChanged) when the live event
+names other VMs. Commands without it (older consumers) are checked without it.
 
 `Signature` is the consumer's Ed25519 signature (base64) over `signed_bytes` of every other
 field, and `KeyId` names the key (bridge.commands.signing); an unsigned command has neither.
@@ -19,15 +24,18 @@ with this module. Parsing never trusts the sender: every field is checked and a
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from bridge.records import SCHEMA_VERSION, iso, record_id
+from bridge.records import SCHEMA_VERSION, iso, record_id, vm_key
 
 COMMAND_TYPES = ("Approve",)
+_DIGEST = re.compile(r"[0-9a-f]{16}")
 # Queue and file messages stay far below the 64 KiB a Storage Queue message may hold.
 MAX_COMMAND_BYTES = 16 * 1024
 # Prefixed to what is signed, so a command signature can never pass for a signature of
@@ -50,6 +58,7 @@ class Command:
     rule: str
     reason: str
     type: str = "Approve"
+    resources_digest: str | None = None
     key_id: str | None = None
     signature: str | None = None
     # What the signature covers, as received (parse) or as built (body): not a field of its own.
@@ -69,6 +78,8 @@ class Command:
             "Rule": self.rule,
             "Reason": self.reason,
         }
+        if self.resources_digest is not None:
+            body["ResourcesDigest"] = self.resources_digest
         if self.key_id is not None:
             body["KeyId"] = self.key_id
         return body
@@ -101,6 +112,17 @@ def signed_bytes(body: Mapping[str, Any]) -> bytes:
         raise CommandError(f"command holds text that is not valid Unicode: {err.reason}") from err
 
 
+def resources_digest(names: Iterable[str]) -> str:
+    """What both ends compare: the set of VM names (records.vm_key), as 16 hex digits of SHA-256.
+
+    The same VMs give the same digest whatever the order, case or 2017 leading "_" of
+    the names; a VM more or less gives another.
+    """
+    keys = sorted({vm_key(name) for name in names})
+    text = "\n".join(keys).encode("utf-8", errors="surrogatepass")
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
 def command_id(event_id: str, vm_id: str) -> str:
     """Deterministic per event and target VM, so a resent command is recognisably the same."""
     return record_id("Command", event_id.lower(), vm_id.lower())
@@ -115,6 +137,7 @@ def approve(
     expires_at: datetime,
     rule: str,
     reason: str,
+    resources: Iterable[str] | None = None,
 ) -> Command:
     return Command(
         command_id=command_id(event_id, vm_id),
@@ -125,6 +148,7 @@ def approve(
         expires_at=expires_at,
         rule=rule,
         reason=reason,
+        resources_digest=None if resources is None else resources_digest(resources),
     )
 
 
@@ -151,6 +175,9 @@ def parse(text: str | bytes) -> Command:
         raise CommandError("Signature must be a string")
     if key_id is not None and not isinstance(key_id, str):
         raise CommandError("KeyId must be a string")
+    digest = body.get("ResourcesDigest")
+    if digest is not None and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+        raise CommandError("ResourcesDigest must be 16 lower-case hex digits")
     return Command(
         command_id=_text(body, "CommandId"),
         vm_id=_text(body, "VmId"),
@@ -161,6 +188,7 @@ def parse(text: str | bytes) -> Command:
         rule=_text(body, "Rule", empty=True),
         reason=_text(body, "Reason", empty=True),
         type=kind,
+        resources_digest=digest,
         key_id=key_id,
         signature=signature,
         received=signed_bytes(body),

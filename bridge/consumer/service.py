@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge import host, schema
+from bridge import host
 from bridge.config import Config, ConfigError, warn_if_secrets_readable
-from bridge.consumer import wiring
+from bridge.consumer import validation, wiring
 from bridge.consumer.sources.eventhubs import run_eventhubs
 from bridge.consumer.sources.hub import run_local
 from bridge.logfile import setup_logging
@@ -79,7 +79,7 @@ class ConsumerService:
         """
         valid = []
         for record in records:
-            problem = schema.problem(record)
+            problem = validation.problem(record)
             if problem is None:
                 valid.append(record)
                 continue

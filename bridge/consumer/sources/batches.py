@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from bridge import schema
+from bridge.consumer import validation
 from bridge.redact import describe
 from bridge.retry import Backoff, FailureStreak, RetryableError
 
@@ -84,13 +84,13 @@ def check_record(body: str, sender: str | None = None, *, full: bool = True) -> 
     """The record in `body` if it is one an agent could have sent as `sender`; else NotARecord.
 
     `full=False` leaves out the schema (the caller checks the parsed record with
-    `schema.problem`, as `se-bridge consume` does in front of the consumer).
+    `bridge.consumer.validation.problem`, as `se-bridge consume` does in front of the consumer).
     """
     size = len(body.encode("utf-8", errors="surrogatepass"))
     if size > MAX_RECORD_BYTES:
         raise NotARecord(f"{size} bytes, more than the {MAX_RECORD_BYTES} a record may have")
     record = parse_record(body)
-    problem = schema.problem(record) if full else None
+    problem = validation.problem(record) if full else None
     if problem is not None:
         raise NotARecord(f"not valid against record.schema.json: {problem}")
     if sender is not None and not _sent_by(record, sender):

@@ -23,7 +23,7 @@ from tests.support import event_record
 
 PY = sys.executable
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
-ORIGIN = Origin(VmIdentity(vm_id="vm-1", vm_name="WestNO_0"), host_name="host-a")
+ORIGIN = Origin(VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a")
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 WAIT = 10.0  # generous upper bound for a result that normally arrives in milliseconds
 
@@ -119,7 +119,7 @@ def test_hook_sees_the_event_in_its_environment() -> None:
     assert env["SE_BRIDGE_AFFECTS_THIS_VM"] == "true"
     assert env["SE_BRIDGE_RECORD_ID"] == "rec-1"
     assert env["SE_BRIDGE_VM_NAME"] == "WestNO_0"
-    assert env["SE_BRIDGE_VM_ID"] == "vm-1"
+    assert env["SE_BRIDGE_VM_ID"] == "0000000a-0000-4000-8000-000000000001"
     # On top of the agent's own environment, not instead of it.
     assert env.get("PATH") == os.environ.get("PATH")
 

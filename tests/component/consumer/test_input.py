@@ -12,6 +12,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from bridge import schema
+from bridge.consumer import validation
 from bridge.consumer.sources.batches import (
     MAX_RECORD_BYTES,
     BatchRetry,
@@ -43,7 +44,7 @@ def test_a_real_record_passes() -> None:
         ("{not json", None, "not JSON"),
         ("[1]", None, "not an object"),
         (json.dumps({**heartbeat(), "RecordType": "Evil"}), None, "RecordType must be one of"),
-        (json.dumps({**heartbeat(), "Extra": 1}), None, "not a field"),
+        (json.dumps({**heartbeat(), "Extra": 1}), None, "holds a field no record"),
         (json.dumps({**heartbeat(), "PendingEvents": "1"}), None, "PendingEvents must be integer"),
         (json.dumps({k: v for k, v in heartbeat().items() if k != "VmName"}), None, "lacks VmName"),
         (json.dumps({**heartbeat(), "TimeGenerated": "yesterday"}), None, "date-time"),
@@ -56,16 +57,40 @@ def test_each_refusal_names_its_reason(body: str, sender: str | None, reason: st
         check_record(body, sender)
 
 
-def test_the_small_validator_agrees_with_jsonschema() -> None:
-    validator = Draft202012Validator(schema.load())
+def test_the_check_agrees_with_jsonschema() -> None:
+    validator = Draft202012Validator(schema.load())  # no date-time checker installed here
     base = heartbeat()
     variants = [
         base, {**base, "Tags": {"a": 1}}, {**base, "Tags": None}, {**base, "SchemaVersion": 2},
         {**base, "HeartbeatReason": "Later"}, {**base, "PlatformFaultDomain": True},
-        {**base, "EventId": "E1"}, {"RecordType": "Event"},
+        {**base, "EventId": "E1"}, {"RecordType": "Event"}, {**base, "PendingEvents": 1.0},
+        {**base, "PendingEvents": 1.5}, {**base, "VmId": "x/../y"}, {**base, "VmId": None},
     ]  # fmt: skip
     for record in variants:
-        assert (schema.problem(record) is None) == validator.is_valid(record), record
+        assert (validation.problem(dict(record)) is None) == validator.is_valid(record), record
+
+
+def test_an_integral_float_where_the_schema_says_integer_is_valid_and_made_an_int() -> None:
+    record = check_record(json.dumps({**heartbeat(), "PendingEvents": 1.0}), VM)
+    assert record["PendingEvents"] == 1 and type(record["PendingEvents"]) is int
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"VmId": "x/../y"}, "VmId"),  # cannot name a command channel
+        ({"VmId": "02aab8a4-74ef-476e-8182-f6d2ba4166a6/.."}, "VmId"),
+        ({"VmName": "web_\ud800"}, "VmName holds an unpaired surrogate"),
+        ({"Tags": {"role": "\udfff"}}, "Tags.role holds an unpaired surrogate"),
+        ({"TimeGenerated": "2026-19-39T29:59:59Z"}, "TimeGenerated"),
+    ],
+)
+def test_values_that_would_break_the_consumer_later_are_refused_at_the_door(
+    change: dict[str, Any], reason: str
+) -> None:
+    body = json.dumps({**heartbeat(), **change})  # a lone surrogate becomes "\\ud800"
+    with pytest.raises(NotARecord, match=reason):
+        check_record(body, None)
 
 
 def test_a_refused_message_goes_to_the_dead_letters_and_the_batch_goes_on() -> None:

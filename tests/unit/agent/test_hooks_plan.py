@@ -22,7 +22,7 @@ from tests.support import event_record
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
-ORIGIN = Origin(VmIdentity(vm_id="vm-1", vm_name="WestNO_0"), host_name="host-a")
+ORIGIN = Origin(VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a")
 VALIDATOR = Draft202012Validator(schema.load(), format_checker=FormatChecker())
 
 
@@ -208,7 +208,7 @@ def test_environment_carries_the_event() -> None:
     assert env["SE_BRIDGE_DURATION_SECONDS"] == "-1"
     assert env["SE_BRIDGE_AFFECTS_THIS_VM"] == ""
     assert env["SE_BRIDGE_VM_NAME"] == "WestNO_0"
-    assert env["SE_BRIDGE_VM_ID"] == "vm-1"
+    assert env["SE_BRIDGE_VM_ID"] == "0000000a-0000-4000-8000-000000000001"
     assert env["SE_BRIDGE_RECORD_ID"] == "rec-1"
     assert env["SE_BRIDGE_NOT_BEFORE"] == "2022-04-11T22:26:58.000Z"
     assert all(isinstance(v, str) for v in env.values())

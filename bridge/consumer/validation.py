@@ -1,0 +1,130 @@
+"""The consumer's record check: record.schema.json, compiled by fastjsonschema, and what JSON
+Schema cannot say.
+
+Every record the consumer folds in passes here first (the sources' `check_record`, the
+service's gate). The schema is compiled once from the one schema file, with date-time format
+checking, so this check and JSON Schema never disagree (a hand-written validator did: it
+refused `PendingEvents: 1.0` and ignored keywords it did not know). Only the consumer
+imports fastjsonschema: the agent makes its records itself.
+
+Beyond the schema, a record may not hold an unpaired surrogate in any text (JSON allows
+"\\ud800"; it cannot be encoded as UTF-8, so it would break a RecordId, a command, a table
+key). Integral numbers written as 1.0 where the schema says integer are valid JSON Schema
+and are made ints here, so the consumer's folds see the type the schema gives.
+
+A record as it arrives (one of the schema's samples):
+
+    {"SchemaVersion": 1, "RecordId": "5f0c6d1e9a4b2c37", "RecordType": "Heartbeat",
+     "TimeGenerated": "2022-04-11T22:10:00.000Z", "VmId": "02aab8a4-74ef-476e-8182-f6d2ba4166a6",
+     "VmName": "WestNO_0", ..., "PendingEvents": 1, "SpoolDepth": 0, "ImdsHealthy": true}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from functools import cache
+from typing import Any
+
+import fastjsonschema
+
+from bridge import schema
+
+
+def problem(record: dict[str, Any]) -> str | None:
+    """What makes `record` one the consumer must refuse; None when it may be folded in.
+
+    A valid record's integral floats in integer fields become ints (in place).
+    """
+    try:
+        _compiled()(record)
+    except fastjsonschema.JsonSchemaValueException as err:
+        return _describe(err)
+    where = _unpaired_surrogate(record, "")
+    if where is not None:
+        return f"{where or 'a field name'} holds an unpaired surrogate (not valid Unicode text)"
+    _whole_numbers(record)
+    return None
+
+
+@cache
+def _compiled() -> Callable[[Any], Any]:
+    return fastjsonschema.compile(
+        schema.load(), formats={"date-time": _is_time}, use_default=False
+    )
+
+
+def _is_time(text: str) -> bool:
+    """An ISO 8601 date-time with a zone that Python reads: what the consumer parses later."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        return False
+    return "T" in text.upper() and moment.tzinfo is not None
+
+
+def _describe(err: fastjsonschema.JsonSchemaValueException) -> str:
+    where = (err.name or "data").removeprefix("data").lstrip(".") or "the record"
+    if err.rule == "required" and isinstance(err.value, dict):
+        required = err.rule_definition if isinstance(err.rule_definition, list) else []
+        missing = [k for k in required if k not in err.value]
+        return f"{where} lacks {', '.join(missing)}"
+    if err.rule == "propertyNames" and isinstance(err.value, dict):
+        allowed = err.rule_definition.get("enum", []) if isinstance(err.rule_definition, dict) else []
+        extra = sorted(str(k) for k in err.value if k not in allowed)
+        return f"{where} holds a field no record of its RecordType has: {', '.join(extra)}"
+    if err.rule == "additionalProperties":
+        message = (err.message or "").removeprefix(err.name or "").strip()
+        return f"{where} holds a field no record of its RecordType has ({message})"
+    if err.rule == "format":
+        return f"{where} must be an ISO 8601 date-time with a zone, got {_short(err.value)}"
+    message = (err.message or "").removeprefix(err.name or "").strip()
+    return f"{where} {message}, got {_short(err.value)}"
+
+
+def _unpaired_surrogate(value: Any, where: str) -> str | None:
+    if isinstance(value, str):
+        return None if value.isascii() or _encodes(value) else where
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and not key.isascii() and not _encodes(key):
+                return where or "a field name"
+            found = _unpaired_surrogate(item, path)
+            if found is not None:
+                return found
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            found = _unpaired_surrogate(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+@cache
+def _integer_fields() -> frozenset[str]:
+    def integer(prop: dict[str, Any]) -> bool:
+        kinds = prop.get("type")
+        return kinds == "integer" or (isinstance(kinds, list) and "integer" in kinds)
+
+    return frozenset(name for name, prop in schema.properties().items() if integer(prop))
+
+
+def _whole_numbers(record: dict[str, Any]) -> None:
+    for name in _integer_fields():
+        value = record.get(name)
+        if isinstance(value, float):  # valid, so integral: JSON Schema's integer allows 1.0
+            record[name] = int(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

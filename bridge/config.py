@@ -283,6 +283,13 @@ class ConsumerSettings:
         low=60,
         high=30 * 86400,
     )
+    forget_vms_after: float = _setting(
+        7 * 86400.0,
+        "Seconds after which a VM not heard from (deleted, or its agent gone) is removed from "
+        "the fleet state, unless an open event still counts it.",
+        low=3600,
+        high=366 * 86400,
+    )
 
 
 @dataclass(frozen=True)
@@ -414,8 +421,9 @@ def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}, got {shown}") from err
     low, high = meta.get("low"), meta.get("high")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and not low <= value <= high:
-        raise ConfigError(f"{where}: must be between {low:g} and {high:g}, got {shown}")
+    numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if numeric and low is not None and high is not None and not low <= value <= high:
+        raise ConfigError(f"{where}: must be between {bound(low)} and {bound(high)}, got {shown}")
     choices = {choice.upper(): choice for choice in meta.get("choices") or ()}
     if not choices:
         return value
@@ -492,9 +500,14 @@ def markdown_table() -> str:
             env = f"{ENV_PREFIX}{section.name.upper()}_{f.name.upper()}"
             meaning = f.metadata["help"]
             if f.metadata["low"] is not None:
-                meaning += f" From {f.metadata['low']:g} to {f.metadata['high']:g}."
+                meaning += f" From {bound(f.metadata['low'])} to {bound(f.metadata['high'])}."
             lines.append(f"| `{section.name}.{f.name}` | `{env}` | {shown} | {meaning} |")
     return "\n".join(lines) + "\n"
+
+
+def bound(value: float) -> str:
+    """A setting's bound as the docs and messages show it: 31622400, not 3.16224e+07."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
 
 
 def _show(value: Any) -> str:

@@ -30,7 +30,9 @@ def assert_valid(record: dict[str, Any]) -> None:
 
 
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
-ORIGIN = Origin(VmIdentity(vm_id="vm-1", vm_name="WestNO_0"), host_name="host-a")
+ORIGIN = Origin(
+    VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a"
+)
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 
 

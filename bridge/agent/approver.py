@@ -27,6 +27,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
+from bridge.commands.message import resources_digest
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
@@ -68,6 +69,7 @@ class Request:
     reason: str
     issued_at: datetime  # the command's IssuedAt, or the moment of the local decision
     expires_at: datetime | None = None  # a command's ExpiresAt: remembered as seen until then
+    resources_digest: str | None = None  # a command's ResourcesDigest: the VMs it approves
 
 
 @dataclass(frozen=True)
@@ -160,7 +162,7 @@ class Approver:
         except DeliveryError as err:
             return Attempt("Retry", f"cannot read the current Scheduled Events document: {err}")
         event = _find(document, request.event_id)
-        refusal = _refusal(document, event, request.event_id)
+        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         base = _outcome(request, document, event)
         if refusal is not None:
             return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
@@ -225,6 +227,20 @@ def _refusal(document: ParsedDocument, event: ParsedEvent | None, event_id: str)
     if not (isinstance(status, str) and status.strip().lower() == "scheduled"):
         return f"event {event_id} is {status!r}, not Scheduled"
     return None
+
+
+def _changed(event: ParsedEvent | None, request: Request) -> str | None:
+    """ResourcesChanged when the live event names other VMs than the command approved."""
+    if event is None or request.resources_digest is None:
+        return None
+    live = event.present.get("Resources")
+    names = [str(n) for n in live] if isinstance(live, list) else []
+    if resources_digest(names) == request.resources_digest:
+        return None
+    return (
+        f"ResourcesChanged: event {request.event_id} now names {names[:20]}, not the VMs the "
+        "consumer approved; it decides again on the new Resources"
+    )
 
 
 def _outcome(

@@ -24,6 +24,10 @@ A message the channel hands over again after the visibility timeout (dequeue cou
 handled is not a replay: its record was written with the seen mark, in one transaction,
 so it is deleted without a second record. A fresh message (dequeue count 1) with a
 handled CommandId is a replay, whoever sent it: recorded as Replayed and deleted.
+
+Against the fresh document then: the event must be there and Scheduled and, when the
+command carries a ResourcesDigest, name the same VMs (ResourcesChanged otherwise: the
+consumer decided on other Resources and decides again).
 """
 
 from __future__ import annotations
@@ -247,6 +251,7 @@ def _request(command: Command) -> Request:
         reason=f"rule {command.rule or '(none)'}: {command.reason}",
         issued_at=command.issued_at,
         expires_at=command.expires_at,
+        resources_digest=command.resources_digest,
     )
 
 

@@ -32,14 +32,30 @@ from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
-from bridge.consumer.ledger import ApprovalLedger, Emit, ledger_events
-from bridge.consumer.state import ChangeFeed, DeferredSync, Doc, Mutation, Store, update_many
-from bridge.policy.model import FleetView, Policy, VmView, evaluate
-from bridge.records import utc_now, vm_key
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, ledger_events
+from bridge.consumer.state import (
+    ChangeFeed,
+    Conflict,
+    DeferredSync,
+    Doc,
+    Mutation,
+    Store,
+    update,
+    update_many,
+)
+from bridge.policy.model import EventView, FleetView, Policy, VmView, evaluate
+from bridge.records import iso, utc_now, vm_key
+from bridge.redact import describe
+from bridge.retry import RetryableError
 
 log = logging.getLogger(__name__)
 
 SEEN_RECORD_IDS = 100_000
+# A record dated further ahead of the consumer's clock than this is taken as of now: clocks
+# of healthy VMs (NTP, the Azure host's time sync) stay well within it.
+MAX_AHEAD = timedelta(minutes=5)
+# The fleet state is swept for VMs gone past consumer.forget_vms_after this often.
+SWEEP_EVERY = timedelta(hours=1)
 D = TypeVar("D", fs.VmDocument, fs.EventDocument)
 
 
@@ -60,6 +76,10 @@ class Consumer:
         self.settings = settings
         self._now = now
         self._seen: OrderedDict[str, None] = OrderedDict()
+        self._warned = _Once(10_000)  # VMs whose clock was said to be ahead
+        self._failures = _Once(10_000)  # decision failures said at ERROR
+        self._swept: datetime | None = None
+        self._started = now()
         # Event Hubs hands batches from several partition threads; one at a time keeps the
         # in-process caches simple (other consumer processes are kept apart by the ETags).
         self._lock = threading.RLock()
@@ -81,9 +101,11 @@ class Consumer:
             self._process(records)
 
     def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
-        fresh = [r for r in records if self._first_sight(r)]
-        events = _event_mutations(fresh)
-        self.fleet.update(_vm_mutations(fresh))
+        now = self._now()
+        fresh = [self._on_our_clock(r, now) for r in records if self._first_sight(r)]
+        heard = iso(now)
+        events = _event_mutations(fresh, heard)
+        self.fleet.update(_vm_mutations(fresh, heard))
         update_many(self.store, fs.EVENT, events)
         touched = set(events) | self.ledger.note_approvals(fresh)
         if touched:
@@ -116,7 +138,39 @@ class Consumer:
                 open_events.append(doc.key)
         if open_events:
             self._decide(open_events)
+        self._sweep(now, held)
         self._flush()
+
+    def _sweep(self, now: datetime, held: Mapping[str, LedgerEntry]) -> None:
+        """Remove the documents of VMs not heard from for consumer.forget_vms_after (hourly).
+
+        A VM an open event still counts stays. The sweep scans the store, so it also drops
+        from this process's cache the VMs another consumer removed.
+        """
+        if self._swept is not None and now - self._swept < SWEEP_EVERY:
+            return
+        self._swept = now
+        horizon = iso(now - timedelta(seconds=self.settings.forget_vms_after))
+        counted = {vm for entry in held.values() for vm in entry["vms"]}
+        present, gone = set(), []
+        for doc in self.store.scan(fs.VM):
+            value = fs.vm_document(doc)
+            if (
+                value.get("heard") or value.get("last_seen", "")
+            ) < horizon and doc.key not in counted:
+                gone.append(doc)
+            else:
+                present.add(doc.key)
+        for doc in gone:
+            try:
+                self.store.delete(fs.VM, doc)
+            except Conflict:  # heard from meanwhile: it stays
+                present.add(doc.key)
+                continue
+            log.info("VM %s (%s) has not been heard from since %s: removed from the fleet state",
+                     doc.key, doc.value.get("name"), doc.value.get("heard") or
+                     doc.value.get("last_seen"))  # fmt: skip
+        self.fleet.retain(present)
 
     def _flush(self) -> None:
         if isinstance(self.store, DeferredSync):
@@ -126,6 +180,23 @@ class Consumer:
         rid = record.get("RecordId")
         return isinstance(rid, str) and rid not in self._seen
 
+    def _on_our_clock(self, record: Mapping[str, Any], now: datetime) -> Mapping[str, Any]:
+        """`record`, its TimeGenerated clamped to now when it is from the future.
+
+        A VM whose clock was wrong at boot (or a forged record) dated a year ahead would
+        otherwise make every later record of its VM and event look old: the event's end
+        never folded in, its budget slot never released.
+        """
+        stamped = fs.parse_time(record.get("TimeGenerated"))
+        if stamped is None or stamped - now <= MAX_AHEAD:
+            return record
+        who = str(record.get("VmId") or record.get("HostName"))
+        level = logging.WARNING if self._warned.add(who) else logging.DEBUG
+        log.log(level, "record %s of VM %s is dated %s, %s ahead of this consumer's clock: "
+                "taken as of now (check the VM's time synchronisation)", record.get("RecordId"),
+                who, record.get("TimeGenerated"), stamped - now)  # fmt: skip
+        return {**record, "TimeGenerated": iso(now)}
+
     # --- decisions -------------------------------------------------------------------------
 
     def _decide(self, event_keys: Sequence[str]) -> None:
@@ -133,8 +204,35 @@ class Consumer:
         docs = [self.store.read(fs.EVENT, key) for key in event_keys]
         known = [d for d in docs if d is not None and d.value.get("event_type") is not None]
         # The event due soonest gets a free budget slot first, then the longest waiting.
+        retry: RetryableError | None = None
         for doc in sorted(known, key=fs.urgency):
-            self._decide_one(doc, known_vms)
+            try:
+                self._decide_one(doc, known_vms)
+            except RetryableError as err:  # a channel or the state: the others are decided first
+                retry = retry or err
+            except Exception as err:  # one event never stops the others, nor the partition
+                self._failed(doc, err)
+        if retry is not None:
+            # The batch is handed over again (nothing checkpointed), as a failed send or
+            # upload always did: what was written is finished then (an unsent approval resent).
+            raise retry
+
+    def _failed(self, doc: Doc, err: Exception) -> None:
+        """Deciding the event in `doc` failed for good: an ERROR and a Decision record (said
+        once while it lasts); the event is tried again at every pass, the others go on.
+
+        What fails here is a value the input checks let through that breaks a decision, or
+        a channel that refuses the VM for good; never a reason to hold the partition back.
+        """
+        level = logging.ERROR if self._failures.add(f"{doc.key} {err}") else logging.DEBUG
+        log.log(level, "deciding event %s failed: %s; it is deferred, other events go on, and "
+                "the next pass tries it again", doc.key, describe(err, with_type=True),
+                exc_info=err if level == logging.ERROR else None)  # fmt: skip
+        try:
+            self.dispatch.failed(self.store, fs.event_document(doc), err, self._now())
+        except Exception as again:
+            log.error("the Decision record saying event %s failed could not be written: %s",
+                      doc.key, describe(again, with_type=True))  # fmt: skip
 
     def _decide_one(self, doc: Doc, known_vms: VmSnapshot) -> None:
         now = self._now()
@@ -166,9 +264,25 @@ class Consumer:
         impacted = known_vms.by_vm_id(self.ledger.impacted(ledger), also=resources)
         vms, names = known_vms.vms, known_vms.names
         entry = ledger_events(ledger.value).get(doc.key)
-        view = fs.event_view(
-            fs.event_document(doc), vms, names, tuple(entry.get("tried", ())) if entry else (), now
-        )
+        value = fs.event_document(doc)
+        view = fs.event_view(value, vms, names, tuple(entry.get("tried", ())) if entry else (), now)
+        if value.get("released") and not self._heard_since_release(doc):
+            return True  # its VMs are gone (see `_all_gone`): it counts no more until one speaks
+        if entry is not None or view.status == "Started":
+            gone = self._all_gone(view, entry, vms, now)
+            if gone is not None:
+                self._release(doc, view, gone, now)
+                return True
+        if entry is not None:
+            # The event's Resources as they are now: an approved event that grew counts its
+            # new VMs from this pass on, before any other event is approved past them.
+            counted = {*view.affected, *view.unresolved, *view.possible}
+            if not counted <= set(entry["vms"]):
+                entry["vms"] = sorted(counted | set(entry["vms"]))
+                try:
+                    ledger = self.store.write(fs.LEDGER, ledger)
+                except Conflict:
+                    return False
         if view.status == "Started":
             self.ledger.note_started(ledger, doc.key, view)
             return True
@@ -190,6 +304,61 @@ class Consumer:
     @property
     def _alive_within(self) -> timedelta:
         return timedelta(seconds=self.settings.alive_within)
+
+    def _all_gone(
+        self,
+        view: EventView,
+        entry: LedgerEntry | None,
+        vms: Mapping[str, VmView],
+        now: datetime,
+    ) -> str | None:
+        """Why the event's budget slot can be released though no VM said it ended; else None.
+
+        The rule (docs/policy.md#when-a-slot-is-released): the event is due (NotBefore, or
+        when first seen without one, plus its duration when it has one) and no VM that could
+        still report on it, neither a VM it names nor one reporting it, has been heard from
+        within consumer.alive_within. A VM deleted by a Terminate or Preempt never reports the
+        end of its event; a VM that is only rebooting is heard again within minutes.
+        """
+        due = (view.not_before or view.first_seen) + timedelta(seconds=max(view.duration or 0, 0))
+        # Silence means gone only once this process has listened for a whole alive_within:
+        # after a restart every VM looks silent until its records are folded in again.
+        if now < max(due, self._started) + self._alive_within:
+            return None
+        fleet = FleetView(vms, {}, self._alive_within)
+        watchers = {*view.affected, *view.possible, *view.reporters}
+        watchers |= {v for v in (entry["vms"] if entry else ()) if v in vms}
+        if any(fleet.alive(v, now) for v in watchers):
+            return None
+        return (
+            f"no VM of the event has been heard from for {self.settings.alive_within:g} s "
+            f"since it was due at {iso(due)}: its VMs are taken as deleted and the event as over"
+        )
+
+    def _release(self, doc: Doc, view: EventView, why: str, now: datetime) -> None:
+        """Mark the event released (first: a consumer that sees the ledger without it sees the
+        mark), drop its ledger entry, and say why in a Decision record."""
+
+        def mark(value: dict[str, Any]) -> bool:
+            value["released"] = iso(now)
+            return True
+
+        update(self.store, fs.EVENT, doc.key, mark)
+        self.ledger.release(doc.key, why)
+        self.dispatch.released(self.store, view, why, now)
+
+    def _heard_since_release(self, doc: Doc) -> bool:
+        """A record changed the event after its release: a VM of it is back; un-released."""
+        value = fs.event_document(doc)
+        if value.get("heard", "") <= value.get("released", ""):
+            return False
+
+        def unmark(value: dict[str, Any]) -> bool:
+            return value.pop("released", None) is not None
+
+        update(self.store, fs.EVENT, doc.key, unmark)
+        doc.value.pop("released", None)
+        return True
 
     def _forget(self, doc: Doc) -> None:
         self.ledger.release(doc.key, "no VM has reported on the event for too long")
@@ -324,13 +493,21 @@ class FleetCache:
     def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:
             view, before = fs.vm_view(doc.key, fs.vm_document(doc)), self._vms.get(doc.key)
-            if before is None or (before.subscription_id, before.name) != (
-                view.subscription_id,
+            if before is None or (fs.scope_of(before), before.name, before.last_seen is None) != (
+                fs.scope_of(view),
                 view.name,
+                view.last_seen is None,
             ):
-                self._index = None  # the name index is the same unless a name changed
+                self._index = None  # the same unless a name, its scope or a stop changed
             self._vms[doc.key] = view
             self._docs[doc.key] = doc
+
+    def retain(self, keys: set[str]) -> None:
+        """Drop the cached VMs not in `keys` (removed from the store)."""
+        for key in [k for k in self._vms if k not in keys]:
+            del self._vms[key]
+            self._docs.pop(key, None)
+            self._index = None
 
     def index(self) -> NameIndex:
         """The name index of the VMs `load` returned last (built again only when it changed)."""
@@ -351,33 +528,62 @@ def _name_index(vms: Mapping[str, VmView]) -> NameIndex:
     return names, ids
 
 
-def _vm_mutations(records: Sequence[Mapping[str, Any]]) -> dict[str, Mutation]:
+def _vm_mutations(records: Sequence[Mapping[str, Any]], heard: str) -> dict[str, Mutation]:
     by_vm: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
         if isinstance(record.get("VmId"), str) and record.get("RecordType") != "Decision":
             by_vm.setdefault(record["VmId"], []).append(record)
-    return {vm_id: _folder(fs.merge_vm, mine) for vm_id, mine in by_vm.items()}
+    return {vm_id: _folder(fs.merge_vm, mine, heard) for vm_id, mine in by_vm.items()}
 
 
-def _event_mutations(records: Sequence[Mapping[str, Any]]) -> dict[str, Mutation]:
+def _event_mutations(records: Sequence[Mapping[str, Any]], heard: str) -> dict[str, Mutation]:
     by_event: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
         if record.get("RecordType") in ("Event", "Hook") and isinstance(record.get("EventId"), str):
             by_event.setdefault(fs.event_key(record["EventId"]), []).append(record)
-    return {key: _folder(fs.merge_event, mine) for key, mine in by_event.items()}
+    return {key: _folder(fs.merge_event, mine, heard) for key, mine in by_event.items()}
 
 
 def _folder(
-    merge: Callable[[D, Mapping[str, Any]], bool],
+    merge: Callable[[D, Mapping[str, Any], str], bool],
     records: Sequence[Mapping[str, Any]],
+    heard: str,
 ) -> Callable[[dict[str, Any]], bool]:
-    """A mutation for `bridge.consumer.state.update` that merges every record of `records`."""
+    """A mutation for `bridge.consumer.state.update` that merges every record of `records`.
+
+    A record whose merge fails is set aside (an ERROR, it stays in the hub and the logs'
+    table): one record never stops the others of its batch and partition.
+    """
 
     def fold(value: dict[str, Any]) -> bool:
         document = cast(D, value)  # the stored JSON is the document `merge` owns
         changed = False
         for record in records:
-            changed = merge(document, record) or changed
+            before = dict(value)  # cheap; the merges replace what they change at the top
+            try:
+                changed = merge(document, record, heard) or changed
+            except Exception as err:
+                value.clear()
+                value.update(before)
+                log.error("record %s (%s of VM %s) could not be folded into the fleet state and "
+                          "was set aside: %s", record.get("RecordId"), record.get("RecordType"),
+                          record.get("VmId"), describe(err, with_type=True))  # fmt: skip
         return changed
 
     return fold
+
+
+class _Once:
+    """Remembers up to `size` keys: `add` is True the first time a key is seen."""
+
+    def __init__(self, size: int) -> None:
+        self._keys: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+
+    def add(self, key: str) -> bool:
+        if key in self._keys:
+            return False
+        self._keys[key] = None
+        while len(self._keys) > self._size:
+            self._keys.popitem(last=False)
+        return True

@@ -16,6 +16,7 @@ from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, ledger_eve
 from bridge.consumer.state import Conflict, Doc, Store, update
 from bridge.policy.model import EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, record_id
+from bridge.redact import describe
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +122,7 @@ class Dispatch:
             expires_at=expires or now + MIN_COMMAND_LIFETIME,
             rule=verdict.rule,
             reason=verdict.reason,
+            resources=[str(r) for r in event_doc.value.get("resources") or []],
         )
 
     def _decision(  # noqa: PLR0917 - one decision in full
@@ -143,6 +145,30 @@ class Dispatch:
             now=now,
         )
 
+    def failed(self, store: Store, event: fs.EventDocument, err: Exception, now: datetime) -> None:
+        """Say (once while it lasts) that deciding `event` failed: a Defer by rule (error)."""
+        reason = _valid_text(
+            f"deciding the event failed ({describe(err, with_type=True)}): deferred, and tried "
+            "again at every pass; other events are decided meanwhile"
+        )
+        view = _bare_view(event, now)
+        verdict = Verdict("Defer", ERROR_RULE, reason)
+        if event.get("decision") == {"kind": "Defer", "rule": ERROR_RULE, "reason": reason}:
+            return
+        record = decision_record(_valid(event), view=view, verdict=verdict, target=None,
+                                 command=None, policy_source=self.policy.source,
+                                 host_name=self.host_name, now=now)  # fmt: skip
+        self._say(store, view, verdict, record)
+
+    def released(self, store: Store, view: EventView, why: str, now: datetime) -> None:
+        """Say that the event's budget slot was released though no VM reported its end."""
+        verdict = Verdict("Release", RELEASE_RULE, why)
+        event = store.read(fs.EVENT, fs.event_key(view.event_id))
+        record = decision_record(event.value if event else {}, view=view, verdict=verdict,
+                                 target=None, command=None, policy_source=self.policy.source,
+                                 host_name=self.host_name, now=now)  # fmt: skip
+        self._say(store, view, verdict, record)
+
     def _say(self, store: Store, view: EventView, verdict: Verdict, record: dict[str, Any]) -> None:
         """Emit the Decision record, then remember it so a standing decision is not repeated."""
         said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
@@ -158,6 +184,35 @@ class Dispatch:
                  verdict.kind, verdict.rule, verdict.reason)  # fmt: skip
 
 
+ERROR_RULE = "(error)"
+RELEASE_RULE = "(released)"
+
+
+def _valid_text(text: str) -> str:
+    """`text` as valid Unicode: a lone surrogate (which broke the decision) becomes U+FFFD."""
+    return text.encode("utf-8", errors="replace").decode("utf-8")
+
+
+def _valid(event: fs.EventDocument) -> dict[str, Any]:
+    resources = [_valid_text(str(r)) for r in event.get("resources") or []]
+    return {"resources": resources}
+
+
+def _bare_view(event: fs.EventDocument, now: datetime) -> EventView:
+    """The event as its document says, without the fleet: enough for a Decision record."""
+    duration = event.get("duration")
+    return EventView(
+        event_id=_valid_text(str(event.get("event_id"))),
+        event_type=_valid_text(str(event.get("event_type") or "")),
+        event_source=_valid_text(str(event.get("event_source") or "")) or None,
+        duration=duration if isinstance(duration, int) else None,
+        status=fs.status(event),
+        not_before=fs.parse_time(event.get("not_before")),
+        first_seen=fs.parse_time(event.get("first_seen")) or now,
+        affected=(),
+    )
+
+
 def _entry(
     view: EventView, verdict: Verdict, command: commands.Command, now: datetime
 ) -> LedgerEntry:
@@ -165,7 +220,7 @@ def _entry(
     return {
         "event_id": view.event_id,
         "origin": "approved",
-        "vms": sorted(set(view.affected) | set(view.unresolved)),
+        "vms": sorted({*view.affected, *view.unresolved, *view.possible}),
         "target": verdict.target,
         "attempt": len(view.tried) + 1,
         "tried": [*view.tried, verdict.target],

@@ -35,9 +35,12 @@ class VmDocument(TypedDict, total=False):
          "tags": {"role": "web"}}
 
     `stopped` holds the TimeGenerated of a Stop heartbeat until the VM reports again.
+    `heard` is when the consumer last folded a record of the VM in, on the consumer's clock:
+    whether a VM is alive is measured on it, never on the VM's clock (which may be wrong).
     """
 
     last_seen: str
+    heard: str
     name: str
     subscription_id: str
     resource_group: str
@@ -78,6 +81,8 @@ class EventDocument(TypedDict, total=False):
     reporters: dict[str, Reporter]  # by VmId, or host:NAME before the VM knows its VmId
     ready: list[str]  # VmIds whose prepare hook succeeded
     decision: dict[str, str]  # the standing decision, said once
+    heard: str  # the consumer's clock when a record last changed the event (staleness)
+    released: str  # the consumer's clock when its budget slot was released (all VMs gone)
 
 
 def vm_document(doc: Doc) -> VmDocument:
@@ -145,13 +150,18 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def merge_vm(value: VmDocument, record: Mapping[str, Any]) -> bool:
-    """Fold one record's identity into a VM document; True when something worth saving changed."""
+def merge_vm(value: VmDocument, record: Mapping[str, Any], heard: str = "") -> bool:
+    """Fold one record's identity into a VM document; True when something worth saving changed.
+
+    `heard`: the consumer's clock now (ISO), kept as when the VM was last heard from.
+    """
     seen = record.get("TimeGenerated")
     # Only a newer record changes anything, and it always moves last_seen: changed.
     if not isinstance(seen, str) or seen <= value.get("last_seen", ""):
         return False
     value["last_seen"] = seen
+    if heard:
+        value["heard"] = max(heard, value.get("heard", ""))
     fields = cast(dict[str, Any], value)
     for key, field in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
         given = record.get(field)
@@ -168,8 +178,10 @@ def merge_vm(value: VmDocument, record: Mapping[str, Any]) -> bool:
 
 
 def vm_view(vm_id: str, value: VmDocument) -> VmView:
-    # A VM whose agent said goodbye is not alive, however recent its last record.
-    last_seen = None if value.get("stopped") else parse_time(value.get("last_seen"))
+    # A VM whose agent said goodbye is not alive, however recent its last record; alive is
+    # measured on the consumer's clock (heard), the VM's own only for older documents.
+    heard = value.get("heard") or value.get("last_seen")
+    last_seen = None if value.get("stopped") else parse_time(heard)
     return VmView(
         vm_id=vm_id,
         name=str(value.get("name") or vm_id),
@@ -197,14 +209,20 @@ _EVENT_FIELDS = {
 }
 
 
-def merge_event(value: EventDocument, record: Mapping[str, Any]) -> bool:
-    """Fold an Event or Hook record into an event document; True when it changed."""
+def merge_event(value: EventDocument, record: Mapping[str, Any], heard: str = "") -> bool:
+    """Fold an Event or Hook record into an event document; True when it changed.
+
+    `heard`: the consumer's clock now (ISO), kept when the record changed the event.
+    """
     before = repr(value)
     if record.get("RecordType") == "Event":
         _merge_event_record(value, record)
     elif record.get("RecordType") == "Hook":
         _merge_hook_record(value, record)
-    return repr(value) != before
+    changed = repr(value) != before
+    if changed and heard:
+        value["heard"] = max(heard, value.get("heard", ""))
+    return changed
 
 
 def _merge_event_record(value: EventDocument, record: Mapping[str, Any]) -> None:
@@ -257,25 +275,81 @@ def active_reporters(value: EventDocument) -> tuple[str, ...]:
     return tuple(sorted(v for v, r in value.get("reporters", {}).items() if r["status"] != GONE))
 
 
+Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)
+
+
+def scope_of(vm: VmView) -> Scope:
+    """Where Azure keeps a VM name unique: its subscription, resource group and scale set."""
+    lower = (vm.resource_group or "").lower() or None, (vm.scale_set or "").lower() or None
+    return (vm.subscription_id, *lower)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Resources as VmIds: `affected` resolved; `unresolved` names, of which `possible` holds
+    every VmId an ambiguous name may be (what budgets count for it)."""
+
+    affected: tuple[str, ...]
+    unresolved: tuple[str, ...]
+    possible: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True)
 class Names:
-    """VM names to VmIds, per subscription: Resources lists names, budgets count VmIds."""
+    """VM names to VmIds, in the scope the platform gives a name (`scope_of`).
 
-    index: Mapping[tuple[str | None, str], str]
+    Resources lists names; budgets count VmIds. Azure keeps a VM name unique in its resource
+    group (a scale set's instances in their scale set), so within one scope a name is one VM:
+    the one heard from last (a VM deleted and created again under its name is two VmIds).
+    Across scopes the same name is several VMs, and an event names VMs of the scope of the
+    VMs that report it. A name with no scope to narrow it, or found in several of the
+    reporters' scopes, is ambiguous: unresolved, failing closed.
+    """
+
+    index: Mapping[tuple[Scope, str], str]  # (scope, vm_key(name)) -> VmId
+    scopes: Mapping[str, tuple[Scope, ...]]  # vm_key(name) -> the scopes that have it
 
     @classmethod
     def of(cls, vms: Iterable[VmView]) -> Names:
-        return cls({(vm.subscription_id, vm_key(vm.name)): vm.vm_id for vm in vms})
+        newest: dict[tuple[Scope, str], VmView] = {}
+        for vm in vms:
+            key = (scope_of(vm), vm_key(vm.name))
+            held = newest.get(key)
+            if held is None or _heard_later(vm, held):
+                newest[key] = vm
+        scopes: dict[str, list[Scope]] = {}
+        for scope, name in newest:
+            scopes.setdefault(name, []).append(scope)
+        index = {key: vm.vm_id for key, vm in newest.items()}
+        return cls(index, {name: tuple(found) for name, found in scopes.items()})
 
-    def resolve(
-        self, names: Iterable[str], subscription: str | None
-    ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-        found: list[str] = []
-        missing: list[str] = []
+    def ids(self, name: str) -> list[str]:
+        """Every VmId `name` is in some scope (what a name without a scope may be)."""
+        key = vm_key(name)
+        return [self.index[(scope, key)] for scope in self.scopes.get(key, ())]
+
+    def resolve(self, names: Iterable[str], scopes: Iterable[Scope]) -> Resolved:
+        """`names` in the reporters' `scopes` (none known: in any scope)."""
+        within = set(scopes)
+        affected: list[str] = []
+        unresolved: list[str] = []
+        possible: set[str] = set()
         for name in names:
-            vm_id = self.index.get((subscription, vm_key(name)))
-            (found if vm_id else missing).append(vm_id or name)
-        return tuple(found), tuple(missing)
+            key = vm_key(name)
+            found = self.scopes.get(key, ())
+            candidates = [self.index[(s, key)] for s in found if not within or s in within]
+            if len(candidates) == 1:
+                affected.append(candidates[0])
+                continue
+            unresolved.append(name)
+            possible.update(candidates)
+        return Resolved(tuple(affected), tuple(unresolved), tuple(sorted(possible)))
+
+
+def _heard_later(vm: VmView, other: VmView) -> bool:
+    if vm.last_seen is None or other.last_seen is None:
+        return other.last_seen is None and vm.vm_id > other.vm_id
+    return (vm.last_seen, vm.vm_id) > (other.last_seen, other.vm_id)
 
 
 def event_view(
@@ -286,10 +360,8 @@ def event_view(
     now: datetime,
 ) -> EventView:
     reporters = active_reporters(value)
-    subscription = next(
-        (vms[r].subscription_id for r in value.get("reporters", {}) if r in vms), None
-    )
-    affected, unresolved = names.resolve(value.get("resources") or [], subscription)
+    scopes = {scope_of(vms[r]) for r in value.get("reporters", {}) if r in vms}
+    resolved = names.resolve(value.get("resources") or [], scopes)
     return EventView(
         event_id=str(value.get("event_id")),
         event_type=str(value.get("event_type") or ""),
@@ -298,8 +370,9 @@ def event_view(
         status=status(value),
         not_before=parse_time(value.get("not_before")),
         first_seen=parse_time(value.get("first_seen")) or now,
-        affected=affected,
-        unresolved=unresolved,
+        affected=resolved.affected,
+        unresolved=resolved.unresolved,
+        possible=resolved.possible,
         reporters=reporters,
         ready=frozenset(value.get("ready", [])),
         tried=tried,
@@ -307,7 +380,9 @@ def event_view(
 
 
 def is_stale(value: EventDocument, now: datetime, stale_after: timedelta) -> bool:
-    updated = parse_time(value.get("updated")) or parse_time(value.get("first_seen"))
+    """No record has changed the event for `stale_after`, on the consumer's clock."""
+    heard = value.get("heard") or value.get("updated")
+    updated = parse_time(heard) or parse_time(value.get("first_seen"))
     return updated is not None and now - updated > stale_after
 
 

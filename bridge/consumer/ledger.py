@@ -114,7 +114,7 @@ class ApprovalLedger:
         """A Started event impacts its VMs whether or not we approved it."""
         if key in ledger_events(doc.value):
             return
-        vms = sorted(set(view.affected) | set(view.unresolved))
+        vms = sorted({*view.affected, *view.unresolved, *view.possible})
         started: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": vms}
         ledger_events(doc.value)[key] = started
         try:

@@ -49,9 +49,7 @@ def problem(record: dict[str, Any]) -> str | None:
 
 @cache
 def _compiled() -> Callable[[Any], Any]:
-    return fastjsonschema.compile(
-        schema.load(), formats={"date-time": _is_time}, use_default=False
-    )
+    return fastjsonschema.compile(schema.load(), formats={"date-time": _is_time}, use_default=False)
 
 
 def _is_time(text: str) -> bool:
@@ -70,7 +68,9 @@ def _describe(err: fastjsonschema.JsonSchemaValueException) -> str:
         missing = [k for k in required if k not in err.value]
         return f"{where} lacks {', '.join(missing)}"
     if err.rule == "propertyNames" and isinstance(err.value, dict):
-        allowed = err.rule_definition.get("enum", []) if isinstance(err.rule_definition, dict) else []
+        allowed = (
+            err.rule_definition.get("enum", []) if isinstance(err.rule_definition, dict) else []
+        )
         extra = sorted(str(k) for k in err.value if k not in allowed)
         return f"{where} holds a field no record of its RecordType has: {', '.join(extra)}"
     if err.rule == "additionalProperties":

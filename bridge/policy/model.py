@@ -20,7 +20,9 @@ from typing import Literal
 from zoneinfo import ZoneInfo
 
 ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold"]
-VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore"]
+# Release is the consumer's, never evaluate's: a budget slot freed though no VM said the
+# event ended (its VMs are gone).
+VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore", "Release"]
 GROUP_KINDS = ("fleet", "scale_set", "zone", "fault_domain", "update_domain", "resource_group")
 
 
@@ -138,7 +140,8 @@ class EventView:
     not_before: datetime | None
     first_seen: datetime
     affected: tuple[str, ...]  # VmIds resolved from Resources
-    unresolved: tuple[str, ...] = ()  # names in Resources no agent has reported
+    unresolved: tuple[str, ...] = ()  # names in Resources not resolved to one VM
+    possible: tuple[str, ...] = ()  # VmIds an ambiguous name of `unresolved` may be
     reporters: tuple[str, ...] = ()  # VmIds whose current document holds the event
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
@@ -192,7 +195,7 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
     gate = _gate(rule, event, now)
     if gate is not None:
         return gate
-    blocked = check_budgets(policy.budgets, fleet, event)
+    blocked = check_budgets(policy.budgets, fleet, event, now)
     if blocked is not None:
         kind, why = blocked
         return Verdict(kind, rule.name, why)
@@ -355,17 +358,26 @@ def group_key(group: str, vm: VmView) -> str | None:
 
 
 def check_budgets(
-    budgets: tuple[Budget, ...], fleet: FleetView, event: EventView
+    budgets: tuple[Budget, ...], fleet: FleetView, event: EventView, now: datetime
 ) -> tuple[VerdictKind, str] | None:
-    """("Defer"|"Hold", why) when approving `event` would break a budget; None when it fits."""
+    """("Defer"|"Hold", why) when approving `event` would break a budget; None when it fits.
+
+    A group's size counts its live members (heard from within `fleet.alive_within`) and
+    the members some event impacts: a VM deleted yesterday does not make the group larger.
+    An ambiguous name counts as every VM it may be (`event.possible`).
+    """
     others: set[str] = set()
     for event_id, vms in fleet.impacted.items():
         if event_id != event.event_id:
             others |= vms
+    counted = others | set(event.affected) | set(event.possible)
     for budget in budgets:
-        members = _groups(budget.group, fleet.vms.values())
+        members = _groups(
+            budget.group,
+            (v for v in fleet.vms.values() if v.vm_id in counted or fleet.alive(v.vm_id, now)),
+        )
         for key, group in members.items():
-            mine = {v for v in event.affected if v in group}
+            mine = {v for v in (*event.affected, *event.possible) if v in group}
             if budget.group == "fleet":
                 mine |= set(event.unresolved)
             if not mine:

@@ -116,6 +116,7 @@ def command(
     issued: timedelta = timedelta(seconds=-0.4),
     expires: timedelta = timedelta(minutes=10),
     rule: str = "user-initiated",
+    resources: list[str] | None = None,
 ) -> commands.Command:
     now = datetime.now(timezone.utc)
     return commands.approve(
@@ -126,6 +127,7 @@ def command(
         expires_at=now + expires,
         rule=rule,
         reason="User-initiated Reboot: approve at once",
+        resources=resources,
     )
 
 

@@ -23,7 +23,9 @@ from tests.support import event_record
 
 PY = sys.executable
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
-ORIGIN = Origin(VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a")
+ORIGIN = Origin(
+    VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a"
+)
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 WAIT = 10.0  # generous upper bound for a result that normally arrives in milliseconds
 

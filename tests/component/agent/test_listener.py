@@ -107,6 +107,37 @@ def test_the_event_is_checked_against_a_fresh_document(sim: Sim, harness: Harnes
     assert posts(simulator, event) == []
 
 
+def test_a_command_for_other_resources_than_the_live_event_is_refused(
+    sim: Sim, harness: Harness
+) -> None:
+    """The command binds the Resources the consumer decided on (ResourcesDigest, signed)."""
+    simulator, _ = sim
+    event = user_reboot(simulator)
+    harness.start()
+    harness.poll()
+    decided_on = command(vm_id(simulator), event, resources=[VM, "vm-1"])
+    harness.inbox.put(decided_on.to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    [record] = harness.records()
+    assert record["ApprovalOutcome"] == "Refused"
+    assert record["ApprovalDetail"].startswith("ResourcesChanged: ")
+    assert posts(simulator, event) == []
+
+
+def test_a_command_for_the_live_resources_is_approved_whatever_their_case(
+    sim: Sim, harness: Harness
+) -> None:
+    simulator, _ = sim
+    event = user_reboot(simulator)
+    harness.start()
+    harness.poll()
+    harness.inbox.put(command(vm_id(simulator), event, resources=[VM.upper()]).to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    [record] = harness.records()
+    assert record["ApprovalOutcome"] == "Approved"
+    assert posts(simulator, event) == [200]
+
+
 def test_a_retryable_imds_failure_leaves_the_command(
     sim: Sim, harness: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -305,7 +305,7 @@ def test_the_fleet_cache_reads_what_changed_and_sees_what_a_scan_sees(tmp_path: 
     assert loaded == scanned()
     assert loaded[fleet.vm_id("web_0")].tags == {"tier": "db"}
     names, _ = cache.index()
-    assert names.index[(SUBSCRIPTION, "web_2")] == fleet.vm_id("web_2")
+    assert names.index[((SUBSCRIPTION, "rg-app", "web"), "web_2")] == fleet.vm_id("web_2")
     assert [q for q in reads if q.startswith("SELECT key")] == [
         "SELECT key, etag, value FROM docs WHERE collection = 'vm' AND rev > 1 ORDER BY key"
     ]

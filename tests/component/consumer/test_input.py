@@ -72,7 +72,8 @@ def test_the_check_agrees_with_jsonschema() -> None:
 
 def test_an_integral_float_where_the_schema_says_integer_is_valid_and_made_an_int() -> None:
     record = check_record(json.dumps({**heartbeat(), "PendingEvents": 1.0}), VM)
-    assert record["PendingEvents"] == 1 and type(record["PendingEvents"]) is int
+    assert record["PendingEvents"] == 1
+    assert type(record["PendingEvents"]) is int
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,9 @@ def test_records_arrive_in_order_with_routing_properties(
             "RecordId": record.record_id,
         }
     by_vm = {e.partition_key: e.partition for e in events}
-    assert {e.partition for e in events if e.partition_key == vm_id("vm-a")} == {by_vm[vm_id("vm-a")]}
+    assert {e.partition for e in events if e.partition_key == vm_id("vm-a")} == {
+        by_vm[vm_id("vm-a")]
+    }
 
 
 def test_a_batch_larger_than_the_hub_limit_is_split_and_kept_in_order(

@@ -22,7 +22,9 @@ from tests.support import event_record
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
-ORIGIN = Origin(VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a")
+ORIGIN = Origin(
+    VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001", vm_name="WestNO_0"), host_name="host-a"
+)
 VALIDATOR = Draft202012Validator(schema.load(), format_checker=FormatChecker())
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import requests
@@ -53,7 +53,8 @@ def test_parse_instance_tolerates_junk(raw: dict[str, Any]) -> None:
 @pytest.mark.parametrize("vm_id", ["x/../y", "vm-1", "02aab8a4-74ef-476e-8182-f6d2ba4166a6/..", ""])
 def test_a_vm_id_that_is_not_a_guid_is_no_vm_id(vm_id: str) -> None:
     # The consumer refuses records whose VmId is not a GUID, and a VmId names a channel.
-    identity = imds.parse_instance({"compute": {**INSTANCE["compute"], "vmId": vm_id}})
+    compute = dict(cast(dict[str, Any], INSTANCE["compute"]), vmId=vm_id)
+    identity = imds.parse_instance({"compute": compute})
     assert identity.vm_id is None
     assert identity.vm_name == "web_3"
 

@@ -17,7 +17,10 @@ EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 
 
 def origin(name: str | None = "WestNO_0") -> Origin:
-    return Origin(VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001" if name else None, vm_name=name), host_name="host-a")
+    return Origin(
+        VmIdentity(vm_id="0000000a-0000-4000-8000-000000000001" if name else None, vm_name=name),
+        host_name="host-a",
+    )
 
 
 def run(

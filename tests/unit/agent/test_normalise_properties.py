@@ -64,7 +64,10 @@ documents = (
 def test_no_document_makes_it_raise(
     docs: list[Any], name: str | None, steps: list[float], boots: list[str | None]
 ) -> None:
-    origin = Origin(VmIdentity(vm_id="0000000b-0000-4000-8000-000000000002" if name else None, vm_name=name), host_name="h")
+    origin = Origin(
+        VmIdentity(vm_id="0000000b-0000-4000-8000-000000000002" if name else None, vm_name=name),
+        host_name="h",
+    )
     now = datetime(2022, 4, 11, tzinfo=timezone.utc)
     state: dict[str, Any] | None = None
     for doc, step, boot in zip(docs, steps, boots, strict=False):

@@ -18,9 +18,12 @@ from bridge.config import CommandsSettings, ConfigError, IdentitySettings, load
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
 
+VM_ID = "0000000a-0000-4000-8000-000000000001"
+
+
 def a_command(reason: str = "User-initiated Reboot: approve at once") -> commands.Command:
     later = NOW + timedelta(minutes=5)
-    return commands.approve(vm_id="0000000a-0000-4000-8000-000000000001", event_id="E1", document_incarnation=3, issued_at=NOW,
+    return commands.approve(vm_id=VM_ID, event_id="E1", document_incarnation=3, issued_at=NOW,
                             expires_at=later, rule="r", reason=reason)  # fmt: skip
 
 
@@ -36,7 +39,12 @@ def test_every_field_is_covered() -> None:
     signer = signing.Signer(Ed25519PrivateKey.generate())
     verifier = signing.Verifier([signer.public_key()])
     text = signer.sign(a_command()).to_json()
-    for old, new in [('"0000000a-0000-4000-8000-000000000001"', '"0000000a-0000-4000-8000-000000000002"'), ('"E1"', '"E2"'), ('"r"', '"s"'), ("3,", "4,")]:
+    for old, new in [
+        ('"0000000a-0000-4000-8000-000000000001"', '"0000000a-0000-4000-8000-000000000002"'),
+        ('"E1"', '"E2"'),
+        ('"r"', '"s"'),
+        ("3,", "4,"),
+    ]:
         refusal = verifier.check(commands.parse(text.replace(old, new, 1)))
         assert refusal is not None
         assert refusal.code == "BadSignature"

@@ -292,6 +292,7 @@ class Resolved:
     affected: tuple[str, ...]
     unresolved: tuple[str, ...]
     possible: tuple[str, ...] = ()
+    unknown: tuple[str, ...] = ()  # the unresolved names no VM in the scopes has
 
 
 @dataclass(frozen=True)
@@ -334,6 +335,7 @@ class Names:
         affected: list[str] = []
         unresolved: list[str] = []
         possible: set[str] = set()
+        unknown: list[str] = []
         for name in names:
             key = vm_key(name)
             found = self.scopes.get(key, ())
@@ -343,7 +345,9 @@ class Names:
                 continue
             unresolved.append(name)
             possible.update(candidates)
-        return Resolved(tuple(affected), tuple(unresolved), tuple(sorted(possible)))
+            if not candidates:
+                unknown.append(name)
+        return Resolved(tuple(affected), tuple(unresolved), tuple(sorted(possible)), tuple(unknown))
 
 
 def _heard_later(vm: VmView, other: VmView) -> bool:
@@ -373,6 +377,7 @@ def event_view(
         affected=resolved.affected,
         unresolved=resolved.unresolved,
         possible=resolved.possible,
+        unknown=resolved.unknown,
         reporters=reporters,
         ready=frozenset(value.get("ready", [])),
         tried=tried,

@@ -142,6 +142,7 @@ class EventView:
     affected: tuple[str, ...]  # VmIds resolved from Resources
     unresolved: tuple[str, ...] = ()  # names in Resources not resolved to one VM
     possible: tuple[str, ...] = ()  # VmIds an ambiguous name of `unresolved` may be
+    unknown: tuple[str, ...] = ()  # the names of `unresolved` no known VM has
     reporters: tuple[str, ...] = ()  # VmIds whose current document holds the event
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
@@ -371,28 +372,27 @@ def check_budgets(
         if event_id != event.event_id:
             others |= vms
     counted = others | set(event.affected) | set(event.possible)
+    unknown = set(event.unknown)
+    elsewhere = {v for v in others if v not in fleet.vms}  # names, or VMs no longer known
     for budget in budgets:
         members = _groups(
             budget.group,
             (v for v in fleet.vms.values() if v.vm_id in counted or fleet.alive(v.vm_id, now)),
         )
         for key, group in members.items():
-            mine = {v for v in (*event.affected, *event.possible) if v in group}
-            if budget.group == "fleet":
-                mine |= set(event.unresolved)
+            # A name no VM is known by may be a VM of any group: counted in each (worst case).
+            mine = {v for v in (*event.affected, *event.possible) if v in group} | unknown
             if not mine:
                 continue
-            limit = budget.limit(
-                len(group) + (len(event.unresolved) if budget.group == "fleet" else 0)
-            )
+            limit = budget.limit(len(group) + (len(unknown) if budget.group == "fleet" else 0))
             if len(mine) > limit:
                 return "Hold", (
                     f"budget {budget.name}: the event alone impacts {len(mine)} VMs of {key}, "
                     f"more than the {limit} allowed: it starts at NotBefore"
                 )
-            # Other events' VMs that no agent has reported are named, not in any group, but
-            # they are in the fleet: counted for this event, so counted for the others too.
-            busy = (others if budget.group == "fleet" else others & group) - mine
+            # Other events' VMs that no agent has reported are named, not in any group: in
+            # the worst case in this one, as for this event.
+            busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
             if len(busy | mine) > limit:
                 return "Defer", (
                     f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "

@@ -1,0 +1,448 @@
+"""Property: on a messy fleet the real consumer never approves unsafely (issue 14).
+
+A random fleet of two resource groups, each with a scale set `web` (instances web_0, web_1,
+...: the same names in both groups) and availability-set VMs app0, app1 (the same names in
+both too), each VM with a tier tag and a clock that may be right, a little ahead, seven hours
+behind or a year ahead. A random policy (rules with and without VM conditions, budgets over
+scale sets, resource groups, the fleet and the tier tag) and a random sequence of steps:
+heartbeats, new events (reported by every VM of the event's scale set or availability set,
+as Azure sends them), Resources that grow and shrink, platform starts, completions, VMs
+deleted and created again under their name (a new VmId), clock advances (healthy agents
+heartbeat and their records arrive on the way), partial deliveries interleaving VMs (each
+VM's own records in order) with replays, poison records, ticks, and Approval records from
+the targets (the agent's ResourcesDigest check included). Every record passes the
+consumer's input check on its way in, as in `se-bridge consume`.
+
+Checked at every command, against the truth the test keeps (which VMs an event really
+names: the names in the reporting scale set or availability set):
+
+- a rule with VM conditions approved it only if they hold for every true VM;
+- no budget group has more VMs impacted than its limit, the group sized by its live
+  members (a record within alive_within) and its impacted ones. Impacted: the live true VMs
+  of every event approved by a command or seen Started, until its end was delivered or all
+  its VMs are deleted (a released event whose VM still exists keeps counting here);
+
+and at the end: every poison record was refused at the door, every event still Scheduled
+got a Decision, and once the records stop the state converges: no ledger entry, no event,
+and the documents of the deleted VMs removed.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bridge.commands.message import Command, resources_digest
+from bridge.config import ConsumerSettings
+from bridge.consumer import documents as fs
+from bridge.consumer import validation
+from bridge.consumer.core import Consumer
+from bridge.consumer.ledger import ledger_events
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView, vm_matches
+from bridge.records import iso
+from tests.fleetrecords import SUBSCRIPTION, FleetRecords
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+SETTINGS = ConsumerSettings(
+    alive_within=120.0, approval_timeout=30.0, stale_after=3600.0, forget_vms_after=7200.0
+)
+HEARTBEAT_EVERY = 60.0  # healthy agents, well within alive_within
+SKEWS = (0.0, 0.0, 120.0, -7 * 3600.0, 365 * 86400.0)  # seconds a VM's clock is off
+FAST_TMP = "/dev/shm" if Path("/dev/shm").is_dir() else None
+
+RULES = {
+    "rg-a-only": Rule("rg-a-only", Match(resource_groups=frozenset({"rg-a"})), Action("approve")),
+    "web-tier": Rule("web-tier", Match(tags=(("tier", "web"),)), Action("approve")),
+    "web-set": Rule("web-set", Match(scale_sets=frozenset({"web"})), Action("approve")),
+    "users": Rule("users", Match(event_sources=frozenset({"user"})), Action("approve")),
+}
+BUDGETS = (
+    Budget("set-1", "scale_set", max_vms=1),
+    Budget("rg-2", "resource_group", max_vms=2),
+    Budget("fleet-25", "fleet", max_percent=25),
+    Budget("tier-1", "tag:tier", max_vms=1),
+    Budget("set-half", "scale_set", max_percent=50),
+)
+
+
+@dataclass
+class Vm:
+    name: str
+    rg: str
+    scale_set: str | None
+    tier: str
+    skew: float
+    generation: int = 0
+    deleted: bool = False
+
+    @property
+    def handle(self) -> str:
+        return f"{self.rg}/{self.name}#{self.generation}"
+
+    @property
+    def scope(self) -> tuple[str, str | None]:
+        return (self.rg, self.scale_set)
+
+    def view(self) -> VmView:
+        return VmView(self.handle, self.name, SUBSCRIPTION, self.rg, scale_set=self.scale_set,
+                      tags={"tier": self.tier})  # fmt: skip
+
+    def group(self, kind: str) -> str | None:
+        return {
+            "fleet": "fleet",
+            "scale_set": f"{self.rg}/{self.scale_set}" if self.scale_set else None,
+            "resource_group": self.rg,
+            "tag:tier": self.tier,
+        }[kind]
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> list[Vm]:
+    vms = []
+    for rg in ("rg-a", "rg-b"):
+        for n in range(draw(st.integers(1, 3))):
+            vms.append(Vm(f"web_{n}", rg, "web", draw(st.sampled_from(("web", "db"))),
+                          draw(st.sampled_from(SKEWS))))  # fmt: skip
+        for n in range(draw(st.integers(0, 2))):
+            vms.append(Vm(f"app{n}", rg, None, draw(st.sampled_from(("web", "db"))),
+                          draw(st.sampled_from(SKEWS))))  # fmt: skip
+    return vms
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Policy:
+    names = draw(st.lists(st.sampled_from(sorted(RULES)), min_size=1, max_size=3, unique=True))
+    budgets = draw(st.lists(st.sampled_from(BUDGETS), max_size=2, unique_by=lambda b: b.name))
+    rest = Rule("rest", Match(), Action("hold"))
+    return Policy(rules=(*(RULES[n] for n in names), rest), budgets=tuple(budgets))
+
+
+NEW_EVENT = st.tuples(st.just("event"), st.integers(0, 9), st.integers(1, 7), st.booleans())
+DELIVER = st.tuples(st.just("deliver"), st.integers(1, 12), st.integers(0, 2**16), st.booleans())
+# New events, deliveries and answers weigh more: budgets are tested by events that overlap.
+STEPS = st.one_of(
+    NEW_EVENT,
+    NEW_EVENT,
+    NEW_EVENT,
+    DELIVER,
+    DELIVER,
+    st.tuples(st.just("answer")),
+    st.tuples(st.just("heartbeat"), st.integers(0, 9)),
+    st.tuples(st.just("resize"), st.integers(0, 9), st.integers(1, 7)),
+    st.tuples(st.just("start"), st.integers(0, 9)),
+    st.tuples(st.just("complete"), st.integers(0, 9)),
+    st.tuples(st.just("delete"), st.integers(0, 9)),
+    st.tuples(st.just("recreate"), st.integers(0, 9)),
+    st.tuples(st.just("advance"), st.sampled_from((1.0, 20.0, 130.0, 700.0))),
+    DELIVER,
+    st.tuples(st.just("tick")),
+    st.tuples(st.just("answer")),
+    st.tuples(st.just("poison"), st.integers(0, 3)),
+)
+
+
+@dataclass
+class EventModel:
+    event_id: str
+    scope: tuple[str, str | None]
+    names: set[str]
+    user: bool
+    not_before: datetime
+    started: bool = False  # truly, by the platform
+    completed: bool = False
+    started_delivered: bool = False
+    end_delivered: set[str] = field(default_factory=set)  # reporters whose end arrived
+    sent: list[Command] = field(default_factory=list)
+    answered: set[str] = field(default_factory=set)
+    reporters: set[str] = field(default_factory=set)  # handles that reported it
+
+
+class World:
+    def __init__(self, path: Path, vms: list[Vm], policy: Policy) -> None:
+        self.now = T0
+        self.vms = vms
+        self.policy = policy
+        self.records = FleetRecords(T0)
+        for vm in vms:
+            self._register(vm)
+        self.store = SqliteStore(path)
+        self.decisions: list[dict[str, Any]] = []
+        self.consumer = Consumer(self.store, self, policy, self.decisions.extend, SETTINGS,
+                                 now=lambda: self.now)  # fmt: skip
+        self.pending: list[tuple[str, dict[str, Any]]] = []
+        self.delivered: list[dict[str, Any]] = []
+        self.heard: dict[str, datetime] = {}
+        self.beat: dict[str, datetime] = {}
+        self.events: dict[str, EventModel] = {}
+        self.poison_refused = 0
+        self.violations: list[str] = []
+
+    def _register(self, vm: Vm) -> None:
+        self.records.vm(vm.name, scale_set=vm.scale_set, resource_group=vm.rg,
+                        tags={"tier": vm.tier}, handle=vm.handle)  # fmt: skip
+
+    # --- the command channel: every command is checked as it is sent -----------------------
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        event = self.events[command.event_id]
+        try:
+            self.check_rule(event, command)
+            self.check_budgets(event)
+        except AssertionError as err:
+            # Kept here too: the consumer isolates a failing decision (as it must), so an
+            # exception raised from a send would only become an "(error)" Decision record.
+            self.violations.append(str(err))
+            raise
+        event.sent.append(command)
+
+    def close(self) -> None:
+        pass
+
+    # --- truth ------------------------------------------------------------------------------
+
+    def live(self) -> list[Vm]:
+        return [vm for vm in self.vms if not vm.deleted]
+
+    def true_vms(self, event: EventModel) -> list[Vm]:
+        """The VMs the event names: its names in its scale set or availability set, as now."""
+        return [vm for vm in self.live() if vm.scope == event.scope and vm.name in event.names]
+
+    def alive(self, vm: Vm) -> bool:
+        heard = self.heard.get(vm.handle)
+        return heard is not None and self.now - heard <= timedelta(seconds=SETTINGS.alive_within)
+
+    def impacting(self, event: EventModel) -> bool:
+        ended = event.end_delivered >= event.reporters and event.reporters
+        return bool(event.sent or event.started_delivered) and not ended
+
+    def check_rule(self, event: EventModel, command: Command) -> None:
+        rule = next(r for r in self.policy.rules if r.name == command.rule)
+        if rule.match.about_vms:
+            for vm in self.true_vms(event):
+                assert vm_matches(rule.match, vm.view()), (
+                    f"rule {rule.name} approved {event.event_id} on {vm.handle}, "
+                    "which its VM conditions do not match"
+                )
+
+    def check_budgets(self, event: EventModel) -> None:
+        mine = {vm.handle for vm in self.true_vms(event)}
+        others: set[str] = set()
+        for other in self.events.values():
+            if other is not event and self.impacting(other):
+                others |= {vm.handle for vm in self.true_vms(other)}
+        impacted = others | mine
+        for budget in self.policy.budgets:
+            for key in {vm.group(budget.group) for vm in self.true_vms(event)} - {None}:
+                group = [vm for vm in self.live() if vm.group(budget.group) == key]
+                size = len([vm for vm in group if self.alive(vm) or vm.handle in impacted])
+                count = len(impacted & {vm.handle for vm in group})
+                assert count <= budget.limit(size), (
+                    f"approving {event.event_id} puts {count} VMs of {key} under maintenance, "
+                    f"more than budget {budget.name} allows of {size}"
+                )
+
+    # --- what the agents send ---------------------------------------------------------------
+
+    def emit(self, vm: Vm, record: dict[str, Any]) -> None:
+        record["TimeGenerated"] = iso(self.now + timedelta(seconds=vm.skew))
+        self.pending.append((vm.handle, record))
+
+    def heartbeat(self, vm: Vm) -> None:
+        self.records.now = self.now
+        self.emit(vm, self.records.heartbeat(vm.handle))
+        self.beat[vm.handle] = self.now
+
+    def event_record(self, event: EventModel, transition: str) -> None:
+        self.records.now = self.now
+        for vm in self.live():
+            if vm.scope != event.scope:
+                continue
+            event.reporters.add(vm.handle)
+            record = self.records.event(
+                vm.handle, event.event_id, transition=transition,
+                source="User" if event.user else "Platform", resources=sorted(event.names),
+                not_before=event.not_before,
+            )  # fmt: skip
+            self.emit(vm, record)
+
+    def deliver(self, count: int, seed: int, replay: bool) -> None:
+        chooser = random.Random(seed)
+        batch: list[dict[str, Any]] = []
+        while self.pending and len(batch) < count:
+            handles = sorted({h for h, _ in self.pending})
+            pick = chooser.choice(handles)
+            index = next(i for i, (h, _) in enumerate(self.pending) if h == pick)
+            batch.append(self.pending.pop(index)[1])
+        if replay and self.delivered:
+            batch += chooser.sample(self.delivered, min(3, len(self.delivered)))
+        self.process(batch)
+
+    def process(self, batch: list[dict[str, Any]]) -> None:
+        if not batch:
+            return
+        given = []
+        for record in batch:
+            copy = dict(record)
+            assert validation.problem(copy) is None, record
+            given.append(copy)
+            self.learn(record)
+        self.delivered += batch
+        self.consumer.process(given)
+
+    def learn(self, record: dict[str, Any]) -> None:
+        handle = next(h for h, o in self.records.origins.items()
+                      if o.identity.vm_id == record["VmId"])  # fmt: skip
+        self.heard[handle] = self.now
+        event = self.events.get(str(record.get("EventId")))
+        if event is None or record["RecordType"] != "Event":
+            return
+        if record["EventStatus"] == "Started":
+            event.started_delivered = True
+        if record["EventStatus"] is None:
+            event.end_delivered.add(handle)
+
+    def advance(self, seconds: float) -> None:
+        end = self.now + timedelta(seconds=seconds)
+        while self.now < end:
+            self.now = min(end, self.now + timedelta(seconds=HEARTBEAT_EVERY))
+            for vm in self.live():
+                if self.now - self.beat.get(vm.handle, T0) >= timedelta(seconds=HEARTBEAT_EVERY):
+                    self.heartbeat(vm)
+            self.deliver(len(self.pending), 0, replay=False)
+            self.consumer.tick()
+
+    def answer(self) -> None:
+        for event in self.events.values():
+            for command in event.sent:
+                target = next((vm for vm in self.live()
+                               if self.records.origins[vm.handle].identity.vm_id == command.vm_id),
+                              None)  # fmt: skip
+                if command.command_id in event.answered or target is None:
+                    continue
+                event.answered.add(command.command_id)
+                same = command.resources_digest == resources_digest(event.names)
+                ok = same and not event.started and not event.completed
+                self.records.now = self.now
+                self.emit(target, self.records.approval(command, "Approved" if ok else "Refused"))
+                if ok:
+                    event.started = True
+                    self.event_record(event, "Started")
+
+    def poison(self, kind: int) -> None:
+        vm = self.vms[kind % len(self.vms)]
+        self.records.now = self.now
+        record = self.records.heartbeat(vm.handle)
+        damages: list[dict[str, Any]] = [
+            {"VmId": "x/../y"},
+            {"VmName": "web_\ud800"},
+            {"TimeGenerated": "2026-19-39T29:59:59Z"},
+            {"Resources": ["web_0"]},
+        ]
+        damage = damages[kind]
+        record.update(damage)
+        assert validation.problem(record) is not None, damage
+        self.poison_refused += 1
+
+
+def run_step(world: World, step: tuple[Any, ...]) -> None:  # noqa: PLR0912 - a dispatcher
+    kind, *args = step
+    vms = world.vms
+    events = list(world.events.values())
+    if kind == "heartbeat":
+        vm = vms[args[0] % len(vms)]
+        if not vm.deleted:
+            world.heartbeat(vm)
+    elif kind == "event":
+        scopes = sorted({vm.scope for vm in world.live()}, key=str)
+        if not scopes:
+            return
+        scope = scopes[args[0] % len(scopes)]
+        names = sorted({vm.name for vm in world.live() if vm.scope == scope})
+        chosen = {n for i, n in enumerate(names) if args[1] >> i & 1} or {names[0]}
+        event_id = f"00000000-0000-4000-8000-{len(world.events):012d}"
+        nb = world.now + timedelta(minutes=15)
+        world.events[event_id] = EventModel(event_id, scope, chosen, args[2], nb)
+        world.event_record(world.events[event_id], "Scheduled")
+    elif kind == "resize" and events:
+        event = events[args[0] % len(events)]
+        names = sorted({vm.name for vm in world.live() if vm.scope == event.scope})
+        if names and not event.started and not event.completed:
+            event.names = {n for i, n in enumerate(names) if args[1] >> i & 1} or {names[-1]}
+            world.event_record(event, "Updated")
+    elif kind == "start" and events:
+        event = events[args[0] % len(events)]
+        if not event.started and not event.completed:
+            event.started = True
+            world.event_record(event, "Started")
+    elif kind == "complete" and events:
+        event = events[args[0] % len(events)]
+        if not event.completed:
+            event.completed = True
+            world.event_record(event, "Completed")
+    elif kind == "delete":
+        vms[args[0] % len(vms)].deleted = True
+    elif kind == "recreate":
+        vm = vms[args[0] % len(vms)]
+        if vm.deleted:
+            vm.deleted, vm.generation = False, vm.generation + 1
+            world._register(vm)
+            world.heartbeat(vm)
+    elif kind == "advance":
+        world.advance(args[0])
+    elif kind == "deliver":
+        world.deliver(*args)
+    elif kind == "tick":
+        world.consumer.tick()
+    elif kind == "answer":
+        world.answer()
+    elif kind == "poison":
+        world.poison(args[0])
+
+
+def finish(world: World) -> None:
+    world.advance(HEARTBEAT_EVERY)
+    for event in world.events.values():
+        known = any(d["EventId"] == event.event_id for d in world.decisions)
+        scheduled = not event.started and not event.completed and world.true_vms(event)
+        if scheduled and any(h in world.heard for h in event.reporters):
+            assert known, f"event {event.event_id} was never decided: another one blocked it?"
+    for event in world.events.values():
+        if not event.completed:
+            event.completed = True
+            world.event_record(event, "Completed")
+    world.advance(4 * 3600)
+    ledger = world.store.read(fs.LEDGER, fs.LEDGER_KEY)
+    assert ledger is None or ledger_events(ledger.value) == {}, ledger
+    assert world.store.scan(fs.EVENT) == []
+    kept = {doc.key for doc in world.store.scan(fs.VM)}
+    live = {world.records.origins[vm.handle].identity.vm_id for vm in world.live()}
+    assert kept == live & kept, "the documents of deleted VMs are not removed"
+    assert live <= kept
+
+
+@settings(max_examples=150, deadline=None)
+@given(vms=fleets(), policy=policies(), steps=st.lists(STEPS, max_size=40))
+def test_a_messy_fleet_never_gets_an_unsafe_approval(
+    vms: list[Vm], policy: Policy, steps: list[tuple[Any, ...]]
+) -> None:
+    with tempfile.TemporaryDirectory(dir=FAST_TMP) as tmp:
+        world = World(Path(tmp) / "fleet.db", vms, policy)
+        try:
+            for vm in vms:
+                world.heartbeat(vm)
+            world.deliver(len(world.pending), 0, replay=False)
+            for step in steps:
+                run_step(world, step)
+                assert not world.violations, world.violations
+            finish(world)
+            assert not world.violations, world.violations
+        finally:
+            world.store.close()

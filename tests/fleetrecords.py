@@ -35,13 +35,14 @@ class FleetRecords:
 
     def vm(self, name: str, *, scale_set: str | None = None, zone: str | None = None,
            fault_domain: int | None = None, tags: dict[str, str] | None = None,
-           resource_group: str = "rg-app", handle: str | None = None) -> str:  # fmt: skip
+           resource_group: str = "rg-app", handle: str | None = None,
+           subscription: str = SUBSCRIPTION) -> str:  # fmt: skip
         """Add a VM; `handle` names it in these tests when its VM name repeats in the fleet."""
         vm_id = str(record_id("test-vm", handle or name))
         identity = VmIdentity(
             vm_id=vm_id,
             vm_name=name,
-            subscription_id=SUBSCRIPTION,
+            subscription_id=subscription,
             resource_group=resource_group,
             location="westeurope",
             zone=zone,

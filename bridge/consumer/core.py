@@ -268,8 +268,13 @@ class Consumer:
         view = fs.event_view(value, vms, names, tuple(entry.get("tried", ())) if entry else (), now)
         if value.get("released") and not self._heard_since_release(doc):
             return True  # its VMs are gone (see `_all_gone`): it counts no more until one speaks
-        if entry is not None or view.status == "Started":
-            gone = self._all_gone(view, entry, vms, now)
+        reports = value.get("reporters", {}).values()
+        if (
+            entry is not None
+            or view.status == "Started"
+            or any(r["status"] == fs.GONE for r in reports)
+        ):
+            gone = self._all_gone(value, view, entry, vms, now)
             if gone is not None:
                 self._release(doc, view, gone, now)
                 return True
@@ -307,28 +312,46 @@ class Consumer:
 
     def _all_gone(
         self,
+        value: fs.EventDocument,
         view: EventView,
         entry: LedgerEntry | None,
         vms: Mapping[str, VmView],
         now: datetime,
     ) -> str | None:
-        """Why the event's budget slot can be released though no VM said it ended; else None.
+        """Why the event no longer counts though not every VM said it ended; else None.
 
-        The rule (docs/policy.md#when-a-slot-is-released): the event is due (NotBefore, or
-        when first seen without one, plus its duration when it has one) and no VM that could
-        still report on it, neither a VM it names nor one reporting it, has been heard from
-        within consumer.alive_within. A VM deleted by a Terminate or Preempt never reports the
-        end of its event; a VM that is only rebooting is heard again within minutes.
+        The rule (docs/policy.md#when-a-slot-is-released), once this process has listened
+        for a whole alive_within (after a restart every VM looks silent until its records
+        are folded in again), and only while no VM still reporting the event has been heard
+        from within consumer.alive_within:
+
+        - a VM reported the event gone after the last word of each VM still reporting it:
+          the platform took it out of the set's document, and those VMs are deleted;
+        - or the event is due (NotBefore, or when first seen without one, plus its duration)
+          and no VM it names that has not said it is gone was heard from within alive_within:
+          a VM deleted by a Terminate or Preempt never reports the end of its event.
+
+        A VM that is only rebooting is heard again within minutes.
         """
-        due = (view.not_before or view.first_seen) + timedelta(seconds=max(view.duration or 0, 0))
-        # Silence means gone only once this process has listened for a whole alive_within:
-        # after a restart every VM looks silent until its records are folded in again.
-        if now < max(due, self._started) + self._alive_within:
+        if now < self._started + self._alive_within:
             return None
         fleet = FleetView(vms, {}, self._alive_within)
-        watchers = {*view.affected, *view.possible, *view.reporters}
+        reports = value.get("reporters", {})
+        if any(fleet.alive(v, now) for v in view.reporters):
+            return None
+        ended = {v: r["at"] for v, r in reports.items() if r["status"] == fs.GONE}
+        if ended and all(reports[v]["at"] <= max(ended.values()) for v in view.reporters):
+            return (
+                f"VM {max(ended, key=lambda v: ended[v])} reported the event gone and the VMs "
+                f"that still reported it have not been heard from for "
+                f"{self.settings.alive_within:g} s: they are taken as deleted"
+            )
+        due = (view.not_before or view.first_seen) + timedelta(seconds=max(view.duration or 0, 0))
+        if now < due + self._alive_within:
+            return None
+        watchers = {*view.affected, *view.possible}
         watchers |= {v for v in (entry["vms"] if entry else ()) if v in vms}
-        if any(fleet.alive(v, now) for v in watchers):
+        if any(fleet.alive(v, now) for v in watchers - ended.keys()):
             return None
         return (
             f"no VM of the event has been heard from for {self.settings.alive_within:g} s "

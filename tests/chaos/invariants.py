@@ -10,14 +10,17 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 from bridge.consumer import documents as fs
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.localhub import PARTITIONS, LocalHub
+from bridge.records import iso
 from bridge.simulator.fleet import EventSpec
 from tests.chaos.rig import BUDGET, SCALE_SETS, allowed, scale_set_of
+from tests.chaos.twins import Twins
 
 Record = dict[str, Any]
 TERMINAL = ("Completed", "Canceled")
@@ -241,9 +244,14 @@ def check_budgets(
 
 
 def check_consumer_state(
-    report: Report, fleet_db: Path, events: Mapping[str, Record], jsonl: Mapping[str, Path]
+    report: Report,
+    fleet_db: Path,
+    events: Mapping[str, Record],
+    jsonl: Mapping[str, Path],
+    twins: Twins | None = None,
 ) -> None:
-    """After the fleet went quiet: nothing held in the ledger, every event Gone, none unknown."""
+    """After the fleet went quiet: nothing held in the ledger, every event Gone (or, a deleted
+    twin's Preempt, released), none unknown."""
     store = SqliteStore(fleet_db)
     try:
         ledger = store.read(fs.LEDGER, fs.LEDGER_KEY)
@@ -251,7 +259,8 @@ def check_consumer_state(
         docs = store.scan(fs.EVENT)
     finally:
         store.close()
-    known = {k.lower() for k in events}
+    known = {k.lower() for k in events} | (twins.event_ids() if twins else set())
+    released = {e.lower() for e in twins.released()} if twins else set()
     unattributed = _ended_without_vm_id(jsonl)
     report.numbers["consumer state (event documents, ledger entries)"] = f"{len(docs)}, {len(held)}"
     for key, entry in held.items():
@@ -264,7 +273,7 @@ def check_consumer_state(
             report.problems.append(text)
     for doc in docs:
         state = fs.status(fs.event_document(doc))
-        if state == fs.GONE:
+        if state == fs.GONE or (doc.key in released and doc.value.get("released")):
             continue
         text = f"the consumer's event {doc.key} is {state}, but the event ended"
         if doc.key in unattributed:
@@ -275,6 +284,41 @@ def check_consumer_state(
         f"the consumer knows an event {doc.key} the simulator never made"
         for doc in docs
         if doc.key not in known
+    )
+
+
+def check_twins(
+    report: Report, twins: Twins, decisions: list[Record], consumer_dir: Path, fleet_db: Path
+) -> None:
+    """The messy-fleet faults (tests/chaos/twins): poison set aside, no name taken for the
+    VM of another scope, deleted VMs' slots released, a clock a year ahead clamped."""
+    poison_file = consumer_dir / "poison.jsonl"
+    dead = poison_file.read_text(encoding="utf-8") if poison_file.exists() else ""
+    dead = dead.replace('\\"', '"')  # each body is kept as JSON text inside a JSON line
+    report.add(f"the poison record {rid} was not set aside in {poison_file}"
+               for rid in twins.poison_ids if f'"{rid}"' not in dead)  # fmt: skip
+    twin_ids = {o.identity.vm_id for o in twins.records.origins.values()}
+    twin_events = twins.event_ids()
+    for decision in decisions:
+        target, event = decision.get("TargetVmId"), str(decision["EventId"]).lower()
+        if target is not None and (target in twin_ids) != (event in twin_events):
+            report.problems.append(f"the approval of {decision['EventId']} went to {target}, "
+                                   "a VM of the other scale set of the same name")  # fmt: skip
+    said = {str(d["EventId"]).lower() for d in decisions if d.get("DecisionAction") == "Release"}
+    report.add(f"the deleted twin's Preempt {e} was never released"
+               for e in twins.released() if e.lower() not in said)  # fmt: skip
+    if twins.future_vm is not None:
+        store = SqliteStore(fleet_db)
+        try:
+            doc = store.read(fs.VM, twins.future_vm)
+        finally:
+            store.close()
+        limit = iso(datetime.now(timezone.utc) + timedelta(minutes=5))
+        if doc is not None and str(doc.value.get("last_seen")) > limit:
+            report.problems.append(f"a record dated a year ahead was kept as {doc.value}")
+    report.numbers["messy fleet (twin events, poison, releases)"] = (
+        f"{dict(sorted(twins.made.items()))}, {len(twins.poison_ids)}, "
+        f"{len(said & {e.lower() for e in twins.released()})}"
     )
 
 

@@ -25,6 +25,7 @@ from bridge.commands import signing
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import vms_from_spec
+from tests.chaos.twins import Twins
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.e2e.cloud import RULE, cloud_env
@@ -49,7 +50,10 @@ rules:
   - name: everything-else
     action: hold
 """
-CONSUMER_TOML = "[consumer]\napproval_timeout = 4\nreevaluate_interval = 0.5\n"
+# VMs are alive while heard from within 20 s (agents heartbeat every 5 s): a twin deleted
+# after its Preempt started has its budget slot released within the run (tests/chaos/twins).
+CONSUMER_TOML = "[consumer]\napproval_timeout = 4\nreevaluate_interval = 0.5\nalive_within = 20\n"
+HEARTBEAT_INTERVAL = "5"
 POLL_INTERVAL = "0.25"
 
 
@@ -87,6 +91,8 @@ class Rig:
         self.planted: list[Path] = []
         self.agents: dict[str, Agent] = {}
         self.consumer_runs: list[Proc] = []
+        subscription = self.sim.fleet.vm(VMS[0]).subscription_id
+        self.twins = Twins(self.hub, subscription, random.Random(f"twins-{seed}"))
 
     def plant_hostile(self, vm: str, n: int) -> list[Path]:
         """Entries a hostile local user could put in `vm`'s command channel: a link to a
@@ -111,6 +117,7 @@ class Rig:
         for vm in VMS:
             env = cloud_env(self.broker, self.logs, self.server.vm_url(vm))
             env["SE_BRIDGE_COMMANDS_VERIFY_KEY"] = verify_key
+            env["SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL"] = HEARTBEAT_INTERVAL
             args = ("--sink", f"hub:{self.hub}", "--sink", "eventhubs", "--sink", "loganalytics",
                     "--commands", f"local:{self.commands}")  # fmt: skip
             self.agents[vm] = Agent(self.procs, vm, self.server.vm_url(vm), args=args, env=env)

@@ -55,6 +55,7 @@ class Chaos:
     # --- the world -----------------------------------------------------------------------
 
     def world(self, cycle: int) -> None:
+        self.rig.twins.step(cycle)
         if self.rng.random() < 0.45:
             self.new_event()
         if cycle % 6 == 0:
@@ -161,12 +162,27 @@ class Chaos:
         if not rig.consumer.alive:
             rig.start_consumer()
         problems = self._end_every_event()
+        rig.twins.settle()
         polls = self._polls()
         wait_for(
             lambda: all(self._polls()[vm] >= polls[vm] + 8 for vm in VMS), 60, "agents to poll"
         )
         problems += self._wait_consumer_drained()
+        problems += self._wait_releases()
         return problems
+
+    def _wait_releases(self) -> list[str]:
+        """The Preempts of deleted twins: released once the consumer heard nothing of their
+        VM for alive_within, having run that long itself."""
+
+        def released() -> bool:
+            said = {str(d["EventId"]).lower() for d in self.rig.decisions_written()
+                    if d.get("DecisionAction") == "Release"}  # fmt: skip
+            return {e.lower() for e in self.rig.twins.released()} <= said
+
+        if not wait_for(released, 120, "the slots of deleted twins to be released"):
+            return ["the budget slot of a deleted twin's Preempt was not released within 120 s"]
+        return []
 
     def _end_every_event(self) -> list[str]:
         rig = self.rig
@@ -277,7 +293,7 @@ def run_chaos(root: Path, *, cycles: int, seed: int) -> inv.Report:
 
 def sinks(rig: Rig) -> dict[str, list[inv.Record]]:
     return {
-        "hub": inv.hub_records(rig.hub),
+        "hub": [r for r in inv.hub_records(rig.hub) if r.get("RecordId") not in rig.twins.written],
         "eventhubs": [json.loads(e.body) for e in rig.broker.events()],
         "loganalytics": rig.logs.records(),
     }
@@ -298,4 +314,5 @@ def check(rig: Rig, report: inv.Report) -> None:
         report, rig.kinds.specs, rig.approvals(), rig.decisions_written(), agent_records
     )
     inv.check_budgets(report, rig.kinds.specs, events)
-    inv.check_consumer_state(report, rig.fleet_db, events, jsonl)
+    inv.check_consumer_state(report, rig.fleet_db, events, jsonl, rig.twins)
+    inv.check_twins(report, rig.twins, rig.decisions_written(), rig.root / "consumer", rig.fleet_db)

@@ -290,3 +290,24 @@ def _two(rig: Rig) -> list[dict[str, Any]]:
     rig.fleet.vm("web_0", scale_set="web")
     rig.fleet.vm("web_1", scale_set="web")
     return [rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1")]
+
+
+def test_an_event_left_behind_by_a_deleted_reporter_is_released(tmp_path: Path) -> None:
+    policy = Policy(rules=(APPROVE_ALL,), budgets=(Budget("one", "scale_set", max_vms=1),))
+    rig = Rig(tmp_path / "fleet.db", policy)
+    rig.consumer.process(_two(rig))
+    # Both VMs of the set report the user's reboot of web_1; it is approved through web_1.
+    reboot = [rig.fleet.event(n, E1, resources=["web_1"]) for n in ("web_0", "web_1")]
+    rig.consumer.process(reboot)
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    rig.consumer.process([rig.fleet.approval(rig.sender.sent[0])])
+    rig.fleet.advance(5)  # web_0 is deleted; web_1 reboots and reports the event gone
+    rig.consumer.process([rig.fleet.event("web_1", E1, transition="Completed")])
+    for _ in range(13):
+        rig.fleet.advance(60)
+        rig.consumer.process([rig.fleet.heartbeat("web_1")])
+        rig.consumer.tick()
+    rig.consumer.process([rig.fleet.event("web_1", E2)])
+    assert [c.event_id for c in rig.sender.sent] == [E1, E2]
+    [released] = [d for d in rig.decisions if d["DecisionAction"] == "Release"]
+    assert "reported the event gone" in released["DecisionReason"]

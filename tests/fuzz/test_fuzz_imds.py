@@ -33,7 +33,9 @@ from tests.fuzz.strategies import (
 from tests.support import assert_valid
 
 SEEDS = seed_bodies()
-ORIGIN = Origin(VmIdentity(vm_id="id-0", vm_name="WestNO_0"), host_name="h")
+ORIGIN = Origin(
+    VmIdentity(vm_id="0000000c-0000-4000-8000-000000000003", vm_name="WestNO_0"), host_name="h"
+)
 T0 = datetime(2022, 4, 11, 22, 10, tzinfo=timezone.utc)
 
 # Near the real shape: the seeds' events with any field replaced by anything.

@@ -5,7 +5,8 @@ Every record the consumer folds in passes here first (the sources' `check_record
 service's gate). The schema is compiled once from the one schema file, with date-time format
 checking, so this check and JSON Schema never disagree (a hand-written validator did: it
 refused `PendingEvents: 1.0` and ignored keywords it did not know). Only the consumer
-imports fastjsonschema: the agent makes its records itself.
+loads fastjsonschema, on its first check: the agent makes its records itself, and
+`se-bridge agent` imports this module with the command line's `consume` parser.
 
 Beyond the schema, a record may not hold an unpaired surrogate in any text (JSON allows
 "\\ud800"; it cannot be encoded as UTF-8, so it would break a RecordId, a command, a table
@@ -24,11 +25,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 from functools import cache
-from typing import Any
-
-import fastjsonschema
+from typing import TYPE_CHECKING, Any
 
 from bridge import schema
+
+if TYPE_CHECKING:
+    from fastjsonschema import JsonSchemaValueException
 
 
 def problem(record: dict[str, Any]) -> str | None:
@@ -36,9 +38,10 @@ def problem(record: dict[str, Any]) -> str | None:
 
     A valid record's integral floats in integer fields become ints (in place).
     """
+    check, refusal = _compiled()
     try:
-        _compiled()(record)
-    except fastjsonschema.JsonSchemaValueException as err:
+        check(record)
+    except refusal as err:
         return _describe(err)
     where = _unpaired_surrogate(record, "")
     if where is not None:
@@ -48,8 +51,13 @@ def problem(record: dict[str, Any]) -> str | None:
 
 
 @cache
-def _compiled() -> Callable[[Any], Any]:
-    return fastjsonschema.compile(schema.load(), formats={"date-time": _is_time}, use_default=False)
+def _compiled() -> tuple[Callable[[Any], Any], type[JsonSchemaValueException]]:
+    import fastjsonschema  # noqa: PLC0415 - the consumer's alone, loaded on its first check
+
+    check = fastjsonschema.compile(
+        schema.load(), formats={"date-time": _is_time}, use_default=False
+    )
+    return check, fastjsonschema.JsonSchemaValueException
 
 
 def _is_time(text: str) -> bool:
@@ -61,7 +69,7 @@ def _is_time(text: str) -> bool:
     return "T" in text.upper() and moment.tzinfo is not None
 
 
-def _describe(err: fastjsonschema.JsonSchemaValueException) -> str:
+def _describe(err: JsonSchemaValueException) -> str:
     where = (err.name or "data").removeprefix("data").lstrip(".") or "the record"
     if err.rule == "required" and isinstance(err.value, dict):
         required = err.rule_definition if isinstance(err.rule_definition, list) else []

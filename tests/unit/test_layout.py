@@ -14,10 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # An agent with no cloud sink loads no Azure SDK at all; the cloud sinks load theirs when they
-# first send, so the consumer's (tables, blob checkpoints, Key Vault) never load in an agent.
-CONSUMER_SDKS = ("azure.", "bridge.consumer.state.tables")
-# Modules that load a cloud SDK when imported, and so may be imported on first use.
-SDK_LOADERS = ("bridge.consumer.state.tables",)
+# first send, so the consumer's (tables, blob checkpoints, Key Vault) never load in an agent;
+# nor does the consumer's record check (fastjsonschema): an agent makes its records itself.
+CONSUMER_SDKS = ("azure.", "bridge.consumer.state.tables", "fastjsonschema")
+# Modules that load a cloud SDK when imported, and so may be imported on first use; and the
+# consumer's own third-party check (`se-bridge agent` loads the consumer's command module).
+SDK_LOADERS = ("bridge.consumer.state.tables", "fastjsonschema")
 
 
 def loaded_after(code: str) -> list[str]:

@@ -107,35 +107,27 @@ def test_the_event_is_checked_against_a_fresh_document(sim: Sim, harness: Harnes
     assert posts(simulator, event) == []
 
 
-def test_a_command_for_other_resources_than_the_live_event_is_refused(
-    sim: Sim, harness: Harness
+@pytest.mark.parametrize(
+    ("resources", "outcome", "detail"),
+    [
+        ([VM, "vm-1"], "Refused", "ResourcesChanged: "),  # decided on other VMs than are named
+        ([VM.upper()], "Approved", "IMDS accepted StartRequests"),  # the same VM, other case
+    ],
+)
+def test_a_command_binds_the_resources_it_was_decided_on(
+    sim: Sim, harness: Harness, resources: list[str], outcome: str, detail: str
 ) -> None:
-    """The command binds the Resources the consumer decided on (ResourcesDigest, signed)."""
+    """The command carries the digest of the Resources the consumer decided on (signed)."""
     simulator, _ = sim
     event = user_reboot(simulator)
     harness.start()
     harness.poll()
-    decided_on = command(vm_id(simulator), event, resources=[VM, "vm-1"])
-    harness.inbox.put(decided_on.to_json())
+    harness.inbox.put(command(vm_id(simulator), event, resources=resources).to_json())
     wait_for(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
-    assert record["ApprovalOutcome"] == "Refused"
-    assert record["ApprovalDetail"].startswith("ResourcesChanged: ")
-    assert posts(simulator, event) == []
-
-
-def test_a_command_for_the_live_resources_is_approved_whatever_their_case(
-    sim: Sim, harness: Harness
-) -> None:
-    simulator, _ = sim
-    event = user_reboot(simulator)
-    harness.start()
-    harness.poll()
-    harness.inbox.put(command(vm_id(simulator), event, resources=[VM.upper()]).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
-    [record] = harness.records()
-    assert record["ApprovalOutcome"] == "Approved"
-    assert posts(simulator, event) == [200]
+    assert record["ApprovalOutcome"] == outcome
+    assert record["ApprovalDetail"].startswith(detail)
+    assert posts(simulator, event) == ([200] if outcome == "Approved" else [])
 
 
 def test_a_retryable_imds_failure_leaves_the_command(

@@ -80,7 +80,15 @@ class AgentSettings:
     heartbeat_interval: float = _setting(
         300.0, "Seconds between Heartbeat records.", low=1, high=86400
     )
-    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS)
+    log_level: str = _setting(
+        "INFO", "DEBUG, INFO, WARNING or ERROR (also the consumer's).", choices=LOG_LEVELS
+    )
+    log_format: str = _setting(
+        "text",
+        "text (a line a person reads) or json (one object per line for a log pipeline); also "
+        "the consumer's.",
+        choices=("text", "json"),
+    )
     policy: Path | None = _setting(
         None, "Approval policy run inside this agent (local mode); none: no local approvals."
     )

@@ -106,6 +106,8 @@ def run_agent(args: argparse.Namespace) -> int:
         "commands.channel": args.commands,
         "agent.policy": args.policy,
         "agent.log_file": args.log_file,
+        "agent.log_level": args.log_level,
+        "agent.log_format": args.log_format,
     }
     return serve_agent(args.config, flags, stop)
 
@@ -130,7 +132,7 @@ def serve_agent(
         log_to = handler(log_file, max_bytes=settings.log_max_bytes, backups=settings.log_backups)
     except OSError as err:
         return _fail(f"cannot open the log file {log_file}: {err.strerror or err}", 1)
-    setup_logging(settings.log_level, log_to)
+    setup_logging(settings.log_level, log_to, fmt=settings.log_format, program="agent")
     warn_if_secrets_readable(config_file)
     try:
         host.private_directory(settings.state_dir)

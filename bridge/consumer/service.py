@@ -164,10 +164,12 @@ def run(args: argparse.Namespace) -> int:
         "consumer.state": args.state,
         "consumer.policy": args.policy,
         "consumer.sinks": args.sink,
+        "agent.log_level": args.log_level,
+        "agent.log_format": args.log_format,
     }
     try:
         config = wiring.load_config(args.config, flags=flags)
-        setup_logging(config.agent.log_level)
+        setup_logging(config.agent.log_level, fmt=config.agent.log_format, program="consumer")
         warn_if_secrets_readable(args.config)
         service = ConsumerService(config)
     except ConfigError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -124,3 +125,40 @@ def test_stdout_sink_carries_the_same_records_as_jsonl(procs: Processes) -> None
     ]
     assert_all_valid(printed)
     assert "INFO" in agent.stderr()
+
+
+def test_json_logs_are_one_object_per_line_with_the_fields_a_pipeline_wants(
+    procs: Processes,
+) -> None:
+    sim = Simulator.launch(procs, "sim", "--vms", "1")
+    args = ["--log-format", "json", "--log-level", "info"]
+    agent = Agent(procs, "vm-0", sim.vm_url("vm-0"), args=args).start()
+    sim.wait_polls({"vm-0": 2})
+    event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
+    agent.wait_transition(event_id, "Scheduled")
+    assert agent.stop() == 0
+    lines = [json.loads(line) for line in agent.stderr().splitlines() if line.strip()]
+    assert lines, "the agent logged nothing"
+    for line in lines:
+        assert {"time", "level", "logger", "message", "program", "version", "pid", "thread"} <= set(
+            line
+        ), line
+        assert line["program"] == "agent"
+        assert line["time"].endswith("Z")
+    assert "INFO" in {line["level"] for line in lines}
+    assert any(event_id in line["message"] for line in lines)
+
+    quiet = Agent(procs, "vm-0b", sim.vm_url("vm-0"), args=["--log-level", "WARNING"]).start()
+    sim.wait_polls({"vm-0": 4})
+    assert quiet.stop() == 0
+    assert " INFO " not in quiet.stderr()
+
+
+def test_every_sub_command_takes_the_log_options() -> None:
+    from bridge.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in commands.choices.items():
+        options = {o for a in sub._actions for o in a.option_strings}
+        assert {"--log-level", "--log-format"} <= options, name

@@ -1,0 +1,46 @@
+"""The log formats: a JSON line holds what a log pipeline indexes, a traceback included."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from bridge.logfile import setup_logging
+
+
+@pytest.fixture
+def captured() -> Iterator[io.StringIO]:
+    out = io.StringIO()
+    yield out
+    setup_logging("INFO")
+
+
+def test_a_json_line_per_record_with_its_exception(captured: io.StringIO) -> None:
+    setup_logging("INFO", logging.StreamHandler(captured), fmt="json", program="consumer")
+    log = logging.getLogger("bridge.test")
+    log.info("sent the approval of event %s", "E1")
+    try:
+        raise ValueError("bad \ud800 value")
+    except ValueError:
+        log.exception("deciding event %s failed", "E2")
+    first, second = (json.loads(line) for line in captured.getvalue().splitlines())
+    assert first["message"] == "sent the approval of event E1"
+    assert (first["level"], first["logger"], first["program"]) == (
+        "INFO",
+        "bridge.test",
+        "consumer",
+    )
+    assert "exception" not in first
+    assert second["level"] == "ERROR"
+    assert "ValueError: bad" in second["exception"]
+
+
+def test_text_stays_a_line_a_person_reads(captured: io.StringIO) -> None:
+    setup_logging("WARNING", logging.StreamHandler(captured))
+    logging.getLogger("bridge.test").info("not shown")
+    logging.getLogger("bridge.test").warning("shown")
+    assert captured.getvalue().endswith("WARNING bridge.test: shown\n")

@@ -250,6 +250,13 @@ class CommandsSettings:
 @dataclass(frozen=True)
 class ConsumerSettings:
     policy: Path | None = _setting(None, "Approval policy file (YAML); none: the default policy.")
+    mode: str = _setting(
+        "normal",
+        "normal: send the approvals decided; shadow: decide and write Decision records "
+        "(DecisionMode shadow) but send no command, to watch a policy before it approves "
+        "anything. A shadow consumer keeps its own state.",
+        choices=("normal", "shadow"),
+    )
     state: str = _setting(
         "", "Fleet state: sqlite:PATH or tables. Default: sqlite:<state_dir>/fleet.db."
     )

@@ -85,7 +85,7 @@ class Consumer:
         self._lock = threading.RLock()
         self.sender = sender
         self.ledger = ApprovalLedger(store, settings)
-        self.dispatch = Dispatch(sender, emit, policy, host_name)
+        self.dispatch = Dispatch(sender, emit, policy, host_name, mode=settings.mode)
         self.fleet = FleetCache(store)
         if isinstance(store, DeferredSync):
             # What a batch merges is replayed from Event Hubs if lost, as long as it is on

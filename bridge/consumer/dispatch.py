@@ -30,11 +30,22 @@ RESEND_UNSENT_AFTER = timedelta(seconds=10)
 class Dispatch:
     """Turns a verdict into ledger entries, Decision records and commands."""
 
-    def __init__(self, sender: CommandSender, emit: Emit, policy: Policy, host_name: str) -> None:
+    def __init__(
+        self,
+        sender: CommandSender,
+        emit: Emit,
+        policy: Policy,
+        host_name: str,
+        *,
+        mode: str = "normal",
+    ) -> None:
         self.sender = sender
         self.emit = emit
         self.policy = policy
         self.host_name = host_name
+        # Shadow: everything but the send. The entry is marked sent and confirmed at once, as
+        # a cooperative agent would confirm it, so the budgets play out as they would.
+        self.shadow = mode == "shadow"
         # CommandIds this instance wrote to the ledger and has not yet seen marked sent.
         self._unfinished: set[str] = set()
 
@@ -102,10 +113,12 @@ class Dispatch:
         written: Doc | None = None,
     ) -> None:
         ttl = max(1.0, (command.expires_at - now).total_seconds())
-        self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
-        ledger.mark_sent(key, command.command_id, written=written)
+        if not self.shadow:
+            self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
+        ledger.mark_sent(key, command.command_id, written=written, confirmed=self.shadow)
         self._unfinished.discard(command.command_id)
-        log.info("sent the approval of event %s to VM %s (%s)", command.event_id,
+        log.info("%s the approval of event %s to VM %s (%s)",
+                 "shadow mode: did not send" if self.shadow else "sent", command.event_id,
                  command.vm_id, command.reason)  # fmt: skip
 
     @staticmethod
@@ -143,6 +156,7 @@ class Dispatch:
             policy_source=self.policy.source,
             host_name=self.host_name,
             now=now,
+            shadow=self.shadow,
         )
 
     def failed(self, store: Store, event: fs.EventDocument, err: Exception, now: datetime) -> None:
@@ -157,7 +171,8 @@ class Dispatch:
             return
         record = decision_record(_valid(event), view=view, verdict=verdict, target=None,
                                  command=None, policy_source=self.policy.source,
-                                 host_name=self.host_name, now=now)  # fmt: skip
+                                 host_name=self.host_name, now=now,
+                                 shadow=self.shadow)  # fmt: skip
         self._say(store, view, verdict, record)
 
     def released(self, store: Store, view: EventView, why: str, now: datetime) -> None:
@@ -166,7 +181,8 @@ class Dispatch:
         event = store.read(fs.EVENT, fs.event_key(view.event_id))
         record = decision_record(event.value if event else {}, view=view, verdict=verdict,
                                  target=None, command=None, policy_source=self.policy.source,
-                                 host_name=self.host_name, now=now)  # fmt: skip
+                                 host_name=self.host_name, now=now,
+                                 shadow=self.shadow)  # fmt: skip
         self._say(store, view, verdict, record)
 
     def _say(self, store: Store, view: EventView, verdict: Verdict, record: dict[str, Any]) -> None:
@@ -242,6 +258,7 @@ def decision_record(
     policy_source: str,
     host_name: str,
     now: datetime,
+    shadow: bool = False,
 ) -> dict[str, Any]:
     """The audit trail of one decision; its common fields describe the target VM, if any."""
     attempt = len(view.tried) + 1 if command is not None else 0
@@ -264,6 +281,8 @@ def decision_record(
         CommandId=command.command_id if command else None,
         Attempt=attempt,
         PolicySource=policy_source,
+        DecisionMode="shadow" if shadow else "normal",
+        DecisionExplanation="\n".join(verdict.explanation) or None,
     )
     return record
 

@@ -134,7 +134,9 @@ class ApprovalLedger:
         if update(self.store, fs.LEDGER, fs.LEDGER_KEY, drop) is not None:
             log.info("event %s no longer counts against budgets: %s", key, why)
 
-    def mark_sent(self, key: str, command_id: str, *, written: Doc | None = None) -> None:
+    def mark_sent(
+        self, key: str, command_id: str, *, written: Doc | None = None, confirmed: bool = False
+    ) -> None:
         """Mark the entry's command sent; `written`: the ledger as this process just stored it.
 
         From `written` the change is made without reading the ledger again (the ledger
@@ -147,6 +149,8 @@ class ApprovalLedger:
             if entry is None or entry.get("command_id") != command_id or entry.get("sent"):
                 return False
             entry["sent"] = True
+            if confirmed:  # shadow mode: no agent answers; taken as a cooperative one would
+                entry["confirmed"] = True
             # Only a resend needs these; dropped, every decision reads and writes a ledger
             # that stays small however many approvals are open.
             entry.pop("command", None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, time, timedelta, timezone
 from typing import Literal
 from zoneinfo import ZoneInfo
@@ -168,6 +168,8 @@ class Verdict:
     reason: str
     target: str | None = None
     recheck_at: datetime | None = None
+    # Why, a line a step: each rule tried in order, then the gate and each budget (`explain`).
+    explanation: tuple[str, ...] = ()
 
 
 NO_RULE = "(no rule)"
@@ -187,23 +189,46 @@ DEFAULT_POLICY = Policy(
 
 
 def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) -> Verdict:
-    """The decision for `event` now; pure."""
+    """The decision for `event` now, with its explanation; pure."""
     if event.status.lower() != "scheduled":
-        return Verdict("Ignore", NO_RULE, f"the event is {event.status}: nothing to approve")
-    rule = first_match(policy, fleet, event)
+        why = f"the event is {event.status}: nothing to approve"
+        return Verdict("Ignore", NO_RULE, why, explanation=(why,))
+    notes: list[str] = []
+    rule = None
+    for candidate in policy.rules:
+        miss = mismatch(candidate.match, fleet, event)
+        if miss is None:
+            rule = candidate
+            notes.append(f"rule {candidate.name}: matches; its action is {_action(candidate)}")
+            break
+        notes.append(f"rule {candidate.name}: does not match: {miss}")
     if rule is None:
-        return Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore")
+        return _with(Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore"),
+                     notes)  # fmt: skip
     gate = _gate(rule, event, now)
     if gate is not None:
-        return gate
-    blocked = check_budgets(policy.budgets, fleet, event, now)
+        return _with(gate, [*notes, f"{rule.action.kind.replace('_', ' ')}: {gate.reason}"])
+    blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
     if blocked is not None:
         kind, why = blocked
-        return Verdict(kind, rule.name, why)
+        return _with(Verdict(kind, rule.name, why), notes)
     target = choose_target(fleet, event, now)
     if target is None:
-        return Verdict("Defer", rule.name, "no live VM reports the event to carry the approval")
-    return Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target)
+        why = "no live VM reports the event to carry the approval"
+        return _with(Verdict("Defer", rule.name, why), [*notes, why])
+    verdict = Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target)
+    return _with(verdict, [*notes, f"approval sent through {fleet.vms[target].name}"])
+
+
+def _with(verdict: Verdict, notes: list[str]) -> Verdict:
+    return replace(verdict, explanation=tuple(notes))
+
+
+def _action(rule: Rule) -> str:
+    action = rule.action
+    if action.kind == "approve_when_ready" and action.deadline is not None:
+        return f"approve when ready (deadline {action.deadline}, then {action.on_deadline})"
+    return action.kind.replace("_", " ")
 
 
 def first_match(policy: Policy, fleet: FleetView, event: EventView) -> Rule | None:
@@ -211,16 +236,42 @@ def first_match(policy: Policy, fleet: FleetView, event: EventView) -> Rule | No
 
 
 def matches(match: Match, fleet: FleetView, event: EventView) -> bool:
-    if not _event_matches(match, event):
-        return False
+    return mismatch(match, fleet, event) is None
+
+
+def mismatch(match: Match, fleet: FleetView, event: EventView) -> str | None:  # noqa: PLR0911
+    """Why `match` does not hold for `event`, in words; None when it does."""
+    if not _in(match.event_types, event.event_type):
+        return f"EventType {event.event_type} is not {_one_of(match.event_types)}"
+    if not _in(match.event_sources, event.event_source):
+        return f"EventSource {event.event_source} is not {_one_of(match.event_sources)}"
+    if not _in(match.statuses, event.status):
+        return f"EventStatus {event.status} is not {_one_of(match.statuses)}"
+    if match.duration is not None and not match.duration.contains(event.duration):
+        return f"DurationInSeconds {event.duration} is outside {_range(match.duration)}"
     if not match.about_vms:
-        return True
+        return None
     # VM conditions must hold for every affected VM, so a rule meant for one tier never
     # approves an event that also takes down a VM of another.
+    if event.unresolved:
+        return f"Resources name {', '.join(event.unresolved)}, not resolved to one known VM"
     vms = [fleet.vms[v] for v in event.affected if v in fleet.vms]
-    if not vms or event.unresolved:
-        return False
-    return all(vm_matches(match, vm) for vm in vms)
+    if not vms:
+        return "no VM of the event is known, and the rule has VM conditions"
+    failing = next((vm for vm in vms if not vm_matches(match, vm)), None)
+    if failing is not None:
+        return f"VM {failing.name} does not meet its VM conditions"
+    return None
+
+
+def _one_of(values: frozenset[str]) -> str:
+    return " or ".join(sorted(values))
+
+
+def _range(bounds: Range) -> str:
+    low = "" if bounds.at_least is None else f"{bounds.at_least} <= "
+    high = "" if bounds.below is None else f" < {bounds.below}"
+    return f"{low}d{high}"
 
 
 def _event_matches(match: Match, event: EventView) -> bool:
@@ -359,7 +410,12 @@ def group_key(group: str, vm: VmView) -> str | None:
 
 
 def check_budgets(
-    budgets: tuple[Budget, ...], fleet: FleetView, event: EventView, now: datetime
+    budgets: tuple[Budget, ...],
+    fleet: FleetView,
+    event: EventView,
+    now: datetime,
+    *,
+    notes: list[str] | None = None,
 ) -> tuple[VerdictKind, str] | None:
     """("Defer"|"Hold", why) when approving `event` would break a budget; None when it fits.
 
@@ -386,19 +442,32 @@ def check_budgets(
                 continue
             limit = budget.limit(len(group) + (len(unknown) if budget.group == "fleet" else 0))
             if len(mine) > limit:
-                return "Hold", (
+                why = (
                     f"budget {budget.name}: the event alone impacts {len(mine)} VMs of {key}, "
                     f"more than the {limit} allowed: it starts at NotBefore"
                 )
+                _note(notes, why)
+                return "Hold", why
             # Other events' VMs that no agent has reported are named, not in any group: in
             # the worst case in this one, as for this event.
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
             if len(busy | mine) > limit:
-                return "Defer", (
+                why = (
                     f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "
                     f"{len(mine)} more would exceed {limit}"
                 )
+                _note(notes, why)
+                return "Defer", why
+            _note(notes, f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs "
+                         f"impacted; {len(mine)} more fit the limit of {limit}")  # fmt: skip
+    if not budgets:
+        _note(notes, "no budget applies")
     return None
+
+
+def _note(notes: list[str] | None, line: str) -> None:
+    if notes is not None:
+        notes.append(line)
 
 
 def _groups(group: str, vms: Iterable[VmView]) -> dict[str, set[str]]:

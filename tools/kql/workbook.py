@@ -96,6 +96,12 @@ def items() -> list[Item]:
         ),
         _query("upcoming-tiles", "Open events", "tiles", fixed_ms=OPEN_EVENTS_MS),
         _query("upcoming-grid", "Open events, soonest first", "table", fixed_ms=OPEN_EVENTS_MS),
+        _text(
+            "shadow-heading",
+            "## Shadow decisions\n"
+            "What a consumer in shadow mode (`consumer.mode = shadow`) decided: nothing was sent.",
+        ),
+        _query("shadow-grid", "Shadow decisions, newest first", "table"),
         _text("scaleset-heading", "## Timeline per scale set"),
         _query("scaleset-chart", "VMs entering maintenance per hour, by scale set", "timechart"),
         _query("scaleset-grid", "Each event's milestones per scale set", "table"),

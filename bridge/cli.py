@@ -12,7 +12,7 @@ from bridge.agent import command as agent_command
 from bridge.agent import winservice
 from bridge.commands import signing
 from bridge.config import ENV_PREFIX, LOG_LEVELS
-from bridge.consumer import service
+from bridge.consumer import explain, service
 from bridge.logfile import LOG_FORMATS, setup_logging
 from bridge.simulator import command as simulator_command
 
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     agent_command.add_parser(subparsers)  # agent and check
     service.add_parser(subparsers)
+    explain.add_parser(subparsers)
     simulator_command.add_parser(subparsers)
     demo.add_parser(subparsers)
     signing.add_parser(subparsers)

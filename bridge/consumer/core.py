@@ -43,7 +43,7 @@ from bridge.consumer.state import (
     update,
     update_many,
 )
-from bridge.policy.model import EventView, FleetView, Policy, VmView, evaluate
+from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
 from bridge.records import iso, utc_now, vm_key
 from bridge.redact import describe
 from bridge.retry import RetryableError
@@ -101,20 +101,49 @@ class Consumer:
             self._process(records)
 
     def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
+        fresh, events = self._fold(records)
+        touched = set(events) | self.ledger.note_approvals(fresh)
+        if touched:
+            self._decide(sorted(touched))
+        self._flush()
+        self._remember(fresh)
+
+    def fold(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Fold records into the fleet state without deciding anything (`policy explain`)."""
+        with self._lock:
+            fresh, _ = self._fold(records)
+            self._flush()
+            self._remember(fresh)
+
+    def _fold(
+        self, records: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[Mapping[str, Any]], dict[str, Mutation]]:
         now = self._now()
         fresh = [self._on_our_clock(r, now) for r in records if self._first_sight(r)]
         heard = iso(now)
         events = _event_mutations(fresh, heard)
         self.fleet.update(_vm_mutations(fresh, heard))
         update_many(self.store, fs.EVENT, events)
-        touched = set(events) | self.ledger.note_approvals(fresh)
-        if touched:
-            self._decide(sorted(touched))
-        self._flush()
+        return fresh, events
+
+    def _remember(self, fresh: Sequence[Mapping[str, Any]]) -> None:
         for record in fresh:
             self._seen[str(record.get("RecordId"))] = None
         while len(self._seen) > SEEN_RECORD_IDS:
             self._seen.popitem(last=False)
+
+    def explain(self, event_id: str) -> tuple[EventView, Verdict] | None:
+        """What the policy decides about `event_id` now, and why, as a pass would see it;
+        nothing is written. None when the state holds no such event."""
+        with self._lock:
+            now = self._now()
+            doc = self.store.read(fs.EVENT, fs.event_key(event_id))
+            if doc is None or doc.value.get("event_type") is None:
+                return None
+            view, fleet, _ = self._assess(
+                self.ledger.read(), doc, VmSnapshot(self.store, self.fleet), now
+            )
+            return view, evaluate(self.policy, fleet, view, now)
 
     def tick(self) -> None:
         """Look again at every open event: deferrals, fallbacks, unsent commands, stale ones."""
@@ -258,14 +287,22 @@ class Consumer:
             if self._decided(ledger, doc, known_vms, now):
                 return
 
-    def _decided(self, ledger: Doc, doc: Doc, known_vms: VmSnapshot, now: datetime) -> bool:
-        """One decision on a live event; False when the ledger changed under us."""
+    def _assess(
+        self, ledger: Doc, doc: Doc, known_vms: VmSnapshot, now: datetime
+    ) -> tuple[EventView, FleetView, LedgerEntry | None]:
+        """The event as the policy sees it, the fleet with what impacts it, and its entry."""
         resources = [str(r) for r in doc.value.get("resources") or []]
         impacted = known_vms.by_vm_id(self.ledger.impacted(ledger), also=resources)
-        vms, names = known_vms.vms, known_vms.names
         entry = ledger_events(ledger.value).get(doc.key)
+        tried = tuple(entry.get("tried", ())) if entry else ()
+        view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now)
+        return view, FleetView(known_vms.vms, impacted, self._alive_within), entry
+
+    def _decided(self, ledger: Doc, doc: Doc, known_vms: VmSnapshot, now: datetime) -> bool:
+        """One decision on a live event; False when the ledger changed under us."""
+        view, fleet, entry = self._assess(ledger, doc, known_vms, now)
+        vms = known_vms.vms
         value = fs.event_document(doc)
-        view = fs.event_view(value, vms, names, tuple(entry.get("tried", ())) if entry else (), now)
         if value.get("released") and not self._heard_since_release(doc):
             return True  # its VMs are gone (see `_all_gone`): it counts no more until one speaks
         reports = value.get("reporters", {}).values()
@@ -294,7 +331,6 @@ class Consumer:
         if entry is not None and not self.ledger.needs_decision(entry, now):
             self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
             return True
-        fleet = FleetView(vms, impacted, self._alive_within)
         verdict = evaluate(self.policy, fleet, view, now)
         return self.dispatch.apply(
             self.ledger,

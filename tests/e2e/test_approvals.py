@@ -21,7 +21,16 @@ from bridge.commands.message import Command, approve, command_id
 from bridge.config import CommandsSettings, IdentitySettings
 from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Agent, Proc, Processes, Record, Simulator, read_records, wait_until
+from tests.e2e.harness import (
+    Agent,
+    Proc,
+    Processes,
+    Record,
+    Simulator,
+    read_records,
+    run_bridge,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -292,3 +301,43 @@ def _command(vm_id: str, event_id: str, *, issued: float, expires: float) -> Com
                    reason="written by the test")  # fmt: skip
     assert made.command_id == command_id(event_id, vm_id)
     return made
+
+
+def test_policy_explain_on_the_consumers_state_and_an_agents_records(procs: Processes) -> None:
+    transport = Transport(procs.workdir)
+    loop = Loop(procs, transport).start()
+    event_id = loop.sim.add_event(EventType="Reboot", EventSource="Platform", Resources=["app-0"])
+
+    def held() -> list[Record]:
+        return [d for d in read_records(loop.decisions) if d["EventId"] == event_id]
+
+    [decision] = wait_until(held, "the Hold decision", details=loop.describe)
+    state = f"sqlite:{transport.root / 'fleet.db'}"
+    done = run_bridge("policy", "explain", "--state", state, "--event", event_id, "--json")
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)
+    assert (said["DecisionAction"], said["DecisionRule"]) == ("Hold", "everything-else")
+    assert said["DecisionExplanation"] == decision["DecisionExplanation"].splitlines()
+    assert said["DecisionExplanation"][0].startswith(
+        "rule user-initiated: does not match: EventSource Platform is not user"
+    )
+    # The same event from the records an agent wrote, with no consumer state at all.
+    done = run_bridge("policy", "explain", "--records", str(loop.agents["app-0"].sink))
+    assert done.returncode == 0, done.stderr
+    assert f"event {event_id}: Reboot from Platform" in done.stdout
+    assert "decision: Hold by everything-else" in done.stdout
+    missing = run_bridge("policy", "explain", "--state", state, "--event", "no-such-event")
+    assert missing.returncode == 2
+    assert "holds no event no-such-event" in missing.stderr
+
+
+def test_policy_check_says_what_is_wrong(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("version: 1\nrules:\n  - name: all\n    action: approve\n", encoding="utf-8")
+    bad.write_text("version: 1\nrules:\n  - name: all\n    action: sometimes\n", encoding="utf-8")
+    done = run_bridge("policy", "check", str(good))
+    assert done.returncode == 0, done.stderr
+    assert "all" in done.stdout
+    done = run_bridge("policy", "check", str(bad))
+    assert done.returncode == 2
+    assert "sometimes" in done.stderr

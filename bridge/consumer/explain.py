@@ -1,0 +1,242 @@
+"""`se-bridge policy check FILE` and `se-bridge policy explain`: a policy checked, and one
+event's decision explained, with the consumer's own code (docs/policy.md#checking-a-policy).
+
+`explain` asks the consumer core what a pass would decide now (`Consumer.explain`), so it
+says exactly what the consumer says: which rule matched, why every earlier rule did not, the
+action's gate, and which budget allowed or deferred it. It writes nothing a consumer reads:
+
+- `--state SPEC` (or the config's consumer.state) reads a consumer's fleet state, read only;
+- `--records FILE` folds the records of a JSON or JSONL file (what an agent's jsonl sink
+  holds, or one record) into a throwaway state first, and looks at them as of the newest
+  record's TimeGenerated, so a record from yesterday is explained as it was decided then.
+
+Exit codes: 0 explained (or the policy is valid), 2 bad input (a policy, a setting, a file
+that holds no record, an event the state does not hold), 1 the state could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bridge.commands.message import Command
+from bridge.config import Config, ConfigError
+from bridge.consumer import documents as fs
+from bridge.consumer import validation, wiring
+from bridge.consumer.core import Consumer
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy import file as policyfile
+from bridge.policy.model import EventView, Policy, Verdict
+from bridge.records import utc_now
+from bridge.redact import describe
+from bridge.retry import DeliveryError
+
+EXAMPLES = """\
+examples:
+  se-bridge policy check /etc/se-bridge/policy.yaml
+  se-bridge policy explain --policy policy.yaml --records /var/lib/se-bridge/records.jsonl
+  se-bridge policy explain --state sqlite:/var/lib/se-bridge/fleet.db --event C7061BAC-...
+  se-bridge policy explain --config consumer.toml --event C7061BAC-... --json
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The `policy` sub-command and its `check` and `explain`."""
+    top = subparsers.add_parser(
+        "policy",
+        help="check a policy file, or explain a decision",
+        description="Check an approval policy, or explain what it decides about one event.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = top.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = commands.add_parser(
+        "check",
+        help="check a policy file and summarise its rules and budgets",
+        description="Check a policy file: exit 0 and a summary, or exit 2 and what is wrong.",
+    )
+    check.add_argument("file", type=Path, help="the policy file (YAML)")
+    check.set_defaults(func=run_check)
+    explain = commands.add_parser(
+        "explain",
+        help="say which rule and budget decide an event, and why",
+        description="What the policy decides about one event now, and why: each rule tried, "
+        "the action's gate and each budget. Reads a consumer's state (read only) or records.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    explain.add_argument("--config", type=Path, help="TOML settings file (the consumer's)")
+    explain.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="the policy (setting consumer.policy, SE_BRIDGE_CONSUMER_POLICY; default built in)",
+    )
+    source = explain.add_mutually_exclusive_group()
+    source.add_argument(
+        "--state",
+        metavar="SPEC",
+        help="a consumer's fleet state, read only: sqlite:PATH or tables (setting "
+        "consumer.state, SE_BRIDGE_CONSUMER_STATE)",
+    )
+    source.add_argument(
+        "--records",
+        type=Path,
+        metavar="FILE",
+        help="records (JSON or JSONL) to decide from instead of a state",
+    )
+    explain.add_argument(
+        "--event", metavar="EVENTID", help="the event (default with --records: the last one)"
+    )
+    explain.add_argument("--json", action="store_true", help="print one JSON object")
+    explain.set_defaults(func=run_explain)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    try:
+        policy = policyfile.load(args.file)
+    except policyfile.PolicyError as err:
+        print(err, file=sys.stderr)
+        return 2
+    print("\n".join(policyfile.summary(policy)))
+    return 0
+
+
+class _NoCommands:
+    """Explaining sends nothing; a consumer built for it never gets this far."""
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        raise AssertionError("policy explain sends no command")
+
+    def close(self) -> None:
+        pass
+
+
+def run_explain(args: argparse.Namespace) -> int:
+    flags = {"consumer.policy": args.policy, "consumer.state": args.state}
+    try:
+        config = wiring.load_config(args.config, flags=flags)
+        policy = wiring.load_policy(config.consumer.policy)
+        if args.records is not None:
+            event_id, found = _from_records(args.records, args.event, policy, config)
+        else:
+            event_id, found = _from_state(args.event, policy, config)
+    except ConfigError as err:
+        print(f"se-bridge: {err}", file=sys.stderr)
+        return 2
+    except (DeliveryError, OSError) as err:
+        print(f"se-bridge: cannot read the fleet state: {describe(err)}", file=sys.stderr)
+        return 1
+    if found is None:
+        print(f"se-bridge: the fleet state holds no event {event_id}", file=sys.stderr)
+        return 2
+    view, verdict = found
+    print(render(view, verdict, policy, as_json=args.json))
+    return 0
+
+
+Found = tuple[EventView, Verdict] | None
+
+
+def _from_records(
+    path: Path, event: str | None, policy: Policy, config: Config
+) -> tuple[str, Found]:
+    records = read_records(path)
+    event_id = event or last_event(records)
+    at = newest(records)
+    with tempfile.TemporaryDirectory(prefix="se-bridge-explain-") as tmp:
+        store = SqliteStore(Path(tmp) / "fleet.db")
+        consumer = Consumer(store, _NoCommands(), policy, _ignore, config.consumer,
+                            now=lambda: at)  # fmt: skip
+        try:
+            consumer.fold(records)
+            return event_id, consumer.explain(event_id)
+        finally:
+            consumer.close()
+
+
+def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str, Found]:
+    if not event:
+        raise ConfigError("--event EVENTID: which event of the fleet state to explain")
+    store = wiring.build_store(wiring.state_spec(config), config)
+    consumer = Consumer(store, _NoCommands(), policy, _ignore, config.consumer)
+    try:
+        return event, consumer.explain(event)
+    finally:
+        consumer.close()
+
+
+def _ignore(records: list[dict[str, Any]]) -> None:
+    """Explaining decides nothing, so it emits no Decision record."""
+
+
+# A records file as an agent's jsonl sink writes it (one record a line), for example:
+#   {"SchemaVersion": 1, "RecordId": "5f0c...", "RecordType": "Event", "EventId": "C7061BAC-...",
+#    "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["web_0"], ...}
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records in a JSON (one record or a list) or JSONL file; ConfigError when none."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
+    try:
+        parsed = json.loads(text)
+        values = parsed if isinstance(parsed, list) else [parsed]
+    except ValueError:
+        try:
+            values = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError as err:
+            raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
+    records = []
+    for number, value in enumerate(values, 1):
+        problem = validation.problem(value) if isinstance(value, dict) else "not an object"
+        if problem is not None:
+            raise ConfigError(f"--records {path}: record {number} is not a record: {problem}")
+        records.append(value)
+    if not any(r.get("RecordType") == "Event" for r in records):
+        raise ConfigError(f"--records {path} holds no Event record")
+    return records
+
+
+def last_event(records: list[dict[str, Any]]) -> str:
+    return str(next(r["EventId"] for r in reversed(records) if r.get("RecordType") == "Event"))
+
+
+def newest(records: list[dict[str, Any]]) -> datetime:
+    times = [fs.parse_time(r.get("TimeGenerated")) for r in records]
+    return max((t for t in times if t is not None), default=utc_now())
+
+
+def render(view: EventView, verdict: Verdict, policy: Policy, *, as_json: bool) -> str:
+    if as_json:
+        return json.dumps(
+            {
+                "EventId": view.event_id,
+                "EventType": view.event_type,
+                "EventSource": view.event_source,
+                "EventStatus": view.status,
+                "DecisionAction": verdict.kind,
+                "DecisionRule": verdict.rule,
+                "DecisionReason": verdict.reason,
+                "TargetVmId": verdict.target,
+                "DecisionExplanation": list(verdict.explanation),
+                "PolicySource": policy.source,
+            },
+            indent=2,
+        )
+    lines = [
+        f"event {view.event_id}: {view.event_type} from {view.event_source or 'an unknown source'}"
+        f", {view.status}, NotBefore {view.not_before or 'none'}",
+        f"  VMs it names: {', '.join(view.affected) or 'none resolved'}"
+        + (f"; unresolved: {', '.join(view.unresolved)}" if view.unresolved else ""),
+        f"decision: {verdict.kind} by {verdict.rule}: {verdict.reason}",
+        f"policy: {policy.source}",
+        "why:",
+        *(f"  {line}" for line in verdict.explanation),
+    ]
+    return "\n".join(lines)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from bridge import __version__, demo
 from bridge.agent import command as agent_command
-from bridge.agent import winservice
+from bridge.agent import status, winservice
 from bridge.commands import signing
 from bridge.config import ENV_PREFIX, LOG_LEVELS
 from bridge.consumer import explain, service
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"se-bridge {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     agent_command.add_parser(subparsers)  # agent and check
+    status.add_parser(subparsers)
     service.add_parser(subparsers)
     explain.add_parser(subparsers)
     simulator_command.add_parser(subparsers)

@@ -88,6 +88,7 @@ class Agent:
         for problem in dropped:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
         self._poll = _PollHealth()
+        self._started_at: str | None = None  # the Start heartbeat's TimeGenerated
         self._last_body: bytes | None = None
         self._last_commit = 0.0
         self._waiting_jobs: list[HookJob] = []
@@ -351,7 +352,18 @@ class Agent:
         )
         try:
             beat = heartbeat_record(self.origin, reason, health, self._now(), run=self._run)
-            self.spool.commit([beat])
+            # What `se-bridge status` reads: the heartbeat leaves the spool once delivered.
+            if reason == "Start" or self._started_at is None:
+                self._started_at = beat["TimeGenerated"]
+            seen: dict[str, Any] = {
+                "at": beat["TimeGenerated"],
+                "started_at": self._started_at,
+                "reason": reason,
+                "imds_healthy": beat["ImdsHealthy"],
+                "last_imds_success": beat["LastImdsSuccess"],
+                "heartbeat_interval": self.config.agent.heartbeat_interval,
+            }
+            self.spool.commit([beat], state={StateKey.HEALTH: seen})
         except SPOOL_ERRORS as err:
             log.warning("heartbeat not written to the spool %s: %s", self.spool.path, err)
 

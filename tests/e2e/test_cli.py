@@ -162,3 +162,31 @@ def test_every_sub_command_takes_the_log_options() -> None:
     for name, sub in commands.choices.items():
         options = {o for a in sub._actions for o in a.option_strings}
         assert {"--log-level", "--log-format"} <= options, name
+
+
+def test_status_reads_a_running_agents_state_and_exits_as_a_check(
+    procs: Processes, tmp_path: Path
+) -> None:
+    sim = Simulator.launch(procs, "sim", "--vms", "1")
+    agent = Agent(procs, "vm-0", sim.vm_url("vm-0")).start()
+    sim.wait_polls({"vm-0": 2})
+    event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
+    agent.wait_transition(event_id, "Scheduled")
+    done = run_bridge("status", "--state-dir", str(agent.state_dir), "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = json.loads(done.stdout)
+    assert said["status"] == "OK"
+    assert said["identity"]["vm_name"] == "vm-0"
+    assert said["heartbeat"]["reason"] == "Start"
+    assert [e["EventId"] for e in said["document"]["events"]] == [event_id]
+    assert [s["name"] for s in said["spool"]["sinks"]] == [f"jsonl:{agent.sink}"]
+    text = run_bridge("status", "--state-dir", str(agent.state_dir))
+    assert text.stdout.startswith("OK: se-bridge agent state in")
+    assert f"{event_id} Freeze Scheduled" in text.stdout
+    assert agent.stop() == 0
+    stopped = run_bridge("status", "--state-dir", str(agent.state_dir))
+    assert stopped.returncode == 2
+    assert "CRITICAL: the agent stopped at" in stopped.stdout
+    nothing = run_bridge("status", "--state-dir", str(tmp_path / "none"))
+    assert nothing.returncode == 3
+    assert "UNKNOWN: there is no spool" in nothing.stderr

@@ -1,0 +1,237 @@
+"""`se-bridge status`: what an agent holds, read from its state directory (no IMDS call).
+
+What an operator asks first: who the agent reports as, the last Scheduled Events document
+it acted on and its events, how IMDS answered at the last heartbeat, what each sink still
+has to take (and since when), dead letters and shed records, hooks still running, and the
+approvals it remembers. `--json` prints the same as one object for a script.
+
+The exit code follows the monitoring-plugin convention (Nagios, Icinga, Sensu, a Zabbix
+external check), so `se-bridge status` is a ready-made check:
+
+- 0 OK;
+- 1 WARNING: dead letters, shed records, or a sink whose oldest waiting record is older
+  than `--backlog-age`;
+- 2 CRITICAL: no heartbeat for two heartbeat intervals and a minute (the agent is not
+  running, or stuck), the agent stopped, or IMDS unanswered at the last heartbeat for longer
+  than `--imds-age`;
+- 3 UNKNOWN: the state cannot be read (no spool in that directory, a bad setting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from bridge.config import ConfigError, load
+from bridge.outbox.inspect import SpoolStatus, inspect
+from bridge.outbox.spool import SpoolError, StateKey
+from bridge.records import VmIdentity, utc_now
+
+OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
+LEVELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+
+EXAMPLES = """\
+examples:
+  se-bridge status                                   # the default state directory
+  se-bridge status --state-dir /var/lib/se-bridge --json
+  se-bridge status --backlog-age 300 --imds-age 600  # as a monitoring check: exit 0, 1, 2 or 3
+"""
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "status",
+        help="what an agent holds: identity, IMDS, spool per sink, hooks, approvals",
+        description="Read an agent's state directory (no IMDS call) and say what it holds. "
+        "Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, as a monitoring check expects.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", type=Path, help="TOML settings file (the agent's)")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="the agent's state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument(
+        "--backlog-age",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="WARNING when a sink's oldest waiting record is older (default 900)",
+    )
+    p.add_argument(
+        "--imds-age",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="CRITICAL when IMDS last answered longer ago, as of the last heartbeat (default 900)",
+    )
+    p.set_defaults(func=run)
+
+
+@dataclass
+class Report:
+    state_dir: str
+    level: int = OK
+    problems: list[str] = field(default_factory=list)
+    identity: dict[str, Any] = field(default_factory=dict)
+    heartbeat: dict[str, Any] = field(default_factory=dict)
+    document: dict[str, Any] = field(default_factory=dict)
+    spool: dict[str, Any] = field(default_factory=dict)
+    hooks: list[dict[str, Any]] = field(default_factory=list)
+    approvals: dict[str, Any] = field(default_factory=dict)
+
+    def flag(self, level: int, problem: str) -> None:
+        self.level = max(self.level, level)
+        self.problems.append(f"{LEVELS[level]}: {problem}")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load(args.config, flags={"agent.state_dir": args.state_dir})
+        status = inspect(config.agent.state_dir / "spool.db")
+    except (ConfigError, SpoolError) as err:
+        print(f"UNKNOWN: {err}", file=sys.stderr)
+        return UNKNOWN
+    report = assess(status, utc_now(), timedelta(seconds=args.backlog_age),
+                    timedelta(seconds=args.imds_age))  # fmt: skip
+    report.state_dir = str(config.agent.state_dir)
+    if args.json:
+        print(json.dumps({"status": LEVELS[report.level], **asdict(report)}, indent=2))
+    else:
+        print(render(report))
+    return report.level
+
+
+def assess(
+    status: SpoolStatus, now: datetime, backlog_age: timedelta, imds_age: timedelta
+) -> Report:
+    """What the spool says, and how bad it is; pure."""
+    report = Report(state_dir=str(status.path.parent))
+    identity = VmIdentity.from_state(status.state.get(StateKey.IDENTITY))
+    report.identity = {k: v for k, v in asdict(identity).items() if v not in (None, (), [])}
+    _heartbeat(report, status.state.get(StateKey.HEALTH), now, imds_age)
+    _document(report, status.state.get(StateKey.NORMALISER))
+    _spool(report, status, now, backlog_age)
+    report.hooks = [
+        {"job": job_id, "phase": payload.get("phase"),
+         "event": (payload.get("trigger") or {}).get("EventId")}
+        for job_id, payload in status.jobs
+    ]  # fmt: skip
+    approved = (status.state.get(StateKey.APPROVALS) or {}).get("events") or {}
+    seen = (status.state.get(StateKey.SEEN_COMMANDS) or {}).get("seen") or {}
+    report.approvals = {"approved_events": approved, "commands": seen}
+    return report
+
+
+def _heartbeat(
+    report: Report, health: dict[str, Any] | None, now: datetime, imds_age: timedelta
+) -> None:
+    if not health:
+        report.flag(CRITICAL, "no heartbeat recorded yet: the agent has not run here")
+        return
+    report.heartbeat = dict(health)
+    at = _time(health.get("at"))
+    interval = timedelta(seconds=float(health.get("heartbeat_interval") or 300))
+    if health.get("reason") == "Stop":
+        report.flag(CRITICAL, f"the agent stopped at {health.get('at')}")
+    elif at is None or now - at > 2 * interval + timedelta(minutes=1):
+        report.flag(CRITICAL, f"no heartbeat since {health.get('at')}: is the agent running?")
+    success = _time(health.get("last_imds_success"))
+    started = _time(health.get("started_at")) or at
+    if success is None:
+        if started is None or (at or now) - started > imds_age:
+            since = health.get("started_at")
+            report.flag(CRITICAL, f"IMDS had not answered since the agent started at {since}")
+    elif at is not None and at - success > imds_age:
+        report.flag(CRITICAL, f"IMDS had not answered since {health.get('last_imds_success')} "
+                              f"at the last heartbeat")  # fmt: skip
+
+
+EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "NotBefore", "Resources", "EventSource",
+                "AffectsThisVm")  # fmt: skip
+
+
+def _document(report: Report, state: dict[str, Any] | None) -> None:
+    state = state or {}
+    events = [e for e in (state.get("events") or {}).values() if isinstance(e, dict)]
+    report.document = {
+        "incarnation": state.get("incarnation"),
+        "acted_on_at": state.get("observed_at"),
+        "events": [{key: event.get(key) for key in EVENT_FIELDS} for event in events],
+    }
+
+
+def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: timedelta) -> None:
+    report.spool = {
+        "path": str(status.path),
+        "records": status.records,
+        "bytes": status.bytes,
+        "shed": status.shed,
+        "sinks": [asdict(sink) for sink in status.sinks],
+    }
+    if status.shed:
+        report.flag(WARNING, f"{status.shed} records were shed at the spool's bound (lost)")
+    for sink in status.sinks:
+        oldest = _time(sink.oldest)
+        if oldest is not None and now - oldest > backlog_age:
+            report.flag(WARNING, f"sink {sink.name} has {sink.waiting} records waiting, the "
+                                 f"oldest from {sink.oldest}")  # fmt: skip
+        if sink.dead_letters:
+            report.flag(WARNING, f"sink {sink.name} set {sink.dead_letters} records aside as "
+                                 "dead letters")  # fmt: skip
+
+
+def _time(text: object) -> datetime | None:
+    if not isinstance(text, str):
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def render(report: Report) -> str:
+    ident = report.identity
+    lines = [f"{LEVELS[report.level]}: se-bridge agent state in {report.state_dir}"]
+    lines += [f"  {problem}" for problem in report.problems]
+    lines.append(
+        f"identity: VM {ident.get('vm_name', '?')} ({ident.get('vm_id', 'VmId not known yet')})"
+        + (f", scale set {ident['vm_scale_set_name']}" if "vm_scale_set_name" in ident else "")
+        + (f", resource group {ident['resource_group']}" if "resource_group" in ident else "")
+    )
+    beat = report.heartbeat
+    if beat:
+        lines.append(
+            f"last heartbeat: {beat.get('at')} ({beat.get('reason')}); IMDS healthy: "
+            f"{beat.get('imds_healthy')}, last answered {beat.get('last_imds_success')}"
+        )
+    doc = report.document
+    lines.append(f"last document acted on: incarnation {doc.get('incarnation')} at "
+                 f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events")  # fmt: skip
+    for event in doc.get("events", []):
+        lines.append(f"  {event['EventId']} {event['EventType']} {event['EventStatus']}, "
+                     f"NotBefore {event['NotBefore']}, Resources {event['Resources']}"
+                     + (" (this VM)" if event.get("AffectsThisVm") else ""))  # fmt: skip
+    spool = report.spool
+    lines.append(f"spool: {spool['records']} records ({spool['bytes']} bytes) held, "
+                 f"{spool['shed']} shed")  # fmt: skip
+    for sink in spool["sinks"]:
+        since = f", oldest from {sink['oldest']}" if sink["oldest"] else ""
+        lines.append(f"  {sink['name']}: {sink['waiting']} waiting{since}; "
+                     f"{sink['dead_letters']} dead letters")  # fmt: skip
+    lines.append(f"hooks running: {len(report.hooks)}")
+    lines += [f"  {h['phase']} for {h['event']}" for h in report.hooks]
+    approvals = report.approvals
+    lines.append(f"approvals remembered: {len(approvals['approved_events'])} events, "
+                 f"{len(approvals['commands'])} commands")  # fmt: skip
+    for command, seen in approvals["commands"].items():
+        lines.append(f"  command {command}: {seen.get('outcome')} (kept until {seen.get('until')})")
+    return "\n".join(lines)

@@ -1,0 +1,59 @@
+"""`se-bridge status` judges a spool as a monitoring check would (pure `assess`)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.agent.status import CRITICAL, OK, WARNING, assess
+from bridge.outbox.inspect import SinkStatus, SpoolStatus
+from bridge.outbox.spool import StateKey
+
+NOW = datetime(2026, 11, 26, 7, 0, tzinfo=timezone.utc)
+AGE = timedelta(minutes=15)
+
+
+def spool(
+    health: dict[str, Any] | None, *, shed: int = 0, sink: SinkStatus | None = None
+) -> SpoolStatus:
+    state = {StateKey.HEALTH: health} if health else {}
+    sinks = (sink or SinkStatus("jsonl:/x", 0, None, 0),)
+    return SpoolStatus(Path("/s/spool.db"), 0, 0, shed, sinks, state, ())
+
+
+def health(at: datetime, success: datetime | None, reason: str = "Periodic") -> dict[str, Any]:
+    iso = "%Y-%m-%dT%H:%M:%S.000Z"
+    return {
+        "at": at.strftime(iso),
+        "reason": reason,
+        "imds_healthy": success is not None,
+        "last_imds_success": success.strftime(iso) if success else None,
+        "started_at": (at - timedelta(hours=1)).strftime(iso),
+        "heartbeat_interval": 300,
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "level", "said"),
+    [
+        (spool(health(NOW - timedelta(minutes=4), NOW - timedelta(minutes=4))), OK, ""),
+        (spool(None), CRITICAL, "no heartbeat recorded"),
+        (spool(health(NOW - timedelta(minutes=12), NOW - timedelta(minutes=12))), CRITICAL,
+         "no heartbeat since"),
+        (spool(health(NOW, NOW, reason="Stop")), CRITICAL, "the agent stopped"),
+        (spool(health(NOW, NOW - timedelta(minutes=20))), CRITICAL, "IMDS had not answered"),
+        (spool(health(NOW, None)), CRITICAL, "since the agent started"),
+        (spool(health(NOW, NOW), shed=3), WARNING, "3 records were shed"),
+        (spool(health(NOW, NOW), sink=SinkStatus("eventhubs", 9, "2026-11-26T06:30:00.000Z", 0)),
+         WARNING, "eventhubs has 9 records waiting"),
+        (spool(health(NOW, NOW), sink=SinkStatus("eventhubs", 0, None, 2)), WARNING,
+         "2 records aside as dead letters"),
+    ],
+)  # fmt: skip
+def test_each_condition_sets_its_level(status: SpoolStatus, level: int, said: str) -> None:
+    report = assess(status, NOW, AGE, AGE)
+    assert report.level == level
+    assert said in " ".join(report.problems)

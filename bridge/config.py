@@ -104,6 +104,11 @@ class AgentSettings:
         "(journald rotates it). The Windows service defaults to "
         "%ProgramData%\\se-bridge\\logs\\agent.log.",
     )
+    metrics_address: str = _setting(
+        "",
+        "PORT or HOST:PORT of the agent's /metrics (Prometheus), /healthz and /readyz; a bare "
+        "port listens on 127.0.0.1 only. Empty: no endpoint.",
+    )
     log_max_bytes: int = _setting(
         10 * 1024 * 1024, "Size at which the log file is rotated.", low=64 * 1024, high=2**40
     )
@@ -297,6 +302,11 @@ class ConsumerSettings:
         "Seconds after which an event no VM reports on stops counting.",
         low=60,
         high=30 * 86400,
+    )
+    metrics_address: str = _setting(
+        "",
+        "PORT or HOST:PORT of the standalone consumer's /metrics, /healthz and /readyz; a bare "
+        "port listens on 127.0.0.1 only. Empty: no endpoint.",
     )
     forget_vms_after: float = _setting(
         7 * 86400.0,

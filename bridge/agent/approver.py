@@ -89,9 +89,12 @@ class Approver:
         spool: Spool,
         origin: Callable[[], Origin],
         now: Callable[[], datetime],
+        *,
+        on_record: Callable[[ApprovalOutcome], None] | None = None,
     ) -> None:
         self._imds, self._run, self._spool = imds, run, spool
         self._origin, self._now = origin, now
+        self._on_record = on_record  # the metrics' count of approvals by source and outcome
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
@@ -138,6 +141,8 @@ class Approver:
         """Write the Approval record; `remember` the event, and the command as seen until
         `seen_until`, in the same transaction."""
         record = approval_record(self._origin(), outcome, self._now())
+        if self._on_record is not None:
+            self._on_record(outcome)
         # One writer at a time, so two threads' snapshots of the memory never land out of order.
         with self._save_lock:
             state: dict[str, dict[str, Any]] = {}

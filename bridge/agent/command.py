@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from bridge import channels, host, sinks
+from bridge import channels, host, sinks, telemetry
 from bridge.agent.loop import Agent
 from bridge.config import Config, ConfigError, load, warn_if_secrets_readable
 from bridge.logfile import handler, setup_logging
@@ -50,6 +50,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--log-file", type=Path, metavar="PATH", help="log to this size-rotated file, not stderr"
     )
+    p.add_argument(
+        "--metrics-address",
+        metavar="[HOST:]PORT",
+        help="serve /metrics, /healthz and /readyz here; a bare port listens on 127.0.0.1 "
+        "(setting agent.metrics_address, SE_BRIDGE_AGENT_METRICS_ADDRESS; default off)",
+    )
     p.set_defaults(func=run_agent)
 
     p = subparsers.add_parser(
@@ -71,6 +77,10 @@ def load_config(
     config = load(path, environ, flags)
     sinks.check_config(config, config.sink_specs())
     channels.check_config(config)
+    try:
+        telemetry.check_address("agent.metrics_address", config.agent.metrics_address)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     return config
 
 
@@ -108,6 +118,7 @@ def run_agent(args: argparse.Namespace) -> int:
         "agent.log_file": args.log_file,
         "agent.log_level": args.log_level,
         "agent.log_format": args.log_format,
+        "agent.metrics_address": args.metrics_address,
     }
     return serve_agent(args.config, flags, stop)
 
@@ -141,6 +152,12 @@ def serve_agent(
         return _fail(f"configuration error: {err}", 2)
     except (SpoolError, OSError) as err:
         return _fail(f"cannot start the agent: {err}", 1)
+    try:
+        agent.serve_telemetry()
+    except OSError as err:
+        agent.spool.close()
+        address = settings.metrics_address
+        return _fail(f"cannot listen on agent.metrics_address {address}: {err.strerror or err}", 1)
     return agent.run(stop)
 
 

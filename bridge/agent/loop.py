@@ -21,11 +21,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
-from bridge import host
+from bridge import host, telemetry
 from bridge.agent import imds, listener, localmode
 from bridge.agent.approver import Approver
 from bridge.agent.hookproc import HookOutcome
 from bridge.agent.hooks import HookJob, HookRunner, hook_record, plan
+from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import (
     Context,
     NormaliserState,
@@ -63,6 +64,7 @@ class Agent:
         boot_id: str | None = None,
         policy: Policy | None = None,
         open_inbox: Callable[[str], CommandInbox] | None = None,
+        delivery_backoff: Callable[[], Backoff] = Backoff,
     ) -> None:
         self.config = config
         self._now = now
@@ -80,7 +82,7 @@ class Agent:
             max_records=config.spool.max_records,
             max_bytes=config.spool.max_bytes,
         )
-        self.delivery = Delivery(self.spool, self.sinks)
+        self.delivery = Delivery(self.spool, self.sinks, backoff_factory=delivery_backoff)
         self.hooks = self._hook_runner()
         saved = VmIdentity.from_state(self.spool.load_state(StateKey.IDENTITY))
         self.origin = Origin(self._named(saved), host.host_name())
@@ -88,6 +90,11 @@ class Agent:
         for problem in dropped:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
         self._poll = _PollHealth()
+        self.metrics = AgentMetrics(telemetry.new_registry())
+        self.metrics.watch(self.spool, self.delivery.status)
+        self._telemetry: telemetry.Endpoint | None = None
+        self._notifier = telemetry.Notifier()
+        self._last_turn = time.monotonic()
         self._started_at: str | None = None  # the Start heartbeat's TimeGenerated
         self._last_body: bytes | None = None
         self._last_commit = 0.0
@@ -110,6 +117,7 @@ class Agent:
             self.spool,
             lambda: self.origin,
             now,
+            on_record=self.metrics.approval,
         )
         self.listener = listener.build(config, self.approver, now, open_inbox)
         self.local = localmode.build(config, self.approver, now, policy)
@@ -120,10 +128,49 @@ class Agent:
         """Poll until `stop` is set, then flush and return 0."""
         self._stop = stop
         self.start()
+        self._notifier.ready()
         while not stop.is_set():
             stop.wait(self._guarded_cycle())
+        self._notifier.stopping()
         self.shutdown()
         return 0
+
+    def serve_telemetry(self) -> None:
+        """Listen on agent.metrics_address, when set (OSError when it cannot)."""
+        address = self.config.agent.metrics_address
+        if address:
+            self._telemetry = telemetry.Endpoint(
+                address, self.metrics.registry, live=self.live, ready=self.ready
+            ).start()
+
+    @property
+    def telemetry_port(self) -> int | None:
+        return None if self._telemetry is None else self._telemetry.port
+
+    def live(self) -> tuple[bool, str]:
+        """/healthz: the poll loop turns."""
+        idle = time.monotonic() - self._last_turn
+        limit = max(30.0, 10 * self.config.agent.poll_interval)
+        if idle > limit:
+            return False, f"the poll loop has not turned for {idle:.0f} s"
+        return True, f"the poll loop turned {idle:.1f} s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: IMDS answers, the spool takes records, no sink fails for good."""
+        answered = self._poll.last_success
+        # A few polls and one slow answer (imds.timeout): longer without one is not a hiccup.
+        limit = timedelta(seconds=max(10.0, 3 * self.config.agent.poll_interval
+                                      + self.config.imds.timeout))  # fmt: skip
+        if answered is None:
+            return False, "IMDS has not answered since the agent started"
+        if self._now() - answered > limit:
+            return False, f"IMDS has not answered since {answered:%Y-%m-%dT%H:%M:%SZ}"
+        if self._spool_failing:
+            return False, f"the spool {self.spool.path} does not take records"
+        failing = [n for n, s in self.delivery.status().items() if s.get("failing_permanently")]
+        if failing:
+            return False, f"sink {', '.join(failing)} fails for good: see the log"
+        return True, "IMDS answers, the spool takes records and every sink delivers"
 
     def _guarded_cycle(self) -> float:
         # Past start-up the agent holds unsent data: a bug in one cycle must not end it.
@@ -150,7 +197,8 @@ class Agent:
 
     def cycle(self) -> float:
         """One poll and whatever housekeeping is due; the seconds to wait before the next."""
-        started = time.monotonic()
+        started = self._last_turn = time.monotonic()
+        self._notifier.watchdog()
         delay = self._poll_events()
         if started >= self._next_identity and self._pending is None:
             self._refresh_identity()  # not while a poll is stalled: it would queue behind it
@@ -178,6 +226,8 @@ class Agent:
         self.imds.close()
         if self.approval_imds is not self.imds:
             self.approval_imds.close()
+        if self._telemetry is not None:
+            self._telemetry.close()
 
     # --- scheduled events -------------------------------------------------------------------
 
@@ -193,9 +243,12 @@ class Agent:
             return 0.0  # still waiting for IMDS
         except DeliveryError as err:
             self._pending = None
+            self.metrics.polled(err)
             return self._poll.failed(err, self.config.agent.poll_interval)
         self._pending = None
-        self._poll.succeeded(self._now())
+        now = self._now()
+        self._poll.succeeded(now)
+        self.metrics.polled(None, now)
         checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
         if body != self._last_body or checkpoint_due:
             self._last_body = body
@@ -255,6 +308,7 @@ class Agent:
         if self._spool_failing:
             log.warning("the spool %s accepts records again", self.spool.path)
             self._spool_failing = False
+        self.metrics.made(records)
         self.state = state
         self._last_commit = time.monotonic()
         for record in records:
@@ -274,6 +328,7 @@ class Agent:
         return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))
 
     def _problem(self, kind: str, message: str) -> None:
+        self.metrics.invalid_document()
         # Said once per kind until a clean document: a bad body every second is one line.
         if kind not in self._warned:
             log.warning("%s", message)
@@ -364,6 +419,7 @@ class Agent:
                 "heartbeat_interval": self.config.agent.heartbeat_interval,
             }
             self.spool.commit([beat], state={StateKey.HEALTH: seen})
+            self.metrics.made([beat])
         except SPOOL_ERRORS as err:
             log.warning("heartbeat not written to the spool %s: %s", self.spool.path, err)
 
@@ -389,11 +445,14 @@ class Agent:
         return plan(records, prepare=hooks.prepare is not None, recover=hooks.recover is not None)
 
     def _hook_done(self, job: HookJob, outcome: HookOutcome) -> None:
+        self.metrics.hook(job.phase, "timeout" if outcome.timed_out else "ok" if outcome.ok
+                          else "failed")  # fmt: skip
         if self.local is not None:
             self.local.hook_done(job.event_id, job.phase, outcome.ok)
         record = hook_record(self.origin, job, outcome, self._now())
         try:
             self.spool.finish_job(job.job_id, [record])
+            self.metrics.made([record])
         except SPOOL_ERRORS as err:
             log.error("the outcome of the %s hook for event %s could not be saved (%s); the "
                       "hook stays due and runs again at the next start", job.phase,

@@ -43,7 +43,15 @@ from bridge.consumer.state import (
     update,
     update_many,
 )
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
+from bridge.policy.model import (
+    EventView,
+    FleetView,
+    Policy,
+    Verdict,
+    VmView,
+    budget_use,
+    evaluate,
+)
 from bridge.records import iso, utc_now, vm_key
 from bridge.redact import describe
 from bridge.retry import RetryableError
@@ -131,6 +139,14 @@ class Consumer:
             self._seen[str(record.get("RecordId"))] = None
         while len(self._seen) > SEEN_RECORD_IDS:
             self._seen.popitem(last=False)
+
+    def budget_use(self) -> dict[str, float]:
+        """Per budget, how full its fullest group is now (read only; for the metrics)."""
+        with self._lock:
+            known = VmSnapshot(self.store, self.fleet)
+            impacted = known.by_vm_id(self.ledger.impacted(self.ledger.read()))
+            fleet = FleetView(known.vms, impacted, self._alive_within)
+            return budget_use(self.policy.budgets, fleet, self._now())
 
     def explain(self, event_id: str) -> tuple[EventView, Verdict] | None:
         """What the policy decides about `event_id` now, and why, as a pass would see it;

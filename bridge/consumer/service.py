@@ -13,13 +13,15 @@ import json
 import logging
 import sys
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge import host
+from bridge import host, telemetry
 from bridge.config import Config, ConfigError, warn_if_secrets_readable
 from bridge.consumer import validation, wiring
+from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.sources.eventhubs import run_eventhubs
 from bridge.consumer.sources.hub import run_local
 from bridge.logfile import setup_logging
@@ -41,11 +43,14 @@ class PoisonFile:
          RecordType must be one of [...], got 'Evil'", "body": "{...}"}
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, on_refused: Callable[[str], None] | None = None) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._on_refused = on_refused  # the metrics' count of refusals by reason
 
     def __call__(self, partition: str, offset: str, body: str, reason: str) -> None:
+        if self._on_refused is not None:
+            self._on_refused(reason)
         entry = {"partition": partition, "offset": offset, "reason": reason, "body": body}
         with self._lock, self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
@@ -65,11 +70,47 @@ class ConsumerService:
         )
         self.spool = Spool(state_dir / "decisions-spool.db", [s.name for s in self.sinks])
         self.delivery = Delivery(self.spool, self.sinks)
+        self.metrics = ConsumerMetrics(telemetry.new_registry())
         self.consumer = wiring.build_consumer(config, self._emit)
-        self.poison = PoisonFile(state_dir / "poison.jsonl")
+        counted = CountingSender(self.consumer.sender, self.metrics)
+        self.consumer.sender = self.consumer.dispatch.sender = counted
+        self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
+        self._telemetry: telemetry.Endpoint | None = None
+        self._notifier = telemetry.Notifier()
+        self._last_tick = time.monotonic()
+        self._tick_error: str | None = None
+        self._read_error: str | None = None
+
+    def serve_telemetry(self) -> None:
+        """Listen on consumer.metrics_address, when set (OSError when it cannot)."""
+        address = self.config.consumer.metrics_address
+        if address:
+            self._telemetry = telemetry.Endpoint(
+                address, self.metrics.registry, live=self.live, ready=self.ready
+            ).start()
+
+    def live(self) -> tuple[bool, str]:
+        """/healthz: the re-evaluation timer turns."""
+        idle = time.monotonic() - self._last_tick
+        limit = max(60.0, 10 * self.config.consumer.reevaluate_interval)
+        if idle > limit:
+            return False, f"the re-evaluation timer has not turned for {idle:.0f} s"
+        return True, f"the re-evaluation timer turned {idle:.1f} s ago"
+
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: batches are handled, the state answers, Decision sinks deliver."""
+        if self._read_error is not None:
+            return False, f"handling a batch failed: {self._read_error}"
+        if self._tick_error is not None:
+            return False, f"re-evaluating failed: {self._tick_error}"
+        failing = [n for n, s in self.delivery.status().items() if s.get("failing_permanently")]
+        if failing:
+            return False, f"Decision sink {', '.join(failing)} fails for good: see the log"
+        return True, "batches are handled, the state answers and every Decision sink delivers"
 
     def _emit(self, records: list[dict[str, Any]]) -> None:
         self.spool.commit(records)
+        self.metrics.decided(records)
 
     def _process(self, records: list[dict[str, Any]]) -> None:
         """Records valid against the schema go to the consumer; the rest to the dead letters.
@@ -86,10 +127,16 @@ class ConsumerService:
             reason = f"not valid against record.schema.json: {problem}"
             self.poison("?", f"RecordId {record.get('RecordId')}", json.dumps(record), reason)
         if valid:
-            self.consumer.process(valid)
+            try:
+                self.consumer.process(valid)
+            except Exception as err:
+                self._read_error = describe(err)
+                raise
+            self._read_error = None
 
     def run(self, stop: threading.Event) -> int:
         self.delivery.start()
+        self._notifier.ready()
         timer = threading.Thread(target=self._ticks, args=(stop,), name="se-bridge reevaluate")
         timer.start()
         log.info("consuming from %s; policy: %s; decisions to %s", self._source(),
@@ -97,6 +144,7 @@ class ConsumerService:
         try:
             self._read(stop)
         finally:
+            self._notifier.stopping()
             stop.set()
             timer.join()
             self.close()
@@ -105,19 +153,27 @@ class ConsumerService:
     def _read(self, stop: threading.Event) -> None:
         if self.config.consumer.hub is not None:
             run_local(self.config.consumer.hub, self._process, stop, poison=self.poison,
-                      group=self.config.consumer.consumer_group)  # fmt: skip
+                      group=self.config.consumer.consumer_group,
+                      on_done=self.metrics.batch)  # fmt: skip
             return
         settings = self.config.consumer
         run_eventhubs(self.config, self._process, stop, poison=self.poison,
                       load_balancing_interval=settings.load_balancing_interval,
-                      checkpoint_interval=settings.checkpoint_interval)  # fmt: skip
+                      checkpoint_interval=settings.checkpoint_interval,
+                      on_done=self.metrics.batch)  # fmt: skip
 
     def _ticks(self, stop: threading.Event) -> None:
         while not stop.is_set():
             interruptible_wait(stop, self.config.consumer.reevaluate_interval)
+            self._last_tick = time.monotonic()
+            self._notifier.watchdog()
             try:
                 self.consumer.tick()
+                if self._telemetry is not None:
+                    self.metrics.budgets(self.consumer.budget_use())
+                self._tick_error = None
             except Exception as err:
+                self._tick_error = describe(err)
                 log.warning("re-evaluating deferred events failed (%s); trying again in %gs",
                             err, self.config.consumer.reevaluate_interval)  # fmt: skip
 
@@ -127,6 +183,8 @@ class ConsumerService:
         return f"event hub {self.config.eventhubs.name or '(from the connection string)'}"
 
     def close(self) -> None:
+        if self._telemetry is not None:
+            self._telemetry.close()
         if not self.delivery.flush(timeout=10.0):
             log.warning("%d Decision records not yet delivered stay in the spool %s",
                         self.spool.depth(), self.spool.path)  # fmt: skip
@@ -150,6 +208,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--sink", action="append", metavar="SPEC", help="where Decision records go; repeatable"
     )
+    p.add_argument(
+        "--metrics-address",
+        metavar="[HOST:]PORT",
+        help="serve /metrics, /healthz and /readyz here; a bare port listens on 127.0.0.1 "
+        "(setting consumer.metrics_address, SE_BRIDGE_CONSUMER_METRICS_ADDRESS; default off)",
+    )
     p.set_defaults(func=run)
 
 
@@ -166,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
         "consumer.sinks": args.sink,
         "agent.log_level": args.log_level,
         "agent.log_format": args.log_format,
+        "consumer.metrics_address": args.metrics_address,
     }
     try:
         config = wiring.load_config(args.config, flags=flags)
@@ -177,5 +242,13 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except (SpoolError, DeliveryError, OSError) as err:
         print(f"se-bridge: cannot start the consumer: {describe(err)}", file=sys.stderr)
+        return 1
+    try:
+        service.serve_telemetry()
+    except OSError as err:
+        service.close()
+        address = config.consumer.metrics_address
+        print(f"se-bridge: cannot listen on consumer.metrics_address {address}: "
+              f"{err.strerror or err}", file=sys.stderr)  # fmt: skip
         return 1
     return service.run(stop)

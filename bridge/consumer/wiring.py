@@ -11,7 +11,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from bridge import channels, host, sinks
+from bridge import channels, host, sinks, telemetry
 from bridge.channels import CommandSender
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, load
@@ -36,6 +36,10 @@ def load_config(
     config = load(path, environ, flags)
     channels.check_config(config)
     sinks.check_config(config, decision_sinks(config))
+    try:
+        telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
     return config
 
 

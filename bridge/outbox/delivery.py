@@ -52,6 +52,10 @@ class _Worker:
         self._idle_wait, self._wait = idle_wait, wait
         self.last_error: str | None = None
         self._reported: set[str] = set()  # what this failure streak already logged loudly
+        # Since the start, for the metrics; `permanent` while the last attempt failed for good.
+        self.failures_by_kind: dict[str, int] = {}
+        self.dead_lettered = 0
+        self.permanent = False
         self.thread = threading.Thread(
             target=self._run, name=f"se-bridge-delivery {self.name}", daemon=True
         )
@@ -90,6 +94,7 @@ class _Worker:
             return
         reason = describe(err)
         self._spool.dead_letter(self.name, seqs, reason)
+        self.dead_lettered += len(seqs)
         log.error(
             "sink %s rejected %d records (spool seqs %s): %s; they are kept as dead letters "
             "in the spool and the rest of the batch is retried",
@@ -104,6 +109,8 @@ class _Worker:
 
     def _failed(self, err: Exception, *, kind: str) -> None:
         _, delay = self._streak.failed(err, longest=kind == "permanent")
+        self.failures_by_kind[kind] = self.failures_by_kind.get(kind, 0) + 1
+        self.permanent = kind == "permanent"
         self.last_error = describe(err, with_type=kind in ("unexpected", "spool"))
         self._log_failure(err, delay, kind)
         self._wait(self._stop, delay)
@@ -144,6 +151,7 @@ class _Worker:
             )
 
     def _succeeded(self) -> None:
+        self.permanent = False
         if ended := self._streak.succeeded():
             log.warning(
                 "sink %s recovered after %d failures; catching up %d records",
@@ -159,6 +167,9 @@ class _Worker:
             "last_error": self.last_error,
             "backlog": self._spool.backlog(self.name),
             "running": self.thread.is_alive(),
+            "failures_by_kind": dict(self.failures_by_kind),
+            "dead_lettered": self.dead_lettered,
+            "failing_permanently": self.permanent,
         }
 
     def close_sink(self) -> None:

@@ -375,6 +375,11 @@ class Spool:
 
         return self._read(work)
 
+    def oldest_waiting(self, sink: str) -> str | None:
+        """The body of the oldest record this sink has yet to take; None when it has none."""
+        batch = self.read_batch(sink, 1)
+        return batch[0].body if batch else None
+
     def ack(self, sink: str, upto_seq: int) -> None:
         """This sink has every record up to and including `upto_seq`."""
 

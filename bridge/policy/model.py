@@ -465,6 +465,18 @@ def check_budgets(
     return None
 
 
+def budget_use(budgets: tuple[Budget, ...], fleet: FleetView, now: datetime) -> dict[str, float]:
+    """Per budget: impacted VMs over the limit in its fullest group (the metrics' gauge)."""
+    impacted = {vm for vms in fleet.impacted.values() for vm in vms}
+    members = [v for v in fleet.vms.values() if v.vm_id in impacted or fleet.alive(v.vm_id, now)]
+    use: dict[str, float] = {}
+    for budget in budgets:
+        groups = _groups(budget.group, members).values()
+        ratios = [len(group & impacted) / budget.limit(len(group)) for group in groups]
+        use[budget.name] = max(ratios, default=0.0)
+    return use
+
+
 def _note(notes: list[str] | None, line: str) -> None:
     if notes is not None:
         notes.append(line)

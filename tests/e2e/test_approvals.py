@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
@@ -341,3 +343,50 @@ def test_policy_check_says_what_is_wrong(tmp_path: Path) -> None:
     done = run_bridge("policy", "check", str(bad))
     assert done.returncode == 2
     assert "sometimes" in done.stderr
+
+
+PROBES = re.compile(r"metrics and health probes at (http://\S+)/metrics")
+
+
+def scrape(proc_output: Callable[[], str]) -> dict[str, float]:
+    """The samples of a process's /metrics, found through the address its log names."""
+    found = wait_until(lambda: PROBES.search(proc_output()), "the telemetry endpoint's address")
+    text = requests.get(f"{found.group(1)}/metrics", timeout=5).text
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_metrics_of_the_agent_and_the_consumer_count_an_approval(procs: Processes) -> None:
+    loop = Loop(procs, Transport(procs.workdir), consumer_args=["--metrics-address", "0"])
+    for agent in loop.agents.values():
+        agent.env["SE_BRIDGE_AGENT_METRICS_ADDRESS"] = "0"
+    loop.start()
+    event_id = loop.sim.add_event(EventType="Reboot", EventSource="User", Resources=["app-0"])
+    approval = loop.wait_approved(event_id)
+    consumer = loop.consumer
+    assert consumer is not None
+
+    def counted() -> dict[str, float] | None:
+        samples = scrape(consumer.output)
+        key = ('se_bridge_consumer_decisions_total'
+               '{action="Approve",mode="normal",rule="user-initiated"}')  # fmt: skip
+        return samples if samples.get(key) == 1 else None
+
+    samples = wait_until(counted, "the consumer to count its Approve decision",
+                         details=loop.describe)  # fmt: skip
+    assert samples["se_bridge_consumer_commands_sent_total"] == 1
+    assert samples["se_bridge_consumer_records_total"] >= 3
+    target = loop.agents[approval["vm"]]
+
+    def approved() -> dict[str, float] | None:
+        found = scrape(target.stderr)
+        key = 'se_bridge_commands_total{outcome="Approved",source="Central"}'
+        return found if found.get(key) == 1 else None
+
+    found = wait_until(approved, "the agent to count its approval", details=loop.describe)
+    assert found['se_bridge_records_total{transition="Scheduled",type="Event"}'] >= 1
+    assert found["se_bridge_approval_latency_seconds_count"] == 1

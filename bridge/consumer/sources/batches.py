@@ -124,6 +124,8 @@ class BatchRetry:
     stop: threading.Event
     source: str  # "local hub /srv/hub", "event hub records": names the source in log lines
     backoff: Backoff = field(default_factory=Backoff)
+    # Told (partition, records) once a batch was handled: the metrics' records and lag.
+    on_done: Callable[[str, list[dict[str, Any]]], None] | None = None
     _streak: FailureStreak = field(init=False)
 
     def __post_init__(self) -> None:
@@ -141,7 +143,10 @@ class BatchRetry:
                     bad.pop(0)
                 if good:
                     # Parsed afresh each attempt: a failed attempt cannot leave edits behind.
-                    self.handler([parse_record(body) for body in good])
+                    records = [parse_record(body) for body in good]
+                    self.handler(records)
+                    if self.on_done is not None:
+                        self.on_done(partition, records)
             except Exception as err:  # the loop never dies: a failed batch is retried
                 self._failed(err, where)
                 continue

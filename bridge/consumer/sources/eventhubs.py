@@ -62,6 +62,7 @@ def run_eventhubs(
     load_balancing_interval: float = 10.0,
     checkpoint_interval: float = 5.0,
     backoff_factory: Callable[[], Backoff] = Backoff,
+    on_done: Callable[[str, list[dict[str, Any]]], None] | None = None,
 ) -> None:
     """Hand every record of the event hub to `handler`, batch by batch, until `stop` is set.
 
@@ -72,7 +73,7 @@ def run_eventhubs(
     if not _ensure_container(store, config, stop, backoff_factory()):
         return
     client = _client(config, store, load_balancing_interval)
-    retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory())
+    retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory(), on_done)
     on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval)
     finished = threading.Event()
     closer = threading.Thread(

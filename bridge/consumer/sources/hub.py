@@ -12,6 +12,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bridge.consumer.sources.batches import (
     BatchRetry,
@@ -37,13 +38,14 @@ def run_local(
     poll_interval: float = 0.2,
     poison: PoisonHandler = log_poison,
     backoff_factory: Callable[[], Backoff] = Backoff,
+    on_done: Callable[[str, list[dict[str, Any]]], None] | None = None,
 ) -> None:
     """Hand every record of the hub to `handler`, batch by batch, until `stop` is set.
 
     Each partition resumes after `group`'s checkpoint, which moves only after the handler
     returned. One consumer per group: two in the same group would both handle everything.
     """
-    retry = BatchRetry(handler, poison, stop, f"local hub {hub_dir}", backoff_factory())
+    retry = BatchRetry(handler, poison, stop, f"local hub {hub_dir}", backoff_factory(), on_done)
     _LocalConsumer(Path(hub_dir), group, batch_size, retry, backoff_factory()).run(poll_interval)
 
 

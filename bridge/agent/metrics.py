@@ -1,0 +1,158 @@
+"""The agent's metrics (docs/operations.md#metrics-and-health): what it counts as it goes,
+and what it reads from the spool and the delivery workers when Prometheus scrapes.
+
+Low cardinality only: labels are kinds, types, sinks and outcomes, never a VM or an event.
+A sample of what `/metrics` shows (besides the process_*, python_gc_* and python_info ones):
+
+    se_bridge_imds_polls_total{outcome="ok"} 3605.0
+    se_bridge_imds_failures_total{kind="throttled"} 2.0
+    se_bridge_imds_last_success_timestamp_seconds 1.7641400e+09
+    se_bridge_records_total{transition="Scheduled",type="Event"} 1.0
+    se_bridge_spool_waiting_records{sink="eventhubs"} 0.0
+    se_bridge_spool_oldest_waiting_age_seconds{sink="eventhubs"} 0.0
+    se_bridge_delivery_failures_total{kind="retryable",sink="eventhubs"} 4.0
+    se_bridge_hooks_total{outcome="ok",phase="prepare"} 1.0
+    se_bridge_commands_total{outcome="Approved",source="Central"} 1.0
+    se_bridge_approval_latency_seconds_bucket{le="1.0"} 1.0
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from bridge.outbox.spool import Spool
+from bridge.records import ApprovalOutcome
+from bridge.retry import DeliveryError, PermanentError, ThrottledError
+
+
+class AgentMetrics:
+    """What the agent counts; `registry` is what the endpoint serves."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.polls = Counter(
+            "se_bridge_imds_polls", "Scheduled Events polls, by outcome (ok, failed).",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
+        self.imds_failures = Counter(
+            "se_bridge_imds_failures",
+            "IMDS failures by kind: throttled, retryable, permanent, invalid (a body that is "
+            "not a Scheduled Events document).",
+            ["kind"], registry=registry,
+        )  # fmt: skip
+        self.last_success = Gauge(
+            "se_bridge_imds_last_success_timestamp_seconds",
+            "When IMDS last answered a poll (Unix time): time() minus this is its age.",
+            registry=registry,
+        )
+        self.records = Counter(
+            "se_bridge_records", "Records made, by type and (for Event records) transition.",
+            ["type", "transition"], registry=registry,
+        )  # fmt: skip
+        self.hooks = Counter(
+            "se_bridge_hooks", "Hooks run, by phase and outcome (ok, failed, timeout).",
+            ["phase", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.commands = Counter(
+            "se_bridge_commands",
+            "Approvals handled, by source (Central, Local) and outcome (Approved, Refused, "
+            "Failed).",
+            ["source", "outcome"], registry=registry,
+        )  # fmt: skip
+        self.approval_latency = Histogram(
+            "se_bridge_approval_latency_seconds",
+            "From a command's IssuedAt (or the local decision) to IMDS accepting the approval.",
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=registry,
+        )
+
+    def polled(self, err: DeliveryError | None, now: datetime | None = None) -> None:
+        if err is None:
+            self.polls.labels("ok").inc()
+            self.last_success.set(now.timestamp() if now else time.time())
+            return
+        self.polls.labels("failed").inc()
+        kind = (
+            "throttled" if isinstance(err, ThrottledError)
+            else "permanent" if isinstance(err, PermanentError)
+            else "retryable"
+        )  # fmt: skip
+        self.imds_failures.labels(kind).inc()
+
+    def invalid_document(self) -> None:
+        self.imds_failures.labels("invalid").inc()
+
+    def made(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            transition = record.get("Transition") if record.get("RecordType") == "Event" else ""
+            self.records.labels(str(record.get("RecordType")), str(transition or "")).inc()
+
+    def hook(self, phase: str, outcome: str) -> None:
+        self.hooks.labels(phase, outcome).inc()
+
+    def approval(self, outcome: ApprovalOutcome) -> None:
+        self.commands.labels(outcome.source, outcome.outcome).inc()
+        self.records.labels("Approval", "").inc()
+        if outcome.outcome == "Approved" and outcome.latency_ms is not None:
+            self.approval_latency.observe(outcome.latency_ms / 1000)
+
+    def watch(
+        self, spool: Spool, delivery_status: Callable[[], Mapping[str, Mapping[str, Any]]]
+    ) -> None:
+        """Read the spool and the delivery workers at each scrape (nothing kept in between)."""
+        self.registry.register(_OutboxCollector(spool, delivery_status))
+
+
+class _OutboxCollector(Collector):
+    def __init__(self, spool: Spool, status: Callable[[], Mapping[str, Mapping[str, Any]]]) -> None:
+        self._spool, self._status = spool, status
+
+    def collect(self) -> Iterator[Metric]:
+        held = GaugeMetricFamily("se_bridge_spool_records", "Records held in the spool.")
+        held.add_metric([], self._spool.depth())
+        shed = CounterMetricFamily(
+            "se_bridge_spool_shed_records", "Records dropped at the spool's bound (lost)."
+        )
+        shed.add_metric([], self._spool.dropped())
+        waiting = GaugeMetricFamily(
+            "se_bridge_spool_waiting_records", "Records a sink has yet to take.", labels=["sink"]
+        )
+        oldest = GaugeMetricFamily(
+            "se_bridge_spool_oldest_waiting_age_seconds",
+            "Age of the oldest record a sink has yet to take (0 when none).", labels=["sink"],
+        )  # fmt: skip
+        failures = CounterMetricFamily(
+            "se_bridge_delivery_failures",
+            "Failed deliveries, by sink and kind (retryable, permanent, unexpected, spool).",
+            labels=["sink", "kind"],
+        )
+        dead = CounterMetricFamily(
+            "se_bridge_dead_letters", "Records a sink rejected, kept aside.", labels=["sink"]
+        )
+        now = time.time()
+        for sink, status in self._status().items():
+            waiting.add_metric([sink], status.get("backlog", 0))
+            oldest.add_metric([sink], _age(self._spool.oldest_waiting(sink), now))
+            for kind, count in (status.get("failures_by_kind") or {}).items():
+                failures.add_metric([sink, kind], count)
+            dead.add_metric([sink], status.get("dead_lettered", 0))
+        yield from (held, shed, waiting, oldest, failures, dead)
+
+
+def _age(body: str | None, now: float) -> float:
+    if body is None:
+        return 0.0
+    try:
+        stamp = json.loads(body).get("TimeGenerated")
+        moment = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
+    except (ValueError, AttributeError):
+        return 0.0
+    return max(0.0, now - moment.timestamp())

@@ -1,0 +1,107 @@
+"""The standalone consumer's metrics (docs/operations.md#metrics-and-health).
+
+Low cardinality only: labels are reasons, actions, policy rule and budget names, and Event
+Hubs partitions (a fixed, small number), never a VM or an event. A sample:
+
+    se_bridge_consumer_records_total 1204.0
+    se_bridge_consumer_records_refused_total{reason="schema"} 3.0
+    se_bridge_consumer_lag_seconds{partition="0"} 0.8
+    se_bridge_consumer_decisions_total{action="Approve",mode="normal",rule="user-initiated"} 7.0
+    se_bridge_consumer_budget_fullest_ratio{budget="one-per-set"} 1.0
+    se_bridge_consumer_commands_sent_total 7.0
+    se_bridge_consumer_confirmation_latency_seconds_bucket{le="1.0"} 6.0
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from bridge.commands.message import Command
+from bridge.consumer import documents as fs
+
+
+class ConsumerMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.records = Counter(
+            "se_bridge_consumer_records", "Records handed to the consumer.", registry=registry
+        )
+        self.refused = Counter(
+            "se_bridge_consumer_records_refused",
+            "Messages set aside as not records, by reason: size, json, schema, sender.",
+            ["reason"], registry=registry,
+        )  # fmt: skip
+        self.lag = Gauge(
+            "se_bridge_consumer_lag_seconds",
+            "Per partition: the consumer's clock minus the TimeGenerated of the newest record "
+            "of the last batch it handled.",
+            ["partition"], registry=registry,
+        )  # fmt: skip
+        self.decisions = Counter(
+            "se_bridge_consumer_decisions", "Decision records, by action, rule and mode.",
+            ["action", "rule", "mode"], registry=registry,
+        )  # fmt: skip
+        self.budget = Gauge(
+            "se_bridge_consumer_budget_fullest_ratio",
+            "Per budget: VMs impacted over the limit in its fullest group (1 is full).",
+            ["budget"], registry=registry,
+        )  # fmt: skip
+        self.sent = Counter(
+            "se_bridge_consumer_commands_sent", "Approval commands sent.", registry=registry
+        )
+        self.confirmation = Histogram(
+            "se_bridge_consumer_confirmation_latency_seconds",
+            "From a command's IssuedAt to the agent's Approved record (its ApprovalLatencyMs).",
+            buckets=(0.25, 0.5, 1, 2, 5, 10, 30, 60, 300),
+            registry=registry,
+        )
+
+    def batch(self, partition: str, records: list[dict[str, Any]]) -> None:
+        self.records.inc(len(records))
+        newest = max((str(r.get("TimeGenerated") or "") for r in records), default="")
+        moment = fs.parse_time(newest)
+        if moment is not None:
+            self.lag.labels(partition).set(max(0.0, time.time() - moment.timestamp()))
+        for record in records:
+            latency = record.get("ApprovalLatencyMs")
+            central = record.get("ApprovalSource") == "Central"
+            if record.get("ApprovalOutcome") == "Approved" and central and latency is not None:
+                self.confirmation.observe(float(latency) / 1000)
+
+    def refusal(self, reason: str) -> None:
+        kind = (
+            "size" if "bytes, more than" in reason
+            else "sender" if "does not match the sender" in reason
+            else "schema" if "record.schema.json" in reason
+            else "json"
+        )  # fmt: skip
+        self.refused.labels(kind).inc()
+
+    def decided(self, records: list[dict[str, Any]]) -> None:
+        for record in records:
+            if record.get("RecordType") == "Decision":
+                self.decisions.labels(str(record.get("DecisionAction")),
+                                      str(record.get("DecisionRule")),
+                                      str(record.get("DecisionMode"))).inc()  # fmt: skip
+
+    def budgets(self, fullest: Mapping[str, float]) -> None:
+        for name, ratio in fullest.items():
+            self.budget.labels(name).set(ratio)
+
+
+class CountingSender:
+    """A command channel that counts what goes through it."""
+
+    def __init__(self, inner: Any, metrics: ConsumerMetrics) -> None:
+        self._inner, self._metrics = inner, metrics
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        self._inner.send(command, time_to_live)
+        self._metrics.sent.inc()
+
+    def close(self) -> None:
+        self._inner.close()

@@ -1,0 +1,161 @@
+"""The agent's telemetry endpoint: metrics that count what the agent did, health probes that
+fail and recover with IMDS and a sink, and the systemd notify protocol."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import requests
+
+from bridge.agent.loop import Agent
+from bridge.config import AgentSettings, Config, ImdsSettings
+from bridge.retry import Backoff, PermanentError
+from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.fleet import EventSpec
+from bridge.sinks.base import SpooledRecord
+
+VM = "vm-0"
+
+
+class FlakySink:
+    """A sink that refuses for good (a 403, say) while `broken`."""
+
+    name = "flaky"
+    max_batch = 100
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.got: list[SpooledRecord] = []
+
+    def send(self, batch: Sequence[SpooledRecord]) -> None:
+        if self.broken:
+            raise PermanentError("403 from the flaky double: not allowed")
+        self.got += batch
+
+    def close(self) -> None:
+        pass
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def made(
+    sim: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> Iterator[tuple[Agent, FlakySink, list[datetime]]]:
+    _, server = sim
+    config = Config(
+        agent=AgentSettings(poll_interval=0.2, state_dir=tmp_path, metrics_address="0"),
+        imds=ImdsSettings(url=server.vm_url(VM), timeout=2, first_call_timeout=5),
+    )
+    clock = [datetime.now(timezone.utc)]
+    sink = FlakySink()
+    agent = Agent(config, sinks=[sink], now=lambda: clock[0],
+                  delivery_backoff=lambda: Backoff(initial=0.05, maximum=0.1))  # fmt: skip
+    agent.serve_telemetry()
+    agent.start()
+    yield agent, sink, clock
+    agent.shutdown()
+
+
+def get(agent: Agent, path: str) -> requests.Response:
+    return requests.get(f"http://127.0.0.1:{agent.telemetry_port}{path}", timeout=5)
+
+
+def test_readiness_fails_and_recovers_with_imds_and_a_sink(
+    sim: tuple[Simulator, SimulatorServer], made: tuple[Agent, FlakySink, list[datetime]]
+) -> None:
+    simulator, _ = sim
+    agent, sink, clock = made
+    answer = get(agent, "/readyz")
+    assert answer.status_code == 503
+    assert "IMDS has not answered" in answer.json()["why"]
+    agent.cycle()
+    # The Start heartbeat reached the sink, which refuses it for good.
+    wait_for(lambda: "flaky fails for good" in get(agent, "/readyz").json()["why"], "not ready")
+    sink.broken = False
+    wait_for(lambda: get(agent, "/readyz").status_code == 200, "ready again")
+    simulator.set_faults({"rate503": 1.0}, VM)
+    clock[0] += timedelta(seconds=15)
+    agent.cycle()
+    answer = get(agent, "/readyz")
+    assert answer.status_code == 503
+    assert "IMDS has not answered since" in answer.json()["why"]
+    simulator.clear_faults()
+    wait_for(lambda: (agent.cycle(), get(agent, "/readyz").status_code)[1] == 200, "IMDS back")
+    assert get(agent, "/healthz").status_code == 200
+    assert get(agent, "/nothing").status_code == 404
+
+
+def test_metrics_count_what_the_agent_did(
+    sim: tuple[Simulator, SimulatorServer], made: tuple[Agent, FlakySink, list[datetime]]
+) -> None:
+    simulator, _ = sim
+    agent, sink, _ = made
+    agent.cycle()
+    event = simulator.add_event(EventSpec("Freeze", (VM,)))
+    agent.cycle()
+    agent.cycle()
+    wait_for(lambda: "se_bridge_delivery_failures_total{kind=\"permanent\"" in get(
+        agent, "/metrics").text, "the sink's failure counted")  # fmt: skip
+    text = get(agent, "/metrics").text
+    samples = dict(_samples(text))
+    assert samples['se_bridge_imds_polls_total{outcome="ok"}'] >= 3
+    assert samples['se_bridge_records_total{transition="Scheduled",type="Event"}'] == 1
+    assert samples['se_bridge_records_total{transition="",type="Heartbeat"}'] == 1
+    assert samples['se_bridge_delivery_failures_total{kind="permanent",sink="flaky"}'] >= 1
+    assert samples['se_bridge_spool_waiting_records{sink="flaky"}'] >= 2
+    assert samples['se_bridge_spool_oldest_waiting_age_seconds{sink="flaky"}'] >= 0
+    assert samples["se_bridge_imds_last_success_timestamp_seconds"] > 0
+    assert "process_resident_memory_bytes" in text
+    assert event not in text  # no label per event
+    assert sink.got == []
+
+
+def _samples(text: str) -> Iterator[tuple[str, float]]:
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            yield name, float(value)
+
+
+def test_systemd_hears_ready_the_watchdog_and_stopping(
+    sim: tuple[Simulator, SimulatorServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, server = sim
+    address = str(tmp_path / "notify")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(address)
+    listener.settimeout(10)
+    monkeypatch.setenv("NOTIFY_SOCKET", address)
+    monkeypatch.setenv("WATCHDOG_USEC", "400000")  # WatchdogSec=0.4: a ping at least every 0.2 s
+    config = Config(
+        agent=AgentSettings(poll_interval=0.2, state_dir=tmp_path / "state"),
+        imds=ImdsSettings(url=server.vm_url(VM), timeout=2, first_call_timeout=5),
+    )
+    agent = Agent(config)
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    heard: list[str] = []
+    try:
+        while heard.count("WATCHDOG=1") < 3:
+            heard.append(listener.recv(1024).decode())
+    finally:
+        stop.set()
+        runner.join(30)
+    heard.append(listener.recv(1024).decode())
+    listener.close()
+    assert heard[0].startswith("READY=1")
+    assert heard.count("WATCHDOG=1") >= 3
+    assert heard[-1] == "STOPPING=1"

@@ -19,6 +19,7 @@ new dependency): READY=1 once started, WATCHDOG=1 while the loop turns (at most 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -85,10 +86,17 @@ class Endpoint:
         server_class = type("Server", (ThreadingHTTPServer,), {"address_family": family})
         self._server = server_class((self.host, wanted), handler)  # OSError: cannot listen
         self._server.daemon_threads = True
+        self._server.timeout = None  # handle_request blocks: no wake-ups while idle
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="se-bridge telemetry", daemon=True
-        )
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="se-bridge telemetry", daemon=True)
+
+    def _serve(self) -> None:
+        # Not serve_forever: it wakes every half second to look for a shutdown, which is most
+        # of an idle agent's cost. Here the loop sleeps in accept() until a request comes, and
+        # `close` sends one to wake it.
+        while not self._closing.is_set():
+            self._server.handle_request()
 
     def start(self) -> Endpoint:
         self._thread.start()
@@ -97,7 +105,11 @@ class Endpoint:
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
+        self._closing.set()
+        if self._thread.is_alive():
+            with contextlib.suppress(OSError):  # the loop may be gone already
+                socket.create_connection((self.host, self.port), timeout=2).close()
+            self._thread.join(timeout=5)
         self._server.server_close()
 
 

@@ -69,3 +69,26 @@ def test_the_config_maps_hold_valid_settings(name: str, key: str, tmp_path: Path
     config.write_text(documents(name)["ConfigMap"]["data"][key], encoding="utf-8")
     load(config, environ={})  # raises ConfigError naming the setting
     assert "connection_string" not in config.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "setting", "host"),
+    [
+        ("daemonset.yaml", "DaemonSet", "SE_BRIDGE_AGENT_METRICS_ADDRESS", "127.0.0.1"),
+        ("consumer-deployment.yaml", "Deployment", "SE_BRIDGE_CONSUMER_METRICS_ADDRESS", None),
+    ],
+)
+def test_probes_ask_the_health_endpoints_where_the_process_listens(
+    name: str, kind: str, setting: str, host: str | None
+) -> None:
+    [container] = pod(name, kind)["containers"]
+    address = next(e["value"] for e in container["env"] if e["name"] == setting)
+    port = int(address.rpartition(":")[2])
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = container[probe]["httpGet"]
+        assert get["path"] == path
+        assert ports.get(get["port"], get["port"]) == port
+        assert get.get("host") == host
+    if host is not None:  # the agent shares the node's network: loopback only
+        assert address.startswith("127.0.0.1:")

@@ -152,3 +152,14 @@ def test_python_and_its_native_libraries_run_without_write_execute_memory() -> N
     if done.returncode == 77:
         pytest.skip("this kernel has no PR_SET_MDWE (Linux < 6.3)")
     assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr
+
+
+@pytest.mark.parametrize("unit", sorted(COMMANDS))
+def test_units_use_the_notify_protocol_a_watchdog_and_memory_limits(unit: str) -> None:
+    text = (UNITS / unit).read_text(encoding="utf-8")
+    settings = dict(re.findall(r"^(\w+)=(.*)$", text, flags=re.MULTILINE))
+    assert settings["Type"] == "notify"
+    assert settings["NotifyAccess"] == "main"
+    assert settings["WatchdogSec"].endswith("s")
+    assert settings["MemoryMax"]
+    assert settings["MemoryHigh"]

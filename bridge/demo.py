@@ -255,7 +255,19 @@ class Demo:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("demo", help="run the whole loop locally with a simulated fleet")
+    p = subparsers.add_parser(
+        "demo",
+        help="run the whole loop locally with a simulated fleet",
+        description="The whole loop on one machine, no Azure: a simulated fleet's IMDS, an agent "
+        "per VM, a local hub, the consumer with its policy and signed approvals, and a live "
+        "view of what happens. Stops at Ctrl-C or after --duration.",
+        epilog="""examples:
+  se-bridge demo
+  se-bridge demo --duration 60 --time-scale 60
+  se-bridge demo --policy policy.yaml --state-dir /tmp/demo
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--duration", type=float, help="stop after this many seconds (default: Ctrl-C)")
     p.add_argument("--time-scale", type=float, default=30.0, help="simulated seconds per second")
     p.add_argument("--poll-interval", type=float, default=0.5, help="agents' poll interval")

@@ -24,31 +24,72 @@ from bridge.policy.model import Policy
 from bridge.redact import describe
 from bridge.retry import DeliveryError
 
+AGENT_EXAMPLES = """\
+examples:
+  se-bridge agent --config /etc/se-bridge/agent.toml
+  se-bridge agent --sink jsonl:/var/log/se-bridge/records.jsonl --sink eventhubs
+  se-bridge agent --imds-url http://127.0.0.1:8080/vm-0 --sink stdout   # against the simulator
+  SE_BRIDGE_AGENT_METRICS_ADDRESS=9465 se-bridge agent --log-format json
+"""
+CHECK_EXAMPLES = """\
+examples:
+  se-bridge check --config /etc/se-bridge/agent.toml
+  se-bridge check --sink eventhubs --sink loganalytics
+"""
+SINKS_HELP = (
+    "where records go: jsonl:PATH, stdout, hub:DIR, eventhubs or loganalytics; repeat for "
+    "several (setting agent.sinks, SE_BRIDGE_AGENT_SINKS, comma-separated; default "
+    "jsonl:<state-dir>/records.jsonl)"
+)
+
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """The `agent` and `check` sub-commands."""
-    p = subparsers.add_parser("agent", help="poll IMDS and ship records (runs until stopped)")
-    p.add_argument("--config", type=Path, help="TOML settings file")
-    p.add_argument("--imds-url", help="IMDS base URL (default http://169.254.169.254)")
-    p.add_argument("--poll-interval", type=float, help="seconds between polls (default 1)")
-    p.add_argument("--state-dir", type=Path, help="spool and state directory")
-    p.add_argument(
-        "--sink",
-        action="append",
-        metavar="SPEC",
-        help="where records go: jsonl:PATH, stdout, hub:DIR, eventhubs or loganalytics; repeat "
-        "for several (default jsonl:<state-dir>/records.jsonl)",
+    p = subparsers.add_parser(
+        "agent",
+        help="poll IMDS and ship records (runs until stopped)",
+        description="Poll Azure Scheduled Events, turn each change into records, keep them in a "
+        "durable spool and ship them to every sink; run hooks; act on signed approvals. Runs "
+        "until SIGTERM or Ctrl-C. Exit 2 on a bad setting, 1 when it cannot start.",
+        epilog=AGENT_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument(
+        "--imds-url",
+        help="IMDS base URL (setting imds.url, SE_BRIDGE_IMDS_URL; default http://169.254.169.254)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        help="seconds between polls (setting agent.poll_interval, SE_BRIDGE_AGENT_POLL_INTERVAL; "
+        "default 1)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="spool and state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
+    )
+    p.add_argument("--sink", action="append", metavar="SPEC", help=SINKS_HELP)
     p.add_argument(
         "--commands",
         metavar="SPEC",
-        help="approval command channel to listen on: local:DIR or storagequeue",
+        help="approval command channel to listen on: local:DIR or storagequeue (setting "
+        "commands.channel, SE_BRIDGE_COMMANDS_CHANNEL; default none)",
     )
     p.add_argument(
-        "--policy", type=Path, metavar="FILE", help="approve with this policy here (local mode)"
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="approve with this policy here, local mode (setting agent.policy, "
+        "SE_BRIDGE_AGENT_POLICY; default none)",
     )
     p.add_argument(
-        "--log-file", type=Path, metavar="PATH", help="log to this size-rotated file, not stderr"
+        "--log-file",
+        type=Path,
+        metavar="PATH",
+        help="log to this size-rotated file, not stderr (setting agent.log_file, "
+        "SE_BRIDGE_AGENT_LOG_FILE)",
     )
     p.add_argument(
         "--metrics-address",
@@ -59,11 +100,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.set_defaults(func=run_agent)
 
     p = subparsers.add_parser(
-        "check", help="make a harmless round trip to every configured sink and give advice"
+        "check",
+        help="make a harmless round trip to every configured sink and give advice",
+        description="Make a harmless round trip to every configured sink (no record is sent) and "
+        "print ok or FAILED with advice for each. Exit 0 when all answered, 1 otherwise, 2 on a "
+        "bad setting.",
+        epilog=CHECK_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, help="TOML settings file")
-    p.add_argument("--state-dir", type=Path, help="spool and state directory")
-    p.add_argument("--sink", action="append", metavar="SPEC", help="as for `se-bridge agent`")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        help="spool and state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
+    )
+    p.add_argument("--sink", action="append", metavar="SPEC", help=SINKS_HELP)
     p.set_defaults(func=run_check)
 
 

@@ -168,7 +168,18 @@ def grant_commands(spec: ServiceSpec) -> list[list[str]]:
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("service", help="install and control the agent's Windows service")
+    p = subparsers.add_parser(
+        "service",
+        help="install and control the agent's Windows service",
+        description="Install, start, stop, query or remove the agent as a Windows service "
+        "(Windows only). `status` exits 0 when it runs, 3 when it does not.",
+        epilog="""examples:
+  se-bridge service install --config C:\\ProgramData\\se-bridge\\agent.toml --account virtual
+  se-bridge service start
+  se-bridge service status
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     install = actions.add_parser("install", help="register the service (delayed auto start)")
     install.add_argument("--config", type=Path, help="TOML settings file the service reads")

@@ -255,7 +255,16 @@ def keygen(path: Path) -> str:
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "keygen", help="make a key pair for signed commands; prints the agents' verify key"
+        "keygen",
+        help="make a key pair for signed commands; prints the agents' verify key",
+        description="Write a new Ed25519 private key (PEM, mode 0600, never over an existing "
+        "file) for the consumer's commands.signing_key, and print its KeyId and the public "
+        "key for the agents' commands.verify_key.",
+        epilog="""examples:
+  se-bridge keygen --out /etc/se-bridge/signing.pem
+  se-bridge keygen --out new.pem   # rotating: give agents both keys, comma-separated
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--out", type=Path, required=True, metavar="PATH",
                    help="where the private key goes (mode 0600; never over a file)")  # fmt: skip

@@ -193,20 +193,64 @@ class ConsumerService:
         self.consumer.close()
 
 
+CONSUME_EXAMPLES = """\
+examples:
+  se-bridge consume --config /etc/se-bridge/consumer.toml
+  se-bridge consume --hub /srv/hub --commands local:/srv/commands --policy policy.yaml
+  SE_BRIDGE_CONSUMER_MODE=shadow se-bridge consume --config consumer.toml   # decide, send nothing
+"""
+
+
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "consume", help="apply the approval policy to the fleet's records (runs until stopped)"
+        "consume",
+        help="apply the approval policy to the fleet's records (runs until stopped)",
+        description="The standalone consumer: read the fleet's records (Event Hubs, or a local "
+        "hub), keep the fleet state, apply the approval policy with its budgets, send signed "
+        "approvals and write Decision records. Runs until SIGTERM or Ctrl-C. Exit 2 on a bad "
+        "setting, 1 when it cannot start.",
+        epilog=CONSUME_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, help="TOML settings file")
-    p.add_argument("--state-dir", type=Path, help="decisions spool and default state directory")
-    p.add_argument("--hub", type=Path, metavar="DIR", help="read a local hub, not Event Hubs")
     p.add_argument(
-        "--commands", metavar="SPEC", help="where approvals go: local:DIR or storagequeue"
+        "--state-dir",
+        type=Path,
+        help="decisions spool and default state directory (setting agent.state_dir, "
+        "SE_BRIDGE_AGENT_STATE_DIR)",
     )
-    p.add_argument("--state", metavar="SPEC", help="fleet state: sqlite:PATH or tables")
-    p.add_argument("--policy", type=Path, metavar="FILE", help="approval policy (YAML)")
     p.add_argument(
-        "--sink", action="append", metavar="SPEC", help="where Decision records go; repeatable"
+        "--hub",
+        type=Path,
+        metavar="DIR",
+        help="read a local hub, not Event Hubs (setting consumer.hub, SE_BRIDGE_CONSUMER_HUB)",
+    )
+    p.add_argument(
+        "--commands",
+        metavar="SPEC",
+        help="where approvals go: local:DIR or storagequeue (setting commands.channel, "
+        "SE_BRIDGE_COMMANDS_CHANNEL)",
+    )
+    p.add_argument(
+        "--state",
+        metavar="SPEC",
+        help="fleet state: sqlite:PATH or tables (setting consumer.state, "
+        "SE_BRIDGE_CONSUMER_STATE; default sqlite:<state-dir>/fleet.db)",
+    )
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="approval policy, YAML (setting consumer.policy, SE_BRIDGE_CONSUMER_POLICY; "
+        "default the built-in policy)",
+    )
+    p.add_argument(
+        "--sink",
+        action="append",
+        metavar="SPEC",
+        help="where Decision records go: jsonl:PATH, stdout, hub:DIR, eventhubs or "
+        "loganalytics; repeat for several (setting consumer.sinks, SE_BRIDGE_CONSUMER_SINKS; "
+        "default jsonl:<state-dir>/decisions.jsonl)",
     )
     p.add_argument(
         "--metrics-address",

@@ -45,6 +45,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run a local Azure IMDS with a simulated fleet",
         description="Serve a simulated Azure IMDS (Scheduled Events, instance metadata, "
         "managed identity tokens) for a fleet of VMs, with a control API under /control.",
+        epilog="""examples:
+  se-bridge simulate --vms 3 --port 8080
+  se-bridge simulate --fleet fleet.json --time-scale 60 --scenario live-migration
+  se-bridge simulate --vms 2 --rate-503 0.2 --vm-fault vm-1:latency=11
+""",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import pytest
 from bridge import config
 from bridge.channels.storagequeue import queue_name
 from tests.infra import bicep_support as bicep
+
+INFRA = bicep.INFRA
 
 MODULES = bicep.INFRA / "modules"
 ALERTS = MODULES / "alerts.bicep"
@@ -205,3 +208,29 @@ def test_main_outputs_what_the_readme_uses() -> None:
         "keyVaultUri",
         "signingKeySetting",
     } <= outputs
+
+
+def test_the_bicep_linter_runs_the_community_rules() -> None:
+    config = json.loads((INFRA / "bicepconfig.json").read_text(encoding="utf-8"))
+    core = config["analyzers"]["core"]
+    assert core["enabled"] is True
+    for rule in (
+        "no-hardcoded-env-urls",
+        "secure-parameter-default",
+        "outputs-should-not-contain-secrets",
+        "use-secure-value-for-secure-inputs",
+    ):
+        assert core["rules"][rule]["level"] == "error", rule  # fmt: skip
+    assert core["rules"]["use-recent-api-versions"]["level"] in ("warning", "error")
+
+
+def test_the_example_parameters_file_sets_real_parameters_and_every_required_one() -> None:
+    text = (INFRA / "main.bicepparam").read_text(encoding="utf-8")
+    assert "using './main.bicep'" in text
+    given = set(re.findall(r"^param (\w+) =", text, flags=re.MULTILINE))
+    main = (INFRA / "main.bicep").read_text(encoding="utf-8")
+    declared = dict(re.findall(r"^param (\w+) \w+(.*)$", main, flags=re.MULTILINE))
+    assert given <= declared.keys(), given - declared.keys()
+    required = {name for name, rest in declared.items() if "=" not in rest}
+    assert required <= given, required - given
+    assert "readEnvironmentVariable('SE_BRIDGE_SIGNING_KEY_PEM')" in text  # a secret, not a value

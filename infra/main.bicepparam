@@ -1,0 +1,15 @@
+// An example parameters file for main.bicep (az deployment group create -g RG -p main.bicepparam).
+// Copy it beside main.bicep, set what differs, and leave the rest to main.bicep's defaults.
+// The signing key is read from the environment, never written here:
+//   SE_BRIDGE_SIGNING_KEY_PEM="$(cat signing.pem)" az deployment group create -g rg-se-bridge \
+//     -p infra/main.bicepparam
+using './main.bicep'
+
+param prefix = 'sebridge'
+param eventHubPartitionCount = 4
+param retentionInDays = 90
+param consumerPolicy = ''
+param consumerCreatesQueues = true
+param keyVaultPublicNetworkAccess = 'Enabled'
+param deployAlerts = true
+param signingKeyPem = readEnvironmentVariable('SE_BRIDGE_SIGNING_KEY_PEM')

@@ -70,6 +70,7 @@ class _Worker:
     def _step(self) -> None:
         batch = self._spool.read_batch(self.name, self.sink.max_batch)
         if not batch:
+            self._idle()
             self._spool.wait_for_records(self.name, self._idle_wait, cancel=self._stop)
             return
         try:
@@ -85,6 +86,15 @@ class _Worker:
         else:
             self._spool.ack(self.name, batch[-1].seq)
             self._succeeded()
+
+    def _idle(self) -> None:
+        idle = getattr(self.sink, "idle", None)
+        if idle is None:
+            return
+        try:
+            idle()
+        except Exception as err:  # letting go of a connection must never stop delivery
+            log.debug("sink %s failed to go idle: %s", self.name, describe(err, with_type=True))
 
     def _set_aside(self, batch: Sequence[SpooledRecord], err: PoisonRecords) -> None:
         seqs = sorted({record.seq for record in batch} & set(err.seqs))

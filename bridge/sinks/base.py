@@ -37,7 +37,10 @@ class Sink(Protocol):
         """Deliver every record of `batch`, in order, or raise a bridge.retry failure."""
 
     def close(self) -> None:
-        """Release files and connections; called once at shutdown."""
+        """Release files and connections; called once at shutdown.
+
+        A sink may also have `idle()`: called by the delivery loop whenever it finds nothing
+        to send, to let go of what it need not hold while idle (a connection)."""
 
 
 def check(sink: Sink) -> str:

@@ -12,7 +12,10 @@ An event as it leaves (body = the record's JSON text):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +24,14 @@ from bridge.config import Config, ConfigError, EventHubsSettings
 from bridge.redact import describe
 from bridge.retry import DeliveryError, PermanentError, PoisonRecords, RetryableError
 from bridge.sinks.base import SpooledRecord
+
+log = logging.getLogger(__name__)
+
+# An idle agent sends a heartbeat every few minutes: its AMQP connection is closed this long
+# after its last send (at the delivery loop's next idle look, at most IDLE_WAIT later) and
+# opened again for the next. Held open for ever, every agent of the fleet would count against
+# the namespace's connection quota (5,000 on Standard) all the time.
+IDLE_CLOSE = 20.0
 
 if TYPE_CHECKING:
     from azure.eventhub import EventData, EventDataBatch, EventHubProducerClient
@@ -38,10 +49,24 @@ class EventHubsSink:
         self._settings = config.eventhubs
         self._identity = config.identity
         self._producer: EventHubProducerClient | None = None
+        self._last_send = 0.0  # time.monotonic() of the last batch sent
 
     @property
     def name(self) -> str:
         return "eventhubs"
+
+    def idle(self) -> None:
+        """Nothing to send: close the connection once it has been unused for IDLE_CLOSE.
+
+        azure-eventhub's own idle_timeout only acts at the next send, so the connection of
+        an idle producer would stay open; this closes it (the next send opens another).
+        """
+        if self._producer is None or time.monotonic() - self._last_send < IDLE_CLOSE:
+            return
+        producer, self._producer = self._producer, None
+        with contextlib.suppress(Exception):  # closing a broken connection: it is gone anyway
+            producer.close()
+        log.debug("closed the idle Event Hubs connection to %s", self._target())
 
     def send(self, batch: Sequence[SpooledRecord]) -> None:
         try:
@@ -54,6 +79,7 @@ class EventHubsSink:
     def _send(self, events: EventDataBatch, seqs: list[int]) -> None:
         try:
             self._get_producer().send_batch(events)
+            self._last_send = time.monotonic()
         except Exception as err:
             if "message-size-exceeded" in str(getattr(err, "error", "")):
                 # The hub's limit is below what the link advertised: these records never fit.

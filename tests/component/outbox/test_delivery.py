@@ -449,3 +449,25 @@ def test_sinks_must_be_known_to_the_spool_and_unique(tmp_path: Path) -> None:
 def test_fake_sink_satisfies_the_protocol() -> None:
     sink: Sink = FakeSink()
     assert sink.name == "fake"
+
+
+class IdlingSink(FakeSink):
+    """Counts the delivery loop's idle looks; the first one fails, as a sink's might."""
+
+    def __init__(self) -> None:
+        super().__init__("idling")
+        self.idles = 0
+
+    def idle(self) -> None:
+        self.idles += 1
+        if self.idles == 1:
+            raise OSError("the connection was gone already")
+
+
+def test_a_sink_is_told_when_there_is_nothing_to_send(run: Run) -> None:
+    sink = IdlingSink()
+    spool, delivery = run([sink], idle_wait=0.05)
+    wait_until(lambda: sink.idles >= 3)  # a failing idle() stops nothing
+    spool.commit([rec(1)])
+    assert delivery.flush(10)
+    assert sink.delivered == ["r1"]

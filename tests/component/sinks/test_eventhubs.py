@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 
 from bridge.config import Config, EventHubsSettings, IdentitySettings
 from bridge.retry import PermanentError, PoisonRecords, RetryableError
-from bridge.sinks import SpooledRecord
+from bridge.sinks import SpooledRecord, eventhubs
 from bridge.sinks.eventhubs import EventHubsSink
 from tests.doubles.eventhubs_broker import SERVER_BUSY, UNAUTHORIZED, EventHubsBroker
 from tests.support import assert_valid, event_record
@@ -172,3 +173,21 @@ def test_namespace_and_name_use_an_entra_credential_not_a_key() -> None:
         assert isinstance(producer._credential, ManagedIdentityCredential)
     finally:
         sink.close()
+
+
+def test_an_idle_producer_lets_its_connection_go_and_the_next_send_opens_one(
+    sink: EventHubsSink, broker: EventHubsBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent that only heartbeats holds no connection between heartbeats (issue 15)."""
+    sink.send(spooled(1))
+    assert broker.connection_count == 1
+    sink.idle()  # just sent: kept
+    assert broker.connection_count == 1
+    monkeypatch.setattr(eventhubs, "IDLE_CLOSE", 0.0)
+    sink.idle()
+    deadline = time.monotonic() + 10
+    while broker.connection_count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert broker.connection_count == 0
+    sink.send(spooled(1, start=2))
+    assert [json.loads(e.body)["RecordId"] for e in broker.events()] == ["r1", "r2"]

@@ -90,6 +90,9 @@ param signingKeyPem string
 @description('Deploy the alert rules.')
 param deployAlerts bool = true
 
+@description('Send the logs and metrics of Event Hubs, Storage, Key Vault and the Function App to the workspace (diagnostic settings; billed as workspace ingestion).')
+param deployDiagnostics bool = true
+
 @description('Action group the alert rules notify (resource id); empty: none.')
 param actionGroupId string = ''
 
@@ -113,6 +116,7 @@ param tags object = {
 }
 
 var deploymentContainerName = 'app-package'
+var diagnosticsWorkspaceId = deployDiagnostics ? workspace.outputs.workspaceId : ''
 
 module eventHubs 'modules/eventhubs.bicep' = {
   name: 'se-bridge-eventhubs'
@@ -123,6 +127,7 @@ module eventHubs 'modules/eventhubs.bicep' = {
     partitionCount: eventHubPartitionCount
     consumerGroupName: consumerGroupName
     tags: tags
+    diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
 }
 
@@ -146,6 +151,7 @@ module ingestion 'modules/ingestion.bicep' = {
     location: workspaceLocation
     workspaceId: workspace.outputs.workspaceId
     tags: tags
+    diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
   dependsOn: [
     // The rule's output stream must exist in the workspace before the rule is created.
@@ -162,6 +168,7 @@ module storage 'modules/storage.bicep' = {
     checkpointContainerName: checkpointContainerName
     deploymentContainerName: deploymentContainerName
     tags: tags
+    diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
 }
 
@@ -174,6 +181,7 @@ module keyVault 'modules/keyvault.bicep' = {
     secretName: signingKeySecretName
     signingKeyPem: signingKeyPem
     tags: tags
+    diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
 }
 

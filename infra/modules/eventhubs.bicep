@@ -30,6 +30,9 @@ param capacity int = 1
 
 param tags object = {}
 
+@description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
+param diagnosticsWorkspaceId string = ''
+
 resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' = {
   name: namespaceName
   location: location
@@ -61,6 +64,26 @@ resource consumerGroup 'Microsoft.EventHub/namespaces/eventhubs/consumergroups@2
   name: consumerGroupName
   properties: {
     userMetadata: 'se-bridge consumer (Azure Functions)'
+  }
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: namespace
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
   }
 }
 

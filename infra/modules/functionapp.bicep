@@ -53,6 +53,9 @@ param instanceMemoryMB int = 2048
 
 param tags object = {}
 
+@description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
+param diagnosticsWorkspaceId string = ''
+
 resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
   name: 'id-${appName}'
   location: location
@@ -177,6 +180,26 @@ resource settings 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: app
   name: 'appsettings'
   properties: union(baseSettings, policySettings)
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: app
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    logs: [
+      {
+        category: 'FunctionAppLogs'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
+  }
 }
 
 output appName string = app.name

@@ -25,6 +25,9 @@ param signingKeyPem string
 
 param tags object = {}
 
+@description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
+param diagnosticsWorkspaceId string = ''
+
 resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
   // checkov:skip=CKV_AZURE_109:Network access is a parameter; the Flex Consumption app has no VNet here, so the default allows public access with RBAC.
   // checkov:skip=CKV_AZURE_189:Same parameter (publicNetworkAccess); a private endpoint needs VNet integration not declared here.
@@ -59,6 +62,26 @@ resource secret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
     attributes: {
       enabled: true
     }
+  }
+}
+
+resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: vault
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'audit'
+        enabled: true
+      }
+    ]
+    metrics: [
+      {
+        category: 'AllMetrics'
+        enabled: true
+      }
+    ]
   }
 }
 

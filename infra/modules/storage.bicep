@@ -29,6 +29,9 @@ param skuName string = 'Standard_ZRS'
 
 param tags object = {}
 
+@description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
+param diagnosticsWorkspaceId string = ''
+
 resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   // checkov:skip=CKV_AZURE_59:Agents on VMs anywhere read their own queue over the internet; Entra ID with per-queue roles guards access, shared keys are off.
   // checkov:skip=CKV_AZURE_35:Same reason: a default-deny firewall would shut out the agents and the Flex Consumption app (no VNet here).
@@ -103,6 +106,63 @@ resource fleetTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023
 resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
   parent: account
   name: 'default'
+}
+
+// The account itself has metrics only; reads, writes and deletes are logged per service.
+resource accountDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: account
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    metrics: [
+      {
+        category: 'Transaction'
+        enabled: true
+      }
+    ]
+  }
+}
+
+resource blobDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: blobService
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+  }
+}
+
+resource queueDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: queueService
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+  }
+}
+
+resource tableDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
+  name: 'se-bridge-logs'
+  scope: tableService
+  properties: {
+    workspaceId: diagnosticsWorkspaceId
+    logs: [
+      {
+        categoryGroup: 'allLogs'
+        enabled: true
+      }
+    ]
+  }
 }
 
 output accountName string = account.name

@@ -234,3 +234,30 @@ def test_the_example_parameters_file_sets_real_parameters_and_every_required_one
     required = {name for name, rest in declared.items() if "=" not in rest}
     assert required <= given, required - given
     assert "readEnvironmentVariable('SE_BRIDGE_SIGNING_KEY_PEM')" in text  # a secret, not a value
+
+
+@pytest.mark.parametrize(
+    ("module", "scopes"),
+    [
+        ("eventhubs.bicep", {"namespace"}),
+        ("keyvault.bicep", {"vault"}),
+        ("storage.bicep", {"account", "blobService", "queueService", "tableService"}),
+        ("functionapp.bicep", {"app"}),
+    ],
+)
+def test_diagnostic_settings_send_each_resources_logs_to_the_workspace(
+    module: str, scopes: set[str]
+) -> None:
+    text = (INFRA / "modules" / module).read_text(encoding="utf-8")
+    blocks = re.findall(
+        r"resource \w+ 'Microsoft\.Insights/diagnosticSettings@[\w-]+' = "
+        r"if \(!empty\(diagnosticsWorkspaceId\)\) \{(.*?)\n\}",
+        text,
+        flags=re.DOTALL,
+    )
+    assert {re.search(r"scope: (\w+)", b).group(1) for b in blocks} == scopes  # type: ignore[union-attr]
+    for block in blocks:
+        assert "workspaceId: diagnosticsWorkspaceId" in block
+    main = (INFRA / "main.bicep").read_text(encoding="utf-8")
+    assert main.count("diagnosticsWorkspaceId: diagnosticsWorkspaceId") == 4
+    assert "deployDiagnostics ? workspace.outputs.workspaceId : ''" in main

@@ -16,9 +16,17 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # Runtime stage: only the installed wheels, no compilers, no pip cache, no wheel files.
 FROM python:3.11-slim AS runtime
+# What the image is and where it came from (OCI annotations): give the commit at build time,
+#   docker build --build-arg REVISION="$(git rev-parse HEAD)" -t se-bridge:0.1.0 .
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG SOURCE=https://github.com/se-bridge/se-bridge
 LABEL org.opencontainers.image.title="se-bridge" \
       org.opencontainers.image.description="Azure Scheduled Events agent and consumer" \
-      org.opencontainers.image.licenses="MIT"
+      org.opencontainers.image.licenses="MIT" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.source="${SOURCE}"
 RUN groupadd --system --gid 10001 se-bridge \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/se-bridge --create-home \
       --shell /usr/sbin/nologin se-bridge
@@ -32,10 +40,10 @@ ENV PYTHONUNBUFFERED=1 \
     SE_BRIDGE_AGENT_STATE_DIR=/var/lib/se-bridge
 WORKDIR /var/lib/se-bridge
 VOLUME ["/var/lib/se-bridge"]
-# No HEALTHCHECK: neither the agent nor the consumer serves an endpoint to probe, and a
-# process that is up says nothing about IMDS or the sinks. Liveness is the Heartbeat record
-# (every 5 minutes, with ImdsHealthy and SpoolDepth) watched centrally; the process exits
-# non-zero on a fatal error so the runtime restarts it. Kubernetes ignores HEALTHCHECK anyway.
+# No HEALTHCHECK: the probes (/healthz, /readyz) are opt-in, on an address the deployment
+# chooses (agent.metrics_address, consumer.metrics_address), and Kubernetes ignores HEALTHCHECK
+# and uses its own probes (packaging/kubernetes). The Heartbeat record (every 5 minutes, with
+# ImdsHealthy and SpoolDepth) is watched centrally; a fatal error exits non-zero.
 HEALTHCHECK NONE
 # SIGTERM (docker stop, Kubernetes) makes the agent flush and exit 0: allow ~45 s for it.
 STOPSIGNAL SIGTERM

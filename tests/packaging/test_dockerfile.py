@@ -145,3 +145,11 @@ def test_the_wheel_carries_the_schema_and_type_marker(installed: Path) -> None:
     names = run([str(installed / "python"), "-c", code])
     assert "record.schema.json" in names
     assert "py.typed" in names
+
+
+def test_the_image_says_what_it_is_and_where_it_came_from() -> None:
+    labels = " ".join(args for kind, args in stages()[-1] if kind == "LABEL")
+    for key in ("title", "description", "licenses", "version", "revision", "source"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+    args = {args.split("=")[0]: args.split("=", 1)[1] for kind, args in STEPS if kind == "ARG"}
+    assert args["VERSION"] == __version__

@@ -111,6 +111,18 @@ def utc_now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def parse_time(text: object) -> datetime | None:
+    """A record's time (`iso`'s format, or any ISO 8601 text) as an aware datetime; None when
+    it is none. Text without a zone is taken as UTC."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
 def iso(moment: datetime) -> str:
     """ISO 8601 UTC with a Z, millisecond precision: the one time format of every record."""
     utc = moment.astimezone(timezone.utc)

@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bridge.outbox.spool import Spool
-from bridge.records import ApprovalOutcome
+from bridge.records import ApprovalOutcome, parse_time
 from bridge.retry import DeliveryError, PermanentError, ThrottledError
 
 
@@ -148,11 +148,8 @@ class _OutboxCollector(Collector):
 
 
 def _age(body: str | None, now: float) -> float:
-    if body is None:
-        return 0.0
     try:
-        stamp = json.loads(body).get("TimeGenerated")
-        moment = datetime.fromisoformat(str(stamp).replace("Z", "+00:00"))
-    except (ValueError, AttributeError):
-        return 0.0
-    return max(0.0, now - moment.timestamp())
+        moment = parse_time(json.loads(body).get("TimeGenerated")) if body else None
+    except (ValueError, AttributeError):  # not a JSON object: the spool holds only records
+        moment = None
+    return 0.0 if moment is None else max(0.0, now - moment.timestamp())

@@ -30,7 +30,7 @@ from typing import Any
 from bridge.config import ConfigError, load
 from bridge.outbox.inspect import SpoolStatus, inspect
 from bridge.outbox.spool import SpoolError, StateKey
-from bridge.records import VmIdentity, utc_now
+from bridge.records import VmIdentity, parse_time, utc_now
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 LEVELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -138,14 +138,14 @@ def _heartbeat(
         report.flag(CRITICAL, "no heartbeat recorded yet: the agent has not run here")
         return
     report.heartbeat = dict(health)
-    at = _time(health.get("at"))
+    at = parse_time(health.get("at"))
     interval = timedelta(seconds=float(health.get("heartbeat_interval") or 300))
     if health.get("reason") == "Stop":
         report.flag(CRITICAL, f"the agent stopped at {health.get('at')}")
     elif at is None or now - at > 2 * interval + timedelta(minutes=1):
         report.flag(CRITICAL, f"no heartbeat since {health.get('at')}: is the agent running?")
-    success = _time(health.get("last_imds_success"))
-    started = _time(health.get("started_at")) or at
+    success = parse_time(health.get("last_imds_success"))
+    started = parse_time(health.get("started_at")) or at
     if success is None:
         if started is None or (at or now) - started > imds_age:
             since = health.get("started_at")
@@ -180,22 +180,13 @@ def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: time
     if status.shed:
         report.flag(WARNING, f"{status.shed} records were shed at the spool's bound (lost)")
     for sink in status.sinks:
-        oldest = _time(sink.oldest)
+        oldest = parse_time(sink.oldest)
         if oldest is not None and now - oldest > backlog_age:
             report.flag(WARNING, f"sink {sink.name} has {sink.waiting} records waiting, the "
                                  f"oldest from {sink.oldest}")  # fmt: skip
         if sink.dead_letters:
             report.flag(WARNING, f"sink {sink.name} set {sink.dead_letters} records aside as "
                                  "dead letters")  # fmt: skip
-
-
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str):
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def render(report: Report) -> str:

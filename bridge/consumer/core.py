@@ -52,7 +52,7 @@ from bridge.policy.model import (
     budget_use,
     evaluate,
 )
-from bridge.records import iso, utc_now, vm_key
+from bridge.records import iso, parse_time, utc_now, vm_key
 from bridge.redact import describe
 from bridge.retry import RetryableError
 
@@ -232,7 +232,7 @@ class Consumer:
         otherwise make every later record of its VM and event look old: the event's end
         never folded in, its budget slot never released.
         """
-        stamped = fs.parse_time(record.get("TimeGenerated"))
+        stamped = parse_time(record.get("TimeGenerated"))
         if stamped is None or stamped - now <= MAX_AHEAD:
             return record
         who = str(record.get("VmId") or record.get("HostName"))

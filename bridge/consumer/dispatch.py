@@ -15,7 +15,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, ledger_events
 from bridge.consumer.state import Conflict, Doc, Store, update
 from bridge.policy.model import EventView, Policy, Verdict, VmView
-from bridge.records import Origin, VmIdentity, iso, record_id
+from bridge.records import Origin, VmIdentity, iso, parse_time, record_id
 from bridge.redact import describe
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class Dispatch:
         """
         if entry.get("origin") != "approved" or entry.get("sent") or not entry.get("command"):
             return
-        issued = fs.parse_time(entry.get("issued_at"))
+        issued = parse_time(entry.get("issued_at"))
         ours = entry.get("command_id") in self._unfinished
         if not ours and issued is not None and now - issued < RESEND_UNSENT_AFTER:
             return
@@ -223,8 +223,8 @@ def _bare_view(event: fs.EventDocument, now: datetime) -> EventView:
         event_source=_valid_text(str(event.get("event_source") or "")) or None,
         duration=duration if isinstance(duration, int) else None,
         status=fs.status(event),
-        not_before=fs.parse_time(event.get("not_before")),
-        first_seen=fs.parse_time(event.get("first_seen")) or now,
+        not_before=parse_time(event.get("not_before")),
+        first_seen=parse_time(event.get("first_seen")) or now,
         affected=(),
     )
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
 from bridge.consumer.state import Doc
 from bridge.policy.model import EventView, VmView
-from bridge.records import vm_key
+from bridge.records import parse_time, vm_key
 
 
 class VmDocument(TypedDict, total=False):
@@ -107,16 +107,6 @@ _IDENTITY = {
     "fault_domain": "PlatformFaultDomain",
     "update_domain": "PlatformUpdateDomain",
 }
-
-
-def parse_time(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def event_key(event_id: str) -> str:
@@ -323,11 +313,6 @@ class Names:
             scopes.setdefault(name, []).append(scope)
         index = {key: vm.vm_id for key, vm in newest.items()}
         return cls(index, {name: tuple(found) for name, found in scopes.items()})
-
-    def ids(self, name: str) -> list[str]:
-        """Every VmId `name` is in some scope (what a name without a scope may be)."""
-        key = vm_key(name)
-        return [self.index[(scope, key)] for scope in self.scopes.get(key, ())]
 
     def resolve(self, names: Iterable[str], scopes: Iterable[Scope]) -> Resolved:
         """`names` in the reporters' `scopes` (none known: in any scope)."""

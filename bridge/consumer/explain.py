@@ -26,13 +26,12 @@ from typing import Any
 
 from bridge.commands.message import Command
 from bridge.config import Config, ConfigError
-from bridge.consumer import documents as fs
 from bridge.consumer import validation, wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy import file as policyfile
 from bridge.policy.model import EventView, Policy, Verdict
-from bridge.records import utc_now
+from bridge.records import parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import DeliveryError
 
@@ -208,7 +207,7 @@ def last_event(records: list[dict[str, Any]]) -> str:
 
 
 def newest(records: list[dict[str, Any]]) -> datetime:
-    times = [fs.parse_time(r.get("TimeGenerated")) for r in records]
+    times = [parse_time(r.get("TimeGenerated")) for r in records]
     return max((t for t in times if t is not None), default=utc_now())
 
 

@@ -24,6 +24,7 @@ from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Conflict, Doc, Store, update
 from bridge.policy.model import EventView
+from bridge.records import parse_time
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class ApprovalLedger:
         """An approval we sent that was refused, or went unconfirmed for too long."""
         if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
             return False
-        issued = fs.parse_time(entry.get("issued_at")) or now
+        issued = parse_time(entry.get("issued_at")) or now
         timed_out = now - issued >= timedelta(seconds=self.settings.approval_timeout)
         return bool(entry.get("refused")) or timed_out
 

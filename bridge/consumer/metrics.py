@@ -15,13 +15,15 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
-from bridge.consumer import documents as fs
+from bridge.records import parse_time
 
 
 class ConsumerMetrics:
@@ -45,11 +47,6 @@ class ConsumerMetrics:
             "se_bridge_consumer_decisions", "Decision records, by action, rule and mode.",
             ["action", "rule", "mode"], registry=registry,
         )  # fmt: skip
-        self.budget = Gauge(
-            "se_bridge_consumer_budget_fullest_ratio",
-            "Per budget: VMs impacted over the limit in its fullest group (1 is full).",
-            ["budget"], registry=registry,
-        )  # fmt: skip
         self.sent = Counter(
             "se_bridge_consumer_commands_sent", "Approval commands sent.", registry=registry
         )
@@ -63,7 +60,7 @@ class ConsumerMetrics:
     def batch(self, partition: str, records: list[dict[str, Any]]) -> None:
         self.records.inc(len(records))
         newest = max((str(r.get("TimeGenerated") or "") for r in records), default="")
-        moment = fs.parse_time(newest)
+        moment = parse_time(newest)
         if moment is not None:
             self.lag.labels(partition).set(max(0.0, time.time() - moment.timestamp()))
         for record in records:
@@ -88,9 +85,25 @@ class ConsumerMetrics:
                                       str(record.get("DecisionRule")),
                                       str(record.get("DecisionMode"))).inc()  # fmt: skip
 
-    def budgets(self, fullest: Mapping[str, float]) -> None:
-        for name, ratio in fullest.items():
-            self.budget.labels(name).set(ratio)
+    def watch_budgets(self, use: Callable[[], Mapping[str, float]]) -> None:
+        """Ask `use` how full each budget is at each scrape (it reads the fleet state: done
+        when Prometheus asks, not at every re-evaluation)."""
+        self.registry.register(_BudgetCollector(use))
+
+
+class _BudgetCollector(Collector):
+    def __init__(self, use: Callable[[], Mapping[str, float]]) -> None:
+        self._use = use
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "se_bridge_consumer_budget_fullest_ratio",
+            "Per budget: VMs impacted over the limit in its fullest group (1 is full).",
+            labels=["budget"],
+        )
+        for name, ratio in self._use().items():
+            gauge.add_metric([name], ratio)
+        yield gauge
 
 
 class CountingSender:

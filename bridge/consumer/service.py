@@ -72,6 +72,7 @@ class ConsumerService:
         self.delivery = Delivery(self.spool, self.sinks)
         self.metrics = ConsumerMetrics(telemetry.new_registry())
         self.consumer = wiring.build_consumer(config, self._emit)
+        self.metrics.watch_budgets(self.consumer.budget_use)
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
@@ -169,8 +170,6 @@ class ConsumerService:
             self._notifier.watchdog()
             try:
                 self.consumer.tick()
-                if self._telemetry is not None:
-                    self.metrics.budgets(self.consumer.budget_use())
                 self._tick_error = None
             except Exception as err:
                 self._tick_error = describe(err)

@@ -20,6 +20,7 @@ from bridge.consumer.core import FleetCache
 from bridge.consumer.ledger import ApprovalLedger
 from bridge.consumer.state import Doc, Mutation
 from bridge.consumer.state.sqlite import SqliteStore
+from bridge.records import parse_time
 from bridge.retry import RetryableError
 from tests.fleetrecords import FleetRecords
 
@@ -104,7 +105,7 @@ def test_a_failed_write_makes_the_cache_read_those_vms_again(
         cache.update(merging({vm: replayed}))
     assert [q for q in seen if q.startswith(KEY_READS)]
     assert store.read("vm", vm).value["last_seen"] == replayed["TimeGenerated"]  # type: ignore[union-attr]
-    assert cache.load()[vm].last_seen == fs.parse_time(replayed["TimeGenerated"])
+    assert cache.load()[vm].last_seen == parse_time(replayed["TimeGenerated"])
     store.close()
 
 

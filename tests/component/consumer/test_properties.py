@@ -52,6 +52,7 @@ from bridge.consumer.core import Consumer
 from bridge.consumer.state import Doc, Store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from bridge.records import parse_time
 from tests.fleetrecords import FleetRecords
 from tests.state_support import DelegatingStore
 
@@ -265,7 +266,7 @@ class Knowledge:
     reports: Mapping[str, Mapping[str, tuple[str, str]]]
 
     def alive(self, name: str, now: datetime) -> bool:
-        last = fs.parse_time(self.last.get(name))
+        last = parse_time(self.last.get(name))
         return last is not None and name not in self.stopped and now - last <= ALIVE_WITHIN
 
 

@@ -7,15 +7,24 @@
 # Secrets never go in the image: settings come from a mounted TOML file or SE_BRIDGE_* variables
 # at run time, and cloud sinks use a managed or workload identity by default.
 
-# Build stage: wheels for the package and every dependency, with the full toolchain.
-FROM python:3.11-slim AS build
+# The base image, pinned by the digest of its multi-platform index: a rebuild takes the same
+# bytes until the pin is moved on purpose (Dependabot's docker ecosystem, .github/dependabot.yml).
+ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
+
+# Build stage: the locked wheels (packaging/requirements/consumer.txt, exported from uv.lock:
+# the image runs the agent and the consumer), each checked against its sha256, and the
+# project's own wheel.
+FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+COPY packaging/requirements/consumer.txt ./requirements.txt
+RUN pip download --no-cache-dir --require-hashes --only-binary :all: --dest /wheels \
+      -r requirements.txt
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # Runtime stage: only the installed wheels, no compilers, no pip cache, no wheel files.
-FROM python:3.11-slim AS runtime
+FROM ${PYTHON_IMAGE} AS runtime
 # What the image is and where it came from (OCI annotations): give the commit at build time,
 #   docker build --build-arg REVISION="$(git rev-parse HEAD)" -t se-bridge:0.1.0 .
 ARG VERSION=0.1.0
@@ -30,9 +39,13 @@ LABEL org.opencontainers.image.title="se-bridge" \
 RUN groupadd --system --gid 10001 se-bridge \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/se-bridge --create-home \
       --shell /usr/sbin/nologin se-bridge
-# Installed from the build stage's wheels only (--no-index): the runtime stage needs no network.
+# Installed from the build stage's wheels only (--no-index): the runtime stage needs no network,
+# and checks every locked wheel's hash once more.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    pip install --no-cache-dir --no-index --find-links /wheels se-bridge
+    --mount=type=bind,from=build,source=/src/requirements.txt,target=/tmp/requirements.txt \
+    pip install --no-cache-dir --no-index --find-links /wheels --require-hashes \
+      -r /tmp/requirements.txt \
+ && pip install --no-cache-dir --no-index --no-deps /wheels/se_bridge-*.whl
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
 ENV PYTHONUNBUFFERED=1 \

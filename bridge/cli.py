@@ -12,7 +12,7 @@ from bridge.agent import command as agent_command
 from bridge.agent import status, winservice
 from bridge.commands import signing
 from bridge.config import ENV_PREFIX, LOG_LEVELS
-from bridge.consumer import explain, service
+from bridge.consumer import command as consumer_command
 from bridge.logfile import LOG_FORMATS, setup_logging
 from bridge.simulator import command as simulator_command
 
@@ -26,8 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     agent_command.add_parser(subparsers)  # agent and check
     status.add_parser(subparsers)
-    service.add_parser(subparsers)
-    explain.add_parser(subparsers)
+    consumer_command.add_parser(subparsers)  # consume and policy
     simulator_command.add_parser(subparsers)
     demo.add_parser(subparsers)
     signing.add_parser(subparsers)

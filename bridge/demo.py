@@ -17,9 +17,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from bridge import host
+from bridge import extras, host
 from bridge.agent.loop import Agent
 from bridge.commands import signing
 from bridge.config import (
@@ -32,11 +32,13 @@ from bridge.config import (
     IdentitySettings,
     ImdsSettings,
 )
-from bridge.consumer.service import ConsumerService
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord, build
+
+if TYPE_CHECKING:
+    from bridge.consumer.service import ConsumerService
 
 SCENARIOS = (
     "live-migration", "user-reboot", "spot-preempt", "canceled", "hardware-failure",
@@ -198,7 +200,10 @@ class Demo:
     ) -> None:
         self.root, self.scale, self.poll, self.view = root, scale, poll, view
         signing_key, self.verify_key = demo_keys(root)
-        self.consumer = ConsumerService(
+        # The consumer's libraries load here, not with the command line (bridge.extras).
+        from bridge.consumer.service import ConsumerService  # noqa: PLC0415
+
+        self.consumer: ConsumerService = ConsumerService(
             consumer_config(root, policy, signing_key=signing_key),
             extra_sinks=[ViewSink("central", view)],
         )
@@ -278,6 +283,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 def run(args: argparse.Namespace) -> int:
+    message = extras.missing_message("consumer", "demo")
+    if message:
+        print(f"se-bridge: {message}", file=sys.stderr)
+        return 2
     logging.getLogger("bridge").setLevel(logging.WARNING)
     root = args.state_dir or Path(tempfile.mkdtemp(prefix="se-bridge-demo-"))
     live = sys.stdout.isatty()

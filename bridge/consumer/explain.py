@@ -29,81 +29,10 @@ from bridge.config import Config, ConfigError
 from bridge.consumer import validation, wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.state.sqlite import SqliteStore
-from bridge.policy import file as policyfile
 from bridge.policy.model import EventView, Policy, Verdict
 from bridge.records import parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import DeliveryError
-
-EXAMPLES = """\
-examples:
-  se-bridge policy check /etc/se-bridge/policy.yaml
-  se-bridge policy explain --policy policy.yaml --records /var/lib/se-bridge/records.jsonl
-  se-bridge policy explain --state sqlite:/var/lib/se-bridge/fleet.db --event C7061BAC-...
-  se-bridge policy explain --config consumer.toml --event C7061BAC-... --json
-"""
-
-
-def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `policy` sub-command and its `check` and `explain`."""
-    top = subparsers.add_parser(
-        "policy",
-        help="check a policy file, or explain a decision",
-        description="Check an approval policy, or explain what it decides about one event.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = top.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
-    check = commands.add_parser(
-        "check",
-        help="check a policy file and summarise its rules and budgets",
-        description="Check a policy file: exit 0 and a summary, or exit 2 and what is wrong.",
-    )
-    check.add_argument("file", type=Path, help="the policy file (YAML)")
-    check.set_defaults(func=run_check)
-    explain = commands.add_parser(
-        "explain",
-        help="say which rule and budget decide an event, and why",
-        description="What the policy decides about one event now, and why: each rule tried, "
-        "the action's gate and each budget. Reads a consumer's state (read only) or records.",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    explain.add_argument("--config", type=Path, help="TOML settings file (the consumer's)")
-    explain.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="the policy (setting consumer.policy, SE_BRIDGE_CONSUMER_POLICY; default built in)",
-    )
-    source = explain.add_mutually_exclusive_group()
-    source.add_argument(
-        "--state",
-        metavar="SPEC",
-        help="a consumer's fleet state, read only: sqlite:PATH or tables (setting "
-        "consumer.state, SE_BRIDGE_CONSUMER_STATE)",
-    )
-    source.add_argument(
-        "--records",
-        type=Path,
-        metavar="FILE",
-        help="records (JSON or JSONL) to decide from instead of a state",
-    )
-    explain.add_argument(
-        "--event", metavar="EVENTID", help="the event (default with --records: the last one)"
-    )
-    explain.add_argument("--json", action="store_true", help="print one JSON object")
-    explain.set_defaults(func=run_explain)
-
-
-def run_check(args: argparse.Namespace) -> int:
-    try:
-        policy = policyfile.load(args.file)
-    except policyfile.PolicyError as err:
-        print(err, file=sys.stderr)
-        return 2
-    print("\n".join(policyfile.summary(policy)))
-    return 0
 
 
 class _NoCommands:

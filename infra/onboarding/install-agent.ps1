@@ -3,7 +3,9 @@
 Install the se-bridge agent on a Windows VM as a service.
 
 .DESCRIPTION
-Creates a venv in %ProgramFiles%\se-bridge\venv, installs the agent from a wheel or a pip spec,
+Creates a venv in %ProgramFiles%\se-bridge\venv, installs the agent's dependencies from the lock
+(packaging\requirements\agent.txt, exported from uv.lock, each checked against its sha256) and
+the agent itself from a wheel or a pip spec without dependencies,
 writes C:\ProgramData\se-bridge\agent.toml (Event Hubs and Log Analytics sinks, the VM's Storage
 Queue for signed approvals), then runs `se-bridge service install` and `se-bridge service start`.
 Run from an elevated PowerShell after infra/main.bicep and infra/onboarding/vm.bicep.
@@ -26,6 +28,7 @@ param(
     [ValidatePattern('^[a-z0-9-]{0,40}$')][string]$QueuePrefix = 'se-bridge-',
     [Parameter(Mandatory)][ValidatePattern('^[A-Za-z0-9+/]{43}=$')][string]$VerifyKey,
     [ValidatePattern('^([0-9a-fA-F-]{36})?$')][string]$ClientId = '',
+    [string]$Requirements = (Join-Path $PSScriptRoot '..\..\packaging\requirements\agent.txt'),
     [string]$Python = 'py',
     [string]$InstallDir = (Join-Path $env:ProgramFiles 'se-bridge'),
     [string]$ConfigDir = (Join-Path $env:ProgramData 'se-bridge'),
@@ -51,10 +54,14 @@ if ($Python -eq 'py') { $pythonArgs = @('-3.11') }
 Invoke-Checked $Python ($pythonArgs + @('-m', 'venv', $venv))
 $venvPython = Join-Path $venv 'Scripts\python.exe'
 Invoke-Checked $venvPython @('-m', 'pip', 'install', '--quiet', '--upgrade', 'pip')
+if (-not (Test-Path -LiteralPath $Requirements -PathType Leaf)) {
+    throw "-Requirements ${Requirements}: no such file (the lock's agent export)"
+}
+Invoke-Checked $venvPython @('-m', 'pip', 'install', '--quiet', '--require-hashes', '--only-binary', ':all:', '-r', $Requirements)
 if ($PSCmdlet.ParameterSetName -eq 'Wheel') {
-    Invoke-Checked $venvPython @('-m', 'pip', 'install', '--quiet', $Wheel)
+    Invoke-Checked $venvPython @('-m', 'pip', 'install', '--quiet', '--no-deps', $Wheel)
 } else {
-    Invoke-Checked $venvPython @('-m', 'pip', 'install', '--quiet', $PipSpec)
+    Invoke-Checked $venvPython @('-m', 'pip', 'install', '--quiet', '--no-deps', $PipSpec)
 }
 Invoke-Checked $seBridge @('--version')
 

@@ -8,6 +8,10 @@
 #     --eventhubs-namespace NS.servicebus.windows.net --logs-endpoint https://...ingest.monitor.azure.com \
 #     --dcr-id dcr-... --storage-account NAME --verify-key BASE64
 #
+# The agent's dependencies come from the lock (packaging/requirements/agent.txt, exported from
+# uv.lock), each checked against its sha256; the package itself is installed without
+# dependencies. --requirements FILE names another export (a mirror's, say).
+#
 # --root DIR installs into DIR instead of / (for packaging and tests): no user is created and
 # systemctl is left alone unless it is on PATH and --no-start is not given.
 set -euo pipefail
@@ -17,7 +21,7 @@ usage() {
 usage: install-agent.sh (--wheel FILE | --pip-spec SPEC) --eventhubs-namespace FQDN
          --logs-endpoint URL --dcr-id dcr-... --storage-account NAME --verify-key BASE64
          [--eventhub NAME] [--stream NAME] [--queue-prefix PREFIX] [--client-id GUID]
-         [--unit-file FILE] [--python PYTHON] [--root DIR] [--no-start]
+         [--requirements FILE] [--unit-file FILE] [--python PYTHON] [--root DIR] [--no-start]
 USAGE
 }
 
@@ -29,7 +33,9 @@ die() {
 wheel="" pip_spec="" namespace="" eventhub="records" endpoint="" dcr_id="" account=""
 verify_key="" stream="Custom-SeBridgeRecords" queue_prefix="se-bridge-" client_id=""
 python="python3" root="" start=1
-unit_file="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/packaging/systemd/se-bridge-agent.service"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+unit_file="$repo/packaging/systemd/se-bridge-agent.service"
+requirements="$repo/packaging/requirements/agent.txt"
 
 while (($#)); do
   case $1 in
@@ -45,6 +51,7 @@ while (($#)); do
     --verify-key) verify_key=${2:?}; shift 2 ;;
     --client-id) client_id=${2:?}; shift 2 ;;
     --unit-file) unit_file=${2:?}; shift 2 ;;
+    --requirements) requirements=${2:?}; shift 2 ;;
     --python) python=${2:?}; shift 2 ;;
     --root) root=${2:?}; shift 2 ;;
     --no-start) start=0; shift ;;
@@ -76,6 +83,7 @@ if [[ -n $client_id ]]; then
   check client-id "$client_id" '^[0-9a-fA-F-]{36}$' "a user-assigned identity's client id (a GUID)"
 fi
 [[ -f $unit_file ]] || die "--unit-file $unit_file: no such file"
+[[ -f $requirements ]] || die "--requirements $requirements: no such file (the lock's agent export)"
 
 venv="$root/opt/se-bridge/venv"
 config_dir="$root/etc/se-bridge"
@@ -88,10 +96,11 @@ fi
 
 echo "installing the agent into $venv"
 "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install --quiet --require-hashes --only-binary :all: -r "$requirements"
 if [[ -n $wheel ]]; then
-  "$venv/bin/python" -m pip install --quiet "$wheel"
+  "$venv/bin/python" -m pip install --quiet --no-deps "$wheel"
 else
-  "$venv/bin/python" -m pip install --quiet "$pip_spec"
+  "$venv/bin/python" -m pip install --quiet --no-deps "$pip_spec"
 fi
 "$venv/bin/se-bridge" --version
 

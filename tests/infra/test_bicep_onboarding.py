@@ -16,7 +16,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import bridge
-from bridge import config
+from bridge import config, extras
+from tests import lock_support as lock
 from tests.infra import bicep_support as bicep
 
 if sys.version_info >= (3, 11):
@@ -116,6 +117,30 @@ def test_the_agent_is_installed_in_its_venv(installed: Installed) -> None:
         [str(se_bridge), "--version"], capture_output=True, text=True, check=True
     )
     assert version.stdout.strip() == f"se-bridge {bridge.__version__}"
+
+
+def test_the_agent_venv_holds_exactly_the_locked_agent_packages(installed: Installed) -> None:
+    """The lock's agent export, installed in a fresh venv: nothing of the consumer extra."""
+    got = lock.installed(installed.root / "opt" / "se-bridge" / "venv" / "bin" / "python")
+    assert got == lock.locked("agent") | {"se-bridge": bridge.__version__}
+    assert not set(got) & {lock.name(n) for n in extras.EXTRAS["consumer"]}
+
+
+def test_the_agent_install_says_what_the_consumer_needs(installed: Installed) -> None:
+    se_bridge = installed.root / "opt" / "se-bridge" / "venv" / "bin" / "se-bridge"
+    done = subprocess.run(
+        [str(se_bridge), "consume", "--hub", str(installed.root)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "`consume` needs the consumer extra" in done.stderr
+    assert "se-bridge[consumer]" in done.stderr
+    assert "Traceback" not in done.stderr
+    check = subprocess.run([str(se_bridge), "agent", "--help"], capture_output=True, check=False)
+    assert check.returncode == 0
 
 
 def test_the_written_config_loads_and_says_what_was_given(installed: Installed) -> None:

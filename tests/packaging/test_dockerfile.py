@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
+from tests import lock_support as lock
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_NAME = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CONNECTION_STRING|SAS", re.IGNORECASE)
@@ -43,8 +44,16 @@ def stages() -> list[list[tuple[str, str]]]:
     for step in STEPS:
         if step[0] == "FROM":
             found.append([])
-        found[-1].append(step)
+        if found:  # a global ARG before the first FROM belongs to no stage
+            found[-1].append(step)
     return found
+
+
+def test_every_stage_starts_from_the_base_image_pinned_by_digest() -> None:
+    [base] = [args for kind, args in STEPS[:1] if kind == "ARG"]
+    name, image = base.split("=", 1)
+    assert re.fullmatch(r"python:3\.11-slim@sha256:[0-9a-f]{64}", image), image
+    assert [s[0][1].split()[0] for s in stages()] == [f"${{{name}}}"] * 2
 
 
 def test_two_stages_and_the_runtime_takes_only_wheels_from_the_build() -> None:
@@ -110,17 +119,24 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if source.is_dir():
             shutil.copytree(source, context / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (context / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, context / name)
     wheels = work / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    # The build stage: the locked wheels, each checked against its hash, then the project's.
+    requirements = context / "packaging" / "requirements" / "consumer.txt"
+    run([*pip, "download", "--require-hashes", "--only-binary", ":all:", "--dest", str(wheels),
+         "-r", str(requirements)])  # fmt: skip
     run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(context)])
     [wheel] = wheels.glob("se_bridge-*.whl")
     target = work / "venv"
     venv.create(target, with_pip=True, symlinks=sys.platform != "win32")
     bin_dir = target / ("Scripts" if sys.platform == "win32" else "bin")
-    # Dependencies come from pip's cache or the index, as the image's build stage fetches them.
-    run([str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check", "-q", "install",
-         str(wheel)])  # fmt: skip
+    # The runtime stage: no index, every hash checked again, the project without dependencies.
+    python = [str(bin_dir / "python"), "-m", "pip", "--disable-pip-version-check", "-q"]
+    run([*python, "install", "--no-index", "--find-links", str(wheels), "--require-hashes",
+         "-r", str(requirements)])  # fmt: skip
+    run([*python, "install", "--no-index", "--no-deps", str(wheel)])
     return bin_dir
 
 
@@ -138,6 +154,11 @@ def test_the_installed_agent_has_its_options(installed: Path) -> None:
     text = run([str(installed / "se-bridge"), "agent", "--help"])
     for option in ("--config", "--state-dir", "--sink", "--log-file"):
         assert option in text
+
+
+def test_the_image_holds_exactly_the_locked_packages(installed: Path) -> None:
+    got = lock.installed(installed / "python")
+    assert got == lock.locked("consumer") | {"se-bridge": __version__}
 
 
 def test_the_wheel_carries_the_schema_and_type_marker(installed: Path) -> None:

@@ -1,16 +1,25 @@
 """The package layout holds: the agent loads no consumer SDK, and no import hides in a function
-except a cloud SDK loaded on first use. (The layering itself is import-linter's contracts in
+except a cloud SDK loaded on first use or a consumer program loaded by its sub-command; the
+extras table is pyproject.toml's. (The layering itself is import-linter's contracts in
 pyproject.toml, run by the test command.)"""
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from bridge import extras
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 # An agent with no cloud sink loads no Azure SDK at all; the cloud sinks load theirs when they
@@ -20,6 +29,10 @@ CONSUMER_SDKS = ("azure.", "bridge.consumer.state.tables", "fastjsonschema")
 # Modules that load a cloud SDK when imported, and so may be imported on first use; and the
 # consumer's own third-party check (`se-bridge agent` loads the consumer's command module).
 SDK_LOADERS = ("bridge.consumer.state.tables", "fastjsonschema")
+# The consumer's programs, which need the consumer extra: the command line loads them when
+# their sub-command runs (bridge/consumer/command.py, bridge/demo.py), so an agent-only install
+# starts and says what to install.
+ON_DEMAND = ("bridge.consumer.service", "bridge.consumer.explain")
 
 
 def loaded_after(code: str) -> list[str]:
@@ -65,14 +78,42 @@ def function_imports(path: Path) -> list[tuple[int, str]]:
             if isinstance(node, ast.Import):
                 found += [(node.lineno, alias.name) for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                found.append((node.lineno, "." * node.level + (node.module or "")))
+                # `from bridge.consumer import service` is bridge.consumer.service
+                module = "." * node.level + (node.module or "")
+                found += [(node.lineno, f"{module}.{alias.name}") for alias in node.names]
     return found
 
 
-def test_no_import_hides_in_a_function_but_a_cloud_sdk() -> None:
+def test_no_import_hides_in_a_function_but_a_cloud_sdk_or_a_consumer_program() -> None:
     hidden = []
     for path in sorted((ROOT / "bridge").rglob("*.py")):
         for line, module in function_imports(path):
-            if not module.startswith(("azure.", *SDK_LOADERS)):
+            if not module.startswith(("azure.", *SDK_LOADERS, *ON_DEMAND)):
                 hidden.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert hidden == []
+
+
+def test_the_command_line_loads_no_distribution_of_the_consumer_extra() -> None:
+    loaded = loaded_after("import bridge.cli\nbridge.cli.build_parser()")
+    modules = {"azure.data.tables", "azure.eventhub.extensions", "fastjsonschema", "azure.keyvault"}
+    assert [m for m in loaded if m.startswith(tuple(modules))] == []
+    assert [m for m in loaded if m.startswith(ON_DEMAND)] == []
+
+
+def test_the_extras_table_is_pyprojects() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = pyproject["project"]["optional-dependencies"]
+    for extra, names in extras.EXTRAS.items():
+        wanted = [re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0] for d in declared[extra]]
+        assert list(names) == wanted
+    assert declared["agent"] == []  # the bare package is the agent
+    assert declared["functions"][0] == "se-bridge[consumer]"
+
+
+def test_a_missing_extra_is_named_with_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert extras.missing("consumer") == []  # the test environment has every extra
+    assert extras.missing_message("consumer", "consume") == ""
+    monkeypatch.setitem(extras.EXTRAS, "consumer", ("fastjsonschema", "no-such-package-se"))
+    message = extras.missing_message("consumer", "consume")
+    assert "`consume` needs the consumer extra, and no-such-package-se is not installed" in message
+    assert "pip install 'se-bridge[consumer]'" in message

@@ -152,9 +152,14 @@ def _ensure_container(
     from azure.core.exceptions import ResourceExistsError  # noqa: PLC0415
 
     container = config.consumer.checkpoint_container
-    # The store keeps its ContainerClient private; the pinned checkpointstoreblob==1.2.0
-    # has no public way to create the container, and a consumer should not need a person to.
-    client: Any = store._container_client
+    # The store keeps its ContainerClient private (checkpointstoreblob 1.x has no public way to
+    # create the container), and a consumer should not need a person to. Read, never patched;
+    # a release without it gets the container infra/ creates.
+    client: Any = getattr(store, "_container_client", None)
+    if client is None:
+        log.info("the checkpoint container %s is taken as created by the deployment "
+                 "(infra/modules/storage.bicep)", container)  # fmt: skip
+        return True
     streak = FailureStreak(backoff)
     while not stop.is_set():
         try:

@@ -289,3 +289,17 @@ def test_two_consumers_share_the_partitions_and_lose_nothing(
         for vm in {int(i[1:]) % 16 for i in consumer.ids}:
             mine = [int(i[1:]) for i in consumer.ids if int(i[1:]) % 16 == vm]
             assert mine == [n for n in range(1, 81) if n % 16 == vm]
+
+
+def test_a_store_without_its_private_container_client_takes_the_deployed_container(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The private attribute is read, never required: a checkpointstoreblob release without it
+    must not stop the consumer (the container comes from infra/)."""
+    from bridge.consumer.sources.eventhubs import _ensure_container
+
+    config = Config(consumer=ConsumerSettings(checkpoint_container="checkpoints"))
+    caplog.set_level(logging.INFO, logger="bridge")
+    store: Any = object()
+    assert _ensure_container(store, config, threading.Event(), Backoff()) is True
+    assert "taken as created by the deployment" in caplog.text

@@ -1,0 +1,67 @@
+"""A CycloneDX SBOM of what each target installs (`./dev sbom`).
+
+Made from the lock's exports (packaging/requirements/TARGET.txt) by cyclonedx-py, so each SBOM
+lists exactly the packages, versions and file hashes that target installs, se-bridge itself
+as the described component (from pyproject.toml). Offline: nothing is downloaded.
+
+    ./dev sbom                           # build/sbom/se-bridge-TARGET-VERSION.cdx.json
+    ./dev sbom --target agent --out DIR  # targets: agent, consumer, functions
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from bridge import __version__
+from tools.lockfile import EXPORTS, ROOT
+
+TARGETS = ("agent", "consumer", "functions")
+
+
+def write(target: str, out: Path) -> Path:
+    """Write `target`'s SBOM (CycloneDX 1.6 JSON, validated) into `out`; returns its path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"se-bridge-{target}-{__version__}.cdx.json"
+    command = [
+        sys.executable,
+        # cyclonedx-py warns that a requirements file gives no dependency graph: true, and
+        # what a lock export is; the SBOM still lists every component with its hashes.
+        "-W",
+        "ignore:The Component this BOM:UserWarning",
+        "-m",
+        "cyclonedx_py",
+        "requirements",
+        str(EXPORTS / f"{target}.txt"),
+        "--pyproject",
+        str(ROOT / "pyproject.toml"),
+        "--mc-type",
+        "application",
+        "--spec-version",
+        "1.6",
+        "--output-reproducible",
+        "--output-format",
+        "JSON",
+        "--output-file",
+        str(path),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"cyclonedx-py failed for {target}:\n{done.stderr.strip()}")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev sbom", description=__doc__.split("\n")[0])
+    parser.add_argument("--target", choices=TARGETS, action="append", help="default: all")
+    parser.add_argument("--out", type=Path, default=ROOT / "build" / "sbom")
+    args = parser.parse_args(argv)
+    for target in args.target or TARGETS:
+        print(write(target, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -108,7 +108,7 @@ var rules = [
   }
 ]
 
-resource alert 'Microsoft.Insights/scheduledQueryRules@2023-12-01' = [for rule in rules: {
+resource alert 'Microsoft.Insights/scheduledQueryRules@2026-03-01' = [for rule in rules: {
   name: '${namePrefix}-${rule.name}'
   location: location
   tags: tags

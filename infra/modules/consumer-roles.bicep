@@ -25,28 +25,28 @@ var keyVaultSecretsUser = '4633458b-17de-408a-b874-0445c86b69e6' // Key Vault Se
 
 var queueRole = consumerCreatesQueues ? storageQueueDataContributor : storageQueueDataMessageSender
 
-resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' existing = {
+resource namespace 'Microsoft.EventHub/namespaces@2026-01-01' existing = {
   name: eventHubsNamespaceName
 }
 
-resource hub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
+resource hub 'Microsoft.EventHub/namespaces/eventhubs@2026-01-01' existing = {
   parent: namespace
   name: eventHubName
 }
 
-resource account 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+resource account 'Microsoft.Storage/storageAccounts@2026-04-01' existing = {
   name: storageAccountName
 }
 
-resource rule 'Microsoft.Insights/dataCollectionRules@2023-03-11' existing = {
+resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' existing = {
   name: dataCollectionRuleName
 }
 
-resource vault 'Microsoft.KeyVault/vaults@2023-07-01' existing = {
+resource vault 'Microsoft.KeyVault/vaults@2026-02-01' existing = {
   name: keyVaultName
 }
 
-resource secret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' existing = {
+resource secret 'Microsoft.KeyVault/vaults/secrets@2026-02-01' existing = {
   parent: vault
   name: signingKeySecretName
 }

@@ -33,7 +33,7 @@ param tags object = {}
 @description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
 param diagnosticsWorkspaceId string = ''
 
-resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' = {
+resource namespace 'Microsoft.EventHub/namespaces@2026-01-01' = {
   name: namespaceName
   location: location
   tags: tags
@@ -50,7 +50,7 @@ resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' = {
   }
 }
 
-resource hub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
+resource hub 'Microsoft.EventHub/namespaces/eventhubs@2026-01-01' = {
   parent: namespace
   name: eventHubName
   properties: {
@@ -59,7 +59,7 @@ resource hub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' = {
   }
 }
 
-resource consumerGroup 'Microsoft.EventHub/namespaces/eventhubs/consumergroups@2024-01-01' = {
+resource consumerGroup 'Microsoft.EventHub/namespaces/eventhubs/consumergroups@2026-01-01' = {
   parent: hub
   name: consumerGroupName
   properties: {
@@ -67,6 +67,8 @@ resource consumerGroup 'Microsoft.EventHub/namespaces/eventhubs/consumergroups@2
   }
 }
 
+// Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)
+// has no categoryGroup or metric category, and wants a location, a metric timeGrain and the name 'service'.
 resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
   name: 'se-bridge-logs'
   scope: namespace

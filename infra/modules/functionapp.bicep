@@ -56,7 +56,7 @@ param tags object = {}
 @description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
 param diagnosticsWorkspaceId string = ''
 
-resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2023-01-31' = {
+resource identity 'Microsoft.ManagedIdentity/userAssignedIdentities@2024-11-30' = {
   name: 'id-${appName}'
   location: location
   tags: tags
@@ -75,7 +75,7 @@ resource insights 'Microsoft.Insights/components@2020-02-02' = {
   }
 }
 
-resource plan 'Microsoft.Web/serverfarms@2024-04-01' = {
+resource plan 'Microsoft.Web/serverfarms@2025-03-01' = {
   // checkov:skip=CKV_AZURE_225:Zone redundancy is not a Flex Consumption plan property here.
   name: 'plan-${appName}'
   location: location
@@ -120,7 +120,7 @@ var policySettings = empty(consumerPolicy) ? {} : {
   SE_BRIDGE_CONSUMER_POLICY: consumerPolicy
 }
 
-resource app 'Microsoft.Web/sites@2024-04-01' = {
+resource app 'Microsoft.Web/sites@2025-03-01' = {
   // checkov:skip=CKV_AZURE_67:Flex Consumption pins the runtime through functionAppConfig.runtime (python 3.11), not siteConfig.
   // checkov:skip=CKV_AZURE_222:The app serves no HTTP functions (Event Hubs trigger and timer); public access stays on for code deployment without a VNet.
   // checkov:skip=CKV_AZURE_17:No HTTP functions, so no client to present a certificate.
@@ -168,7 +168,7 @@ resource app 'Microsoft.Web/sites@2024-04-01' = {
   }
 }
 
-resource settings 'Microsoft.Web/sites/config@2024-04-01' = {
+resource settings 'Microsoft.Web/sites/config@2025-03-01' = {
   // checkov reads this app-settings resource as a web config; none of these apply to it:
   // checkov:skip=CKV_AZURE_66:Failed request tracing is for HTTP requests; the app serves none.
   // checkov:skip=CKV_AZURE_63:HTTP logging likewise; the functions log to Application Insights.
@@ -182,6 +182,8 @@ resource settings 'Microsoft.Web/sites/config@2024-04-01' = {
   properties: union(baseSettings, policySettings)
 }
 
+// Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)
+// has no categoryGroup or metric category, and wants a location, a metric timeGrain and the name 'service'.
 resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
   name: 'se-bridge-logs'
   scope: app

@@ -19,7 +19,7 @@ param tags object = {}
 
 var generated = loadJsonContent('../generated/schema.json')
 
-resource endpoint 'Microsoft.Insights/dataCollectionEndpoints@2023-03-11' = {
+resource endpoint 'Microsoft.Insights/dataCollectionEndpoints@2024-03-11' = {
   name: endpointName
   location: location
   tags: tags
@@ -31,7 +31,7 @@ resource endpoint 'Microsoft.Insights/dataCollectionEndpoints@2023-03-11' = {
   }
 }
 
-resource rule 'Microsoft.Insights/dataCollectionRules@2023-03-11' = {
+resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' = {
   name: ruleName
   location: location
   tags: tags

@@ -28,7 +28,7 @@ param tags object = {}
 @description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
 param diagnosticsWorkspaceId string = ''
 
-resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
+resource vault 'Microsoft.KeyVault/vaults@2026-02-01' = {
   // checkov:skip=CKV_AZURE_109:Network access is a parameter; the Flex Consumption app has no VNet here, so the default allows public access with RBAC.
   // checkov:skip=CKV_AZURE_189:Same parameter (publicNetworkAccess); a private endpoint needs VNet integration not declared here.
   name: vaultName
@@ -52,7 +52,7 @@ resource vault 'Microsoft.KeyVault/vaults@2023-07-01' = {
   }
 }
 
-resource secret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
+resource secret 'Microsoft.KeyVault/vaults/secrets@2026-02-01' = {
   // checkov:skip=CKV_AZURE_41:No expiry: an expired signing key would stop every approval; rotate with a new key pair (the KeyId in each command names it).
   parent: vault
   name: secretName
@@ -65,6 +65,8 @@ resource secret 'Microsoft.KeyVault/vaults/secrets@2023-07-01' = {
   }
 }
 
+// Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)
+// has no categoryGroup or metric category, and wants a location, a metric timeGrain and the name 'service'.
 resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
   name: 'se-bridge-logs'
   scope: vault

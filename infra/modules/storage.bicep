@@ -32,7 +32,7 @@ param tags object = {}
 @description('Log Analytics workspace that receives this resource\'s logs and metrics (diagnostic settings); empty: none.')
 param diagnosticsWorkspaceId string = ''
 
-resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
+resource account 'Microsoft.Storage/storageAccounts@2026-04-01' = {
   // checkov:skip=CKV_AZURE_59:Agents on VMs anywhere read their own queue over the internet; Entra ID with per-queue roles guards access, shared keys are off.
   // checkov:skip=CKV_AZURE_35:Same reason: a default-deny firewall would shut out the agents and the Flex Consumption app (no VNet here).
   // checkov:skip=CKV_AZURE_206:Replication is a parameter (skuName); ZRS by default, the state is rebuilt from Event Hubs if lost.
@@ -60,7 +60,7 @@ resource account 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   }
 }
 
-resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01' = {
+resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2026-04-01' = {
   parent: account
   name: 'default'
   properties: {
@@ -75,7 +75,7 @@ resource blobService 'Microsoft.Storage/storageAccounts/blobServices@2023-05-01'
   }
 }
 
-resource checkpointContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+resource checkpointContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-04-01' = {
   parent: blobService
   name: checkpointContainerName
   properties: {
@@ -83,7 +83,7 @@ resource checkpointContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
-resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2023-05-01' = {
+resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-04-01' = {
   parent: blobService
   name: deploymentContainerName
   properties: {
@@ -91,23 +91,25 @@ resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
-resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2023-05-01' = {
+resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2026-04-01' = {
   parent: account
   name: 'default'
 }
 
-resource fleetTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+resource fleetTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2026-04-01' = {
   parent: tableService
   name: fleetTableName
 }
 
 // Queues themselves are made per VM: by infra/onboarding/vm.bicep, or by the consumer with a
 // VM's first command.
-resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2026-04-01' = {
   parent: account
   name: 'default'
 }
 
+// Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)
+// has no categoryGroup or metric category, and wants a location, a metric timeGrain and the name 'service'.
 // The account itself has metrics only; reads, writes and deletes are logged per service.
 resource accountDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
   name: 'se-bridge-logs'

@@ -19,7 +19,7 @@ param tags object = {}
 // Columns generated from bridge/record.schema.json by `python -m tools.gen_infra`.
 var generated = loadJsonContent('../generated/schema.json')
 
-resource newWorkspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = if (createWorkspace) {
+resource newWorkspace 'Microsoft.OperationalInsights/workspaces@2026-03-01' = if (createWorkspace) {
   name: workspaceName
   location: location
   tags: tags
@@ -34,11 +34,11 @@ resource newWorkspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' = if
   }
 }
 
-resource workspace 'Microsoft.OperationalInsights/workspaces@2023-09-01' existing = {
+resource workspace 'Microsoft.OperationalInsights/workspaces@2026-03-01' existing = {
   name: workspaceName
 }
 
-resource table 'Microsoft.OperationalInsights/workspaces/tables@2023-09-01' = {
+resource table 'Microsoft.OperationalInsights/workspaces/tables@2026-03-01' = {
   parent: workspace
   name: 'SeBridgeRecords_CL'
   properties: {

@@ -38,16 +38,16 @@ var eventHubsDataSender = '2b629674-e913-4c01-ae53-ef4638d8f975' // Azure Event 
 var monitoringMetricsPublisher = '3913510d-42f4-4e42-8a64-420c390055eb' // Monitoring Metrics Publisher
 var storageQueueDataMessageProcessor = '8a0f0c08-91a1-4084-bc3d-661d67233fed' // Storage Queue Data Message Processor
 
-resource account 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+resource account 'Microsoft.Storage/storageAccounts@2026-04-01' existing = {
   name: storageAccountName
 }
 
-resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' existing = {
+resource queueService 'Microsoft.Storage/storageAccounts/queueServices@2026-04-01' existing = {
   parent: account
   name: 'default'
 }
 
-resource queue 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-01' = {
+resource queue 'Microsoft.Storage/storageAccounts/queueServices/queues@2026-04-01' = {
   parent: queueService
   name: queueName
   properties: {
@@ -57,16 +57,16 @@ resource queue 'Microsoft.Storage/storageAccounts/queueServices/queues@2023-05-0
   }
 }
 
-resource namespace 'Microsoft.EventHub/namespaces@2024-01-01' existing = {
+resource namespace 'Microsoft.EventHub/namespaces@2026-01-01' existing = {
   name: eventHubsNamespaceName
 }
 
-resource hub 'Microsoft.EventHub/namespaces/eventhubs@2024-01-01' existing = {
+resource hub 'Microsoft.EventHub/namespaces/eventhubs@2026-01-01' existing = {
   parent: namespace
   name: eventHubName
 }
 
-resource rule 'Microsoft.Insights/dataCollectionRules@2023-03-11' existing = {
+resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' existing = {
   name: dataCollectionRuleName
 }
 

@@ -226,7 +226,18 @@ class CommandsSettings:
     )
     queue_prefix: str = _setting("se-bridge-", "Per-VM queue name: this prefix and the VmId.")
     poll_interval: float = _setting(
-        1.0, "Seconds between command reads while Scheduled events are pending.", low=0.2, high=10
+        1.0,
+        "Seconds between command reads while a Scheduled event that affects this VM is pending.",
+        low=0.2,
+        high=10,
+    )
+    others_interval: float = _setting(
+        10.0,
+        "Seconds between command reads while only events of other VMs of its availability set "
+        "or placement group are pending (a command comes for one only if no affected VM can "
+        "carry it).",
+        low=0.2,
+        high=300,
     )
     idle_interval: float = _setting(
         0.0,

@@ -25,6 +25,11 @@ param eventHubName string = 'records'
 @maxValue(32)
 param eventHubPartitionCount int = 4
 
+@description('Identical data collection rules the agents are spread over: one rule takes 12,000 requests a minute, about 50,000 VMs at the default 5-minute heartbeat (docs/capacity.md#azure-quotas).')
+@minValue(1)
+@maxValue(20)
+param ingestionRuleCount int = 1
+
 @description('Consumer group of the Function App (not shared with a standalone consumer).')
 param consumerGroupName string = 'se-bridge-functions'
 
@@ -150,8 +155,8 @@ module ingestion 'modules/ingestion.bicep' = {
     ruleName: '${prefix}-dcr-${suffix}'
     location: workspaceLocation
     workspaceId: workspace.outputs.workspaceId
+    ruleCount: ingestionRuleCount
     tags: tags
-    diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
   dependsOn: [
     // The rule's output stream must exist in the workspace before the rule is created.
@@ -262,6 +267,10 @@ output logsIngestionEndpoint string = ingestion.outputs.logsIngestionEndpoint
 output dataCollectionRuleImmutableId string = ingestion.outputs.ruleImmutableId
 @description('Data collection rule resource name (for infra/onboarding/vm.bicep).')
 output dataCollectionRuleName string = ingestion.outputs.ruleName
+@description('Every data collection rule\'s resource name, when ingestionRuleCount is over 1: a VM posts to rule (first 8 hex digits of its VmId) mod the count.')
+output dataCollectionRuleNames array = ingestion.outputs.ruleNames
+@description('Every data collection rule\'s immutable id (loganalytics.rule_id), in the order of dataCollectionRuleNames.')
+output dataCollectionRuleImmutableIds array = ingestion.outputs.ruleImmutableIds
 @description('storage.account of the agents and the consumer.')
 output storageAccountName string = storage.outputs.accountName
 @description('The Function App to publish functions/ to.')

@@ -2,9 +2,12 @@
 
 It reads on its own thread, so a slow Storage Queue never delays an IMDS poll, and only
 while it has a reason to: every `commands.poll_interval` while the current document
-holds a Scheduled event, every `commands.idle_interval` otherwise (0: not at all, since
-each read is a billed transaction on every VM of the fleet). The agent wakes it the
-moment a Scheduled event appears.
+holds a Scheduled event that affects this VM (or may: AffectsThisVm unknown), every
+`commands.others_interval` while its Scheduled events are all other VMs' (Azure shows an
+event to every VM of its availability set or placement group, and the consumer sends a
+command to one of those only when no affected VM can carry it), every
+`commands.idle_interval` otherwise (0: not at all, since each read is a billed transaction
+on every VM of the fleet). The agent wakes it the moment such an event appears.
 
 Each command is checked (docs/contracts.md#command) and then approved through the shared Approver,
 which checks the event against a fresh IMDS document. A message is deleted once acted
@@ -66,6 +69,7 @@ class CommandListener:
         self._verifier = verifier  # None: unsigned commands accepted (commands.allow_unsigned)
         self._vm_id: str | None = None
         self._scheduled = False
+        self._affects = False  # a Scheduled event affects this VM (not only its neighbours)
         self._inbox: tuple[str, CommandInbox] | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -76,10 +80,16 @@ class CommandListener:
     def start(self) -> None:
         self._thread.start()
 
-    def update(self, vm_id: str | None, scheduled: bool) -> None:
-        """What the agent knows now: this VM's VmId and whether an event is Scheduled."""
-        wake = (scheduled and not self._scheduled) or vm_id != self._vm_id
-        self._vm_id, self._scheduled = vm_id, scheduled
+    def update(self, vm_id: str | None, scheduled: bool, affects: bool = True) -> None:
+        """What the agent knows now: this VM's VmId, whether an event is Scheduled, and
+        whether one of those affects this VM (`scheduled_here`)."""
+        affects = scheduled and affects
+        wake = (
+            (scheduled and not self._scheduled)
+            or (affects and not self._affects)
+            or vm_id != self._vm_id
+        )
+        self._vm_id, self._scheduled, self._affects = vm_id, scheduled, affects
         if wake:
             self._wake.set()
 
@@ -105,8 +115,10 @@ class CommandListener:
         """Seconds until the next read; None: no read until the agent wakes the listener."""
         if self._vm_id is None:
             return None
-        if self._scheduled:
+        if self._affects:
             return self._settings.poll_interval
+        if self._scheduled:
+            return max(self._settings.poll_interval, self._settings.others_interval)
         return self._settings.idle_interval or None
 
     def read_once(self) -> float | None:
@@ -328,12 +340,15 @@ def verifier_for(config: Config) -> Verifier | None:
     return verifier
 
 
-def has_scheduled(state: Mapping[str, object] | None) -> bool:
-    """Whether the agent's state holds an event still Scheduled, so a command may come."""
+def scheduled_here(state: Mapping[str, object] | None) -> tuple[bool, bool]:
+    """(an event is still Scheduled, so a command may come; one of those affects this VM, or
+    may: AffectsThisVm true or unknown)."""
     events = (state or {}).get("events")
     if not isinstance(events, dict):
-        return False
-    return any(
-        isinstance(e, dict) and str(e.get("EventStatus") or "").strip().lower() == "scheduled"
+        return False, False
+    scheduled = [
+        e
         for e in events.values()
-    )
+        if isinstance(e, dict) and str(e.get("EventStatus") or "").strip().lower() == "scheduled"
+    ]
+    return bool(scheduled), any(e.get("AffectsThisVm") is not False for e in scheduled)

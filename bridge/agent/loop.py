@@ -320,7 +320,8 @@ class Agent:
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
         if self.listener is not None:
-            self.listener.update(self.origin.identity.vm_id, listener.has_scheduled(self.state))
+            scheduled, affects = listener.scheduled_here(self.state)
+            self.listener.update(self.origin.identity.vm_id, scheduled, affects)
         if self.local is not None:
             self.local.observe(self.state, self.origin)
 

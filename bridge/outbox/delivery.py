@@ -70,8 +70,9 @@ class _Worker:
     def _step(self) -> None:
         batch = self._spool.read_batch(self.name, self.sink.max_batch)
         if not batch:
-            self._idle()
-            self._spool.wait_for_records(self.name, self._idle_wait, cancel=self._stop)
+            again = self._idle()
+            wait = self._idle_wait if again is None else max(0.0, min(self._idle_wait, again))
+            self._spool.wait_for_records(self.name, wait, cancel=self._stop)
             return
         try:
             self.sink.send(batch)
@@ -87,14 +88,17 @@ class _Worker:
             self._spool.ack(self.name, batch[-1].seq)
             self._succeeded()
 
-    def _idle(self) -> None:
+    def _idle(self) -> float | None:
+        """Tell the sink there is nothing to send; the seconds until it wants to be told again."""
         idle = getattr(self.sink, "idle", None)
         if idle is None:
-            return
+            return None
         try:
-            idle()
+            again: float | None = idle()
         except Exception as err:  # letting go of a connection must never stop delivery
             log.debug("sink %s failed to go idle: %s", self.name, describe(err, with_type=True))
+            return None
+        return again
 
     def _set_aside(self, batch: Sequence[SpooledRecord], err: PoisonRecords) -> None:
         seqs = sorted({record.seq for record in batch} & set(err.seqs))

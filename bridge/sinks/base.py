@@ -39,8 +39,10 @@ class Sink(Protocol):
     def close(self) -> None:
         """Release files and connections; called once at shutdown.
 
-        A sink may also have `idle()`: called by the delivery loop whenever it finds nothing
-        to send, to let go of what it need not hold while idle (a connection)."""
+        A sink may also have `idle() -> float | None`: called by the delivery loop whenever
+        it finds nothing to send, to let go of what it need not hold while idle (a
+        connection). It returns the seconds after which it wants to be called again (still
+        holding something), or None; the loop looks again then, or when records arrive."""
 
 
 def check(sink: Sink) -> str:

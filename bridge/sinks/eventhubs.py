@@ -28,10 +28,12 @@ from bridge.sinks.base import SpooledRecord
 log = logging.getLogger(__name__)
 
 # An idle agent sends a heartbeat every few minutes: its AMQP connection is closed this long
-# after its last send (at the delivery loop's next idle look, at most IDLE_WAIT later) and
-# opened again for the next. Held open for ever, every agent of the fleet would count against
-# the namespace's connection quota (5,000 on Standard) all the time.
-IDLE_CLOSE = 20.0
+# after its last send (the delivery loop looks again when `idle` asks it to) and opened again
+# for the next. Held open, every agent of the fleet counts against the namespace's connection
+# quota (5,000 on Standard): for ever, 5,000 VMs; for a minute after each 5-minute heartbeat,
+# 25,000; for 5 s, about 300,000 (docs/capacity.md#azure-quotas). 5 s still carries the
+# records of one transition (an event, its hook, its approval) over one connection.
+IDLE_CLOSE = 5.0
 
 if TYPE_CHECKING:
     from azure.eventhub import EventData, EventDataBatch, EventHubProducerClient
@@ -55,18 +57,23 @@ class EventHubsSink:
     def name(self) -> str:
         return "eventhubs"
 
-    def idle(self) -> None:
+    def idle(self) -> float | None:
         """Nothing to send: close the connection once it has been unused for IDLE_CLOSE.
 
         azure-eventhub's own idle_timeout only acts at the next send, so the connection of
         an idle producer would stay open; this closes it (the next send opens another).
+        Returns the seconds until the connection is due to close, or None once it is closed.
         """
-        if self._producer is None or time.monotonic() - self._last_send < IDLE_CLOSE:
-            return
+        if self._producer is None:
+            return None
+        unused = time.monotonic() - self._last_send
+        if unused < IDLE_CLOSE:
+            return IDLE_CLOSE - unused
         producer, self._producer = self._producer, None
         with contextlib.suppress(Exception):  # closing a broken connection: it is gone anyway
             producer.close()
         log.debug("closed the idle Event Hubs connection to %s", self._target())
+        return None
 
     def send(self, batch: Sequence[SpooledRecord]) -> None:
         try:

@@ -21,6 +21,7 @@ from tests.benchmarks import (
     bench_detection,
     bench_drain,
     bench_footprint,
+    bench_quota,
 )
 from tests.benchmarks.report import render_table
 from tests.benchmarks.rig import ROOT, Options, Result, say
@@ -32,6 +33,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "4": bench_drain.run,
     "5": bench_consumer.run,
     "6": bench_cost.run,
+    "8": bench_quota.run,
 }
 
 

@@ -16,9 +16,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from bridge import schema
-from tests.azurite import ACCOUNT, KEY, Azurite
+from tests.azurite import ACCOUNT, KEY
 from tests.benchmarks.bench_approval import signing_pair
-from tests.benchmarks.countingproxy import CountingProxy
+from tests.benchmarks.countingproxy import CountingProxy, counted_azurite
 from tests.benchmarks.report import (
     GB,
     HOURS_PER_MONTH,
@@ -85,19 +85,13 @@ def run(options: Options) -> Result:
     window = options.pick(quick=20, default=60)
     broker = EventHubsBroker(hub="records", partitions=4)
     logs = LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration())
-    with broker, logs, scratch("cost") as procs:
-        azurite = Azurite(procs.workdir / "azurite").start()
-        try:
-            proxies = {s: CountingProxy(azurite.endpoints[s]) for s in ("queue", "table", "blob")}
-            for proxy in proxies.values():
-                proxy.__enter__()
-            try:
-                counted = _measure(procs, broker, logs, proxies, window)
-            finally:
-                for proxy in proxies.values():
-                    proxy.__exit__(None, None, None)
-        finally:
-            azurite.stop()
+    with (
+        broker,
+        logs,
+        scratch("cost") as procs,
+        counted_azurite(procs.workdir / "azurite") as proxies,
+    ):
+        counted = _measure(procs, broker, logs, proxies, window)
     return _result(counted)
 
 
@@ -110,30 +104,45 @@ def _connection_string(proxies: dict[str, CountingProxy]) -> str:
 
 def _start(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
            storage: str) -> Simulator:  # fmt: skip
-    signing, verify = signing_pair(procs.workdir)
     tag = uuid.uuid4().hex[:8]
+    signing, verify = signing_pair(procs.workdir)
+    start_consumer(procs, broker, storage, tag, signing)
+    return start_agents(procs, broker, logs, storage, tag, verify=verify, heartbeat=RUN_HEARTBEAT)
+
+
+def start_agents(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
+                 storage: str, tag: str, *, verify: str,
+                 heartbeat: float) -> Simulator:  # fmt: skip
+    """The simulator and an agent per VM: Event Hubs, Log Analytics, a Storage queue each."""
     shared = {"SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
               "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"c{tag}-"}  # fmt: skip
     sim = Simulator.launch(procs, "sim", "--vms", str(len(VMS)))
     for vm in VMS:
         env = {**cloud_env(broker, logs, sim.vm_url(vm)), **shared,
                "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify,
-               "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(RUN_HEARTBEAT)}  # fmt: skip
+               "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(heartbeat)}  # fmt: skip
         procs.bridge(vm, "agent", "--imds-url", sim.vm_url(vm), "--poll-interval", "1",
                      "--state-dir", str(procs.workdir / vm), "--sink", "eventhubs",
                      "--sink", "loganalytics", "--commands", "storagequeue", env=env)  # fmt: skip
+    return sim
+
+
+def start_consumer(procs: Processes, broker: EventHubsBroker, storage: str, tag: str,
+                   signing: str) -> None:  # fmt: skip
+    """One standalone consumer: Table Storage state, blob checkpoints, Storage queues."""
     consumer_env = {
-        **shared, "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": broker.connection_string,
+        "SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
+        "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"c{tag}-",
+        "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": broker.connection_string,
         "SE_BRIDGE_COMMANDS_SIGNING_KEY": signing,
         "SE_BRIDGE_CONSUMER_TABLE_NAME": f"fleet{tag}",
         "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": f"checkpoints-{tag}",
         "NO_PROXY": "127.0.0.1,localhost",
-    }  # fmt: skip
+    }
     decisions = procs.workdir / "decisions.jsonl"
     procs.bridge("consumer", "consume", "--commands", "storagequeue", "--state", "tables",
                  "--state-dir", str(procs.workdir / "consumer"), "--sink", f"jsonl:{decisions}",
                  env=consumer_env)  # fmt: skip
-    return sim
 
 
 def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,

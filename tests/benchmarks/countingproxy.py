@@ -7,12 +7,18 @@ headers, not the host, so clients signing for the proxy's address are accepted u
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import re
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+
+from tests.azurite import Azurite
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 
@@ -25,6 +31,8 @@ class CountingProxy:
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
         self.counts: Counter[str] = Counter()
+        # Table requests by PartitionKey (the quota model's hottest partition); "" for others.
+        self.partitions: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -34,9 +42,10 @@ class CountingProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def count(self, key: str) -> None:
+    def count(self, key: str, partition: str = "") -> None:
         with self._lock:
             self.counts[key] += 1
+            self.partitions[partition] += 1
 
     def total(self) -> int:
         with self._lock:
@@ -66,7 +75,7 @@ def _handler_for(proxy: CountingProxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
-            proxy.count(f"{self.command} {_kind(self.path)}")
+            proxy.count(f"{self.command} {_kind(self.path)}", _partition(self.path, body))
             upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port)
             try:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
@@ -96,3 +105,33 @@ def _kind(path: str) -> str:
     if bare[-1] == "messages" or (len(bare) >= 2 and bare[-2] == "messages"):
         return "messages"
     return "other" if len(bare) < 2 else "resource"
+
+
+_KEY_IN_PATH = re.compile(r"PartitionKey='([^']*)'")
+_KEY_IN_FILTER = re.compile(r"PartitionKey(?:%20|\+| )eq(?:%20|\+| )(?:%27|')([^'%]*)")
+_KEY_IN_BODY = re.compile(rb'"PartitionKey"\s*:\s*"([^"]*)"')
+
+
+def _partition(path: str, body: bytes | None) -> str:
+    """The table PartitionKey a request names: in the entity's path, a query's filter, or an
+    inserted entity's body; "" when none (queue and blob requests, table listings)."""
+    found = _KEY_IN_PATH.search(path) or _KEY_IN_FILTER.search(path)
+    if found:
+        return unquote(found.group(1))
+    inserted = _KEY_IN_BODY.search(body or b"")
+    return inserted.group(1).decode() if inserted else ""
+
+
+@contextlib.contextmanager
+def counted_azurite(folder: Path) -> Iterator[dict[str, CountingProxy]]:
+    """Azurite in `folder`, with a counting proxy in front of its queue, table and blob
+    services (by service name); stopped at the end."""
+    azurite = Azurite(folder).start()
+    try:
+        with contextlib.ExitStack() as stack:
+            yield {
+                service: stack.enter_context(CountingProxy(azurite.endpoints[service]))
+                for service in ("queue", "table", "blob")
+            }
+    finally:
+        azurite.stop()

@@ -293,5 +293,30 @@ def test_diagnostic_settings_send_each_resources_logs_to_the_workspace(
     for block in blocks:
         assert "workspaceId: diagnosticsWorkspaceId" in block
     main = (INFRA / "main.bicep").read_text(encoding="utf-8")
-    assert main.count("diagnosticsWorkspaceId: diagnosticsWorkspaceId") == 4
+    assert main.count("diagnosticsWorkspaceId: diagnosticsWorkspaceId") == 3
     assert "deployDiagnostics ? workspace.outputs.workspaceId : ''" in main
+
+
+def _calls() -> list[tuple[Path, str, Path, dict[str, object]]]:
+    found = []
+    for path in bicep.bicep_files():
+        for name, module in (bicep.parse(path).get("modules") or {}).items():
+            if module["type"] == "local":
+                target = (path.parent / module["detail"]["path"]).resolve()
+                config = module["config"]
+                config = config.get("config", config)  # `= if (condition) {...}`
+                found.append((path, name, target, config.get("params") or {}))
+    return found
+
+
+@pytest.mark.parametrize("call", _calls(), ids=lambda c: f"{c[0].name}:{c[1]}")
+def test_a_module_is_given_exactly_the_parameters_it_declares(
+    call: tuple[Path, str, Path, dict[str, object]],
+) -> None:
+    """What the Bicep compiler would refuse (no compiler here): an argument the module does
+    not declare, or a parameter without a default left out."""
+    _, _, target, given = call
+    declared = bicep.parse(target)["parameters"]
+    assert sorted(set(given) - set(declared)) == []
+    required = {name for name, p in declared.items() if p.get("default") is None}
+    assert sorted(required - set(given)) == []

@@ -48,11 +48,18 @@ def test_table_columns_stream_declaration_and_schema_agree() -> None:
     assert generated["streamDeclaration"] == schema.dcr_stream_declaration()
 
 
+def _rule() -> dict[str, Any]:
+    """The data collection rule, as each of the `ruleCount` copies is declared."""
+    rules = bicep.resources(INGESTION, "Microsoft.Insights/dataCollectionRules")["rules"]
+    assert rules["config"]["loop_type"]["detail"]["count"] == "ruleCount"
+    declared: dict[str, Any] = rules["config"]["config"]
+    return declared
+
+
 def test_names_agree_with_the_agent_and_the_bicep() -> None:
     generated = _generated()
     assert generated["stream"] == schema.DCR_STREAM
-    rule = bicep.resources(INGESTION, "Microsoft.Insights/dataCollectionRules")["rule"]
-    properties = rule["config"]["properties"]
+    properties = _rule()["properties"]
     declared = {key.strip("'"): value for key, value in properties["streamDeclarations"].items()}
     assert list(declared) == [schema.DCR_STREAM]
     flow = properties["dataFlows"][0]
@@ -68,8 +75,7 @@ def test_bicep_takes_columns_and_declaration_from_the_generated_file() -> None:
         operands = value["operator"]["operands"]
         return operands["operand_1"], operands["operand_2"]
 
-    rule = bicep.resources(INGESTION, "Microsoft.Insights/dataCollectionRules")["rule"]
-    (declaration,) = rule["config"]["properties"]["streamDeclarations"].values()
+    (declaration,) = _rule()["properties"]["streamDeclarations"].values()
     assert accessor(declaration) == ("generated", "streamDeclaration")
     table = bicep.resources(WORKSPACE, "Microsoft.OperationalInsights/workspaces/tables")["table"]
     columns = table["config"]["properties"]["schema"]["columns"]

@@ -6,13 +6,15 @@ import logging
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from bridge.agent import listener
 from bridge.agent.command import load_config
 from bridge.channels.local import LocalSender
-from bridge.config import ConfigError, load
+from bridge.config import CommandsSettings, ConfigError, load
+from bridge.records import utc_now
 from bridge.retry import PermanentError, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
@@ -239,10 +241,41 @@ def test_the_real_local_channel(sim: Sim, harness: Harness, tmp_path: Path) -> N
     assert [r["ApprovalOutcome"] for r in harness.records()] == ["Approved"]
 
 
-def test_has_scheduled() -> None:
-    assert not listener.has_scheduled(None)
-    assert not listener.has_scheduled({"events": {"a": {"EventStatus": "Started"}}})
-    assert listener.has_scheduled({"events": {"a": {"EventStatus": "Scheduled"}}})
+def test_scheduled_here() -> None:
+    assert listener.scheduled_here(None) == (False, False)
+    assert listener.scheduled_here({"events": {"a": {"EventStatus": "Started"}}}) == (False, False)
+    mine = {"EventStatus": "Scheduled", "AffectsThisVm": True}
+    unknown = {"EventStatus": "Scheduled", "AffectsThisVm": None}  # no instance metadata
+    others = {"EventStatus": "Scheduled", "AffectsThisVm": False}
+    assert listener.scheduled_here({"events": {"a": mine}}) == (True, True)
+    assert listener.scheduled_here({"events": {"a": unknown}}) == (True, True)
+    assert listener.scheduled_here({"events": {"a": others}}) == (True, False)
+    assert listener.scheduled_here({"events": {"a": others, "b": mine}}) == (True, True)
+
+
+def test_events_of_other_vms_alone_are_read_for_at_the_slower_interval() -> None:
+    """Azure shows an event to every VM of its availability set or placement group (up to 200):
+    each of them reading its queue every second while one VM's event waits would put the
+    whole scope's reads on the storage account. A command comes to a VM an event does not
+    affect only when no affected VM can carry it (issue 15)."""
+    settings = CommandsSettings(channel="local:unused", poll_interval=1.0, others_interval=10.0)
+    reader = listener.CommandListener(settings, lambda _vm: FakeInbox(), cast(Any, None), utc_now)
+    assert reader.interval() is None
+    reader.update("vm-id", scheduled=True, affects=False)
+    assert reader.interval() == 10.0
+    reader.update("vm-id", scheduled=True, affects=True)
+    assert reader.interval() == 1.0
+    reader.update("vm-id", scheduled=False, affects=False)
+    assert reader.interval() is None
+
+
+def test_an_event_that_comes_to_affect_this_vm_wakes_the_reader() -> None:
+    settings = CommandsSettings(channel="local:unused", poll_interval=1.0, others_interval=10.0)
+    reader = listener.CommandListener(settings, lambda _vm: FakeInbox(), cast(Any, None), utc_now)
+    reader.update("vm-id", scheduled=True, affects=False)
+    reader._wake.clear()
+    reader.update("vm-id", scheduled=True, affects=True)
+    assert reader._wake.is_set()
 
 
 def test_a_bad_channel_spec_is_a_configuration_error() -> None:

@@ -458,16 +458,43 @@ class IdlingSink(FakeSink):
         super().__init__("idling")
         self.idles = 0
 
-    def idle(self) -> None:
+    def idle(self) -> float | None:
         self.idles += 1
         if self.idles == 1:
             raise OSError("the connection was gone already")
+        return None
 
 
 def test_a_sink_is_told_when_there_is_nothing_to_send(run: Run) -> None:
     sink = IdlingSink()
     spool, delivery = run([sink], idle_wait=0.05)
     wait_until(lambda: sink.idles >= 3)  # a failing idle() stops nothing
+    spool.commit([rec(1)])
+    assert delivery.flush(10)
+    assert sink.delivered == ["r1"]
+
+
+class ClosingSink(FakeSink):
+    """Asks to be looked at again 0.1 s after each idle look until it has let go (issue 15)."""
+
+    def __init__(self) -> None:
+        super().__init__("closing")
+        self.looks: list[float] = []
+
+    def idle(self) -> float | None:
+        self.looks.append(time.monotonic())
+        return 0.1 if len(self.looks) < 3 else None
+
+
+def test_the_idle_look_comes_when_the_sink_asks_for_it_not_a_minute_later(run: Run) -> None:
+    """An Event Hubs connection is let go a few seconds after the last send: the loop's own
+    idle wait (a minute) must not hold it open, or every idle agent counts against the
+    namespace's connection quota a fifth of the time."""
+    sink = ClosingSink()
+    spool, delivery = run([sink], idle_wait=60.0)
+    wait_until(lambda: len(sink.looks) >= 3, timeout=5.0)
+    time.sleep(0.3)
+    assert len(sink.looks) == 3  # then back to the loop's own wait: nothing more to let go
     spool.commit([rec(1)])
     assert delivery.flush(10)
     assert sink.delivered == ["r1"]

@@ -181,10 +181,12 @@ def test_an_idle_producer_lets_its_connection_go_and_the_next_send_opens_one(
     """An agent that only heartbeats holds no connection between heartbeats (issue 15)."""
     sink.send(spooled(1))
     assert broker.connection_count == 1
-    sink.idle()  # just sent: kept
+    again = sink.idle()  # just sent: kept, and the delivery loop is asked to look again
+    assert again is not None
+    assert 0 < again <= eventhubs.IDLE_CLOSE
     assert broker.connection_count == 1
     monkeypatch.setattr(eventhubs, "IDLE_CLOSE", 0.0)
-    sink.idle()
+    assert sink.idle() is None
     deadline = time.monotonic() + 10
     while broker.connection_count and time.monotonic() < deadline:
         time.sleep(0.05)

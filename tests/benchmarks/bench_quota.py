@@ -1,0 +1,319 @@
+"""8. Azure quotas at fleet scale: what real agents and a consumer do, counted against the
+doubles, scaled to N VMs and held against each documented quota (tests/benchmarks/quotas.py).
+
+Three agents (Event Hubs, Log Analytics, a Storage queue each) and one consumer (Table
+Storage state, blob checkpoints) run against the Event Hubs test broker, the Logs Ingestion
+double and Azurite behind counting proxies. Idle, with heartbeats every 30 s so that an
+agent's connection closes between two of them as it does at the default 300 s: the broker's
+open connections are sampled every 50 ms (the consumer's own, measured before the agents
+start, taken off), which gives the connection-seconds one send holds. Then one Freeze event
+per VM, approved by the consumer and completed: the records, send bursts and queue reads one
+agent makes for an event it sees, and the consumer's table requests per record.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+
+from bridge import schema
+from bridge.config import CommandsSettings
+from tests.benchmarks import quotas
+from tests.benchmarks.bench_approval import signing_pair
+from tests.benchmarks.bench_cost import VMS, _connection_string, start_agents, start_consumer
+from tests.benchmarks.countingproxy import CountingProxy, counted_azurite
+from tests.benchmarks.report import Row
+from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.doubles.eventhubs_broker import EventHubsBroker, StoredEvent
+from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.e2e.cloud import RULE
+from tests.e2e.harness import Processes, Simulator
+
+RUN_HEARTBEAT = 30.0
+BURST_GAP = 2.0  # records of one VM further apart than this went in separate sends
+FANOUTS = (1.0, 100.0)  # VMs that see each event: named ones only; a whole placement group
+
+
+class Sampler:
+    """The broker's open connections every 50 ms, integrated over time."""
+
+    def __init__(self, broker: EventHubsBroker) -> None:
+        self._broker, self._stop = broker, threading.Event()
+        self.samples: list[tuple[float, int]] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append((time.monotonic(), self._broker.connection_count))
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def mean(self, since: float = 0.0) -> float:
+        kept = [count for t, count in self.samples if t >= since]
+        return sum(kept) / max(1, len(kept))
+
+    def seconds_above(self, baseline: float, since: float, until: float) -> float:
+        """Connection-seconds above `baseline` between the two times."""
+        total, last = 0.0, None
+        for t, count in self.samples:
+            if since <= t <= until:
+                if last is not None:
+                    total += max(0.0, count - baseline) * (t - last)
+                last = t
+        return total
+
+
+@dataclass
+class Window:
+    began: float
+    ended: float
+    events: list[StoredEvent]
+    la_requests: int
+    la_records: int
+    la_bytes: int
+    storage: dict[str, Counter[str]]
+    partitions: Counter[str]
+
+
+def run(options: Options) -> Result:
+    idle = options.pick(quick=70, default=180)
+    broker = EventHubsBroker(hub="records", partitions=4)
+    logs = LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration())
+    with (
+        broker,
+        logs,
+        scratch("quota") as procs,
+        counted_azurite(procs.workdir / "azurite") as proxies,
+        Sampler(broker) as sampler,
+    ):
+        measured, notes = _measure(procs, broker, logs, proxies, sampler, idle=idle)
+    return _result(measured, notes)
+
+
+def _window(broker: EventHubsBroker, logs: LogsIngestionDouble,
+            proxies: dict[str, CountingProxy], seconds: float,
+            until: threading.Event | None = None) -> Window:  # fmt: skip
+    hub0, logs0, rows0 = len(broker.events()), len(logs.requests), len(logs.records())
+    counts0 = {s: Counter(p.counts) for s, p in proxies.items()}
+    parts0 = Counter(proxies["table"].partitions)
+    began = time.monotonic()
+    if until is None:
+        time.sleep(seconds)
+    else:
+        until.wait(seconds)
+    ended = time.monotonic()
+    requests = [r for r in logs.requests[logs0:] if r.status == 204]
+    return Window(
+        began, ended, broker.events()[hub0:], len(requests),
+        len(logs.records()) - rows0, sum(r.uncompressed_size or 0 for r in requests),
+        {s: Counter(p.counts) - counts0[s] for s, p in proxies.items()},
+        Counter(proxies["table"].partitions) - parts0,
+    )  # fmt: skip
+
+
+def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
+             proxies: dict[str, CountingProxy], sampler: Sampler, *,
+             idle: int) -> tuple[quotas.Measured, list[str]]:  # fmt: skip
+    storage = _connection_string(proxies)
+    tag = "q" + str(int(time.time()))[-6:]
+    signing, verify = signing_pair(procs.workdir)
+    start_consumer(procs, broker, storage, tag, signing)
+    say("quota: the consumer alone for 15 s (its own connections)")
+    time.sleep(10)
+    mark = time.monotonic()
+    time.sleep(5)
+    baseline = sampler.mean(since=mark)
+    sim = start_agents(procs, broker, logs, storage, tag, verify=verify, heartbeat=RUN_HEARTBEAT)
+    sim.wait_polls(dict.fromkeys(VMS, 3))
+    say(f"quota: warming up {RUN_HEARTBEAT:g} s, then {idle} s idle counted")
+    time.sleep(RUN_HEARTBEAT + 10)
+    quiet = _window(broker, logs, proxies, idle)
+    kinds = Counter(json.loads(e.body)["RecordType"] for e in quiet.events)
+    heartbeats = kinds["Heartbeat"]
+    if not heartbeats:
+        raise RuntimeError("no heartbeat reached Event Hubs in the idle window")
+    held = sampler.seconds_above(baseline, quiet.began, quiet.ended)
+    say("quota: one Freeze per VM, approved by the consumer, then completed")
+    events, beats = _events(sim, broker, logs, proxies)
+    per_event = _per_event(events)
+    quiet_table = sum(quiet.storage["table"].values())
+    per_beat = quiet_table / max(1, len(quiet.events))
+    # The event window's heartbeats cost what idle ones did; the rest is the events'.
+    table_ops = max(0.0, sum(events.storage["table"].values()) - beats * per_beat)
+    records_seen = len(events.events)
+    hottest = max(events.partitions.values(), default=0)
+    reads = events.storage["queue"]["GET messages"]
+    measured = quotas.Measured(
+        connection_seconds_per_send=held / heartbeats,
+        events_per_heartbeat=sum(kinds.values()) / heartbeats,
+        la_requests_per_send=quiet.la_requests / heartbeats,
+        la_bytes_per_record=quiet.la_bytes / max(1, quiet.la_records),
+        sends_per_event=per_event.sends,
+        records_per_event=per_event.records,
+        queue_reads_per_pending_second=reads / max(1e-9, per_event.pending_seconds),
+        # Not measured: the simulated VMs here see only their own events. The setting's default.
+        others_reads_per_second=1 / CommandsSettings().others_interval,
+        table_ops_per_heartbeat=per_beat,
+        table_ops_per_event_record=table_ops / max(1, records_seen),
+        hottest_share_heartbeat=max(quiet.partitions.values(), default=0) / max(1, quiet_table),
+        hottest_share_event=min(1.0, hottest / max(1.0, table_ops)),
+        blob_ops_per_second=sum(quiet.storage["blob"].values()) / (quiet.ended - quiet.began),
+    )
+    notes = [
+        f"8: idle {quiet.ended - quiet.began:.0f} s, {len(VMS)} agents heartbeating every "
+        f"{RUN_HEARTBEAT:g} s: {heartbeats} heartbeats, {held:.1f} connection-seconds above "
+        f"the consumer's own {baseline:.1f} connections, {quiet.la_requests} Logs Ingestion "
+        f"requests, {sum(quiet.storage['queue'].values())} queue requests.",
+        f"8: events: {per_event.count} events seen {per_event.seen} times (event x VM): "
+        f"{per_event.records:.1f} records and {per_event.sends:.1f} sends per event per VM that "
+        f"sees it; {reads} queue reads over {per_event.pending_seconds:.0f} VM-seconds with a "
+        f"Scheduled event; the consumer made {quiet_table} table requests for "
+        f"{len(quiet.events)} idle records ({_busiest(quiet.partitions)}) and "
+        f"{table_ops:.0f} for {records_seen} records of events ({_busiest(events.partitions)}).",
+    ]
+    return measured, notes
+
+
+def _busiest(partitions: Counter[str]) -> str:
+    return ", ".join(f"{key or 'not a table'} {n}" for key, n in partitions.most_common(4))
+
+
+@dataclass
+class PerEvent:
+    count: int
+    seen: int
+    records: float
+    sends: float
+    pending_seconds: float
+
+
+def _events(sim: Simulator, broker: EventHubsBroker, logs: LogsIngestionDouble,
+            proxies: dict[str, CountingProxy]) -> tuple[Window, int]:  # fmt: skip
+    """Per VM: a Freeze the consumer approves (5 s), and one it holds (30 s: the default
+    policy's everything-else rule) that the platform starts 20 s later. The window, and the
+    heartbeats sent in it."""
+    done = threading.Event()
+    ids: list[str] = []
+
+    def play() -> None:
+        for vm in VMS:
+            ids.append(sim.add_event(EventType="Freeze", EventSource="Platform",
+                                     Resources=[vm], DurationInSeconds=5))  # fmt: skip
+            ids.append(sim.add_event(EventType="Freeze", EventSource="Platform",
+                                     Resources=[vm], DurationInSeconds=30))  # fmt: skip
+        held = time.monotonic() + 20
+        pending = set(ids)
+        deadline = time.monotonic() + 90
+        while pending and time.monotonic() < deadline:
+            for event_id, state in sim.events().items():
+                if event_id not in pending:
+                    continue
+                if state.get("status") == "Scheduled" and time.monotonic() >= held:
+                    sim.act(event_id, "start")  # the platform's NotBefore, brought forward
+                elif state.get("status") == "Started":
+                    time.sleep(3)
+                    sim.act(event_id, "complete")
+                    pending.discard(event_id)
+            time.sleep(0.2)
+        time.sleep(15)  # the Completed records, and each agent's last send
+        done.set()
+
+    player = threading.Thread(target=play, daemon=True)
+    player.start()
+    window = _window(broker, logs, proxies, 180, until=done)
+    player.join()
+    kinds = Counter(json.loads(e.body).get("RecordType") for e in window.events)
+    window.events = [e for e in window.events if json.loads(e.body).get("EventId") in ids]
+    return window, kinds["Heartbeat"]
+
+
+def _per_event(window: Window) -> PerEvent:
+    by_vm: dict[str, list[datetime]] = defaultdict(list)
+    pairs: dict[tuple[str, str], list[tuple[datetime, dict[str, object]]]] = defaultdict(list)
+    for event in window.events:
+        record = json.loads(event.body)
+        by_vm[str(record["VmId"])].append(event.enqueued_time)
+        pairs[str(record["EventId"]), str(record["VmId"])].append((event.enqueued_time, record))
+    sends = 0
+    for times in by_vm.values():
+        times.sort()
+        gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(times)]
+        sends += 1 + sum(gap > BURST_GAP for gap in gaps)
+    spans: dict[str, list[tuple[datetime, datetime]]] = defaultdict(list)
+    for (_, vm), stream in pairs.items():
+        # Pending: from the Scheduled record to the first that says it started or ended.
+        moves = [(t, r.get("Transition")) for t, r in stream if r.get("RecordType") == "Event"]
+        scheduled = [t for t, move in moves if move == "Scheduled"]
+        started = [t for t, move in moves if move in ("Started", "Completed", "Canceled")]
+        if scheduled and started:
+            spans[vm].append((min(scheduled), min(started)))
+    # A VM reads while any of its events is pending: the union of its spans, not their sum.
+    pending = sum(_covered(vm_spans) for vm_spans in spans.values())
+    count = len({event_id for event_id, _ in pairs})
+    return PerEvent(count, len(pairs), len(window.events) / max(1, len(pairs)),
+                    sends / max(1, len(pairs)), pending)  # fmt: skip
+
+
+def _covered(spans: list[tuple[datetime, datetime]]) -> float:
+    total, reach = 0.0, None
+    for began, end in sorted(spans):
+        start = began if reach is None else max(began, reach)
+        if end > start:
+            total += (end - start).total_seconds()
+        reach = end if reach is None else max(reach, end)
+    return total
+
+
+def _result(m: quotas.Measured, notes: list[str]) -> Result:
+    rows = []
+    for fanout in FANOUTS:
+        failing = [
+            q for q in quotas.QUOTAS
+            if min(q.breaks_at(m, w, fanout) for w in quotas.WAVES) < 100_000
+        ]  # fmt: skip
+        who = (
+            "VMs named by Resources see an event"
+            if fanout == 1
+            else f"every VM of a {fanout:.0f}-VM placement group sees each event"
+        )
+        rows.append(Row(
+            "8a" if fanout == 1 else "8b",
+            f"Quotas of a Standard deployment that hold at 100,000 VMs, steady and every wave "
+            f"({who})",
+            f"{len(quotas.QUOTAS) - len(failing)} of {len(quotas.QUOTAS)}"
+            + (f"; breaks: {', '.join(f'{q.service} {q.name} ({q.tier})' for q in failing)}"
+               if failing else ""),
+            "all", not failing,
+        ))  # fmt: skip
+    notes = [
+        *notes,
+        "8: per VM, measured: "
+        f"{m.connection_seconds_per_send:.1f} Event Hubs connection-seconds per send, "
+        f"{m.la_requests_per_send:.2f} Logs Ingestion requests per send, "
+        f"{m.records_per_event:.1f} records and {m.sends_per_event:.1f} sends per event seen, "
+        f"{m.queue_reads_per_pending_second:.2f} queue reads per second with a Scheduled event "
+        f"in the document; the consumer: {m.table_ops_per_heartbeat:.2f} table requests per "
+        f"heartbeat ({m.hottest_share_heartbeat:.0%} in one partition) and "
+        f"{m.table_ops_per_event_record:.2f} per record of an event "
+        f"({m.hottest_share_event:.0%} in one partition), "
+        f"{m.blob_ops_per_second:.2f} blob requests/s.",
+        *(f"8: {line}" for line in quotas.FIXED),
+    ]
+    for fanout in FANOUTS:
+        notes.append(
+            f"8: fan-out {fanout:g} (VMs that see each event), the quota table:\n\n"
+            + "\n".join("  " + line for line in quotas.table(m, fanout))
+            + "\n"
+        )
+    return Result(rows, notes)

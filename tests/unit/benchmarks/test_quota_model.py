@@ -1,0 +1,97 @@
+"""The quota model's arithmetic (tests/benchmarks/quotas.py): loads scale with the fleet and the
+fan-out, and each quota breaks where its load meets its limit."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from tests.benchmarks import quotas
+
+MEASURED = quotas.Measured(
+    connection_seconds_per_send=5.0,
+    events_per_heartbeat=1.0,
+    la_requests_per_send=1.0,
+    la_bytes_per_record=800.0,
+    sends_per_event=3.0,
+    records_per_event=3.0,
+    queue_reads_per_pending_second=1.0,
+    others_reads_per_second=0.1,
+    table_ops_per_heartbeat=2.0,
+    table_ops_per_event_record=2.0,
+    hottest_share_heartbeat=0.5,
+    hottest_share_event=0.5,
+    blob_ops_per_second=2.0,
+)
+FREEZE = next(w for w in quotas.WAVES if w.name == "freeze")
+STORM = next(w for w in quotas.WAVES if w.name == "spot-storm")
+
+
+def quota(measure: str, tier: str = "Standard") -> quotas.Quota:
+    return next(q for q in quotas.QUOTAS if q.measure == measure and q.tier.startswith(tier))
+
+
+@pytest.mark.parametrize("q", quotas.QUOTAS, ids=lambda q: f"{q.name} {q.tier}")
+@pytest.mark.parametrize("wave", quotas.WAVES, ids=lambda w: w.name)
+def test_each_quota_breaks_where_its_load_meets_its_limit(
+    q: quotas.Quota, wave: quotas.Wave
+) -> None:
+    n = q.breaks_at(MEASURED, wave, fanout=1.0)
+    assert n > 0
+    if not math.isinf(n):
+        assert q.load(MEASURED, wave, n, 1.0) >= q.limit
+        assert q.load(MEASURED, wave, n - 1, 1.0) < q.limit
+
+
+def test_a_connection_held_for_a_minute_caps_a_standard_namespace_at_25000_vms() -> None:
+    """The agent before issue 15 held its connection about a minute after each heartbeat."""
+    held = replace(MEASURED, connection_seconds_per_send=60.0)
+    assert quota("connections").breaks_at(held, quotas.STEADY, 1.0) == pytest.approx(25_000, abs=1)
+    assert quota("connections").breaks_at(MEASURED, quotas.STEADY, 1.0) == pytest.approx(
+        300_000, abs=1
+    )
+
+
+def test_one_logs_request_per_heartbeat_caps_one_rule_at_60000_vms() -> None:
+    rule = quota("requests/min", "(soft")
+    assert rule.breaks_at(MEASURED, quotas.STEADY, 1.0) == pytest.approx(60_000, abs=1)
+
+
+def test_the_fanout_multiplies_what_follows_an_event_not_the_heartbeats() -> None:
+    q = quota("events/s")
+    steady = q.load(MEASURED, quotas.STEADY, 100_000, 100.0)
+    assert steady == q.load(MEASURED, quotas.STEADY, 100_000, 1.0)
+    one = q.load(MEASURED, FREEZE, 100_000, 1.0) - steady
+    hundred = q.load(MEASURED, FREEZE, 100_000, 100.0) - steady
+    assert hundred == pytest.approx(100 * one)
+
+
+def test_a_storm_of_a_fixed_size_loads_a_fleet_no_more_than_it_has_vms() -> None:
+    q = quota("storage requests/s", "Standard GPv2")
+    records = 5000 / 120 * 3 * 2 + 2  # the consumer's table requests for the storm, and blobs
+    heartbeats = 100_000 / 300 * 2
+    # 5,000 Preempts in 2 min, each pending 30 s: 1,250 VMs reading their queue at once...
+    assert q.load(MEASURED, STORM, 100_000, 1.0) == pytest.approx(1250 + records + heartbeats)
+    # ... and with 100 VMs seeing each event, 125,000 more at the slower interval: all the
+    # other VMs of a 100,000-VM fleet, no more.
+    assert q.load(MEASURED, STORM, 100_000, 100.0) == pytest.approx(
+        1250 + (100_000 - 1250) * 0.1 + records * 100 - 2 * 99 + heartbeats
+    )
+    assert quotas.fmt_fleet(math.inf) == "never"
+    assert quotas.fmt_fleet(2_500_000) == "2.5M"
+
+
+def test_the_table_names_every_quota_and_says_which_hold() -> None:
+    lines = quotas.table(MEASURED, 1.0)
+    assert len(lines) == 2 + len(quotas.QUOTAS)
+    assert any("**no**" in line for line in lines)  # one Logs Ingestion rule at 100k VMs
+    assert any("| yes |" in line for line in lines)
+
+
+def test_what_a_fleet_needs_is_its_worst_load_over_the_limit_rounded_up() -> None:
+    q = quota("requests/min", "(soft")
+    # 100,000 VMs: 20,000 heartbeat requests a minute; the storm adds 5,000 x 3 sends in 2 min.
+    assert quotas.needed(q, MEASURED, 1.0, 100_000) == math.ceil((20_000 + 7_500) / 12_000)
+    assert quotas.needed(q, MEASURED, 1.0, 1_000) == 1

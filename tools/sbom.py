@@ -3,6 +3,8 @@
 Made from the lock's exports (packaging/requirements/TARGET.txt) by cyclonedx-py, so each SBOM
 lists exactly the packages, versions and file hashes that target installs, se-bridge itself
 as the described component (from pyproject.toml). Offline: nothing is downloaded.
+cyclonedx-py runs from an environment of its own (.venv-sbom, tools/requirements-sbom.txt),
+which `./dev setup` makes.
 
     ./dev sbom                           # build/sbom/se-bridge-TARGET-VERSION.cdx.json
     ./dev sbom --target agent --out DIR  # targets: agent, consumer, functions
@@ -19,14 +21,17 @@ from bridge import __version__
 from tools.lockfile import EXPORTS, ROOT
 
 TARGETS = ("agent", "consumer", "functions")
+TOOLS_PYTHON = ROOT / ".venv-sbom" / "bin" / "python"
 
 
 def write(target: str, out: Path) -> Path:
     """Write `target`'s SBOM (CycloneDX 1.6 JSON, validated) into `out`; returns its path."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"se-bridge-{target}-{__version__}.cdx.json"
+    if not TOOLS_PYTHON.exists():
+        raise SystemExit(f"{TOOLS_PYTHON} is missing: ./dev setup makes it")
     command = [
-        sys.executable,
+        str(TOOLS_PYTHON),
         # cyclonedx-py warns that a requirements file gives no dependency graph: true, and
         # what a lock export is; the SBOM still lists every component with its hashes.
         "-W",

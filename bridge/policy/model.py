@@ -395,16 +395,20 @@ def group_key(group: str, vm: VmView) -> str | None:
         wanted = group[4:].lower()
         value = next((v for k, v in vm.tags.items() if k.lower() == wanted), None)
         return None if value is None else f"{group[4:]}={value}"
+    # Resource group names repeat across subscriptions (rg-prod in each), and a zone number
+    # is each subscription's own mapping of the region's zones: every key starts with the
+    # subscription, or two groups of the same name share one budget.
+    sub = vm.subscription_id or "-"
     if group in ("fault_domain", "update_domain"):
         number = vm.fault_domain if group == "fault_domain" else vm.update_domain
         # IMDS does not name the availability set, so a domain is scoped by group and scale set.
-        scope = f"{vm.resource_group}/{vm.scale_set or 'availability set'}"
+        scope = f"{sub}/{vm.resource_group}/{vm.scale_set or 'availability set'}"
         return None if number is None else f"{scope}/{group.replace('_', ' ')} {number}"
     keys = {
         "fleet": "fleet",
-        "scale_set": f"{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None,
-        "zone": f"{vm.location}/zone {vm.zone}" if vm.zone else None,
-        "resource_group": vm.resource_group,
+        "scale_set": f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None,
+        "zone": f"{sub}/{vm.location}/zone {vm.zone}" if vm.zone else None,
+        "resource_group": f"{sub}/{vm.resource_group}" if vm.resource_group else None,
     }
     return keys.get(group)
 

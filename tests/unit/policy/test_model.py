@@ -367,3 +367,30 @@ def test_evaluate_is_pure() -> None:
     case = BUDGET_CASES[1]
     first = evaluate(case.policy, case.fleet, case.event, case.now)
     assert all(evaluate(case.policy, case.fleet, case.event, case.now) == first for _ in range(3))
+
+
+@pytest.mark.parametrize(
+    ("group", "fields"),
+    [
+        ("scale_set", {"scale_set": "web"}),
+        ("resource_group", {}),
+        ("zone", {"zone": "1"}),
+        ("fault_domain", {"scale_set": "web", "fault_domain": 0}),
+    ],
+)
+def test_a_group_of_the_same_name_in_another_subscription_is_another_group(
+    group: str, fields: dict[str, object]
+) -> None:
+    """Resource group names repeat across subscriptions (rg-prod in each), and a zone number
+    is each subscription's own mapping: five VMs of `web` in rg in one subscription and five
+    in another are two groups of five. Found by the fleet load generator (issue 15): 20% of a
+    merged group of ten let two VMs of one real scale set of five under maintenance."""
+    a = [vm(n, subscription_id="sub-a", **fields) for n in range(5)]
+    b = [vm(n, subscription_id="sub-b", **fields) for n in range(5, 10)]
+    budget = Budget("twenty-percent", group, max_percent=20)
+    policy = with_rules(APPROVE_ALL, budgets=(budget,))
+    busy = fleet(*a, *b, impacted={"e0": frozenset({"id1"})})  # one VM of sub-a's group
+    verdict = evaluate(policy, busy, event("id0"), NOW)
+    assert verdict.kind == "Defer"
+    # The other subscription's group of the same name still has its slot.
+    assert evaluate(policy, busy, event("id5"), NOW).kind == "Approve"

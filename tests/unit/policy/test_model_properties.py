@@ -41,6 +41,8 @@ Key = tuple[object, ...]
 # strategies inside a composite for every VM made generation most of the run time.
 placements = st.fixed_dictionaries(
     {
+        # The same resource group names in two subscriptions: groups must not merge.
+        "subscription_id": st.sampled_from(["sub-a", "sub-b"]),
         "resource_group": st.sampled_from(["rg1", "rg2"]),
         "zone": st.sampled_from([None, "1", "2"]),
         "scale_set": st.sampled_from([None, "web", "db"]),
@@ -88,14 +90,14 @@ steps = st.builds(
 def group_of(group: str, vm: VmView) -> Key | None:
     """Which group of `group` the VM is in, spelled out independently of policy.group_key."""
     tags = {k.lower(): v for k, v in vm.tags.items()}
-    where = (vm.resource_group, vm.scale_set)
+    where = (vm.subscription_id, vm.resource_group, vm.scale_set)
     keys: dict[str, Key | None] = {
         "fleet": ("fleet",),
         "scale_set": where if vm.scale_set else None,
-        "zone": (vm.location, vm.zone) if vm.zone else None,
+        "zone": (vm.subscription_id, vm.location, vm.zone) if vm.zone else None,
         "fault_domain": (*where, "fd", vm.fault_domain) if vm.fault_domain is not None else None,
         "update_domain": (*where, "ud", vm.update_domain) if vm.update_domain is not None else None,
-        "resource_group": (vm.resource_group,),
+        "resource_group": (vm.subscription_id, vm.resource_group) if vm.resource_group else None,
         "tag:tier": ("tier", tags["tier"]) if "tier" in tags else None,
     }
     return keys[group]

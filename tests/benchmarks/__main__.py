@@ -20,6 +20,7 @@ from tests.benchmarks import (
     bench_cost,
     bench_detection,
     bench_drain,
+    bench_fleet,
     bench_footprint,
     bench_quota,
 )
@@ -33,6 +34,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "4": bench_drain.run,
     "5": bench_consumer.run,
     "6": bench_cost.run,
+    "7": bench_fleet.run,
     "8": bench_quota.run,
 }
 

@@ -1,0 +1,563 @@
+"""The live run: a wave played into local hubs for real `se-bridge consume` processes.
+
+One hub directory per consumer process: a VM's records always go to the same hub (a stable
+hash of its VmId), as Event Hubs gives each consumer its own partitions; the processes share
+one SQLite fleet state and one local command directory, as consumers share Table Storage and
+the queues. Each writes its Decision records to its own JSONL sink.
+
+The run, in wall time:
+
+1. warm-up: every VM's Start heartbeat goes in at once, and the run waits until the consumers
+   have read them all (the fleet is known: steady state begins);
+2. `lead_in` fleet seconds of heartbeats, then the wave, then `tail` fleet seconds, every
+   `TICK`: what the fleet made by then is appended to the hubs, one transaction per hub;
+   every `COMMAND_POLL` the command directory is read and each new command handed to its
+   VM's model agent, which answers it (an Approval record) and, if it approved, starts the
+   event as the platform would;
+3. the hubs are drained (every record handled), then the consumers are stopped.
+
+Every second the hubs' checkpoints are sampled (records written and handled, how long the
+oldest unhandled one has waited), with the consumers' memory; every `STATE_EVERY` seconds
+the largest document of each state collection other than the VMs'.
+
+The hubs are appended by `HubWriter`, not `LocalHub.append`: that one reads the last offset
+of every partition with a query that scans the whole hub (`SELECT "partition",
+MAX("offset") ... GROUP BY "partition"`), so each append costs time in proportion to all the
+records ever written (0.19 s per append at 660,000 records here); a load test writes millions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import resource
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bridge import sqlitewal
+from bridge.commands.message import Command, CommandError, parse
+from bridge.localhub import PARTITIONS, LocalHub, partition_for
+from tests.benchmarks import procstat
+from tests.benchmarks.loadgen import waves
+from tests.benchmarks.loadgen.fleet import Fleet, build
+from tests.benchmarks.loadgen.measure import LagSample
+from tests.benchmarks.loadgen.policy import POLICY_YAML
+from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
+from tests.e2e.harness import Proc, Processes
+
+CONSUMER_GROUP = "$Default"
+RESULT = "result.pickle"  # in a kept work directory: what the run recorded
+TICK = 0.1  # wall seconds between appends
+COMMAND_POLL = 0.5  # wall seconds between reads of the command directory (the agent's is 1 s)
+SAMPLE_EVERY = 1.0
+STATE_EVERY = 5.0
+# The consumer's settings that are durations of the fleet, at time scale 1 (their defaults);
+# a faster run divides them by its scale, within the bounds the settings allow.
+FLEET_SETTINGS = {"alive_within": (660.0, 10.0), "approval_timeout": (30.0, 1.0),
+                  "stale_after": (6 * 3600.0, 60.0)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    size: int = 100_000
+    seed: int = 1
+    wave: str = "freeze"
+    options: waves.WaveOptions = field(default_factory=waves.WaveOptions)
+    scale: float = 1.0  # fleet seconds per wall second
+    consumers: int = 1
+    lead_in: float = 300.0  # fleet seconds of steady state before the wave
+    tail: float = 60.0  # fleet seconds of steady state after it
+    drain_timeout: float = 900.0  # wall seconds to wait for the consumers to catch up
+    workdir: Path | None = None  # kept when given; a temporary directory otherwise
+    log_level: str = "INFO"
+
+    def consumer_settings(self) -> dict[str, float]:
+        return {name: max(low, value / self.scale) for name, (value, low) in FLEET_SETTINGS.items()}
+
+
+@dataclass
+class ConsumerStats:
+    name: str
+    peak_rss_kb: int = 0
+    cpu_seconds: float = 0.0  # during the wave's window and the drain after it
+    warnings: int = 0
+    errors: int = 0
+    samples: list[str] = field(default_factory=list)  # a few distinct WARNING/ERROR lines
+    poison: int = 0  # records set aside as not records
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    fleet: Fleet
+    plan: waves.WavePlan
+    sim: Sim
+    samples: list[LagSample]
+    decisions: list[dict[str, Any]]
+    commands: int
+    warm_records: int
+    warm_seconds: float
+    lead_start: float  # the steady state before the wave begins
+    wave_start: float
+    wave_end: float
+    drained_at: float | None
+    consumers: list[ConsumerStats]
+    largest: dict[str, tuple[str, int]]  # collection -> (key, characters), the largest seen
+    documents: dict[str, int]  # collection -> documents at the end
+    writes: dict[str, int]  # collection -> write transactions from wave start to the end
+    state_bytes: int
+    generator_cpu: float
+    generator_rss_kb: int
+    load_max: float
+
+    @property
+    def stopped(self) -> dict[int, float]:
+        return {**self.sim.silent, **self.sim.deleted}
+
+
+class HubWriter:
+    """Appends to one local hub as `LocalHub.append` does (one transaction, FULL sync, the
+    same rows), keeping each partition's last offset itself: the run is the hub's only writer.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        LocalHub(directory).close()  # the product's own schema
+        self.path = directory / "hub.db"
+        self.conn = sqlitewal.connect(self.path, synchronous="FULL", busy_timeout_ms=5000)
+        self.last = [
+            self.conn.execute(
+                'SELECT MAX("offset") FROM records WHERE "partition" = ?', (p,)
+            ).fetchone()[0]
+            for p in range(PARTITIONS)
+        ]
+        self.last = [-1 if v is None else int(v) for v in self.last]
+
+    def append(self, messages: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
+        enqueued = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
+        placed, rows = [], []
+        for key, body in messages:
+            partition = partition_for(key)
+            self.last[partition] += 1
+            placed.append((partition, self.last[partition]))
+            rows.append((partition, self.last[partition], key, body, enqueued))
+        self.conn.execute("BEGIN IMMEDIATE")
+        self.conn.executemany(
+            'INSERT INTO records ("partition", "offset", partition_key, body, enqueued_time)'
+            " VALUES (?, ?, ?, ?, ?)",
+            rows,
+        )
+        self.conn.execute("COMMIT")
+        return placed
+
+    def checkpoints(self) -> list[int]:
+        rows = self.conn.execute(
+            'SELECT "partition", "offset" FROM checkpoints WHERE consumer_group = ?',
+            (CONSUMER_GROUP,),
+        ).fetchall()
+        found = {int(p): int(o) for p, o in rows}
+        return [found.get(p, -1) for p in range(PARTITIONS)]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class CommandWatcher:
+    """The model agents' end of the local command channel (bridge.channels.local): a VM's
+    folder is listed when its modification time moved, each command read and removed.
+
+    Signatures are not checked: the model agents trust the consumer (the real agent's check
+    is measured by the agent's own benchmarks, not here).
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._seen: dict[str, int] = {}  # folder -> st_mtime_ns when last listed
+        self.read = 0
+        self.unreadable = 0
+
+    def poll(self) -> list[Command]:
+        found: list[Command] = []
+        try:
+            folders = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            return found
+        for folder in folders:
+            if not folder.is_dir(follow_symlinks=False):
+                continue
+            # Taken before listing: a command written meanwhile moves it again, and is seen
+            # at the next poll.
+            mtime = folder.stat(follow_symlinks=False).st_mtime_ns
+            if self._seen.get(folder.name) == mtime:
+                continue
+            self._seen[folder.name] = mtime
+            for name in os.listdir(folder.path):
+                if name.startswith(".") or not name.endswith(".json"):
+                    continue  # a sender's temporary file, or a message another reader holds
+                command = self._take(Path(folder.path) / name)
+                if command is not None:
+                    found.append(command)
+        return found
+
+    def _take(self, path: Path) -> Command | None:
+        try:
+            text = path.read_text(encoding="utf-8")
+            path.unlink()
+        except FileNotFoundError:
+            return None
+        self.read += 1
+        try:
+            return parse(json.loads(text)["Body"])
+        except (CommandError, ValueError, KeyError, TypeError):
+            self.unreadable += 1
+            return None
+
+
+class StateProbe:
+    """Reads the consumers' SQLite fleet state (read only) for the size of its documents."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.largest: dict[str, tuple[str, int]] = {}
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def collections(self, conn: sqlite3.Connection) -> list[str]:
+        rows = conn.execute("SELECT DISTINCT collection FROM docs").fetchall()
+        return sorted(str(r[0]) for r in rows)
+
+    def sample(self, *, everything: bool = False) -> dict[str, int]:
+        """Note each collection's largest document (the VMs' only when `everything`: there
+        are a fleet of them, and they are all alike); its document counts."""
+        counts: dict[str, int] = {}
+        if not self.path.exists():
+            return counts
+        try:
+            with self._connection() as conn:
+                for name in self.revisions(conn) or self.collections(conn):
+                    if name == "vm" and not everything:
+                        continue
+                    row = conn.execute(
+                        "SELECT key, LENGTH(value) AS n FROM docs WHERE collection = ?"
+                        " ORDER BY n DESC LIMIT 1",
+                        (name,),
+                    ).fetchone()
+                    counts[name] = conn.execute(
+                        "SELECT COUNT(*) FROM docs WHERE collection = ?", (name,)
+                    ).fetchone()[0]
+                    if row is not None and row[1] > self.largest.get(name, ("", -1))[1]:
+                        self.largest[name] = (str(row[0]), int(row[1]))
+        except sqlite3.OperationalError:
+            pass  # busy past the timeout, or a table not there yet: the next sample looks again
+        return counts
+
+    def revisions(self, conn: sqlite3.Connection | None = None) -> dict[str, int]:
+        """Write transactions per collection so far (bridge.consumer.state.sqlite's `revs`)."""
+        if conn is None:
+            if not self.path.exists():
+                return {}
+            with self._connection() as own:
+                return self.revisions(own)
+        try:
+            rows = conn.execute("SELECT collection, rev FROM revs WHERE collection != ''")
+            return {str(c): int(r) for c, r in rows.fetchall()}
+        except sqlite3.OperationalError:
+            return {}
+
+
+def proc_status(pid: int, field_name: str) -> int:
+    """A /proc/PID/status field in kB (VmRSS, VmHWM); 0 once the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    except (FileNotFoundError, ProcessLookupError):
+        pass
+    return 0
+
+
+class Run:
+    """One live run; `go` plays it and returns what was recorded."""
+
+    def __init__(self, config: RunConfig, say: Callable[[str], None]) -> None:
+        self.config, self.say = config, say
+        self.fleet = build(config.size, config.seed)
+        self.plan = waves.plan(config.wave, self.fleet, config.seed, config.options)
+        self.clock = WallClock(config.scale)
+        self.sim = Sim(self.fleet, self.plan, self.clock, seed=config.seed,
+                       offset=config.lead_in)  # fmt: skip
+        self.samples: list[LagSample] = []
+        self._hub_of = [zlib.crc32(f"hub:{vm.vm_id}".encode()) % config.consumers
+                        for vm in self.fleet]  # fmt: skip
+        # Per hub and partition: (last offset of an append, when), until a checkpoint passes it.
+        self._queued = [[deque[tuple[int, float]]() for _ in range(PARTITIONS)]
+                        for _ in range(config.consumers)]  # fmt: skip
+        self.load_max = 0.0
+        self.peak_rss: dict[int, int] = {}
+        self.hubs: list[HubWriter] = []
+        self.consumers: list[Proc] = []
+
+    def go(self) -> RunResult:
+        self.say(f"fleet: {self.fleet.summary()}")
+        self.say(f"wave: {self.plan.description}")
+        with self._workdir() as root:
+            procs = Processes(root)
+            try:
+                result = self._play(root, procs)
+            finally:
+                procs.close()
+            if self.config.workdir is not None:
+                save(result, root / RESULT)
+            return result
+
+    @contextlib.contextmanager
+    def _workdir(self) -> Iterator[Path]:
+        if self.config.workdir is not None:
+            root = self.config.workdir
+            if root.exists():
+                shutil.rmtree(root)
+            root.mkdir(parents=True)
+            yield root
+            return
+        with tempfile.TemporaryDirectory(prefix="se-loadgen-") as tmp:
+            yield Path(tmp)
+
+    def _play(self, root: Path, procs: Processes) -> RunResult:
+        config = self.config
+        commands = root / "commands"
+        commands.mkdir(mode=0o750)
+        state = root / "fleet.db"
+        policy = root / "policy.yaml"
+        policy.write_text(POLICY_YAML, encoding="utf-8")
+        key = root / "signing.pem"
+        subprocess.run([sys.executable, "-m", "bridge", "keygen", "--out", str(key)],
+                       check=True, capture_output=True, timeout=60)  # fmt: skip
+        env = {"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}"}
+        env |= {f"SE_BRIDGE_CONSUMER_{name.upper()}": f"{value:g}"
+                for name, value in config.consumer_settings().items()}  # fmt: skip
+        self.hubs = [HubWriter(root / f"hub-{k}") for k in range(config.consumers)]
+        for k in range(config.consumers):
+            self.consumers.append(procs.bridge(
+                f"consumer-{k}", "consume", "--hub", str(root / f"hub-{k}"),
+                "--commands", f"local:{commands}", "--state", f"sqlite:{state}",
+                "--policy", str(policy), "--sink", f"jsonl:{root / f'decisions-{k}.jsonl'}",
+                "--state-dir", str(root / f"consumer-{k}"), "--log-level", config.log_level,
+                env=env))  # fmt: skip
+        probe = StateProbe(state)
+        watcher = CommandWatcher(commands)
+        try:
+            return self._phases(root, probe, watcher)
+        finally:
+            for hub in self.hubs:
+                hub.close()
+
+    def _phases(self, root: Path, probe: StateProbe, watcher: CommandWatcher) -> RunResult:
+        config = self.config
+        began = time.time()
+        for chunk in self.sim.warm_up():
+            self._place(chunk)
+            self._sample()
+        self._drain(config.drain_timeout, f"{len(self.fleet):,} Start heartbeats")
+        warm_seconds = time.time() - began
+        self.say(f"warm-up: {len(self.fleet):,} Start heartbeats handled in {warm_seconds:.1f} s")
+        self.clock.start()
+        lead_start = time.time()
+        cpu0 = time.process_time()
+        wave_start = wave_end = 0.0
+        end_fleet = 0.0
+        revs0: dict[str, int] = {}
+        cpu_start: dict[int, float] = {}
+        next_poll = next_sample = next_state = next_say = time.monotonic()
+        while True:
+            tick = time.monotonic()
+            now = self.clock.fleet_now()
+            self._place(self.sim.advance(now))
+            if tick >= next_poll:
+                next_poll = tick + COMMAND_POLL
+                for command in watcher.poll():
+                    self.sim.answer(command, now)
+            if tick >= next_sample:
+                next_sample = tick + SAMPLE_EVERY
+                self._sample()
+                self._check_alive()
+            if tick >= next_state:
+                next_state = tick + STATE_EVERY
+                probe.sample()
+            if not wave_start and now >= config.lead_in:
+                wave_start = time.time()
+                revs0 = probe.revisions()
+                cpu_start = {p.popen.pid: procstat.ticks_seconds(p.popen.pid)
+                             for p in self.consumers}  # fmt: skip
+                self.say("wave begins")
+            if wave_start and not wave_end and self.sim.finished(now):
+                wave_end, end_fleet = time.time(), now
+                self.say(f"wave over after {wave_end - wave_start:.0f} s; tail")
+            if wave_end and now >= end_fleet + config.tail:
+                break
+            if tick >= next_say:
+                next_say = tick + 30.0
+                self._progress(now)
+            time.sleep(max(0.0, TICK - (time.monotonic() - tick)))
+        drained = self._drain(config.drain_timeout, "the wave")
+        drained_at = time.time() if drained else None
+        probe.sample(everything=True)
+        revs1 = probe.revisions()
+        stats = self._stop(cpu_start, root)
+        decisions = _read_jsonl(root.glob("decisions-*.jsonl"))
+        return RunResult(
+            config=config, fleet=self.fleet, plan=self.plan, sim=self.sim, samples=self.samples,
+            decisions=decisions, commands=watcher.read, warm_records=len(self.fleet),
+            warm_seconds=warm_seconds, lead_start=lead_start, wave_start=wave_start,
+            wave_end=wave_end,
+            drained_at=drained_at, consumers=stats, largest=probe.largest,
+            documents=probe.sample(everything=True),
+            writes={c: revs1.get(c, 0) - revs0.get(c, 0) for c in revs1},
+            state_bytes=sum(p.stat().st_size for p in root.glob("fleet.db*")),
+            generator_cpu=time.process_time() - cpu0,
+            generator_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+            load_max=self.load_max,
+        )  # fmt: skip
+
+    def _place(self, emitted: list[Emitted]) -> None:
+        """Append what the fleet made, one transaction per hub; note where events landed."""
+        if not emitted:
+            return
+        per_hub: list[list[Emitted]] = [[] for _ in self.hubs]
+        for item in emitted:
+            per_hub[self._hub_of[item[0]]].append(item)
+        vms = self.fleet.vms
+        for k, items in enumerate(per_hub):
+            if not items:
+                continue
+            messages = [(vms[i].vm_id, json.dumps(r, separators=(",", ":"), allow_nan=False))
+                        for i, r in items]  # fmt: skip
+            placed = self.hubs[k].append(messages)
+            wall = time.time()
+            last: dict[int, int] = {}
+            for (_, record), (partition, offset) in zip(items, placed, strict=True):
+                last[partition] = offset
+                if record["RecordType"] != "Event":
+                    continue
+                event = self.sim.events.get(record["EventId"])
+                if event is None:
+                    continue
+                if event.first_record is None:
+                    event.first_record = wall
+                if record["Transition"] == "Started" and event.start_place is None:
+                    event.start_place = (k, partition, offset)
+            for partition, offset in last.items():
+                self._queued[k][partition].append((offset, wall))
+
+    def _sample(self) -> LagSample:
+        now = time.time()
+        written = consumed = 0
+        oldest = 0.0
+        checkpoints = []
+        for k, hub in enumerate(self.hubs):
+            marks = hub.checkpoints()
+            checkpoints.append(tuple(marks))
+            for partition, mark in enumerate(marks):
+                written += hub.last[partition] + 1
+                consumed += mark + 1
+                queue = self._queued[k][partition]
+                while queue and queue[0][0] <= mark:
+                    queue.popleft()
+                if queue:
+                    oldest = max(oldest, now - queue[0][1])
+        sample = LagSample(now, written, consumed, oldest, tuple(checkpoints))
+        self.samples.append(sample)
+        self.load_max = max(self.load_max, os.getloadavg()[0])
+        for proc in self.consumers:
+            rss = proc_status(proc.popen.pid, "VmRSS")
+            self.peak_rss[proc.popen.pid] = max(self.peak_rss.get(proc.popen.pid, 0), rss)
+        return sample
+
+    def _drain(self, timeout: float, what: str) -> bool:
+        """Wait, writing nothing more, until the consumers have handled every record written;
+        False on timeout. (After the wave no event is open: nothing waits for an answer.)"""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            sample = self._sample()
+            self._check_alive()
+            if sample.written == sample.consumed:
+                return True
+            time.sleep(SAMPLE_EVERY)
+        self.say(f"the consumers did not catch up with {what} within {timeout:g} s")
+        return False
+
+    def _check_alive(self) -> None:
+        for proc in self.consumers:
+            if not proc.alive:
+                raise RuntimeError(f"consumer {proc.name} exited\n{proc.output()}")
+
+    def _progress(self, now: float) -> None:
+        sample = self.samples[-1] if self.samples else None
+        backlog = sample.written - sample.consumed if sample else 0
+        age = sample.oldest_age if sample else 0.0
+        self.say(f"fleet t={now:,.0f} s: {self.sim.counts['records']:,} records, "
+                 f"{self.sim.open_events():,} events open, backlog {backlog:,} "
+                 f"(oldest waiting {age:.1f} s)")  # fmt: skip
+
+    def _stop(self, cpu_start: dict[int, float], root: Path) -> list[ConsumerStats]:
+        stats = []
+        for k, proc in enumerate(self.consumers):
+            pid = proc.popen.pid
+            stat = ConsumerStats(proc.name)
+            stat.peak_rss_kb = max(proc_status(pid, "VmHWM"), self.peak_rss.get(pid, 0))
+            stat.cpu_seconds = procstat.ticks_seconds(pid) - cpu_start.get(pid, 0.0)
+            proc.stop(timeout=120)
+            for line in proc.stderr().splitlines():
+                parts = line.split(" ", 3)
+                level = parts[2] if len(parts) > 2 else ""
+                if level in ("WARNING", "ERROR", "CRITICAL"):
+                    stat.warnings += level == "WARNING"
+                    stat.errors += level != "WARNING"
+                    text = parts[3][:300] if len(parts) > 3 else line
+                    if len(stat.samples) < 5 and not any(text[:60] in s for s in stat.samples):
+                        stat.samples.append(f"{level} {text}")
+            poison = root / f"consumer-{k}" / "poison.jsonl"
+            if poison.exists():
+                with poison.open(encoding="utf-8") as lines:
+                    stat.poison = sum(1 for _ in lines)
+            stats.append(stat)
+        return stats
+
+
+def save(result: RunResult, path: Path) -> None:
+    """Keep what a run recorded (a run takes up to an hour; its report may change later)."""
+    with path.open("wb") as out:
+        pickle.dump(result, out, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def load(path: Path) -> RunResult:
+    """A run `save` kept: only ever files this program wrote itself."""
+    with path.open("rb") as source:
+        result = pickle.load(source)  # our own file, written by `save`
+    if not isinstance(result, RunResult):
+        raise TypeError(f"{path} holds no load run")
+    return result
+
+
+def _read_jsonl(paths: Iterator[Path]) -> list[dict[str, Any]]:
+    records = []
+    for path in sorted(paths):
+        with path.open(encoding="utf-8") as lines:
+            records += [json.loads(line) for line in lines if line.strip()]
+    return records

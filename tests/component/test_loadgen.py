@@ -1,0 +1,186 @@
+"""The fleet load generator (tests/benchmarks/loadgen) on a tiny fleet, so that its numbers
+can be trusted: the stream is what agents send, a live run against a real consumer finds no
+violation, and its checks do find a budget broken or an approval no rule allowed."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.commands.message import approve
+from bridge.localhub import PARTITIONS, LocalHub
+from tests.benchmarks.loadgen import waves
+from tests.benchmarks.loadgen.fleet import Fleet, build
+from tests.benchmarks.loadgen.measure import Approval, BudgetCheck, wrong_approvals
+from tests.benchmarks.loadgen.play import Run, RunConfig
+from tests.benchmarks.loadgen.sim import FleetClock, Sim
+from tests.benchmarks.loadgen.summary import summarize
+from tests.benchmarks.loadgen.waves import SimEvent
+from tests.support import assert_valid
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+SEED = 3
+ORDER = {"Scheduled": 0, "Started": 1, "Completed": 2}
+
+
+def play(fleet: Fleet, plan: waves.WavePlan) -> tuple[Sim, list[dict[str, Any]]]:
+    """The stream of a whole wave in fleet time; the first event approved by its first VM."""
+    sim = Sim(fleet, plan, FleetClock(T0), seed=SEED)
+    records = [r for chunk in sim.warm_up() for _, r in chunk]
+    first = min(plan.events, key=lambda e: e.appear)
+    now, approved = 0.0, False
+    while not sim.finished(now):
+        now += 5.0
+        records += [r for _, r in sim.advance(now)]
+        if not approved and first.status == "Scheduled":
+            target = fleet.vms[first.vms[0]]
+            command = approve(
+                vm_id=target.vm_id, event_id=first.event_id, document_incarnation=None,
+                issued_at=T0 + timedelta(seconds=now), expires_at=T0 + timedelta(hours=1),
+                rule="freeze", reason="test",
+                resources=[fleet.vms[i].name for i in first.vms],
+            )  # fmt: skip
+            sim.answer(command, now)
+            approved = True
+    return sim, records
+
+
+def test_the_stream_is_the_records_the_fleets_agents_send() -> None:
+    fleet = build(300, SEED)
+    plan = waves.plan("freeze", fleet, SEED, waves.WaveOptions(window=300))
+    sim, records = play(fleet, plan)
+
+    for record in records:
+        assert_valid(record)
+    assert len({r["RecordId"] for r in records}) == len(records)
+    # Each VM's records in order, and each of its events Scheduled, Started, Completed.
+    last: dict[str, str] = {}
+    seen: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for record in records:
+        assert record["TimeGenerated"] >= last.get(record["VmId"], ""), record
+        last[record["VmId"]] = record["TimeGenerated"]
+        if record["RecordType"] == "Event":
+            seen[(record["EventId"], record["VmId"])].append(record["Transition"])
+    for transitions in seen.values():
+        assert transitions == ["Scheduled", "Started", "Completed"]
+    # An event reaches every VM its Resources name, and each of them reports it.
+    for event in plan.events:
+        named = {fleet.vms[i].vm_id for i in event.vms}
+        reporters = {vm for (eid, vm) in seen if eid == event.event_id}
+        assert reporters == named, event.event_id
+    # Every VM heartbeats on the default interval.
+    beats: dict[str, int] = defaultdict(int)
+    for record in records:
+        if record["RecordType"] == "Heartbeat":
+            beats[record["VmId"]] += 1
+    assert len(beats) == len(fleet)
+    assert min(beats.values()) >= 1 + int(plan.length // 300) - 1
+    # The approved event started at once, through an Approval record of its target.
+    answers = [r for r in records if r["RecordType"] == "Approval"]
+    assert [a["ApprovalOutcome"] for a in answers] == ["Approved"]
+    first = sim.events[answers[0]["EventId"]]
+    assert first.started_by == "approval"
+    assert all(e.started_by == "platform" for e in plan.events if e is not first)
+
+
+def test_the_same_seed_gives_the_same_stream() -> None:
+    fleet = build(300, SEED)
+    plan = waves.plan("spot-storm", fleet, SEED)
+    _, once = play(fleet, plan)
+    _, again = play(build(300, SEED), waves.plan("spot-storm", build(300, SEED), SEED))
+    assert [r["RecordId"] for r in once] == [r["RecordId"] for r in again]
+
+
+def test_a_live_run_against_a_real_consumer_breaks_no_budget(tmp_path: Path) -> None:
+    config = RunConfig(size=300, seed=1, wave="freeze", options=waves.WaveOptions(window=300),
+                       scale=60, consumers=1, lead_in=60, tail=30, drain_timeout=60,
+                       workdir=tmp_path / "run")  # fmt: skip
+    result = Run(config, lambda _: None).go()
+    summary = summarize(result)
+
+    assert summary.violations == []
+    assert summary.wrong == []
+    assert summary.latencies.undecided == []
+    assert summary.latencies.actions.get("Approve", 0) >= len(result.plan.events) // 2
+    assert result.drained_at is not None
+    assert [c.errors + c.poison for c in result.consumers] == [0]
+    # What went into the hub validates and keeps each VM's order.
+    with LocalHub(tmp_path / "run" / "hub-0") as hub:
+        rows = [body for p in range(PARTITIONS) for _, body in hub.read(p, -1, 10**6)]
+    assert len(rows) == result.samples[-1].written
+    last: dict[str, str] = {}
+    for body in rows[:2000]:
+        record = json.loads(body)
+        assert_valid(record)
+        assert record["TimeGenerated"] >= last.get(record["VmId"], "")
+        last[record["VmId"]] = record["TimeGenerated"]
+
+
+def avset_of_three(fleet: Fleet) -> list[int]:
+    return next(members for members in fleet.avsets.values() if len(members) >= 3)[:3]
+
+
+def reboot(event_id: str, vms: tuple[int, ...], ended: float | None) -> SimEvent:
+    return SimEvent(event_id, "Reboot", "User", vms, 0.0, 900.0, 120.0, -1, "test",
+                    status="Gone" if ended else "Started", started=1.0,
+                    started_by="approval", ended=ended)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("third_at", "violations"),
+    [(3.0, 1), (11.0, 0)],
+    ids=["three-at-once", "third-after-the-first-ended"],
+)
+def test_the_budget_check_finds_an_approval_over_budget(third_at: float, violations: int) -> None:
+    # Three user reboots in one availability set, whose budget allows two at once.
+    fleet = build(300, 1)
+    a, b, c = avset_of_three(fleet)
+    events = {
+        "E1": reboot("E1", (a,), ended=10.0),
+        "E2": reboot("E2", (b,), ended=None),
+        "E3": reboot("E3", (c,), ended=None),
+    }
+    approvals = [Approval(1.0, "E1", "user-initiated", None),
+                 Approval(2.0, "E2", "user-initiated", None),
+                 Approval(third_at, "E3", "user-initiated", None)]  # fmt: skip
+    check = BudgetCheck(fleet, {}, alive_within=660.0, slack=5.0)
+    found = check.violations(events, approvals, [])
+    assert len(found) == violations, found
+    if found:
+        assert "availability-set-2 allows 2" in found[0]
+
+
+def test_the_budget_check_counts_a_scale_set_by_percent() -> None:
+    fleet = build(300, 1)
+    members = next(m for m in fleet.scale_sets.values() if len(m) >= 50)
+    limit = len(members) // 5  # 20%
+    events = {f"E{i}": reboot(f"E{i}", (vm,), ended=None)
+              for i, vm in enumerate(members[: limit + 1])}  # fmt: skip
+    approvals = [Approval(float(i), key, "user-initiated", None) for i, key in enumerate(events)]
+    check = BudgetCheck(fleet, {}, alive_within=660.0, slack=5.0)
+    assert len(check.violations(events, approvals, [])) == 1
+    # A deleted VM leaves its group: past alive_within the group is smaller, its limit too.
+    gone = dict.fromkeys(members[limit + 1 : limit + 1 + len(members) // 2], -1000.0)
+    check = BudgetCheck(fleet, gone, alive_within=660.0, slack=5.0)
+    assert len(check.violations(events, approvals[:limit], [])) > 0
+
+
+def test_an_approval_no_rule_allows_is_found() -> None:
+    fleet = build(300, 1)
+    vm = avset_of_three(fleet)[0]
+    platform = SimEvent("P", "Reboot", "Platform", (vm,), 0.0, 900.0, 120.0, -1, "test")
+    freeze = SimEvent("F", "Freeze", "Platform", (vm,), 0.0, 900.0, 5.0, 5, "test")
+    events = {"P": platform, "F": freeze}
+    found = wrong_approvals(fleet, events, [
+        Approval(1.0, "P", "rolling-reboot", None),  # availability sets do not roll
+        Approval(2.0, "F", "freeze", None),
+        Approval(3.0, "F", "user-initiated", None),  # right event, wrong rule
+        Approval(4.0, "NOPE", "freeze", None),
+    ])  # fmt: skip
+    assert len(found) == 3, found
+    assert "first rule that matches it is everything-else" in found[0]

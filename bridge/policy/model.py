@@ -153,6 +153,9 @@ class FleetView:
     vms: Mapping[str, VmView]
     impacted: Mapping[str, frozenset[str]]  # EventId -> VmIds counted until it completes
     alive_within: timedelta = timedelta(minutes=11)
+    # `group_index(kinds, vms)`, made once for many events by a caller that decides a batch:
+    # without it each budget check sorts the whole fleet into groups again.
+    groups: Mapping[str, Mapping[str, frozenset[str]]] | None = None
 
     def alive(self, vm_id: str, now: datetime) -> bool:
         vm = self.vms.get(vm_id)
@@ -435,10 +438,18 @@ def check_budgets(
     unknown = set(event.unknown)
     elsewhere = {v for v in others if v not in fleet.vms}  # names, or VMs no longer known
     for budget in budgets:
-        members = _groups(
-            budget.group,
-            (v for v in fleet.vms.values() if v.vm_id in counted or fleet.alive(v.vm_id, now)),
-        )
+        index = (fleet.groups or {}).get(budget.group)
+        if index is None:
+            index = group_index((budget.group,), fleet.vms)[budget.group]
+        # Only the event's own groups can be broken by it, and every group by a name no VM
+        # is known by; a group counts its live members and those some event impacts.
+        wanted = None if unknown else _keys(budget.group, fleet, event)
+        members: dict[str, set[str]] = {}
+        for key, everyone in index.items():
+            if wanted is None or key in wanted:
+                group = {v for v in everyone if v in counted or fleet.alive(v, now)}
+                if group:
+                    members[key] = group
         for key, group in members.items():
             # A name no VM is known by may be a VM of any group: counted in each (worst case).
             mine = {v for v in (*event.affected, *event.possible) if v in group} | unknown
@@ -484,6 +495,27 @@ def budget_use(budgets: tuple[Budget, ...], fleet: FleetView, now: datetime) -> 
 def _note(notes: list[str] | None, line: str) -> None:
     if notes is not None:
         notes.append(line)
+
+
+def group_index(
+    kinds: Iterable[str], vms: Mapping[str, VmView]
+) -> dict[str, dict[str, frozenset[str]]]:
+    """Per budget group kind: each group's key and every known VM in it, live or not, in the
+    order of `vms` (so explanations list groups in the same order every time)."""
+    index: dict[str, dict[str, frozenset[str]]] = {}
+    for kind in set(kinds):
+        index[kind] = {key: frozenset(ids) for key, ids in _groups(kind, vms.values()).items()}
+    return index
+
+
+def _keys(kind: str, fleet: FleetView, event: EventView) -> set[str]:
+    keys = set()
+    for vm_id in (*event.affected, *event.possible):
+        vm = fleet.vms.get(vm_id)
+        key = None if vm is None else group_key(kind, vm)
+        if key is not None:
+            keys.add(key)
+    return keys
 
 
 def _groups(group: str, vms: Iterable[VmView]) -> dict[str, set[str]]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -31,6 +31,7 @@ from bridge.policy.model import (
     Rule,
     VmView,
     evaluate,
+    group_index,
 )
 
 NOW = datetime(2024, 6, 12, 10, 0, tzinfo=timezone.utc)
@@ -168,6 +169,11 @@ def test_a_greedy_approver_never_breaks_a_budget(
                 )  # fmt: skip
             view = FleetView(vms=fleet, impacted=dict(impacted))
             verdict = evaluate(policy, view, event, NOW)
+            # A consumer deciding a batch passes the groups it sorted once: same verdict, word
+            # for word.
+            kinds = [budget.group for budget in budget_list]
+            indexed = replace(view, groups=group_index(kinds, fleet))
+            assert evaluate(policy, indexed, event, NOW) == verdict
             mine = set(event.affected)
             would_fit = fits(budget_list, fleet, union(impacted) | mine, touched=mine)
             if not event.unresolved:

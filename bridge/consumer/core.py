@@ -460,23 +460,26 @@ class VmSnapshot:
         self.vms: dict[str, VmView] = {}
         self._absent: set[str] = set()  # looked up since the last scan: no VM of that id
         self._rescanned = False
-        self._groups: dict[str, dict[str, frozenset[str]]] = {}
+        # Budget groups of VMs caught up with since the scan; None: the fleet cache's hold.
+        self._groups: dict[str, dict[str, frozenset[str]]] | None = None
         self._scan()
 
     def _scan(self) -> None:
         self.vms = self._fleet.load()
         self._absent.clear()
         self.names, self._ids = self._fleet.index()
-        self._groups = {}
+        self._groups = None
 
     def _index(self) -> None:
         self.names, self._ids = _name_index(self.vms)
         self._groups = {}
 
     def groups(self, kinds: Iterable[str]) -> dict[str, dict[str, frozenset[str]]]:
-        """The budget groups of the VMs known now (policy.model.group_index), made once a
-        batch: sorting 100,000 VMs into groups for every event of a wave is what made a
-        consumer with thousands of open events fall behind (issue 15)."""
+        """The budget groups of the VMs known now (policy.model.group_index). Sorting
+        100,000 VMs into groups for every event of a wave made a consumer with thousands of
+        open events fall behind (issue 15): the fleet cache keeps them from batch to batch."""
+        if self._groups is None:
+            return self._fleet.groups(kinds)
         missing = [kind for kind in kinds if kind not in self._groups]
         if missing:
             self._groups.update(group_index(missing, self.vms))
@@ -538,6 +541,7 @@ class FleetCache:
         # With a change feed: the documents `_vms` was made from, at the version last seen.
         self._docs: dict[str, Doc] = {}
         self._index: NameIndex | None = None
+        self._groups: dict[str, dict[str, frozenset[str]]] = {}  # kept while no VM moves
 
     def update(self, mutations: Mapping[str, Mutation]) -> None:
         """Merge into VM documents (`update_many`), starting from the versions held here.
@@ -566,14 +570,19 @@ class FleetCache:
 
     def load(self) -> dict[str, VmView]:
         if not isinstance(self.store, ChangeFeed):
-            self._vms = {
+            vms = {
                 doc.key: fs.vm_view(doc.key, fs.vm_document(doc)) for doc in self.store.scan(fs.VM)
             }
+            if vms.keys() != self._vms.keys() or any(
+                _placement(vm) != _placement(self._vms[key]) for key, vm in vms.items()
+            ):
+                self._groups = {}
+            self._vms = vms
             self._index = None
             return dict(self._vms)
         docs, mark = self.store.scan_changes(fs.VM, self._mark, self._docs)
         if self._mark is not None and mark < self._mark:  # the file was replaced: start over
-            self._vms, self._docs, self._index = {}, {}, None
+            self._vms, self._docs, self._index, self._groups = {}, {}, None, {}
             docs, mark = self.store.scan_changes(fs.VM, None)
         self._mark = mark
         self._take(docs)
@@ -588,6 +597,8 @@ class FleetCache:
                 view.last_seen is None,
             ):
                 self._index = None  # the same unless a name, its scope or a stop changed
+            if before is None or _placement(before) != _placement(view):
+                self._groups = {}  # a heartbeat moves no VM: the groups stay
             self._vms[doc.key] = view
             self._docs[doc.key] = doc
 
@@ -597,12 +608,27 @@ class FleetCache:
             del self._vms[key]
             self._docs.pop(key, None)
             self._index = None
+            self._groups = {}
 
     def index(self) -> NameIndex:
         """The name index of the VMs `load` returned last (built again only when it changed)."""
         if self._index is None:
             self._index = _name_index(self._vms)
         return self._index
+
+    def groups(self, kinds: Iterable[str]) -> dict[str, dict[str, frozenset[str]]]:
+        """The budget groups of the VMs `load` returned last (built again only when a VM
+        came, went or moved)."""
+        missing = [kind for kind in kinds if kind not in self._groups]
+        if missing:
+            self._groups.update(group_index(missing, self._vms))
+        return self._groups
+
+
+def _placement(vm: VmView) -> tuple[object, ...]:
+    """What puts a VM in its budget groups (policy.model.group_key)."""
+    return (vm.subscription_id, vm.resource_group, vm.scale_set, vm.location, vm.zone,
+            vm.fault_domain, vm.update_domain, tuple(sorted(vm.tags.items())))  # fmt: skip
 
 
 NameIndex = tuple[fs.Names, dict[str, list[str]]]

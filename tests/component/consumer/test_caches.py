@@ -140,3 +140,31 @@ def test_marking_sent_over_a_ledger_changed_since_keeps_both_changes(tmp_path: P
     assert not entries["e2"]["sent"]
     ours.close()
     theirs.close()
+
+
+def test_budget_groups_are_kept_across_heartbeats_and_made_again_when_a_vm_moves(
+    tmp_path: Path, fleet: FleetRecords
+) -> None:
+    """Sorting the fleet into groups is the costly part of a budget check at 100,000 VMs
+    (issue 15): kept while only heartbeats arrive, never kept past a VM that moved."""
+    store = SqliteStore(tmp_path / "fleet.db")
+    cache, vm = FleetCache(store), fleet.vm_id("web_0")
+    cache.update(merging({vm: fleet.heartbeat("web_0")}))
+    cache.load()
+    groups = cache.groups(["scale_set"])
+    assert {key.rsplit("/", 1)[-1]: ids for key, ids in groups["scale_set"].items()} == {
+        "web": frozenset({vm})
+    }
+    fleet.advance(300)
+    cache.update(merging({vm: fleet.heartbeat("web_0")}))
+    cache.load()
+    assert cache.groups(["scale_set"]) is groups  # a heartbeat moved nothing
+    fleet.vm("web_0", scale_set="api")  # the same VM, now reporting another scale set
+    fleet.advance(300)
+    cache.update(merging({vm: fleet.heartbeat("web_0")}))
+    cache.load()
+    moved = cache.groups(["scale_set"])
+    assert {key.rsplit("/", 1)[-1]: ids for key, ids in moved["scale_set"].items()} == {
+        "api": frozenset({vm})
+    }
+    store.close()

@@ -10,7 +10,7 @@ Examples:
     # the record stream alone (no consumer; no approvals, so events start at NotBefore)
     python -m tests.benchmarks.loadgen --wave freeze --vms 300 --records /tmp/freeze.jsonl
 
-Each wave's table goes to stdout and to benchmarks/fleet-<wave>-<size>.md.
+Each wave's table goes to stdout and to benchmarks/fleet-<wave>.md.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for wave in args.wave:
         summaries = []
-        out = args.out_dir / f"fleet-{wave}-{_size(args.vms)}.md"
+        out = args.out_dir / f"fleet-{wave}.md"
         for count in args.consumers:
             config = RunConfig(size=args.vms, seed=args.seed, wave=wave, options=options,
                                scale=args.scale, consumers=count, lead_in=args.lead_in,
@@ -176,14 +176,10 @@ def report_again(directories: list[Path], out_dir: Path) -> int:
                   + ", ".join(str(d) for d in directories) + ")",
                   time.strftime("%Y-%m-%d %H:%M %Z"))  # fmt: skip
     print(text)
-    out = out_dir / f"fleet-{first.wave}-{_size(first.size)}.md"
+    out = out_dir / f"fleet-{first.wave}.md"
     out.write_text(text, encoding="utf-8")
     say(f"written to {out}")
     return 0
-
-
-def _size(vms: int) -> str:
-    return f"{vms // 1000}k" if vms % 1000 == 0 else str(vms)
 
 
 def write_records(wave: str, size: int, seed: int, options: waves.WaveOptions, path: Path) -> int:

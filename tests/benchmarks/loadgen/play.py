@@ -55,6 +55,7 @@ from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import LagSample
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
+from tests.benchmarks.rig import ROOT
 from tests.e2e.harness import Proc, Processes
 
 CONSUMER_GROUP = "$Default"
@@ -121,6 +122,7 @@ class RunResult:
     generator_cpu: float
     generator_rss_kb: int
     load_max: float
+    revision: str = ""  # the commit the consumers ran, and whether bridge/ differed from it
 
     @property
     def stopped(self) -> dict[int, float]:
@@ -313,6 +315,7 @@ class Run:
         self.peak_rss: dict[int, int] = {}
         self.hubs: list[HubWriter] = []
         self.consumers: list[Proc] = []
+        self.revision = ""
 
     def go(self) -> RunResult:
         self.say(f"fleet: {self.fleet.summary()}")
@@ -353,6 +356,8 @@ class Run:
         env |= {f"SE_BRIDGE_CONSUMER_{name.upper()}": f"{value:g}"
                 for name, value in config.consumer_settings().items()}  # fmt: skip
         self.hubs = [HubWriter(root / f"hub-{k}") for k in range(config.consumers)]
+        # The code under test is read when the consumers start: say which it was.
+        self.revision = revision()
         for k in range(config.consumers):
             self.consumers.append(procs.bridge(
                 f"consumer-{k}", "consume", "--hub", str(root / f"hub-{k}"),
@@ -432,7 +437,7 @@ class Run:
             state_bytes=sum(p.stat().st_size for p in root.glob("fleet.db*")),
             generator_cpu=time.process_time() - cpu0,
             generator_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            load_max=self.load_max,
+            load_max=self.load_max, revision=self.revision,
         )  # fmt: skip
 
     def _place(self, emitted: list[Emitted]) -> None:
@@ -538,6 +543,18 @@ class Run:
                     stat.poison = sum(1 for _ in lines)
             stats.append(stat)
         return stats
+
+
+def revision() -> str:
+    """HEAD's short hash, and whether bridge/ has changes of its own: what a run measured."""
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                              timeout=30, check=False)  # fmt: skip
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" with bridge/ modified" if git("status", "--porcelain", "bridge") else "")
 
 
 def save(result: RunResult, path: Path) -> None:

@@ -195,6 +195,9 @@ def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> 
         "",
         f"`{command}` on {when}, {machine}. Machine shared with other work.",
         "",
+        "- Code: "
+        + ", ".join(f"{s.result.revision or 'unknown'} ({s.label})" for s in summaries)
+        + ".",
         f"- Fleet: {first.fleet.summary()}.",
         f"- Wave: {first.plan.description}.",
         f"- Time scale {config.scale:g} fleet seconds per wall second; {config.lead_in:g} fleet "

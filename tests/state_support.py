@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 
 from bridge.config import Config, StorageSettings
+from bridge.consumer import documents as fs
+from bridge.consumer.ledger import ALL_LOCKS, SHARDS, read_ledger, shard_of
 from bridge.consumer.state import Conflict, Doc, Store
 
 
@@ -58,5 +61,17 @@ class DelegatingStore:
     def scan(self, collection: str) -> list[Doc]:
         return self.inner.scan(collection)
 
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        return self.inner.write_all(collection, docs)
+
     def close(self) -> None:
         self.inner.close()
+
+
+def touch_ledger(store: Store) -> None:
+    """Write every ledger shard and lock again, unchanged (creating the missing ones), as
+    another consumer's write would: any ledger write read before this one conflicts."""
+    docs = read_ledger(store).docs
+    keys = sorted({shard_of(str(n)) for n in range(SHARDS * 20)} | ALL_LOCKS)
+    assert len({k for k in keys if k.startswith("entries-")}) == SHARDS
+    store.write_all(fs.LEDGER, [docs.get(k) or Doc(k, {}) for k in keys])

@@ -32,7 +32,7 @@ from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
-from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, ledger_events
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
 from bridge.consumer.state import (
     ChangeFeed,
     Conflict,
@@ -93,7 +93,7 @@ class Consumer:
         # in-process caches simple (other consumer processes are kept apart by the ETags).
         self._lock = threading.RLock()
         self.sender = sender
-        self.ledger = ApprovalLedger(store, settings)
+        self.ledger = ApprovalLedger(store, settings, (b.group for b in policy.budgets))
         self.dispatch = Dispatch(sender, emit, policy, host_name, mode=settings.mode)
         self.fleet = FleetCache(store)
         if isinstance(store, DeferredSync):
@@ -305,18 +305,18 @@ class Consumer:
                 return
 
     def _assess(
-        self, ledger: Doc, doc: Doc, known_vms: VmSnapshot, now: datetime
+        self, ledger: LedgerState, doc: Doc, known_vms: VmSnapshot, now: datetime
     ) -> tuple[EventView, FleetView, LedgerEntry | None]:
         """The event as the policy sees it, the fleet with what impacts it, and its entry."""
         resources = [str(r) for r in doc.value.get("resources") or []]
         impacted = known_vms.by_vm_id(self.ledger.impacted(ledger), also=resources)
-        entry = ledger_events(ledger.value).get(doc.key)
+        entry = ledger.events.get(doc.key)
         tried = tuple(entry.get("tried", ())) if entry else ()
         view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now)
         groups = known_vms.groups(budget.group for budget in self.policy.budgets)
         return view, FleetView(known_vms.vms, impacted, self._alive_within, groups), entry
 
-    def _decided(self, ledger: Doc, doc: Doc, known_vms: VmSnapshot, now: datetime) -> bool:
+    def _decided(self, ledger: LedgerState, doc: Doc, known_vms: VmSnapshot, now: datetime) -> bool:
         """One decision on a live event; False when the ledger changed under us."""
         view, fleet, entry = self._assess(ledger, doc, known_vms, now)
         vms = known_vms.vms
@@ -338,13 +338,14 @@ class Consumer:
             # new VMs from this pass on, before any other event is approved past them.
             counted = {*view.affected, *view.unresolved, *view.possible}
             if not counted <= set(entry["vms"]):
+                locks = self.ledger.locks(counted - set(entry["vms"]), vms)
                 entry["vms"] = sorted(counted | set(entry["vms"]))
                 try:
-                    ledger = self.store.write(fs.LEDGER, ledger)
+                    self.ledger.commit(ledger, [doc.key], locks)
                 except Conflict:
                     return False
         if view.status == "Started":
-            self.ledger.note_started(ledger, doc.key, view)
+            self.ledger.note_started(ledger, doc.key, view, vms)
             return True
         if entry is not None and not self.ledger.needs_decision(entry, now):
             self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
@@ -352,7 +353,7 @@ class Consumer:
         verdict = evaluate(self.policy, fleet, view, now)
         return self.dispatch.apply(
             self.ledger,
-            ledger_doc=ledger,
+            state=ledger,
             event_doc=doc,
             view=view,
             verdict=verdict,

@@ -12,7 +12,7 @@ from typing import Any
 from bridge.channels import CommandSender
 from bridge.commands import message as commands
 from bridge.consumer import documents as fs
-from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, ledger_events
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
 from bridge.consumer.state import Conflict, Doc, Store, update
 from bridge.policy.model import EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id
@@ -53,7 +53,7 @@ class Dispatch:
         self,
         ledger: ApprovalLedger,
         *,
-        ledger_doc: Doc,
+        state: LedgerState,
         event_doc: Doc,
         view: EventView,
         verdict: Verdict,
@@ -75,14 +75,16 @@ class Dispatch:
         # The Decision travels with the entry, so a retry after a failed emit still says it.
         entry = _entry(view, verdict, command, now)
         entry["decision"] = record
-        ledger_events(ledger_doc.value)[key] = entry
+        state.events[key] = entry
         try:
-            written = ledger.store.write(fs.LEDGER, ledger_doc)
+            # With the locks of its VMs' budget groups: a racing approval in one of them
+            # conflicts here (bridge.consumer.ledger).
+            ledger.commit(state, [key], ledger.locks(entry["vms"], vms))
         except Conflict:
             return False
         self._unfinished.add(command.command_id)
         self._say(ledger.store, view, verdict, record)
-        self._send(ledger, key, command, now, written=written)
+        self._send(ledger, key, command, now, written=state)
         return True
 
     def resend_if_unsent(
@@ -110,7 +112,7 @@ class Dispatch:
         command: commands.Command,
         now: datetime,
         *,
-        written: Doc | None = None,
+        written: LedgerState | None = None,
     ) -> None:
         ttl = max(1.0, (command.expires_at - now).total_seconds())
         if not self.shadow:

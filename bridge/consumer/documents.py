@@ -4,9 +4,10 @@ Three collections in a `bridge.consumer.state.Store`:
 
 - `vm/<VmId>`: identity, tags and when the VM was last heard from;
 - `event/<eventid>`: the event as VMs report it, per reporting VM, and hook readiness;
-- `ledger/approvals`: every approved event that has not completed, with the VMs it
-  impacts and where its approval went. Budgets are checked against this one document
-  and it is written with its ETag, so two consumers cannot both spend the last slot.
+- `ledger/...`: every approved event that has not completed, with the VMs it impacts and
+  where its approval went, in shards with budget locks (bridge.consumer.ledger): an
+  approval is written with the ETags of its budget groups' locks, so two consumers cannot
+  both spend the last slot of a group.
 
 The merge functions here are pure: they take a document value and a record and say
 whether the value changed. Replays are harmless: a reporter's status only moves
@@ -94,7 +95,8 @@ def event_document(doc: Doc) -> EventDocument:
 
 
 VM, EVENT, LEDGER = "vm", "event", "ledger"
-LEDGER_KEY = "approvals"
+# The one ledger document of releases before the shards; moved into them when found.
+LEGACY_LEDGER_KEY = "approvals"
 GONE = "Gone"
 
 _IDENTITY = {

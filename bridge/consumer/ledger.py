@@ -1,7 +1,8 @@
 """The approval ledger (budgets, one approval per event) and sending the approvals.
 
-The ledger is one document, `ledger/approvals`, holding every event that impacts VMs
-now: approved by us and not yet completed, or Started by the platform. A sample:
+The ledger holds every event that impacts VMs now: approved by us and not yet completed,
+or Started by the platform. Its entries live in SHARDS documents, `ledger/entries-NN`, an
+entry in the shard its event key hashes to. A shard's value:
 
     {"events": {"c7061bac-...": {
         "event_id": "C7061BAC-...", "origin": "approved", "vms": ["1b1f...", "9c2e..."],
@@ -9,22 +10,47 @@ now: approved by us and not yet completed, or Started by the platform. A sample:
         "command_id": "3d0c...", "command": "{...}", "issued_at": "2026-11-21T10:00:01.250Z",
         "sent": true, "confirmed": false, "refused": false}}}
 
-Every change is a write with the ETag read, so two consumers racing for the last budget
-slot or the same event cannot both win: the loser re-reads and decides again.
+Beside them, LOCKS small documents `ledger/budget-lock-NN` ({"n": 41}): each budget group
+(a budget's group kind and key, policy.model.group_key) hashes to one. A write that adds
+impact (an approval, a Started event, an event that grew) stores the entry's shard and
+bumps the lock of every group its VMs are in, all in one transaction with the ETags read
+(Store.write_all). Two consumers racing for the last slot of a group both bump its lock:
+one write conflicts, and the loser reads again and decides again. Two decisions in
+different groups touch different documents and do not wait for each other, and no
+document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the
+one ledger document of earlier releases reached Table Storage's entity limit at about
+1,500 open events in a 100,000-VM Spot eviction storm, and every approval of the fleet
+contended for its ETag).
+
+A decision reads every shard and lock (one scan: the locks sort first, so a lock is never
+read after an entry that a later write of it added), and counts the impact of every entry
+as the single document did. A VM the ledger names that this consumer cannot place in a
+group (a name no agent reported, a VM not known) may be in any group: its write bumps
+every lock. Changing SHARDS or LOCKS needs every consumer stopped first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
-from bridge.consumer.state import Conflict, Doc, Store, update
-from bridge.policy.model import EventView
+from bridge.consumer.state import (
+    MAX_CONFLICT_RETRIES,
+    TRANSACTION_DOCS,
+    ChangeFeed,
+    Conflict,
+    Doc,
+    Store,
+)
+from bridge.policy.model import EventView, VmView, group_key
 from bridge.records import parse_time
+from bridge.retry import RetryableError
 
 log = logging.getLogger(__name__)
 
@@ -55,27 +81,168 @@ class LedgerEntry(_ImpactEntry, total=False):
     refused: bool
 
 
+SHARDS = 32
+LOCKS = 64
+# A transaction holds the shards it changes and the locks it bumps.
+assert SHARDS + LOCKS + 1 <= TRANSACTION_DOCS
+_SHARD, _LOCK = "entries-", "budget-lock-"
+
+
 def ledger_events(value: dict[str, Any]) -> dict[str, LedgerEntry]:
-    """The entries of the ledger document `value`, by event key (created when missing)."""
+    """The entries of a ledger shard's `value`, by event key (created when missing)."""
     return cast(dict[str, LedgerEntry], value.setdefault("events", {}))
 
 
+def shard_of(key: str) -> str:
+    """The shard document that holds the entry of event `key`."""
+    return f"{_SHARD}{_bucket(key, SHARDS):02d}"
+
+
+def lock_of(kind: str, group: str) -> str:
+    """The lock document of budget group `group` of kind `kind` (policy.model.group_key)."""
+    return f"{_LOCK}{_bucket(kind + chr(0) + group, LOCKS):02d}"
+
+
+ALL_LOCKS = frozenset(f"{_LOCK}{n:02d}" for n in range(LOCKS))
+
+
+def _bucket(text: str, count: int) -> int:
+    # Not hash(): it differs between processes, and every consumer must agree.
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % count
+
+
+@dataclass
+class LedgerState:
+    """The ledger as one read found it: every entry, and the documents they came from at
+    the versions read (a commit writes with those ETags)."""
+
+    events: dict[str, LedgerEntry] = field(default_factory=dict)
+    docs: dict[str, Doc] = field(default_factory=dict)  # shards, locks and a legacy document
+
+
+def read_ledger(store: Store) -> LedgerState:
+    """Every entry of the ledger in `store` (also what tests and tools look at)."""
+    return _state({doc.key: doc for doc in store.scan(fs.LEDGER)})
+
+
+def _state(docs: Mapping[str, Doc]) -> LedgerState:
+    """The ledger held in `docs`, whose values are left alone: each entry is a copy, which
+    callers change in place before they commit it (a failed commit must change nothing)."""
+    state = LedgerState(docs=dict(docs))
+    for key, doc in docs.items():
+        if key.startswith(_SHARD) or key == fs.LEGACY_LEDGER_KEY:
+            for event, entry in ledger_events(doc.value).items():
+                state.events[event] = cast(LedgerEntry, dict(entry))
+    return state
+
+
+def _busy() -> RetryableError:
+    return RetryableError(f"the approval ledger kept changing under {MAX_CONFLICT_RETRIES} writes")
+
+
 class ApprovalLedger:
-    def __init__(self, store: Store, settings: ConsumerSettings) -> None:
+    def __init__(self, store: Store, settings: ConsumerSettings, kinds: Iterable[str] = ()) -> None:
         self.store = store
         self.settings = settings
+        self.kinds = tuple(sorted(set(kinds)))  # the budgets' group kinds
+        # With a change feed (SQLite), the documents as last read or written, and the mark:
+        # a read decodes only the shards written since, not the whole ledger each decision.
+        self._docs: dict[str, Doc] = {}
+        self._mark: int | None = None
 
-    def read(self) -> Doc:
-        doc = self.store.read(fs.LEDGER, fs.LEDGER_KEY) or Doc(fs.LEDGER_KEY)
-        ledger_events(doc.value)
-        return doc
+    def read(self) -> LedgerState:
+        if isinstance(self.store, ChangeFeed):
+            changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
+            self._docs.update((doc.key, doc) for doc in changed)
+            state = _state(self._docs)
+        else:
+            state = read_ledger(self.store)
+        legacy = state.docs.get(fs.LEGACY_LEDGER_KEY)
+        if legacy is not None and ledger_events(legacy.value):
+            state = self._migrate(state, legacy)
+        return state
+
+    def _migrate(self, state: LedgerState, legacy: Doc) -> LedgerState:
+        """Move the entries of an earlier release's single document into the shards, in one
+        transaction (every lock bumped: a consumer deciding meanwhile decides again)."""
+        moved = set(ledger_events(legacy.value))
+        legacy.value["events"] = {}
+        try:
+            self.commit(state, moved, ALL_LOCKS, also=[legacy])
+        except Conflict:
+            return read_ledger(self.store)  # another consumer moved them, or is deciding
+        log.info("moved %d ledger entries into %d shards", len(moved), SHARDS)
+        return state
 
     @staticmethod
-    def impacted(doc: Doc) -> dict[str, frozenset[str]]:
-        return {key: frozenset(e["vms"]) for key, e in ledger_events(doc.value).items()}
+    def impacted(state: LedgerState) -> dict[str, frozenset[str]]:
+        return {key: frozenset(e["vms"]) for key, e in state.events.items()}
 
     def entries(self) -> dict[str, LedgerEntry]:
-        return ledger_events(self.read().value)
+        return self.read().events
+
+    def locks(self, vms: Iterable[str], known: Mapping[str, VmView]) -> frozenset[str]:
+        """The locks of every budget group the VMs `vms` are in (all of them when one of
+        `vms` is not a VM of `known`: it may be in any group)."""
+        found: set[str] = set()
+        for vm_id in vms:
+            vm = known.get(vm_id)
+            if vm is None:
+                return ALL_LOCKS if self.kinds else frozenset()
+            for kind in self.kinds:
+                group = group_key(kind, vm)
+                if group is not None:
+                    found.add(lock_of(kind, group))
+        return frozenset(found)
+
+    def commit(
+        self,
+        state: LedgerState,
+        keys: Collection[str],
+        locks: Collection[str] = (),
+        *,
+        also: Sequence[Doc] = (),
+    ) -> None:
+        """Store the entries `keys` of `state` as they are now (a key missing from
+        `state.events` is removed) and bump `locks`, all or nothing; Conflict if any of
+        those documents changed since `state` was read. `state` then holds the new ETags."""
+        docs = list(also)
+        homes: dict[str, set[str]] = {}
+        for key in keys:
+            homes.setdefault(shard_of(key), set()).add(key)
+        for shard, mine in sorted(homes.items()):
+            old = state.docs.get(shard)
+            members = mine | set(old.value.get("events", {}) if old is not None else ())
+            events = {k: state.events[k] for k in sorted(members) if k in state.events}
+            docs.append(Doc(shard, {"events": events}, None if old is None else old.etag))
+        for lock in sorted(locks):
+            old = state.docs.get(lock)
+            count = int(old.value.get("n", 0)) if old is not None else 0
+            docs.append(Doc(lock, {"n": count + 1}, None if old is None else old.etag))
+        for doc in self.store.write_all(fs.LEDGER, docs):
+            state.docs[doc.key] = doc
+            if self._mark is not None:
+                self._docs[doc.key] = doc
+
+    def _update(self, mutate: Callable[[dict[str, LedgerEntry]], set[str]]) -> set[str]:
+        """Read-modify-write entries until no other writer interferes; the keys changed.
+
+        `mutate` changes entries in place and returns the keys it changed (or removed). No
+        lock is bumped: only writes that free a slot or record an outcome come this way.
+        """
+        for _ in range(MAX_CONFLICT_RETRIES):
+            state = self.read()
+            changed = mutate(state.events)
+            if not changed:
+                return set()
+            try:
+                self.commit(state, changed)
+            except Conflict:
+                continue
+            return changed
+        raise RetryableError(
+            f"the approval ledger kept changing under {MAX_CONFLICT_RETRIES} writes"
+        )
 
     def needs_decision(self, entry: LedgerEntry, now: datetime) -> bool:
         """An approval we sent that was refused, or went unconfirmed for too long."""
@@ -96,73 +263,83 @@ class ApprovalLedger:
         }
         if not outcomes:
             return set()
-        touched: set[str] = set()
 
-        def fold(value: dict[str, Any]) -> bool:
-            touched.clear()
-            for key, entry in ledger_events(value).items():
+        def fold(events: dict[str, LedgerEntry]) -> set[str]:
+            touched = set()
+            for key, entry in events.items():
                 answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
                 outcome = outcomes.get(answer)
                 if outcome is not None and not entry.get("confirmed"):
                     entry["confirmed" if outcome == "Approved" else "refused"] = True
                     touched.add(key)
-            return bool(touched)
+            return touched
 
-        update(self.store, fs.LEDGER, fs.LEDGER_KEY, fold)
-        return set(touched)
+        return self._update(fold)
 
-    def note_started(self, doc: Doc, key: str, view: EventView) -> None:
+    def note_started(
+        self, state: LedgerState, key: str, view: EventView, known: Mapping[str, VmView]
+    ) -> None:
         """A Started event impacts its VMs whether or not we approved it."""
-        if key in ledger_events(doc.value):
+        if key in state.events:
             return
         vms = sorted({*view.affected, *view.unresolved, *view.possible})
         started: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": vms}
-        ledger_events(doc.value)[key] = started
-        try:
-            self.store.write(fs.LEDGER, doc)
-        except Conflict:
-            # Not left to a later pass: until it is in the ledger, the approvals decided in
-            # between (this pass's next events, other consumers) would not count its VMs.
-            def add(value: dict[str, Any]) -> bool:
-                return ledger_events(value).setdefault(key, started) is started
-
-            update(self.store, fs.LEDGER, fs.LEDGER_KEY, add)
+        locks = self.locks(vms, known)
+        # Not left to a later pass: until it is in the ledger, the approvals decided in
+        # between (this pass's next events, other consumers) would not count its VMs.
+        for _ in range(MAX_CONFLICT_RETRIES):
+            if key in state.events:
+                return
+            state.events[key] = started
+            try:
+                self.commit(state, [key], locks)
+            except Conflict:
+                state = self.read()
+                continue
+            return
+        raise RetryableError(
+            f"the approval ledger kept changing under {MAX_CONFLICT_RETRIES} writes"
+        )
 
     def release(self, key: str, why: str) -> None:
-        def drop(value: dict[str, Any]) -> bool:
-            return ledger_events(value).pop(key, None) is not None
+        def drop(events: dict[str, LedgerEntry]) -> set[str]:
+            return {key} if events.pop(key, None) is not None else set()
 
-        if update(self.store, fs.LEDGER, fs.LEDGER_KEY, drop) is not None:
+        if self._update(drop):
             log.info("event %s no longer counts against budgets: %s", key, why)
 
     def mark_sent(
-        self, key: str, command_id: str, *, written: Doc | None = None, confirmed: bool = False
+        self,
+        key: str,
+        command_id: str,
+        *,
+        written: LedgerState | None = None,
+        confirmed: bool = False,
     ) -> None:
         """Mark the entry's command sent; `written`: the ledger as this process just stored it.
 
-        From `written` the change is made without reading the ledger again (the ledger
-        is the largest document, read and decoded on every decision); if another
-        consumer wrote the ledger since, the write conflicts and the newest one is read.
+        From `written` the change is made without reading the ledger again; if another
+        consumer wrote the entry's shard since, the write conflicts and the newest is read.
         """
 
-        def sent(value: dict[str, Any]) -> bool:
-            entry = ledger_events(value).get(key)
+        def sent(events: dict[str, LedgerEntry]) -> set[str]:
+            entry = events.get(key)
             if entry is None or entry.get("command_id") != command_id or entry.get("sent"):
-                return False
+                return set()
             entry["sent"] = True
             if confirmed:  # shadow mode: no agent answers; taken as a cooperative one would
                 entry["confirmed"] = True
-            # Only a resend needs these; dropped, every decision reads and writes a ledger
-            # that stays small however many approvals are open.
+            # Only a resend needs these; dropped, every decision reads and writes shards
+            # that stay small however many approvals are open.
             entry.pop("command", None)
             entry.pop("decision", None)
-            return True
+            return {key}
 
-        if written is not None and written.etag is not None and sent(written.value):
+        if written is not None and sent(written.events):
             try:
-                self.store.write(fs.LEDGER, written)
+                self.commit(written, [key])
             except Conflict:
                 pass
             else:
                 return
-        update(self.store, fs.LEDGER, fs.LEDGER_KEY, sent)
+        self._update(sent)

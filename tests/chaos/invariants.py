@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.consumer import documents as fs
+from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.localhub import PARTITIONS, LocalHub
 from bridge.records import iso
@@ -254,8 +255,7 @@ def check_consumer_state(
     twin's Preempt, released), none unknown."""
     store = SqliteStore(fleet_db)
     try:
-        ledger = store.read(fs.LEDGER, fs.LEDGER_KEY)
-        held = dict(ledger.value.get("events", {})) if ledger else {}
+        held = dict(read_ledger(store).events)
         docs = store.scan(fs.EVENT)
     finally:
         store.close()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
@@ -26,6 +26,7 @@ from azure.storage.queue import QueueServiceClient
 from bridge.commands import message as commands
 from bridge.config import Config, EventHubsSettings
 from bridge.consumer import documents as fs
+from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state.tables import TableStore
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
@@ -266,9 +267,7 @@ class CloudConsumers:
 
     def ledger(self) -> dict[str, dict[str, Any]]:
         """The approval ledger's entries by event key (empty before the first approval)."""
-        doc = self._store.read(fs.LEDGER, fs.LEDGER_KEY)
-        events: dict[str, dict[str, Any]] = {} if doc is None else doc.value.get("events", {})
-        return events
+        return cast(dict[str, dict[str, Any]], read_ledger(self._store).events)
 
     def known_vms(self) -> int:
         """How many VMs the fleet state holds (the consumers have merged their records)."""

@@ -50,7 +50,14 @@ class Store(Protocol):
         """Remove `doc` if it is still at `doc.etag`; Conflict if it changed, nothing if gone."""
 
     def scan(self, collection: str) -> list[Doc]:
-        """Every document of the collection, in key order."""
+        """Every document of the collection, in key order (read in that order)."""
+
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        """Store every doc if each is still at its etag, or none of them (Conflict).
+
+        At most TRANSACTION_DOCS documents (Table Storage's entity-group transaction);
+        ValueError for more. The stored Docs share their values with `docs`.
+        """
 
     def close(self) -> None: ...
 
@@ -130,6 +137,9 @@ def decode_value(text: str) -> dict[str, Any]:
     value: dict[str, Any] = json.loads(text)
     return value
 
+
+# Table Storage's entity-group transaction: at most 100 operations, all in one partition.
+TRANSACTION_DOCS = 100
 
 MAX_CONFLICT_RETRIES = 50
 

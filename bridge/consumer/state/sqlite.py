@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bridge import sqlitewal
-from bridge.consumer.state import Conflict, Doc, decode_value, encode_value
+from bridge.consumer.state import TRANSACTION_DOCS, Conflict, Doc, decode_value, encode_value
 from bridge.retry import DeliveryError, PermanentError, RetryableError
 
 T = TypeVar("T")
@@ -154,6 +154,25 @@ class SqliteStore:
             if ok
         ]
         return stored, [doc.key for doc, ok in zip(docs, written, strict=True) if not ok]
+
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        if len(docs) > TRANSACTION_DOCS:
+            raise ValueError(
+                f"{len(docs)} documents in one transaction; at most {TRANSACTION_DOCS}"
+            )
+        texts = [encode_value(collection, doc) for doc in docs]
+        etags = _new_etags(len(docs))
+
+        def work(conn: sqlite3.Connection) -> None:
+            conn.execute(BUMP, (collection,))
+            rev = conn.execute(MARK, (collection,)).fetchone()[0]
+            written = _put_all(conn, collection, docs, etags=etags, texts=texts, rev=rev)
+            if not all(written):  # raised inside the transaction: it is rolled back
+                late = [doc.key for doc, ok in zip(docs, written, strict=True) if not ok]
+                raise Conflict(f"{collection}/{', '.join(late)} changed since read")
+
+        self._transaction(work, sync=collection not in self._deferred)
+        return [Doc(doc.key, doc.value, etag) for doc, etag in zip(docs, etags, strict=True)]
 
     def delete(self, collection: str, doc: Doc) -> None:
         if doc.etag is not None:

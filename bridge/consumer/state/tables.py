@@ -26,7 +26,7 @@ from azure.core.exceptions import AzureError, ResourceExistsError
 from bridge import identity
 from bridge.channels import storageerrors
 from bridge.config import Config
-from bridge.consumer.state import Conflict, Doc, decode_value, encode_value
+from bridge.consumer.state import TRANSACTION_DOCS, Conflict, Doc, decode_value, encode_value
 from bridge.retry import (
     DeliveryError,
     PermanentError,
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 # An entity-group transaction holds at most 100 operations and 4 MiB; a query's filter at
 # most 15 comparisons (one is the PartitionKey).
-TRANSACTION_OPS = 100
+TRANSACTION_OPS = TRANSACTION_DOCS
 TRANSACTION_CHARS = 1_500_000  # of ASCII JSON: 3 MB as UTF-16, under the 4 MiB limit
 FILTER_KEYS = 14
 CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB property limit
@@ -127,6 +127,16 @@ class TableStore:
             except Conflict:
                 conflicted += [doc.key for doc, _ in group]
         return stored, conflicted
+
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        """One entity-group transaction: the service writes all or none."""
+        groups = _groups(collection, docs)
+        if len(groups) > 1:
+            raise ValueError(
+                f"{len(docs)} documents of {collection} do not fit one transaction "
+                f"({TRANSACTION_OPS} entities, {TRANSACTION_CHARS} characters)"
+            )
+        return self._transact(collection, groups[0]) if groups else []
 
     def _transact(self, collection: str, group: list[tuple[Doc, str]]) -> list[Doc]:
         from azure.data.tables import UpdateMode  # noqa: PLC0415

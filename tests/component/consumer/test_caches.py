@@ -17,7 +17,7 @@ import pytest
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import FleetCache
-from bridge.consumer.ledger import ApprovalLedger
+from bridge.consumer.ledger import ApprovalLedger, LedgerState, read_ledger, shard_of
 from bridge.consumer.state import Doc, Mutation
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.records import parse_time
@@ -26,7 +26,7 @@ from tests.fleetrecords import FleetRecords
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 KEY_READS = "SELECT key, etag, value FROM docs WHERE collection = 'vm' AND key IN"
-LEDGER_READ = "SELECT etag, value FROM docs WHERE collection = 'ledger'"
+LEDGER_READ = "SELECT key, etag, value FROM docs WHERE collection = 'ledger'"
 
 
 @contextmanager
@@ -117,7 +117,8 @@ def unsent(key: str, command_id: str) -> dict[str, Any]:
 def test_marking_sent_the_ledger_just_written_needs_no_read(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "fleet.db")
     ledger = ApprovalLedger(store, ConsumerSettings())
-    written = store.write(fs.LEDGER, Doc(fs.LEDGER_KEY, {"events": {"e1": unsent("e1", "c1")}}))
+    written = LedgerState({"e1": unsent("e1", "c1")})  # type: ignore[dict-item]
+    ledger.commit(written, ["e1"])
     with queries(store) as seen:
         ledger.mark_sent("e1", "c1", written=written)
     assert not [q for q in seen if q.startswith(LEDGER_READ)]
@@ -130,14 +131,18 @@ def test_marking_sent_the_ledger_just_written_needs_no_read(tmp_path: Path) -> N
 def test_marking_sent_over_a_ledger_changed_since_keeps_both_changes(tmp_path: Path) -> None:
     ours, theirs = SqliteStore(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
     ledger = ApprovalLedger(ours, ConsumerSettings())
-    written = ours.write(fs.LEDGER, Doc(fs.LEDGER_KEY, {"events": {"e1": unsent("e1", "c1")}}))
-    both = {"events": {"e1": unsent("e1", "c1"), "e2": unsent("e2", "c2")}}
-    theirs.write(fs.LEDGER, Doc(fs.LEDGER_KEY, both, written.etag))
+    written = LedgerState({"e1": unsent("e1", "c1")})  # type: ignore[dict-item]
+    ledger.commit(written, ["e1"])
+    # Another consumer adds an entry to the same shard after our write.
+    e2 = next(f"e{n}" for n in range(2, 10_000) if shard_of(f"e{n}") == shard_of("e1"))
+    state = read_ledger(theirs)
+    state.events[e2] = unsent(e2, "c2")  # type: ignore[assignment]
+    ApprovalLedger(theirs, ConsumerSettings()).commit(state, [e2])
     ledger.mark_sent("e1", "c1", written=written)
     entries = ledger.entries()
-    assert sorted(entries) == ["e1", "e2"]
+    assert sorted(entries) == sorted(["e1", e2])
     assert entries["e1"]["sent"]
-    assert not entries["e2"]["sent"]
+    assert not entries[e2]["sent"]
     ours.close()
     theirs.close()
 

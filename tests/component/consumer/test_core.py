@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -233,10 +233,17 @@ class InterleavingStore(SqliteStore):
         super().__init__(path)
         self.between: list[Callable[[], None]] = []
 
-    def read(self, collection: str, key: str) -> Doc | None:
+    def scan(self, collection: str) -> list[Doc]:
         if collection == fs.LEDGER and self.between:
             self.between.pop()()
-        return super().read(collection, key)
+        return super().scan(collection)
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        if collection == fs.LEDGER and self.between:  # how the ledger is read with SQLite
+            self.between.pop()()
+        return super().scan_changes(collection, since, known)
 
 
 def late_consumer(tmp_path: Path) -> tuple[Rig, Consumer, InterleavingStore]:

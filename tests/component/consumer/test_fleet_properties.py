@@ -44,7 +44,7 @@ from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer import validation
 from bridge.consumer.core import Consumer
-from bridge.consumer.ledger import ledger_events
+from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView, vm_matches
 from bridge.records import iso
@@ -419,8 +419,8 @@ def finish(world: World) -> None:
             event.completed = True
             world.event_record(event, "Completed")
     world.advance(4 * 3600)
-    ledger = world.store.read(fs.LEDGER, fs.LEDGER_KEY)
-    assert ledger is None or ledger_events(ledger.value) == {}, ledger
+    ledger = read_ledger(world.store).events
+    assert ledger == {}, ledger
     assert world.store.scan(fs.EVENT) == []
     kept = {doc.key for doc in world.store.scan(fs.VM)}
     live = {world.records.origins[vm.handle].identity.vm_id for vm in world.live()}

@@ -49,12 +49,13 @@ from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
+from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state import Doc, Store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from bridge.records import parse_time
 from tests.fleetrecords import FleetRecords
-from tests.state_support import DelegatingStore
+from tests.state_support import DelegatingStore, touch_ledger
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 SETTINGS = ConsumerSettings(alive_within=120.0, approval_timeout=30.0)
@@ -544,6 +545,11 @@ class Watched:
             self.world.on_ledger_write(self.index)
         return self.inner.write(collection, doc)
 
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        if collection == fs.LEDGER:
+            self.world.on_ledger_write(self.index)
+        return self.inner.write_all(collection, docs)
+
     def delete(self, collection: str, doc: Doc) -> None:
         self.inner.delete(collection, doc)
 
@@ -689,8 +695,8 @@ def test_no_sequence_of_records_breaks_a_budget_or_approves_twice(
             for step in plan:
                 run_step(world, step)
             finish(world)
-            ledger = world.stores[0].read(fs.LEDGER, fs.LEDGER_KEY)
-            assert ledger is None or ledger.value.get("events") == {}, ledger
+            ledger = read_ledger(world.stores[0]).events
+            assert ledger == {}, ledger
         finally:
             world.close()
 
@@ -765,11 +771,11 @@ class Interrupting(DelegatingStore):
         super().__init__(inner)
         self.armed: Callable[[], None] | None = None
 
-    def write(self, collection: str, doc: Doc) -> Doc:
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
         if collection == fs.LEDGER and self.armed:
             first, self.armed = self.armed, None
             first()
-        return self.inner.write(collection, doc)
+        return self.inner.write_all(collection, docs)
 
 
 def test_a_started_event_is_recorded_even_when_another_consumer_wrote_the_ledger_first(
@@ -783,18 +789,11 @@ def test_a_started_event_is_recorded_even_when_another_consumer_wrote_the_ledger
     consumer = pair.consumer(interrupting)
     consumer.process([fleet.heartbeat("web_0"), fleet.heartbeat("web_1")])
 
-    def other_writes_the_ledger() -> None:
-        theirs = pair.stores[1].read(fs.LEDGER, fs.LEDGER_KEY) or Doc(fs.LEDGER_KEY, {})
-        theirs.value.setdefault("events", {})
-        pair.stores[1].write(fs.LEDGER, theirs)
-
-    interrupting.armed = other_writes_the_ledger
+    interrupting.armed = lambda: touch_ledger(pair.stores[1])
     # Both in one batch: the Started one is recorded first, and web_1's reboot must count it.
     started = fleet.event("web_0", E1, transition="Started", source="Platform")
     consumer.process([started, fleet.event("web_1", E2)])
-    ledger = pair.stores[1].read(fs.LEDGER, fs.LEDGER_KEY)
-    assert ledger is not None
-    assert list(ledger.value["events"]) == [fs.event_key(E1)]
+    assert list(read_ledger(pair.stores[1]).events) == [fs.event_key(E1)]
     assert pair.sent == []
     pair.close()
 
@@ -819,9 +818,7 @@ def test_a_late_reporter_starting_the_event_while_it_is_released_keeps_it_counte
     # before that release is written, and finds the entry still in the ledger.
     interrupting.armed = lambda: second.process([late])
     first.process([fleet.event("web_0", E1, transition="Completed", resources=both)])
-    ledger = pair.stores[1].read(fs.LEDGER, fs.LEDGER_KEY)
-    assert ledger is not None
-    assert list(ledger.value["events"]) == [fs.event_key(E1)]
+    assert list(read_ledger(pair.stores[1]).events) == [fs.event_key(E1)]
     second.process([fleet.event("web_2", E2)])
     assert pair.sent == []  # web_1 is still down
     pair.close()

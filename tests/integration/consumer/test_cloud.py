@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any
 
@@ -23,6 +23,7 @@ from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
+from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state import Conflict, Doc
 from bridge.consumer.state.tables import TableStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
@@ -223,12 +224,12 @@ class RacingStore(DelegatingStore):
         self.conflicts = 0
         self._waited = threading.local()
 
-    def write(self, collection: str, doc: Doc) -> Doc:
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
         if self.armed and collection == fs.LEDGER and not getattr(self._waited, "done", False):
             self._waited.done = True
             self.barrier.wait()
         try:
-            return self.inner.write(collection, doc)
+            return self.inner.write_all(collection, docs)
         except Conflict:
             self.conflicts += 1
             raise
@@ -300,9 +301,8 @@ def test_two_consumers_racing_for_the_last_budget_slot_on_tables_one_wins(
         winner = sender.sent[1].event_id
         assert winner in (e1, e2)
         loser = e2 if winner == e1 else e1
-        ledger = stores[0].read(fs.LEDGER, fs.LEDGER_KEY)
-        assert ledger is not None
-        assert set(ledger.value["events"]) == {fs.event_key(e0), fs.event_key(winner)}
+        ledger = read_ledger(stores[0]).events
+        assert set(ledger) == {fs.event_key(e0), fs.event_key(winner)}
         said = [(d["EventId"], d["DecisionAction"]) for d in decisions]
         assert said[0] == (e0, "Approve")
         assert sorted(said[1:]) == sorted([(winner, "Approve"), (loser, "Defer")])

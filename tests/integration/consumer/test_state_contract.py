@@ -257,3 +257,26 @@ def test_update_many_writes_nothing_for_mutations_that_change_nothing(store: Sto
     result = update_many(store, "vms", {"there": lambda _: False, "absent": lambda _: False})
     assert result == {"there": there, "absent": None}
     assert store.read("vms", "absent") is None
+
+
+def test_write_all_stores_every_document_or_none(store: Store) -> None:
+    a = store.write("ledger", Doc("a", {"n": 1}))
+    b = store.write("ledger", Doc("b", {"n": 1}))
+    written = store.write_all(
+        "ledger", [Doc("a", {"n": 2}, a.etag), Doc("b", {"n": 2}, b.etag), Doc("c", {"n": 1})]
+    )
+    assert [d.key for d in written] == ["a", "b", "c"]
+    assert {d.key: d.value["n"] for d in store.scan("ledger")} == {"a": 2, "b": 2, "c": 1}
+    # One stale ETag (b's first version), one document created meanwhile: nothing is written.
+    for stale in (Doc("b", {"n": 3}, b.etag), Doc("c", {"n": 3})):
+        with pytest.raises(Conflict):
+            store.write_all("ledger", [Doc("a", {"n": 3}, written[0].etag), stale])
+        assert {d.key: d.value["n"] for d in store.scan("ledger")} == {"a": 2, "b": 2, "c": 1}
+    again = store.write_all("ledger", [Doc("a", {"n": 4}, written[0].etag)])
+    assert store.read("ledger", "a") == Doc("a", {"n": 4}, again[0].etag)
+
+
+def test_write_all_refuses_more_than_one_transaction_holds(store: Store) -> None:
+    with pytest.raises(ValueError, match="transaction"):
+        store.write_all("ledger", [Doc(f"k{n}", {}) for n in range(101)])
+    assert store.scan("ledger") == []

@@ -1,0 +1,170 @@
+"""The sharded approval ledger over a real SQLite fleet state: size and contention grow with
+a budget group's events, not with the fleet's (issue 15), with the same guarantees."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bridge.commands.message import Command
+from bridge.config import ConsumerSettings
+from bridge.consumer import documents as fs
+from bridge.consumer.core import Consumer
+from bridge.consumer.ledger import (
+    ALL_LOCKS,
+    SHARDS,
+    ApprovalLedger,
+    LedgerEntry,
+    lock_of,
+    read_ledger,
+    shard_of,
+)
+from bridge.consumer.state import MAX_VALUE_CHARS, Conflict, Doc
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView
+from tests.fleetrecords import FleetRecords
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+APPROVE_ALL = Rule("all", Match(), Action("approve"))
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        self.sent.append(command)
+
+    def close(self) -> None:
+        pass
+
+
+def consumer(store: SqliteStore, fleet: FleetRecords, policy: Policy, sender: Sender) -> Consumer:
+    return Consumer(
+        store, sender, policy, lambda _: None, ConsumerSettings(), now=lambda: fleet.now
+    )
+
+
+def event_id(n: int) -> str:
+    return str(uuid.UUID(int=n + 1)).upper()
+
+
+def test_thousands_of_open_approvals_fit_and_no_document_grows_with_them(tmp_path: Path) -> None:
+    # The Spot eviction storm of the load generator: before the shards, the one ledger
+    # document passed Table Storage's entity limit at about 1,500 open approvals, and every
+    # later approval failed ("fleet state documents hold at most 480000").
+    fleet, sender, store = FleetRecords(T0), Sender(), SqliteStore(tmp_path / "fleet.db")
+    names = [f"spot_{n}" for n in range(2_000)]
+    for name in names:
+        fleet.vm(name, scale_set=f"spot-{name[-1]}")
+    policy = Policy(rules=(APPROVE_ALL,), budgets=(Budget("all", "scale_set", max_percent=100),))
+    storm = consumer(store, fleet, policy, sender)
+    storm.process([fleet.heartbeat(name) for name in names])
+    storm.process(
+        [fleet.event(name, event_id(n), event_type="Preempt") for n, name in enumerate(names)]
+    )
+    assert len(sender.sent) == len({c.event_id for c in sender.sent}) == 2_000
+    docs = store.scan(fs.LEDGER)
+    assert len(read_ledger(store).events) == 2_000
+    largest = max(len(str(d.value)) for d in docs)
+    assert largest < MAX_VALUE_CHARS / 8, largest
+    assert sum(d.key.startswith("entries-") for d in docs) == SHARDS
+    store.close()
+
+
+def vm(name: str, scale_set: str) -> VmView:
+    return VmView(
+        vm_id=name, name=name, resource_group="rg", scale_set=scale_set, subscription_id="sub"
+    )
+
+
+KNOWN = {"a0": vm("a0", "a"), "a1": vm("a1", "a"), "b0": vm("b0", "b")}
+
+
+def entry(key: str, *vms: str) -> LedgerEntry:
+    return {"event_id": key.upper(), "origin": "started", "vms": list(vms)}
+
+
+def approve(ledger: ApprovalLedger, key: str, *vms: str) -> None:
+    """What a decision does: read the ledger, add the entry, write it with its locks."""
+    state = ledger.read()
+    state.events[key] = entry(key, *vms)
+    ledger.commit(state, [key], ledger.locks(vms, KNOWN))
+
+
+def test_racing_writes_conflict_only_when_they_share_a_budget_group(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    ours, theirs = SqliteStore(path), SqliteStore(path)
+    mine = ApprovalLedger(ours, ConsumerSettings(), ["scale_set"])
+    other = ApprovalLedger(theirs, ConsumerSettings(), ["scale_set"])
+    assert lock_of("scale_set", "sub/rg/a") != lock_of("scale_set", "sub/rg/b")
+
+    state = mine.read()
+    approve(other, "e-b", "b0")  # another scale set: no reason to decide again
+    state.events["e-a"] = entry("e-a", "a0")
+    mine.commit(state, ["e-a"], mine.locks(["a0"], KNOWN))
+
+    state = mine.read()
+    approve(other, "e-a1", "a1")  # the same scale set: the slot may be gone
+    state.events["e-a0"] = entry("e-a0", "a0")
+    with pytest.raises(Conflict):
+        mine.commit(state, ["e-a0"], mine.locks(["a0"], KNOWN))
+    assert sorted(read_ledger(ours).events) == ["e-a", "e-a1", "e-b"]
+    ours.close()
+    theirs.close()
+
+
+def test_a_vm_no_consumer_can_place_takes_every_lock(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "fleet.db")
+    ledger = ApprovalLedger(store, ConsumerSettings(), ["scale_set", "zone"])
+    assert ledger.locks(["a0", "a1"], KNOWN) == {lock_of("scale_set", "sub/rg/a")}
+    assert ledger.locks(["a0", "web_7"], KNOWN) == ALL_LOCKS  # a name no agent reported
+    # Without budgets there is no group to lock; the entry's shard still makes two writes
+    # of one event meet.
+    assert ApprovalLedger(store, ConsumerSettings()).locks(["web_7"], KNOWN) == frozenset()
+    state = ledger.read()
+    state.events["e1"] = entry("e1", "web_7")
+    ledger.commit(state, ["e1"], ALL_LOCKS)
+    assert {d.key for d in store.scan(fs.LEDGER)} == ALL_LOCKS | {shard_of("e1")}
+    store.close()
+
+
+def test_an_earlier_releases_single_ledger_is_moved_into_the_shards_and_still_counts(
+    tmp_path: Path,
+) -> None:
+    fleet, sender, store = FleetRecords(T0), Sender(), SqliteStore(tmp_path / "fleet.db")
+    for name in ("web_0", "web_1"):
+        fleet.vm(name, scale_set="web")
+    held = {fs.event_key(event_id(0)): {**entry(event_id(0), fleet.vm_id("web_0"))}}
+    store.write(fs.LEDGER, Doc(fs.LEGACY_LEDGER_KEY, {"events": held}))
+    policy = Policy(rules=(APPROVE_ALL,), budgets=(Budget("one", "scale_set", max_vms=1),))
+    upgraded = consumer(store, fleet, policy, sender)
+    upgraded.process([fleet.heartbeat("web_0"), fleet.heartbeat("web_1")])
+    upgraded.process([fleet.event("web_1", event_id(1))])
+    assert sender.sent == []  # web_0's event, from the old document, holds the one slot
+    legacy = store.read(fs.LEDGER, fs.LEGACY_LEDGER_KEY)
+    assert legacy is not None
+    assert legacy.value == {"events": {}}
+    shard = store.read(fs.LEDGER, shard_of(fs.event_key(event_id(0))))
+    assert shard is not None
+    assert list(shard.value["events"]) == list(held)
+    store.close()
+
+
+def test_releasing_and_marking_touch_only_the_entrys_shard(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.db"
+    ours, theirs = SqliteStore(path), SqliteStore(path)
+    mine = ApprovalLedger(ours, ConsumerSettings(), ["scale_set"])
+    approve(mine, "e1", "a0")
+    approve(mine, "e2", "b0")
+    before: dict[str, Any] = {d.key: d.etag for d in theirs.scan(fs.LEDGER)}
+    mine.release("e1", "done")
+    after = {d.key: d.etag for d in theirs.scan(fs.LEDGER)}
+    assert {k for k in after if after[k] != before[k]} == {shard_of("e1")}
+    assert list(read_ledger(theirs).events) == ["e2"]
+    ours.close()
+    theirs.close()

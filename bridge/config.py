@@ -225,6 +225,12 @@ class CommandsSettings:
         "empty: no command listener.",
     )
     queue_prefix: str = _setting("se-bridge-", "Per-VM queue name: this prefix and the VmId.")
+    queue_accounts: str = _setting(
+        "",
+        "Consumer: the storage accounts of the per-VM queues when a fleet spreads them over "
+        "several (infra/ queueAccountCount), comma-separated; a VM's queue is in the account at "
+        "index (the first 8 hex digits of its VmId) modulo their number. Empty: storage.account.",
+    )
     poll_interval: float = _setting(
         1.0,
         "Seconds between command reads while a Scheduled event that affects this VM is pending.",

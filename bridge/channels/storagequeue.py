@@ -8,7 +8,10 @@ by default) therefore yields text the agent refuses as not JSON: never acted on.
 
 The agent's identity needs "Storage Queue Data Message Processor" on its own queue only;
 the consumer's needs "Storage Queue Data Message Sender", or "Storage Queue Data
-Contributor" to create a VM's queue on its first command. A message as the agent reads it:
+Contributor" to create a VM's queue on its first command. A fleet past one account's
+request quota spreads the queues over several (commands.queue_accounts, `queue_account`):
+each agent is set up with its own account, the consumer with all of them. A message as
+the agent reads it:
 
     id: 6e9b...   pop_receipt: AgAAAAMAAAAAAAAA...   dequeue_count: 1
     content: {"SchemaVersion":1,"CommandId":"3d0c...","Type":"Approve","VmId":"1b1f...",...}
@@ -21,6 +24,7 @@ import math
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -41,6 +45,7 @@ if TYPE_CHECKING:
 # Azure's rule: 3-63 characters, lowercase letters, digits and single hyphens, starting
 # and ending with a letter or digit.
 _QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_ACCOUNT_NAME = re.compile(r"^[a-z0-9]{3,24}$")
 _SAMPLE_VM_ID = "00000000-0000-0000-0000-000000000000"
 MAX_PER_REQUEST = 32  # the service's limit for one Get Messages call
 AGENT_ROLE = "Storage Queue Data Message Processor"
@@ -61,13 +66,50 @@ def queue_name(prefix: str, vm_id: str) -> str:
     return name
 
 
+def queue_accounts(config: Config) -> list[str]:
+    """commands.queue_accounts as a list ([] when not set); ValueError naming what is wrong."""
+    text = config.commands.queue_accounts.strip()
+    if not text:
+        return []
+    accounts = [a.strip() for a in text.split(",")]
+    bad = [a for a in accounts if not _ACCOUNT_NAME.match(a)]
+    if bad:
+        raise ValueError(
+            f"commands.queue_accounts: {', '.join(map(repr, bad))} is not a storage account "
+            "name (3-24 lowercase letters and digits); give the names, comma-separated"
+        )
+    if len(set(accounts)) != len(accounts):
+        raise ValueError("commands.queue_accounts names an account twice")
+    if config.storage.connection_string:
+        raise ValueError(
+            "commands.queue_accounts needs Entra ID (storage.account), not "
+            "storage.connection_string, which names one account"
+        )
+    return accounts
+
+
+def queue_account(vm_id: str, accounts: Sequence[str]) -> str:
+    """The account of `vm_id`'s queue: the one at index (the first 8 hex digits of its VmId)
+    modulo their number, as docs/deploying.md has each VM pick it. ValueError for a VmId
+    that does not start with 8 hex digits."""
+    digits = vm_id.strip()[:8]
+    try:
+        return accounts[int(digits, 16) % len(accounts)]
+    except ValueError:
+        raise ValueError(f"VmId {vm_id!r} does not start with 8 hex digits") from None
+
+
 class StorageQueueSender:
     """The consumer's end: one queue client per VM, the most recently used `cache_size` kept."""
 
     def __init__(self, config: Config, *, cache_size: int = 1024) -> None:
         self._prefix = config.commands.queue_prefix
         queue_name(self._prefix, _SAMPLE_VM_ID)  # a bad prefix stops the process at start
-        self._edge = _Edge(config, CONSUMER_ROLE)
+        self._accounts = queue_accounts(config)  # so do bad account names
+        self._edges = {
+            account: _Edge(config, CONSUMER_ROLE, account=account)
+            for account in self._accounts or [""]
+        }
         self._clients: OrderedDict[str, QueueClient] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -75,22 +117,28 @@ class StorageQueueSender:
     def send(self, command: Command, time_to_live: float) -> None:
         try:
             name = queue_name(self._prefix, command.vm_id)
+            edge = (
+                self._edges[queue_account(command.vm_id, self._accounts)]
+                if self._accounts
+                else self._edges[""]
+            )
         except ValueError as err:
             raise PermanentError(str(err)) from err
-        client = self._client(name)
+        client = self._client(name, edge)
         try:
             _send(client, command.to_json(), max(1, int(time_to_live)))
         except Exception as err:
-            raise self._edge.classify(err, name) from err
+            raise edge.classify(err, name) from err
 
     def close(self) -> None:
         with self._lock:
             self._clients.clear()
-        self._edge.close()
+        for edge in self._edges.values():
+            edge.close()
 
-    def _client(self, name: str) -> QueueClient:
+    def _client(self, name: str, edge: _Edge) -> QueueClient:
         with self._lock:
-            client = self._clients.pop(name, None) or self._edge.queue(name)
+            client = self._clients.pop(name, None) or edge.queue(name)
             self._clients[name] = client
             if len(self._clients) > self._cache_size:
                 # Clients share the service client's connections: dropping one closes nothing.
@@ -173,11 +221,11 @@ def _received(message: Any) -> Received:
 class _Edge:
     """The account connection one end uses, and how its failures map onto bridge.retry."""
 
-    def __init__(self, config: Config, role: str) -> None:
+    def __init__(self, config: Config, role: str, *, account: str = "") -> None:
         self._storage = config.storage
         self._identity = config.identity
         self._role = role
-        self._service = _service_client(config)
+        self._service = _service_client(config, account or config.storage.account)
         # Errors name the endpoint without its query, which could hold a SAS signature.
         parts = urlsplit(self._service.url)
         self._endpoint = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
@@ -198,8 +246,9 @@ class _Edge:
         return f"grant {identity.describe(self._identity)} the {self._role} role on the queue"
 
 
-def _service_client(config: Config) -> QueueServiceClient:
-    """A client over the account; ValueError naming the setting when the settings are unusable."""
+def _service_client(config: Config, account: str) -> QueueServiceClient:
+    """A client over `account` (or the connection string's); ValueError naming the setting
+    when the settings are unusable."""
     from azure.storage.queue import QueueServiceClient  # noqa: PLC0415
 
     storage = config.storage
@@ -210,9 +259,9 @@ def _service_client(config: Config) -> QueueServiceClient:
             return QueueServiceClient.from_connection_string(storage.connection_string, **options)
         except ValueError as err:
             raise ValueError("storage.connection_string is not a valid connection string") from err
-    if not storage.account:
+    if not account:
         raise ValueError(
             "the storagequeue channel needs storage.account or storage.connection_string"
         )
-    url = f"https://{storage.account}.queue.{storage.endpoint_suffix}"
+    url = f"https://{account}.queue.{storage.endpoint_suffix}"
     return QueueServiceClient(url, credential=identity.credential(config.identity), **options)

@@ -271,7 +271,7 @@ def test_a_refused_identity_is_told_which_role_it_needs(
     inbox, sender = StorageQueueInbox(config, new_vm(), 1), StorageQueueSender(config)
     try:
         agent = inbox._edge.classify(refused.value, "q")
-        consumer = sender._edge.classify(refused.value, "q")
+        consumer = sender._edges[""].classify(refused.value, "q")
     finally:
         inbox.close()
         sender.close()

@@ -166,9 +166,9 @@ class ApprovalLedger:
         """Move the entries of an earlier release's single document into the shards, in one
         transaction (every lock bumped: a consumer deciding meanwhile decides again)."""
         moved = set(ledger_events(legacy.value))
-        legacy.value["events"] = {}
+        emptied = Doc(legacy.key, {"events": {}}, legacy.etag)  # what was read stays as read
         try:
-            self.commit(state, moved, ALL_LOCKS, also=[legacy])
+            self.commit(state, moved, ALL_LOCKS, also=[emptied])
         except Conflict:
             return read_ledger(self.store)  # another consumer moved them, or is deciding
         log.info("moved %d ledger entries into %d shards", len(moved), SHARDS)

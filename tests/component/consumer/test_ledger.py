@@ -4,6 +4,7 @@ a budget group's events, not with the fleet's (issue 15), with the same guarante
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -168,3 +169,40 @@ def test_releasing_and_marking_touch_only_the_entrys_shard(tmp_path: Path) -> No
     assert list(read_ledger(theirs).events) == ["e2"]
     ours.close()
     theirs.close()
+
+
+class WritesFirst(SqliteStore):
+    """Runs `first` once, before its next transaction: another consumer's write lands between
+    this consumer's read and its write."""
+
+    first: Callable[[], object] | None = None
+
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        if self.first is not None:
+            first, self.first = self.first, None
+            first()
+        return super().write_all(collection, docs)
+
+
+@pytest.mark.parametrize("other", ["moves the old ledger", "approves in a budget group"])
+def test_a_move_of_the_old_ledger_that_conflicts_keeps_every_entry_once(
+    tmp_path: Path, other: str
+) -> None:
+    path = tmp_path / "fleet.db"
+    held = {f"e{n}": entry(f"e{n}", f"vm-{n}") for n in range(50)}
+    plain = SqliteStore(path)
+    plain.write(fs.LEDGER, Doc(fs.LEGACY_LEDGER_KEY, {"events": dict(held)}))
+    racing = WritesFirst(path)
+    if other == "moves the old ledger":
+        racing.first = lambda: ApprovalLedger(SqliteStore(path), ConsumerSettings()).read()
+    else:  # a lock the move bumps too, the old document untouched
+        racing.first = lambda: plain.write_all(fs.LEDGER, [Doc(min(ALL_LOCKS), {"n": 1})])
+    late = ApprovalLedger(racing, ConsumerSettings())
+    assert late.read().events == held  # its move conflicted: it read the ledger again
+    assert late.read().events == held  # and what it holds of the documents is still right
+    assert read_ledger(plain).events == held
+    legacy = plain.read(fs.LEDGER, fs.LEGACY_LEDGER_KEY)
+    assert legacy is not None
+    assert legacy.value == {"events": {}}
+    plain.close()
+    racing.close()

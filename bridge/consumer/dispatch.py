@@ -75,11 +75,12 @@ class Dispatch:
         # The Decision travels with the entry, so a retry after a failed emit still says it.
         entry = _entry(view, verdict, command, now)
         entry["decision"] = record
+        # With the locks of its VMs' budget groups: a racing approval in one of them
+        # conflicts here (bridge.consumer.ledger).
+        locks = ledger.locks(entry["vms"], vms)
         state.events[key] = entry
         try:
-            # With the locks of its VMs' budget groups: a racing approval in one of them
-            # conflicts here (bridge.consumer.ledger).
-            ledger.commit(state, [key], ledger.locks(entry["vms"], vms))
+            ledger.commit(state, [key], locks)
         except Conflict:
             return False
         self._unfinished.add(command.command_id)

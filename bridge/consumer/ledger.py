@@ -114,25 +114,41 @@ def _bucket(text: str, count: int) -> int:
 @dataclass
 class LedgerState:
     """The ledger as one read found it: every entry, and the documents they came from at
-    the versions read (a commit writes with those ETags)."""
+    the versions read (a commit writes with those ETags).
+
+    Callers change `events` (and entries in place) only to commit them; `impact` follows
+    `events` at each commit: what the budgets count, the VMs of each entry.
+    """
 
     events: dict[str, LedgerEntry] = field(default_factory=dict)
     docs: dict[str, Doc] = field(default_factory=dict)  # shards, locks and a legacy document
+    impact: dict[str, frozenset[str]] = field(default_factory=dict)
+
+    def take(self, doc: Doc) -> None:
+        """Hold `doc` (newly read) instead of the version of it held so far."""
+        old = self.docs.get(doc.key)
+        self.docs[doc.key] = doc
+        if not (doc.key.startswith(_SHARD) or doc.key == fs.LEGACY_LEDGER_KEY):
+            return
+        for event in old.value.get("events", {}) if old is not None else ():
+            self.events.pop(event, None)
+            self.impact.pop(event, None)
+        # Copies: callers change entries in place before they commit them, and the
+        # documents must stay as read (a failed commit changes nothing).
+        for event, entry in ledger_events(doc.value).items():
+            self.events[event] = cast(LedgerEntry, dict(entry))
+            self.impact[event] = frozenset(entry["vms"])
 
 
 def read_ledger(store: Store) -> LedgerState:
     """Every entry of the ledger in `store` (also what tests and tools look at)."""
-    return _state({doc.key: doc for doc in store.scan(fs.LEDGER)})
+    return _state(store.scan(fs.LEDGER))
 
 
-def _state(docs: Mapping[str, Doc]) -> LedgerState:
-    """The ledger held in `docs`, whose values are left alone: each entry is a copy, which
-    callers change in place before they commit it (a failed commit must change nothing)."""
-    state = LedgerState(docs=dict(docs))
-    for key, doc in docs.items():
-        if key.startswith(_SHARD) or key == fs.LEGACY_LEDGER_KEY:
-            for event, entry in ledger_events(doc.value).items():
-                state.events[event] = cast(LedgerEntry, dict(entry))
+def _state(docs: Iterable[Doc]) -> LedgerState:
+    state = LedgerState()
+    for doc in docs:
+        state.take(doc)
     return state
 
 
@@ -149,12 +165,22 @@ class ApprovalLedger:
         # a read decodes only the shards written since, not the whole ledger each decision.
         self._docs: dict[str, Doc] = {}
         self._mark: int | None = None
+        # The state last read or committed, kept up to date from the change feed: a pass
+        # over thousands of open events (a Spot eviction storm) read and copied every
+        # entry for each event, and spent most of its time doing so. None after a failed
+        # commit: the caller may have changed it without storing the change.
+        self._state: LedgerState | None = None
 
     def read(self) -> LedgerState:
         if isinstance(self.store, ChangeFeed):
             changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in changed)
-            state = _state(self._docs)
+            if self._state is None:
+                self._state = _state(self._docs.values())
+            else:
+                for doc in changed:
+                    self._state.take(doc)
+            state = self._state
         else:
             state = read_ledger(self.store)
         legacy = state.docs.get(fs.LEGACY_LEDGER_KEY)
@@ -175,8 +201,9 @@ class ApprovalLedger:
         return state
 
     @staticmethod
-    def impacted(state: LedgerState) -> dict[str, frozenset[str]]:
-        return {key: frozenset(e["vms"]) for key, e in state.events.items()}
+    def impacted(state: LedgerState) -> Mapping[str, frozenset[str]]:
+        """Per event, the VMs it impacts (not to be changed: it is the state's)."""
+        return state.impact
 
     def entries(self) -> dict[str, LedgerEntry]:
         return self.read().events
@@ -213,16 +240,30 @@ class ApprovalLedger:
         for shard, mine in sorted(homes.items()):
             old = state.docs.get(shard)
             members = mine | set(old.value.get("events", {}) if old is not None else ())
-            events = {k: state.events[k] for k in sorted(members) if k in state.events}
+            # Copies: the stored documents stay as stored when a caller next changes an entry.
+            events = {k: dict(state.events[k]) for k in sorted(members) if k in state.events}
             docs.append(Doc(shard, {"events": events}, None if old is None else old.etag))
         for lock in sorted(locks):
             old = state.docs.get(lock)
             count = int(old.value.get("n", 0)) if old is not None else 0
             docs.append(Doc(lock, {"n": count + 1}, None if old is None else old.etag))
-        for doc in self.store.write_all(fs.LEDGER, docs):
+        try:
+            written = self.store.write_all(fs.LEDGER, docs)
+        except BaseException:
+            self._state = None  # it may hold changes of the caller's that are not stored
+            raise
+        for doc in written:
             state.docs[doc.key] = doc
             if self._mark is not None:
                 self._docs[doc.key] = doc
+        for key in keys:
+            entry = state.events.get(key)
+            if entry is None:
+                state.impact.pop(key, None)
+            else:
+                state.impact[key] = frozenset(entry["vms"])
+        if state is not self._state:
+            self._state = None  # made from documents it no longer matches
 
     def _update(self, mutate: Callable[[dict[str, LedgerEntry]], set[str]]) -> set[str]:
         """Read-modify-write entries until no other writer interferes; the keys changed.

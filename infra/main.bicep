@@ -1,6 +1,9 @@
 // se-bridge's Azure side: Event Hubs, the Log Analytics table and data collection rule, the
 // storage account for queues, tables and checkpoints, the consumer's Function App and Key Vault,
-// least-privilege role assignments, alert rules and a workbook. Deploy into a resource group:
+// least-privilege role assignments, alert rules and a workbook. A large fleet shards: several
+// Event Hubs namespaces (each read by a Function App of its own), data collection rules and
+// queue storage accounts, a VM using the one at index (first 8 hex digits of its VmId) modulo
+// their number (docs/deploying.md). Deploy into a resource group:
 //   az deployment group create -g RG -f infra/main.bicep -p signingKeyPem=@signing-key.pem
 // then onboard each VM with infra/onboarding/vm.bicep and an install script (docs/deploying.md).
 
@@ -29,6 +32,16 @@ param eventHubPartitionCount int = 4
 @minValue(1)
 @maxValue(20)
 param ingestionRuleCount int = 1
+
+@description('Event Hubs namespaces the agents are spread over, each read by a Function App of its own (all sharing the fleet table, the signing key and the workspace): one Standard namespace holds 5,000 concurrent connections (docs/capacity.md#azure-quotas). Namespace 0 is <prefix>-<suffix>, the others add -1, -2, ...')
+@minValue(1)
+@maxValue(20)
+param eventHubNamespaceCount int = 1
+
+@description('Storage accounts holding the per-VM command queues: one account takes 20,000 requests a second (docs/capacity.md#azure-quotas). Account 0 is storageAccountName; the others hold queues only.')
+@minValue(1)
+@maxValue(20)
+param queueAccountCount int = 1
 
 @description('Consumer group of the Function App (not shared with a standalone consumer).')
 param consumerGroupName string = 'se-bridge-functions'
@@ -64,7 +77,7 @@ param fleetTableName string = 'sebridgefleet'
 @description('Blob container of a standalone consumer\'s checkpoints (consumer.checkpoint_container).')
 param checkpointContainerName string = 'se-bridge-checkpoints'
 
-@description('Function App name (globally unique).')
+@description('Function App name (globally unique); the apps of namespaces 1, 2, ... add -1, -2, ... Apps sharing host storage need different first 32 characters: keep it to 29 with several namespaces.')
 param functionAppName string = '${prefix}-consumer-${suffix}'
 
 @description('Optional approval policy file deployed with the Function App (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml.')
@@ -122,11 +135,13 @@ param tags object = {
 
 var deploymentContainerName = 'app-package'
 var diagnosticsWorkspaceId = deployDiagnostics ? workspace.outputs.workspaceId : ''
+// Account 0 is the main storage account; the others are queue-only (modules/queues.bicep).
+var queueAccountNames = [for i in range(0, queueAccountCount): (i == 0) ? storageAccountName : take('${prefix}q${i}${suffix}', 24)]
 
-module eventHubs 'modules/eventhubs.bicep' = {
-  name: 'se-bridge-eventhubs'
+module eventHubs 'modules/eventhubs.bicep' = [for i in range(0, eventHubNamespaceCount): {
+  name: (i == 0) ? 'se-bridge-eventhubs' : 'se-bridge-eventhubs-${i}'
   params: {
-    namespaceName: '${prefix}-${suffix}'
+    namespaceName: (i == 0) ? '${prefix}-${suffix}' : '${prefix}-${suffix}-${i}'
     location: location
     eventHubName: eventHubName
     partitionCount: eventHubPartitionCount
@@ -134,7 +149,7 @@ module eventHubs 'modules/eventhubs.bicep' = {
     tags: tags
     diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
-}
+}]
 
 module workspace 'modules/workspace.bicep' = {
   name: 'se-bridge-workspace'
@@ -172,10 +187,21 @@ module storage 'modules/storage.bicep' = {
     fleetTableName: fleetTableName
     checkpointContainerName: checkpointContainerName
     deploymentContainerName: deploymentContainerName
+    deploymentContainerCount: eventHubNamespaceCount
     tags: tags
     diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
 }
+
+module queueStorage 'modules/queues.bicep' = [for i in range(1, queueAccountCount - 1): {
+  name: 'se-bridge-queues-${i}'
+  params: {
+    accountName: queueAccountNames[i]
+    location: location
+    tags: tags
+    diagnosticsWorkspaceId: diagnosticsWorkspaceId
+  }
+}]
 
 module keyVault 'modules/keyvault.bicep' = {
   name: 'se-bridge-keyvault'
@@ -190,42 +216,50 @@ module keyVault 'modules/keyvault.bicep' = {
   }
 }
 
-module functionApp 'modules/functionapp.bicep' = {
-  name: 'se-bridge-functionapp'
+// One consumer per namespace, each reading its own namespace with its own consumer group.
+module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubNamespaceCount): {
+  name: (i == 0) ? 'se-bridge-functionapp' : 'se-bridge-functionapp-${i}'
   params: {
-    appName: functionAppName
+    appName: (i == 0) ? functionAppName : '${functionAppName}-${i}'
     location: location
     storageAccountName: storage.outputs.accountName
     blobEndpoint: storage.outputs.blobEndpoint
-    deploymentContainerName: storage.outputs.deploymentContainerName
-    eventHubsNamespaceFqdn: eventHubs.outputs.namespaceFqdn
-    eventHubName: eventHubs.outputs.eventHubName
-    consumerGroupName: eventHubs.outputs.consumerGroupName
+    deploymentContainerName: storage.outputs.deploymentContainerNames[i]
+    eventHubsNamespaceFqdn: eventHubs[i].outputs.namespaceFqdn
+    eventHubName: eventHubs[i].outputs.eventHubName
+    consumerGroupName: eventHubs[i].outputs.consumerGroupName
     logsIngestionEndpoint: ingestion.outputs.logsIngestionEndpoint
     dataCollectionRuleImmutableId: ingestion.outputs.ruleImmutableId
     signingKeySecretUri: keyVault.outputs.secretUri
     fleetTableName: storage.outputs.fleetTableName
     queuePrefix: queuePrefix
+    queueAccountNames: queueAccountNames
     consumerPolicy: consumerPolicy
     workspaceId: workspace.outputs.workspaceId
     tags: tags
+    diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
-}
+}]
 
-module consumerRoles 'modules/consumer-roles.bicep' = {
-  name: 'se-bridge-consumer-roles'
+module consumerRoles 'modules/consumer-roles.bicep' = [for i in range(0, eventHubNamespaceCount): {
+  name: (i == 0) ? 'se-bridge-consumer-roles' : 'se-bridge-consumer-roles-${i}'
   params: {
-    principalId: functionApp.outputs.identityPrincipalId
-    eventHubsNamespaceName: eventHubs.outputs.namespaceName
-    eventHubName: eventHubs.outputs.eventHubName
+    principalId: functionApp[i].outputs.identityPrincipalId
+    eventHubsNamespaceName: eventHubs[i].outputs.namespaceName
+    eventHubName: eventHubs[i].outputs.eventHubName
     storageAccountName: storage.outputs.accountName
+    queueAccountNames: queueAccountNames
     dataCollectionRuleName: ingestion.outputs.ruleName
     keyVaultName: keyVault.outputs.vaultName
     signingKeySecretName: keyVault.outputs.secretName
-    insightsName: functionApp.outputs.insightsName
+    insightsName: functionApp[i].outputs.insightsName
     consumerCreatesQueues: consumerCreatesQueues
   }
-}
+  dependsOn: [
+    // queueAccountNames are names, not outputs: the queue accounts must exist first.
+    queueStorage
+  ]
+}]
 
 module alerts 'modules/alerts.bicep' = if (deployAlerts) {
   name: 'se-bridge-alerts'
@@ -255,12 +289,16 @@ module workbook 'modules/workbook.bicep' = if (deployWorkbook) {
   }
 }
 
-@description('eventhubs.namespace of the agents.')
-output eventHubsNamespace string = eventHubs.outputs.namespaceFqdn
+@description('eventhubs.namespace of the agents (the first namespace\'s).')
+output eventHubsNamespace string = eventHubs[0].outputs.namespaceFqdn
 @description('eventhubs.name of the agents.')
-output eventHubName string = eventHubs.outputs.eventHubName
-@description('Event Hubs namespace resource name (for infra/onboarding/vm.bicep).')
-output eventHubsNamespaceName string = eventHubs.outputs.namespaceName
+output eventHubName string = eventHubs[0].outputs.eventHubName
+@description('Event Hubs namespace resource name (for infra/onboarding/vm.bicep; the first namespace\'s).')
+output eventHubsNamespaceName string = eventHubs[0].outputs.namespaceName
+@description('Every namespace\'s eventhubs.namespace: a VM sends to namespace (first 8 hex digits of its VmId) mod the count.')
+output eventHubsNamespaces array = [for i in range(0, eventHubNamespaceCount): eventHubs[i].outputs.namespaceFqdn]
+@description('Every namespace\'s resource name (for infra/onboarding/vm.bicep), in the order of eventHubsNamespaces.')
+output eventHubsNamespaceNames array = [for i in range(0, eventHubNamespaceCount): eventHubs[i].outputs.namespaceName]
 @description('loganalytics.endpoint: the data collection endpoint\'s logs ingestion URL.')
 output logsIngestionEndpoint string = ingestion.outputs.logsIngestionEndpoint
 @description('loganalytics.rule_id: the data collection rule\'s immutable id.')
@@ -273,10 +311,14 @@ output dataCollectionRuleNames array = ingestion.outputs.ruleNames
 output dataCollectionRuleImmutableIds array = ingestion.outputs.ruleImmutableIds
 @description('storage.account of the agents and the consumer.')
 output storageAccountName string = storage.outputs.accountName
-@description('The Function App to publish functions/ to.')
-output functionAppName string = functionApp.outputs.appName
-@description('Client id of the consumer\'s identity.')
-output consumerClientId string = functionApp.outputs.identityClientId
+@description('Every storage account of the per-VM queues (storageAccountName first): a VM\'s storage.account is the one at index (first 8 hex digits of its VmId) mod the count.')
+output queueStorageAccountNames array = queueAccountNames
+@description('The Function App to publish functions/ to (the first namespace\'s).')
+output functionAppName string = functionApp[0].outputs.appName
+@description('Every Function App, one per namespace in the order of eventHubsNamespaces: publish functions/ to each.')
+output functionAppNames array = [for i in range(0, eventHubNamespaceCount): functionApp[i].outputs.appName]
+@description('Client id of the consumer\'s identity (the first Function App\'s).')
+output consumerClientId string = functionApp[0].outputs.identityClientId
 @description('The Key Vault holding the signing key.')
 output keyVaultUri string = keyVault.outputs.vaultUri
 @description('SE_BRIDGE_COMMANDS_SIGNING_KEY of a standalone consumer.')

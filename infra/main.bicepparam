@@ -7,6 +7,11 @@ using './main.bicep'
 
 param prefix = 'sebridge'
 param eventHubPartitionCount = 4
+// A large fleet shards (docs/deploying.md, "Parameters of infra/main.bicep"): each VM uses the
+// namespace, rule and queue account at index (first 8 hex digits of its VmId) mod the count.
+param eventHubNamespaceCount = 1
+param ingestionRuleCount = 1
+param queueAccountCount = 1
 param retentionInDays = 90
 param consumerPolicy = ''
 param consumerCreatesQueues = true

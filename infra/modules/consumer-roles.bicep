@@ -1,4 +1,6 @@
-// Role assignments of the consumer's (Function App's) identity: only what it uses.
+// Role assignments of the consumer's (Function App's) identity: only what it uses. main.bicep
+// calls this once per Function App: its own namespace, the shared storage account, every queue
+// account, the data collection rule, the signing key and its own Application Insights.
 
 @description('Object id of the consumer\'s user-assigned identity.')
 param principalId string
@@ -6,6 +8,10 @@ param principalId string
 param eventHubsNamespaceName string
 param eventHubName string
 param storageAccountName string
+
+@description('Every storage account of the per-VM queues (storageAccountName first): the consumer sends to a VM\'s queue in whichever account holds it.')
+param queueAccountNames array
+
 param dataCollectionRuleName string
 param keyVaultName string
 param signingKeySecretName string
@@ -37,6 +43,10 @@ resource hub 'Microsoft.EventHub/namespaces/eventhubs@2026-01-01' existing = {
 resource account 'Microsoft.Storage/storageAccounts@2026-04-01' existing = {
   name: storageAccountName
 }
+
+resource queueAccounts 'Microsoft.Storage/storageAccounts@2026-04-01' existing = [for name in queueAccountNames: {
+  name: name
+}]
 
 resource rule 'Microsoft.Insights/dataCollectionRules@2024-03-11' existing = {
   name: dataCollectionRuleName
@@ -89,16 +99,17 @@ resource tableContributor 'Microsoft.Authorization/roleAssignments@2022-04-01' =
   }
 }
 
-// Send approvals to every VM's queue (and create a queue with its first command).
-resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
-  name: guid(account.id, principalId, queueRole)
-  scope: account
+// Send approvals to every VM's queue (and create a queue with its first command), in every queue
+// account. The first account is storageAccountName: its assignment keeps the name it always had.
+resource queueSender 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for i in range(0, length(queueAccountNames)): {
+  name: guid(queueAccounts[i].id, principalId, queueRole)
+  scope: queueAccounts[i]
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', queueRole)
     principalId: principalId
     principalType: 'ServicePrincipal'
   }
-}
+}]
 
 // Decision records to the Logs Ingestion API.
 resource rulePublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' = {

@@ -1,5 +1,6 @@
 // The consumer as an Azure Functions app (functions/, Python 3.11) on the Flex Consumption plan,
-// with a user-assigned identity so its roles exist before the host first starts. Host storage
+// one per Event Hubs namespace (main.bicep's eventHubNamespaceCount), with a user-assigned
+// identity so its roles exist before the host first starts. Host storage
 // (AzureWebJobsStorage) and the deployment package use that identity: the storage account has
 // shared-key access off. App settings are exactly those of docs/approvals.md ("Running the
 // consumer in Azure Functions") plus the Application Insights connection.
@@ -9,7 +10,7 @@ param appName string
 
 param location string
 
-@description('Storage account for host storage, the deployment package, the fleet table and the queues.')
+@description('Storage account for host storage, the deployment package, the fleet table and the queues (the first queue account).')
 param storageAccountName string
 
 @description('Blob endpoint of that account (https://NAME.blob.core.windows.net/).')
@@ -33,6 +34,9 @@ param signingKeySecretUri string
 
 param fleetTableName string
 param queuePrefix string
+
+@description('Every storage account of the per-VM queues, storageAccountName first (SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS when there are several): a VM\'s queue is in the account at index (the first 8 hex digits of its VmId) modulo their number.')
+param queueAccountNames array = []
 
 @description('Optional policy file deployed with the app (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml; empty: the default policy.')
 param consumerPolicy string = ''
@@ -120,6 +124,11 @@ var policySettings = empty(consumerPolicy) ? {} : {
   SE_BRIDGE_CONSUMER_POLICY: consumerPolicy
 }
 
+// One account: SE_BRIDGE_STORAGE_ACCOUNT holds the queues, as before.
+var queueSettings = (length(queueAccountNames) > 1) ? {
+  SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS: join(queueAccountNames, ',')
+} : {}
+
 resource app 'Microsoft.Web/sites@2025-03-01' = {
   // checkov:skip=CKV_AZURE_67:Flex Consumption pins the runtime through functionAppConfig.runtime (python 3.11), not siteConfig.
   // checkov:skip=CKV_AZURE_222:The app serves no HTTP functions (Event Hubs trigger and timer); public access stays on for code deployment without a VNet.
@@ -179,7 +188,7 @@ resource settings 'Microsoft.Web/sites/config@2025-03-01' = {
   // checkov:skip=CKV_AZURE_88:Azure Files is not used: Flex Consumption deploys from blob storage and shared keys are off.
   parent: app
   name: 'appsettings'
-  properties: union(baseSettings, policySettings)
+  properties: union(baseSettings, policySettings, queueSettings)
 }
 
 // Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)

@@ -1,6 +1,7 @@
-// The storage account for the per-VM command queues, the fleet state table, the standalone
-// consumer's checkpoints and the Function App's own host storage and deployment package.
-// Shared-key access is off: everything authenticates with Entra ID.
+// The storage account for the per-VM command queues (the first of main.bicep's queueAccountCount;
+// the others are modules/queues.bicep), the fleet state table, the standalone consumer's
+// checkpoints and the Function Apps' own host storage and deployment packages (one container per
+// app). Shared-key access is off: everything authenticates with Entra ID.
 
 @description('Storage account name (3-24 lowercase letters and digits, globally unique).')
 @minLength(3)
@@ -15,8 +16,13 @@ param fleetTableName string
 @description('Blob container of the standalone consumer\'s Event Hubs checkpoints (consumer.checkpoint_container).')
 param checkpointContainerName string
 
-@description('Blob container the Flex Consumption plan deploys the Function App package from.')
+@description('Blob container the Flex Consumption plan deploys the Function App package from (the first app\'s; the others add -1, -2, ...).')
 param deploymentContainerName string
+
+@description('How many Function Apps deploy from this account: each needs a container of its own.')
+@minValue(1)
+@maxValue(20)
+param deploymentContainerCount int = 1
 
 @description('Replication of the account.')
 @allowed([
@@ -83,13 +89,13 @@ resource checkpointContainer 'Microsoft.Storage/storageAccounts/blobServices/con
   }
 }
 
-resource deploymentContainer 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-04-01' = {
+resource deploymentContainers 'Microsoft.Storage/storageAccounts/blobServices/containers@2026-04-01' = [for i in range(0, deploymentContainerCount): {
   parent: blobService
-  name: deploymentContainerName
+  name: (i == 0) ? deploymentContainerName : '${deploymentContainerName}-${i}'
   properties: {
     publicAccess: 'None'
   }
-}
+}]
 
 resource tableService 'Microsoft.Storage/storageAccounts/tableServices@2026-04-01' = {
   parent: account
@@ -170,6 +176,7 @@ resource tableDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
 output accountName string = account.name
 output accountId string = account.id
 output blobEndpoint string = account.properties.primaryEndpoints.blob
-output deploymentContainerName string = deploymentContainer.name
+output deploymentContainerName string = deploymentContainers[0].name
+output deploymentContainerNames array = [for i in range(0, deploymentContainerCount): deploymentContainers[i].name]
 output fleetTableName string = fleetTable.name
 output queueServiceName string = queueService.name

@@ -4,6 +4,9 @@
 //   az deployment group create -g RG -f infra/onboarding/vm.bicep \
 //     -p vmId=VMID vmPrincipalId=PRINCIPAL storageAccountName=... eventHubsNamespaceName=... \
 //        dataCollectionRuleName=...
+// In a sharded deployment the VM's queue account, namespace and rule are those at index (the
+// first 8 hex digits of its VmId) modulo their count in main.bicep's queueStorageAccountNames,
+// eventHubsNamespaceNames and dataCollectionRuleNames (docs/deploying.md).
 // VMs of a scale set share its identity: each instance gets its own queue, but the shared
 // identity can read every instance's queue (the agent still acts only on its own VmId).
 
@@ -14,16 +17,16 @@ param vmId string
 @description('Object (principal) id of the VM\'s managed identity (az vm show --query identity.principalId).')
 param vmPrincipalId string
 
-@description('Storage account holding the command queues (main.bicep output storageAccountName).')
+@description('Storage account holding this VM\'s command queue (main.bicep output storageAccountName, or this VM\'s entry of queueStorageAccountNames).')
 param storageAccountName string
 
-@description('Event Hubs namespace resource name (main.bicep output eventHubsNamespaceName).')
+@description('Event Hubs namespace resource name (main.bicep output eventHubsNamespaceName, or this VM\'s entry of eventHubsNamespaceNames).')
 param eventHubsNamespaceName string
 
 @description('Event hub the agents send to.')
 param eventHubName string = 'records'
 
-@description('Data collection rule resource name (main.bicep output dataCollectionRuleName).')
+@description('Data collection rule resource name (main.bicep output dataCollectionRuleName, or this VM\'s entry of dataCollectionRuleNames).')
 param dataCollectionRuleName string
 
 @description('commands.queue_prefix of the agent and the consumer.')

@@ -69,13 +69,37 @@ def role_variables(path: Path) -> dict[str, tuple[str, str]]:
     return {name: (guid, role.strip()) for name, guid, role in pattern.findall(text)}
 
 
+def unlooped(config: dict[str, Any]) -> dict[str, Any]:
+    """A resource's or module's own properties, inside `[for ...: {...}]` or `if (...) {...}`."""
+    if "loop_type" in config or "condition" in config:
+        inner: dict[str, Any] = config["config"]
+        return inner
+    return config
+
+
+def loop(config: dict[str, Any]) -> dict[str, Any] | None:
+    """pycep's loop of a resource or module (`loop_type`: type and detail), or None."""
+    found: dict[str, Any] | None = config.get("loop_type")
+    return found
+
+
+def symbol(expression: Any) -> str:
+    """A scope as written: `account`, or `queueAccounts[i]` for an element of a loop."""
+    if isinstance(expression, str):
+        return expression
+    operator = expression["operator"]
+    assert operator["type"] == "index_accessor", expression
+    operands = operator["operands"]
+    return f"{symbol(operands['operand_1'])}[{operands['operand_2']}]"
+
+
 def role_assignments(path: Path) -> list[tuple[str, str, str]]:
     """(resource name, scope symbol, role variable) of every role assignment in the file."""
     out = []
     for name, res in resources(path, "Microsoft.Authorization/roleAssignments").items():
-        config = res["config"]
+        config = unlooped(res["config"])
         role = config["properties"]["roleDefinitionId"]["function"]["parameters"]
-        out.append((name, config["scope"], role["resource_name_1"]))
+        out.append((name, symbol(config["scope"]), role["resource_name_1"]))
     return out
 
 

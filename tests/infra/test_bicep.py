@@ -4,21 +4,29 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bridge import config
-from bridge.channels.storagequeue import queue_name
+from bridge.channels.storagequeue import queue_account, queue_name
 from tests.infra import bicep_support as bicep
 
 INFRA = bicep.INFRA
 
+MAIN = bicep.INFRA / "main.bicep"
 MODULES = bicep.INFRA / "modules"
 ALERTS = MODULES / "alerts.bicep"
 FUNCTION_APP = MODULES / "functionapp.bicep"
+CONSUMER_ROLES = MODULES / "consumer-roles.bicep"
 VM = bicep.INFRA / "onboarding" / "vm.bicep"
+DEPLOYING = bicep.ROOT / "docs" / "deploying.md"
 
 # The built-in roles se-bridge assigns (Azure built-in roles reference), id -> name.
 BUILT_IN_ROLES = {
@@ -128,11 +136,30 @@ def test_parameterised_alerts_replace_their_first_line_with_the_same_name() -> N
         assert re.fullmatch(rf"let {name} = .+;", first), f"{file} line 1 is {first!r}"
 
 
+def _conditional_settings(name: str) -> dict[str, object]:
+    """The settings of `var name = CONDITION ? {} : {...}` (or `? {...} : {}`)."""
+    operands = bicep.variables(FUNCTION_APP)[name]["operator"]["operands"]
+    values = [operands["true_value"], operands["false_value"]]
+    assert {} in values, f"{name} is not conditional"
+    (settings,) = [v for v in values if v]
+    assert isinstance(settings, dict)
+    return settings
+
+
 def _app_settings() -> dict[str, object]:
     settings = bicep.variables(FUNCTION_APP)["baseSettings"]
-    extra = bicep.variables(FUNCTION_APP)["policySettings"]
     assert isinstance(settings, dict)
-    return settings | {"SE_BRIDGE_CONSUMER_POLICY": extra}
+    return (
+        settings | _conditional_settings("policySettings") | _conditional_settings("queueSettings")
+    )
+
+
+def test_every_settings_variable_is_applied() -> None:
+    """A settings variable left out of the union would be a setting the tests see and Azure not."""
+    text = FUNCTION_APP.read_text(encoding="utf-8")
+    assert "properties: union(baseSettings, policySettings, queueSettings)" in text
+    declared = {name for name in bicep.variables(FUNCTION_APP) if name.endswith("Settings")}
+    assert declared == {"baseSettings", "policySettings", "queueSettings"}
 
 
 def test_every_se_bridge_app_setting_is_a_real_setting() -> None:
@@ -175,6 +202,26 @@ def test_app_settings_are_those_the_readme_requires() -> None:
     assert "SE_BRIDGE_EVENTHUBS" not in settings
 
 
+def test_queue_accounts_setting_lists_every_queue_account_only_when_there_are_several() -> None:
+    """commands.queue_accounts: the accounts comma-separated; with one, storage.account alone."""
+    assert "queue_accounts" in {f.name for f in dataclasses.fields(config.CommandsSettings)}
+    variable = bicep.variables(FUNCTION_APP)["queueSettings"]["operator"]
+    condition = variable["operands"]["condition"]["operator"]
+    assert condition["type"] == "greater_than"
+    assert condition["operands"]["operand_2"] == 1
+    assert condition["operands"]["operand_1"]["function"] == {
+        "type": "length",
+        "parameters": {"arg_1": "queueAccountNames"},
+    }
+    assert variable["operands"]["false_value"] == {}
+    value = variable["operands"]["true_value"]["SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS"]
+    assert value["function"]["type"] == "join"
+    assert value["function"]["parameters"] == {
+        "input_array": "queueAccountNames",
+        "delimiter": ",",
+    }
+
+
 @pytest.mark.parametrize("path", bicep.bicep_files(), ids=_ids)
 def test_role_ids_are_the_built_in_roles_they_name(path: Path) -> None:
     for name, (guid, role) in bicep.role_variables(path).items():
@@ -201,21 +248,55 @@ def test_each_vm_gets_three_roles_on_its_own_resources_only() -> None:
 
 
 def test_the_consumer_gets_what_it_uses() -> None:
-    assert _roles(MODULES / "consumer-roles.bicep") == {
+    assert _roles(CONSUMER_ROLES) == {
         ("hub", "Azure Event Hubs Data Receiver"),
         ("account", "Storage Blob Data Owner"),
         ("account", "Storage Table Data Contributor"),
-        ("account", "queueRole"),
+        ("queueAccounts[i]", "queueRole"),
         ("rule", "Monitoring Metrics Publisher"),
         ("insights", "Monitoring Metrics Publisher"),
         ("secret", "Key Vault Secrets User"),
     }
-    queue_role = bicep.variables(MODULES / "consumer-roles.bicep")["queueRole"]
+    queue_role = bicep.variables(CONSUMER_ROLES)["queueRole"]
     operands = queue_role["operator"]["operands"]
     assert (operands["true_value"], operands["false_value"]) == (
         "storageQueueDataContributor",
         "storageQueueDataMessageSender",
     )
+
+
+def test_the_consumer_gets_its_queue_role_on_every_queue_account() -> None:
+    """One assignment per queue account, over exactly the accounts main.bicep lists, the
+    first keeping the name it had before the accounts were sharded (else Azure refuses the
+    redeployment: the same role, principal and scope under a new name)."""
+    found = bicep.parse(CONSUMER_ROLES)["resources"]
+    accounts = found["queueAccounts"]
+    assert accounts["existing"] is True
+    assert bicep.loop(accounts["config"]) == {
+        "type": "array",
+        "detail": {"item_name": "name", "array_name": "queueAccountNames"},
+    }
+    sender = found["queueSender"]["config"]
+    count = bicep.loop(sender)["detail"]["count"]  # type: ignore[index]
+    assert bicep.loop(sender)["detail"]["start_index"] == 0  # type: ignore[index]
+    assert count["function"]["parameters"] == {"arg_1": "queueAccountNames"}
+    name = bicep.unlooped(sender)["name"]["function"]["parameters"]
+    assert bicep.symbol(name["base_string"]["operator"]["operands"]["operand_1"]) == (
+        "queueAccounts[i]"
+    )
+    assert list(name.values())[1:] == ["principalId", "queueRole"]
+    # main.bicep gives every consumer every queue account, the main account first.
+    for call in _main_calls("consumerRoles", "functionApp"):
+        assert call["queueAccountNames"] == "queueAccountNames"
+    names = bicep.variables(MAIN)["queueAccountNames"]
+    assert bicep.loop(names) == _range(0, "queueAccountCount")
+    operands = names["config"]["operator"]["operands"]
+    assert operands["true_value"] == "storageAccountName"
+    assert operands["false_value"]["function"]["type"] == "take"
+    assert list(operands["false_value"]["function"]["parameters"].values()) == [
+        "${prefix}q${i}${suffix}",
+        24,
+    ]
 
 
 @pytest.mark.parametrize(
@@ -229,7 +310,8 @@ def test_vm_queue_name_follows_the_agents_rule(vm_id: str) -> None:
 
 
 def test_main_outputs_what_the_readme_uses() -> None:
-    outputs = set(bicep.parse(bicep.INFRA / "main.bicep")["outputs"])
+    parsed = bicep.parse(MAIN)["outputs"]
+    outputs = set(parsed)
     assert {
         "eventHubsNamespace",
         "eventHubName",
@@ -241,7 +323,43 @@ def test_main_outputs_what_the_readme_uses() -> None:
         "functionAppName",
         "keyVaultUri",
         "signingKeySetting",
+        "queuePrefix",
+        "consumerClientId",
+        "workspaceId",
     } <= outputs
+    # The shards: every namespace, app, rule and queue account, in index order.
+    arrays = {
+        "eventHubsNamespaces": ("eventHubs", "namespaceFqdn"),
+        "eventHubsNamespaceNames": ("eventHubs", "namespaceName"),
+        "functionAppNames": ("functionApp", "appName"),
+    }
+    for name, (module, output) in arrays.items():
+        assert parsed[name]["type"] == "array"
+        value = parsed[name]["value"]
+        assert bicep.loop(value) == _range(0, "eventHubNamespaceCount"), name
+        accessor = value["config"]["operator"]["operands"]
+        assert bicep.symbol(accessor["operand_1"]) == f"{module}[i]", name
+        assert accessor["operand_2"]["operator"]["operands"] == {
+            "operand_1": "outputs",
+            "operand_2": output,
+        }
+    assert parsed["queueStorageAccountNames"] == {
+        "decorators": parsed["queueStorageAccountNames"]["decorators"],
+        "type": "array",
+        "value": "queueAccountNames",
+    }
+    for name in ("dataCollectionRuleNames", "dataCollectionRuleImmutableIds"):
+        assert parsed[name]["type"] == "array"
+    # The single outputs are the first shard's, as before sharding.
+    text = MAIN.read_text(encoding="utf-8")
+    for line in (
+        "output eventHubsNamespace string = eventHubs[0].outputs.namespaceFqdn",
+        "output eventHubsNamespaceName string = eventHubs[0].outputs.namespaceName",
+        "output functionAppName string = functionApp[0].outputs.appName",
+        "output consumerClientId string = functionApp[0].outputs.identityClientId",
+        "output storageAccountName string = storage.outputs.accountName",
+    ):
+        assert line in text
 
 
 def test_the_bicep_linter_runs_the_community_rules() -> None:
@@ -276,6 +394,7 @@ def test_the_example_parameters_file_sets_real_parameters_and_every_required_one
         ("eventhubs.bicep", {"namespace"}),
         ("keyvault.bicep", {"vault"}),
         ("storage.bicep", {"account", "blobService", "queueService", "tableService"}),
+        ("queues.bicep", {"account", "queueService"}),
         ("functionapp.bicep", {"app"}),
     ],
 )
@@ -293,8 +412,23 @@ def test_diagnostic_settings_send_each_resources_logs_to_the_workspace(
     for block in blocks:
         assert "workspaceId: diagnosticsWorkspaceId" in block
     main = (INFRA / "main.bicep").read_text(encoding="utf-8")
-    assert main.count("diagnosticsWorkspaceId: diagnosticsWorkspaceId") == 3
     assert "deployDiagnostics ? workspace.outputs.workspaceId : ''" in main
+
+
+def test_every_module_with_diagnostics_is_given_the_workspace() -> None:
+    """A module whose diagnosticsWorkspaceId is left out (a default of '') sends nothing: the
+    Function App's were, until the apps were sharded."""
+    given = {}
+    for path, _, target, params in _calls():
+        if path == MAIN and "diagnosticsWorkspaceId" in bicep.parse(target)["parameters"]:
+            given[target.name] = params.get("diagnosticsWorkspaceId")
+    assert given == {
+        "eventhubs.bicep": "diagnosticsWorkspaceId",
+        "storage.bicep": "diagnosticsWorkspaceId",
+        "queues.bicep": "diagnosticsWorkspaceId",
+        "keyvault.bicep": "diagnosticsWorkspaceId",
+        "functionapp.bicep": "diagnosticsWorkspaceId",
+    }
 
 
 def _calls() -> list[tuple[Path, str, Path, dict[str, object]]]:
@@ -320,3 +454,262 @@ def test_a_module_is_given_exactly_the_parameters_it_declares(
     assert sorted(set(given) - set(declared)) == []
     required = {name for name, p in declared.items() if p.get("default") is None}
     assert sorted(required - set(given)) == []
+
+
+# Sharding (issue 15): namespaces, Function Apps and queue accounts, as ingestionRuleCount does
+# for data collection rules. Index 0 keeps the names of an unsharded deployment.
+
+
+def _range(start: int, count: object) -> dict[str, object]:
+    """pycep's loop of `[for i in range(start, count): ...]`."""
+    detail = {"item_name": None, "index_name": "i", "start_index": start, "count": count}
+    return {"type": "range", "detail": detail}
+
+
+def _main_module(name: str) -> dict[str, Any]:
+    module: dict[str, Any] = bicep.parse(MAIN)["modules"][name]
+    return module
+
+
+def _main_calls(*names: str) -> list[dict[str, Any]]:
+    """The parameters main.bicep gives each named module."""
+    return [bicep.unlooped(_main_module(name)["config"])["params"] for name in names]
+
+
+def _accessor(expression: dict[str, Any]) -> str:
+    """`eventHubs[i].outputs.namespaceFqdn` of pycep's property accessors, as written."""
+    operator = expression["operator"]
+    if operator["type"] == "index_accessor":
+        return bicep.symbol(expression)
+    assert operator["type"] == "property_accessor", expression
+    left, right = operator["operands"]["operand_1"], operator["operands"]["operand_2"]
+    left = left if isinstance(left, str) else _accessor(left)
+    right = right if isinstance(right, str) else _accessor(right)
+    return f"{left}.{right}"
+
+
+def _ternary(expression: dict[str, Any]) -> tuple[object, object]:
+    """(value at i == 0, value otherwise) of `(i == 0) ? a : b`."""
+    operands = expression["operator"]["operands"]
+    assert operands["condition"] == {
+        "operator": {"type": "equals", "operands": {"operand_1": "i", "operand_2": 0}}
+    }
+    return operands["true_value"], operands["false_value"]
+
+
+@pytest.mark.parametrize(
+    "name", ["eventHubNamespaceCount", "queueAccountCount", "ingestionRuleCount"]
+)
+def test_shard_counts_are_1_to_20_and_1_by_default(name: str) -> None:
+    parameter = bicep.parse(MAIN)["parameters"][name]
+    assert parameter["type"] == "int"
+    assert parameter["default"] == 1  # an existing deployment does not change
+    decorators = {d["type"]: d["argument"] for d in parameter["decorators"]}
+    assert (decorators["min_value"], decorators["max_value"]) == (1, 20)
+    assert "docs/capacity.md#azure-quotas" in decorators["description"]
+
+
+@pytest.mark.parametrize(
+    ("module", "loop", "deployment"),
+    [
+        ("eventHubs", _range(0, "eventHubNamespaceCount"), "se-bridge-eventhubs"),
+        ("functionApp", _range(0, "eventHubNamespaceCount"), "se-bridge-functionapp"),
+        ("consumerRoles", _range(0, "eventHubNamespaceCount"), "se-bridge-consumer-roles"),
+    ],
+)
+def test_one_namespace_app_and_role_set_per_shard_index_0_named_as_before(
+    module: str, loop: dict[str, object], deployment: str
+) -> None:
+    config = _main_module(module)["config"]
+    assert bicep.loop(config) == loop
+    assert _ternary(bicep.unlooped(config)["name"]) == (deployment, f"{deployment}-${{i}}")
+
+
+def test_shard_names_keep_index_0_as_it_was() -> None:
+    (hubs, apps) = _main_calls("eventHubs", "functionApp")
+    assert _ternary(hubs["namespaceName"]) == ("${prefix}-${suffix}", "${prefix}-${suffix}-${i}")
+    assert _ternary(apps["appName"]) == ("functionAppName", "${functionAppName}-${i}")
+    # Accounts 1.. are queue-only; account 0 is storage.bicep's (test above: queueAccountNames).
+    queues = _main_module("queueStorage")["config"]
+    minus_one = {"operand_1": "queueAccountCount", "operand_2": 1}
+    assert bicep.loop(queues) == _range(
+        1, {"operator": {"type": "substract", "operands": minus_one}}
+    )
+    assert bicep.unlooped(queues)["name"] == "se-bridge-queues-${i}"
+    assert _main_calls("queueStorage")[0]["accountName"] == {
+        "operator": {
+            "type": "index_accessor",
+            "operands": {"operand_1": "queueAccountNames", "operand_2": "i"},
+        }
+    }
+    # The consumers' roles name the queue accounts rather than use module outputs: they wait.
+    assert bicep.unlooped(_main_module("consumerRoles")["config"])["dependsOn"] == ["queueStorage"]
+
+
+@pytest.mark.parametrize("prefix", ["sebridge", "se"])
+@pytest.mark.parametrize("suffix", ["abc123", "x1y2"])
+def test_queue_account_names_are_valid_and_distinct(prefix: str, suffix: str) -> None:
+    """main.bicep's queueAccountNames (checked above) for default-sized names, 20 accounts."""
+    names = [f"{prefix}{suffix}"[:24]] + [f"{prefix}q{i}{suffix}"[:24] for i in range(1, 20)]
+    assert len(set(names)) == 20
+    for name in names:
+        assert re.fullmatch(r"[a-z0-9]{3,24}", name), name
+
+
+def test_each_app_reads_its_own_namespace_and_shares_the_rest() -> None:
+    (app,) = _main_calls("functionApp")
+    own = {
+        "eventHubsNamespaceFqdn": "eventHubs[i].outputs.namespaceFqdn",
+        "eventHubName": "eventHubs[i].outputs.eventHubName",
+        "consumerGroupName": "eventHubs[i].outputs.consumerGroupName",
+        # Flex Consumption: one package container per app.
+        "deploymentContainerName": "storage.outputs.deploymentContainerNames[i]",
+    }
+    shared = {
+        "storageAccountName": "storage.outputs.accountName",
+        "blobEndpoint": "storage.outputs.blobEndpoint",
+        "fleetTableName": "storage.outputs.fleetTableName",
+        "signingKeySecretUri": "keyVault.outputs.secretUri",
+        "workspaceId": "workspace.outputs.workspaceId",
+        "logsIngestionEndpoint": "ingestion.outputs.logsIngestionEndpoint",
+        "dataCollectionRuleImmutableId": "ingestion.outputs.ruleImmutableId",
+    }
+    for name, value in (own | shared).items():
+        assert _accessor(app[name]) == value, name
+    assert app["queueAccountNames"] == "queueAccountNames"
+    (roles,) = _main_calls("consumerRoles")
+    for name, value in {
+        "principalId": "functionApp[i].outputs.identityPrincipalId",
+        "insightsName": "functionApp[i].outputs.insightsName",
+        "eventHubsNamespaceName": "eventHubs[i].outputs.namespaceName",
+        "eventHubName": "eventHubs[i].outputs.eventHubName",
+        "storageAccountName": "storage.outputs.accountName",
+        "dataCollectionRuleName": "ingestion.outputs.ruleName",
+        "keyVaultName": "keyVault.outputs.vaultName",
+        "signingKeySecretName": "keyVault.outputs.secretName",
+    }.items():
+        assert _accessor(roles[name]) == value, name
+    (storage,) = _main_calls("storage")
+    assert storage["deploymentContainerCount"] == "eventHubNamespaceCount"
+    containers = bicep.resources(
+        MODULES / "storage.bicep", "Microsoft.Storage/storageAccounts/blobServices/containers"
+    )["deploymentContainers"]["config"]
+    assert bicep.loop(containers) == _range(0, "deploymentContainerCount")
+    assert _ternary(bicep.unlooped(containers)["name"]) == (
+        "deploymentContainerName",
+        "${deploymentContainerName}-${i}",
+    )
+
+
+def test_a_looped_module_is_used_only_by_index() -> None:
+    """`eventHubs.outputs` of a module array is what the compiler refuses; dependsOn may name it."""
+    looped = [
+        name
+        for name, module in bicep.parse(MAIN)["modules"].items()
+        if bicep.loop(module["config"])
+    ]
+    assert sorted(looped) == ["consumerRoles", "eventHubs", "functionApp", "queueStorage"]
+    text = MAIN.read_text(encoding="utf-8")
+    for name in looped:
+        assert not re.search(rf"\b{name}\.", text), name
+        for index in re.findall(rf"\b{name}\[(\w+)\]", text):
+            assert index in ("i", "0"), f"{name}[{index}]"
+
+
+def test_module_calls_in_loops_are_checked_for_their_parameters() -> None:
+    """The parameter check above sees looped calls, and a looped call passes every parameter
+    of its module but those left to their defaults on purpose."""
+    calls = {name: params for path, name, _, params in _calls() if path == MAIN}
+    for name, target in (
+        ("eventHubs", "eventhubs.bicep"),
+        ("functionApp", "functionapp.bicep"),
+        ("consumerRoles", "consumer-roles.bicep"),
+        ("queueStorage", "queues.bicep"),
+    ):
+        declared = set(bicep.parse(MODULES / target)["parameters"])
+        defaults = {
+            "eventHubs": {"messageRetentionInDays", "capacity"},
+            "functionApp": {"maximumInstanceCount", "instanceMemoryMB"},
+            "consumerRoles": set(),
+            "queueStorage": {"skuName"},
+        }[name]
+        assert set(calls[name]) == declared - defaults, name
+
+
+def test_queue_accounts_have_the_main_accounts_security_settings() -> None:
+    def account(path: Path) -> dict[str, Any]:
+        res = bicep.resources(path, "Microsoft.Storage/storageAccounts")["account"]
+        config: dict[str, Any] = res["config"]
+        return config
+
+    main, queues = account(MODULES / "storage.bicep"), account(MODULES / "queues.bicep")
+    assert queues["properties"] == main["properties"]
+    assert queues["kind"] == main["kind"] == "StorageV2"
+    assert queues["properties"]["allowSharedKeyAccess"] is False
+    assert queues["properties"]["allowBlobPublicAccess"] is False
+    assert queues["properties"]["minimumTlsVersion"] == "TLS1_2"
+    storage = bicep.parse(MODULES / "storage.bicep")["parameters"]["skuName"]
+    assert bicep.parse(MODULES / "queues.bicep")["parameters"]["skuName"] == storage
+
+
+def _docs_snippet() -> str:
+    text = DEPLOYING.read_text(encoding="utf-8")
+    blocks = re.findall(r"```sh\n(.*?)```", text, flags=re.DOTALL)
+    (snippet,) = [b for b in blocks if "pick()" in b]
+    return str(snippet)
+
+
+@pytest.mark.skipif(shutil.which("jq") is None, reason="the docs' snippet needs jq")
+@pytest.mark.parametrize(
+    "vm_id",
+    [
+        "1B1F7C1E-1234-4ABC-9DEF-00000000ABCD",
+        "ffffffff-74ef-476e-8182-f6d2ba4166a6",
+        "00000007-0000-0000-0000-000000000000",
+    ],
+)
+def test_the_docs_pick_each_vms_shards_by_the_consumers_rule(tmp_path: Path, vm_id: str) -> None:
+    """docs/deploying.md's shell lines, run against a fake `az`, pick the namespace, rule and
+    queue account bridge's queue_account picks (the consumer's commands.queue_accounts)."""
+    outputs = {
+        "eventHubsNamespaceNames": [f"sebridge-abc123-{i}" for i in range(7)],
+        "eventHubsNamespaces": [f"sebridge-abc123-{i}.servicebus.windows.net" for i in range(7)],
+        "dataCollectionRuleNames": [f"sebridge-dcr-abc123-{i}" for i in range(3)],
+        "dataCollectionRuleImmutableIds": [f"dcr-{i:032x}" for i in range(3)],
+        "queueStorageAccountNames": ["sebridgeabc123"]
+        + [f"sebridgeq{i}abc123" for i in range(1, 11)],
+    }
+    (tmp_path / "outputs.json").write_text(json.dumps(outputs), encoding="utf-8")
+    fake = tmp_path / "az"
+    fake.write_text(
+        f"#!{sys.executable}\n"
+        "import json, sys\n"
+        "args = sys.argv[1:]\n"
+        "query = args[args.index('--query') + 1]\n"
+        f"if args[:2] == ['vm', 'show']:\n    print({vm_id!r})\n"
+        "else:\n"
+        f"    outputs = json.load(open({str(tmp_path / 'outputs.json')!r}))\n"
+        "    print(json.dumps(outputs[query.split('.')[2]]))\n",
+        encoding="utf-8",
+    )
+    fake.chmod(0o755)
+    script = (
+        "set -eu\nRG=rg VM_RG=app VM=web-0\n"
+        + _docs_snippet()
+        + 'printf "%s\\n" "$EH_NAME" "$EH_FQDN" "$DCR_NAME" "$DCR_ID" "$QUEUE_ACCOUNT"\n'
+    )
+    env = os.environ | {"PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run(
+        ["bash", "-c", script], capture_output=True, text=True, env=env, check=True, timeout=60
+    )
+    expected = [
+        queue_account(vm_id, outputs[name])
+        for name in (
+            "eventHubsNamespaceNames",
+            "eventHubsNamespaces",
+            "dataCollectionRuleNames",
+            "dataCollectionRuleImmutableIds",
+            "queueStorageAccountNames",
+        )
+    ]
+    assert done.stdout.splitlines() == expected

@@ -309,7 +309,9 @@ class Consumer:
     ) -> tuple[EventView, FleetView, LedgerEntry | None]:
         """The event as the policy sees it, the fleet with what impacts it, and its entry."""
         resources = [str(r) for r in doc.value.get("resources") or []]
-        impacted = known_vms.by_vm_id(self.ledger.impacted(ledger), also=resources)
+        impacted = known_vms.by_vm_id(
+            self.ledger.impacted(ledger), also=resources, version=ledger.version
+        )
         entry = ledger.events.get(doc.key)
         tried = tuple(entry.get("tried", ())) if entry else ()
         view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now)
@@ -463,6 +465,9 @@ class VmSnapshot:
         self._rescanned = False
         # Budget groups of VMs caught up with since the scan; None: the fleet cache's hold.
         self._groups: dict[str, dict[str, frozenset[str]]] | None = None
+        # The last `by_vm_id` answer, for the ledger version and the VMs it was made from.
+        self._generation = 0  # changes whenever `vms` does
+        self._resolved: tuple[object, int, dict[str, frozenset[str]]] | None = None
         self._scan()
 
     def _scan(self) -> None:
@@ -470,10 +475,12 @@ class VmSnapshot:
         self._absent.clear()
         self.names, self._ids = self._fleet.index()
         self._groups = None
+        self._generation += 1
 
     def _index(self) -> None:
         self.names, self._ids = _name_index(self.vms)
         self._groups = {}
+        self._generation += 1
 
     def groups(self, kinds: Iterable[str]) -> dict[str, dict[str, frozenset[str]]]:
         """The budget groups of the VMs known now (policy.model.group_index). Sorting
@@ -487,7 +494,11 @@ class VmSnapshot:
         return self._groups
 
     def by_vm_id(
-        self, impacted: Mapping[str, frozenset[str]], *, also: Sequence[str] = ()
+        self,
+        impacted: Mapping[str, frozenset[str]],
+        *,
+        also: Sequence[str] = (),
+        version: object = None,
     ) -> dict[str, frozenset[str]]:
         """The ledger's impact with VMs it names by VmId once an agent has reported them.
 
@@ -496,14 +507,23 @@ class VmSnapshot:
         ledger keeps no subscription: a name counts every known VM of that name, which can
         only be stricter. `also` names VMs to catch up with too: the event being decided.
         """
+        held = self._resolved
+        if version is not None and held is not None and held[:2] == (version, self._generation):
+            # The same ledger and VMs as the last event of this pass: only the new names.
+            self._catch_up(set(also))
+            if self._generation == held[1]:
+                return held[2]
         listed = {vm for vms in impacted.values() for vm in vms} | set(also)
         self._catch_up(listed)
         known = self.vms.keys()
         # Most entries name VmIds already known: taken as they are, without a look at each.
-        return {
+        resolved = {
             key: vms if known >= vms else frozenset(v for vm in vms for v in self._resolve(vm))
             for key, vms in impacted.items()
         }
+        if version is not None:
+            self._resolved = (version, self._generation, resolved)
+        return resolved
 
     def _resolve(self, vm: str) -> list[str]:
         return [vm] if vm in self.vms else self._ids.get(vm_key(vm), [vm])

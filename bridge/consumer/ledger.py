@@ -32,6 +32,7 @@ every lock. Changing SHARDS or LOCKS needs every consumer stopped first.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,9 @@ def _bucket(text: str, count: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % count
 
 
+_VERSIONS = itertools.count()
+
+
 @dataclass
 class LedgerState:
     """The ledger as one read found it: every entry, and the documents they came from at
@@ -123,9 +127,12 @@ class LedgerState:
     events: dict[str, LedgerEntry] = field(default_factory=dict)
     docs: dict[str, Doc] = field(default_factory=dict)  # shards, locks and a legacy document
     impact: dict[str, frozenset[str]] = field(default_factory=dict)
+    # Changes whenever `impact` does, and differs between states: it names what was counted.
+    version: int = field(default_factory=lambda: next(_VERSIONS))
 
     def take(self, doc: Doc) -> None:
         """Hold `doc` (newly read) instead of the version of it held so far."""
+        self.version = next(_VERSIONS)
         old = self.docs.get(doc.key)
         self.docs[doc.key] = doc
         if not (doc.key.startswith(_SHARD) or doc.key == fs.LEGACY_LEDGER_KEY):
@@ -256,6 +263,7 @@ class ApprovalLedger:
             state.docs[doc.key] = doc
             if self._mark is not None:
                 self._docs[doc.key] = doc
+        state.version = next(_VERSIONS)
         for key in keys:
             entry = state.events.get(key)
             if entry is None:

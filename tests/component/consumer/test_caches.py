@@ -23,6 +23,7 @@ from bridge.consumer.state.sqlite import SqliteStore
 from bridge.records import parse_time
 from bridge.retry import RetryableError
 from tests.fleetrecords import FleetRecords
+from tests.state_support import DelegatingStore
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 KEY_READS = "SELECT key, etag, value FROM docs WHERE collection = 'vm' AND key IN"
@@ -173,3 +174,38 @@ def test_budget_groups_are_kept_across_heartbeats_and_made_again_when_a_vm_moves
         "api": frozenset({vm})
     }
     store.close()
+
+
+class Scans(DelegatingStore):
+    """A store without a change feed (as Table Storage is), counting VM scans."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        super().__init__(inner)
+        self.vm_scans = 0
+
+    def scan(self, collection: str) -> list[Doc]:
+        self.vm_scans += collection == fs.VM
+        return super().scan(collection)
+
+
+def test_without_a_change_feed_the_fleet_is_scanned_every_30_s_and_our_writes_are_seen(
+    tmp_path: Path, fleet: FleetRecords
+) -> None:
+    ours, theirs = Scans(SqliteStore(tmp_path / "fleet.db")), SqliteStore(tmp_path / "fleet.db")
+    fleet.vm("web_1", scale_set="web")
+    cache = FleetCache(ours, now=lambda: fleet.now)
+    web_0, web_1 = fleet.vm_id("web_0"), fleet.vm_id("web_1")
+    cache.update(merging({web_0: fleet.heartbeat("web_0")}))
+    assert set(cache.load()) == {web_0}
+    for _ in range(5):  # batches within 30 s: no scan; what this process wrote is seen
+        fleet.advance(5)
+        cache.update(merging({web_0: fleet.heartbeat("web_0")}))
+        assert cache.load()[web_0].last_seen == fleet.now
+    assert ours.vm_scans == 1
+    FleetCache(theirs).update(merging({web_1: fleet.heartbeat("web_1")}))  # another consumer
+    assert set(cache.load()) == {web_0}
+    fleet.advance(6)
+    assert set(cache.load()) == {web_0, web_1}
+    assert ours.vm_scans == 2
+    ours.close()
+    theirs.close()

@@ -17,9 +17,9 @@ from bridge.localhub import PARTITIONS, LocalHub
 from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import Approval, BudgetCheck, wrong_approvals
-from tests.benchmarks.loadgen.play import Run, RunConfig
+from tests.benchmarks.loadgen.play import Run, RunConfig, RunResult
 from tests.benchmarks.loadgen.sim import FleetClock, Sim
-from tests.benchmarks.loadgen.summary import summarize
+from tests.benchmarks.loadgen.summary import Summary, render, summarize
 from tests.benchmarks.loadgen.waves import SimEvent
 from tests.support import assert_valid
 
@@ -96,19 +96,25 @@ def test_the_same_seed_gives_the_same_stream() -> None:
     assert [r["RecordId"] for r in once] == [r["RecordId"] for r in again]
 
 
-def test_a_live_run_against_a_real_consumer_breaks_no_budget(tmp_path: Path) -> None:
+def live_run(workdir: Path, state: str) -> tuple[RunResult, Summary]:
+    """A small freeze wave through one real consumer: every event decided, no budget broken."""
     config = RunConfig(size=300, seed=1, wave="freeze", options=waves.WaveOptions(window=300),
                        scale=60, consumers=1, lead_in=60, tail=30, drain_timeout=60,
-                       workdir=tmp_path / "run")  # fmt: skip
+                       workdir=workdir, state=state)  # fmt: skip
     result = Run(config, lambda _: None).go()
     summary = summarize(result)
-
     assert summary.violations == []
     assert summary.wrong == []
     assert summary.latencies.undecided == []
     assert summary.latencies.actions.get("Approve", 0) >= len(result.plan.events) // 2
     assert result.drained_at is not None
     assert [c.errors + c.poison for c in result.consumers] == [0]
+    return result, summary
+
+
+def test_a_live_run_against_a_real_consumer_breaks_no_budget(tmp_path: Path) -> None:
+    result, summary = live_run(tmp_path / "run", "sqlite")
+    assert "1 consumer, SQLite |" in render("freeze", [summary], "test", "now")
     # What went into the hub validates and keeps each VM's order.
     with LocalHub(tmp_path / "run" / "hub-0") as hub:
         rows = [body for p in range(PARTITIONS) for _, body in hub.read(p, -1, 10**6)]
@@ -119,6 +125,23 @@ def test_a_live_run_against_a_real_consumer_breaks_no_budget(tmp_path: Path) -> 
         assert_valid(record)
         assert record["TimeGenerated"] >= last.get(record["VmId"], "")
         last[record["VmId"]] = record["TimeGenerated"]
+
+
+def test_a_live_run_on_tables_in_azurite_breaks_no_budget(tmp_path: Path) -> None:
+    result, summary = live_run(tmp_path / "run", "tables")
+    # The state was read from the table, not from a file: every VM's document is there, and
+    # no write count is made up for a store that keeps none.
+    assert result.documents.get("vm") == len(result.fleet)
+    assert result.largest
+    assert result.state_chars > 0
+    assert result.writes is None
+    assert result.state_bytes is None
+    assert not list((tmp_path / "run").glob("fleet.db*"))
+    assert result.cpu
+    assert all(s.azurite is not None for s in result.cpu)
+    report = render("freeze", [summary], "test", "now")
+    assert "1 consumer, Tables on Azurite |" in report
+    assert "fleet state (Tables on Azurite)" in report
 
 
 def avset_of_three(fleet: Fleet) -> list[int]:

@@ -7,6 +7,8 @@ Examples:
     # every wave on 20,000 VMs, ten times faster than real time
     python -m tests.benchmarks.loadgen --wave steady freeze spot-storm rolling-reboot scale-in \\
         --vms 20000 --scale 10
+    # the same with the fleet state in Table Storage (Azurite), beside SQLite in one report
+    python -m tests.benchmarks.loadgen --wave freeze --vms 10000 --scale 4 --state sqlite tables
     # the record stream alone (no consumer; no approvals, so events start at NotBefore)
     python -m tests.benchmarks.loadgen --wave freeze --vms 300 --records /tmp/freeze.jsonl
 
@@ -16,6 +18,7 @@ Each wave's table goes to stdout and to benchmarks/fleet-<wave>.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import signal
 import sys
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import build
-from tests.benchmarks.loadgen.play import RESULT, Run, RunConfig, load
+from tests.benchmarks.loadgen.play import RESULT, STATES, Run, RunConfig, load
 from tests.benchmarks.loadgen.sim import FleetClock, Sim
 from tests.benchmarks.loadgen.summary import render, summarize
 from tests.benchmarks.rig import ROOT, say
@@ -37,7 +40,8 @@ def parser() -> argparse.ArgumentParser:
         description="The fleet load generator (issue 15): N model agents' exact record stream "
         "(real schema, RecordIds, per-VM order), heartbeats every 300 fleet seconds and a named, "
         "seeded wave, played at a time scale into local hubs read by real `se-bridge consume` "
-        "processes (SQLite state, local command directory, a policy with budgets). Model agents "
+        "processes (SQLite or Tables state, local command directory, a policy with budgets). "
+        "Model agents "
         "answer the consumers' commands with Approval records and the platform then starts and "
         "completes the events. Reports the consumers' throughput and lag, first record to "
         "Decision (p50, p99), budget violations and wrong approvals (independent checks), state "
@@ -67,6 +71,14 @@ def parser() -> argparse.ArgumentParser:
         nargs="+",
         default=[1],
         help="consumer process counts, one run each (default 1)",
+    )
+    p.add_argument(
+        "--state",
+        nargs="+",
+        choices=sorted(STATES),
+        default=["sqlite"],
+        help="the consumers' fleet state, one run each: sqlite (one file) or tables (a table "
+        "in Azurite, started for the run as the test suite starts it) (default sqlite)",
     )
     p.add_argument(
         "--lead-in",
@@ -150,14 +162,16 @@ def main(argv: list[str] | None = None) -> int:
     for wave in args.wave:
         summaries = []
         out = args.out_dir / f"fleet-{wave}.md"
-        for count in args.consumers:
+        for state, count in itertools.product(args.state, args.consumers):
+            # A SQLite run keeps the directory name it always had, for --report-from.
+            name = f"{wave}-{count}" if state == "sqlite" else f"{wave}-{state}-{count}"
             config = RunConfig(size=args.vms, seed=args.seed, wave=wave, options=options,
                                scale=args.scale, consumers=count, lead_in=args.lead_in,
                                tail=args.tail, drain_timeout=args.drain_timeout,
-                               workdir=None if args.workdir is None
-                               else args.workdir / f"{wave}-{count}",
-                               log_level=args.log_level)  # fmt: skip
-            say(f"{wave}: {args.vms:,} VMs, {count} consumer(s), scale {args.scale:g}")
+                               workdir=None if args.workdir is None else args.workdir / name,
+                               log_level=args.log_level, state=state)  # fmt: skip
+            say(f"{wave}: {args.vms:,} VMs, {count} consumer(s), {STATES[state]}, "
+                f"scale {args.scale:g}")  # fmt: skip
             summaries.append(summarize(Run(config, say).go()))
             # Written after every run, so a long series keeps what it measured so far.
             text = render(wave, summaries, command.strip(), time.strftime("%Y-%m-%d %H:%M %Z"))

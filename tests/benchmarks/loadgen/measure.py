@@ -55,6 +55,52 @@ class LagSample:
 
 
 @dataclass(frozen=True)
+class CpuSample:
+    """CPU seconds (utime + stime) each process had spent by one moment."""
+
+    wall: float
+    consumers: tuple[float, ...]  # per consumer process
+    azurite: float | None  # the Azurite node process; None: the state is not in Azurite
+
+
+def cpu_between(samples: Sequence[CpuSample], start: float, end: float) -> CpuSample | None:
+    """CPU seconds spent between wall times `start` and `end` (the first sample at or after
+    each, the last sample for an end past them); None with fewer than two samples there."""
+    window = [s for s in samples if s.wall >= start]
+    last = next((s for s in window if s.wall >= end), window[-1] if window else None)
+    if not window or last is None or last.wall <= window[0].wall:
+        return None
+    first = window[0]
+    return CpuSample(
+        last.wall - first.wall,
+        tuple(b - a for a, b in zip(first.consumers, last.consumers, strict=True)),
+        None if first.azurite is None or last.azurite is None else last.azurite - first.azurite,
+    )
+
+
+def busiest(samples: Sequence[CpuSample], seconds: float = 10.0) -> CpuSample:
+    """The highest share of one core any process took over a `seconds`-long stretch of
+    samples, each process on its own (a consumer and Azurite each run their work on one
+    thread: a share near 1 is a process at its limit). `wall` holds the stretch's length."""
+    width = len(samples[0].consumers) if samples else 0
+    best = [0.0] * width
+    best_azurite: float | None = None if not samples or samples[0].azurite is None else 0.0
+    begin = 0
+    for end, sample in enumerate(samples):
+        while sample.wall - samples[begin].wall > seconds:
+            begin += 1
+        span = sample.wall - samples[begin].wall
+        if end == begin or span < seconds / 2:
+            continue
+        first = samples[begin]
+        for i in range(width):
+            best[i] = max(best[i], (sample.consumers[i] - first.consumers[i]) / span)
+        if best_azurite is not None and sample.azurite is not None and first.azurite is not None:
+            best_azurite = max(best_azurite, (sample.azurite - first.azurite) / span)
+    return CpuSample(seconds, tuple(best), best_azurite)
+
+
+@dataclass(frozen=True)
 class Approval:
     at: float  # epoch seconds: the Decision's TimeGenerated
     event_id: str

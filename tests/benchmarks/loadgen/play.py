@@ -2,8 +2,10 @@
 
 One hub directory per consumer process: a VM's records always go to the same hub (a stable
 hash of its VmId), as Event Hubs gives each consumer its own partitions; the processes share
-one SQLite fleet state and one local command directory, as consumers share Table Storage and
-the queues. Each writes its Decision records to its own JSONL sink.
+one fleet state and one local command directory, as consumers share Table Storage and the
+queues. Each writes its Decision records to its own JSONL sink. The fleet state is a SQLite
+file (`state="sqlite"`) or a table in Azurite (`state="tables"`), the emulator the test suite
+runs: one node process on this machine, in memory, started for the run.
 
 The run, in wall time:
 
@@ -17,8 +19,9 @@ The run, in wall time:
 3. the hubs are drained (every record handled), then the consumers are stopped.
 
 Every second the hubs' checkpoints are sampled (records written and handled, how long the
-oldest unhandled one has waited), with the consumers' memory; every `STATE_EVERY` seconds
-the largest document of each state collection other than the VMs'.
+oldest unhandled one has waited), with the consumers' (and Azurite's) memory and CPU; every
+`STATE_EVERY` seconds (`TABLES_STATE_EVERY` with Tables) the largest document of each state
+collection other than the VMs'.
 
 The hubs are appended by `HubWriter`, not `LocalHub.append`: that one reads the last offset
 of every partition with a query that scans the whole hub (`SELECT "partition",
@@ -39,20 +42,26 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from azure.core.exceptions import AzureError
+from azure.data.tables import TableClient, TableEntity
 
 from bridge import sqlitewal
 from bridge.commands.message import Command, CommandError, parse
+from bridge.consumer.state.tables import unescape_key
 from bridge.localhub import PARTITIONS, LocalHub, partition_for
+from tests.azurite import Azurite
 from tests.benchmarks import procstat
 from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
-from tests.benchmarks.loadgen.measure import LagSample
+from tests.benchmarks.loadgen.measure import CpuSample, LagSample
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
 from tests.benchmarks.rig import ROOT
@@ -64,6 +73,11 @@ TICK = 0.1  # wall seconds between appends
 COMMAND_POLL = 0.5  # wall seconds between reads of the command directory (the agent's is 1 s)
 SAMPLE_EVERY = 1.0
 STATE_EVERY = 5.0
+# A Tables probe reads every document of a collection through the one Azurite process the
+# consumers wait on (SQLite's reader takes none of their time): less often, to weigh less on
+# what is measured.
+TABLES_STATE_EVERY = 20.0
+STATES = {"sqlite": "SQLite", "tables": "Tables on Azurite"}  # --state: the report's names
 # The consumer's settings that are durations of the fleet, at time scale 1 (their defaults);
 # a faster run divides them by its scale, within the bounds the settings allow.
 FLEET_SETTINGS = {"alive_within": (660.0, 10.0), "approval_timeout": (30.0, 1.0),
@@ -83,6 +97,11 @@ class RunConfig:
     drain_timeout: float = 900.0  # wall seconds to wait for the consumers to catch up
     workdir: Path | None = None  # kept when given; a temporary directory otherwise
     log_level: str = "INFO"
+    state: str = "sqlite"  # the consumers' fleet state: a key of STATES
+
+    @property
+    def state_name(self) -> str:
+        return STATES[self.state]
 
     def consumer_settings(self) -> dict[str, float]:
         return {name: max(low, value / self.scale) for name, (value, low) in FLEET_SETTINGS.items()}
@@ -117,12 +136,17 @@ class RunResult:
     consumers: list[ConsumerStats]
     largest: dict[str, tuple[str, int]]  # collection -> (key, characters), the largest seen
     documents: dict[str, int]  # collection -> documents at the end
-    writes: dict[str, int]  # collection -> write transactions from wave start to the end
-    state_bytes: int
+    # collection -> write transactions from wave start to the end; None: the store keeps no
+    # count (Tables)
+    writes: dict[str, int] | None
+    state_bytes: int | None  # the SQLite file with its WAL; None: no file (Azurite, in memory)
     generator_cpu: float
     generator_rss_kb: int
     load_max: float
     revision: str = ""  # the commit the consumers ran, and whether bridge/ differed from it
+    state_chars: int = 0  # the documents' JSON text at the end, all collections
+    cpu: list[CpuSample] = field(default_factory=list)  # every second, from the warm-up on
+    azurite_rss_kb: int = 0  # Azurite's peak (VmHWM); 0 without it
 
     @property
     def stopped(self) -> dict[int, float]:
@@ -226,12 +250,24 @@ class CommandWatcher:
             return None
 
 
+class Probe(Protocol):
+    """What the run reads of the consumers' fleet state, whichever store holds it."""
+
+    largest: dict[str, tuple[str, int]]  # collection -> (key, characters), the largest seen
+    text: int  # characters of JSON of every document, at the last `everything` sample
+
+    def sample(self, *, everything: bool = False) -> dict[str, int]: ...
+
+    def revisions(self) -> dict[str, int] | None: ...
+
+
 class StateProbe:
     """Reads the consumers' SQLite fleet state (read only) for the size of its documents."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.largest: dict[str, tuple[str, int]] = {}
+        self.text = 0
 
     @contextlib.contextmanager
     def _connection(self) -> Iterator[sqlite3.Connection]:
@@ -266,6 +302,9 @@ class StateProbe:
                     ).fetchone()[0]
                     if row is not None and row[1] > self.largest.get(name, ("", -1))[1]:
                         self.largest[name] = (str(row[0]), int(row[1]))
+                if everything:
+                    total = conn.execute("SELECT SUM(LENGTH(value)) FROM docs").fetchone()[0]
+                    self.text = int(total or 0)
         except sqlite3.OperationalError:
             pass  # busy past the timeout, or a table not there yet: the next sample looks again
         return counts
@@ -282,6 +321,74 @@ class StateProbe:
             return {str(c): int(r) for c, r in rows.fetchall()}
         except sqlite3.OperationalError:
             return {}
+
+
+class TableProbe:
+    """Reads the consumers' fleet state in a table (bridge.consumer.state.tables: PartitionKey
+    = collection, the JSON text in Body0..BodyN) for the size of its documents.
+
+    Table Storage keeps no count of writes (an entity's ETag is a timestamp, not a revision),
+    and counting the consumers' requests would take a proxy in their path, which would then
+    be measured too (tests/benchmarks/bench_quota.py counts them so): `revisions` is None.
+    """
+
+    def __init__(self, connection_string: str, table_name: str) -> None:
+        self.largest: dict[str, tuple[str, int]] = {}
+        self.text = 0
+        self.table = TableClient.from_connection_string(connection_string, table_name)
+
+    def collections(self) -> list[str]:
+        """The table's PartitionKeys as stored, one query each: the first entity above the
+        last one found (the service lists by PartitionKey; there is no DISTINCT)."""
+        found: list[str] = []
+        while True:
+            if found:
+                pages = self.table.query_entities("PartitionKey gt @after", parameters={
+                    "after": found[-1]}, select=["PartitionKey"], results_per_page=1)  # fmt: skip
+            else:
+                pages = self.table.list_entities(select=["PartitionKey"], results_per_page=1)
+            first = next(iter(pages), None)
+            if first is None:
+                return found
+            found.append(str(first["PartitionKey"]))
+
+    def sample(self, *, everything: bool = False) -> dict[str, int]:
+        """As `StateProbe.sample`: the VMs' documents only when `everything`."""
+        counts: dict[str, int] = {}
+        text = 0
+        try:
+            for stored in self.collections():
+                name = unescape_key(stored)
+                if name == "vm" and not everything:
+                    continue
+                count, top = 0, ("", -1)
+                for entity in self.table.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": stored}
+                ):
+                    count += 1
+                    size = _chars(entity)
+                    text += size
+                    if size > top[1]:
+                        top = (unescape_key(str(entity["RowKey"])), size)
+                counts[name] = count
+                if top[1] > self.largest.get(name, ("", -1))[1]:
+                    self.largest[name] = top
+        except AzureError:
+            return counts  # no table yet, or Azurite slow past the timeout: the next sample
+        if everything:
+            self.text = text
+        return counts
+
+    def revisions(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.table.close()
+
+
+def _chars(entity: TableEntity) -> int:
+    """The length of the document's JSON text, as SQLite's LENGTH(value) counts it."""
+    return sum(len(entity[f"Body{i}"]) for i in range(int(entity["Chunks"])))
 
 
 def proc_status(pid: int, field_name: str) -> int:
@@ -316,6 +423,9 @@ class Run:
         self.hubs: list[HubWriter] = []
         self.consumers: list[Proc] = []
         self.revision = ""
+        self.azurite_pid: int | None = None
+        self.azurite_rss = 0
+        self.cpu: list[CpuSample] = []
 
     def go(self) -> RunResult:
         self.say(f"fleet: {self.fleet.summary()}")
@@ -355,25 +465,44 @@ class Run:
         env = {"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}"}
         env |= {f"SE_BRIDGE_CONSUMER_{name.upper()}": f"{value:g}"
                 for name, value in config.consumer_settings().items()}  # fmt: skip
-        self.hubs = [HubWriter(root / f"hub-{k}") for k in range(config.consumers)]
-        # The code under test is read when the consumers start: say which it was.
-        self.revision = revision()
-        for k in range(config.consumers):
-            self.consumers.append(procs.bridge(
-                f"consumer-{k}", "consume", "--hub", str(root / f"hub-{k}"),
-                "--commands", f"local:{commands}", "--state", f"sqlite:{state}",
-                "--policy", str(policy), "--sink", f"jsonl:{root / f'decisions-{k}.jsonl'}",
-                "--state-dir", str(root / f"consumer-{k}"), "--log-level", config.log_level,
-                env=env))  # fmt: skip
-        probe = StateProbe(state)
-        watcher = CommandWatcher(commands)
-        try:
-            return self._phases(root, probe, watcher)
-        finally:
-            for hub in self.hubs:
-                hub.close()
+        with contextlib.ExitStack() as stack:
+            probe: Probe
+            if config.state == "tables":
+                azurite = Azurite(root / "azurite").start()
+                stack.callback(azurite.stop)
+                # Its CPU and memory are the run's to report; the helper keeps its process
+                # to itself (node runs the script in the process Popen started).
+                self.azurite_pid = azurite._proc.pid if azurite._proc is not None else None
+                table = f"loadgen{uuid.uuid4().hex[:12]}"
+                # As tests/integration/consumer_cloud.py configures a consumer on Tables.
+                env |= {"SE_BRIDGE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+                        "SE_BRIDGE_CONSUMER_TABLE_NAME": table,
+                        "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+                spec = "tables"
+                tables = TableProbe(azurite.connection_string, table)
+                stack.callback(tables.close)
+                probe = tables
+            else:
+                spec = f"sqlite:{state}"
+                probe = StateProbe(state)
+            self.hubs = [HubWriter(root / f"hub-{k}") for k in range(config.consumers)]
+            # The code under test is read when the consumers start: say which it was.
+            self.revision = revision()
+            for k in range(config.consumers):
+                self.consumers.append(procs.bridge(
+                    f"consumer-{k}", "consume", "--hub", str(root / f"hub-{k}"),
+                    "--commands", f"local:{commands}", "--state", spec,
+                    "--policy", str(policy), "--sink", f"jsonl:{root / f'decisions-{k}.jsonl'}",
+                    "--state-dir", str(root / f"consumer-{k}"), "--log-level", config.log_level,
+                    env=env))  # fmt: skip
+            watcher = CommandWatcher(commands)
+            try:
+                return self._phases(root, probe, watcher)
+            finally:
+                for hub in self.hubs:
+                    hub.close()
 
-    def _phases(self, root: Path, probe: StateProbe, watcher: CommandWatcher) -> RunResult:
+    def _phases(self, root: Path, probe: Probe, watcher: CommandWatcher) -> RunResult:
         config = self.config
         began = time.time()
         for chunk in self.sim.warm_up():
@@ -387,7 +516,8 @@ class Run:
         cpu0 = time.process_time()
         wave_start = wave_end = 0.0
         end_fleet = 0.0
-        revs0: dict[str, int] = {}
+        state_every = TABLES_STATE_EVERY if config.state == "tables" else STATE_EVERY
+        revs0: dict[str, int] | None = {}
         cpu_start: dict[int, float] = {}
         next_poll = next_sample = next_state = next_say = time.monotonic()
         while True:
@@ -403,7 +533,7 @@ class Run:
                 self._sample()
                 self._check_alive()
             if tick >= next_state:
-                next_state = tick + STATE_EVERY
+                next_state = tick + state_every
                 probe.sample()
             if not wave_start and now >= config.lead_in:
                 wave_start = time.time()
@@ -424,7 +554,12 @@ class Run:
         drained_at = time.time() if drained else None
         probe.sample(everything=True)
         revs1 = probe.revisions()
+        if self.azurite_pid is not None:
+            self.azurite_rss = max(self.azurite_rss, proc_status(self.azurite_pid, "VmHWM"))
         stats = self._stop(cpu_start, root)
+        writes = (None if revs1 is None or revs0 is None
+                  else {c: revs1.get(c, 0) - revs0.get(c, 0) for c in revs1})  # fmt: skip
+        files = list(root.glob("fleet.db*"))
         decisions = _read_jsonl(root.glob("decisions-*.jsonl"))
         return RunResult(
             config=config, fleet=self.fleet, plan=self.plan, sim=self.sim, samples=self.samples,
@@ -432,12 +567,12 @@ class Run:
             warm_seconds=warm_seconds, lead_start=lead_start, wave_start=wave_start,
             wave_end=wave_end,
             drained_at=drained_at, consumers=stats, largest=probe.largest,
-            documents=probe.sample(everything=True),
-            writes={c: revs1.get(c, 0) - revs0.get(c, 0) for c in revs1},
-            state_bytes=sum(p.stat().st_size for p in root.glob("fleet.db*")),
+            documents=probe.sample(everything=True), writes=writes,
+            state_bytes=sum(p.stat().st_size for p in files) if files else None,
             generator_cpu=time.process_time() - cpu0,
             generator_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            load_max=self.load_max, revision=self.revision,
+            load_max=self.load_max, revision=self.revision, state_chars=probe.text,
+            cpu=self.cpu, azurite_rss_kb=self.azurite_rss,
         )  # fmt: skip
 
     def _place(self, emitted: list[Emitted]) -> None:
@@ -492,6 +627,11 @@ class Run:
         for proc in self.consumers:
             rss = proc_status(proc.popen.pid, "VmRSS")
             self.peak_rss[proc.popen.pid] = max(self.peak_rss.get(proc.popen.pid, 0), rss)
+        self.cpu.append(CpuSample(now, tuple(_cpu(p.popen.pid) for p in self.consumers),
+                                  None if self.azurite_pid is None
+                                  else _cpu(self.azurite_pid)))  # fmt: skip
+        if self.azurite_pid is not None:
+            self.azurite_rss = max(self.azurite_rss, proc_status(self.azurite_pid, "VmRSS"))
         return sample
 
     def _drain(self, timeout: float, what: str) -> bool:
@@ -543,6 +683,14 @@ class Run:
                     stat.poison = sum(1 for _ in lines)
             stats.append(stat)
         return stats
+
+
+def _cpu(pid: int) -> float:
+    """utime + stime so far; 0 once the process is gone (a dead consumer stops the run)."""
+    try:
+        return procstat.ticks_seconds(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
 
 
 def revision() -> str:

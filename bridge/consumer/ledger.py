@@ -19,7 +19,7 @@ one write conflicts, and the loser reads again and decides again. Two decisions 
 different groups touch different documents and do not wait for each other, and no
 document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the
 one ledger document of earlier releases reached Table Storage's entity limit at about
-1,500 open events in a 100,000-VM Spot eviction storm, and every approval of the fleet
+1,250 open events in a 100,000-VM Spot eviction storm, and every approval of the fleet
 contended for its ETag).
 
 A decision reads every shard and lock (one scan: the locks sort first, so a lock is never

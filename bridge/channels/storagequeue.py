@@ -92,6 +92,8 @@ def queue_account(vm_id: str, accounts: Sequence[str]) -> str:
     """The account of `vm_id`'s queue: the one at index (the first 8 hex digits of its VmId)
     modulo their number, as docs/deploying.md has each VM pick it. ValueError for a VmId
     that does not start with 8 hex digits."""
+    if len(accounts) == 1:
+        return accounts[0]
     digits = vm_id.strip()[:8]
     try:
         return accounts[int(digits, 16) % len(accounts)]
@@ -105,11 +107,9 @@ class StorageQueueSender:
     def __init__(self, config: Config, *, cache_size: int = 1024) -> None:
         self._prefix = config.commands.queue_prefix
         queue_name(self._prefix, _SAMPLE_VM_ID)  # a bad prefix stops the process at start
-        self._accounts = queue_accounts(config)  # so do bad account names
-        self._edges = {
-            account: _Edge(config, CONSUMER_ROLE, account=account)
-            for account in self._accounts or [""]
-        }
+        # So do bad account names. "": storage.account, or the connection string's.
+        self._accounts = queue_accounts(config) or [""]
+        self._edges = {a: _Edge(config, CONSUMER_ROLE, account=a) for a in self._accounts}
         self._clients: OrderedDict[str, QueueClient] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -117,11 +117,7 @@ class StorageQueueSender:
     def send(self, command: Command, time_to_live: float) -> None:
         try:
             name = queue_name(self._prefix, command.vm_id)
-            edge = (
-                self._edges[queue_account(command.vm_id, self._accounts)]
-                if self._accounts
-                else self._edges[""]
-            )
+            edge = self._edges[queue_account(command.vm_id, self._accounts)]
         except ValueError as err:
             raise PermanentError(str(err)) from err
         client = self._client(name, edge)

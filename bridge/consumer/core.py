@@ -147,7 +147,7 @@ class Consumer:
         """Per budget, how full its fullest group is now (read only; for the metrics)."""
         with self._lock:
             known = VmSnapshot(self.store, self.fleet)
-            impacted = known.by_vm_id(self.ledger.impacted(self.ledger.read()))
+            impacted = known.by_vm_id(self.ledger.read().impact)
             fleet = FleetView(known.vms, impacted, self._alive_within)
             return budget_use(self.policy.budgets, fleet, self._now())
 
@@ -311,9 +311,7 @@ class Consumer:
     ) -> tuple[EventView, FleetView, LedgerEntry | None]:
         """The event as the policy sees it, the fleet with what impacts it, and its entry."""
         resources = [str(r) for r in doc.value.get("resources") or []]
-        impacted = known_vms.by_vm_id(
-            self.ledger.impacted(ledger), also=resources, version=ledger.version
-        )
+        impacted = known_vms.by_vm_id(ledger.impact, also=resources, version=ledger.version)
         entry = ledger.events.get(doc.key)
         tried = tuple(entry.get("tried", ())) if entry else ()
         view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now)

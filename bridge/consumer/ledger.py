@@ -207,11 +207,6 @@ class ApprovalLedger:
         log.info("moved %d ledger entries into %d shards", len(moved), SHARDS)
         return state
 
-    @staticmethod
-    def impacted(state: LedgerState) -> Mapping[str, frozenset[str]]:
-        """Per event, the VMs it impacts (not to be changed: it is the state's)."""
-        return state.impact
-
     def entries(self) -> dict[str, LedgerEntry]:
         return self.read().events
 
@@ -289,9 +284,7 @@ class ApprovalLedger:
             except Conflict:
                 continue
             return changed
-        raise RetryableError(
-            f"the approval ledger kept changing under {MAX_CONFLICT_RETRIES} writes"
-        )
+        raise _busy()
 
     def needs_decision(self, entry: LedgerEntry, now: datetime) -> bool:
         """An approval we sent that was refused, or went unconfirmed for too long."""
@@ -346,9 +339,7 @@ class ApprovalLedger:
                 state = self.read()
                 continue
             return
-        raise RetryableError(
-            f"the approval ledger kept changing under {MAX_CONFLICT_RETRIES} writes"
-        )
+        raise _busy()
 
     def release(self, key: str, why: str) -> None:
         def drop(events: dict[str, LedgerEntry]) -> set[str]:

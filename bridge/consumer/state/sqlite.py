@@ -139,15 +139,7 @@ class SqliteStore:
 
         The stored Docs share their value with `docs` (it is what was written).
         """
-        texts = [encode_value(collection, doc) for doc in docs]  # refused before anything is
-        etags = _new_etags(len(docs))
-
-        def work(conn: sqlite3.Connection) -> list[bool]:
-            conn.execute(BUMP, (collection,))
-            rev = conn.execute(MARK, (collection,)).fetchone()[0]
-            return _put_all(conn, collection, docs, etags=etags, texts=texts, rev=rev)
-
-        written = self._transaction(work, sync=collection not in self._deferred)
+        etags, written = self._put(collection, docs, all_or_none=False)
         stored = [
             Doc(doc.key, doc.value, etag)
             for doc, etag, ok in zip(docs, etags, written, strict=True)
@@ -160,19 +152,27 @@ class SqliteStore:
             raise ValueError(
                 f"{len(docs)} documents in one transaction; at most {TRANSACTION_DOCS}"
             )
-        texts = [encode_value(collection, doc) for doc in docs]
+        etags, _ = self._put(collection, docs, all_or_none=True)
+        return [Doc(doc.key, doc.value, etag) for doc, etag in zip(docs, etags, strict=True)]
+
+    def _put(
+        self, collection: str, docs: Sequence[Doc], *, all_or_none: bool
+    ) -> tuple[list[str], list[bool]]:
+        """One transaction writing every doc still at its etag: their new ETags, and which
+        were written. `all_or_none`: Conflict, and nothing written, unless every one is."""
+        texts = [encode_value(collection, doc) for doc in docs]  # refused before anything is
         etags = _new_etags(len(docs))
 
-        def work(conn: sqlite3.Connection) -> None:
+        def work(conn: sqlite3.Connection) -> list[bool]:
             conn.execute(BUMP, (collection,))
             rev = conn.execute(MARK, (collection,)).fetchone()[0]
             written = _put_all(conn, collection, docs, etags=etags, texts=texts, rev=rev)
-            if not all(written):  # raised inside the transaction: it is rolled back
+            if all_or_none and not all(written):  # raised in the transaction: rolled back
                 late = [doc.key for doc, ok in zip(docs, written, strict=True) if not ok]
                 raise Conflict(f"{collection}/{', '.join(late)} changed since read")
+            return written
 
-        self._transaction(work, sync=collection not in self._deferred)
-        return [Doc(doc.key, doc.value, etag) for doc, etag in zip(docs, etags, strict=True)]
+        return etags, self._transaction(work, sync=collection not in self._deferred)
 
     def delete(self, collection: str, doc: Doc) -> None:
         if doc.etag is not None:

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 # An entity-group transaction holds at most 100 operations and 4 MiB; a query's filter at
 # most 15 comparisons (one is the PartitionKey).
-TRANSACTION_OPS = TRANSACTION_DOCS
 TRANSACTION_CHARS = 1_500_000  # of ASCII JSON: 3 MB as UTF-16, under the 4 MiB limit
 FILTER_KEYS = 14
 CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB property limit
@@ -134,7 +133,7 @@ class TableStore:
         if len(groups) > 1:
             raise ValueError(
                 f"{len(docs)} documents of {collection} do not fit one transaction "
-                f"({TRANSACTION_OPS} entities, {TRANSACTION_CHARS} characters)"
+                f"({TRANSACTION_DOCS} entities, {TRANSACTION_CHARS} characters)"
             )
         return self._transact(collection, groups[0]) if groups else []
 
@@ -298,7 +297,11 @@ def _groups(collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]
     size = 0
     for doc in docs:
         text = encode_value(collection, doc)
-        if not groups or len(groups[-1]) == TRANSACTION_OPS or size + len(text) > TRANSACTION_CHARS:
+        if (
+            not groups
+            or len(groups[-1]) == TRANSACTION_DOCS
+            or size + len(text) > TRANSACTION_CHARS
+        ):
             groups.append([])
             size = 0
         groups[-1].append((doc, text))

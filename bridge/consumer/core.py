@@ -550,13 +550,15 @@ class VmSnapshot:
 class FleetCache:
     """Every VM document as a scan would find it now, without reading them all each time.
 
-    With a store that has a change feed (SQLite) only the VMs written since the last look
-    are read; that includes those written by other consumers, so `load` returns what a
-    scan at that moment returns (VMs are never deleted). Other stores (Table Storage) are
-    scanned at most every RESCAN_VMS, and the VMs this process writes are taken as
-    written: a scan for every batch read the whole fleet over HTTP each time (issue 15's
-    load generator on Azurite: 55% of a consumer at 10,000 VMs, 16.7 ms of CPU a record).
-    Between scans the VMs other consumers wrote may be missing or older. That is safe:
+    With a store that has a change feed only the VMs written since the last look are read;
+    that includes those written by other consumers (VMs are deleted only by the hourly
+    sweep, which drops them here too). Where each look is a query to a service (Table
+    Storage), `load` looks at most every `feed_interval` seconds and takes the VMs this
+    process writes as written; a store without a feed is scanned at most every RESCAN_VMS.
+    A scan or a look for every batch read the whole fleet over HTTP each time (issue 15's
+    load generator on Azurite: 55% of a consumer at 10,000 VMs, 16.7 ms of CPU a record; at
+    100,000 VMs a scan every 30 s kept Azurite busy and the consumers far behind).
+    Between looks the VMs other consumers wrote may be missing or older. That is safe:
     every VM the ledger or the event being decided names is looked up again before it is
     counted (VmSnapshot), and a VM missing from a group makes its budget smaller, never
     larger, and is not asked to approve.
@@ -565,7 +567,7 @@ class FleetCache:
     def __init__(self, store: Store, *, now: Callable[[], datetime] = utc_now) -> None:
         self.store = store
         self._now = now
-        self._scanned: datetime | None = None
+        self._scanned: datetime | None = None  # the last scan or look, where they cost
         self._mark: int | None = None
         self._vms: dict[str, VmView] = {}
         # With a change feed: the documents `_vms` was made from, at the version last seen.
@@ -600,10 +602,8 @@ class FleetCache:
 
     def load(self) -> dict[str, VmView]:
         if not isinstance(self.store, ChangeFeed):
-            now = self._now()
-            if self._scanned is not None and abs(now - self._scanned) < RESCAN_VMS:
+            if not self._due(RESCAN_VMS):
                 return dict(self._vms)
-            self._scanned = now
             docs = self.store.scan(fs.VM)
             self._docs = {doc.key: doc for doc in docs}
             vms = {doc.key: fs.vm_view(doc.key, fs.vm_document(doc)) for doc in docs}
@@ -614,6 +614,8 @@ class FleetCache:
             self._vms = vms
             self._index = None
             return dict(self._vms)
+        if self.store.feed_interval and not self._due(timedelta(seconds=self.store.feed_interval)):
+            return dict(self._vms)
         docs, mark = self.store.scan_changes(fs.VM, self._mark, self._docs)
         if self._mark is not None and mark < self._mark:  # the file was replaced: start over
             self._vms, self._docs, self._index, self._groups = {}, {}, None, {}
@@ -621,6 +623,14 @@ class FleetCache:
         self._mark = mark
         self._take(docs)
         return dict(self._vms)
+
+    def _due(self, every: timedelta) -> bool:
+        """Whether `every` has passed since the last costly look (noting this one if so)."""
+        now = self._now()
+        if self._scanned is not None and abs(now - self._scanned) < every:
+            return False
+        self._scanned = now
+        return True
 
     def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:

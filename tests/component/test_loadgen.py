@@ -14,13 +14,15 @@ import pytest
 
 from bridge.commands.message import approve
 from bridge.localhub import PARTITIONS, LocalHub
+from tests.azurite import Azurite
 from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import Approval, BudgetCheck, wrong_approvals
-from tests.benchmarks.loadgen.play import Run, RunConfig, RunResult
+from tests.benchmarks.loadgen.play import BROKER_HUB, BrokerWriter, Run, RunConfig, RunResult
 from tests.benchmarks.loadgen.sim import FleetClock, Sim
 from tests.benchmarks.loadgen.summary import Summary, render, summarize
 from tests.benchmarks.loadgen.waves import SimEvent
+from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.support import assert_valid
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
@@ -88,6 +90,38 @@ def test_the_stream_is_the_records_the_fleets_agents_send() -> None:
     assert all(e.started_by == "platform" for e in plan.events if e is not first)
 
 
+def test_with_group_fan_out_every_vm_of_the_set_reports_the_event() -> None:
+    # As Microsoft documents delivery: every VM of a named VM's placement group or
+    # availability set has the event in its document and reports it, not affected; only the
+    # named VMs are evicted.
+    fleet = build(300, SEED)
+    plan = waves.plan("spot-storm", fleet, SEED, waves.WaveOptions(count=20, window=60))
+    sim = Sim(fleet, plan, FleetClock(T0), seed=SEED, fan_out="group")
+    records = [r for chunk in sim.warm_up() for _, r in chunk]
+    now = 0.0
+    while not sim.finished(now):
+        now += 5.0
+        records += [r for _, r in sim.advance(now)]
+    by_event: dict[str, dict[str, set[bool]]] = defaultdict(lambda: defaultdict(set))
+    for record in records:
+        assert_valid(record)
+        if record["RecordType"] == "Event":
+            by_event[record["EventId"]][record["VmId"]].add(record["AffectsThisVm"])
+    deleted = {fleet.vms[i].vm_id for i in sim.deleted}
+    assert deleted == {fleet.vms[i].vm_id for e in plan.events for i in e.vms}
+    grouped = 0
+    for event in plan.events:
+        named = {fleet.vms[i].vm_id for i in event.vms}
+        around = {fleet.vms[n].vm_id for i in event.vms for n in fleet.neighbours(i)}
+        reporters = by_event[event.event_id]
+        # All of them, but neighbours an earlier eviction of the storm had deleted.
+        assert named <= set(reporters) <= around, event.event_id
+        assert around - set(reporters) <= deleted, event.event_id
+        assert all(reporters[vm] == {vm in named} for vm in reporters), event.event_id
+        grouped += len(reporters) > len(named)
+    assert grouped > 0  # some events were seen by more VMs than they name
+
+
 def test_the_same_seed_gives_the_same_stream() -> None:
     fleet = build(300, SEED)
     plan = waves.plan("spot-storm", fleet, SEED)
@@ -96,11 +130,13 @@ def test_the_same_seed_gives_the_same_stream() -> None:
     assert [r["RecordId"] for r in once] == [r["RecordId"] for r in again]
 
 
-def live_run(workdir: Path, state: str) -> tuple[RunResult, Summary]:
-    """A small freeze wave through one real consumer: every event decided, no budget broken."""
+def live_run(workdir: Path, state: str, source: str = "local",
+             consumers: int = 1) -> tuple[RunResult, Summary]:  # fmt: skip
+    """A small freeze wave through real consumers: every event decided, no budget broken."""
     config = RunConfig(size=300, seed=1, wave="freeze", options=waves.WaveOptions(window=300),
-                       scale=60, consumers=1, lead_in=60, tail=30, drain_timeout=60,
-                       workdir=workdir, state=state)  # fmt: skip
+                       scale=60, consumers=consumers, lead_in=60, tail=30, drain_timeout=60,
+                       workdir=workdir, state=state, source=source,
+                       checkpoint_interval=1.0)  # fmt: skip
     result = Run(config, lambda _: None).go()
     summary = summarize(result)
     assert summary.violations == []
@@ -108,7 +144,7 @@ def live_run(workdir: Path, state: str) -> tuple[RunResult, Summary]:
     assert summary.latencies.undecided == []
     assert summary.latencies.actions.get("Approve", 0) >= len(result.plan.events) // 2
     assert result.drained_at is not None
-    assert [c.errors + c.poison for c in result.consumers] == [0]
+    assert [c.errors + c.poison for c in result.consumers] == [0] * consumers
     return result, summary
 
 
@@ -142,6 +178,52 @@ def test_a_live_run_on_tables_in_azurite_breaks_no_budget(tmp_path: Path) -> Non
     report = render("freeze", [summary], "test", "now")
     assert "1 consumer, Tables on Azurite |" in report
     assert "fleet state (Tables on Azurite)" in report
+
+
+def test_a_live_run_through_the_event_hubs_broker_breaks_no_budget(tmp_path: Path) -> None:
+    # Two consumers share the broker's partitions through ownership blobs in Azurite; the lag
+    # is read from the checkpoints they wrote there, so a drained run means every record sent
+    # through the producer was handled and checkpointed.
+    result, summary = live_run(tmp_path / "run", "sqlite", source="broker", consumers=2)
+    last = result.samples[-1]
+    assert last.written == last.consumed > len(result.fleet)
+    assert len(last.checkpoints) == 1
+    assert len(last.checkpoints[0]) == 4
+    assert all(mark >= 0 for mark in last.checkpoints[0])
+    # Both consumers decided events: the partitions were shared, not all read by one.
+    deciders = {path.name for path in (tmp_path / "run").glob("decisions-*.jsonl")
+                if path.stat().st_size > 0}  # fmt: skip
+    assert deciders == {"decisions-0.jsonl", "decisions-1.jsonl"}
+    assert result.cpu
+    assert all(s.azurite is not None for s in result.cpu)
+    report = render("freeze", [summary], "test", "now")
+    assert "2 consumers, SQLite, Event Hubs broker |" in report
+    assert "checkpoint each at most every 1 s" in report
+    assert "(6 s read from the broker's checkpoints)" in report
+
+
+def test_the_broker_writer_sends_each_record_as_its_vm_would(azurite: Azurite) -> None:
+    # What the consumers receive: the record as JSON, with the agent sink's properties and
+    # the VM's own partition key, in per-VM order, numbered as the writer says.
+    fleet = build(300, SEED)
+    sim = Sim(fleet, waves.plan("freeze", fleet, SEED), FleetClock(T0), seed=SEED)
+    records = [(fleet.vms[i].vm_id, r) for chunk in sim.warm_up() for i, r in chunk][:400]
+    with EventHubsBroker(hub=BROKER_HUB, partitions=4) as broker:
+        writer = BrokerWriter(broker, azurite.connection_string, "writer-test")
+        try:
+            placed = writer.append(records)
+            assert writer.checkpoints() == [-1, -1, -1, -1]  # no consumer, no container
+        finally:
+            writer.close()
+        for (key, record), (partition, sequence) in zip(records, placed, strict=True):
+            event = broker.events(partition)[sequence]
+            assert json.loads(event.body) == record
+            assert event.partition_key == key == record["VmId"]
+            assert event.content_type == "application/json"
+            assert event.application_properties["RecordType"] == record["RecordType"]
+            assert event.application_properties["RecordId"] == record["RecordId"]
+        assert [len(broker.events(p)) - 1 for p in range(4)] == writer.last
+        assert writer.sent < len(records) // 10  # batched per partition, not one per record
 
 
 def avset_of_three(fleet: Fleet) -> list[int]:

@@ -93,12 +93,17 @@ class DeferredSync(Protocol):
 class ChangeFeed(Protocol):
     """A store that can say which documents of a collection changed since a mark."""
 
+    # Seconds a reader that can do with an older view should let pass between two looks:
+    # 0 where a look is cheap (a local file), more where each is a query to a service.
+    feed_interval: float
+
     def scan_changes(
         self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
     ) -> tuple[list[Doc], int]:
         """Documents written after mark `since` (all of them for None), and the new mark.
 
-        Deleted documents are not reported: use it on collections that are never deleted.
+        Some written before the mark may come again (the caller already holds them). Deleted
+        documents are not reported: use it on collections that are never deleted.
         A document still at the ETag of the `known` one of its key is left out (the caller
         has that version already).
         """

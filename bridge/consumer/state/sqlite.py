@@ -75,6 +75,8 @@ FLUSH = (
 class SqliteStore:
     """One connection shared by the process's threads under a lock; WAL for other processes."""
 
+    feed_interval = 0.0  # a look for changes is one indexed query of a local file
+
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
         self._lock = threading.Lock()

@@ -1,5 +1,6 @@
 """The fleet load generator (issue 15): N model agents' exact record stream, played into local
-hubs for real `se-bridge consume` processes, and what the consumers made of it.
+hubs or the Event Hubs test broker for real `se-bridge consume` processes, and what the
+consumers made of it.
 
 `python -m tests.benchmarks.loadgen --help` says how to run it. The parts, bottom up:
 
@@ -12,8 +13,9 @@ hubs for real `se-bridge consume` processes, and what the consumers made of it.
 - `waves`: the named, seeded scenarios (freeze, spot-storm, rolling-reboot, scale-in, steady);
 - `sim`: the fleet in fleet time: heartbeats, events appearing, approvals answered, events
   starting and ending, VMs deleted or silent;
-- `play`: the live run: hubs, consumer processes, the command directory, samples of lag,
-  memory and state size;
+- `play`: the live run: local hubs or the broker (records in through the azure-eventhub
+  producer, lag read from the consumers' blob checkpoints), consumer processes, the command
+  directory, samples of lag, memory and state size;
 - `measure`: pure arithmetic over what was recorded: lag, decision latency, budget
   violations, wrong approvals, and the report.
 

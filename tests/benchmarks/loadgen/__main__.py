@@ -9,6 +9,10 @@ Examples:
         --vms 20000 --scale 10
     # the same with the fleet state in Table Storage (Azurite), beside SQLite in one report
     python -m tests.benchmarks.loadgen --wave freeze --vms 10000 --scale 4 --state sqlite tables
+    # through the Event Hubs test broker (the consumers' Event Hubs source, blob checkpoints
+    # in Azurite), beside the local hubs in one report
+    python -m tests.benchmarks.loadgen --wave freeze --vms 20000 --scale 4 --consumers 2 \
+        --source local broker
     # the record stream alone (no consumer; no approvals, so events start at NotBefore)
     python -m tests.benchmarks.loadgen --wave freeze --vms 300 --records /tmp/freeze.jsonl
 
@@ -28,8 +32,8 @@ from pathlib import Path
 
 from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import build
-from tests.benchmarks.loadgen.play import RESULT, STATES, Run, RunConfig, load
-from tests.benchmarks.loadgen.sim import FleetClock, Sim
+from tests.benchmarks.loadgen.play import RESULT, SOURCES, STATES, Run, RunConfig, load
+from tests.benchmarks.loadgen.sim import FAN_OUTS, FleetClock, Sim
 from tests.benchmarks.loadgen.summary import render, summarize
 from tests.benchmarks.rig import ROOT, say
 
@@ -39,8 +43,9 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m tests.benchmarks.loadgen",
         description="The fleet load generator (issue 15): N model agents' exact record stream "
         "(real schema, RecordIds, per-VM order), heartbeats every 300 fleet seconds and a named, "
-        "seeded wave, played at a time scale into local hubs read by real `se-bridge consume` "
-        "processes (SQLite or Tables state, local command directory, a policy with budgets). "
+        "seeded wave, played at a time scale into local hubs or the Event Hubs test broker, "
+        "read by real `se-bridge consume` processes (SQLite or Tables state, local command "
+        "directory, a policy with budgets). "
         "Model agents "
         "answer the consumers' commands with Approval records and the platform then starts and "
         "completes the events. Reports the consumers' throughput and lag, first record to "
@@ -79,6 +84,35 @@ def parser() -> argparse.ArgumentParser:
         default=["sqlite"],
         help="the consumers' fleet state, one run each: sqlite (one file) or tables (a table "
         "in Azurite, started for the run as the test suite starts it) (default sqlite)",
+    )
+    p.add_argument(
+        "--source",
+        nargs="+",
+        choices=sorted(SOURCES),
+        default=["local"],
+        help="where the records go, one run each: local (a local hub per consumer, read with "
+        "--hub) or broker (the Event Hubs test broker, read by the consumers' Event Hubs "
+        "source with blob checkpoints in Azurite, which the run starts) (default local)",
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=4,
+        help="broker: the event hub's partitions (default 4, infra/'s eventHubPartitionCount)",
+    )
+    p.add_argument(
+        "--checkpoint-interval",
+        type=float,
+        default=5.0,
+        help="broker: the consumers' consumer.checkpoint_interval (default 5, its default)",
+    )
+    p.add_argument(
+        "--fan-out",
+        choices=FAN_OUTS,
+        default="named",
+        help="who sees an event: named (the VMs its Resources name) or group (every VM of "
+        "their placement groups and availability sets, as Microsoft documents delivery; the "
+        "others report it with AffectsThisVm false) (default named)",
     )
     p.add_argument(
         "--lead-in",
@@ -155,23 +189,28 @@ def main(argv: list[str] | None = None) -> int:
     if args.report_from:
         return report_again(args.report_from, args.out_dir)
     if args.records is not None:
-        return write_records(args.wave[0], args.vms, args.seed, options, args.records)
+        return write_records(args.wave[0], args.vms, args.seed, options, args.records,
+                             fan_out=args.fan_out)  # fmt: skip
     command = "python -m tests.benchmarks.loadgen " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     for wave in args.wave:
         summaries = []
         out = args.out_dir / f"fleet-{wave}.md"
-        for state, count in itertools.product(args.state, args.consumers):
-            # A SQLite run keeps the directory name it always had, for --report-from.
-            name = f"{wave}-{count}" if state == "sqlite" else f"{wave}-{state}-{count}"
+        for source, state, count in itertools.product(args.source, args.state, args.consumers):
+            # A SQLite run on local hubs keeps the directory name it always had.
+            name = "-".join([wave, *([source] if source != "local" else []),
+                             *([state] if state != "sqlite" else []), str(count)])  # fmt: skip
             config = RunConfig(size=args.vms, seed=args.seed, wave=wave, options=options,
                                scale=args.scale, consumers=count, lead_in=args.lead_in,
                                tail=args.tail, drain_timeout=args.drain_timeout,
                                workdir=None if args.workdir is None else args.workdir / name,
-                               log_level=args.log_level, state=state)  # fmt: skip
+                               log_level=args.log_level, state=state, source=source,
+                               partitions=args.partitions,
+                               checkpoint_interval=args.checkpoint_interval,
+                               fan_out=args.fan_out)  # fmt: skip
             say(f"{wave}: {args.vms:,} VMs, {count} consumer(s), {STATES[state]}, "
-                f"scale {args.scale:g}")  # fmt: skip
+                f"{SOURCES[source]}, scale {args.scale:g}")  # fmt: skip
             summaries.append(summarize(Run(config, say).go()))
             # Written after every run, so a long series keeps what it measured so far.
             text = render(wave, summaries, command.strip(), time.strftime("%Y-%m-%d %H:%M %Z"))
@@ -196,11 +235,12 @@ def report_again(directories: list[Path], out_dir: Path) -> int:
     return 0
 
 
-def write_records(wave: str, size: int, seed: int, options: waves.WaveOptions, path: Path) -> int:
+def write_records(wave: str, size: int, seed: int, options: waves.WaveOptions, path: Path,
+                  *, fan_out: str = "named") -> int:  # fmt: skip
     """The stream alone, stamped in fleet time from now, until the wave is over."""
     fleet = build(size, seed)
     plan = waves.plan(wave, fleet, seed, options)
-    sim = Sim(fleet, plan, FleetClock(datetime.now(timezone.utc)), seed=seed)
+    sim = Sim(fleet, plan, FleetClock(datetime.now(timezone.utc)), seed=seed, fan_out=fan_out)
     with path.open("w", encoding="utf-8") as out:
         for chunk in sim.warm_up():
             out.writelines(json.dumps(r, separators=(",", ":")) + "\n" for _, r in chunk)

@@ -155,6 +155,18 @@ class Fleet:
     def spot(self) -> list[int]:
         return [vm.index for vm in self.vms if vm.spot]
 
+    def neighbours(self, index: int) -> list[int]:
+        """The VMs an event of VM `index` reaches as Microsoft documents it ("all the VMs in
+        an availability set", "in a scale set placement group"): its own set's, itself
+        included; a standalone VM alone."""
+        vm = self.vms[index]
+        if vm.scale_set_key is not None:
+            key = (*vm.scale_set_key, vm.placement_group or 0)
+            return self.placement_groups[key]
+        if vm.avset_key is not None:
+            return self.avsets[vm.avset_key]
+        return [index]
+
     def summary(self) -> str:
         subs = len({vm.subscription for vm in self.vms})
         groups = len({(vm.subscription, vm.resource_group) for vm in self.vms})

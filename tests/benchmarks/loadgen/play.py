@@ -1,10 +1,17 @@
-"""The live run: a wave played into local hubs for real `se-bridge consume` processes.
+"""The live run: a wave played into local hubs or the Event Hubs test broker for real
+`se-bridge consume` processes.
 
-One hub directory per consumer process: a VM's records always go to the same hub (a stable
-hash of its VmId), as Event Hubs gives each consumer its own partitions; the processes share
-one fleet state and one local command directory, as consumers share Table Storage and the
-queues. Each writes its Decision records to its own JSONL sink. The fleet state is a SQLite
-file (`state="sqlite"`) or a table in Azurite (`state="tables"`), the emulator the test suite
+With local hubs (`source="local"`), one hub directory per consumer process: a VM's records
+always go to the same hub (a stable hash of its VmId), as Event Hubs gives each consumer its
+own partitions. With the broker (`source="broker"`), one event hub of `partitions`
+partitions, served over AMQP by tests/doubles/eventhubs_broker.py in this process: the
+records go in through the real azure-eventhub producer, each with its VM's partition key as
+an agent's sink sends it, and the consumers read them with their Event Hubs source, sharing
+the partitions through ownership blobs and writing checkpoints to a blob container in
+Azurite: the path a deployment runs. Either way the processes share one fleet state and one
+local command directory, as consumers share Table Storage and the queues, and each writes
+its Decision records to its own JSONL sink. The fleet state is a SQLite file
+(`state="sqlite"`) or a table in Azurite (`state="tables"`), the emulator the test suite
 runs: one node process on this machine, in memory, started for the run.
 
 The run, in wall time:
@@ -12,19 +19,21 @@ The run, in wall time:
 1. warm-up: every VM's Start heartbeat goes in at once, and the run waits until the consumers
    have read them all (the fleet is known: steady state begins);
 2. `lead_in` fleet seconds of heartbeats, then the wave, then `tail` fleet seconds, every
-   `TICK`: what the fleet made by then is appended to the hubs, one transaction per hub;
-   every `COMMAND_POLL` the command directory is read and each new command handed to its
-   VM's model agent, which answers it (an Approval record) and, if it approved, starts the
-   event as the platform would;
+   `TICK`: what the fleet made by then is appended to the hubs (one transaction per local
+   hub; one batch per partition to the broker); every `COMMAND_POLL` the command directory
+   is read and each new command handed to its VM's model agent, which answers it (an
+   Approval record) and, if it approved, starts the event as the platform would;
 3. the hubs are drained (every record handled), then the consumers are stopped.
 
-Every second the hubs' checkpoints are sampled (records written and handled, how long the
-oldest unhandled one has waited), with the consumers' (and Azurite's) memory and CPU; every
+Every second the checkpoints are sampled (records written and handled, how long the oldest
+unhandled one has waited) with the consumers' (and Azurite's) memory and CPU; every
 `STATE_EVERY` seconds (`TABLES_STATE_EVERY` with Tables) the largest document of each state
-collection other than the VMs'.
+collection other than the VMs'. With the broker the checkpoints are those the consumers wrote
+to their blob container, read as an operator reads a consumer group's lag: a partition's
+moves at most every `checkpoint_interval` seconds, so the lag read includes up to that.
 
-The hubs are appended by `HubWriter`, not `LocalHub.append`: that one reads the last offset
-of every partition with a query that scans the whole hub (`SELECT "partition",
+The local hubs are appended by `HubWriter`, not `LocalHub.append`: that one reads the last
+offset of every partition with a query that scans the whole hub (`SELECT "partition",
 MAX("offset") ... GROUP BY "partition"`), so each append costs time in proportion to all the
 records ever written (0.19 s per append at 660,000 records here); a load test writes millions.
 """
@@ -52,6 +61,13 @@ from typing import Any, Protocol
 
 from azure.core.exceptions import AzureError
 from azure.data.tables import TableClient, TableEntity
+from azure.eventhub import (
+    EventData,
+    EventDataBatch,
+    EventHubProducerClient,
+    parse_connection_string,
+)
+from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
 
 from bridge import sqlitewal
 from bridge.commands.message import Command, CommandError, parse
@@ -65,6 +81,7 @@ from tests.benchmarks.loadgen.measure import CpuSample, LagSample
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
 from tests.benchmarks.rig import ROOT
+from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.e2e.harness import Proc, Processes
 
 CONSUMER_GROUP = "$Default"
@@ -78,6 +95,9 @@ STATE_EVERY = 5.0
 # what is measured.
 TABLES_STATE_EVERY = 20.0
 STATES = {"sqlite": "SQLite", "tables": "Tables on Azurite"}  # --state: the report's names
+SOURCES = {"local": "local hubs", "broker": "Event Hubs test broker"}  # --source
+BROKER_HUB = "records"  # the broker's event hub (infra/ names the deployment's so)
+CHECKPOINTS = "loadgen-checkpoints"  # the consumers' checkpoint container, with the broker
 # The consumer's settings that are durations of the fleet, at time scale 1 (their defaults);
 # a faster run divides them by its scale, within the bounds the settings allow.
 FLEET_SETTINGS = {"alive_within": (660.0, 10.0), "approval_timeout": (30.0, 1.0),
@@ -98,10 +118,19 @@ class RunConfig:
     workdir: Path | None = None  # kept when given; a temporary directory otherwise
     log_level: str = "INFO"
     state: str = "sqlite"  # the consumers' fleet state: a key of STATES
+    source: str = "local"  # where the records go: a key of SOURCES
+    partitions: int = 4  # the broker's event hub (infra/'s eventHubPartitionCount default)
+    checkpoint_interval: float = 5.0  # the consumers' setting with the broker (its default)
+    fan_out: str = "named"  # who sees an event: sim.FAN_OUTS
 
     @property
     def state_name(self) -> str:
         return STATES[self.state]
+
+    @property
+    def azurite(self) -> bool:
+        """Whether the run starts Azurite: for the Tables state or the broker's checkpoints."""
+        return self.state == "tables" or self.source == "broker"
 
     def consumer_settings(self) -> dict[str, float]:
         return {name: max(low, value / self.scale) for name, (value, low) in FLEET_SETTINGS.items()}
@@ -153,6 +182,30 @@ class RunResult:
         return {**self.sim.silent, **self.sim.deleted}
 
 
+class Target(Protocol):
+    """Where the run's records go, and how far the consumers have read them."""
+
+    last: list[int]  # per partition: the position of the last record written (-1: none)
+
+    def append(self, messages: Sequence[tuple[str, Record]]) -> list[tuple[int, int]]:
+        """Write (partition key, record) `messages` in order: each one's (partition,
+        position)."""
+        ...
+
+    def checkpoints(self) -> list[int]:
+        """Per partition: the position of the last record the consumers checkpointed."""
+        ...
+
+    def close(self) -> None: ...
+
+
+Record = dict[str, Any]
+
+
+def _text(record: Record) -> str:
+    return json.dumps(record, separators=(",", ":"), allow_nan=False)
+
+
 class HubWriter:
     """Appends to one local hub as `LocalHub.append` does (one transaction, FULL sync, the
     same rows), keeping each partition's last offset itself: the run is the hub's only writer.
@@ -170,14 +223,14 @@ class HubWriter:
         ]
         self.last = [-1 if v is None else int(v) for v in self.last]
 
-    def append(self, messages: Sequence[tuple[str, str]]) -> list[tuple[int, int]]:
+    def append(self, messages: Sequence[tuple[str, Record]]) -> list[tuple[int, int]]:
         enqueued = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
         placed, rows = [], []
-        for key, body in messages:
+        for key, record in messages:
             partition = partition_for(key)
             self.last[partition] += 1
             placed.append((partition, self.last[partition]))
-            rows.append((partition, self.last[partition], key, body, enqueued))
+            rows.append((partition, self.last[partition], key, _text(record), enqueued))
         self.conn.execute("BEGIN IMMEDIATE")
         self.conn.executemany(
             'INSERT INTO records ("partition", "offset", partition_key, body, enqueued_time)'
@@ -197,6 +250,85 @@ class HubWriter:
 
     def close(self) -> None:
         self.conn.close()
+
+
+class BrokerWriter:
+    """Sends to the Event Hubs test broker through the real producer, and reads the consumers'
+    checkpoints from their blob container through the real checkpoint store.
+
+    Each event is what bridge/sinks/eventhubs.py sends (JSON body, content type, application
+    properties, the VM's partition key), but batched per partition rather than per VM: one
+    producer speaks for the whole fleet, and a batch per VM would cost this process (which
+    also runs the broker) more than the consumers it measures. The partition key still rides
+    on every event, set where the SDK sets it (the message annotation
+    `x-opt-partition-key`), so the consumers' sender check sees each VM speak for itself; the
+    partition is the broker's own hash of that key. Positions are sequence numbers: this is
+    the hub's only sender, so the broker numbers a partition's events in the order sent.
+    """
+
+    def __init__(self, broker: EventHubsBroker, storage: str, container: str) -> None:
+        self.partitions = len(broker.partition_ids)
+        self.last = [-1] * self.partitions
+        self.producer = EventHubProducerClient.from_connection_string(
+            broker.connection_string, logging_enable=False
+        )
+        # As the consumers' SDK names it in their checkpoint blobs (host:port here).
+        self.namespace = parse_connection_string(broker.connection_string).fully_qualified_namespace
+        self.store = BlobCheckpointStore.from_connection_string(storage, container)
+        self.sent = 0  # SDK send_batch calls
+
+    def append(self, messages: Sequence[tuple[str, Record]]) -> list[tuple[int, int]]:
+        per_partition: dict[int, list[tuple[int, EventData]]] = {}
+        for index, (key, record) in enumerate(messages):
+            partition = zlib.crc32(key.encode("utf-8")) % self.partitions  # as the broker routes
+            per_partition.setdefault(partition, []).append((index, _event(key, record)))
+        placed: list[tuple[int, int]] = [(0, 0)] * len(messages)
+        for partition, events in per_partition.items():
+            batch = self._batch(partition)
+            for index, event in events:
+                try:
+                    batch.add(event)
+                except ValueError:  # full: this one starts the next batch
+                    self._send(batch)
+                    batch = self._batch(partition)
+                    batch.add(event)
+                self.last[partition] += 1
+                placed[index] = (partition, self.last[partition])
+            self._send(batch)
+        return placed
+
+    def _batch(self, partition: int) -> EventDataBatch:
+        return self.producer.create_batch(partition_id=str(partition))
+
+    def _send(self, batch: EventDataBatch) -> None:
+        self.producer.send_batch(batch)
+        self.sent += 1
+
+    def checkpoints(self) -> list[int]:
+        found = [-1] * self.partitions
+        try:
+            marks = self.store.list_checkpoints(self.namespace, BROKER_HUB, CONSUMER_GROUP)
+        except AzureError:  # no container yet (a consumer makes it), or Azurite busy: none
+            return found
+        for mark in marks:
+            found[int(mark["partition_id"])] = int(mark["sequence_number"])
+        return found
+
+    def close(self) -> None:
+        self.producer.close()
+        self.store.close()
+
+
+def _event(key: str, record: Record) -> EventData:
+    event = EventData(_text(record))
+    event.content_type = "application/json"
+    event.properties = {"RecordType": record["RecordType"],
+                        "SchemaVersion": record["SchemaVersion"], "VmId": record["VmId"],
+                        "RecordId": record["RecordId"]}  # fmt: skip
+    # Where the SDK puts a batch's partition key (azure.eventhub._transport's
+    # PROP_PARTITION_KEY_AMQP_SYMBOL under pyamqp): the annotations are the message's own.
+    event.raw_amqp_message.annotations = {b"x-opt-partition-key": key}
+    return event
 
 
 class CommandWatcher:
@@ -411,16 +543,18 @@ class Run:
         self.plan = waves.plan(config.wave, self.fleet, config.seed, config.options)
         self.clock = WallClock(config.scale)
         self.sim = Sim(self.fleet, self.plan, self.clock, seed=config.seed,
-                       offset=config.lead_in)  # fmt: skip
+                       offset=config.lead_in, fan_out=config.fan_out)  # fmt: skip
         self.samples: list[LagSample] = []
-        self._hub_of = [zlib.crc32(f"hub:{vm.vm_id}".encode()) % config.consumers
-                        for vm in self.fleet]  # fmt: skip
-        # Per hub and partition: (last offset of an append, when), until a checkpoint passes it.
-        self._queued = [[deque[tuple[int, float]]() for _ in range(PARTITIONS)]
-                        for _ in range(config.consumers)]  # fmt: skip
+        # Local hubs: one per consumer, a VM's always the same. The broker: its one hub.
+        hubs = config.consumers if config.source == "local" else 1
+        self._hub_of = [zlib.crc32(f"hub:{vm.vm_id}".encode()) % hubs for vm in self.fleet]
+        # Per hub and partition: (last position of an append, when), until a checkpoint passes
+        # it; made with the hubs.
+        self._queued: list[list[deque[tuple[int, float]]]] = []
         self.load_max = 0.0
         self.peak_rss: dict[int, int] = {}
-        self.hubs: list[HubWriter] = []
+        self.hubs: list[Target] = []
+        self.broker: EventHubsBroker | None = None
         self.consumers: list[Proc] = []
         self.revision = ""
         self.azurite_pid: int | None = None
@@ -467,30 +601,33 @@ class Run:
                 for name, value in config.consumer_settings().items()}  # fmt: skip
         with contextlib.ExitStack() as stack:
             probe: Probe
-            if config.state == "tables":
+            storage = ""
+            if config.azurite:
                 azurite = Azurite(root / "azurite").start()
                 stack.callback(azurite.stop)
                 # Its CPU and memory are the run's to report; the helper keeps its process
                 # to itself (node runs the script in the process Popen started).
                 self.azurite_pid = azurite._proc.pid if azurite._proc is not None else None
-                table = f"loadgen{uuid.uuid4().hex[:12]}"
-                # As tests/integration/consumer_cloud.py configures a consumer on Tables.
-                env |= {"SE_BRIDGE_STORAGE_CONNECTION_STRING": azurite.connection_string,
-                        "SE_BRIDGE_CONSUMER_TABLE_NAME": table,
+                storage = azurite.connection_string
+                # As tests/integration/consumer_cloud.py configures a consumer on Azurite.
+                env |= {"SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
                         "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+            if config.state == "tables":
+                table = f"loadgen{uuid.uuid4().hex[:12]}"
+                env["SE_BRIDGE_CONSUMER_TABLE_NAME"] = table
                 spec = "tables"
-                tables = TableProbe(azurite.connection_string, table)
+                tables = TableProbe(storage, table)
                 stack.callback(tables.close)
                 probe = tables
             else:
                 spec = f"sqlite:{state}"
                 probe = StateProbe(state)
-            self.hubs = [HubWriter(root / f"hub-{k}") for k in range(config.consumers)]
+            source = self._hubs(root, storage, env, stack)
             # The code under test is read when the consumers start: say which it was.
             self.revision = revision()
             for k in range(config.consumers):
                 self.consumers.append(procs.bridge(
-                    f"consumer-{k}", "consume", "--hub", str(root / f"hub-{k}"),
+                    f"consumer-{k}", "consume", *source(k),
                     "--commands", f"local:{commands}", "--state", spec,
                     "--policy", str(policy), "--sink", f"jsonl:{root / f'decisions-{k}.jsonl'}",
                     "--state-dir", str(root / f"consumer-{k}"), "--log-level", config.log_level,
@@ -501,6 +638,26 @@ class Run:
             finally:
                 for hub in self.hubs:
                     hub.close()
+
+    def _hubs(self, root: Path, storage: str, env: dict[str, str],
+              stack: contextlib.ExitStack) -> Callable[[int], list[str]]:  # fmt: skip
+        """Open where the records go; the consumer `k`'s arguments that read it."""
+        config = self.config
+        if config.source == "local":
+            self.hubs = [HubWriter(root / f"hub-{k}") for k in range(config.consumers)]
+            self._queued = [[deque() for _ in range(PARTITIONS)] for _ in self.hubs]
+            return lambda k: ["--hub", str(root / f"hub-{k}")]
+        self.broker = EventHubsBroker(hub=BROKER_HUB, partitions=config.partitions).start()
+        stack.callback(self.broker.stop)
+        # The consumers' Event Hubs source: a connection string, as bench_quota's consumer
+        # (tests/benchmarks/bench_cost.py) and the Functions app's setting give it.
+        interval = f"{config.checkpoint_interval:g}"
+        env |= {"SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": self.broker.connection_string,
+                "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": CHECKPOINTS,
+                "SE_BRIDGE_CONSUMER_CHECKPOINT_INTERVAL": interval}  # fmt: skip
+        self.hubs = [BrokerWriter(self.broker, storage, CHECKPOINTS)]
+        self._queued = [[deque() for _ in range(config.partitions)]]
+        return lambda k: []
 
     def _phases(self, root: Path, probe: Probe, watcher: CommandWatcher) -> RunResult:
         config = self.config
@@ -586,8 +743,7 @@ class Run:
         for k, items in enumerate(per_hub):
             if not items:
                 continue
-            messages = [(vms[i].vm_id, json.dumps(r, separators=(",", ":"), allow_nan=False))
-                        for i, r in items]  # fmt: skip
+            messages = [(vms[i].vm_id, r) for i, r in items]
             placed = self.hubs[k].append(messages)
             wall = time.time()
             last: dict[int, int] = {}

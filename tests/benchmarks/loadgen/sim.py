@@ -5,12 +5,15 @@ the order the agents made them (so each VM's own records are in order):
 
 - every VM's heartbeat every `heartbeat_interval` (300 s, the agent's default), each VM at its
   own seeded phase, except while it reboots, once deleted, or once its agent is silent;
-- a wave's events: each appears in the IMDS document of every VM its Resources name, and
-  each of those VMs' agents reports it (Scheduled); it starts when one of its VMs approves it
+- a wave's events: each appears in the IMDS document of every VM that sees it, and each of
+  those VMs' agents reports it (Scheduled); it starts when one of them approves it
   (`answer`, `start_delay` later: the platform acting on StartRequests) or at NotBefore
-  without approval; its VMs report it Started; it leaves their documents `runs_for` later
-  (Completed); a reboot takes the VMs down meanwhile (no heartbeats; back with a Start
-  heartbeat and a new boot id); a Preempt or Terminate deletes them instead;
+  without approval; they report it Started; it leaves their documents `runs_for` later
+  (Completed); a reboot takes the VMs it names down meanwhile (no heartbeats; back with a
+  Start heartbeat and a new boot id); a Preempt or Terminate deletes them instead. Who sees
+  an event is the `fan_out`: "named", the VMs its Resources name (the issue's model), or
+  "group", every VM of their placement groups and availability sets, as Microsoft's page
+  says events are delivered (the others report it with AffectsThisVm false);
 - VMs deleted mid-event (scale-in) and agents that fall silent, when the wave says.
 
 Fleet time maps to the wall clock through a `Clock`: live runs stamp records with the wall
@@ -36,6 +39,7 @@ from tests.benchmarks.loadgen.fleet import Fleet
 from tests.benchmarks.loadgen.waves import SimEvent, WavePlan
 
 Emitted = tuple[int, Record]  # (VM index, record)
+FAN_OUTS = ("named", "group")  # who sees an event: see the module's docstring
 HEARTBEAT_INTERVAL = 300.0  # agent.heartbeat_interval's default
 START_DELAY = 2.0  # fleet s from an accepted StartRequests until the event is Started
 BUSY_RETRY = 5.0  # fleet s: a command that reaches a rebooting VM is read after it is back
@@ -109,8 +113,14 @@ class Sim:
         seed: int = 1,
         offset: float = 0.0,
         heartbeat_interval: float = HEARTBEAT_INTERVAL,
+        fan_out: str = "named",
     ) -> None:
+        if fan_out not in FAN_OUTS:
+            raise ValueError(f"fan_out {fan_out!r}: one of {', '.join(FAN_OUTS)}")
         self.fleet, self.plan, self.clock = fleet, plan, clock
+        self.fan_out = fan_out
+        # Event -> the VMs whose documents hold it; built as events appear.
+        self.seers: dict[str, tuple[int, ...]] = {}
         self.agents = Agents(fleet)
         self.interval = heartbeat_interval
         self.events = {event.event_id: event for event in plan.events}
@@ -210,10 +220,22 @@ class Sim:
             "DurationInSeconds": event.duration,
         }
 
+    def _seers(self, event: SimEvent) -> tuple[int, ...]:
+        seers = self.seers.get(event.event_id)
+        if seers is None:
+            if self.fan_out == "named":
+                seers = event.vms
+            else:
+                around = {i for vm in event.vms for i in self.fleet.neighbours(vm)}
+                # The named VMs first, in their order: they are who reports it first.
+                seers = event.vms + tuple(sorted(around - set(event.vms)))
+            self.seers[event.event_id] = seers
+        return seers
+
     def _observe_all(self, event: SimEvent, when: float) -> list[Emitted]:
         out: list[Emitted] = []
         stamp = self.clock.stamp(when)
-        for index in event.vms:
+        for index in self._seers(event):
             if self._gone(index) or index in self.down:
                 continue  # a rebooting VM sees the change when it is back
             records = self.agents.observe(index, stamp)
@@ -225,7 +247,7 @@ class Sim:
         event.status = "Scheduled"
         not_before = when + event.notice
         raw = self._raw(event, "Scheduled", rfc1123(self.clock.at(not_before)))
-        for index in event.vms:
+        for index in self._seers(event):
             if not self._gone(index):
                 self.agents.put(index, raw)
         self._at(not_before, partial(self._start, event, "platform"))
@@ -236,7 +258,7 @@ class Sim:
             return []
         event.status, event.started, event.started_by = "Started", self.clock.wall(when), by
         raw = self._raw(event, "Started", "")
-        for index in event.vms:
+        for index in self._seers(event):
             if not self._gone(index):
                 self.agents.put(index, raw)
         out = self._observe_all(event, when)
@@ -253,10 +275,11 @@ class Sim:
         event.status, event.ended = "Gone", self.clock.wall(when)
         out: list[Emitted] = []
         stamp = self.clock.stamp(when)
-        for index in event.vms:
+        named = set(event.vms)
+        for index in self._seers(event):
             if self._gone(index):
                 continue
-            if event.evicts:
+            if event.evicts and index in named:
                 self._delete(index, when)
                 continue
             self.agents.drop(index, event.event_id)

@@ -3,7 +3,11 @@
 The targets are the issue's and are printed beside the results, met or not; nothing here
 lowers them. "The consumers keep up" is read as: during the wave, no record waits unhandled
 in a hub longer than the decision target (p99 of the per-second samples of the oldest
-waiting record <= 5 s), since a record that waits longer cannot be decided within it.
+waiting record <= 5 s), since a record that waits longer cannot be decided within it. With
+the Event Hubs broker, "handled" can only be read from the checkpoints the consumers write,
+at most every `checkpoint_interval` seconds per partition: a record handled at once still
+shows as waiting until the next one, so there the bound is 5 s plus that interval. The
+decision target, read from the Decision records' own times, is the same for both.
 """
 
 from __future__ import annotations
@@ -36,12 +40,18 @@ class Summary:
 
     @property
     def keeps_up(self) -> bool:
-        return self.lag.p99_age <= KEEP_UP_TARGET
+        return self.lag.p99_age <= keep_up_target(self.result)
 
     @property
     def decision_met(self) -> bool:
         p99 = self.latencies.p("decision", 99)
         return p99 is not None and p99 <= DECISION_P99_TARGET and not self.latencies.undecided
+
+
+def keep_up_target(result: RunResult) -> float:
+    """How long the oldest unhandled record may seem to wait (see the module's docstring)."""
+    config = result.config
+    return KEEP_UP_TARGET + (config.checkpoint_interval if config.source == "broker" else 0.0)
 
 
 def summarize(result: RunResult) -> Summary:
@@ -63,8 +73,9 @@ def summarize(result: RunResult) -> Summary:
     check = measure.BudgetCheck(result.fleet, result.stopped,
                                 alive_within=settings["alive_within"], slack=slack)  # fmt: skip
     count = config.consumers
+    via = ", Event Hubs broker" if config.source == "broker" else ""
     return Summary(
-        label=f"{count} consumer{'s' if count > 1 else ''}, {config.state_name}",
+        label=f"{count} consumer{'s' if count > 1 else ''}, {config.state_name}{via}",
         result=result,
         steady=steady,
         lag=lag,
@@ -121,7 +132,7 @@ def _cells(s: Summary) -> dict[str, str]:
     return {
         "warm": f"{r.warm_records:,} in {r.warm_seconds:.1f} s "
                 f"({r.warm_records / max(r.warm_seconds, 1e-9):,.0f}/s)",
-        "steady": _steady(s.steady),
+        "steady": _steady(s.steady, keep_up_target(r)),
         "offered": f"{lag.offered:,} in {lag.seconds:,.0f} s ({lag.offered_rate:,.0f}/s)",
         "consumed": f"{lag.consumed_rate:,.0f}/s"
                     + (f" (peak 10 s: {s.peak_rate:,.0f}/s)" if s.peak_rate else ""),
@@ -173,7 +184,7 @@ def _busiest(r: RunResult) -> str:
 
 
 def _azurite(r: RunResult) -> str:
-    if r.config.state != "tables":
+    if not r.config.azurite:
         return "n/a (no Azurite)"
     wave = measure.cpu_between(
         r.cpu, r.wave_start, r.drained_at if r.drained_at is not None else r.samples[-1].wall
@@ -188,12 +199,12 @@ def _azurite(r: RunResult) -> str:
     return "; ".join(parts)
 
 
-def _steady(lag: measure.Lag | None) -> str:
+def _steady(lag: measure.Lag | None, target: float) -> str:
     if lag is None:
         return "n/a (no lead-in)"
     return (f"{lag.offered_rate:,.0f} records/s written, {lag.consumed_rate:,.0f}/s handled; "
             f"oldest unhandled p99 {_seconds(lag.p99_age)}, max {_seconds(lag.max_age)} — "
-            f"{_met(lag.p99_age <= KEEP_UP_TARGET)}")  # fmt: skip
+            f"{_met(lag.p99_age <= target)}")  # fmt: skip
 
 
 def _at(samples: Sequence[measure.LagSample], wall: float) -> measure.LagSample:
@@ -243,6 +254,20 @@ TABLES_NOTE = (
 )
 
 
+FAN_OUT_TEXT = {
+    "named": "the VMs its Resources name",
+    "group": "every VM of their placement groups and availability sets, as Microsoft "
+    "documents delivery (the others report it with AffectsThisVm false)",
+}
+BROKER_NOTE = (
+    "the Event Hubs test broker's one event hub ({partitions} partitions, AMQP, in the load "
+    "generator's process; the records sent through the real azure-eventhub producer, each "
+    "with its VM's partition key), read by its Event Hubs source: the consumers share the "
+    "partitions through ownership blobs and checkpoint each at most every {interval:g} s to a "
+    "blob container in Azurite, whose checkpoints are what the lag rows read"
+)
+
+
 def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> str:
     first = summaries[0].result
     config = first.config
@@ -250,6 +275,16 @@ def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> 
                f"{platform.python_version()}")  # fmt: skip
     settings = ", ".join(f"{k} {v:g} s" for k, v in config.consumer_settings().items())
     names = list(dict.fromkeys(s.result.config.state_name for s in summaries))
+    sources = {s.result.config.source for s in summaries}
+    broker = next((s.result.config for s in summaries if s.result.config.source == "broker"),
+                  None)  # fmt: skip
+    reads = []  # what the consumers read, for each kind of run in the report
+    if "local" in sources:
+        reads.append("its own local hub (the VMs spread over them by VmId, as Event Hubs "
+                     "partitions are)")  # fmt: skip
+    if broker is not None:
+        reads.append(BROKER_NOTE.format(partitions=broker.partitions,
+                                        interval=broker.checkpoint_interval))  # fmt: skip
     lines = [
         f"# Fleet load: {wave}",
         "",
@@ -259,12 +294,15 @@ def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> 
         + ", ".join(f"{s.result.revision or 'unknown'} ({s.label})" for s in summaries)
         + ".",
         f"- Fleet: {first.fleet.summary()}.",
-        f"- Wave: {first.plan.description}.",
+        f"- Wave: {first.plan.description}. Who sees an event: "
+        + (FAN_OUT_TEXT["group"] if config.fan_out == "group" else FAN_OUT_TEXT["named"])
+        + f" ({first.sim.counts['events']:,} Event records).",
         f"- Time scale {config.scale:g} fleet seconds per wall second; {config.lead_in:g} fleet "
         f"seconds of heartbeats (every 300 s per VM) before the wave, {config.tail:g} after. "
         f"Consumer settings scaled with it: {settings}.",
-        "- Each consumer is a `se-bridge consume` process with its own local hub (the VMs "
-        "spread over them by VmId, as Event Hubs partitions are), one shared fleet state ("
+        "- Each consumer is a `se-bridge consume` process with "
+        + " or ".join(reads)
+        + ", one shared fleet state ("
         + " or ".join(names)
         + "), one local command directory; the policy is "
         "tests/benchmarks/loadgen/policy.py (max_percent 20 per scale set, max_vms 2 per "
@@ -276,7 +314,11 @@ def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> 
     ]
     cells = [_cells(s) for s in summaries]
     for key, name, target in ROWS:
-        row = [name, *(c[key] for c in cells), target]
+        shown = target
+        if target.startswith("keep up") and broker is not None:
+            shown += (f" ({KEEP_UP_TARGET + broker.checkpoint_interval:g} s read from the "
+                      "broker's checkpoints)")  # fmt: skip
+        row = [name, *(c[key] for c in cells), shown]
         lines.append("| " + " | ".join(x.replace("|", "\\|") for x in row) + " |")
     notes = []
     for s in summaries:

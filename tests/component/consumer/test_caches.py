@@ -6,7 +6,7 @@ another consumer wrote meanwhile is still the one every change lands on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -207,5 +207,44 @@ def test_without_a_change_feed_the_fleet_is_scanned_every_30_s_and_our_writes_ar
     fleet.advance(6)
     assert set(cache.load()) == {web_0, web_1}
     assert ours.vm_scans == 2
+    ours.close()
+    theirs.close()
+
+
+class CostlyFeed(SqliteStore):
+    """A change feed whose looks cost a query to a service (as Table Storage's), counted."""
+
+    feed_interval = 15.0
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.vm_looks = 0
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        self.vm_looks += collection == fs.VM
+        return super().scan_changes(collection, since, known)
+
+
+def test_a_costly_change_feed_is_looked_at_every_feed_interval_and_our_writes_are_seen(
+    tmp_path: Path, fleet: FleetRecords
+) -> None:
+    ours, theirs = CostlyFeed(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    fleet.vm("web_1", scale_set="web")
+    cache = FleetCache(ours, now=lambda: fleet.now)
+    web_0, web_1 = fleet.vm_id("web_0"), fleet.vm_id("web_1")
+    cache.update(merging({web_0: fleet.heartbeat("web_0")}))
+    assert set(cache.load()) == {web_0}
+    for _ in range(2):  # batches within 15 s: no look; what this process wrote is seen
+        fleet.advance(5)
+        cache.update(merging({web_0: fleet.heartbeat("web_0")}))
+        assert cache.load()[web_0].last_seen == fleet.now
+    assert ours.vm_looks == 1
+    FleetCache(theirs).update(merging({web_1: fleet.heartbeat("web_1")}))  # another consumer
+    assert set(cache.load()) == {web_0}
+    fleet.advance(6)
+    assert set(cache.load()) == {web_0, web_1}
+    assert ours.vm_looks == 2
     ours.close()
     theirs.close()

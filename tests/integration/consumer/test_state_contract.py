@@ -6,11 +6,19 @@ import random
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
-from bridge.consumer.state import MAX_VALUE_CHARS, BatchStore, Conflict, Doc, Store, update_many
+from bridge.consumer.state import (
+    MAX_VALUE_CHARS,
+    BatchStore,
+    ChangeFeed,
+    Conflict,
+    Doc,
+    Store,
+    update_many,
+)
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import TableStore
 from tests.state_support import increment, tables_config, unique_table
@@ -280,3 +288,38 @@ def test_write_all_refuses_more_than_one_transaction_holds(store: Store) -> None
     with pytest.raises(ValueError, match="transaction"):
         store.write_all("ledger", [Doc(f"k{n}", {}) for n in range(101)])
     assert store.scan("ledger") == []
+
+
+def another_client(store: Store) -> Store:
+    """A second client of the same fleet state, as another consumer process holds."""
+    if isinstance(store, SqliteStore):
+        return SqliteStore(store.path)
+    assert isinstance(store, TableStore)
+    return TableStore(tables_config(store._storage.connection_string), store.table_name)
+
+
+def test_scan_changes_returns_what_any_client_wrote_since_the_mark(store: Store) -> None:
+    # The consumers' view of the fleet and of the ledger follows this feed, on both stores
+    # (Table Storage's from the Timestamps it writes): what another consumer wrote comes,
+    # and with the versions held passed back, nothing else.
+    assert isinstance(store, ChangeFeed)
+    theirs = another_client(store)
+    first = store.write("vm", Doc("a", {"n": 1}))
+    store.write("event", Doc("e", {"n": 1}))
+    everything, mark = store.scan_changes("vm", None)
+    assert everything == [first]
+    held = {first.key: first}
+    assert store.scan_changes("vm", mark, held)[0] == []
+    theirs.write("vm", Doc("b", {"n": 1}))
+    _, conflicted = cast(BatchStore, theirs).write_many(
+        "vm", [Doc("a", {"n": 2}, first.etag), Doc("c", {})]
+    )
+    theirs.write("event", Doc("f", {"n": 1}))  # another collection's writes are not this one's
+    changed, later = store.scan_changes("vm", mark, held)
+    assert conflicted == []
+    assert [(d.key, d.value) for d in changed] == [("a", {"n": 2}), ("b", {"n": 1}), ("c", {})]
+    assert changed == store.scan("vm")
+    assert later >= mark
+    held.update((d.key, d) for d in changed)
+    assert store.scan_changes("vm", later, held)[0] == []
+    theirs.close()

@@ -67,6 +67,9 @@ MAX_AHEAD = timedelta(minutes=5)
 SWEEP_EVERY = timedelta(hours=1)
 # A store without a change feed is scanned for the VMs other consumers wrote this often.
 RESCAN_VMS = timedelta(seconds=30)
+# Where a look costs a query (Table Storage), the events are read in full this often, and
+# between two such reads only those written since (EventIndex).
+RESCAN_EVENTS = timedelta(minutes=5)
 D = TypeVar("D", fs.VmDocument, fs.EventDocument)
 
 
@@ -98,6 +101,7 @@ class Consumer:
         self.ledger = ApprovalLedger(store, settings, (b.group for b in policy.budgets))
         self.dispatch = Dispatch(sender, emit, policy, host_name, mode=settings.mode)
         self.fleet = FleetCache(store, now=now)
+        self.events = EventIndex(store, now=now)
         if isinstance(store, DeferredSync):
             # What a batch merges is replayed from Event Hubs if lost, as long as it is on
             # disk before `process` returns (then the batch may be checkpointed): flushed
@@ -177,11 +181,12 @@ class Consumer:
         now = self._now()
         held = self.ledger.entries()
         open_events = []
-        for doc in self.store.scan(fs.EVENT):
+        for doc in self.events.scan():
             if fs.is_stale(
                 fs.event_document(doc), now, timedelta(seconds=self.settings.stale_after)
             ):
                 self._forget(doc)
+                self.events.drop(doc.key)
             elif fs.status(fs.event_document(doc)) != fs.GONE or doc.key in held:
                 open_events.append(doc.key)
         if open_events:
@@ -446,6 +451,43 @@ class Consumer:
             self.store.delete(fs.EVENT, doc)
         except Exception:  # a concurrent update keeps it alive; the next tick looks again
             log.debug("event %s changed while being forgotten", doc.key)
+
+
+class EventIndex:
+    """Every event document, as the tick looks at them all.
+
+    Where a look is cheap (SQLite) every tick scans the collection. Where it is a query to a
+    service (Table Storage), the documents are kept from tick to tick: each tick asks the
+    change feed for those written since, and every RESCAN_EVENTS reads them all, which also
+    drops those another consumer deleted meanwhile (the feed does not report deletions; a
+    deleted event kept a little longer is read again before it is decided, and is then
+    found gone). A scan every tick (5 s) read every event of the last `stale_after` (6 h):
+    after the 100,000-VM freeze wave, 14,819 documents a tick per consumer, past a table
+    partition's 2,000 entities/s target with one consumer.
+    """
+
+    def __init__(self, store: Store, *, now: Callable[[], datetime] = utc_now) -> None:
+        self.store, self._now = store, now
+        self._docs: dict[str, Doc] = {}
+        self._mark: int | None = None
+        self._full: datetime | None = None  # the last full read
+
+    def scan(self) -> list[Doc]:
+        store = self.store
+        if not isinstance(store, ChangeFeed) or not store.feed_interval:
+            return store.scan(fs.EVENT)
+        now = self._now()
+        if self._full is None or abs(now - self._full) >= RESCAN_EVENTS:
+            docs, self._mark = store.scan_changes(fs.EVENT, None)
+            self._docs, self._full = {doc.key: doc for doc in docs}, now
+        else:
+            docs, self._mark = store.scan_changes(fs.EVENT, self._mark, self._docs)
+            self._docs.update((doc.key, doc) for doc in docs)
+        return [self._docs[key] for key in sorted(self._docs)]
+
+    def drop(self, key: str) -> None:
+        """An event this process removed from the store."""
+        self._docs.pop(key, None)
 
 
 class VmSnapshot:

@@ -213,6 +213,59 @@ def test_two_consumers_sharing_state_spend_one_budget_slot(tmp_path: Path) -> No
     assert [c.event_id for c in rig.sender.sent] == [E1]
 
 
+class QueriedFeed(SqliteStore):
+    """A fleet state whose looks are queries to a service (as Table Storage's): event
+    scans and looks counted, full (None) or since a mark."""
+
+    feed_interval = 15.0
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.event_scans = 0
+        self.event_looks: list[int | None] = []
+
+    def scan(self, collection: str) -> list[Doc]:
+        self.event_scans += collection == fs.EVENT
+        return super().scan(collection)
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        if collection == fs.EVENT:
+            self.event_looks.append(since)
+        return super().scan_changes(collection, since, known)
+
+
+def test_the_tick_reads_the_events_written_since_and_all_of_them_every_5_minutes(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db")
+    rig.store.close()
+    rig.store = ours = QueriedFeed(tmp_path / "fleet.db")
+    rig.consumer = rig.make(DEFAULT_POLICY)
+    other = Rig(tmp_path / "fleet.db")
+    other.fleet, other.sender = rig.fleet, rig.sender
+    other.consumer = other.make(DEFAULT_POLICY)
+    rig.consumer.tick()  # nothing yet: the first look reads everything
+    # Another consumer hears of a user reboot and asks web_0, which never answers: this
+    # consumer's tick finds the event through the feed and asks web_1 after the timeout.
+    batch = two_vms(rig)
+    batch += [rig.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    other.consumer.process(batch)
+    assert len(rig.sender.sent) == 1
+    rig.fleet.advance(31)
+    rig.consumer.tick()
+    assert [c.vm_id for c in rig.sender.sent] == [rig.fleet.vm_id(n) for n in ("web_0", "web_1")]
+    assert ours.event_scans == 0
+    assert ours.event_looks[0] is None
+    assert all(mark is not None for mark in ours.event_looks[1:])
+    rig.fleet.advance(300)
+    rig.consumer.tick()
+    assert ours.event_looks[-1] is None  # five minutes on: everything again
+    ours.close()
+    other.store.close()
+
+
 def test_approve_when_ready_waits_for_every_prepare_hook(tmp_path: Path) -> None:
     policy = Policy(rules=(Rule("drain", Match(), Action("approve_when_ready")),))
     rig = Rig(tmp_path / "fleet.db", policy)

@@ -191,6 +191,15 @@ class LogAnalyticsSettings:
     )
     rule_id: str = _setting("", "Immutable id of the data collection rule (dcr-...).")
     stream: str = _setting(DCR_STREAM, "Stream declared in the data collection rule.")
+    send_interval: float = _setting(
+        60.0,
+        "Seconds: after an upload, heartbeats and records of events that do not affect this VM "
+        "(its neighbours') wait up to this long to share the next one; records about this "
+        "VM's own events go at once. Keeps a rule's request quota at fleet scale; 0: all at "
+        "once.",
+        low=0,
+        high=600,
+    )
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
 from bridge.consumer.state import (
+    BatchStore,
     ChangeFeed,
     Conflict,
     DeferredSync,
@@ -254,8 +255,17 @@ class Consumer:
 
     def _decide(self, event_keys: Sequence[str]) -> None:
         known_vms = VmSnapshot(self.store, self.fleet)
-        docs = [self.store.read(fs.EVENT, key) for key in event_keys]
+        if isinstance(self.store, BatchStore):
+            found = self.store.read_many(fs.EVENT, event_keys)
+            docs = [found.get(key) for key in event_keys]
+        else:
+            docs = [self.store.read(fs.EVENT, key) for key in event_keys]
         known = [d for d in docs if d is not None and d.value.get("event_type") is not None]
+        # Once for the whole pass, after the VMs: each event then starts from this state (with
+        # this pass's own commits in it), and reads it again only if a commit conflicts. A
+        # read per event was a query per open event per pass on Table Storage, and a pass
+        # held up every batch: at the 100,000-VM freeze wave two consumers fell 60 s behind.
+        self.ledger.read()
         # The event due soonest gets a free budget slot first, then the longest waiting.
         retry: RetryableError | None = None
         for doc in sorted(known, key=fs.urgency):
@@ -289,8 +299,10 @@ class Consumer:
 
     def _decide_one(self, doc: Doc, known_vms: VmSnapshot) -> None:
         now = self._now()
+        refresh = False  # the pass's state first (see `_decide`); after a conflict, again
         while True:
-            ledger = self.ledger.read()
+            ledger = self.ledger.read(refresh=refresh)
+            refresh = True
             # The event is read after the ledger: whoever released it from the ledger had
             # stored its end before, so a release seen there means the end is seen here. With
             # an older copy, a completed event could be approved again (the release makes

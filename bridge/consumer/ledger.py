@@ -178,7 +178,12 @@ class ApprovalLedger:
         # commit: the caller may have changed it without storing the change.
         self._state: LedgerState | None = None
 
-    def read(self) -> LedgerState:
+    def read(self, *, refresh: bool = True) -> LedgerState:
+        """The ledger now; with `refresh` False, the state last read or committed as it is
+        (when kept: with a change feed, and no failed commit since): a stale state is safe to
+        decide on, since a commit over a document changed since conflicts."""
+        if not refresh and self._state is not None:
+            return self._state
         if isinstance(self.store, ChangeFeed):
             changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in changed)

@@ -45,11 +45,15 @@ class _Worker:
         progressed: Callable[[], None],
         idle_wait: float,
         wait: Waiter,
+        hurry: threading.Event,
+        clock: Callable[[], float],
     ) -> None:
         self.sink, self.name = sink, sink.name
         self._spool, self._streak = spool, FailureStreak(backoff)
         self._stop, self._progressed = stop, progressed
         self._idle_wait, self._wait = idle_wait, wait
+        self._hurry, self._clock = hurry, clock
+        self._sent_at: float | None = None  # the last successful send, on `clock`
         self.last_error: str | None = None
         self._reported: set[str] = set()  # what this failure streak already logged loudly
         # Since the start, for the metrics; `permanent` while the last attempt failed for good.
@@ -74,6 +78,11 @@ class _Worker:
             wait = self._idle_wait if again is None else max(0.0, min(self._idle_wait, again))
             self._spool.wait_for_records(self.name, wait, cancel=self._stop)
             return
+        hold = self._hold(batch)
+        if hold > 0:
+            # A record that cannot wait wakes the loop when appended; so do stop and flush.
+            self._spool.wait_for_change(hold, cancel=self._stop)
+            return
         try:
             self.sink.send(batch)
         except PoisonRecords as err:
@@ -86,7 +95,26 @@ class _Worker:
             self._failed(err, kind="unexpected")
         else:
             self._spool.ack(self.name, batch[-1].seq)
+            self._sent_at = self._clock()
             self._succeeded()
+
+    def _hold(self, batch: Sequence[SpooledRecord]) -> float:
+        """Seconds `batch` may still wait for the sink's next send (see Sink); 0: send now."""
+        interval: float = getattr(self.sink, "send_interval", 0.0)
+        can_wait: Callable[[SpooledRecord], bool] | None = getattr(self.sink, "can_wait", None)
+        if not interval or can_wait is None or self._sent_at is None or self._hurry.is_set():
+            return 0.0
+        if len(batch) >= self.sink.max_batch:
+            return 0.0  # a full request already; and what cannot wait may be behind it
+        remaining = self._sent_at + interval - self._clock()
+        if remaining <= 0:
+            return 0.0
+        try:
+            waits = all(can_wait(record) for record in batch)
+        except Exception as err:  # a sink's rule must never stop delivery: send now
+            log.debug("sink %s could not tell what may wait: %s", self.name, describe(err))
+            return 0.0
+        return remaining if waits else 0.0
 
     def _idle(self) -> float | None:
         """Tell the sink there is nothing to send; the seconds until it wants to be told again."""
@@ -218,6 +246,7 @@ class Delivery:
             spool.acked(name)  # ValueError now rather than a retry loop that never succeeds
         self._spool, self._clock = spool, clock
         self._stop = threading.Event()
+        self._hurry = threading.Event()  # set while flushing: nothing is held back
         self._progress = threading.Condition()
         self._workers = [
             _Worker(
@@ -228,6 +257,8 @@ class Delivery:
                 progressed=self._notify,
                 idle_wait=idle_wait,
                 wait=wait,
+                hurry=self._hurry,
+                clock=clock,
             )
             for sink in sinks
         ]
@@ -237,16 +268,22 @@ class Delivery:
             worker.thread.start()
 
     def flush(self, timeout: float) -> bool:
-        """Wait until every sink has handled what is spooled now (True), or `timeout` (False)."""
+        """Wait until every sink has handled what is spooled now (True), or `timeout` (False).
+        Records a sink would hold back for its next send go at once meanwhile."""
         deadline = self._clock() + timeout
         target = self._spool.last_seq()
-        with self._progress:
-            while not self._caught_up(target):
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    return False
-                self._progress.wait(remaining)
-        return True
+        self._hurry.set()
+        self._spool.wake()
+        try:
+            with self._progress:
+                while not self._caught_up(target):
+                    remaining = deadline - self._clock()
+                    if remaining <= 0:
+                        return False
+                    self._progress.wait(remaining)
+            return True
+        finally:
+            self._hurry.clear()
 
     def _caught_up(self, target: int) -> bool:
         return all(

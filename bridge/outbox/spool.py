@@ -446,8 +446,20 @@ class Spool:
             )
         return not self._closed and self.backlog(sink, limit=1) > 0
 
+    def wait_for_change(self, timeout: float, *, cancel: threading.Event | None = None) -> None:
+        """Block until a record is appended, `wake`, `close`, `cancel` is set, or `timeout`."""
+        with self._changed:
+            seen = self._generation
+            if self._closed or (cancel is not None and cancel.is_set()):
+                return
+            self._changed.wait_for(
+                lambda: self._generation != seen or (cancel is not None and cancel.is_set()),
+                timeout,
+            )
+
     def wake(self) -> None:
-        """Make every pending `wait_for_records` return now (delivery uses it to stop)."""
+        """Make every pending `wait_for_records` and `wait_for_change` return now (delivery
+        uses it to stop, and to send what waits when flushing)."""
         self._notify()
 
     # --- reading -------------------------------------------------------------------------

@@ -42,7 +42,12 @@ class Sink(Protocol):
         A sink may also have `idle() -> float | None`: called by the delivery loop whenever
         it finds nothing to send, to let go of what it need not hold while idle (a
         connection). It returns the seconds after which it wants to be called again (still
-        holding something), or None; the loop looks again then, or when records arrive."""
+        holding something), or None; the loop looks again then, or when records arrive.
+
+        And `send_interval: float` with `can_wait(record) -> bool`: after a send, a batch
+        whose every record can wait is held until `send_interval` seconds have passed, so
+        that it goes in one request with whatever comes meanwhile; a record that cannot
+        wait, or a flush, sends at once (Log Analytics: a per-rule request quota)."""
 
 
 def check(sink: Sink) -> str:

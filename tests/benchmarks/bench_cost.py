@@ -120,7 +120,9 @@ def start_agents(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionD
     for vm in VMS:
         env = {**cloud_env(broker, logs, sim.vm_url(vm)), **shared,
                "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify,
-               "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(heartbeat)}  # fmt: skip
+               "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(heartbeat),
+               # Every send uploads: the quota model applies loganalytics.send_interval.
+               "SE_BRIDGE_LOGANALYTICS_SEND_INTERVAL": "0"}  # fmt: skip
         procs.bridge(vm, "agent", "--imds-url", sim.vm_url(vm), "--poll-interval", "1",
                      "--state-dir", str(procs.workdir / vm), "--sink", "eventhubs",
                      "--sink", "loganalytics", "--commands", "storagequeue", env=env)  # fmt: skip

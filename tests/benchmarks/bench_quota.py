@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from bridge import schema
-from bridge.config import CommandsSettings
+from bridge.config import CommandsSettings, LogAnalyticsSettings
 from tests.benchmarks import quotas
 from tests.benchmarks.bench_approval import signing_pair
 from tests.benchmarks.bench_cost import VMS, _connection_string, start_agents, start_consumer
@@ -83,7 +83,8 @@ class Window:
     la_records: int
     la_bytes: int
     storage: dict[str, Counter[str]]
-    partitions: Counter[str]
+    partitions: Counter[str]  # table requests by PartitionKey
+    entities: Counter[str]  # table entities read or written, by PartitionKey
 
 
 def run(options: Options) -> Result:
@@ -107,6 +108,7 @@ def _window(broker: EventHubsBroker, logs: LogsIngestionDouble,
     hub0, logs0, rows0 = len(broker.events()), len(logs.requests), len(logs.records())
     counts0 = {s: Counter(p.counts) for s, p in proxies.items()}
     parts0 = Counter(proxies["table"].partitions)
+    entities0 = Counter(proxies["table"].entities)
     began = time.monotonic()
     if until is None:
         time.sleep(seconds)
@@ -119,6 +121,7 @@ def _window(broker: EventHubsBroker, logs: LogsIngestionDouble,
         len(logs.records()) - rows0, sum(r.uncompressed_size or 0 for r in requests),
         {s: Counter(p.counts) - counts0[s] for s, p in proxies.items()},
         Counter(proxies["table"].partitions) - parts0,
+        Counter(proxies["table"].entities) - entities0,
     )  # fmt: skip
 
 
@@ -152,7 +155,11 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
     # The event window's heartbeats cost what idle ones did; the rest is the events'.
     table_ops = max(0.0, sum(events.storage["table"].values()) - beats * per_beat)
     records_seen = len(events.events)
-    hottest = max(events.partitions.values(), default=0)
+    quiet_entities = sum(quiet.entities.values())
+    per_beat_entities = quiet_entities / max(1, len(quiet.events))
+    entities = max(0.0, sum(events.entities.values()) - beats * per_beat_entities)
+    # The busiest partition's share, the window's heartbeats included (the same at worst).
+    hottest = max(events.entities.values(), default=0)
     reads = events.storage["queue"]["GET messages"]
     measured = quotas.Measured(
         connection_seconds_per_send=held / heartbeats,
@@ -164,10 +171,13 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         queue_reads_per_pending_second=reads / max(1e-9, per_event.pending_seconds),
         # Not measured: the simulated VMs here see only their own events. The setting's default.
         others_reads_per_second=1 / CommandsSettings().others_interval,
+        la_send_interval=LogAnalyticsSettings().send_interval,
         table_ops_per_heartbeat=per_beat,
         table_ops_per_event_record=table_ops / max(1, records_seen),
-        hottest_share_heartbeat=max(quiet.partitions.values(), default=0) / max(1, quiet_table),
-        hottest_share_event=min(1.0, hottest / max(1.0, table_ops)),
+        table_entities_per_heartbeat=per_beat_entities,
+        table_entities_per_event_record=entities / max(1, records_seen),
+        hottest_share_heartbeat=max(quiet.entities.values(), default=0) / max(1, quiet_entities),
+        hottest_share_event=min(1.0, hottest / max(1.0, entities)),
         blob_ops_per_second=sum(quiet.storage["blob"].values()) / (quiet.ended - quiet.began),
     )
     notes = [
@@ -179,8 +189,9 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         f"{per_event.records:.1f} records and {per_event.sends:.1f} sends per event per VM that "
         f"sees it; {reads} queue reads over {per_event.pending_seconds:.0f} VM-seconds with a "
         f"Scheduled event; the consumer made {quiet_table} table requests for "
-        f"{len(quiet.events)} idle records ({_busiest(quiet.partitions)}) and "
-        f"{table_ops:.0f} for {records_seen} records of events ({_busiest(events.partitions)}).",
+        f"{len(quiet.events)} idle records ({_busiest(quiet.partitions)}; entities: "
+        f"{_busiest(quiet.entities)}) and {table_ops:.0f} for {records_seen} records of events "
+        f"({_busiest(events.partitions)}; entities: {_busiest(events.entities)}).",
     ]
     return measured, notes
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import re
 import threading
 from collections import Counter
@@ -31,8 +32,11 @@ class CountingProxy:
         self.upstream_host = parts.hostname or "127.0.0.1"
         self.upstream_port = parts.port or 80
         self.counts: Counter[str] = Counter()
-        # Table requests by PartitionKey (the quota model's hottest partition); "" for others.
+        # Table requests by PartitionKey; "" for others.
         self.partitions: Counter[str] = Counter()
+        # Table entities read or written, by PartitionKey (a query returns many; a batch
+        # writes many): what a partition's "entities per second" target counts.
+        self.entities: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -42,10 +46,12 @@ class CountingProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def count(self, key: str, partition: str = "") -> None:
+    def count(self, key: str, partition: str = "", entities: int = 0) -> None:
         with self._lock:
             self.counts[key] += 1
             self.partitions[partition] += 1
+            if entities:
+                self.entities[partition] += entities
 
     def total(self) -> int:
         with self._lock:
@@ -75,13 +81,14 @@ def _handler_for(proxy: CountingProxy) -> type[BaseHTTPRequestHandler]:
         def _forward(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
-            proxy.count(f"{self.command} {_kind(self.path)}", _partition(self.path, body))
             upstream = http.client.HTTPConnection(proxy.upstream_host, proxy.upstream_port)
             try:
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 answer = upstream.getresponse()
                 data = answer.read()
+                proxy.count(f"{self.command} {_kind(self.path)}", _partition(self.path, body),
+                            _entities(self.command, self.path, body, data))  # fmt: skip
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():
                     if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
@@ -110,6 +117,28 @@ def _kind(path: str) -> str:
 _KEY_IN_PATH = re.compile(r"PartitionKey='([^']*)'")
 _KEY_IN_FILTER = re.compile(r"PartitionKey(?:%20|\+| )eq(?:%20|\+| )(?:%27|')([^'%]*)")
 _KEY_IN_BODY = re.compile(rb'"PartitionKey"\s*:\s*"([^"]*)"')
+
+
+_BATCH_OPERATION = re.compile(rb"(?m)^(?:POST|PUT|MERGE|PATCH|DELETE|GET) \S+ HTTP/1\.1")
+
+
+def _entities(method: str, path: str, body: bytes | None, answer: bytes) -> int:
+    """Table entities a request read or wrote: one per operation of a batch, those a query
+    returned, one for a write to an entity (only meaningful for the table service)."""
+    bare = unquote(path.split("?", 1)[0])
+    if bare.endswith("$batch"):
+        return len(_BATCH_OPERATION.findall(body or b""))
+    if method == "GET":
+        try:
+            found = json.loads(answer)
+        except ValueError:  # not JSON: a blob or a queue's XML
+            return 0
+        if isinstance(found, dict) and isinstance(found.get("value"), list):
+            return sum(1 for item in found["value"] if "PartitionKey" in item)
+        return 1 if isinstance(found, dict) and "PartitionKey" in found else 0
+    if bare.rstrip("/").endswith("/Tables"):
+        return 0  # a table made, not an entity
+    return 1 if method in ("POST", "PUT", "MERGE", "PATCH", "DELETE") else 0
 
 
 def _partition(path: str, body: bytes | None) -> str:

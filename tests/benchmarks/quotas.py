@@ -47,9 +47,16 @@ class Measured:
     others_reads_per_second: float  # while only its neighbours' events are (1/others_interval)
     table_ops_per_heartbeat: float  # the consumer's Table Storage requests per heartbeat
     table_ops_per_event_record: float  # and per record about an event
-    hottest_share_heartbeat: float  # of each, the share its busiest table partition takes
+    # Entities those requests read or wrote (a query returns many), and the share of them
+    # the busiest table partition takes: what a partition's target counts.
+    table_entities_per_heartbeat: float
+    table_entities_per_event_record: float
+    hottest_share_heartbeat: float
     hottest_share_event: float
     blob_ops_per_second: float  # the consumer's checkpoint and ownership blob requests
+    # loganalytics.send_interval: after an upload, heartbeats and neighbours' events wait
+    # this long for the next (0: none wait). The setting's default, not measured here.
+    la_send_interval: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -132,7 +139,14 @@ def _events(m: Measured, wave: Wave, n: float, fanout: float) -> float:
 
 
 def _la_requests_per_minute(m: Measured, wave: Wave, n: float, fanout: float) -> float:
-    return 60 * _sends_per_second(m, wave, n, fanout) * m.la_requests_per_send
+    # The VMs an event affects upload at once (one VM in `fanout` sees it as its own); the
+    # rest (heartbeats, neighbours' sightings) at most once per send interval per VM.
+    sightings = wave.events_per_second(n) * m.sends_per_event
+    own = sightings * min(1.0, fanout)
+    others = _heartbeats(n) + sightings * max(0.0, fanout - 1)
+    if m.la_send_interval > 0:
+        others = min(others, n / m.la_send_interval)
+    return 60 * (own + others) * m.la_requests_per_send
 
 
 def _la_bytes_per_minute(m: Measured, wave: Wave, n: float, fanout: float) -> float:
@@ -159,8 +173,8 @@ def _storage_requests(m: Measured, wave: Wave, n: float, fanout: float) -> float
 
 def _table_partition(m: Measured, wave: Wave, n: float, fanout: float) -> float:
     # At worst the busiest partition of heartbeats is the busiest of events too.
-    heartbeats = _heartbeats(n) * m.table_ops_per_heartbeat * m.hottest_share_heartbeat
-    events = _event_records(m, wave, n, fanout) * m.table_ops_per_event_record
+    heartbeats = _heartbeats(n) * m.table_entities_per_heartbeat * m.hottest_share_heartbeat
+    events = _event_records(m, wave, n, fanout) * m.table_entities_per_event_record
     return heartbeats + events * m.hottest_share_event
 
 

@@ -14,6 +14,9 @@ def cloud_env(broker: EventHubsBroker, logs: LogsIngestionDouble, imds_url: str)
         "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": broker.connection_string,
         "SE_BRIDGE_LOGANALYTICS_ENDPOINT": logs.endpoint,
         "SE_BRIDGE_LOGANALYTICS_RULE_ID": RULE,
+        # Heartbeats and neighbours' events wait for the next upload this long (60 s by
+        # default): held and sent alike here, without a minute's wait per check.
+        "SE_BRIDGE_LOGANALYTICS_SEND_INTERVAL": "5",
         "SE_BRIDGE_IDENTITY_KIND": "managed",
         # The real credential code fetches its token from the simulator's identity endpoint.
         "AZURE_POD_IDENTITY_AUTHORITY_HOST": imds_url,

@@ -108,11 +108,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--fan-out",
+        nargs="+",
         choices=FAN_OUTS,
-        default="named",
-        help="who sees an event: named (the VMs its Resources name) or group (every VM of "
-        "their placement groups and availability sets, as Microsoft documents delivery; the "
-        "others report it with AffectsThisVm false) (default named)",
+        default=["named"],
+        help="who sees an event, one run each: named (the VMs its Resources name) or group "
+        "(every VM of their placement groups and availability sets, as Microsoft documents "
+        "delivery; the others report it with AffectsThisVm false) (default named)",
     )
     p.add_argument(
         "--lead-in",
@@ -190,16 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         return report_again(args.report_from, args.out_dir)
     if args.records is not None:
         return write_records(args.wave[0], args.vms, args.seed, options, args.records,
-                             fan_out=args.fan_out)  # fmt: skip
+                             fan_out=args.fan_out[0])  # fmt: skip
     command = "python -m tests.benchmarks.loadgen " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     for wave in args.wave:
         summaries = []
         out = args.out_dir / f"fleet-{wave}.md"
-        for source, state, count in itertools.product(args.source, args.state, args.consumers):
+        runs = itertools.product(args.fan_out, args.source, args.state, args.consumers)
+        for fan_out, source, state, count in runs:
             # A SQLite run on local hubs keeps the directory name it always had.
-            name = "-".join([wave, *([source] if source != "local" else []),
+            name = "-".join([wave, *([fan_out] if fan_out != "named" else []),
+                             *([source] if source != "local" else []),
                              *([state] if state != "sqlite" else []), str(count)])  # fmt: skip
             config = RunConfig(size=args.vms, seed=args.seed, wave=wave, options=options,
                                scale=args.scale, consumers=count, lead_in=args.lead_in,
@@ -208,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                                log_level=args.log_level, state=state, source=source,
                                partitions=args.partitions,
                                checkpoint_interval=args.checkpoint_interval,
-                               fan_out=args.fan_out)  # fmt: skip
+                               fan_out=fan_out)  # fmt: skip
             say(f"{wave}: {args.vms:,} VMs, {count} consumer(s), {STATES[state]}, "
-                f"{SOURCES[source]}, scale {args.scale:g}")  # fmt: skip
+                f"{SOURCES[source]}, fan-out {fan_out}, scale {args.scale:g}")  # fmt: skip
             summaries.append(summarize(Run(config, say).go()))
             # Written after every run, so a long series keeps what it measured so far.
             text = render(wave, summaries, command.strip(), time.strftime("%Y-%m-%d %H:%M %Z"))

@@ -74,6 +74,7 @@ def summarize(result: RunResult) -> Summary:
                                 alive_within=settings["alive_within"], slack=slack)  # fmt: skip
     count = config.consumers
     via = ", Event Hubs broker" if config.source == "broker" else ""
+    via += ", group fan-out" if config.fan_out == "group" else ""
     return Summary(
         label=f"{count} consumer{'s' if count > 1 else ''}, {config.state_name}{via}",
         result=result,
@@ -276,6 +277,7 @@ def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> 
     settings = ", ".join(f"{k} {v:g} s" for k, v in config.consumer_settings().items())
     names = list(dict.fromkeys(s.result.config.state_name for s in summaries))
     sources = {s.result.config.source for s in summaries}
+    fan_outs = {s.result.config.fan_out: s.result.sim.counts["events"] for s in summaries}
     broker = next((s.result.config for s in summaries if s.result.config.source == "broker"),
                   None)  # fmt: skip
     reads = []  # what the consumers read, for each kind of run in the report
@@ -295,8 +297,8 @@ def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> 
         + ".",
         f"- Fleet: {first.fleet.summary()}.",
         f"- Wave: {first.plan.description}. Who sees an event: "
-        + (FAN_OUT_TEXT["group"] if config.fan_out == "group" else FAN_OUT_TEXT["named"])
-        + f" ({first.sim.counts['events']:,} Event records).",
+        + "; or ".join(f"{FAN_OUT_TEXT[f]} ({n:,} Event records)" for f, n in fan_outs.items())
+        + ".",
         f"- Time scale {config.scale:g} fleet seconds per wall second; {config.lead_in:g} fleet "
         f"seconds of heartbeats (every 300 s per VM) before the wave, {config.tail:g} after. "
         f"Consumer settings scaled with it: {settings}.",

@@ -498,3 +498,36 @@ def test_the_idle_look_comes_when_the_sink_asks_for_it_not_a_minute_later(run: R
     spool.commit([rec(1)])
     assert delivery.flush(10)
     assert sink.delivered == ["r1"]
+
+
+class HoldingSink(FakeSink):
+    """Lets records of type "Heartbeat" wait up to `send_interval` for its next send."""
+
+    send_interval = 60.0
+
+    def can_wait(self, record: SpooledRecord) -> bool:
+        return record.record_type == "Heartbeat"
+
+
+def test_what_can_wait_goes_with_the_next_send_and_what_cannot_goes_at_once(run: Run) -> None:
+    # Log Analytics' per-rule request quota (issue 15): neighbours' records and heartbeats
+    # share one upload a minute, a VM's own event goes at once and takes them along.
+    sink = HoldingSink("holding", max_batch=5)
+    spool, delivery = run([sink])
+    spool.commit([rec(1)])
+    wait_until(lambda: sink.delivered == ["r1"])
+    spool.commit([rec(2, "Heartbeat")])
+    spool.commit([rec(3, "Heartbeat")])
+    time.sleep(0.3)
+    assert sink.delivered == ["r1"]  # held: one send a minute for these
+    spool.commit([rec(4)])
+    wait_until(lambda: sink.delivered == ["r1", "r2", "r3", "r4"])
+    assert sink.batches[-1] == [2, 3, 4]  # one request for all three
+    # A full batch is a whole request already: it goes, and what is behind it too.
+    spool.commit([rec(n, "Heartbeat") for n in range(5, 11)])
+    wait_until(lambda: len(sink.delivered) == 9)
+    time.sleep(0.3)
+    assert len(sink.delivered) == 9  # the tenth waits for the next
+    # Flushing (a stopping agent) holds nothing back.
+    assert delivery.flush(10)
+    assert sink.delivered == [f"r{n}" for n in range(1, 11)]

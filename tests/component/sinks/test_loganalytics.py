@@ -185,3 +185,21 @@ def test_without_a_managed_identity_the_error_says_what_to_do(
         sink.close()
     assert "Logs Ingestion API" in str(info.value)
     assert double.records() == []
+
+
+def test_heartbeats_and_neighbours_events_may_wait_for_the_next_upload(
+    sink: LogAnalyticsSink,
+) -> None:
+    # At fan-out 100 (a placement group) most records are about other VMs' events: those
+    # share an upload a minute; this VM's own events, approvals and anything unclear go now.
+    def spooled_as(record_type: str, body: dict[str, Any] | str) -> SpooledRecord:
+        text = body if isinstance(body, str) else json.dumps(body)
+        return SpooledRecord(1, "r1", record_type, text)
+
+    assert sink.send_interval == 60.0
+    assert sink.can_wait(spooled_as("Heartbeat", {"RecordType": "Heartbeat"}))
+    assert sink.can_wait(spooled_as("Event", event_record(affects=False)))
+    assert not sink.can_wait(spooled_as("Event", event_record(affects=True)))
+    assert not sink.can_wait(spooled_as("Event", event_record(affects=None)))
+    assert not sink.can_wait(spooled_as("Approval", {"RecordType": "Approval"}))
+    assert not sink.can_wait(spooled_as("Event", "{not json"))

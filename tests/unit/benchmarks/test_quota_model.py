@@ -21,6 +21,8 @@ MEASURED = quotas.Measured(
     others_reads_per_second=0.1,
     table_ops_per_heartbeat=2.0,
     table_ops_per_event_record=2.0,
+    table_entities_per_heartbeat=3.0,
+    table_entities_per_event_record=4.0,
     hottest_share_heartbeat=0.5,
     hottest_share_event=0.5,
     blob_ops_per_second=2.0,
@@ -95,3 +97,16 @@ def test_what_a_fleet_needs_is_its_worst_load_over_the_limit_rounded_up() -> Non
     # 100,000 VMs: 20,000 heartbeat requests a minute; the storm adds 5,000 x 3 sends in 2 min.
     assert quotas.needed(q, MEASURED, 1.0, 100_000) == math.ceil((20_000 + 7_500) / 12_000)
     assert quotas.needed(q, MEASURED, 1.0, 1_000) == 1
+
+
+def test_a_send_interval_bounds_the_uploads_of_what_can_wait_not_of_own_events() -> None:
+    rule = quota("requests/min", "(soft")
+    held = replace(MEASURED, la_send_interval=60.0)
+    # Fan-out 1: heartbeats (20,000 a minute at 100,000 VMs) are far under one upload a
+    # minute per VM, so nothing changes.
+    assert rule.load(held, STORM, 100_000, 1.0) == rule.load(MEASURED, STORM, 100_000, 1.0)
+    # Fan-out 100: 5,000 x 99 neighbours' sightings x 3 sends in 2 minutes would be 742,500
+    # uploads a minute; each VM uploads them at most once a minute: 100,000. Own events
+    # (5,000 x 3 in 2 minutes) still go at once.
+    assert rule.load(MEASURED, STORM, 100_000, 100.0) == pytest.approx(7_500 + 742_500 + 20_000)
+    assert rule.load(held, STORM, 100_000, 100.0) == pytest.approx(7_500 + 100_000)

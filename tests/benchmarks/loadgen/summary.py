@@ -237,7 +237,7 @@ ROWS = (
     ("rss", "Consumer peak resident memory (VmHWM)", ""),
     ("cpu", "Consumer CPU (all processes), wave start to drained", ""),
     ("busiest", "Busiest 10 s per process, share of one core (warm-up included)", ""),
-    ("azurite", "Azurite (the Tables state) CPU and memory", ""),
+    ("azurite", "Azurite (the Tables state, the broker's checkpoints) CPU and memory", ""),
     ("trouble", "Consumer log and dead letters", "0 errors, 0 poison"),
     ("commands", "Commands the model agents read", ""),
     ("generator", "Load generator itself", ""),

@@ -177,38 +177,15 @@ def test_budget_groups_are_kept_across_heartbeats_and_made_again_when_a_vm_moves
 
 
 class Scans(DelegatingStore):
-    """A store without a change feed (as Table Storage is), counting VM scans."""
+    """A store without a change feed, counting VM scans."""
 
     def __init__(self, inner: SqliteStore) -> None:
         super().__init__(inner)
-        self.vm_scans = 0
+        self.vm_looks = 0
 
     def scan(self, collection: str) -> list[Doc]:
-        self.vm_scans += collection == fs.VM
+        self.vm_looks += collection == fs.VM
         return super().scan(collection)
-
-
-def test_without_a_change_feed_the_fleet_is_scanned_every_30_s_and_our_writes_are_seen(
-    tmp_path: Path, fleet: FleetRecords
-) -> None:
-    ours, theirs = Scans(SqliteStore(tmp_path / "fleet.db")), SqliteStore(tmp_path / "fleet.db")
-    fleet.vm("web_1", scale_set="web")
-    cache = FleetCache(ours, now=lambda: fleet.now)
-    web_0, web_1 = fleet.vm_id("web_0"), fleet.vm_id("web_1")
-    cache.update(merging({web_0: fleet.heartbeat("web_0")}))
-    assert set(cache.load()) == {web_0}
-    for _ in range(5):  # batches within 30 s: no scan; what this process wrote is seen
-        fleet.advance(5)
-        cache.update(merging({web_0: fleet.heartbeat("web_0")}))
-        assert cache.load()[web_0].last_seen == fleet.now
-    assert ours.vm_scans == 1
-    FleetCache(theirs).update(merging({web_1: fleet.heartbeat("web_1")}))  # another consumer
-    assert set(cache.load()) == {web_0}
-    fleet.advance(6)
-    assert set(cache.load()) == {web_0, web_1}
-    assert ours.vm_scans == 2
-    ours.close()
-    theirs.close()
 
 
 class CostlyFeed(SqliteStore):
@@ -227,16 +204,26 @@ class CostlyFeed(SqliteStore):
         return super().scan_changes(collection, since, known)
 
 
-def test_a_costly_change_feed_is_looked_at_every_feed_interval_and_our_writes_are_seen(
-    tmp_path: Path, fleet: FleetRecords
+@pytest.mark.parametrize(
+    ("kind", "every"),
+    [("scans", 30), ("costly feed", 15)],
+    ids=["without-a-change-feed-every-30-s", "a-costly-change-feed-every-15-s"],
+)
+def test_the_fleet_is_looked_at_every_so_often_and_our_writes_are_seen(
+    tmp_path: Path, fleet: FleetRecords, kind: str, every: int
 ) -> None:
-    ours, theirs = CostlyFeed(tmp_path / "fleet.db"), SqliteStore(tmp_path / "fleet.db")
+    ours: Scans | CostlyFeed
+    if kind == "scans":
+        ours = Scans(SqliteStore(tmp_path / "fleet.db"))
+    else:
+        ours = CostlyFeed(tmp_path / "fleet.db")
+    theirs = SqliteStore(tmp_path / "fleet.db")
     fleet.vm("web_1", scale_set="web")
     cache = FleetCache(ours, now=lambda: fleet.now)
     web_0, web_1 = fleet.vm_id("web_0"), fleet.vm_id("web_1")
     cache.update(merging({web_0: fleet.heartbeat("web_0")}))
     assert set(cache.load()) == {web_0}
-    for _ in range(2):  # batches within 15 s: no look; what this process wrote is seen
+    for _ in range(every // 5 - 1):  # batches within the interval: no look; ours are seen
         fleet.advance(5)
         cache.update(merging({web_0: fleet.heartbeat("web_0")}))
         assert cache.load()[web_0].last_seen == fleet.now

@@ -223,6 +223,7 @@ class QueriedFeed(SqliteStore):
         super().__init__(path)
         self.event_scans = 0
         self.event_looks: list[int | None] = []
+        self.ledger_looks = 0
 
     def scan(self, collection: str) -> list[Doc]:
         self.event_scans += collection == fs.EVENT
@@ -233,6 +234,7 @@ class QueriedFeed(SqliteStore):
     ) -> tuple[list[Doc], int]:
         if collection == fs.EVENT:
             self.event_looks.append(since)
+        self.ledger_looks += collection == fs.LEDGER
         return super().scan_changes(collection, since, known)
 
 
@@ -264,6 +266,25 @@ def test_the_tick_reads_the_events_written_since_and_all_of_them_every_5_minutes
     assert ours.event_looks[-1] is None  # five minutes on: everything again
     ours.close()
     other.store.close()
+
+
+def test_a_pass_reads_the_ledger_once_not_once_per_open_event(tmp_path: Path) -> None:
+    # On Table Storage each read is a query, and the pass holds the consumer's lock: a read
+    # per open event kept two consumers 60 s behind at the 100,000-VM freeze wave (issue 15).
+    rig = Rig(tmp_path / "fleet.db", DEFAULT_POLICY)
+    rig.store.close()
+    rig.store = ours = QueriedFeed(tmp_path / "fleet.db")
+    rig.consumer = rig.make(DEFAULT_POLICY)
+    batch = two_vms(rig)
+    events = [f"C7061BAC-AFDC-4513-B24B-AA5F13A1612{n}" for n in range(6)]
+    batch += [rig.fleet.event("web_0", e, event_type="Reboot", source="Platform") for e in events]
+    rig.consumer.process(batch)
+    assert rig.actions() == [("Hold", "everything-else")] * 6
+    before = ours.ledger_looks
+    rig.fleet.advance(5)
+    rig.consumer.tick()  # six held events looked at again
+    assert ours.ledger_looks - before <= 2  # the tick's own look, and the pass's
+    ours.close()
 
 
 def test_approve_when_ready_waits_for_every_prepare_hook(tmp_path: Path) -> None:

@@ -181,15 +181,17 @@ class Consumer:
     def _tick(self) -> None:
         now = self._now()
         held = self.ledger.entries()
+        stale_after = timedelta(seconds=self.settings.stale_after)
         open_events = []
         for doc in self.events.scan():
-            if fs.is_stale(
-                fs.event_document(doc), now, timedelta(seconds=self.settings.stale_after)
-            ):
-                self._forget(doc)
+            if fs.is_stale(fs.event_document(doc), now, stale_after):
+                self._forget(doc.key, now, stale_after)
                 self.events.drop(doc.key)
             elif fs.status(fs.event_document(doc)) != fs.GONE or doc.key in held:
                 open_events.append(doc.key)
+        # Every event the ledger counts, even one the kept documents miss (read before it was
+        # written): `_decide` reads each one afresh.
+        open_events += sorted(set(held) - set(open_events))
         if open_events:
             self._decide(open_events)
         self._sweep(now, held)
@@ -302,7 +304,7 @@ class Consumer:
         refresh = False  # the pass's state first (see `_decide`); after a conflict, again
         while True:
             ledger = self.ledger.read(refresh=refresh)
-            refresh = True
+            refreshed, refresh = refresh, True
             # The event is read after the ledger: whoever released it from the ledger had
             # stored its end before, so a release seen there means the end is seen here. With
             # an older copy, a completed event could be approved again (the release makes
@@ -320,7 +322,7 @@ class Consumer:
                 if after is None or fs.status(fs.event_document(after)) == fs.GONE:
                     return
                 continue
-            if self._decided(ledger, doc, known_vms, now):
+            if self._decided(ledger, doc, known_vms, now, fresh=refreshed):
                 return
 
     def _assess(
@@ -335,8 +337,11 @@ class Consumer:
         groups = known_vms.groups(budget.group for budget in self.policy.budgets)
         return view, FleetView(known_vms.vms, impacted, self._alive_within, groups), entry
 
-    def _decided(self, ledger: LedgerState, doc: Doc, known_vms: VmSnapshot, now: datetime) -> bool:
-        """One decision on a live event; False when the ledger changed under us."""
+    def _decided(
+        self, ledger: LedgerState, doc: Doc, known_vms: VmSnapshot, now: datetime, *, fresh: bool
+    ) -> bool:
+        """One decision on a live event; False when the ledger changed under us, or must be
+        read again (`fresh`: read for this event, not the pass's state)."""
         view, fleet, entry = self._assess(ledger, doc, known_vms, now)
         vms = known_vms.vms
         value = fs.event_document(doc)
@@ -367,8 +372,13 @@ class Consumer:
             self.ledger.note_started(ledger, doc.key, view, vms)
             return True
         if entry is not None and not self.ledger.needs_decision(entry, now):
-            self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
-            return True
+            # An unsent approval in the pass's state may since have been sent, refused and
+            # replaced by another consumer: resending it then would put a second approval
+            # out. It is resent only from a state read for this event (False: read again).
+            current = fresh or bool(entry.get("sent"))
+            if current:
+                self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
+            return current
         verdict = evaluate(self.policy, fleet, view, now)
         return self.dispatch.apply(
             self.ledger,
@@ -457,7 +467,12 @@ class Consumer:
         doc.value.pop("released", None)
         return True
 
-    def _forget(self, doc: Doc) -> None:
+    def _forget(self, key: str, now: datetime, stale_after: timedelta) -> None:
+        # Read again: the tick's copy may be older than a report that keeps the event alive
+        # (EventIndex), and releasing a live event's entry would leave its VMs uncounted.
+        doc = self.store.read(fs.EVENT, key)
+        if doc is None or not fs.is_stale(fs.event_document(doc), now, stale_after):
+            return
         self.ledger.release(doc.key, "no VM has reported on the event for too long")
         try:
             self.store.delete(fs.EVENT, doc)

@@ -32,6 +32,26 @@ def interruptible_wait(stop: threading.Event, seconds: float) -> None:
     stop.wait(seconds)
 
 
+class _Hurry:
+    """Set while any flush runs (flushes may overlap): then nothing is held back."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flushes = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self._flushes += 1
+
+    def leave(self) -> None:
+        with self._lock:
+            self._flushes -= 1
+
+    def is_set(self) -> bool:
+        with self._lock:
+            return self._flushes > 0
+
+
 class _Worker:
     """Feeds one sink from the spool; its thread never dies until told to stop."""
 
@@ -45,7 +65,7 @@ class _Worker:
         progressed: Callable[[], None],
         idle_wait: float,
         wait: Waiter,
-        hurry: threading.Event,
+        hurry: _Hurry,
         clock: Callable[[], float],
     ) -> None:
         self.sink, self.name = sink, sink.name
@@ -72,6 +92,8 @@ class _Worker:
                 self._failed(err, kind="spool")
 
     def _step(self) -> None:
+        # Before reading: a record appended (or a flush) after the read wakes a hold below.
+        generation = self._spool.generation
         batch = self._spool.read_batch(self.name, self.sink.max_batch)
         if not batch:
             again = self._idle()
@@ -81,7 +103,7 @@ class _Worker:
         hold = self._hold(batch)
         if hold > 0:
             # A record that cannot wait wakes the loop when appended; so do stop and flush.
-            self._spool.wait_for_change(hold, cancel=self._stop)
+            self._spool.wait_for_change(generation, hold, cancel=self._stop)
             return
         try:
             self.sink.send(batch)
@@ -246,7 +268,7 @@ class Delivery:
             spool.acked(name)  # ValueError now rather than a retry loop that never succeeds
         self._spool, self._clock = spool, clock
         self._stop = threading.Event()
-        self._hurry = threading.Event()  # set while flushing: nothing is held back
+        self._hurry = _Hurry()
         self._progress = threading.Condition()
         self._workers = [
             _Worker(
@@ -272,7 +294,7 @@ class Delivery:
         Records a sink would hold back for its next send go at once meanwhile."""
         deadline = self._clock() + timeout
         target = self._spool.last_seq()
-        self._hurry.set()
+        self._hurry.enter()
         self._spool.wake()
         try:
             with self._progress:
@@ -283,7 +305,7 @@ class Delivery:
                     self._progress.wait(remaining)
             return True
         finally:
-            self._hurry.clear()
+            self._hurry.leave()
 
     def _caught_up(self, target: int) -> bool:
         return all(

@@ -446,14 +446,22 @@ class Spool:
             )
         return not self._closed and self.backlog(sink, limit=1) > 0
 
-    def wait_for_change(self, timeout: float, *, cancel: threading.Event | None = None) -> None:
-        """Block until a record is appended, `wake`, `close`, `cancel` is set, or `timeout`."""
+    @property
+    def generation(self) -> int:
+        """Moves at every append and `wake`: take it before reading, then `wait_for_change`."""
         with self._changed:
-            seen = self._generation
+            return self._generation
+
+    def wait_for_change(
+        self, since: int, timeout: float, *, cancel: threading.Event | None = None
+    ) -> None:
+        """Block until the generation moved past `since` (a record appended, `wake`), `close`,
+        `cancel` is set, or `timeout`. Taking `since` before reading loses no wake-up."""
+        with self._changed:
             if self._closed or (cancel is not None and cancel.is_set()):
                 return
             self._changed.wait_for(
-                lambda: self._generation != seen or (cancel is not None and cancel.is_set()),
+                lambda: self._generation != since or (cancel is not None and cancel.is_set()),
                 timeout,
             )
 

@@ -9,9 +9,11 @@ never as a lost update. The table is created at first use.
 
 Table Storage keeps no revision counter, but sets every entity's `Timestamp` when it writes
 it: `scan_changes` asks for the entities of a partition whose Timestamp is at or after the
-newest it saw last time, less CHANGE_OVERLAP (which covers clocks that differ when a
-partition moves between servers: documents already held come back and are left out by their
-ETag). The mark is only ever a Timestamp the service wrote, never this machine's clock. Without
+moment the previous look began, as the service's `Date` header said at its first page, less
+CHANGE_OVERLAP (clocks that differ between the service's servers; documents already held come
+back and are left out by their ETag). Not the newest Timestamp seen: a query of several pages
+is no snapshot, and a document written after its page was read may be older than one written
+on a later page. The mark is only ever the service's time, never this machine's. Without
 it a consumer read every VM document again to see what other consumers wrote: at 100,000 VMs,
 100,000 entities per look, past the partition's 2,000 entities/s target (issue 15's load
 generator: a consumer spent 79% of its time in those scans, and Azurite a whole core).
@@ -29,6 +31,7 @@ import re
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -46,6 +49,7 @@ from bridge.retry import (
 )
 
 if TYPE_CHECKING:
+    from azure.core.pipeline import PipelineResponse
     from azure.data.tables import TableClient, TableEntity
 
 # An entity-group transaction holds at most 100 operations and 4 MiB; a query's filter at
@@ -211,11 +215,22 @@ class TableStore:
             start = datetime.fromtimestamp(since / 1e6, timezone.utc) - CHANGE_OVERLAP
             query, params = query + " and Timestamp ge @since", {**params, "since": start}
         table = self._table()
+        began: list[datetime] = []  # the service's time at the first page
+
+        def first_date(response: PipelineResponse[Any, Any]) -> None:
+            date = response.http_response.headers.get("Date")
+            if not began and date:
+                began.append(parsedate_to_datetime(date))
+
         try:
-            entities = list(table.query_entities(query, parameters=params))
+            entities = list(
+                table.query_entities(query, parameters=params, raw_response_hook=first_date)
+            )
         except AzureError as err:
             raise self._classify(err) from err
-        mark = max((_mark(e) for e in entities), default=since or 0)
+        # Never back: a server whose clock is behind the last one's starts the next look where
+        # this one started (a superset); without a Date (the service always sends one), too.
+        mark = max(round(began[0].timestamp() * 1e6) if began else 0, since or 0)
         held = known or {}
         fresh = []
         for entity in entities:
@@ -352,14 +367,6 @@ def _groups(collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]
         groups[-1].append((doc, text))
         size += len(text)
     return groups
-
-
-def _mark(entity: TableEntity) -> int:
-    """The entity's Timestamp (set by the service at its last write) in microseconds."""
-    stamp = entity.metadata["timestamp"]
-    if stamp is None:  # the service sets it on every entity it returns
-        raise PermanentError("Table Storage returned an entity without a Timestamp")
-    return round(stamp.timestamp() * 1e6)
 
 
 def _replace(table: TableClient, entity: dict[str, Any], etag: str) -> dict[str, Any]:

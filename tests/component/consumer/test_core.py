@@ -13,6 +13,7 @@ from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer, FleetCache
+from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
@@ -285,6 +286,83 @@ def test_a_pass_reads_the_ledger_once_not_once_per_open_event(tmp_path: Path) ->
     rig.consumer.tick()  # six held events looked at again
     assert ours.ledger_looks - before <= 2  # the tick's own look, and the pass's
     ours.close()
+
+
+class ReadHook(SqliteStore):
+    """Runs `hook` once, just before the first single read of event `key`'s document."""
+
+    def __init__(self, path: Path, key: str, hook: Callable[[], None]) -> None:
+        super().__init__(path)
+        self.key, self.hook = key.lower(), [hook]
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        if collection == fs.EVENT and key.lower() == self.key and self.hook:
+            self.hook.pop()()
+        return super().read(collection, key)
+
+
+def test_an_unsent_approval_is_resent_only_from_a_ledger_read_for_it(tmp_path: Path) -> None:
+    # Another consumer approved the event, failed to send it, and sends it while this
+    # consumer's pass runs on the ledger it read at the start: resending from that older
+    # state would put the approval out again, after the other may have moved on to another
+    # VM (found in review of issue 15's pass that reads the ledger once).
+    other = Rig(tmp_path / "fleet.db")
+    batch = two_vms(other)
+    batch += [other.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    other.sender.failures = 1
+    with pytest.raises(RetryableError):
+        other.consumer.process(batch)
+    assert other.sender.sent == []
+    other.fleet.advance(11)  # past the wait before another consumer's unsent approval is resent
+    rig = Rig(tmp_path / "fleet.db")
+    rig.store.close()
+    rig.store = ReadHook(tmp_path / "fleet.db", E1, other.consumer.tick)
+    rig.fleet, rig.sender = other.fleet, other.sender
+    rig.consumer = rig.make(DEFAULT_POLICY)
+    rig.consumer.tick()
+    assert len(other.sender.sent) == 1  # by the consumer that approved it, once
+    rig.store.close()
+    other.store.close()
+
+
+class FrozenFeed(SqliteStore):
+    """A costly change feed whose looks after the first miss every write (as a look over
+    Table Storage's pages might): the tick's copies of the events grow old."""
+
+    feed_interval = 15.0
+    looked = False
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        docs, mark = super().scan_changes(collection, since, known)
+        if collection == fs.EVENT and since is not None:
+            return [], mark
+        return docs, mark
+
+
+def test_an_event_is_forgotten_only_if_it_is_stale_as_stored_not_as_kept(tmp_path: Path) -> None:
+    # The tick keeps the events between passes (issue 15): a kept copy older than a report
+    # that keeps the event alive must not release its approval from the ledger.
+    rig = Rig(tmp_path / "fleet.db", stale_after=120)
+    other = Rig(tmp_path / "fleet.db", stale_after=120)
+    other.fleet = rig.fleet
+    other.consumer = other.make(DEFAULT_POLICY, stale_after=120)
+    rig.store.close()
+    rig.store = FrozenFeed(tmp_path / "fleet.db")
+    rig.consumer = rig.make(DEFAULT_POLICY, stale_after=120)
+    batch = two_vms(rig)
+    batch += [rig.fleet.event(n, E1, resources=["web_0", "web_1"]) for n in ("web_0", "web_1")]
+    other.consumer.process(batch)
+    rig.consumer.tick()  # the first look: the event as approved
+    rig.fleet.advance(100)
+    other.consumer.process([rig.fleet.event("web_0", E1, transition="Started",
+                                            resources=["web_0", "web_1"])])  # fmt: skip
+    rig.fleet.advance(30)  # stale as kept (130 s), alive as stored (30 s)
+    rig.consumer.tick()
+    assert E1.lower() in {key.lower() for key in read_ledger(rig.store).events}
+    rig.store.close()
+    other.store.close()
 
 
 def test_approve_when_ready_waits_for_every_prepare_hook(tmp_path: Path) -> None:

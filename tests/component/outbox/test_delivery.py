@@ -531,3 +531,37 @@ def test_what_can_wait_goes_with_the_next_send_and_what_cannot_goes_at_once(run:
     # Flushing (a stopping agent) holds nothing back.
     assert delivery.flush(10)
     assert sink.delivered == [f"r{n}" for n in range(1, 11)]
+
+
+class AppendingWhileRead(Spool):
+    """Appends `late` right after the first read that returns records: an agent spooling a
+    record between the worker's read and its hold."""
+
+    def __init__(self, path: Path, sinks: list[str]) -> None:
+        super().__init__(path, sinks)
+        self.late: list[dict[str, Any]] = []
+
+    def read_batch(self, sink: str, limit: int) -> list[SpooledRecord]:
+        batch = super().read_batch(sink, limit)
+        if batch and self.late:
+            late, self.late = self.late, []
+            self.commit(late)
+        return batch
+
+
+def test_a_record_spooled_while_held_records_are_read_still_wakes_the_hold(
+    tmp_path: Path,
+) -> None:
+    sink = HoldingSink("holding", max_batch=5)
+    spool = AppendingWhileRead(tmp_path / "spool.db", [sink.name])
+    delivery = Delivery(spool, [sink], backoff_factory=fast_backoff, wait=RecordingWait())
+    delivery.start()
+    try:
+        spool.commit([rec(1)])
+        wait_until(lambda: sink.delivered == ["r1"])
+        spool.late = [rec(3)]  # cannot wait: appended just after the heartbeat below is read
+        spool.commit([rec(2, "Heartbeat")])
+        wait_until(lambda: sink.delivered == ["r1", "r2", "r3"], timeout=5.0)
+    finally:
+        delivery.stop(10)
+        spool.close()

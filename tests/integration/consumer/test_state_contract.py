@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,10 +19,12 @@ from bridge.consumer.state import (
     Conflict,
     Doc,
     Store,
+    tables,
     update_many,
 )
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import TableStore
+from tests.azurite import Azurite
 from tests.state_support import increment, tables_config, unique_table
 
 # Every character Table Storage refuses in a key, `%` (the escape character itself, and
@@ -322,4 +326,52 @@ def test_scan_changes_returns_what_any_client_wrote_since_the_mark(store: Store)
     assert later >= mark
     held.update((d.key, d) for d in changed)
     assert store.scan_changes("vm", later, held)[0] == []
+    theirs.close()
+
+
+class Interleaved:
+    """A table client whose queries come one entity a page, with `between` run once after
+    the first page: another consumer writing while a look reads its pages."""
+
+    def __init__(self, inner: Any, between: Callable[[], None]) -> None:
+        self.inner, self.between = inner, between
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def query_entities(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        for index, entity in enumerate(
+            self.inner.query_entities(*args, **{**kwargs, "results_per_page": 1})
+        ):
+            yield entity
+            if index == 0:
+                self.between()
+
+
+def test_a_look_misses_no_document_written_while_its_pages_were_read(
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A look of several pages is no snapshot: `a` is rewritten after its page was read and
+    # `z` after it, on a later page. The next look must still bring `a`'s new version, even
+    # with no overlap at all; a mark at the newest Timestamp seen (z's) lost it.
+    monkeypatch.setattr(tables, "CHANGE_OVERLAP", timedelta(0))
+    config = tables_config(azurite.connection_string)
+    ours = TableStore(config, unique_table())
+    theirs = TableStore(config, ours.table_name)
+    a, _, z = (ours.write("vm", Doc(key, {"n": 1})) for key in ("a", "b", "z"))
+    _, mark = ours.scan_changes("vm", None)
+
+    def meanwhile() -> None:
+        theirs.write("vm", Doc("a", {"n": 2}, a.etag))
+        time.sleep(0.05)
+        theirs.write("vm", Doc("z", {"n": 2}, z.etag))
+
+    table = ours._table()
+    monkeypatch.setattr(ours, "_table", lambda: Interleaved(table, meanwhile))
+    seen, later = ours.scan_changes("vm", mark)
+    assert {d.key: d.value["n"] for d in seen} == {"a": 1, "b": 1, "z": 2}
+    monkeypatch.setattr(ours, "_table", lambda: table)
+    again, _ = ours.scan_changes("vm", later, {d.key: d for d in seen})
+    assert {d.key: d.value["n"] for d in again} == {"a": 2}
+    ours.close()
     theirs.close()

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 TRANSACTION_CHARS = 1_500_000  # of ASCII JSON: 3 MB as UTF-16, under the 4 MiB limit
 FILTER_KEYS = 14
 CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB property limit
-# How far before the newest Timestamp seen a look for changes starts again (see above).
+# How far before the previous look began a look for changes starts again (see above).
 CHANGE_OVERLAP = timedelta(seconds=10)
 _TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}")
 _FORBIDDEN = re.compile(r"[%/\\#?\x00-\x1f\x7f-\x9f]")

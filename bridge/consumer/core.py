@@ -34,13 +34,13 @@ from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
 from bridge.consumer.state import (
-    BatchStore,
     ChangeFeed,
     Conflict,
     DeferredSync,
     Doc,
     Mutation,
     Store,
+    read_many,
     update,
     update_many,
 )
@@ -257,12 +257,8 @@ class Consumer:
 
     def _decide(self, event_keys: Sequence[str]) -> None:
         known_vms = VmSnapshot(self.store, self.fleet)
-        if isinstance(self.store, BatchStore):
-            found = self.store.read_many(fs.EVENT, event_keys)
-            docs = [found.get(key) for key in event_keys]
-        else:
-            docs = [self.store.read(fs.EVENT, key) for key in event_keys]
-        known = [d for d in docs if d is not None and d.value.get("event_type") is not None]
+        found = read_many(self.store, fs.EVENT, event_keys)
+        known = [d for d in found.values() if d.value.get("event_type") is not None]
         # Once for the whole pass, after the VMs: each event then starts from this state (with
         # this pass's own commits in it), and reads it again only if a commit conflicts. A
         # read per event was a query per open event per pass on Table Storage, and a pass
@@ -480,6 +476,22 @@ class Consumer:
             log.debug("event %s changed while being forgotten", doc.key)
 
 
+class _Paced:
+    """When a costly read was last made, on the consumer's clock."""
+
+    def __init__(self, now: Callable[[], datetime]) -> None:
+        self._now = now
+        self.last: datetime | None = None
+
+    def due(self, every: timedelta) -> bool:
+        """Whether `every` has passed since the last one (noting this one if so)."""
+        now = self._now()
+        if self.last is not None and abs(now - self.last) < every:
+            return False
+        self.last = now
+        return True
+
+
 class EventIndex:
     """Every event document, as the tick looks at them all.
 
@@ -494,19 +506,18 @@ class EventIndex:
     """
 
     def __init__(self, store: Store, *, now: Callable[[], datetime] = utc_now) -> None:
-        self.store, self._now = store, now
+        self.store = store
         self._docs: dict[str, Doc] = {}
         self._mark: int | None = None
-        self._full: datetime | None = None  # the last full read
+        self._full = _Paced(now)
 
     def scan(self) -> list[Doc]:
         store = self.store
         if not isinstance(store, ChangeFeed) or not store.feed_interval:
             return store.scan(fs.EVENT)
-        now = self._now()
-        if self._full is None or abs(now - self._full) >= RESCAN_EVENTS:
+        if self._full.due(RESCAN_EVENTS):
             docs, self._mark = store.scan_changes(fs.EVENT, None)
-            self._docs, self._full = {doc.key: doc for doc in docs}, now
+            self._docs = {doc.key: doc for doc in docs}
         else:
             docs, self._mark = store.scan_changes(fs.EVENT, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in docs)
@@ -600,8 +611,10 @@ class VmSnapshot:
     def _catch_up(self, listed: set[str]) -> None:
         unknown = {vm for vm in listed if vm not in self.vms and vm_key(vm) not in self._ids}
         found = False
-        for vm in sorted(unknown - self._absent):
-            doc = self.store.read(fs.VM, vm)
+        wanted = sorted(unknown - self._absent)
+        stored = read_many(self.store, fs.VM, wanted)
+        for vm in wanted:
+            doc = stored.get(vm)
             if doc is None:
                 self._absent.add(vm)
             else:
@@ -635,8 +648,7 @@ class FleetCache:
 
     def __init__(self, store: Store, *, now: Callable[[], datetime] = utc_now) -> None:
         self.store = store
-        self._now = now
-        self._scanned: datetime | None = None  # the last scan or look, where they cost
+        self._looks = _Paced(now)  # scans or looks, where they cost
         self._mark: int | None = None
         self._vms: dict[str, VmView] = {}
         # With a change feed: the documents `_vms` was made from, at the version last seen.
@@ -666,12 +678,12 @@ class FleetCache:
         Only with a change feed: their ETags tell a later load which of the documents
         written since its mark are these versions (skipped) and which are newer (read).
         """
-        if isinstance(self.store, ChangeFeed) or self._scanned is not None:
+        if isinstance(self.store, ChangeFeed) or self._looks.last is not None:
             self._take(doc for doc in docs if doc is not None and doc.etag is not None)
 
     def load(self) -> dict[str, VmView]:
         if not isinstance(self.store, ChangeFeed):
-            if not self._due(RESCAN_VMS):
+            if not self._looks.due(RESCAN_VMS):
                 return dict(self._vms)
             docs = self.store.scan(fs.VM)
             self._docs = {doc.key: doc for doc in docs}
@@ -683,7 +695,8 @@ class FleetCache:
             self._vms = vms
             self._index = None
             return dict(self._vms)
-        if self.store.feed_interval and not self._due(timedelta(seconds=self.store.feed_interval)):
+        every = timedelta(seconds=self.store.feed_interval)
+        if self.store.feed_interval and not self._looks.due(every):
             return dict(self._vms)
         docs, mark = self.store.scan_changes(fs.VM, self._mark, self._docs)
         if self._mark is not None and mark < self._mark:  # the file was replaced: start over
@@ -692,14 +705,6 @@ class FleetCache:
         self._mark = mark
         self._take(docs)
         return dict(self._vms)
-
-    def _due(self, every: timedelta) -> bool:
-        """Whether `every` has passed since the last costly look (noting this one if so)."""
-        now = self._now()
-        if self._scanned is not None and abs(now - self._scanned) < every:
-            return False
-        self._scanned = now
-        return True
 
     def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:

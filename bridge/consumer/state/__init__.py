@@ -172,6 +172,13 @@ def update(
 Mutation = Callable[[dict[str, Any]], bool]
 
 
+def read_many(store: Store, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+    """The stored documents among `keys`: in batches where the store can, else one by one."""
+    if isinstance(store, BatchStore):
+        return store.read_many(collection, keys) if keys else {}
+    return {key: doc for key in keys if (doc := store.read(collection, key)) is not None}
+
+
 def update_many(
     store: Store,
     collection: str,
@@ -193,7 +200,7 @@ def update_many(
         return {key: update(store, collection, key, m) for key, m in mutations.items()}
     held = {key: known[key] for key in mutations if known and key in known}
     missing = [key for key in mutations if key not in held]
-    found = {**(store.read_many(collection, missing) if missing else {}), **held}
+    found = {**read_many(store, collection, missing), **held}
     done: dict[str, Doc | None] = {}
     pending: list[Doc] = []
     for key, mutate in mutations.items():

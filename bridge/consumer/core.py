@@ -71,6 +71,11 @@ RESCAN_VMS = timedelta(seconds=30)
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
 RESCAN_EVENTS = timedelta(minutes=5)
+# Where a look costs a query, a pass decides on the ledger as read up to this long ago: a
+# look returns every shard and lock written in its last 10 s (in a storm all of them) and
+# batches come many a second. Safe, as an approval over a lock changed since conflicts and
+# is decided again on a fresh read; an event deferred on the older state waits one pass more.
+LEDGER_REFRESH = timedelta(seconds=2)
 D = TypeVar("D", fs.VmDocument, fs.EventDocument)
 
 
@@ -103,6 +108,7 @@ class Consumer:
         self.dispatch = Dispatch(sender, emit, policy, host_name, mode=settings.mode)
         self.fleet = FleetCache(store, now=now)
         self.events = EventIndex(store, now=now)
+        self._ledger_looks = _Paced(now)
         if isinstance(store, DeferredSync):
             # What a batch merges is replayed from Event Hubs if lost, as long as it is on
             # disk before `process` returns (then the batch may be checkpointed): flushed
@@ -117,10 +123,10 @@ class Consumer:
             self._process(records)
 
     def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
-        fresh, events = self._fold(records)
-        touched = set(events) | self.ledger.note_approvals(fresh)
+        fresh, stored = self._fold(records)
+        touched = set(stored) | self.ledger.note_approvals(fresh)
         if touched:
-            self._decide(sorted(touched))
+            self._decide(sorted(touched), stored)
         self._flush()
         self._remember(fresh)
 
@@ -133,14 +139,19 @@ class Consumer:
 
     def _fold(
         self, records: Sequence[Mapping[str, Any]]
-    ) -> tuple[list[Mapping[str, Any]], dict[str, Mutation]]:
+    ) -> tuple[list[Mapping[str, Any]], dict[str, Doc | None]]:
+        """The records not seen before, and the event documents they changed, as stored."""
         now = self._now()
         fresh = [self._on_our_clock(r, now) for r in records if self._first_sight(r)]
         heard = iso(now)
-        events = _event_mutations(fresh, heard)
         self.fleet.update(_vm_mutations(fresh, heard))
-        update_many(self.store, fs.EVENT, events)
-        return fresh, events
+        return fresh, update_many(self.store, fs.EVENT, _event_mutations(fresh, heard))
+
+    def _current_ledger(self) -> LedgerState:
+        """The ledger for a pass: read again, or where a look is a query, as read up to
+        LEDGER_REFRESH ago (see there)."""
+        costly = isinstance(self.store, ChangeFeed) and self.store.feed_interval > 0
+        return self.ledger.read(refresh=not costly or self._ledger_looks.due(LEDGER_REFRESH))
 
     def _remember(self, fresh: Sequence[Mapping[str, Any]]) -> None:
         for record in fresh:
@@ -180,20 +191,21 @@ class Consumer:
 
     def _tick(self) -> None:
         now = self._now()
-        held = self.ledger.entries()
+        ledger = self._current_ledger()
+        held = dict(ledger.events)
         stale_after = timedelta(seconds=self.settings.stale_after)
-        open_events = []
+        open_events: dict[str, Doc | None] = {}
         for doc in self.events.scan():
             if fs.is_stale(fs.event_document(doc), now, stale_after):
                 self._forget(doc.key, now, stale_after)
                 self.events.drop(doc.key)
             elif fs.status(fs.event_document(doc)) != fs.GONE or doc.key in held:
-                open_events.append(doc.key)
+                open_events[doc.key] = doc
         # Every event the ledger counts, even one the kept documents miss (read before it was
-        # written): `_decide` reads each one afresh.
-        open_events += sorted(set(held) - set(open_events))
-        if open_events:
-            self._decide(open_events)
+        # written): `_decide` reads it.
+        keys = sorted(open_events.keys() | held.keys())
+        if keys:
+            self._decide(keys, open_events)
         self._sweep(now, held)
         self._flush()
 
@@ -255,20 +267,32 @@ class Consumer:
 
     # --- decisions -------------------------------------------------------------------------
 
-    def _decide(self, event_keys: Sequence[str]) -> None:
+    def _decide(self, event_keys: Sequence[str], held: Mapping[str, Doc | None]) -> None:
+        """Decide the events `event_keys`.
+
+        `held`: copies of event documents the caller has (those the batch just stored, the
+        tick's kept ones), the others are read. A copy serves to find out whether the event
+        needs anything done; only then is it read again (`_decide_one`). At a Spot eviction
+        storm every VM of a placement group reports each event (issue 15), and each sighting
+        read the event twice more for a decision that did nothing; the tick read every open
+        event twice every 5 s (14,819 at the 100,000-VM freeze wave).
+        """
         known_vms = VmSnapshot(self.store, self.fleet)
-        found = read_many(self.store, fs.EVENT, event_keys)
+        wanted = set(event_keys)
+        found = {key: doc for key, doc in held.items() if doc is not None and key in wanted}
+        found.update(read_many(self.store, fs.EVENT, [k for k in event_keys if k not in held]))
         known = [d for d in found.values() if d.value.get("event_type") is not None]
         # Once for the whole pass, after the VMs: each event then starts from this state (with
         # this pass's own commits in it), and reads it again only if a commit conflicts. A
         # read per event was a query per open event per pass on Table Storage, and a pass
         # held up every batch: at the 100,000-VM freeze wave two consumers fell 60 s behind.
-        self.ledger.read()
+        self._current_ledger()
         # The event due soonest gets a free budget slot first, then the longest waiting.
         retry: RetryableError | None = None
         for doc in sorted(known, key=fs.urgency):
             try:
-                self._decide_one(doc, known_vms)
+                if self._needs_action(doc, known_vms):
+                    self._decide_one(doc, known_vms)
             except RetryableError as err:  # a channel or the state: the others are decided first
                 retry = retry or err
             except Exception as err:  # one event never stops the others, nor the partition
@@ -294,6 +318,23 @@ class Consumer:
         except Exception as again:
             log.error("the Decision record saying event %s failed could not be written: %s",
                       doc.key, describe(again, with_type=True))  # fmt: skip
+
+    def _needs_action(self, doc: Doc, known_vms: VmSnapshot) -> bool:
+        """Whether deciding the event in `doc` (a copy, perhaps older than the stored one)
+        would write or send anything, from the pass's ledger state: `_decided` run dry.
+
+        Only what this says is needed is done, and then on the event read again: a copy too
+        old to show something to do delays it to the next pass that has a newer one (every
+        consumer decides what it folds, the tick what it keeps), and never decides anything.
+        """
+        ledger = self.ledger.read(refresh=False)
+        if fs.status(fs.event_document(doc)) == fs.GONE:
+            return doc.key in ledger.events
+        try:
+            self._decided(ledger, doc, known_vms, self._now(), fresh=False, dry=True)
+        except _WouldAct:
+            return True
+        return False
 
     def _decide_one(self, doc: Doc, known_vms: VmSnapshot) -> None:
         now = self._now()
@@ -333,15 +374,23 @@ class Consumer:
         groups = known_vms.groups(budget.group for budget in self.policy.budgets)
         return view, FleetView(known_vms.vms, impacted, self._alive_within, groups), entry
 
-    def _decided(
-        self, ledger: LedgerState, doc: Doc, known_vms: VmSnapshot, now: datetime, *, fresh: bool
+    def _decided(  # noqa: PLR0911 - each return is a way a decision ends
+        self,
+        ledger: LedgerState,
+        doc: Doc,
+        known_vms: VmSnapshot,
+        now: datetime,
+        *,
+        fresh: bool,
+        dry: bool = False,
     ) -> bool:
         """One decision on a live event; False when the ledger changed under us, or must be
-        read again (`fresh`: read for this event, not the pass's state)."""
+        read again (`fresh`: read for this event, not the pass's state). `dry`: change
+        nothing, and raise _WouldAct where something would be written or sent."""
         view, fleet, entry = self._assess(ledger, doc, known_vms, now)
         vms = known_vms.vms
         value = fs.event_document(doc)
-        if value.get("released") and not self._heard_since_release(doc):
+        if value.get("released") and not self._unreleased(doc, dry):
             return True  # its VMs are gone (see `_all_gone`): it counts no more until one speaks
         reports = value.get("reporters", {}).values()
         if (
@@ -351,31 +400,30 @@ class Consumer:
         ):
             gone = self._all_gone(value, view, entry, vms, now)
             if gone is not None:
+                _acting(dry)
                 self._release(doc, view, gone, now)
                 return True
-        if entry is not None:
-            # The event's Resources as they are now: an approved event that grew counts its
-            # new VMs from this pass on, before any other event is approved past them.
-            counted = {*view.affected, *view.unresolved, *view.possible}
-            if not counted <= set(entry["vms"]):
-                locks = self.ledger.locks(counted - set(entry["vms"]), vms)
-                entry["vms"] = sorted(counted | set(entry["vms"]))
-                try:
-                    self.ledger.commit(ledger, [doc.key], locks)
-                except Conflict:
-                    return False
+        if entry is not None and not self._counted_as_now(ledger, doc.key, view, entry, vms, dry):
+            return False
         if view.status == "Started":
-            self.ledger.note_started(ledger, doc.key, view, vms)
+            if doc.key not in ledger.events:
+                _acting(dry)
+                self.ledger.note_started(ledger, doc.key, view, vms)
             return True
         if entry is not None and not self.ledger.needs_decision(entry, now):
+            if entry.get("sent"):
+                return True
             # An unsent approval in the pass's state may since have been sent, refused and
             # replaced by another consumer: resending it then would put a second approval
             # out. It is resent only from a state read for this event (False: read again).
-            current = fresh or bool(entry.get("sent"))
-            if current:
+            _acting(dry)
+            if fresh:
                 self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
-            return current
+            return fresh
         verdict = evaluate(self.policy, fleet, view, now)
+        if not self.dispatch.would_act(doc, verdict):
+            return True
+        _acting(dry)
         return self.dispatch.apply(
             self.ledger,
             state=ledger,
@@ -385,6 +433,30 @@ class Consumer:
             vms=vms,
             now=now,
         )
+
+    def _counted_as_now(  # noqa: PLR0917 - one entry in full
+        self,
+        ledger: LedgerState,
+        key: str,
+        view: EventView,
+        entry: LedgerEntry,
+        vms: Mapping[str, VmView],
+        dry: bool,
+    ) -> bool:
+        """The entry counts the event's Resources as they are now: an approved event that grew
+        counts its new VMs from this pass on, before any other event is approved past them.
+        False when the ledger changed under us."""
+        counted = {*view.affected, *view.unresolved, *view.possible}
+        if counted <= set(entry["vms"]):
+            return True
+        _acting(dry)
+        locks = self.ledger.locks(counted - set(entry["vms"]), vms)
+        entry["vms"] = sorted(counted | set(entry["vms"]))
+        try:
+            self.ledger.commit(ledger, [key], locks)
+        except Conflict:
+            return False
+        return True
 
     @property
     def _alive_within(self) -> timedelta:
@@ -450,11 +522,13 @@ class Consumer:
         self.ledger.release(doc.key, why)
         self.dispatch.released(self.store, view, why, now)
 
-    def _heard_since_release(self, doc: Doc) -> bool:
-        """A record changed the event after its release: a VM of it is back; un-released."""
+    def _unreleased(self, doc: Doc, dry: bool) -> bool:
+        """A record changed the released event after its release: a VM of it is back; the
+        mark is taken off (True). False when none did."""
         value = fs.event_document(doc)
         if value.get("heard", "") <= value.get("released", ""):
             return False
+        _acting(dry)
 
         def unmark(value: dict[str, Any]) -> bool:
             return value.pop("released", None) is not None
@@ -474,6 +548,15 @@ class Consumer:
             self.store.delete(fs.EVENT, doc)
         except Exception:  # a concurrent update keeps it alive; the next tick looks again
             log.debug("event %s changed while being forgotten", doc.key)
+
+
+class _WouldAct(Exception):
+    """A dry run of `Consumer._decided` reached something it would write or send."""
+
+
+def _acting(dry: bool) -> None:
+    if dry:
+        raise _WouldAct
 
 
 class _Paced:

@@ -61,13 +61,11 @@ class Dispatch:
         now: datetime,
     ) -> bool:
         """Carry out `verdict`; False when the ledger changed under us and it must be redone."""
-        if verdict.kind == "Ignore":
+        if not self.would_act(event_doc, verdict):
             return True
         decided = (event_doc, view, verdict, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
-            said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
-            if event_doc.value.get("decision") != said:  # a standing decision is said once
-                self._say(ledger.store, view, verdict, self._decision(*decided, None))
+            self._say(ledger.store, view, verdict, self._decision(*decided, None))
             return True
         command = self._command(event_doc, view, verdict, now)
         key = fs.event_key(view.event_id)
@@ -87,6 +85,17 @@ class Dispatch:
         self._say(ledger.store, view, verdict, record)
         self._send(ledger, key, command, now, written=state)
         return True
+
+    @staticmethod
+    def would_act(event_doc: Doc, verdict: Verdict) -> bool:
+        """Whether `apply` would write or send anything for `verdict`: an approval, or a
+        decision other than the one the event stands on (a standing decision is said once)."""
+        if verdict.kind == "Ignore":
+            return False
+        if verdict.kind == "Approve" and verdict.target is not None:
+            return True
+        said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
+        return event_doc.value.get("decision") != said
 
     def resend_if_unsent(
         self, ledger: ApprovalLedger, key: str, entry: LedgerEntry, now: datetime

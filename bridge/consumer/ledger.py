@@ -48,6 +48,7 @@ from bridge.consumer.state import (
     Conflict,
     Doc,
     Store,
+    read_many,
 )
 from bridge.policy.model import EventView, VmView, group_key
 from bridge.records import parse_time
@@ -212,6 +213,19 @@ class ApprovalLedger:
         log.info("moved %d ledger entries into %d shards", len(moved), SHARDS)
         return state
 
+    def _read_shards(self, keys: Collection[str]) -> LedgerState:
+        """The kept state with the shards of entries `keys` read again (where kept, with a
+        change feed; else the whole ledger). A look at the ledger's changes on Table Storage
+        returns every document written in its last 10 s: in a storm all of them, for each
+        event that completes (issue 15); a release needs only its entry's shard."""
+        if self._mark is None or self._state is None:
+            return self.read()
+        shards = sorted({shard_of(key) for key in keys})
+        for doc in read_many(self.store, fs.LEDGER, shards).values():
+            self._docs[doc.key] = doc
+            self._state.take(doc)
+        return self._state
+
     def entries(self) -> dict[str, LedgerEntry]:
         return self.read().events
 
@@ -273,14 +287,19 @@ class ApprovalLedger:
         if state is not self._state:
             self._state = None  # made from documents it no longer matches
 
-    def _update(self, mutate: Callable[[dict[str, LedgerEntry]], set[str]]) -> set[str]:
+    def _update(
+        self,
+        mutate: Callable[[dict[str, LedgerEntry]], set[str]],
+        keys: Collection[str] | None = None,
+    ) -> set[str]:
         """Read-modify-write entries until no other writer interferes; the keys changed.
 
         `mutate` changes entries in place and returns the keys it changed (or removed). No
         lock is bumped: only writes that free a slot or record an outcome come this way.
+        `keys`: the only entries `mutate` looks at, when known: only their shards are read.
         """
         for _ in range(MAX_CONFLICT_RETRIES):
-            state = self.read()
+            state = self.read() if keys is None else self._read_shards(keys)
             changed = mutate(state.events)
             if not changed:
                 return set()
@@ -350,7 +369,7 @@ class ApprovalLedger:
         def drop(events: dict[str, LedgerEntry]) -> set[str]:
             return {key} if events.pop(key, None) is not None else set()
 
-        if self._update(drop):
+        if self._update(drop, [key]):
             log.info("event %s no longer counts against budgets: %s", key, why)
 
     def mark_sent(
@@ -387,4 +406,4 @@ class ApprovalLedger:
                 pass
             else:
                 return
-        self._update(sent)
+        self._update(sent, [key])

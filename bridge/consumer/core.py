@@ -71,10 +71,11 @@ RESCAN_VMS = timedelta(seconds=30)
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
 RESCAN_EVENTS = timedelta(minutes=5)
-# Where a look costs a query, a pass decides on the ledger as read up to this long ago: a
+# Where a look costs a query, a pass looks at its events on the ledger as read up to this
+# long ago, and reads it again only before a write that bumps a budget lock (`_decide`): a
 # look returns every shard and lock written in its last 10 s (in a storm all of them) and
-# batches come many a second. Safe, as an approval over a lock changed since conflicts and
-# is decided again on a fresh read; an event deferred on the older state waits one pass more.
+# batches come many a second, most of them with nothing to do. Safe, as a write over a lock
+# changed since conflicts; an event deferred on the older state waits one pass more.
 LEDGER_REFRESH = timedelta(seconds=2)
 D = TypeVar("D", fs.VmDocument, fs.EventDocument)
 
@@ -152,6 +153,11 @@ class Consumer:
         LEDGER_REFRESH ago (see there)."""
         costly = isinstance(self.store, ChangeFeed) and self.store.feed_interval > 0
         return self.ledger.read(refresh=not costly or self._ledger_looks.due(LEDGER_REFRESH))
+
+    def _looked_since(self, reads: int) -> bool:
+        """Whether the ledger was read (or needs no reading: a local store) since `reads`."""
+        costly = isinstance(self.store, ChangeFeed) and self.store.feed_interval > 0
+        return not costly or self.ledger.reads != reads
 
     def _remember(self, fresh: Sequence[Mapping[str, Any]]) -> None:
         for record in fresh:
@@ -278,6 +284,7 @@ class Consumer:
         event twice every 5 s (14,819 at the 100,000-VM freeze wave).
         """
         known_vms = VmSnapshot(self.store, self.fleet)
+        reads = self.ledger.reads
         wanted = set(event_keys)
         found = {key: doc for key, doc in held.items() if doc is not None and key in wanted}
         found.update(read_many(self.store, fs.EVENT, [k for k in event_keys if k not in held]))
@@ -291,8 +298,12 @@ class Consumer:
         retry: RetryableError | None = None
         for doc in sorted(known, key=fs.urgency):
             try:
-                if self._needs_action(doc, known_vms):
-                    self._decide_one(doc, known_vms)
+                needed = self._needs_action(doc, known_vms)
+                if needed is not None:
+                    # What bumps a budget lock is decided on the ledger read in this pass:
+                    # on an older state (LEDGER_REFRESH) it would conflict more often than not
+                    # in a wave, and a conflict costs a read anyway.
+                    self._decide_one(doc, known_vms, look=needed and not self._looked_since(reads))
             except RetryableError as err:  # a channel or the state: the others are decided first
                 retry = retry or err
             except Exception as err:  # one event never stops the others, nor the partition
@@ -319,9 +330,10 @@ class Consumer:
             log.error("the Decision record saying event %s failed could not be written: %s",
                       doc.key, describe(again, with_type=True))  # fmt: skip
 
-    def _needs_action(self, doc: Doc, known_vms: VmSnapshot) -> bool:
+    def _needs_action(self, doc: Doc, known_vms: VmSnapshot) -> bool | None:
         """Whether deciding the event in `doc` (a copy, perhaps older than the stored one)
         would write or send anything, from the pass's ledger state: `_decided` run dry.
+        None: nothing; True: a ledger write that bumps budget locks; False: anything else.
 
         Only what this says is needed is done, and then on the event read again: a copy too
         old to show something to do delays it to the next pass that has a newer one (every
@@ -329,16 +341,18 @@ class Consumer:
         """
         ledger = self.ledger.read(refresh=False)
         if fs.status(fs.event_document(doc)) == fs.GONE:
-            return doc.key in ledger.events
+            return False if doc.key in ledger.events else None
         try:
             self._decided(ledger, doc, known_vms, self._now(), fresh=False, dry=True)
-        except _WouldAct:
-            return True
-        return False
+        except _WouldAct as act:
+            return act.locks
+        return None
 
-    def _decide_one(self, doc: Doc, known_vms: VmSnapshot) -> None:
+    def _decide_one(self, doc: Doc, known_vms: VmSnapshot, *, look: bool = False) -> None:
         now = self._now()
-        refresh = False  # the pass's state first (see `_decide`); after a conflict, again
+        # The pass's state first (see `_decide`), or one read now (`look`); after a conflict,
+        # one read again.
+        refresh = look
         while True:
             ledger = self.ledger.read(refresh=refresh)
             refreshed, refresh = refresh, True
@@ -407,7 +421,7 @@ class Consumer:
             return False
         if view.status == "Started":
             if doc.key not in ledger.events:
-                _acting(dry)
+                _acting(dry, locks=True)
                 self.ledger.note_started(ledger, doc.key, view, vms)
             return True
         if entry is not None and not self.ledger.needs_decision(entry, now):
@@ -416,14 +430,14 @@ class Consumer:
             # An unsent approval in the pass's state may since have been sent, refused and
             # replaced by another consumer: resending it then would put a second approval
             # out. It is resent only from a state read for this event (False: read again).
-            _acting(dry)
+            _acting(dry, locks=True)
             if fresh:
                 self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
             return fresh
         verdict = evaluate(self.policy, fleet, view, now)
         if not self.dispatch.would_act(doc, verdict):
             return True
-        _acting(dry)
+        _acting(dry, locks=verdict.kind == "Approve" and verdict.target is not None)
         return self.dispatch.apply(
             self.ledger,
             state=ledger,
@@ -449,7 +463,7 @@ class Consumer:
         counted = {*view.affected, *view.unresolved, *view.possible}
         if counted <= set(entry["vms"]):
             return True
-        _acting(dry)
+        _acting(dry, locks=True)
         locks = self.ledger.locks(counted - set(entry["vms"]), vms)
         entry["vms"] = sorted(counted | set(entry["vms"]))
         try:
@@ -551,12 +565,17 @@ class Consumer:
 
 
 class _WouldAct(Exception):
-    """A dry run of `Consumer._decided` reached something it would write or send."""
+    """A dry run of `Consumer._decided` reached something it would write or send; `locks`:
+    a ledger write that bumps budget locks (or a resend, which wants a state read for it)."""
+
+    def __init__(self, locks: bool) -> None:
+        super().__init__()
+        self.locks = locks
 
 
-def _acting(dry: bool) -> None:
+def _acting(dry: bool, *, locks: bool = False) -> None:
     if dry:
-        raise _WouldAct
+        raise _WouldAct(locks)
 
 
 class _Paced:

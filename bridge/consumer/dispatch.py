@@ -13,7 +13,7 @@ from bridge.channels import CommandSender
 from bridge.commands import message as commands
 from bridge.consumer import documents as fs
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
-from bridge.consumer.state import Conflict, Doc, Store, update
+from bridge.consumer.state import Conflict, Doc, Store, update_many
 from bridge.policy.model import EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id
 from bridge.redact import describe
@@ -65,7 +65,7 @@ class Dispatch:
             return True
         decided = (event_doc, view, verdict, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
-            self._say(ledger.store, view, verdict, self._decision(*decided, None))
+            self._say(ledger.store, view, verdict, self._decision(*decided, None), event_doc)
             return True
         command = self._command(event_doc, view, verdict, now)
         key = fs.event_key(view.event_id)
@@ -82,7 +82,7 @@ class Dispatch:
         except Conflict:
             return False
         self._unfinished.add(command.command_id)
-        self._say(ledger.store, view, verdict, record)
+        self._say(ledger.store, view, verdict, record, event_doc)
         self._send(ledger, key, command, now, written=state)
         return True
 
@@ -197,8 +197,19 @@ class Dispatch:
                                  shadow=self.shadow)  # fmt: skip
         self._say(store, view, verdict, record)
 
-    def _say(self, store: Store, view: EventView, verdict: Verdict, record: dict[str, Any]) -> None:
-        """Emit the Decision record, then remember it so a standing decision is not repeated."""
+    def _say(
+        self,
+        store: Store,
+        view: EventView,
+        verdict: Verdict,
+        record: dict[str, Any],
+        event_doc: Doc | None = None,
+    ) -> None:
+        """Emit the Decision record, then remember it so a standing decision is not repeated.
+
+        `event_doc`: the event as just read, most likely current: written over without
+        reading it again (if it changed since, the write conflicts and it is read again).
+        """
         said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
 
         def remember(value: dict[str, Any]) -> bool:
@@ -207,7 +218,9 @@ class Dispatch:
             return changed
 
         self.emit([record])
-        update(store, fs.EVENT, fs.event_key(view.event_id), remember)
+        key = fs.event_key(view.event_id)
+        held = {key: Doc(key, dict(event_doc.value), event_doc.etag)} if event_doc else None
+        update_many(store, fs.EVENT, {key: remember}, known=held)
         log.info("event %s (%s): %s by rule %s: %s", view.event_id, view.event_type,
                  verdict.kind, verdict.rule, verdict.reason)  # fmt: skip
 

@@ -31,7 +31,6 @@ every lock. Changing SHARDS or LOCKS needs every consumer stopped first.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -48,6 +47,7 @@ from bridge.consumer.state import (
     Conflict,
     Doc,
     Store,
+    bucket,
     read_many,
 )
 from bridge.policy.model import EventView, VmView, group_key
@@ -97,20 +97,15 @@ def ledger_events(value: dict[str, Any]) -> dict[str, LedgerEntry]:
 
 def shard_of(key: str) -> str:
     """The shard document that holds the entry of event `key`."""
-    return f"{_SHARD}{_bucket(key, SHARDS):02d}"
+    return f"{_SHARD}{bucket(key, SHARDS):02d}"
 
 
 def lock_of(kind: str, group: str) -> str:
     """The lock document of budget group `group` of kind `kind` (policy.model.group_key)."""
-    return f"{_LOCK}{_bucket(kind + chr(0) + group, LOCKS):02d}"
+    return f"{_LOCK}{bucket(kind + chr(0) + group, LOCKS):02d}"
 
 
 ALL_LOCKS = frozenset(f"{_LOCK}{n:02d}" for n in range(LOCKS))
-
-
-def _bucket(text: str, count: int) -> int:
-    # Not hash(): it differs between processes, and every consumer must agree.
-    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % count
 
 
 _VERSIONS = itertools.count()
@@ -178,6 +173,7 @@ class ApprovalLedger:
         # entry for each event, and spent most of its time doing so. None after a failed
         # commit: the caller may have changed it without storing the change.
         self._state: LedgerState | None = None
+        self.reads = 0  # reads of the whole ledger (or of what changed in it) so far
 
     def read(self, *, refresh: bool = True) -> LedgerState:
         """The ledger now; with `refresh` False, the state last read or committed as it is
@@ -185,6 +181,7 @@ class ApprovalLedger:
         decide on, since a commit over a document changed since conflicts."""
         if not refresh and self._state is not None:
             return self._state
+        self.reads += 1
         if isinstance(self.store, ChangeFeed):
             changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in changed)
@@ -340,7 +337,21 @@ class ApprovalLedger:
                     touched.add(key)
             return touched
 
-        return self._update(fold)
+        return self._update(fold, self._answered(outcomes.keys()))
+
+    def _answered(self, answers: Collection[tuple[str, str]]) -> list[str] | None:
+        """The keys of the kept entries that `answers` (CommandId, VmId) are for; None when
+        one is for no entry kept (another consumer's newest, or an old one): then the
+        whole ledger is read. An answer comes for every approval; a read of what changed in
+        the ledger on Table Storage returns every document written in its last 10 s."""
+        if self._mark is None or self._state is None:
+            return None
+        found = {}
+        for key, entry in self._state.events.items():
+            answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
+            if answer in answers:
+                found[answer] = key
+        return sorted(found.values()) if len(found) == len(answers) else None
 
     def note_started(
         self, state: LedgerState, key: str, view: EventView, known: Mapping[str, VmView]

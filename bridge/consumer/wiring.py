@@ -15,6 +15,7 @@ from bridge import channels, host, sinks, telemetry
 from bridge.channels import CommandSender
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, load
+from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
 from bridge.consumer.state import Store, parse_spec
@@ -108,4 +109,4 @@ def build_store(spec: str, config: Config) -> Store:
     # Loaded on first use: the tables module brings azure-core and the Tables SDK.
     from bridge.consumer.state.tables import TableStore  # noqa: PLC0415
 
-    return TableStore(config)
+    return TableStore(config, spread=fs.PARTITIONS)

@@ -14,6 +14,7 @@ import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from bridge import schema
 from tests.azurite import ACCOUNT, KEY
@@ -111,13 +112,17 @@ def _start(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
 
 
 def start_agents(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
-                 storage: str, tag: str, *, verify: str,
-                 heartbeat: float) -> Simulator:  # fmt: skip
-    """The simulator and an agent per VM: Event Hubs, Log Analytics, a Storage queue each."""
+                 storage: str, tag: str, *, verify: str, heartbeat: float,
+                 vms: tuple[str, ...] = VMS, fleet: Path | None = None,
+                 name: str = "sim") -> Simulator:  # fmt: skip
+    """The simulator and an agent per VM: Event Hubs, Log Analytics, a Storage queue each.
+
+    `vms`: the simulator's VMs, standalone `vm-N` unless `fleet` (a fleet file) names them."""
     shared = {"SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
               "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"c{tag}-"}  # fmt: skip
-    sim = Simulator.launch(procs, "sim", "--vms", str(len(VMS)))
-    for vm in VMS:
+    fleet_args = ("--fleet", str(fleet), "--seed", "1") if fleet else ("--vms", str(len(vms)))
+    sim = Simulator.launch(procs, name, *fleet_args)
+    for vm in vms:
         env = {**cloud_env(broker, logs, sim.vm_url(vm)), **shared,
                "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify,
                "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(heartbeat),

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from bridge import schema
 from bridge.config import CommandsSettings, LogAnalyticsSettings
+from bridge.consumer import documents as fs
 from tests.benchmarks import quotas
 from tests.benchmarks.bench_approval import signing_pair
 from tests.benchmarks.bench_cost import VMS, _connection_string, start_agents, start_consumer
@@ -148,19 +151,22 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         raise RuntimeError("no heartbeat reached Event Hubs in the idle window")
     held = sampler.seconds_above(baseline, quiet.began, quiet.ended)
     say("quota: one Freeze per VM, approved by the consumer, then completed")
-    events, beats = _events(sim, broker, logs, proxies)
+    events, beats = _events(sim, broker, logs, proxies, VMS)
     per_event = _per_event(events)
     quiet_table = sum(quiet.storage["table"].values())
     per_beat = quiet_table / max(1, len(quiet.events))
     # The event window's heartbeats cost what idle ones did; the rest is the events'.
     table_ops = max(0.0, sum(events.storage["table"].values()) - beats * per_beat)
     records_seen = len(events.events)
-    quiet_entities = sum(quiet.entities.values())
-    per_beat_entities = quiet_entities / max(1, len(quiet.events))
-    entities = max(0.0, sum(events.entities.values()) - beats * per_beat_entities)
-    # The busiest partition's share, the window's heartbeats included (the same at worst).
-    hottest = max(events.entities.values(), default=0)
+    per_beat_entities = _per(_collections(quiet.entities), len(quiet.events))
+    spent = _less(_collections(events.entities), per_beat_entities, beats)
+    entities = _per(spent, records_seen)
     reads = events.storage["queue"]["GET messages"]
+    say("quota: three VMs of one availability set: each event seen by all three, named one")
+    neighbours = _neighbours(procs, broker, logs, proxies, storage=storage, tag=tag,
+                             verify=verify, per_beat=per_beat, per_beat_entities=per_beat_entities,
+                             own_ops=table_ops / max(1, records_seen),
+                             own_entities=entities)  # fmt: skip
     measured = quotas.Measured(
         connection_seconds_per_send=held / heartbeats,
         events_per_heartbeat=sum(kinds.values()) / heartbeats,
@@ -175,10 +181,13 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         table_ops_per_heartbeat=per_beat,
         table_ops_per_event_record=table_ops / max(1, records_seen),
         table_entities_per_heartbeat=per_beat_entities,
-        table_entities_per_event_record=entities / max(1, records_seen),
-        hottest_share_heartbeat=max(quiet.entities.values(), default=0) / max(1, quiet_entities),
-        hottest_share_event=min(1.0, hottest / max(1.0, entities)),
+        table_entities_per_event_record=entities,
         blob_ops_per_second=sum(quiet.storage["blob"].values()) / (quiet.ended - quiet.began),
+        neighbour_records_per_event=neighbours.records,
+        neighbour_sends_per_event=neighbours.sends,
+        table_ops_per_neighbour_record=neighbours.table_ops,
+        table_entities_per_neighbour_record=neighbours.entities,
+        table_partitions=fs.PARTITIONS,
     )
     notes = [
         f"8: idle {quiet.ended - quiet.began:.0f} s, {len(VMS)} agents heartbeating every "
@@ -192,8 +201,82 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         f"{len(quiet.events)} idle records ({_busiest(quiet.partitions)}; entities: "
         f"{_busiest(quiet.entities)}) and {table_ops:.0f} for {records_seen} records of events "
         f"({_busiest(events.partitions)}; entities: {_busiest(events.entities)}).",
+        neighbours.note,
     ]
     return measured, notes
+
+
+SET = ("nb-0", "nb-1", "nb-2")
+
+
+@dataclass
+class Neighbours:
+    """What a neighbour's sighting of an event costs (bench 8's second event window)."""
+
+    records: float  # records one neighbour sends per event it sees
+    sends: float
+    table_ops: float  # the consumer's table requests per record of a neighbour
+    entities: dict[str, float]  # and entities, per partition
+    note: str
+
+
+def _neighbours(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
+                proxies: dict[str, CountingProxy], *, storage: str, tag: str, verify: str,
+                per_beat: float, per_beat_entities: dict[str, float], own_ops: float,
+                own_entities: dict[str, float]) -> Neighbours:  # fmt: skip
+    """The same events on three VMs of one availability set, so that each is seen by the VM
+    it names and two neighbours (AffectsThisVm false), as Azure delivers events to a set.
+
+    The consumer's requests for the window, less what its heartbeats and the named VMs'
+    records cost (as measured in the first window), are the neighbours' records'.
+    """
+    fleet = procs.workdir / "set.json"
+    fleet.write_text(json.dumps({"availabilitySets": [{"name": "nb", "count": len(SET)}]}))
+    sim = start_agents(procs, broker, logs, storage, tag, verify=verify, heartbeat=RUN_HEARTBEAT,
+                       vms=SET, fleet=fleet, name="sim-set")  # fmt: skip
+    sim.wait_polls(dict.fromkeys(SET, 3))
+    time.sleep(RUN_HEARTBEAT + 10)
+    window, beats = _events(sim, broker, logs, proxies, SET)
+    own = [e for e in window.events if json.loads(e.body).get("AffectsThisVm")]
+    theirs = [e for e in window.events if not json.loads(e.body).get("AffectsThisVm")]
+    if not theirs:
+        raise RuntimeError("no neighbour reported the availability set's events")
+    seen = _per_event(replace(window, events=theirs))
+    ops = sum(window.storage["table"].values()) - beats * per_beat - len(own) * own_ops
+    spent = _less(_collections(window.entities), per_beat_entities, beats)
+    spent = _less(spent, own_entities, len(own))
+    entities = _per(spent, len(theirs))
+    note = (
+        f"8: neighbours: {seen.count} events on {len(SET)} VMs of one availability set, "
+        f"{len(own)} records from the VMs they name and {len(theirs)} from {seen.seen} "
+        f"neighbour sightings ({seen.records:.1f} records and {seen.sends:.1f} sends each); "
+        f"the consumer's requests less its heartbeats' and the named VMs' records' (as above): "
+        f"{max(0.0, ops):.0f} table requests ({_busiest(window.partitions)} in all), entities "
+        f"per neighbour record: {_fmt(entities)}."
+    )
+    return Neighbours(seen.records, seen.sends, max(0.0, ops) / len(theirs), entities, note)
+
+
+def _collections(partitions: Mapping[str, int]) -> dict[str, float]:
+    """Counts by table partition summed by collection (`vm-07` is one of `vm`'s)."""
+    found: dict[str, float] = {}
+    for partition, count in partitions.items():
+        collection = re.sub(r"-[0-9]{2}$", "", partition)
+        found[collection] = found.get(collection, 0.0) + count
+    return found
+
+
+def _per(counts: Mapping[str, float], n: int) -> dict[str, float]:
+    return {key: value / max(1, n) for key, value in counts.items() if key}
+
+
+def _less(counts: Mapping[str, float], each: Mapping[str, float], n: int) -> dict[str, float]:
+    """`counts` less `n` times `each`, never below 0."""
+    return {key: max(0.0, value - n * each.get(key, 0.0)) for key, value in counts.items()}
+
+
+def _fmt(per: Mapping[str, float]) -> str:
+    return ", ".join(f"{key} {value:.2f}" for key, value in sorted(per.items())) or "none"
 
 
 def _busiest(partitions: Counter[str]) -> str:
@@ -210,7 +293,8 @@ class PerEvent:
 
 
 def _events(sim: Simulator, broker: EventHubsBroker, logs: LogsIngestionDouble,
-            proxies: dict[str, CountingProxy]) -> tuple[Window, int]:  # fmt: skip
+            proxies: dict[str, CountingProxy],
+            vms: tuple[str, ...]) -> tuple[Window, int]:  # fmt: skip
     """Per VM: a Freeze the consumer approves (5 s), and one it holds (30 s: the default
     policy's everything-else rule) that the platform starts 20 s later. The window, and the
     heartbeats sent in it."""
@@ -218,7 +302,7 @@ def _events(sim: Simulator, broker: EventHubsBroker, logs: LogsIngestionDouble,
     ids: list[str] = []
 
     def play() -> None:
-        for vm in VMS:
+        for vm in vms:
             ids.append(sim.add_event(EventType="Freeze", EventSource="Platform",
                                      Resources=[vm], DurationInSeconds=5))  # fmt: skip
             ids.append(sim.add_event(EventType="Freeze", EventSource="Platform",
@@ -315,10 +399,10 @@ def _result(m: quotas.Measured, notes: list[str]) -> Result:
         f"{m.records_per_event:.1f} records and {m.sends_per_event:.1f} sends per event seen, "
         f"{m.queue_reads_per_pending_second:.2f} queue reads per second with a Scheduled event "
         f"in the document; the consumer: {m.table_ops_per_heartbeat:.2f} table requests per "
-        f"heartbeat ({m.hottest_share_heartbeat:.0%} in one partition) and "
-        f"{m.table_ops_per_event_record:.2f} per record of an event "
-        f"({m.hottest_share_event:.0%} in one partition), "
-        f"{m.blob_ops_per_second:.2f} blob requests/s.",
+        f"heartbeat (entities: {_fmt(m.table_entities_per_heartbeat)}), "
+        f"{m.table_ops_per_event_record:.2f} per record of an event from a VM it names "
+        f"({_fmt(m.table_entities_per_event_record)}) and {m.neighbour[2]:.2f} per record of "
+        f"a neighbour's ({_fmt(m.neighbour[3])}), {m.blob_ops_per_second:.2f} blob requests/s.",
         *(f"8: {line}" for line in quotas.FIXED),
     ]
     for fanout in FANOUTS:

@@ -16,7 +16,8 @@ placement group.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 EH_QUOTAS = "https://learn.microsoft.com/azure/event-hubs/event-hubs-quotas (2026-02-05)"
 MONITOR_LIMITS = (
@@ -35,7 +36,12 @@ HEARTBEAT = 300.0  # agent.heartbeat_interval's default, seconds
 
 @dataclass(frozen=True)
 class Measured:
-    """What one agent and the consumer did, per unit, in the measured run."""
+    """What one agent and the consumer did, per unit, in the measured run.
+
+    "Own" records are those of the VMs an event names; a neighbour's are those of the other
+    VMs of its set, which report it too (AffectsThisVm false). Where a neighbour's cost was
+    not measured (None) it is taken as an own record's.
+    """
 
     connection_seconds_per_send: float  # an agent's Event Hubs connection held, per send burst
     events_per_heartbeat: float  # Event Hubs events (records) per heartbeat
@@ -47,16 +53,35 @@ class Measured:
     others_reads_per_second: float  # while only its neighbours' events are (1/others_interval)
     table_ops_per_heartbeat: float  # the consumer's Table Storage requests per heartbeat
     table_ops_per_event_record: float  # and per record about an event
-    # Entities those requests read or wrote (a query returns many), and the share of them
-    # the busiest table partition takes: what a partition's target counts.
-    table_entities_per_heartbeat: float
-    table_entities_per_event_record: float
-    hottest_share_heartbeat: float
-    hottest_share_event: float
+    # Entities those requests read or wrote (a query returns many), per collection: a
+    # partition's target counts entities, and a collection spread over partitions
+    # (`table_partitions`, bridge.consumer.documents.PARTITIONS) shares them out by key.
+    table_entities_per_heartbeat: Mapping[str, float]
+    table_entities_per_event_record: Mapping[str, float]
     blob_ops_per_second: float  # the consumer's checkpoint and ownership blob requests
     # loganalytics.send_interval: after an upload, heartbeats and neighbours' events wait
     # this long for the next (0: none wait). The setting's default, not measured here.
     la_send_interval: float = 0.0
+    neighbour_records_per_event: float | None = None
+    neighbour_sends_per_event: float | None = None
+    table_ops_per_neighbour_record: float | None = None
+    table_entities_per_neighbour_record: Mapping[str, float] | None = None
+    table_partitions: Mapping[str, int] = field(default_factory=dict)  # 1 where not named
+
+    @property
+    def neighbour(self) -> tuple[float, float, float, Mapping[str, float]]:
+        """A neighbour's records and sends per event, and the consumer's table requests and
+        entities per record of one."""
+        return (
+            _or(self.neighbour_records_per_event, self.records_per_event),
+            _or(self.neighbour_sends_per_event, self.sends_per_event),
+            _or(self.table_ops_per_neighbour_record, self.table_ops_per_event_record),
+            self.table_entities_per_neighbour_record or self.table_entities_per_event_record,
+        )
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 @dataclass(frozen=True)
@@ -117,8 +142,15 @@ class Quota:
         return high
 
 
+def _sightings(wave: Wave, n: float, fanout: float) -> tuple[float, float]:
+    """Per second: (VM, event) pairs of VMs the event names, and of their neighbours."""
+    events = wave.events_per_second(n)
+    return events * min(1.0, fanout), events * max(0.0, fanout - 1)
+
+
 def _sends_per_second(m: Measured, wave: Wave, n: float, fanout: float) -> float:
-    return n / HEARTBEAT + wave.events_per_second(n) * fanout * m.sends_per_event
+    own, others = _sightings(wave, n, fanout)
+    return n / HEARTBEAT + own * m.sends_per_event + others * m.neighbour[1]
 
 
 def _connections(m: Measured, wave: Wave, n: float, fanout: float) -> float:
@@ -130,8 +162,14 @@ def _heartbeats(n: float) -> float:
     return n / HEARTBEAT
 
 
+def _records(m: Measured, wave: Wave, n: float, fanout: float) -> tuple[float, float]:
+    """Per second: records of events from the VMs they name, and from their neighbours."""
+    own, others = _sightings(wave, n, fanout)
+    return own * m.records_per_event, others * m.neighbour[0]
+
+
 def _event_records(m: Measured, wave: Wave, n: float, fanout: float) -> float:
-    return wave.events_per_second(n) * fanout * m.records_per_event
+    return sum(_records(m, wave, n, fanout))
 
 
 def _events(m: Measured, wave: Wave, n: float, fanout: float) -> float:
@@ -141,9 +179,9 @@ def _events(m: Measured, wave: Wave, n: float, fanout: float) -> float:
 def _la_requests_per_minute(m: Measured, wave: Wave, n: float, fanout: float) -> float:
     # The VMs an event affects upload at once (one VM in `fanout` sees it as its own); the
     # rest (heartbeats, neighbours' sightings) at most once per send interval per VM.
-    sightings = wave.events_per_second(n) * m.sends_per_event
-    own = sightings * min(1.0, fanout)
-    others = _heartbeats(n) + sightings * max(0.0, fanout - 1)
+    own, others = _sightings(wave, n, fanout)
+    own *= m.sends_per_event
+    others = _heartbeats(n) + others * m.neighbour[1]
     if m.la_send_interval > 0:
         others = min(others, n / m.la_send_interval)
     return 60 * (own + others) * m.la_requests_per_send
@@ -164,18 +202,33 @@ def _storage_requests(m: Measured, wave: Wave, n: float, fanout: float) -> float
         affected * m.queue_reads_per_pending_second
         + (seeing - affected) * m.others_reads_per_second
     )
+    own, others = _records(m, wave, n, fanout)
     tables = (
         _heartbeats(n) * m.table_ops_per_heartbeat
-        + _event_records(m, wave, n, fanout) * m.table_ops_per_event_record
+        + own * m.table_ops_per_event_record
+        + others * m.neighbour[2]
     )
     return reads + tables + m.blob_ops_per_second
 
 
+def partition_loads(m: Measured, wave: Wave, n: float, fanout: float) -> dict[str, float]:
+    """Entities per second one table partition of each collection takes (a spread
+    collection's documents, thousands of VMs and events, fall evenly on its partitions)."""
+    own, others = _records(m, wave, n, fanout)
+    loads: dict[str, float] = {}
+    for rate, per in (
+        (_heartbeats(n), m.table_entities_per_heartbeat),
+        (own, m.table_entities_per_event_record),
+        (others, m.neighbour[3]),
+    ):
+        for collection, entities in per.items():
+            share = rate * entities / m.table_partitions.get(collection, 1)
+            loads[collection] = loads.get(collection, 0.0) + share
+    return loads
+
+
 def _table_partition(m: Measured, wave: Wave, n: float, fanout: float) -> float:
-    # At worst the busiest partition of heartbeats is the busiest of events too.
-    heartbeats = _heartbeats(n) * m.table_entities_per_heartbeat * m.hottest_share_heartbeat
-    events = _event_records(m, wave, n, fanout) * m.table_entities_per_event_record
-    return heartbeats + events * m.hottest_share_event
+    return max(partition_loads(m, wave, n, fanout).values(), default=0.0)
 
 
 LOADS = {

@@ -85,7 +85,9 @@ class CloudConsumers:
         self.policy_path.write_text(policy, encoding="utf-8")
         self.fleet = FleetRecords(datetime.now(timezone.utc))
         self.running: dict[str, Proc] = {}
-        self._store = TableStore(tables_config(azurite.connection_string), self.table)
+        self._store = TableStore(
+            tables_config(azurite.connection_string), self.table, spread=fs.PARTITIONS
+        )
         self._queues = QueueServiceClient.from_connection_string(azurite.connection_string)
         self._checkpoints = BlobCheckpointStore.from_connection_string(
             azurite.connection_string, self.container

@@ -10,6 +10,7 @@ Storage for a real fleet.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -141,6 +142,12 @@ def encode_value(collection: str, doc: Doc) -> str:
 def decode_value(text: str) -> dict[str, Any]:
     value: dict[str, Any] = json.loads(text)
     return value
+
+
+def bucket(text: str, count: int) -> int:
+    """Which of `count` buckets `text` falls in, the same in every process (not hash(): it
+    differs between processes, and every consumer must agree)."""
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % count
 
 
 # Table Storage's entity-group transaction: at most 100 operations, all in one partition.

@@ -2,7 +2,14 @@
 
 One table (`consumer.table_name`): PartitionKey = collection, RowKey = key, each with the
 characters Table Storage forbids in keys (/ \\ # ? and control characters) and `%` itself
-percent-encoded. The value is JSON text cut into string properties `Body0`, `Body1`, ...
+percent-encoded. A collection given a `spread` of N is kept in N partitions instead,
+`collection-00` to `collection-NN`, a document in the one its key hashes to: a partition
+serves about 2,000 entities a second, and where every VM of a placement group reports each
+event, one `event` partition would take ten times that in a Spot eviction storm (issue 15).
+A collection written in entity-group transactions (`write_all`) must stay in one. Documents
+that a release before the spread left in the collection's one partition are moved at first
+use (and looked for again at every `scan`: consumers of one table must run one layout).
+The value is JSON text cut into string properties `Body0`, `Body1`, ...
 (a string property holds at most 64 KiB of UTF-16) with their count in `Chunks`. Writes
 are conditional on the entity's ETag, so concurrent consumers meet as a 412 (Conflict),
 never as a lost update. The table is created at first use.
@@ -27,6 +34,7 @@ An entity as stored:
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 from collections.abc import Mapping, Sequence
@@ -41,12 +49,21 @@ from azure.core.exceptions import AzureError, ResourceExistsError
 from bridge import identity
 from bridge.channels import storageerrors
 from bridge.config import Config
-from bridge.consumer.state import TRANSACTION_DOCS, Conflict, Doc, decode_value, encode_value
+from bridge.consumer.state import (
+    TRANSACTION_DOCS,
+    Conflict,
+    Doc,
+    bucket,
+    decode_value,
+    encode_value,
+)
 from bridge.retry import (
     DeliveryError,
     PermanentError,
     RetryableError,
 )
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from azure.core.pipeline import PipelineResponse
@@ -59,6 +76,7 @@ FILTER_KEYS = 14
 CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB property limit
 # How far before the previous look began a look for changes starts again (see above).
 CHANGE_OVERLAP = timedelta(seconds=10)
+MAX_SPREAD = 100  # partitions a collection may be spread over: two digits in its names
 _TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}")
 _FORBIDDEN = re.compile(r"[%/\\#?\x00-\x1f\x7f-\x9f]")
 
@@ -80,7 +98,13 @@ class TableStore:
     # most this often (bridge.consumer.core.FleetCache).
     feed_interval = 15.0
 
-    def __init__(self, config: Config, table_name: str | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        table_name: str | None = None,
+        *,
+        spread: Mapping[str, int] | None = None,
+    ) -> None:
         self._storage = config.storage
         self._identity = config.identity
         self.table_name = table_name or config.consumer.table_name
@@ -93,14 +117,20 @@ class TableStore:
             raise ValueError(
                 "fleet state `tables` needs storage.account or storage.connection_string"
             )
+        self.spread = dict(spread or {})
+        for collection, count in self.spread.items():
+            if not 1 <= count <= MAX_SPREAD:
+                raise ValueError(f"{collection}: {count} partitions (1 to {MAX_SPREAD})")
         self._lock = threading.Lock()
         self._client: TableClient | None = None
         self._ready = False
+        self._settling = threading.Lock()
+        self._settled: set[str] = set()  # spread collections whose old partition was emptied
 
     def read(self, collection: str, key: str) -> Doc | None:
-        table = self._table()
+        table = self._table(collection)
         try:
-            entity = table.get_entity(escape_key(collection), escape_key(key))
+            entity = table.get_entity(self._partition(collection, key), escape_key(key))
         except AzureError as err:  # only the service's answers: anything else is a bug
             if storageerrors.status_of(err) == 404 and not _table_missing(err):
                 return None
@@ -109,7 +139,8 @@ class TableStore:
 
     def write(self, collection: str, doc: Doc) -> Doc:
         text = encode_value(collection, doc)
-        entity, table = _entity(collection, doc.key, text), self._table()
+        table = self._table(collection)
+        entity = _entity(self._partition(collection, doc.key), doc.key, text)
         try:
             if doc.etag is None:
                 meta = table.create_entity(entity)
@@ -121,29 +152,33 @@ class TableStore:
         return Doc(doc.key, doc.value, str(meta["etag"]))
 
     def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
-        unique, table = sorted(set(keys)), self._table()
+        table = self._table(collection)
+        by_partition: dict[str, list[str]] = {}
+        for key in sorted(set(keys)):
+            by_partition.setdefault(self._partition(collection, key), []).append(key)
         found: dict[str, Doc] = {}
-        for start in range(0, len(unique), FILTER_KEYS):
-            chunk = unique[start : start + FILTER_KEYS]
-            params = {f"k{i}": escape_key(key) for i, key in enumerate(chunk)}
-            rows = " or ".join(f"RowKey eq @{name}" for name in params)
-            try:
-                entities = list(
-                    table.query_entities(
-                        f"PartitionKey eq @pk and ( {rows} )",  # the SDK splits on spaces
-                        parameters={"pk": escape_key(collection), **params},
+        for partition, unique in sorted(by_partition.items()):
+            for start in range(0, len(unique), FILTER_KEYS):
+                chunk = unique[start : start + FILTER_KEYS]
+                params = {f"k{i}": escape_key(key) for i, key in enumerate(chunk)}
+                rows = " or ".join(f"RowKey eq @{name}" for name in params)
+                try:
+                    entities = list(
+                        table.query_entities(
+                            f"PartitionKey eq @pk and ( {rows} )",  # the SDK splits on spaces
+                            parameters={"pk": partition, **params},
+                        )
                     )
-                )
-            except AzureError as err:
-                raise self._classify(err) from err
-            found.update((d.key, d) for d in (self._doc(collection, e) for e in entities))
+                except AzureError as err:
+                    raise self._classify(err) from err
+                found.update((d.key, d) for d in (self._doc(collection, e) for e in entities))
         return found
 
     def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
         """Entity-group transactions (one partition: the collection), all or none each."""
         stored: list[Doc] = []
         conflicted: list[str] = []
-        for group in _groups(collection, docs):
+        for group in self._groups(collection, docs):
             try:
                 stored += self._transact(collection, group)
             except Conflict:
@@ -152,27 +187,35 @@ class TableStore:
 
     def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
         """One entity-group transaction: the service writes all or none."""
-        groups = _groups(collection, docs)
+        groups = self._groups(collection, docs)
         if len(groups) > 1:
             raise ValueError(
                 f"{len(docs)} documents of {collection} do not fit one transaction "
-                f"({TRANSACTION_DOCS} entities, {TRANSACTION_CHARS} characters)"
+                f"(one partition, {TRANSACTION_DOCS} entities, {TRANSACTION_CHARS} characters)"
             )
         return self._transact(collection, groups[0]) if groups else []
+
+    def _groups(self, collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]:
+        """`docs` with their JSON text, in runs that fit one entity-group transaction each
+        (one partition; in the order given within each)."""
+        by_partition: dict[str, list[Doc]] = {}
+        for doc in docs:
+            by_partition.setdefault(self._partition(collection, doc.key), []).append(doc)
+        return [run for mine in by_partition.values() for run in _runs(collection, mine)]
 
     def _transact(self, collection: str, group: list[tuple[Doc, str]]) -> list[Doc]:
         from azure.data.tables import UpdateMode  # noqa: PLC0415
 
         operations: list[Any] = []
         for doc, text in group:
-            entity = _entity(collection, doc.key, text)
+            entity = _entity(self._partition(collection, doc.key), doc.key, text)
             if doc.etag is None:
                 operations.append(("create", entity))
             else:
                 conditions = {"etag": doc.etag, "match_condition": MatchConditions.IfNotModified}
                 operations.append(("update", entity, {"mode": UpdateMode.REPLACE, **conditions}))
         try:
-            answers = self._table().submit_transaction(operations)
+            answers = self._table(collection).submit_transaction(operations)
         except AzureError as err:
             # 409: created by somebody else; 412: changed since read; 404: deleted since read.
             failed = group[min(int(getattr(err, "index", 0) or 0), len(group) - 1)][0].key
@@ -187,7 +230,8 @@ class TableStore:
             if self.read(collection, doc.key) is not None:
                 raise Conflict(f"{collection}/{doc.key} was created since it was read")
             return
-        pk, rk, table = escape_key(collection), escape_key(doc.key), self._table()
+        table = self._table(collection)
+        pk, rk = self._partition(collection, doc.key), escape_key(doc.key)
         try:  # the SDK treats 404 (already gone) as success
             table.delete_entity(
                 pk, rk, etag=doc.etag, match_condition=MatchConditions.IfNotModified
@@ -196,9 +240,11 @@ class TableStore:
             raise self._conflict_or_classify(err, collection, doc.key, (412,)) from err
 
     def scan(self, collection: str) -> list[Doc]:
-        query, table = "PartitionKey eq @pk", self._table()
+        table = self._table(collection)
+        self._settle(collection, again=True)
+        query, params = self._every_partition(collection)
         try:
-            entities = list(table.query_entities(query, parameters={"pk": escape_key(collection)}))
+            entities = list(table.query_entities(query, parameters=params))
         except AzureError as err:
             raise self._classify(err) from err
         # Sorted here: escaping changes the service's order (`%` sorts before most characters).
@@ -209,12 +255,12 @@ class TableStore:
     ) -> tuple[list[Doc], int]:
         """See ChangeFeed. Marks are Timestamps the service wrote, in microseconds since
         1970; documents written a little before the mark come again (held ones left out)."""
-        query = "PartitionKey eq @pk"
-        params: dict[str, str | datetime] = {"pk": escape_key(collection)}
+        table = self._table(collection)
+        query, every = self._every_partition(collection)
+        params: dict[str, str | datetime] = {**every}
         if since is not None:
             start = datetime.fromtimestamp(since / 1e6, timezone.utc) - CHANGE_OVERLAP
             query, params = query + " and Timestamp ge @since", {**params, "since": start}
-        table = self._table()
         began: list[datetime] = []  # the service's time at the first page
 
         def first_date(response: PipelineResponse[Any, Any]) -> None:
@@ -252,14 +298,100 @@ class TableStore:
                 self._client.close()
                 self._client = None
 
-    def _table(self) -> TableClient:
+    def _table(self, collection: str | None = None) -> TableClient:
+        """The client, the table made; `collection`'s documents where this release keeps
+        them (see `_settle`)."""
         with self._lock:
             if self._client is None:
                 self._client = self._open()
             if not self._ready:
                 self._create_table(self._client)
                 self._ready = True
-            return self._client
+            client = self._client
+        if collection is not None and collection in self.spread and collection not in self._settled:
+            self._settle(collection)
+        return client
+
+    def _partition(self, collection: str, key: str) -> str:
+        """The PartitionKey of document `key` of `collection`."""
+        count = self.spread.get(collection)
+        if count is None:
+            return escape_key(collection)
+        return f"{escape_key(collection)}-{bucket(key, count):02d}"
+
+    def _every_partition(self, collection: str) -> tuple[str, dict[str, str]]:
+        """A filter for every partition of `collection`, and its parameters."""
+        if collection not in self.spread:
+            return "PartitionKey eq @pk", {"pk": escape_key(collection)}
+        # `-` then two digits: every one of them sorts after "c-" and before "c.".
+        first = escape_key(collection)
+        return "PartitionKey ge @first and PartitionKey lt @after", {
+            "first": f"{first}-",
+            "after": f"{first}.",
+        }
+
+    def _settle(self, collection: str, *, again: bool = False) -> None:
+        """Move the documents a release before the spread kept in `collection`'s one
+        partition into their partitions (once a process; `again`: look once more).
+
+        Where a document is in both, the version the service wrote last stays. Each move
+        is conditional on the ETags read: a document changed meanwhile is left for the
+        next look.
+        """
+        if collection not in self.spread:
+            return
+        with self._settling:
+            if collection in self._settled and not again:
+                return
+            table = self._table()
+            old = escape_key(collection)
+            try:
+                entities = list(table.query_entities("PartitionKey eq @pk", parameters={"pk": old}))
+                moved = sum(self._move(table, collection, entity) for entity in entities)
+            except AzureError as err:
+                raise self._classify(err) from err
+            if entities and collection in self._settled:
+                log.warning(
+                    "%d documents of %s appeared in its old partition of %s since this process "
+                    "moved them: a consumer of a release before the spread writes there; stop "
+                    "it (every consumer of one table must run one layout). Moved %d.",
+                    len(entities), collection, self._target(), moved,
+                )  # fmt: skip
+            elif entities:
+                log.info("moved %d of %d documents of %s in %s into %d partitions",
+                         moved, len(entities), collection, self._target(),
+                         self.spread[collection])  # fmt: skip
+            self._settled.add(collection)
+
+    def _move(self, table: TableClient, collection: str, entity: TableEntity) -> bool:
+        """One document from the old partition into its own; False if left (changed)."""
+        from azure.data.tables import UpdateMode  # noqa: PLC0415
+
+        key = unescape_key(str(entity["RowKey"]))
+        body = {k: v for k, v in entity.items() if k == "Chunks" or k.startswith("Body")}
+        moved = {"PartitionKey": self._partition(collection, key), "RowKey": entity["RowKey"]}
+        try:
+            table.create_entity({**moved, **body})
+        except ResourceExistsError:
+            there = table.get_entity(moved["PartitionKey"], moved["RowKey"])
+            if _written(there) < _written(entity):
+                try:
+                    table.update_entity({**moved, **body}, mode=UpdateMode.REPLACE,
+                                        etag=there.metadata["etag"],
+                                        match_condition=MatchConditions.IfNotModified)  # fmt: skip
+                except AzureError as err:
+                    if storageerrors.status_of(err) in (404, 412):
+                        return False
+                    raise
+        try:
+            table.delete_entity(entity["PartitionKey"], entity["RowKey"],
+                                etag=entity.metadata["etag"],
+                                match_condition=MatchConditions.IfNotModified)  # fmt: skip
+        except AzureError as err:
+            if storageerrors.status_of(err) == 412:
+                return False
+            raise
+        return True
 
     def _create_table(self, client: TableClient) -> None:
         try:
@@ -340,10 +472,10 @@ class TableStore:
         return f"table {self.table_name} in account {account or '(from the connection string)'}"
 
 
-def _entity(collection: str, key: str, text: str) -> dict[str, Any]:
+def _entity(partition: str, key: str, text: str) -> dict[str, Any]:
     chunks = [text[i : i + CHUNK_CHARS] for i in range(0, len(text), CHUNK_CHARS)]
     entity: dict[str, Any] = {
-        "PartitionKey": escape_key(collection),
+        "PartitionKey": partition,
         "RowKey": escape_key(key),
         "Chunks": len(chunks),
     }
@@ -351,8 +483,9 @@ def _entity(collection: str, key: str, text: str) -> dict[str, Any]:
     return entity
 
 
-def _groups(collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]:
-    """`docs` with their JSON text, in runs that fit one entity-group transaction each."""
+def _runs(collection: str, docs: Sequence[Doc]) -> list[list[tuple[Doc, str]]]:
+    """`docs` (of one partition) with their JSON text, in runs that fit one entity-group
+    transaction each."""
     groups: list[list[tuple[Doc, str]]] = []
     size = 0
     for doc in docs:
@@ -375,6 +508,11 @@ def _replace(table: TableClient, entity: dict[str, Any], etag: str) -> dict[str,
     return table.update_entity(
         entity, mode=UpdateMode.REPLACE, etag=etag, match_condition=MatchConditions.IfNotModified
     )
+
+
+def _written(entity: TableEntity) -> datetime:
+    """When the service last wrote `entity` (its Timestamp)."""
+    return entity.metadata.get("timestamp") or datetime.min.replace(tzinfo=timezone.utc)
 
 
 def _table_missing(err: BaseException) -> bool:

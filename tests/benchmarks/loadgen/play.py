@@ -44,6 +44,7 @@ import contextlib
 import json
 import os
 import pickle
+import re
 import resource
 import shutil
 import sqlite3
@@ -457,7 +458,8 @@ class StateProbe:
 
 class TableProbe:
     """Reads the consumers' fleet state in a table (bridge.consumer.state.tables: PartitionKey
-    = collection, the JSON text in Body0..BodyN) for the size of its documents.
+    = collection, or `collection-NN` where it is spread; the JSON text in Body0..BodyN) for
+    the size of its documents.
 
     Table Storage keeps no count of writes (an entity's ETag is a timestamp, not a revision),
     and counting the consumers' requests would take a proxy in their path, which would then
@@ -490,7 +492,7 @@ class TableProbe:
         text = 0
         try:
             for stored in self.collections():
-                name = unescape_key(stored)
+                name = re.sub(r"-[0-9]{2}$", "", unescape_key(stored))  # its collection
                 if name == "vm" and not everything:
                     continue
                 count, top = 0, ("", -1)
@@ -502,7 +504,7 @@ class TableProbe:
                     text += size
                     if size > top[1]:
                         top = (unescape_key(str(entity["RowKey"])), size)
-                counts[name] = count
+                counts[name] = counts.get(name, 0) + count
                 if top[1] > self.largest.get(name, ("", -1))[1]:
                     self.largest[name] = top
         except AzureError:

@@ -397,6 +397,8 @@ def test_a_sighting_that_changes_no_decision_reads_the_event_only_to_fold_it(
     batch += [rig.fleet.event(n, E1, resources=["web_1"]) for n in ("web_1", "web_0")]
     rig.consumer.process(batch)
     assert rig.actions() == [("Approve", "user-initiated")]
+    # The fold's read and the one before acting; the Decision is written over that version.
+    assert ours.event_reads == 2
     rig.fleet.advance(1)
     before = ours.event_reads
     rig.consumer.process([rig.fleet.event("web_0", E1, resources=["web_1"])])
@@ -461,8 +463,9 @@ def test_passes_on_a_queried_store_look_at_the_ledger_at_most_every_2_seconds(
         rig.consumer.process([rig.fleet.event(name, event_id, event_type="Freeze")])
     assert ours.ledger_looks - before == 1
     assert [c.event_id for c in rig.sender.sent] == freezes[:1]
-    # Another consumer spends api's only slot meanwhile: ours decides on its older state,
-    # its approval conflicts on the group's lock, and it defers.
+    # Another consumer spends api's only slot meanwhile: on its older state ours would
+    # approve, so it reads the ledger before it does (an approval on the older state would
+    # conflict on the group's lock), and defers.
     mid = ours.ledger_looks
     other.process([rig.fleet.event("api_0", E2)])
     theirs = ours.ledger_looks - mid
@@ -471,16 +474,21 @@ def test_passes_on_a_queried_store_look_at_the_ledger_at_most_every_2_seconds(
     assert rig.actions()[-1] == ("Defer", "all")
     rig.fleet.advance(2)
     rig.consumer.process([rig.fleet.event("web_1", E1)])
-    assert ours.ledger_looks - before - theirs == 3  # after the conflict, and 2 s on
+    assert ours.ledger_looks - before - theirs == 3  # before that approval, and 2 s on
     ours.close()
 
 
-def test_a_release_reads_the_shard_it_changes_not_the_ledger(tmp_path: Path) -> None:
+def test_a_release_or_an_answer_reads_the_shard_it_changes_not_the_ledger(tmp_path: Path) -> None:
     rig, ours = queried(tmp_path)
     batch = two_vms(rig)
     batch += [rig.fleet.event("web_1", E1, resources=["web_1"])]
     rig.consumer.process(batch)
+    # The agent's answer: the entry is in the ledger as this consumer keeps it, so only its
+    # shard is read.
+    before, shards = ours.ledger_looks, ours.ledger_reads
     rig.consumer.process([rig.fleet.approval(rig.sender.sent[0])])
+    assert read_ledger(ours).events[E1.lower()].get("confirmed")
+    assert (ours.ledger_looks - before, ours.ledger_reads - shards) == (0, 1)
     rig.fleet.advance(60)
     before, shards = ours.ledger_looks, ours.ledger_reads
     completed = rig.fleet.event("web_1", E1, resources=["web_1"], transition="Completed")

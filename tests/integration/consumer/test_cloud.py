@@ -260,7 +260,8 @@ def test_two_consumers_racing_for_the_last_budget_slot_on_tables_one_wins(
         fleet.vm(f"web_{n}", scale_set="web")
     table = unique_table()
     barrier = threading.Barrier(2, timeout=30)
-    stores = [RacingStore(TableStore(tables_config(azurite.connection_string), table), barrier)
+    config = tables_config(azurite.connection_string)
+    stores = [RacingStore(TableStore(config, table, spread=fs.PARTITIONS), barrier)
               for _ in range(2)]  # fmt: skip
     sender = Sender()
     decisions: list[dict[str, Any]] = []

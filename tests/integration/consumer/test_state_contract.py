@@ -44,14 +44,21 @@ AWKWARD_KEYS = [
 ]
 
 
-@pytest.fixture(params=["sqlite", "tables"])
+# The collections the contract uses, each spread over partitions in the third store (as the
+# consumer spreads `vm` and `event`, bridge.consumer.documents.PARTITIONS); `ledger` is
+# written in transactions and stays in one.
+SPREAD = {"vms": 4, "events": 3, "vm": 5}
+
+
+@pytest.fixture(params=["sqlite", "tables", "tables-spread"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened: Store
     if request.param == "sqlite":
         opened = SqliteStore(tmp_path / "fleet.db")
     else:
         azurite = request.getfixturevalue("azurite")
-        opened = TableStore(tables_config(azurite.connection_string), unique_table())
+        spread = SPREAD if request.param == "tables-spread" else None
+        opened = TableStore(tables_config(azurite.connection_string), unique_table(), spread=spread)
     yield opened
     opened.close()
 
@@ -299,7 +306,8 @@ def another_client(store: Store) -> Store:
     if isinstance(store, SqliteStore):
         return SqliteStore(store.path)
     assert isinstance(store, TableStore)
-    return TableStore(tables_config(store._storage.connection_string), store.table_name)
+    config = tables_config(store._storage.connection_string)
+    return TableStore(config, store.table_name, spread=store.spread)
 
 
 def test_scan_changes_returns_what_any_client_wrote_since_the_mark(store: Store) -> None:
@@ -348,16 +356,17 @@ class Interleaved:
                 self.between()
 
 
+@pytest.mark.parametrize("spread", [None, {"vm": 2}], ids=["one-partition", "spread"])
 def test_a_look_misses_no_document_written_while_its_pages_were_read(
-    azurite: Azurite, monkeypatch: pytest.MonkeyPatch
+    azurite: Azurite, monkeypatch: pytest.MonkeyPatch, spread: dict[str, int] | None
 ) -> None:
     # A look of several pages is no snapshot: `a` is rewritten after its page was read and
     # `z` after it, on a later page. The next look must still bring `a`'s new version, even
     # with no overlap at all; a mark at the newest Timestamp seen (z's) lost it.
     monkeypatch.setattr(tables, "CHANGE_OVERLAP", timedelta(0))
     config = tables_config(azurite.connection_string)
-    ours = TableStore(config, unique_table())
-    theirs = TableStore(config, ours.table_name)
+    ours = TableStore(config, unique_table(), spread=spread)
+    theirs = TableStore(config, ours.table_name, spread=spread)
     a, _, z = (ours.write("vm", Doc(key, {"n": 1})) for key in ("a", "b", "z"))
     _, mark = ours.scan_changes("vm", None)
 
@@ -367,10 +376,10 @@ def test_a_look_misses_no_document_written_while_its_pages_were_read(
         theirs.write("vm", Doc("z", {"n": 2}, z.etag))
 
     table = ours._table()
-    monkeypatch.setattr(ours, "_table", lambda: Interleaved(table, meanwhile))
+    monkeypatch.setattr(ours, "_table", lambda *_: Interleaved(table, meanwhile))
     seen, later = ours.scan_changes("vm", mark)
     assert {d.key: d.value["n"] for d in seen} == {"a": 1, "b": 1, "z": 2}
-    monkeypatch.setattr(ours, "_table", lambda: table)
+    monkeypatch.setattr(ours, "_table", lambda *_: table)
     again, _ = ours.scan_changes("vm", later, {d.key: d for d in seen})
     assert {d.key: d.value["n"] for d in again} == {"a": 2}
     ours.close()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,6 +19,7 @@ from azure.identity import CredentialUnavailableError
 
 from bridge import identity
 from bridge.config import Config, ConsumerSettings, StorageSettings
+from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import CHUNK_CHARS, TableStore
@@ -106,6 +109,68 @@ def test_build_names_either_store(azurite: Azurite, tmp_path: Path, table_name: 
         local.close()
     with pytest.raises(ValueError, match="unknown fleet state"):
         build("redis", config)
+
+
+def test_a_spread_collection_lives_in_its_partitions(
+    azurite: Azurite, raw: TableClient, table_name: str
+) -> None:
+    store = TableStore(tables_config(azurite.connection_string), table_name, spread={"vm": 4})
+    for n in range(20):
+        store.write("vm", Doc(f"vm-{n}", {"n": n}))
+    store.write("ledger", Doc("k", {"n": 1}))
+    partitions = {str(e["PartitionKey"]) for e in raw.list_entities()}
+    assert {"vm-00", "vm-01", "vm-02", "vm-03"} >= partitions - {"ledger"}
+    assert len(partitions - {"ledger"}) > 1
+    assert [d.key for d in store.scan("vm")] == sorted(f"vm-{n}" for n in range(20))
+    with pytest.raises(ValueError, match="one partition"):
+        store.write_all("vm", [Doc(f"vm-{n}", {}) for n in range(20)])
+    store.close()
+
+
+def test_the_consumer_spreads_vm_and_event_and_keeps_the_ledger_in_one(
+    azurite: Azurite, table_name: str
+) -> None:
+    config = Config(
+        storage=StorageSettings(connection_string=azurite.connection_string),
+        consumer=ConsumerSettings(table_name=table_name),
+    )
+    tables = build("tables", config)
+    assert isinstance(tables, TableStore)
+    assert tables.spread == fs.PARTITIONS
+    assert fs.LEDGER not in tables.spread
+    tables.close()
+
+
+def test_what_a_release_before_the_spread_left_in_one_partition_is_moved(
+    azurite: Azurite, raw: TableClient, table_name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tables_config(azurite.connection_string)
+    before = TableStore(config, table_name)  # an earlier release: one partition a collection
+    for key in ("a", "b", "c"):
+        before.write("vm", Doc(key, {"v": 1}))
+    now = TableStore(config, table_name, spread={"vm": 4})
+    moved = now.read("vm", "a")  # the first use moves them all
+    assert moved is not None
+    assert moved.value == {"v": 1}
+    assert [e["RowKey"] for e in raw.query_entities("PartitionKey eq 'vm'")] == []
+    assert {d.key: d.value for d in now.scan("vm")} == {k: {"v": 1} for k in "abc"}
+    # A consumer of the earlier release still running writes where it always did: the
+    # newest version of each document stays, wherever it was written.
+    time.sleep(0.05)
+    before.write("vm", Doc("b", {"v": 2}))  # newer than the moved b
+    before.write("vm", Doc("c", {"v": 2}))
+    time.sleep(0.05)
+    held = now.read("vm", "c")
+    assert held is not None
+    now.write("vm", Doc("c", {"v": 3}, held.etag))  # newer than the old release's c
+    before.write("vm", Doc("d", {"v": 2}))
+    with caplog.at_level(logging.WARNING):
+        found = {d.key: d.value["v"] for d in now.scan("vm")}
+    assert found == {"a": 1, "b": 2, "c": 3, "d": 2}
+    assert "a consumer of a release before the spread writes there" in caplog.text
+    assert [e["RowKey"] for e in raw.query_entities("PartitionKey eq 'vm'")] == []
+    before.close()
+    now.close()
 
 
 # --- settings and errors ------------------------------------------------------------------

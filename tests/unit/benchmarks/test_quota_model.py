@@ -21,10 +21,8 @@ MEASURED = quotas.Measured(
     others_reads_per_second=0.1,
     table_ops_per_heartbeat=2.0,
     table_ops_per_event_record=2.0,
-    table_entities_per_heartbeat=3.0,
-    table_entities_per_event_record=4.0,
-    hottest_share_heartbeat=0.5,
-    hottest_share_event=0.5,
+    table_entities_per_heartbeat={"vm": 1.5, "ledger": 1.5},
+    table_entities_per_event_record={"event": 2.0, "ledger": 2.0},
     blob_ops_per_second=2.0,
 )
 FREEZE = next(w for w in quotas.WAVES if w.name == "freeze")
@@ -110,3 +108,23 @@ def test_a_send_interval_bounds_the_uploads_of_what_can_wait_not_of_own_events()
     # (5,000 x 3 in 2 minutes) still go at once.
     assert rule.load(MEASURED, STORM, 100_000, 100.0) == pytest.approx(7_500 + 742_500 + 20_000)
     assert rule.load(held, STORM, 100_000, 100.0) == pytest.approx(7_500 + 100_000)
+
+
+def test_each_table_partition_takes_what_its_records_cost_and_the_busiest_is_the_load() -> None:
+    q = quota("partition entities/s", "Standard GPv2")
+    # 100,000 VMs: 333 heartbeats/s; the storm: 5,000 x 3 records in 2 minutes, 125/s.
+    loads = quotas.partition_loads(MEASURED, STORM, 100_000, 1.0)
+    assert loads == pytest.approx({"vm": 500.0, "ledger": 500.0 + 250.0, "event": 250.0})
+    assert q.load(MEASURED, STORM, 100_000, 1.0) == pytest.approx(750.0)
+    # A neighbour's sighting that costs the consumer only the event's fold: at fan-out 100,
+    # 99 neighbours' records for each own one, and the ledger's load stays.
+    cheap = replace(MEASURED, neighbour_records_per_event=2.0,
+                    table_entities_per_neighbour_record={"event": 1.0})  # fmt: skip
+    loads = quotas.partition_loads(cheap, STORM, 100_000, 100.0)
+    assert loads["ledger"] == pytest.approx(750.0)
+    assert loads["event"] == pytest.approx(250.0 + 5000 / 120 * 99 * 2.0)
+    # The event collection spread over 32 partitions: each takes a 32nd of it.
+    spread = replace(cheap, table_partitions={"event": 32})
+    assert quotas.partition_loads(spread, STORM, 100_000, 100.0)["event"] == pytest.approx(
+        loads["event"] / 32
+    )

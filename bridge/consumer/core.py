@@ -71,12 +71,6 @@ RESCAN_VMS = timedelta(seconds=30)
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
 RESCAN_EVENTS = timedelta(minutes=5)
-# Where a look costs a query, a pass looks at its events on the ledger as read up to this
-# long ago, and reads it again only before a write that bumps a budget lock (`_decide`): a
-# look returns every shard and lock written in its last 10 s (in a storm all of them) and
-# batches come many a second, most of them with nothing to do. Safe, as a write over a lock
-# changed since conflicts; an event deferred on the older state waits one pass more.
-LEDGER_REFRESH = timedelta(seconds=2)
 D = TypeVar("D", fs.VmDocument, fs.EventDocument)
 
 
@@ -109,7 +103,6 @@ class Consumer:
         self.dispatch = Dispatch(sender, emit, policy, host_name, mode=settings.mode)
         self.fleet = FleetCache(store, now=now)
         self.events = EventIndex(store, now=now)
-        self._ledger_looks = _Paced(now)
         if isinstance(store, DeferredSync):
             # What a batch merges is replayed from Event Hubs if lost, as long as it is on
             # disk before `process` returns (then the batch may be checkpointed): flushed
@@ -127,7 +120,7 @@ class Consumer:
         fresh, stored = self._fold(records)
         touched = set(stored) | self.ledger.note_approvals(fresh)
         if touched:
-            self._decide(sorted(touched), stored)
+            self._decide(sorted(touched), stored, look=not self._costly_looks)
         self._flush()
         self._remember(fresh)
 
@@ -148,16 +141,12 @@ class Consumer:
         self.fleet.update(_vm_mutations(fresh, heard))
         return fresh, update_many(self.store, fs.EVENT, _event_mutations(fresh, heard))
 
-    def _current_ledger(self) -> LedgerState:
-        """The ledger for a pass: read again, or where a look is a query, as read up to
-        LEDGER_REFRESH ago (see there)."""
-        costly = isinstance(self.store, ChangeFeed) and self.store.feed_interval > 0
-        return self.ledger.read(refresh=not costly or self._ledger_looks.due(LEDGER_REFRESH))
-
-    def _looked_since(self, reads: int) -> bool:
-        """Whether the ledger was read (or needs no reading: a local store) since `reads`."""
-        costly = isinstance(self.store, ChangeFeed) and self.store.feed_interval > 0
-        return not costly or self.ledger.reads != reads
+    @property
+    def _costly_looks(self) -> bool:
+        """Whether a look at the ledger is a query to a service (Table Storage): it returns
+        every shard and lock written in its last 10 s, in a storm all 96 of them, and
+        batches come many a second, most with nothing to approve (issue 15)."""
+        return isinstance(self.store, ChangeFeed) and self.store.feed_interval > 0
 
     def _remember(self, fresh: Sequence[Mapping[str, Any]]) -> None:
         for record in fresh:
@@ -197,8 +186,7 @@ class Consumer:
 
     def _tick(self) -> None:
         now = self._now()
-        ledger = self._current_ledger()
-        held = dict(ledger.events)
+        held = dict(self.ledger.read().events)
         stale_after = timedelta(seconds=self.settings.stale_after)
         open_events: dict[str, Doc | None] = {}
         for doc in self.events.scan():
@@ -211,7 +199,7 @@ class Consumer:
         # written): `_decide` reads it.
         keys = sorted(open_events.keys() | held.keys())
         if keys:
-            self._decide(keys, open_events)
+            self._decide(keys, open_events, look=False, looked=True)
         self._sweep(now, held)
         self._flush()
 
@@ -273,8 +261,16 @@ class Consumer:
 
     # --- decisions -------------------------------------------------------------------------
 
-    def _decide(self, event_keys: Sequence[str], held: Mapping[str, Doc | None]) -> None:
-        """Decide the events `event_keys`.
+    def _decide(
+        self,
+        event_keys: Sequence[str],
+        held: Mapping[str, Doc | None],
+        *,
+        look: bool,
+        looked: bool = False,
+    ) -> None:
+        """Decide the events `event_keys`; `look`: read the ledger first (see below), unless
+        the caller just did (`looked`).
 
         `held`: copies of event documents the caller has (those the batch just stored, the
         tick's kept ones), the others are read. A copy serves to find out whether the event
@@ -284,26 +280,32 @@ class Consumer:
         event twice every 5 s (14,819 at the 100,000-VM freeze wave).
         """
         known_vms = VmSnapshot(self.store, self.fleet)
-        reads = self.ledger.reads
         wanted = set(event_keys)
         found = {key: doc for key, doc in held.items() if doc is not None and key in wanted}
         found.update(read_many(self.store, fs.EVENT, [k for k in event_keys if k not in held]))
         known = [d for d in found.values() if d.value.get("event_type") is not None]
-        # Once for the whole pass, after the VMs: each event then starts from this state (with
-        # this pass's own commits in it), and reads it again only if a commit conflicts. A
-        # read per event was a query per open event per pass on Table Storage, and a pass
-        # held up every batch: at the 100,000-VM freeze wave two consumers fell 60 s behind.
-        self._current_ledger()
+        # At most once for the whole pass, after the VMs: each event then starts from this
+        # state (with this pass's own commits in it), and reads it again only if a commit
+        # conflicts. A read per event was a query per open event per pass on Table Storage,
+        # and a pass held up every batch: at the 100,000-VM freeze wave two consumers fell
+        # 60 s behind. Where a look is costly, a batch's pass looks only before its first
+        # write that bumps a budget lock; the events are looked at first on the state kept
+        # (the re-evaluation pass reads it every reevaluate_interval, this consumer's writes
+        # and the answers it folds keep it), and nothing is decided on that state that a
+        # read could change but a delay.
+        if look:
+            self.ledger.read()
+        reads = self.ledger.reads if not (look or looked) else None
         # The event due soonest gets a free budget slot first, then the longest waiting.
         retry: RetryableError | None = None
         for doc in sorted(known, key=fs.urgency):
             try:
                 needed = self._needs_action(doc, known_vms)
                 if needed is not None:
-                    # What bumps a budget lock is decided on the ledger read in this pass:
-                    # on an older state (LEDGER_REFRESH) it would conflict more often than not
-                    # in a wave, and a conflict costs a read anyway.
-                    self._decide_one(doc, known_vms, look=needed and not self._looked_since(reads))
+                    # What bumps a budget lock is decided on the ledger read in this pass: on
+                    # an older state it would conflict more often than not in a wave, and a
+                    # conflict costs a read anyway.
+                    self._decide_one(doc, known_vms, look=needed and self.ledger.reads == reads)
             except RetryableError as err:  # a channel or the state: the others are decided first
                 retry = retry or err
             except Exception as err:  # one event never stops the others, nor the partition

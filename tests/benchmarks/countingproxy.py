@@ -117,6 +117,9 @@ def _kind(path: str) -> str:
 _KEY_IN_PATH = re.compile(r"PartitionKey='([^']*)'")
 _KEY_IN_FILTER = re.compile(r"PartitionKey(?:%20|\+| )eq(?:%20|\+| )(?:%27|')([^'%]*)")
 _KEY_IN_BODY = re.compile(rb'"PartitionKey"\s*:\s*"([^"]*)"')
+# A query of every partition of a spread collection (bridge.consumer.state.tables):
+# `PartitionKey ge 'event-' and ...`, counted as the collection's.
+_SPREAD_IN_FILTER = re.compile(r"PartitionKey(?:%20|\+| )ge(?:%20|\+| )(?:%27|')([^'%-]*)-")
 
 
 _BATCH_OPERATION = re.compile(rb"(?m)^(?:POST|PUT|MERGE|PATCH|DELETE|GET) \S+ HTTP/1\.1")
@@ -144,7 +147,11 @@ def _entities(method: str, path: str, body: bytes | None, answer: bytes) -> int:
 def _partition(path: str, body: bytes | None) -> str:
     """The table PartitionKey a request names: in the entity's path, a query's filter, or an
     inserted entity's body; "" when none (queue and blob requests, table listings)."""
-    found = _KEY_IN_PATH.search(path) or _KEY_IN_FILTER.search(path)
+    found = (
+        _KEY_IN_PATH.search(path)
+        or _KEY_IN_FILTER.search(path)
+        or _SPREAD_IN_FILTER.search(path)
+    )
     if found:
         return unquote(found.group(1))
     inserted = _KEY_IN_BODY.search(body or b"")

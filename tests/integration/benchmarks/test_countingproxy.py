@@ -28,6 +28,13 @@ def test_requests_and_entities_are_counted_per_partition(azurite: Azurite) -> No
             found = list(table.query_entities("PartitionKey eq @pk", parameters={"pk": "vm"}))
             assert len(found) == 3
             table.delete_entity("vm", "r0")
+            # A spread collection's partitions, queried together: counted as the collection.
+            table.create_entity({"PartitionKey": "event-07", "RowKey": "e", "N": 1})
+            spread = table.query_entities(
+                "PartitionKey ge @first and PartitionKey lt @after",
+                parameters={"first": "event-", "after": "event."},
+            )
+            assert len(list(spread)) == 1
     # The table made counts no entity; the batch three; the query what it returned.
-    assert proxy.partitions == {"": 1, "vm": 4, "ledger": 1}
-    assert proxy.entities == {"vm": 3 + 1 + 3 + 1, "ledger": 1}
+    assert proxy.partitions == {"": 1, "vm": 4, "ledger": 1, "event-07": 1, "event": 1}
+    assert proxy.entities == {"vm": 3 + 1 + 3 + 1, "ledger": 1, "event-07": 1, "event": 1}

@@ -148,9 +148,7 @@ def _partition(path: str, body: bytes | None) -> str:
     """The table PartitionKey a request names: in the entity's path, a query's filter, or an
     inserted entity's body; "" when none (queue and blob requests, table listings)."""
     found = (
-        _KEY_IN_PATH.search(path)
-        or _KEY_IN_FILTER.search(path)
-        or _SPREAD_IN_FILTER.search(path)
+        _KEY_IN_PATH.search(path) or _KEY_IN_FILTER.search(path) or _SPREAD_IN_FILTER.search(path)
     )
     if found:
         return unquote(found.group(1))

@@ -199,7 +199,7 @@ class Consumer:
         # written): `_decide` reads it.
         keys = sorted(open_events.keys() | held.keys())
         if keys:
-            self._decide(keys, open_events, look=False, looked=True)
+            self._decide(keys, open_events, look=False)  # read just now
         self._sweep(now, held)
         self._flush()
 
@@ -262,15 +262,9 @@ class Consumer:
     # --- decisions -------------------------------------------------------------------------
 
     def _decide(
-        self,
-        event_keys: Sequence[str],
-        held: Mapping[str, Doc | None],
-        *,
-        look: bool,
-        looked: bool = False,
+        self, event_keys: Sequence[str], held: Mapping[str, Doc | None], *, look: bool
     ) -> None:
-        """Decide the events `event_keys`; `look`: read the ledger first (see below), unless
-        the caller just did (`looked`).
+        """Decide the events `event_keys`; `look`: read the ledger first (see below).
 
         `held`: copies of event documents the caller has (those the batch just stored, the
         tick's kept ones), the others are read. A copy serves to find out whether the event
@@ -288,24 +282,20 @@ class Consumer:
         # state (with this pass's own commits in it), and reads it again only if a commit
         # conflicts. A read per event was a query per open event per pass on Table Storage,
         # and a pass held up every batch: at the 100,000-VM freeze wave two consumers fell
-        # 60 s behind. Where a look is costly, a batch's pass looks only before its first
-        # write that bumps a budget lock; the events are looked at first on the state kept
-        # (the re-evaluation pass reads it every reevaluate_interval, this consumer's writes
-        # and the answers it folds keep it), and nothing is decided on that state that a
-        # read could change but a delay.
+        # 60 s behind. Where a look is costly (see `_costly_looks`), a batch's pass decides
+        # on the state kept: the re-evaluation pass reads it every reevaluate_interval, and
+        # this consumer's writes and the answers it folds keep it. That is safe (a write that
+        # adds impact carries the ETags of its groups' locks, and one changed since conflicts
+        # and reads again); on an older state an event can only wait, for a slot another
+        # consumer freed meanwhile, until the next re-evaluation pass.
         if look:
             self.ledger.read()
-        reads = self.ledger.reads if not (look or looked) else None
         # The event due soonest gets a free budget slot first, then the longest waiting.
         retry: RetryableError | None = None
         for doc in sorted(known, key=fs.urgency):
             try:
-                needed = self._needs_action(doc, known_vms)
-                if needed is not None:
-                    # What bumps a budget lock is decided on the ledger read in this pass: on
-                    # an older state it would conflict more often than not in a wave, and a
-                    # conflict costs a read anyway.
-                    self._decide_one(doc, known_vms, look=needed and self.ledger.reads == reads)
+                if self._needs_action(doc, known_vms):
+                    self._decide_one(doc, known_vms)
             except RetryableError as err:  # a channel or the state: the others are decided first
                 retry = retry or err
             except Exception as err:  # one event never stops the others, nor the partition
@@ -332,10 +322,9 @@ class Consumer:
             log.error("the Decision record saying event %s failed could not be written: %s",
                       doc.key, describe(again, with_type=True))  # fmt: skip
 
-    def _needs_action(self, doc: Doc, known_vms: VmSnapshot) -> bool | None:
+    def _needs_action(self, doc: Doc, known_vms: VmSnapshot) -> bool:
         """Whether deciding the event in `doc` (a copy, perhaps older than the stored one)
         would write or send anything, from the pass's ledger state: `_decided` run dry.
-        None: nothing; True: a ledger write that bumps budget locks; False: anything else.
 
         Only what this says is needed is done, and then on the event read again: a copy too
         old to show something to do delays it to the next pass that has a newer one (every
@@ -343,18 +332,16 @@ class Consumer:
         """
         ledger = self.ledger.read(refresh=False)
         if fs.status(fs.event_document(doc)) == fs.GONE:
-            return False if doc.key in ledger.events else None
+            return doc.key in ledger.events
         try:
             self._decided(ledger, doc, known_vms, self._now(), fresh=False, dry=True)
-        except _WouldAct as act:
-            return act.locks
-        return None
+        except _WouldAct:
+            return True
+        return False
 
-    def _decide_one(self, doc: Doc, known_vms: VmSnapshot, *, look: bool = False) -> None:
+    def _decide_one(self, doc: Doc, known_vms: VmSnapshot) -> None:
         now = self._now()
-        # The pass's state first (see `_decide`), or one read now (`look`); after a conflict,
-        # one read again.
-        refresh = look
+        refresh = False  # the pass's state first (see `_decide`); after a conflict, again
         while True:
             ledger = self.ledger.read(refresh=refresh)
             refreshed, refresh = refresh, True
@@ -423,7 +410,7 @@ class Consumer:
             return False
         if view.status == "Started":
             if doc.key not in ledger.events:
-                _acting(dry, locks=True)
+                _acting(dry)
                 self.ledger.note_started(ledger, doc.key, view, vms)
             return True
         if entry is not None and not self.ledger.needs_decision(entry, now):
@@ -432,14 +419,14 @@ class Consumer:
             # An unsent approval in the pass's state may since have been sent, refused and
             # replaced by another consumer: resending it then would put a second approval
             # out. It is resent only from a state read for this event (False: read again).
-            _acting(dry, locks=True)
+            _acting(dry)
             if fresh:
                 self.dispatch.resend_if_unsent(self.ledger, doc.key, entry, now)
             return fresh
         verdict = evaluate(self.policy, fleet, view, now)
         if not self.dispatch.would_act(doc, verdict):
             return True
-        _acting(dry, locks=verdict.kind == "Approve" and verdict.target is not None)
+        _acting(dry)
         return self.dispatch.apply(
             self.ledger,
             state=ledger,
@@ -465,7 +452,7 @@ class Consumer:
         counted = {*view.affected, *view.unresolved, *view.possible}
         if counted <= set(entry["vms"]):
             return True
-        _acting(dry, locks=True)
+        _acting(dry)
         locks = self.ledger.locks(counted - set(entry["vms"]), vms)
         entry["vms"] = sorted(counted | set(entry["vms"]))
         try:
@@ -567,17 +554,12 @@ class Consumer:
 
 
 class _WouldAct(Exception):
-    """A dry run of `Consumer._decided` reached something it would write or send; `locks`:
-    a ledger write that bumps budget locks (or a resend, which wants a state read for it)."""
-
-    def __init__(self, locks: bool) -> None:
-        super().__init__()
-        self.locks = locks
+    """A dry run of `Consumer._decided` reached something it would write or send."""
 
 
-def _acting(dry: bool, *, locks: bool = False) -> None:
+def _acting(dry: bool) -> None:
     if dry:
-        raise _WouldAct(locks)
+        raise _WouldAct
 
 
 class _Paced:

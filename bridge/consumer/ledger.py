@@ -173,7 +173,6 @@ class ApprovalLedger:
         # entry for each event, and spent most of its time doing so. None after a failed
         # commit: the caller may have changed it without storing the change.
         self._state: LedgerState | None = None
-        self.reads = 0  # reads of the whole ledger (or of what changed in it) so far
 
     def read(self, *, refresh: bool = True) -> LedgerState:
         """The ledger now; with `refresh` False, the state last read or committed as it is
@@ -181,7 +180,6 @@ class ApprovalLedger:
         decide on, since a commit over a document changed since conflicts."""
         if not refresh and self._state is not None:
             return self._state
-        self.reads += 1
         if isinstance(self.store, ChangeFeed):
             changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in changed)

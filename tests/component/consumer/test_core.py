@@ -438,11 +438,10 @@ def test_a_tick_reads_no_event_it_has_nothing_to_do_for(tmp_path: Path) -> None:
     ours.close()
 
 
-def test_on_a_queried_store_a_batch_looks_at_the_ledger_only_before_it_approves(
-    tmp_path: Path,
-) -> None:
+def test_on_a_queried_store_a_batch_decides_on_the_ledger_it_keeps(tmp_path: Path) -> None:
     # A look at the ledger's changes returns every shard and lock written in the last 10 s:
-    # in a storm all 96 of them, for each batch (issue 15). Most batches approve nothing.
+    # in a storm all 96 of them, for each batch (issue 15). The state kept is safe to decide
+    # on: an approval over a budget lock changed since conflicts, and reads again.
     policy = Policy(
         rules=(Rule("all", Match(), Action("approve")),),
         budgets=(Budget("one-a-set", "scale_set", max_vms=1),),
@@ -459,10 +458,10 @@ def test_on_a_queried_store_a_batch_looks_at_the_ledger_only_before_it_approves(
     freezes = [f"{E1[:-1]}{n}" for n in range(5)]
     for name, event_id in zip(webs, freezes, strict=True):
         rig.consumer.process([rig.fleet.event(name, event_id, event_type="Freeze")])
-    assert ours.ledger_looks - before == 1  # before the approval; none for the deferrals
+    assert ours.ledger_looks - before == 1  # the first (nothing kept yet), none after it
     assert [c.event_id for c in rig.sender.sent] == freezes[:1]
     # Another consumer spends api's only slot meanwhile: on the state it keeps ours would
-    # approve, so it reads the ledger before it does, and defers.
+    # approve; the approval conflicts on the group's lock, ours reads again, and defers.
     mid = ours.ledger_looks
     other.process([rig.fleet.event("api_0", E2)])
     theirs = ours.ledger_looks - mid

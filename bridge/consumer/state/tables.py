@@ -37,10 +37,11 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote
 
 from azure.core import MatchConditions
@@ -64,6 +65,7 @@ from bridge.retry import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from azure.core.pipeline import PipelineResponse
@@ -77,6 +79,7 @@ CHUNK_CHARS = 30_000  # ASCII JSON: 60 000 bytes of UTF-16, under the 64 KiB pro
 # How far before the previous look began a look for changes starts again (see above).
 CHANGE_OVERLAP = timedelta(seconds=10)
 MAX_SPREAD = 100  # partitions a collection may be spread over: two digits in its names
+PARALLEL = 8  # requests to different partitions of one read_many or write_many at a time
 _TABLE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9]{2,62}")
 _FORBIDDEN = re.compile(r"[%/\\#?\x00-\x1f\x7f-\x9f]")
 
@@ -124,6 +127,7 @@ class TableStore:
         self._lock = threading.Lock()
         self._client: TableClient | None = None
         self._ready = False
+        self._pool: ThreadPoolExecutor | None = None
         self._settling = threading.Lock()
         self._settled: set[str] = set()  # spread collections whose old partition was emptied
 
@@ -156,34 +160,58 @@ class TableStore:
         by_partition: dict[str, list[str]] = {}
         for key in sorted(set(keys)):
             by_partition.setdefault(self._partition(collection, key), []).append(key)
-        found: dict[str, Doc] = {}
-        for partition, unique in sorted(by_partition.items()):
-            for start in range(0, len(unique), FILTER_KEYS):
-                chunk = unique[start : start + FILTER_KEYS]
-                params = {f"k{i}": escape_key(key) for i, key in enumerate(chunk)}
-                rows = " or ".join(f"RowKey eq @{name}" for name in params)
-                try:
-                    entities = list(
-                        table.query_entities(
-                            f"PartitionKey eq @pk and ( {rows} )",  # the SDK splits on spaces
-                            parameters={"pk": partition, **params},
-                        )
+        queries = [
+            (partition, unique[start : start + FILTER_KEYS])
+            for partition, unique in sorted(by_partition.items())
+            for start in range(0, len(unique), FILTER_KEYS)
+        ]
+
+        def query(partition: str, chunk: list[str]) -> list[TableEntity]:
+            params = {f"k{i}": escape_key(key) for i, key in enumerate(chunk)}
+            rows = " or ".join(f"RowKey eq @{name}" for name in params)
+            try:
+                return list(
+                    table.query_entities(
+                        f"PartitionKey eq @pk and ( {rows} )",  # the SDK splits on spaces
+                        parameters={"pk": partition, **params},
                     )
-                except AzureError as err:
-                    raise self._classify(err) from err
-                found.update((d.key, d) for d in (self._doc(collection, e) for e in entities))
+                )
+            except AzureError as err:
+                raise self._classify(err) from err
+
+        found: dict[str, Doc] = {}
+        for entities in self._each(query, queries):
+            found.update((d.key, d) for d in (self._doc(collection, e) for e in entities))
         return found
 
     def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
-        """Entity-group transactions (one partition: the collection), all or none each."""
+        """Entity-group transactions (one partition each), all or none each."""
+
+        def transact(group: list[tuple[Doc, str]]) -> tuple[list[Doc], list[str]]:
+            try:
+                return self._transact(collection, group), []
+            except Conflict:
+                return [], [doc.key for doc, _ in group]
+
         stored: list[Doc] = []
         conflicted: list[str] = []
-        for group in self._groups(collection, docs):
-            try:
-                stored += self._transact(collection, group)
-            except Conflict:
-                conflicted += [doc.key for doc, _ in group]
+        for done, failed in self._each(transact, [(g,) for g in self._groups(collection, docs)]):
+            stored += done
+            conflicted += failed
         return stored, conflicted
+
+    def _each(self, call: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T]:
+        """`call` for each argument tuple of `calls`, in order. Requests to several partitions
+        (a batch's documents of a spread collection fall on many) go up to PARALLEL at a time: one
+        after another they cost a round trip each, 32 for a batch of heartbeats. The SDK's
+        clients are safe to share between threads (the Azure SDK design guidelines)."""
+        if len(calls) < 2:
+            return [call(*args) for args in calls]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="se-bridge tables")
+            pool = self._pool
+        return list(pool.map(lambda args: call(*args), calls))
 
     def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
         """One entity-group transaction: the service writes all or none."""
@@ -294,6 +322,9 @@ class TableStore:
 
     def close(self) -> None:
         with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown()
+                self._pool = None
             if self._client is not None:
                 self._client.close()
                 self._client = None

@@ -97,11 +97,13 @@ def event_document(doc: Doc) -> EventDocument:
 VM, EVENT, LEDGER = "vm", "event", "ledger"
 # Table Storage partitions of each collection (bridge.consumer.state.tables), each serving
 # about 2,000 entities a second. Where every VM of a placement group reports each event, a
-# Spot eviction storm at 100,000 VMs makes the consumers fold about 14,000 records a second
-# (benchmark 8): one `event` or `vm` partition would take several times its target. The
-# ledger stays in one: its writes are entity-group transactions. Every consumer of a table
-# must agree on these (changing them needs them all stopped).
-PARTITIONS = {VM: 32, EVENT: 32}
+# Spot eviction storm at 100,000 VMs makes the consumers fold about 12,000 neighbours'
+# records a second: benchmark 8's model puts `event` at about 16,000 entities a second and
+# `vm` at about 6,600, several times one partition's target. Not more partitions than that
+# needs twice over: a batch's documents fall on up to this many partitions, a request each.
+# The ledger stays in one: its writes are entity-group transactions. Every consumer of a
+# table must agree on these (changing them needs them all stopped).
+PARTITIONS = {VM: 16, EVENT: 16}
 # The one ledger document of releases before the shards; moved into them when found.
 LEGACY_LEDGER_KEY = "approvals"
 GONE = "Gone"

@@ -203,7 +203,7 @@ class TableStore:
     def _each(self, call: Callable[..., T], calls: Sequence[tuple[Any, ...]]) -> list[T]:
         """`call` for each argument tuple of `calls`, in order. Requests to several partitions
         (a batch's documents of a spread collection fall on many) go up to PARALLEL at a time: one
-        after another they cost a round trip each, 32 for a batch of heartbeats. The SDK's
+        after another they cost a round trip each, 16 for a batch of heartbeats. The SDK's
         clients are safe to share between threads (the Azure SDK design guidelines)."""
         if len(calls) < 2:
             return [call(*args) for args in calls]

@@ -24,8 +24,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 from bridge import schema
-from bridge.config import CommandsSettings, LogAnalyticsSettings
+from bridge.config import CommandsSettings, ConsumerSettings, LogAnalyticsSettings
 from bridge.consumer import documents as fs
+from bridge.consumer.ledger import LOCKS, SHARDS
 from tests.benchmarks import quotas
 from tests.benchmarks.bench_approval import signing_pair
 from tests.benchmarks.bench_cost import VMS, _connection_string, start_agents, start_consumer
@@ -188,6 +189,7 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         table_ops_per_neighbour_record=neighbours.table_ops,
         table_entities_per_neighbour_record=neighbours.entities,
         table_partitions=fs.PARTITIONS,
+        neighbour_caps={fs.LEDGER: LEDGER_LOOKS},
     )
     notes = [
         f"8: idle {quiet.ended - quiet.began:.0f} s, {len(VMS)} agents heartbeating every "
@@ -207,6 +209,12 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
 
 
 SET = ("nb-0", "nb-1", "nb-2")
+# A neighbour's sighting never writes the ledger, and a batch reads it only after a conflict
+# (of a write) or to release an event (once per event, as the named VM's records are charged):
+# what neighbours cost it are the re-evaluation passes' looks, which scale with consumers and
+# time, not with records. At most every ledger document each pass, every consumer: as many
+# consumers as a Standard event hub has partitions (32).
+LEDGER_LOOKS = 32 * (SHARDS + LOCKS + 1) / ConsumerSettings().reevaluate_interval
 
 
 @dataclass
@@ -252,7 +260,8 @@ def _neighbours(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDo
         f"neighbour sightings ({seen.records:.1f} records and {seen.sends:.1f} sends each); "
         f"the consumer's requests less its heartbeats' and the named VMs' records' (as above): "
         f"{max(0.0, ops):.0f} table requests ({_busiest(window.partitions)} in all), entities "
-        f"per neighbour record: {_fmt(entities)}."
+        f"per neighbour record: {_fmt(entities)}; the model caps what they cost the ledger at "
+        f"{LEDGER_LOOKS:,.0f} entities/s (32 consumers' re-evaluation looks, every document)."
     )
     return Neighbours(seen.records, seen.sends, max(0.0, ops) / len(theirs), entities, note)
 

@@ -67,6 +67,10 @@ class Measured:
     table_ops_per_neighbour_record: float | None = None
     table_entities_per_neighbour_record: Mapping[str, float] | None = None
     table_partitions: Mapping[str, int] = field(default_factory=dict)  # 1 where not named
+    # Entities a second that neighbours' records can cost a collection at most, whatever
+    # their number: the ledger, which their records never write and a batch never reads;
+    # only the consumers' re-evaluation passes look at it, each at most every document.
+    neighbour_caps: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def neighbour(self) -> tuple[float, float, float, Mapping[str, float]]:
@@ -216,13 +220,14 @@ def partition_loads(m: Measured, wave: Wave, n: float, fanout: float) -> dict[st
     collection's documents, thousands of VMs and events, fall evenly on its partitions)."""
     own, others = _records(m, wave, n, fanout)
     loads: dict[str, float] = {}
-    for rate, per in (
-        (_heartbeats(n), m.table_entities_per_heartbeat),
-        (own, m.table_entities_per_event_record),
-        (others, m.neighbour[3]),
+    for rate, per, caps in (
+        (_heartbeats(n), m.table_entities_per_heartbeat, {}),
+        (own, m.table_entities_per_event_record, {}),
+        (others, m.neighbour[3], m.neighbour_caps),
     ):
         for collection, entities in per.items():
-            share = rate * entities / m.table_partitions.get(collection, 1)
+            load = min(rate * entities, caps.get(collection, math.inf))
+            share = load / m.table_partitions.get(collection, 1)
             loads[collection] = loads.get(collection, 0.0) + share
     return loads
 

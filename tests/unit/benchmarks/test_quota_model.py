@@ -128,3 +128,8 @@ def test_each_table_partition_takes_what_its_records_cost_and_the_busiest_is_the
     assert quotas.partition_loads(spread, STORM, 100_000, 100.0)["event"] == pytest.approx(
         loads["event"] / 32
     )
+    # What neighbours' records cost the ledger is its re-evaluation looks: capped.
+    capped = replace(cheap, table_entities_per_neighbour_record={"event": 1.0, "ledger": 0.5},
+                     neighbour_caps={"ledger": 600.0})  # fmt: skip
+    loads = quotas.partition_loads(capped, STORM, 100_000, 100.0)
+    assert loads["ledger"] == pytest.approx(750.0 + 600.0)

@@ -699,7 +699,7 @@ def finish(world: World) -> None:
     awake=st.sets(st.integers(0, 11)),
     plan=st.lists(steps, min_size=20, max_size=60),
 )
-def test_no_sequence_of_records_breaks_a_budget_or_approves_twice(  # noqa: PLR0917
+def test_no_sequence_of_records_breaks_a_budget_or_approves_twice(  # noqa: PLR0917 - the store, and the property's arguments
     store: type[SqliteStore],
     fleet: tuple[VmSpec, ...],
     budgets: list[Budget],

@@ -173,6 +173,11 @@ class ApprovalLedger:
         # entry for each event, and spent most of its time doing so. None after a failed
         # commit: the caller may have changed it without storing the change.
         self._state: LedgerState | None = None
+        # For the metrics: reads of the whole ledger (or of what changed in it: on Table
+        # Storage each returns every document written in its last 10 s), and writes that
+        # found a document changed since it was read.
+        self.reads = 0
+        self.conflicts = 0
 
     def read(self, *, refresh: bool = True) -> LedgerState:
         """The ledger now; with `refresh` False, the state last read or committed as it is
@@ -180,6 +185,7 @@ class ApprovalLedger:
         decide on, since a commit over a document changed since conflicts."""
         if not refresh and self._state is not None:
             return self._state
+        self.reads += 1
         if isinstance(self.store, ChangeFeed):
             changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in changed)
@@ -265,8 +271,9 @@ class ApprovalLedger:
             docs.append(Doc(lock, {"n": count + 1}, None if old is None else old.etag))
         try:
             written = self.store.write_all(fs.LEDGER, docs)
-        except BaseException:
+        except BaseException as err:
             self._state = None  # it may hold changes of the caller's that are not stored
+            self.conflicts += isinstance(err, Conflict)
             raise
         for doc in written:
             state.docs[doc.key] = doc

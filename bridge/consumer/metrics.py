@@ -10,6 +10,8 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_budget_fullest_ratio{budget="one-per-set"} 1.0
     se_bridge_consumer_commands_sent_total 7.0
     se_bridge_consumer_confirmation_latency_seconds_bucket{le="1.0"} 6.0
+    se_bridge_consumer_ledger_reads_total 311.0
+    se_bridge_consumer_ledger_conflicts_total 4.0
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
@@ -89,6 +91,30 @@ class ConsumerMetrics:
         """Ask `use` how full each budget is at each scrape (it reads the fleet state: done
         when Prometheus asks, not at every re-evaluation)."""
         self.registry.register(_BudgetCollector(use))
+
+    def watch_ledger(self, counts: Callable[[], tuple[int, int]]) -> None:
+        """Ask `counts` for the approval ledger's reads and conflicts so far at each scrape
+        (bridge.consumer.ledger.ApprovalLedger keeps them as plain numbers)."""
+        self.registry.register(_LedgerCollector(counts))
+
+
+class _LedgerCollector(Collector):
+    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        reads, conflicts = self._counts()
+        yield CounterMetricFamily(
+            "se_bridge_consumer_ledger_reads",
+            "Reads of the whole approval ledger; on Table Storage each returns every ledger "
+            "document written in its last 10 s, up to 97 entities of one partition.",
+            value=reads,
+        )
+        yield CounterMetricFamily(
+            "se_bridge_consumer_ledger_conflicts",
+            "Ledger writes that found a document changed since it was read (decided again).",
+            value=conflicts,
+        )
 
 
 class _BudgetCollector(Collector):

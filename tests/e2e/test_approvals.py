@@ -380,6 +380,7 @@ def test_metrics_of_the_agent_and_the_consumer_count_an_approval(procs: Processe
                          details=loop.describe)  # fmt: skip
     assert samples["se_bridge_consumer_commands_sent_total"] == 1
     assert samples["se_bridge_consumer_records_total"] >= 3
+    assert samples["se_bridge_consumer_ledger_reads_total"] >= 1
     target = loop.agents[approval["vm"]]
 
     def approved() -> dict[str, float] | None:

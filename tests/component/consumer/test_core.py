@@ -469,6 +469,7 @@ def test_on_a_queried_store_a_batch_decides_on_the_ledger_it_keeps(tmp_path: Pat
     assert [c.event_id for c in rig.sender.sent] == [freezes[0], E2]
     assert rig.actions()[-1] == ("Defer", "all")
     assert ours.ledger_looks - before - theirs == 2
+    assert rig.consumer.ledger.conflicts == 1  # what the metrics show
     rig.fleet.advance(5)
     rig.consumer.tick()  # the re-evaluation pass reads it every time
     assert ours.ledger_looks - before - theirs == 3

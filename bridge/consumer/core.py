@@ -186,7 +186,7 @@ class Consumer:
 
     def _tick(self) -> None:
         now = self._now()
-        held = dict(self.ledger.read().events)
+        held = dict(self.ledger.entries())
         stale_after = timedelta(seconds=self.settings.stale_after)
         open_events: dict[str, Doc | None] = {}
         for doc in self.events.scan():

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import threading
 import time
 from collections import Counter, defaultdict
@@ -27,6 +26,7 @@ from bridge import schema
 from bridge.config import CommandsSettings, ConsumerSettings, LogAnalyticsSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.ledger import LOCKS, SHARDS
+from bridge.consumer.state.tables import collection_of
 from tests.benchmarks import quotas
 from tests.benchmarks.bench_approval import signing_pair
 from tests.benchmarks.bench_cost import VMS, _connection_string, start_agents, start_consumer
@@ -270,7 +270,7 @@ def _collections(partitions: Mapping[str, int]) -> dict[str, float]:
     """Counts by table partition summed by collection (`vm-07` is one of `vm`'s)."""
     found: dict[str, float] = {}
     for partition, count in partitions.items():
-        collection = re.sub(r"-[0-9]{2}$", "", partition)
+        collection = collection_of(partition)
         found[collection] = found.get(collection, 0.0) + count
     return found
 

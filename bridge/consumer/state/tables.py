@@ -93,6 +93,11 @@ def unescape_key(text: str) -> str:
     return unquote(text, errors="strict")
 
 
+def collection_of(partition: str) -> str:
+    """The collection a stored PartitionKey belongs to (`vm-07` is one of `vm`'s partitions)."""
+    return re.sub(r"-[0-9]{2}$", "", unescape_key(partition))
+
+
 class TableStore:
     """Documents in one table; the SDK client is created, and the table made, at first use."""
 

@@ -44,7 +44,6 @@ import contextlib
 import json
 import os
 import pickle
-import re
 import resource
 import shutil
 import sqlite3
@@ -72,7 +71,7 @@ from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
 
 from bridge import sqlitewal
 from bridge.commands.message import Command, CommandError, parse
-from bridge.consumer.state.tables import unescape_key
+from bridge.consumer.state.tables import collection_of, unescape_key
 from bridge.localhub import PARTITIONS, LocalHub, partition_for
 from tests.azurite import Azurite
 from tests.benchmarks import procstat
@@ -492,7 +491,7 @@ class TableProbe:
         text = 0
         try:
             for stored in self.collections():
-                name = re.sub(r"-[0-9]{2}$", "", unescape_key(stored))  # its collection
+                name = collection_of(stored)
                 if name == "vm" and not everything:
                     continue
                 count, top = 0, ("", -1)

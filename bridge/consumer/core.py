@@ -343,7 +343,8 @@ class Consumer:
         now = self._now()
         refresh = False  # the pass's state first (see `_decide`); after a conflict, again
         while True:
-            ledger = self.ledger.read(refresh=refresh)
+            # After a conflict, what the write contested and what changed it (ledger.py).
+            ledger = self.ledger.read_again(doc.key) if refresh else self.ledger.read(refresh=False)
             refreshed, refresh = refresh, True
             # The event is read after the ledger: whoever released it from the ledger had
             # stored its end before, so a release seen there means the end is seen here. With

@@ -10,12 +10,19 @@ entry in the shard its event key hashes to. A shard's value:
         "command_id": "3d0c...", "command": "{...}", "issued_at": "2026-11-21T10:00:01.250Z",
         "sent": true, "confirmed": false, "refused": false}}}
 
-Beside them, LOCKS small documents `ledger/budget-lock-NN` ({"n": 41}): each budget group
-(a budget's group kind and key, policy.model.group_key) hashes to one. A write that adds
-impact (an approval, a Started event, an event that grew) stores the entry's shard and
-bumps the lock of every group its VMs are in, all in one transaction with the ETags read
-(Store.write_all). Two consumers racing for the last slot of a group both bump its lock:
-one write conflicts, and the loser reads again and decides again. Two decisions in
+Beside them, LOCKS small documents `ledger/budget-lock-NN`, each budget group (a budget's
+group kind and key, policy.model.group_key) hashing to one:
+
+    {"n": 41, "wrote": [[40, ["entries-07"]], [41, ["entries-19", "entries-30"]]]}
+
+A write that adds impact (an approval, a Started event, an event that grew) stores the
+entry's shard and bumps the lock of every group its VMs are in, all in one transaction with
+the ETags read (Store.write_all); `wrote` keeps which shards the lock's last LOCK_LOG writes
+stored. Two consumers racing for the last slot of a group both bump its lock: one write
+conflicts, and the loser reads again and decides again. What it reads again is what its
+write contested (the entry's shard, the locks) and the shards the locks' `wrote` name since
+the versions it held; the whole ledger only when that history has a gap (more than LOCK_LOG
+writes since, or a lock an earlier release wrote, which keeps no history). Two decisions in
 different groups touch different documents and do not wait for each other, and no
 document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the
 one ledger document of earlier releases reached Table Storage's entity limit at about
@@ -24,7 +31,12 @@ contended for its ETag).
 
 A decision reads every shard and lock (one scan: the locks sort first, so a lock is never
 read after an entry that a later write of it added), and counts the impact of every entry
-as the single document did. A VM the ledger names that this consumer cannot place in a
+as the single document did. What a state holds therefore meets one rule: for each lock at
+the version held, every entry a write up to that version added is held (or released since).
+A read after a conflict keeps it: the locks first, then every shard their writes since
+stored. On Table Storage a read of the ledger returns every document written in its last
+10 s, in a Spot eviction storm all 96, and conflicts come with the approvals (issue 15);
+a read after a conflict returns a few. A VM the ledger names that this consumer cannot place in a
 group (a name no agent reported, a VM not known) may be in any group: its write bumps
 every lock. Changing SHARDS or LOCKS needs every consumer stopped first.
 """
@@ -85,6 +97,11 @@ class LedgerEntry(_ImpactEntry, total=False):
 
 SHARDS = 32
 LOCKS = 64
+# Writes a lock remembers the shards of: a consumer's state is at most a re-evaluation pass
+# (5 s) old, and a lock takes about one write a second in a storm of 42 approvals a second
+# (the scale-set groups of 100,000 VMs over 64 locks); a budget of the whole fleet, one
+# lock taking every write, overruns it and reads the ledger after a conflict, as before.
+LOCK_LOG = 32
 # A transaction holds the shards it changes and the locks it bumps.
 assert SHARDS + LOCKS + 1 <= TRANSACTION_DOCS
 _SHARD, _LOCK = "entries-", "budget-lock-"
@@ -106,6 +123,34 @@ def lock_of(kind: str, group: str) -> str:
 
 
 ALL_LOCKS = frozenset(f"{_LOCK}{n:02d}" for n in range(LOCKS))
+
+
+def _count(lock: Doc | None) -> int:
+    """How many writes lock `lock` has taken (0 when it does not exist yet)."""
+    if lock is None:
+        return 0
+    count = lock.value.get("n", 0)
+    return count if isinstance(count, int) else 0
+
+
+def _wrote_since(lock: Doc, held: int) -> set[str] | None:
+    """The shards the writes of `lock` after its `held`th stored; None when its history
+    does not reach back that far (or is not one this module wrote)."""
+    count = _count(lock)
+    if count < held:
+        return None  # fewer writes than the version held: not a history to trust
+    kept: dict[int, Any] = {}
+    wrote = lock.value.get("wrote", [])
+    for item in wrote if isinstance(wrote, list) else ():
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[0], int):
+            kept[item[0]] = item[1]
+    shards: set[str] = set()
+    for n in range(held + 1, count + 1):
+        named = kept.get(n)
+        if not isinstance(named, list) or not all(isinstance(s, str) for s in named):
+            return None
+        shards.update(s for s in named if s.startswith(_SHARD))
+    return shards
 
 
 _VERSIONS = itertools.count()
@@ -178,6 +223,9 @@ class ApprovalLedger:
         # found a document changed since it was read.
         self.reads = 0
         self.conflicts = 0
+        self.fetched = 0  # documents read by key: a release's shard, what a conflict changed
+        # The shards and locks of the last write that conflicted: what to read again.
+        self._contested: set[str] = set()
 
     def read(self, *, refresh: bool = True) -> LedgerState:
         """The ledger now; with `refresh` False, the state last read or committed as it is
@@ -186,6 +234,7 @@ class ApprovalLedger:
         if not refresh and self._state is not None:
             return self._state
         self.reads += 1
+        self._contested = set()
         if isinstance(self.store, ChangeFeed):
             changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
             self._docs.update((doc.key, doc) for doc in changed)
@@ -219,13 +268,49 @@ class ApprovalLedger:
         change feed; else the whole ledger). A look at the ledger's changes on Table Storage
         returns every document written in its last 10 s: in a storm all of them, for each
         event that completes (issue 15); a release needs only its entry's shard."""
-        if self._mark is None or self._state is None:
+        state = self._kept()
+        if state is None:
             return self.read()
-        shards = sorted({shard_of(key) for key in keys})
-        for doc in read_many(self.store, fs.LEDGER, shards).values():
-            self._docs[doc.key] = doc
-            self._state.take(doc)
+        return self._fetch(state, {shard_of(key) for key in keys})
+
+    def _kept(self) -> LedgerState | None:
+        """The state kept (with a change feed), as stored: made again from the documents as
+        read or written when a failed commit left it holding changes that are not."""
+        if self._mark is None:
+            return None
+        if self._state is None:
+            self._state = _state(self._docs.values())
         return self._state
+
+    def _fetch(self, state: LedgerState, keys: Collection[str]) -> LedgerState:
+        """`state` with the documents `keys` read again, in key order (locks first)."""
+        found = read_many(self.store, fs.LEDGER, sorted(keys))
+        self.fetched += len(keys)
+        for doc in found.values():
+            self._docs[doc.key] = doc
+            state.take(doc)
+        return state
+
+    def read_again(self, key: str) -> LedgerState:
+        """The ledger for deciding event `key` again, after a write conflicted or where its
+        entry must be as stored now: the kept state with the event's shard, the documents
+        the write contested and the shards their locks' writes since stored read again; the
+        whole ledger where the kept state or a lock's history does not reach (see above)."""
+        contested, self._contested = self._contested, set()
+        state = self._kept()
+        if state is None:
+            return self.read()
+        locks = sorted(k for k in contested if k.startswith(_LOCK))
+        held = {lock: _count(state.docs.get(lock)) for lock in locks}
+        state = self._fetch(state, locks)  # before the shards their writes stored
+        shards = {shard_of(key), *(k for k in contested if k.startswith(_SHARD))}
+        for lock in locks:
+            now = state.docs.get(lock)
+            wrote = set() if now is None else _wrote_since(now, held[lock])
+            if wrote is None:
+                return self.read()
+            shards |= wrote
+        return self._fetch(state, shards)
 
     def entries(self) -> dict[str, LedgerEntry]:
         return self.read().events
@@ -265,16 +350,24 @@ class ApprovalLedger:
             # Copies: the stored documents stay as stored when a caller next changes an entry.
             events = {k: dict(state.events[k]) for k in sorted(members) if k in state.events}
             docs.append(Doc(shard, {"events": events}, None if old is None else old.etag))
+        shards = sorted(homes)
         for lock in sorted(locks):
             old = state.docs.get(lock)
-            count = int(old.value.get("n", 0)) if old is not None else 0
-            docs.append(Doc(lock, {"n": count + 1}, None if old is None else old.etag))
+            count = _count(old) + 1
+            history = old.value.get("wrote", []) if old is not None else []
+            history = [*(history if isinstance(history, list) else [])[-LOCK_LOG + 1 :],
+                       [count, shards]]  # fmt: skip
+            value = {"n": count, "wrote": history}
+            docs.append(Doc(lock, value, None if old is None else old.etag))
         try:
             written = self.store.write_all(fs.LEDGER, docs)
         except BaseException as err:
             self._state = None  # it may hold changes of the caller's that are not stored
-            self.conflicts += isinstance(err, Conflict)
+            if isinstance(err, Conflict):
+                self.conflicts += 1
+                self._contested = {*homes, *locks}
             raise
+        self._contested = set()
         for doc in written:
             state.docs[doc.key] = doc
             if self._mark is not None:
@@ -376,7 +469,7 @@ class ApprovalLedger:
             try:
                 self.commit(state, [key], locks)
             except Conflict:
-                state = self.read()
+                state = self.read_again(key)
                 continue
             return
         raise _busy()

@@ -12,6 +12,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_confirmation_latency_seconds_bucket{le="1.0"} 6.0
     se_bridge_consumer_ledger_reads_total 311.0
     se_bridge_consumer_ledger_conflicts_total 4.0
+    se_bridge_consumer_ledger_documents_fetched_total 29.0
 """
 
 from __future__ import annotations
@@ -92,18 +93,18 @@ class ConsumerMetrics:
         when Prometheus asks, not at every re-evaluation)."""
         self.registry.register(_BudgetCollector(use))
 
-    def watch_ledger(self, counts: Callable[[], tuple[int, int]]) -> None:
-        """Ask `counts` for the approval ledger's reads and conflicts so far at each scrape
-        (bridge.consumer.ledger.ApprovalLedger keeps them as plain numbers)."""
+    def watch_ledger(self, counts: Callable[[], tuple[int, int, int]]) -> None:
+        """Ask `counts` for the approval ledger's reads, conflicts and documents fetched so far
+        at each scrape (bridge.consumer.ledger.ApprovalLedger keeps them as plain numbers)."""
         self.registry.register(_LedgerCollector(counts))
 
 
 class _LedgerCollector(Collector):
-    def __init__(self, counts: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, counts: Callable[[], tuple[int, int, int]]) -> None:
         self._counts = counts
 
     def collect(self) -> Iterator[Metric]:
-        reads, conflicts = self._counts()
+        reads, conflicts, fetched = self._counts()
         yield CounterMetricFamily(
             "se_bridge_consumer_ledger_reads",
             "Reads of the whole approval ledger; on Table Storage each returns every ledger "
@@ -114,6 +115,12 @@ class _LedgerCollector(Collector):
             "se_bridge_consumer_ledger_conflicts",
             "Ledger writes that found a document changed since it was read (decided again).",
             value=conflicts,
+        )
+        yield CounterMetricFamily(
+            "se_bridge_consumer_ledger_documents_fetched",
+            "Ledger documents read by key: the shard of an entry released, sent or answered, "
+            "and after a conflict what the write contested and the shards changed since.",
+            value=fetched,
         )
 
 

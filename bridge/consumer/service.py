@@ -74,7 +74,7 @@ class ConsumerService:
         self.consumer = wiring.build_consumer(config, self._emit)
         self.metrics.watch_budgets(self.consumer.budget_use)
         ledger = self.consumer.ledger
-        self.metrics.watch_ledger(lambda: (ledger.reads, ledger.conflicts))
+        self.metrics.watch_ledger(lambda: (ledger.reads, ledger.conflicts, ledger.fetched))
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)

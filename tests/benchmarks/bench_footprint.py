@@ -8,7 +8,6 @@ Event Hubs and Log Analytics (the doubles) with a managed identity from the simu
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from tests.benchmarks.rig import ROOT, Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import PYTHON, Proc, Simulator, wait_until
+from tests.e2e.harness import PROBES, PYTHON, Proc, Simulator, wait_until
 
 WARM_UP = 15.0  # the first token fetch and SDK imports are start-up, not idle cost
 RSS_EVERY = 5.0
@@ -30,7 +29,6 @@ RSS_TARGET_MB = 60.0
 FLAT_KB_PER_MIN = 100.0  # "flat": under 1 MB of growth in 10 minutes
 RATIO_TARGET = 0.6
 SCRAPE_EVERY = 15.0  # Prometheus' default scrape interval
-PROBES = re.compile(r"metrics and health probes at (http://\S+)/metrics")
 
 
 @dataclass

@@ -145,6 +145,10 @@ def live_run(workdir: Path, state: str, source: str = "local",
     assert summary.latencies.actions.get("Approve", 0) >= len(result.plan.events) // 2
     assert result.drained_at is not None
     assert [c.errors + c.poison for c in result.consumers] == [0] * consumers
+    # Each consumer's approval-ledger counters were read from its metrics, at the wave's
+    # start and at its end.
+    assert all(c.ledger is not None for c in result.consumers)
+    assert "entities/s on the ledger partition" in render(config.wave, [summary], "test", "now")
     return result, summary
 
 

@@ -392,3 +392,20 @@ def assert_all_valid(records: Iterable[Record]) -> None:
             assert_valid(record)
         except AssertionError as err:
             raise AssertionError(f"{err}\nin {json.dumps(record)}") from None
+
+
+# The line a process logs when its telemetry endpoint listens (bridge/telemetry.py).
+PROBES = re.compile(r"metrics and health probes at (http://\S+)/metrics")
+
+
+def scrape(proc_output: Callable[[], str], timeout: float = WAIT) -> dict[str, float]:
+    """The samples of a process's /metrics, found through the address its log names."""
+    found = wait_until(lambda: PROBES.search(proc_output()), "the telemetry endpoint's address",
+                       timeout)  # fmt: skip
+    text = requests.get(f"{found.group(1)}/metrics", timeout=5).text
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples

@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
@@ -31,6 +29,7 @@ from tests.e2e.harness import (
     Simulator,
     read_records,
     run_bridge,
+    scrape,
     wait_until,
 )
 
@@ -343,21 +342,6 @@ def test_policy_check_says_what_is_wrong(tmp_path: Path) -> None:
     done = run_bridge("policy", "check", str(bad))
     assert done.returncode == 2
     assert "sometimes" in done.stderr
-
-
-PROBES = re.compile(r"metrics and health probes at (http://\S+)/metrics")
-
-
-def scrape(proc_output: Callable[[], str]) -> dict[str, float]:
-    """The samples of a process's /metrics, found through the address its log names."""
-    found = wait_until(lambda: PROBES.search(proc_output()), "the telemetry endpoint's address")
-    text = requests.get(f"{found.group(1)}/metrics", timeout=5).text
-    samples = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            samples[name] = float(value)
-    return samples
 
 
 def test_metrics_of_the_agent_and_the_consumer_count_an_approval(procs: Processes) -> None:

@@ -82,7 +82,7 @@ from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
 from tests.benchmarks.rig import ROOT
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Proc, Processes
+from tests.e2e.harness import Proc, Processes, scrape
 
 CONSUMER_GROUP = "$Default"
 RESULT = "result.pickle"  # in a kept work directory: what the run recorded
@@ -145,6 +145,9 @@ class ConsumerStats:
     errors: int = 0
     samples: list[str] = field(default_factory=list)  # a few distinct WARNING/ERROR lines
     poison: int = 0  # records set aside as not records
+    # The approval ledger's looks, conflicts and documents read by key, wave start to
+    # drained (its metrics, bridge/consumer/metrics.py); None: not scraped.
+    ledger: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -557,6 +560,7 @@ class Run:
         self.hubs: list[Target] = []
         self.broker: EventHubsBroker | None = None
         self.consumers: list[Proc] = []
+        self.ledger_start: list[tuple[int, int, int] | None] = []
         self.revision = ""
         self.azurite_pid: int | None = None
         self.azurite_rss = 0
@@ -632,7 +636,7 @@ class Run:
                     "--commands", f"local:{commands}", "--state", spec,
                     "--policy", str(policy), "--sink", f"jsonl:{root / f'decisions-{k}.jsonl'}",
                     "--state-dir", str(root / f"consumer-{k}"), "--log-level", config.log_level,
-                    env=env))  # fmt: skip
+                    "--metrics-address", "0", env=env))  # fmt: skip
             watcher = CommandWatcher(commands)
             try:
                 return self._phases(root, probe, watcher)
@@ -698,6 +702,7 @@ class Run:
                 revs0 = probe.revisions()
                 cpu_start = {p.popen.pid: procstat.ticks_seconds(p.popen.pid)
                              for p in self.consumers}  # fmt: skip
+                self.ledger_start = [ledger_counts(p) for p in self.consumers]
                 self.say("wave begins")
             if wave_start and not wave_end and self.sim.finished(now):
                 wave_end, end_fleet = time.time(), now
@@ -824,6 +829,9 @@ class Run:
             stat = ConsumerStats(proc.name)
             stat.peak_rss_kb = max(proc_status(pid, "VmHWM"), self.peak_rss.get(pid, 0))
             stat.cpu_seconds = procstat.ticks_seconds(pid) - cpu_start.get(pid, 0.0)
+            start, end = self.ledger_start[k] if self.ledger_start else None, ledger_counts(proc)
+            if start is not None and end is not None:
+                stat.ledger = (end[0] - start[0], end[1] - start[1], end[2] - start[2])
             proc.stop(timeout=120)
             for line in proc.stderr().splitlines():
                 parts = line.split(" ", 3)
@@ -840,6 +848,22 @@ class Run:
                     stat.poison = sum(1 for _ in lines)
             stats.append(stat)
         return stats
+
+
+LEDGER_METRICS = ("se_bridge_consumer_ledger_reads_total",
+                  "se_bridge_consumer_ledger_conflicts_total",
+                  "se_bridge_consumer_ledger_documents_fetched_total")  # fmt: skip
+
+
+def ledger_counts(proc: Proc) -> tuple[int, int, int] | None:
+    """A consumer's approval-ledger counters now (looks, conflicts, documents read by key);
+    None when its metrics cannot be read (the report then says n/a)."""
+    try:
+        samples = scrape(proc.stderr, timeout=30)
+        looks, conflicts, fetched = (int(samples[name]) for name in LEDGER_METRICS)
+    except (AssertionError, OSError, KeyError, ValueError):  # harness.wait_until's timeout
+        return None
+    return looks, conflicts, fetched
 
 
 def _cpu(pid: int) -> float:

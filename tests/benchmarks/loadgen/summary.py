@@ -18,6 +18,7 @@ import platform
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from bridge.consumer.ledger import LOCKS, SHARDS
 from bridge.consumer.state import MAX_VALUE_CHARS
 from tests.benchmarks.loadgen import measure
 from tests.benchmarks.loadgen.play import STATE_EVERY, TABLES_STATE_EVERY, RunConfig, RunResult
@@ -25,6 +26,7 @@ from tests.benchmarks.loadgen.play import STATE_EVERY, TABLES_STATE_EVERY, RunCo
 DECISION_P99_TARGET = 5.0
 KEEP_UP_TARGET = 5.0  # seconds the oldest unhandled record may wait (p99 of samples)
 SHOWN = 3  # violations and wrong approvals quoted in the notes
+LEDGER_DOCUMENTS = SHARDS + LOCKS + 1  # the most a look at the ledger returns (the legacy one too)
 
 
 @dataclass
@@ -161,7 +163,25 @@ def _cells(s: Summary) -> dict[str, str]:
         "generator": f"{r.generator_cpu:,.0f} s CPU, {r.generator_rss_kb / 1024:,.0f} MB peak; "
                      f"load average max {r.load_max:.1f}",
         "commands": f"{r.commands:,} read",
+        "ledger": _ledger(r, lat.actions.get("Approve", 0)),
     }  # fmt: skip
+
+
+def _ledger(r: RunResult, approvals: int) -> str:
+    """The consumers' approval-ledger counters over the wave, per approval, and what they
+    would cost Table Storage's one `ledger` partition (a look returns up to 97 entities)."""
+    counted = [c.ledger for c in r.consumers if getattr(c, "ledger", None) is not None]
+    if not counted or len(counted) < len(r.consumers):
+        return "n/a (a consumer's metrics were not read)"
+    looks, conflicts, fetched = (sum(c[i] for c in counted if c is not None) for i in range(3))
+    end = r.drained_at if r.drained_at is not None else r.samples[-1].wall
+    seconds = max(1e-9, end - r.wave_start)
+    per = max(1, approvals)
+    return (f"{looks:,} looks, {conflicts:,} conflicts, {fetched:,} documents by key for "
+            f"{approvals:,} approvals ({looks / per:.2f}, {conflicts / per:.2f}, "
+            f"{fetched / per:.2f} each); on Table Storage at most "
+            f"{(looks * LEDGER_DOCUMENTS + fetched) / seconds:,.0f} entities/s on the ledger "
+            f"partition over {seconds:,.0f} s")  # fmt: skip
 
 
 def _size(r: RunResult) -> str:
@@ -237,6 +257,8 @@ ROWS = (
     ("cpu", "Consumer CPU (all processes), wave start to drained", ""),
     ("busiest", "Busiest 10 s per process, share of one core (warm-up included)", ""),
     ("azurite", "Azurite (the Tables state, the broker's checkpoints) CPU and memory", ""),
+    ("ledger", "Approval ledger, wave start to drained: looks, conflicts, documents read by key",
+     "≤ 2,000 entities/s (a table partition)"),
     ("trouble", "Consumer log and dead letters", "0 errors, 0 poison"),
     ("commands", "Commands the model agents read", ""),
     ("generator", "Load generator itself", ""),

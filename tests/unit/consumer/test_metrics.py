@@ -7,14 +7,16 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bridge.consumer.metrics import ConsumerMetrics
 
 
-def test_the_ledgers_reads_and_conflicts_are_read_at_each_scrape() -> None:
+def test_the_ledgers_reads_conflicts_and_fetches_are_read_at_each_scrape() -> None:
     registry = CollectorRegistry()
-    counts = [3, 1]
-    ConsumerMetrics(registry).watch_ledger(lambda: (counts[0], counts[1]))
+    counts = [3, 1, 7]
+    ConsumerMetrics(registry).watch_ledger(lambda: (counts[0], counts[1], counts[2]))
     text = generate_latest(registry).decode()
     assert "se_bridge_consumer_ledger_reads_total 3.0" in text
     assert "se_bridge_consumer_ledger_conflicts_total 1.0" in text
-    counts[:] = [5, 2]
+    assert "se_bridge_consumer_ledger_documents_fetched_total 7.0" in text
+    counts[:] = [5, 2, 9]
     text = generate_latest(registry).decode()
     assert "se_bridge_consumer_ledger_reads_total 5.0" in text
     assert "se_bridge_consumer_ledger_conflicts_total 2.0" in text
+    assert "se_bridge_consumer_ledger_documents_fetched_total 9.0" in text

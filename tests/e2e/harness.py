@@ -402,7 +402,7 @@ def scrape(proc_output: Callable[[], str], timeout: float = WAIT) -> dict[str, f
     """The samples of a process's /metrics, found through the address its log names."""
     found = wait_until(lambda: PROBES.search(proc_output()), "the telemetry endpoint's address",
                        timeout)  # fmt: skip
-    text = requests.get(f"{found.group(1)}/metrics", timeout=5).text
+    text = requests.get(f"{found.group(1)}/metrics", timeout=min(timeout, 120)).text
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):

@@ -80,7 +80,7 @@ from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import CpuSample, LagSample
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
-from tests.benchmarks.rig import ROOT
+from tests.benchmarks.rig import ROOT, say
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.e2e.harness import Proc, Processes, scrape
 
@@ -857,11 +857,14 @@ LEDGER_METRICS = ("se_bridge_consumer_ledger_reads_total",
 
 def ledger_counts(proc: Proc) -> tuple[int, int, int] | None:
     """A consumer's approval-ledger counters now (looks, conflicts, documents read by key);
-    None when its metrics cannot be read (the report then says n/a)."""
+    None when its metrics cannot be read (the report then says n/a). A scrape waits for the
+    consumer's batch in hand (the budgets' gauge reads the fleet state under its lock): in a
+    storm on Azurite that took more than 5 s."""
     try:
-        samples = scrape(proc.stderr, timeout=30)
+        samples = scrape(proc.stderr, timeout=120)
         looks, conflicts, fetched = (int(samples[name]) for name in LEDGER_METRICS)
-    except (AssertionError, OSError, KeyError, ValueError):  # harness.wait_until's timeout
+    except (AssertionError, OSError, KeyError, ValueError) as err:  # wait_until's timeout
+        say(f"{proc.name}'s ledger counters could not be read: {err}")
         return None
     return looks, conflicts, fetched
 

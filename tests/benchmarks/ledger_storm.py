@@ -1,0 +1,312 @@
+"""What the approval ledger asks of its one table partition in a Spot eviction storm (issue 15).
+
+`python -m tests.benchmarks.ledger_storm --vms 100000 --consumers 1 2 4` plays the load
+generator's storm (5,000 Preempt events within 2 minutes, tests/benchmarks/loadgen) in fleet
+time through 1, 2 and 4 real consumer cores (bridge.consumer.core.Consumer), each with the
+records of its share of the VMs, as Event Hubs partitions divide them, and a re-evaluation
+pass every 5 fleet seconds, staggered. They share one SQLite fleet state whose looks count as
+queries, as Table Storage's do (`feed_interval`): the consumers then decide batches on the
+ledger they keep, the path a deployment on Table Storage takes, and conflict where another
+consumer changed a budget group since.
+
+Played in fleet time, not on the wall clock, so the storm runs at its real rate (about 42
+approvals a second at 100,000 VMs) whatever this machine manages; what it cannot show is two
+writes at the same instant, which only adds conflicts of the kind counted here.
+
+Counted per run, for the `ledger` partition of Table Storage (2,000 entities a second):
+- looks: each returns, on Table Storage, every ledger document written since 10 s before the
+  consumer's previous look (all of them at its first), counted from when each was last written;
+- conflicts (each read the ledger again before the locks kept the history of their writes);
+- documents read by key (a release's shard; after a conflict, what it contested and changed);
+- documents written (an entity each in an entity-group transaction).
+The busiest 10 s of all of it is what the partition must take. Prints a table; `--out FILE`
+keeps it. A few minutes per run at 100,000 VMs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import zlib
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+from bridge.commands.message import Command
+from bridge.config import ConsumerSettings
+from bridge.consumer import documents as fs
+from bridge.consumer.core import Consumer
+from bridge.consumer.state import Conflict, Doc
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy.file import loads
+from tests.benchmarks.loadgen import waves
+from tests.benchmarks.loadgen.fleet import build
+from tests.benchmarks.loadgen.policy import POLICY_YAML
+from tests.benchmarks.loadgen.sim import FleetClock, Sim
+
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
+STEP = 0.25  # fleet seconds between batches: a consumer's batch holds what its VMs sent in one
+LEAD_IN = 30.0  # fleet seconds of heartbeats before the storm
+TAIL = 60.0
+LOOK_BACK = 10.0  # a look on Table Storage asks from 10 s before the previous one began
+PARTITION_TARGET = 2000  # entities a second per table partition (Table Storage's target)
+
+
+@dataclass
+class Partition:
+    """What the consumers ask of the ledger's partition, shared by their stores."""
+
+    now: float = 0.0
+    written: dict[str, float] = field(default_factory=dict)  # document -> fleet s last written
+    per_second: Counter[int] = field(default_factory=Counter)  # entities, by fleet second
+    looks: int = 0
+    look_entities: int = 0
+    conflicts: int = 0
+    fetched: int = 0
+    written_entities: int = 0
+
+    def reset(self) -> None:
+        """Count from here (the storm's lead-in), keeping what was written when."""
+        kept = Partition(now=self.now, written=self.written)
+        self.__dict__.update(kept.__dict__)
+
+    def since(self, moment: float) -> int:
+        return sum(1 for at in self.written.values() if at >= moment)
+
+    def charge(self, entities: int) -> None:
+        self.per_second[int(self.now)] += entities
+
+    def busiest(self, window: int = 10) -> float:
+        """The most entities a second over any `window` fleet seconds."""
+        seconds = self.per_second
+        if not seconds:
+            return 0.0
+        first, last = min(seconds), max(seconds)
+        return max(
+            sum(seconds[s] for s in range(start, start + window)) / window
+            for start in range(first, last + 1)
+        )
+
+
+class StormStore(SqliteStore):
+    """SQLite whose looks are queries, as Table Storage's (the consumer keeps the ledger), and
+    which counts the ledger partition's entities as Table Storage would serve them."""
+
+    feed_interval = 15.0
+
+    def __init__(self, path: Path, partition: Partition) -> None:
+        super().__init__(path)
+        self.partition = partition
+        self._looked: float | None = None  # fleet second of this consumer's previous look
+
+    def scan(self, collection: str) -> list[Doc]:
+        if collection == fs.LEDGER:
+            self._look(None)
+        return super().scan(collection)
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        if collection == fs.LEDGER:
+            self._look(since)
+        return super().scan_changes(collection, since, known)
+
+    def _look(self, since: int | None) -> None:
+        p = self.partition
+        first = since is None or self._looked is None
+        entities = (
+            len(p.written) if first or self._looked is None else p.since(self._looked - LOOK_BACK)
+        )
+        self._looked = p.now
+        p.looks += 1
+        p.look_entities += entities
+        p.charge(entities)
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        if collection == fs.LEDGER:
+            self.partition.fetched += 1
+            self.partition.charge(1)
+        return super().read(collection, key)
+
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        if collection == fs.LEDGER:
+            self.partition.fetched += len(keys)
+            self.partition.charge(len(keys))
+        return super().read_many(collection, keys)
+
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        if collection != fs.LEDGER:
+            return super().write_all(collection, docs)
+        p = self.partition
+        p.charge(len(docs))
+        try:
+            written = super().write_all(collection, docs)
+        except Conflict:
+            p.conflicts += 1
+            raise
+        p.written_entities += len(docs)
+        for doc in docs:
+            p.written[doc.key] = p.now
+        return written
+
+
+class Sender:
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        self.sent.append(command)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class Result:
+    consumers: int
+    vms: int
+    events: int
+    approvals: int
+    approved_twice: int
+    actions: Counter[str]
+    partition: Partition
+    seconds: float  # fleet seconds from the storm's start to the end of the run
+    passes: int  # re-evaluation passes, all consumers
+    cpu: float
+
+
+def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Result:
+    fleet = build(vms, seed)
+    plan = waves.plan("spot-storm", fleet, seed)
+    sim = Sim(fleet, plan, FleetClock(T0), seed=seed, offset=LEAD_IN)
+    partition = Partition()
+    sender = Sender()
+    actions: Counter[str] = Counter()
+    settings = ConsumerSettings()
+    policy = loads(POLICY_YAML, "tests/benchmarks/loadgen/policy.py")
+    of = [zlib.crc32(f"hub:{vm.vm_id}".encode()) % consumers for vm in fleet]
+
+    def emit(records: list[dict[str, Any]]) -> None:
+        actions.update(
+            str(r.get("DecisionAction")) for r in records if r.get("RecordType") == "Decision"
+        )
+
+    with TemporaryDirectory(prefix="ledger-storm-") as tmp:
+        path = Path(tmp) / "fleet.db"
+        stores = [StormStore(path, partition) for _ in range(consumers)]
+
+        def clock() -> datetime:
+            return T0 + timedelta(seconds=partition.now)
+
+        cores = [Consumer(store, sender, policy, emit, settings, now=clock) for store in stores]
+        began = time.process_time()
+        for chunk in sim.warm_up():
+            feed(cores, of, chunk)
+        say(f"{consumers} consumer(s): {vms:,} VMs' Start heartbeats handled")
+        partition.reset()
+        start = LEAD_IN
+        ticks = [LEAD_IN / 2 + k * settings.reevaluate_interval / consumers
+                 for k in range(consumers)]  # fmt: skip
+        answered = passes = 0
+        end: float | None = None
+        while end is None or partition.now < end:
+            partition.now += STEP
+            now = partition.now
+            feed(cores, of, sim.advance(now))
+            for k, core in enumerate(cores):
+                if now >= ticks[k]:
+                    ticks[k] += settings.reevaluate_interval
+                    core.tick()
+                    passes += 1
+            for command in sender.sent[answered:]:
+                sim.answer(command, now)
+            answered = len(sender.sent)
+            if end is None and now > start and sim.finished(now):
+                end = now + TAIL
+        cpu = time.process_time() - began
+        for store in stores:
+            store.close()
+    per_event = Counter(c.event_id.lower() for c in sender.sent)
+    return Result(
+        consumers=consumers, vms=vms, events=len(plan.events), approvals=len(per_event),
+        approved_twice=sum(1 for n in per_event.values() if n > 1), actions=actions,
+        partition=partition, seconds=partition.now - start, passes=passes, cpu=cpu,
+    )  # fmt: skip
+
+
+def feed(cores: Sequence[Consumer], of: Sequence[int], emitted: list[tuple[int, Any]]) -> None:
+    """Each consumer's share of what the VMs sent, as one batch."""
+    batches: list[list[dict[str, Any]]] = [[] for _ in cores]
+    for index, record in emitted:
+        batches[of[index]].append(record)
+    for core, batch in zip(cores, batches, strict=True):
+        if batch:
+            core.process(batch)
+
+
+def render(results: Sequence[Result], command: str) -> str:
+    head = [f"{r.consumers} consumer{'s' if r.consumers > 1 else ''}" for r in results]
+    rows: list[tuple[str, list[str]]] = []
+
+    def row(name: str, cell: Callable[[Result], str]) -> None:
+        rows.append((name, [cell(r) for r in results]))
+
+    def per(r: Result, n: int) -> str:
+        return f"{n:,} ({n / max(1, r.approvals):.2f} an approval)"
+
+    row("Storm (fleet seconds, start to end of run)",
+        lambda r: f"{r.events:,} Preempt events, {r.seconds:,.0f} s")  # fmt: skip
+    row("Approvals (events approved twice)",
+        lambda r: f"{r.approvals:,} ({r.approved_twice}), "
+                  f"{r.approvals / max(1.0, r.seconds):.1f}/s")  # fmt: skip
+    row("Decisions", lambda r: ", ".join(f"{a} {n:,}" for a, n in sorted(r.actions.items())))
+    row("Looks at the ledger", lambda r: per(r, r.partition.looks))
+    row("Entities the looks return on Table Storage", lambda r: per(r, r.partition.look_entities))
+    row("Conflicts", lambda r: per(r, r.partition.conflicts))
+    row("Documents read by key (releases, after conflicts)", lambda r: per(r, r.partition.fetched))
+    row("Documents written", lambda r: per(r, r.partition.written_entities))
+    row(f"Ledger partition, busiest 10 s (target {PARTITION_TARGET:,}/s)",
+        lambda r: f"{r.partition.busiest():,.0f} entities/s")  # fmt: skip
+    row("CPU of the run (all consumers, one process)", lambda r: f"{r.cpu:,.0f} s")
+    lines = [
+        "# The approval ledger in a Spot eviction storm",
+        "",
+        f"`{command}` on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC "
+        "(tests/benchmarks/ledger_storm.py says what is counted and how).",
+        "",
+        "| Measurement | " + " | ".join(head) + " |",
+        "|---" * (len(head) + 1) + "|",
+    ]
+    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.benchmarks.ledger_storm",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    parser.add_argument("--vms", type=int, default=100_000, help="fleet size (100000)")
+    parser.add_argument("--consumers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, help="also write the table here")
+    args = parser.parse_args(argv)
+    command = "python -m tests.benchmarks.ledger_storm " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    results = []
+    for consumers in args.consumers:
+        results.append(run(args.vms, consumers, args.seed, lambda text: print(text, flush=True)))
+        print(render(results, command), flush=True)
+    if args.out is not None:
+        args.out.write_text(render(results, command), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

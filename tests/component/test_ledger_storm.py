@@ -1,0 +1,29 @@
+"""The ledger storm benchmark (tests/benchmarks/ledger_storm.py) on a small fleet, so that
+its counts can be trusted: every Preempt the policy allows is approved once, and what it
+charges the ledger's table partition adds up."""
+
+from __future__ import annotations
+
+from tests.benchmarks.ledger_storm import render, run
+
+
+def test_two_consumers_in_a_small_storm_approve_once_and_their_reads_add_up() -> None:
+    result = run(3000, 2, seed=1, say=lambda _: None)
+    p = result.partition
+    assert result.events == 300
+    assert result.approvals > 0
+    assert result.approved_twice == 0
+    assert result.actions["Approve"] >= result.approvals
+    # A look at each re-evaluation pass (every 5 fleet seconds each), and no other: a batch
+    # decides on the ledger kept, and a conflict reads what it changed, not the ledger.
+    assert result.passes >= 2 * result.seconds / 5
+    assert p.looks == result.passes
+    assert p.look_entities >= p.looks  # a look returns its consumer's previous writes at least
+    assert p.written_entities >= 2 * result.approvals  # an entry and a lock at least
+    # What the partition served: the looks, the reads by key, and every write tried (those
+    # that conflicted too, at most every ledger document each).
+    tried = sum(p.per_second.values()) - p.look_entities - p.fetched - p.written_entities
+    assert 0 < tried <= p.conflicts * 97
+    assert p.conflicts > 0  # two consumers meet in a budget group
+    assert 0 < p.busiest() <= sum(p.per_second.values()) / 10
+    assert "| 2 consumers |" in render([result], "test")

@@ -261,7 +261,7 @@ def _entry(
     return {
         "event_id": view.event_id,
         "origin": "approved",
-        "vms": sorted({*view.affected, *view.unresolved, *view.possible}),
+        "vms": view.counted,
         "target": verdict.target,
         "attempt": len(view.tried) + 1,
         "tried": [*view.tried, verdict.target],

@@ -291,12 +291,12 @@ class ApprovalLedger:
             state.take(doc)
         return state
 
-    def read_again(self, key: str) -> LedgerState:
+    def read_again(self, key: str, locks: Collection[str] = ()) -> LedgerState:
         """The ledger for deciding event `key` again, after a write conflicted or where its
         entry must be as stored now: the kept state with the event's shard, the documents
-        the write contested and the shards their locks' writes since stored read again; the
+        the write contested, `locks` and the shards their writes since stored read again; the
         whole ledger where the kept state or a lock's history does not reach (see above)."""
-        contested, self._contested = self._contested, set()
+        contested, self._contested = {*self._contested, *locks}, set()
         state = self._kept()
         if state is None:
             return self.read()
@@ -457,7 +457,7 @@ class ApprovalLedger:
         """A Started event impacts its VMs whether or not we approved it."""
         if key in state.events:
             return
-        vms = sorted({*view.affected, *view.unresolved, *view.possible})
+        vms = view.counted
         started: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": vms}
         locks = self.locks(vms, known)
         # Not left to a later pass: until it is in the ledger, the approvals decided in

@@ -147,6 +147,12 @@ class EventView:
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
 
+    @property
+    def counted(self) -> list[str]:
+        """What budgets count while the event impacts VMs: its VmIds, the names not resolved
+        to one, and the VMs an ambiguous name may be; sorted."""
+        return sorted({*self.affected, *self.unresolved, *self.possible})
+
 
 @dataclass(frozen=True)
 class FleetView:

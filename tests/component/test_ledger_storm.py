@@ -20,10 +20,11 @@ def test_two_consumers_in_a_small_storm_approve_once_and_their_reads_add_up() ->
     assert p.looks == result.passes
     assert p.look_entities >= p.looks  # a look returns its consumer's previous writes at least
     assert p.written_entities >= 2 * result.approvals  # an entry and a lock at least
-    # What the partition served: the looks, the reads by key, and every write tried (those
-    # that conflicted too, at most every ledger document each).
-    tried = sum(p.per_second.values()) - p.look_entities - p.fetched - p.written_entities
-    assert 0 < tried <= p.conflicts * 97
-    assert p.conflicts > 0  # two consumers meet in a budget group
+    # What the partition served: the looks, the reads by key, and the writes. None failed:
+    # played one after another, nothing writes between an approval's read of its groups'
+    # locks and its write, and only such a write makes it conflict.
+    assert p.conflicts == 0
+    assert sum(p.per_second.values()) == p.look_entities + p.fetched + p.written_entities
+    assert p.fetched >= 3 * result.approvals  # at least a lock and the shard, and a release
     assert 0 < p.busiest() <= sum(p.per_second.values()) / 10
     assert "| 2 consumers |" in render([result], "test")

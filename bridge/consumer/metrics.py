@@ -118,8 +118,8 @@ class _LedgerCollector(Collector):
         )
         yield CounterMetricFamily(
             "se_bridge_consumer_ledger_documents_fetched",
-            "Ledger documents read by key: the shard of an entry released, sent or answered, "
-            "and after a conflict what the write contested and the shards changed since.",
+            "Ledger documents read by key: the shard of an entry released, sent or answered; "
+            "before an approval and after a conflict, what the write takes and what changed.",
             value=fetched,
         )
 

@@ -301,6 +301,9 @@ def test_where_a_locks_history_does_not_reach_a_conflict_reads_the_ledger(
     else:
         for k in range(LOCK_LOG + 1):
             approve_in(other, f"e-0-{k + 2}", "s0-1")
+        held = theirs.read(fs.LEDGER, lock)
+        assert held is not None
+        assert len(held.value["wrote"]) == LOCK_LOG  # the lock does not grow with its writes
     state.events["e-0-0"] = entry("e-0-0", "s0-0")
     with pytest.raises(Conflict):
         mine.commit(state, ["e-0-0"], mine.locks(["s0-0"], SETS))

@@ -1,4 +1,5 @@
-"""What the approval ledger asks of its one table partition in a Spot eviction storm (issue 15).
+"""What the consumers ask of the fleet state's table partitions in a Spot eviction storm
+(issue 15): the approval ledger's one partition above all.
 
 `python -m tests.benchmarks.ledger_storm --vms 100000 --consumers 1 2 4` plays the load
 generator's storm (5,000 Preempt events within 2 minutes, tests/benchmarks/loadgen) in fleet
@@ -15,25 +16,30 @@ in 2 minutes, whatever this machine manages; the budgets allow about 2,900 appro
 and its write: the conflicts of two writes at the same instant are not shown (each costs a
 failed write and what `read_again` reads, a few documents).
 
-Counted per run, for the `ledger` partition of Table Storage (2,000 entities a second):
-- looks: each returns, on Table Storage, every ledger document written since 10 s before the
-  consumer's previous look (all of them at its first), counted from when each was last written;
-- conflicts (before the locks kept the history of their writes, each read the ledger again);
-- documents read by key (before an approval its groups' locks and its shard, a release's
-  shard, after a conflict what it contested and what changed it);
-- documents written (an entity each in an entity-group transaction).
-The busiest 10 s of all of it is what the partition must take. Prints a table; `--out FILE`
-keeps it. A few minutes per run at 100,000 VMs.
+Counted per run, as Table Storage would serve it (2,000 entities a second per partition), for
+every request of every collection, each entity charged to the partition it is in (`vm` and
+`event` spread over 16 partitions each, the ledger in one):
+- looks: each returns every document of its collection written since 10 s before the
+  consumer's previous look of it (all of them at its first, or at a full scan), counted from
+  when each was last written (the VMs every 15 s, the events and the ledger at every pass);
+- documents read by key and written (an entity each, in a transaction too).
+For the ledger also: its looks, conflicts (before the locks kept the history of their writes,
+each read the ledger again), documents read by key (before an approval its groups' locks and
+its shard, a release's shard, after a conflict what it contested and what changed it) and
+documents written. The busiest 10 s of each collection's busiest partition is what that
+partition must take. Prints a table; `--out FILE` keeps it. A few minutes per run at 100,000
+VMs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 import zlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -44,7 +50,7 @@ from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
-from bridge.consumer.state import Conflict, Doc
+from bridge.consumer.state import Conflict, Doc, bucket
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.file import loads
 from tests.benchmarks.loadgen import waves
@@ -60,14 +66,23 @@ LOOK_BACK = 10.0  # a look on Table Storage asks from 10 s before the previous o
 PARTITION_TARGET = 2000  # entities a second per table partition (Table Storage's target)
 
 
+def partition_of(collection: str, key: str) -> str:
+    """The table partition document `key` of `collection` is in (bridge.consumer.state.tables:
+    `vm` and `event` spread over fs.PARTITIONS, the ledger in one)."""
+    count = fs.PARTITIONS.get(collection)
+    return collection if count is None else f"{collection}-{bucket(key, count):02d}"
+
+
 @dataclass
-class Partition:
-    """What the consumers ask of the ledger's partition, shared by their stores."""
+class Load:
+    """What the consumers ask of the fleet state's table partitions, shared by their stores:
+    entities per partition per fleet second, and the ledger's looks, conflicts and reads."""
 
     now: float = 0.0
-    written: dict[str, float] = field(default_factory=dict)  # document -> fleet s last written
-    per_second: Counter[int] = field(default_factory=Counter)  # entities, by fleet second
-    looks: int = 0
+    # collection -> document -> (its partition, fleet second it was last written)
+    written: dict[str, dict[str, tuple[str, float]]] = field(default_factory=dict)
+    per_second: Counter[tuple[str, int]] = field(default_factory=Counter)
+    looks: int = 0  # of the ledger, as the rest below
     look_entities: int = 0
     conflicts: int = 0
     fetched: int = 0
@@ -75,86 +90,117 @@ class Partition:
 
     def reset(self) -> None:
         """Count from here (the storm's lead-in), keeping what was written when."""
-        kept = Partition(now=self.now, written=self.written)
+        kept = Load(now=self.now, written=self.written)
         self.__dict__.update(kept.__dict__)
 
-    def since(self, moment: float) -> int:
-        return sum(1 for at in self.written.values() if at >= moment)
+    def since(self, collection: str, moment: float) -> Counter[str]:
+        """Per partition, the documents of `collection` last written at or after `moment`."""
+        return Counter(home for home, at in self.written.get(collection, {}).values()
+                       if at >= moment)  # fmt: skip
 
-    def charge(self, entities: int) -> None:
-        self.per_second[int(self.now)] += entities
+    def wrote(self, collection: str, keys: Iterable[str]) -> None:
+        docs = self.written.setdefault(collection, {})
+        for key in keys:
+            docs[key] = (partition_of(collection, key), self.now)
 
-    def busiest(self, window: int = 10) -> float:
-        """The most entities a second over any `window` fleet seconds."""
-        seconds = self.per_second
-        if not seconds:
-            return 0.0
-        first, last = min(seconds), max(seconds)
-        return max(
-            sum(seconds[s] for s in range(start, start + window)) / window
-            for start in range(first, last + 1)
-        )
+    def charge(self, collection: str, keys: Iterable[str]) -> int:
+        """Charge a read or write of documents `keys` to their partitions; how many."""
+        homes = Counter(partition_of(collection, key) for key in keys)
+        self.charge_partitions(homes)
+        return sum(homes.values())
+
+    def charge_partitions(self, entities: Counter[str]) -> None:
+        second = int(self.now)
+        for home, count in entities.items():
+            self.per_second[home, second] += count
+
+    def busiest(self, collection: str, window: int = 10) -> tuple[str, float]:
+        """The partition of `collection` with the most entities a second over `window` fleet
+        seconds, and that rate."""
+        seconds: dict[str, Counter[int]] = {}
+        for (home, second), count in self.per_second.items():
+            if home == collection or home.startswith(f"{collection}-"):
+                seconds.setdefault(home, Counter())[second] += count
+        top = ("", 0.0)
+        for home, counts in seconds.items():
+            first, last = min(counts), max(counts)
+            rate = max(sum(counts[s] for s in range(start, start + window)) / window
+                       for start in range(first, last + 1))  # fmt: skip
+            top = max(top, (home, rate), key=lambda t: t[1])
+        return top
 
 
 class StormStore(SqliteStore):
-    """SQLite whose looks are queries, as Table Storage's (the consumer keeps the ledger), and
-    which counts the ledger partition's entities as Table Storage would serve them."""
+    """SQLite whose looks are queries, as Table Storage's (the consumer keeps the ledger, looks
+    at the VMs every 15 s and keeps the events between passes), and which counts the entities
+    each request would read or write in Table Storage's partitions."""
 
     feed_interval = 15.0
 
-    def __init__(self, path: Path, partition: Partition) -> None:
+    def __init__(self, path: Path, load: Load) -> None:
         super().__init__(path)
-        self.partition = partition
-        self._looked: float | None = None  # fleet second of this consumer's previous look
+        self.load = load
+        self._looked: dict[str, float] = {}  # collection -> this consumer's previous look
 
     def scan(self, collection: str) -> list[Doc]:
-        if collection == fs.LEDGER:
-            self._look(None)
+        self._look(collection, None)
         return super().scan(collection)
 
     def scan_changes(
         self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
     ) -> tuple[list[Doc], int]:
-        if collection == fs.LEDGER:
-            self._look(since)
+        self._look(collection, since)
         return super().scan_changes(collection, since, known)
 
-    def _look(self, since: int | None) -> None:
-        p = self.partition
-        first = since is None or self._looked is None
-        entities = (
-            len(p.written) if first or self._looked is None else p.since(self._looked - LOOK_BACK)
-        )
-        self._looked = p.now
-        p.looks += 1
-        p.look_entities += entities
-        p.charge(entities)
+    def _look(self, collection: str, since: int | None) -> None:
+        load = self.load
+        previous = self._looked.get(collection)
+        moment = float("-inf") if since is None or previous is None else previous - LOOK_BACK
+        entities = load.since(collection, moment)
+        load.charge_partitions(entities)
+        self._looked[collection] = load.now
+        if collection == fs.LEDGER:
+            load.looks += 1
+            load.look_entities += sum(entities.values())
 
     def read(self, collection: str, key: str) -> Doc | None:
-        if collection == fs.LEDGER:
-            self.partition.fetched += 1
-            self.partition.charge(1)
+        counted = self.load.charge(collection, [key])
+        self.load.fetched += counted if collection == fs.LEDGER else 0
         return super().read(collection, key)
 
     def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
-        if collection == fs.LEDGER:
-            self.partition.fetched += len(keys)
-            self.partition.charge(len(keys))
+        counted = self.load.charge(collection, keys)
+        self.load.fetched += counted if collection == fs.LEDGER else 0
         return super().read_many(collection, keys)
 
+    def write(self, collection: str, doc: Doc) -> Doc:
+        self.load.charge(collection, [doc.key])
+        written = super().write(collection, doc)
+        self.load.wrote(collection, [doc.key])
+        return written
+
+    def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
+        self.load.charge(collection, [doc.key for doc in docs])
+        written, conflicts = super().write_many(collection, docs)
+        self.load.wrote(collection, [doc.key for doc in written])
+        return written, conflicts
+
+    def delete(self, collection: str, doc: Doc) -> None:
+        self.load.charge(collection, [doc.key])
+        super().delete(collection, doc)
+        self.load.written.get(collection, {}).pop(doc.key, None)
+
     def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
-        if collection != fs.LEDGER:
-            return super().write_all(collection, docs)
-        p = self.partition
-        p.charge(len(docs))
+        load = self.load
+        load.charge(collection, [doc.key for doc in docs])
         try:
             written = super().write_all(collection, docs)
         except Conflict:
-            p.conflicts += 1
+            load.conflicts += collection == fs.LEDGER
             raise
-        p.written_entities += len(docs)
-        for doc in docs:
-            p.written[doc.key] = p.now
+        if collection == fs.LEDGER:
+            load.written_entities += len(docs)
+        load.wrote(collection, [doc.key for doc in docs])
         return written
 
 
@@ -177,7 +223,7 @@ class Result:
     approvals: int
     approved_twice: int
     actions: Counter[str]
-    partition: Partition
+    load: Load
     seconds: float  # fleet seconds from the storm's start to the end of the run
     passes: int  # re-evaluation passes, all consumers
     cpu: float
@@ -187,7 +233,7 @@ def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Resu
     fleet = build(vms, seed)
     plan = waves.plan("spot-storm", fleet, seed)
     sim = Sim(fleet, plan, FleetClock(T0), seed=seed, offset=LEAD_IN)
-    partition = Partition()
+    load = Load()
     sender = Sender()
     actions: Counter[str] = Counter()
     settings = ConsumerSettings()
@@ -201,25 +247,25 @@ def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Resu
 
     with TemporaryDirectory(prefix="ledger-storm-") as tmp:
         path = Path(tmp) / "fleet.db"
-        stores = [StormStore(path, partition) for _ in range(consumers)]
+        stores = [StormStore(path, load) for _ in range(consumers)]
 
         def clock() -> datetime:
-            return T0 + timedelta(seconds=partition.now)
+            return T0 + timedelta(seconds=load.now)
 
         cores = [Consumer(store, sender, policy, emit, settings, now=clock) for store in stores]
         began = time.process_time()
         for chunk in sim.warm_up():
             feed(cores, of, chunk)
         say(f"{consumers} consumer(s): {vms:,} VMs' Start heartbeats handled")
-        partition.reset()
+        load.reset()
         start = LEAD_IN
         ticks = [LEAD_IN / 2 + k * settings.reevaluate_interval / consumers
                  for k in range(consumers)]  # fmt: skip
         answered = passes = 0
         end: float | None = None
-        while end is None or partition.now < end:
-            partition.now += STEP
-            now = partition.now
+        while end is None or load.now < end:
+            load.now += STEP
+            now = load.now
             feed(cores, of, sim.advance(now))
             for k, core in enumerate(cores):
                 if now >= ticks[k]:
@@ -238,7 +284,7 @@ def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Resu
     return Result(
         consumers=consumers, vms=vms, events=len(plan.events), approvals=len(per_event),
         approved_twice=sum(1 for n in per_event.values() if n > 1), actions=actions,
-        partition=partition, seconds=partition.now - start, passes=passes, cpu=cpu,
+        load=load, seconds=load.now - start, passes=passes, cpu=cpu,
     )  # fmt: skip
 
 
@@ -268,14 +314,15 @@ def render(results: Sequence[Result], command: str) -> str:
         lambda r: f"{r.approvals:,} ({r.approved_twice}), "
                   f"{r.approvals / max(1.0, r.seconds):.1f}/s")  # fmt: skip
     row("Decisions", lambda r: ", ".join(f"{a} {n:,}" for a, n in sorted(r.actions.items())))
-    row("Looks at the ledger", lambda r: per(r, r.partition.looks))
-    row("Entities the looks return on Table Storage", lambda r: per(r, r.partition.look_entities))
-    row("Conflicts", lambda r: per(r, r.partition.conflicts))
+    row("Looks at the ledger", lambda r: per(r, r.load.looks))
+    row("Entities the looks return on Table Storage", lambda r: per(r, r.load.look_entities))
+    row("Conflicts", lambda r: per(r, r.load.conflicts))
     row("Documents read by key (before approvals, releases, after conflicts)",
-        lambda r: per(r, r.partition.fetched))  # fmt: skip
-    row("Documents written", lambda r: per(r, r.partition.written_entities))
-    row(f"Ledger partition, busiest 10 s (target {PARTITION_TARGET:,}/s)",
-        lambda r: f"{r.partition.busiest():,.0f} entities/s")  # fmt: skip
+        lambda r: per(r, r.load.fetched))  # fmt: skip
+    row("Documents written", lambda r: per(r, r.load.written_entities))
+    for collection in (fs.LEDGER, fs.EVENT, fs.VM):
+        row(f"Busiest `{collection}` partition, 10 s (target {PARTITION_TARGET:,}/s)",
+            functools.partial(busiest, collection=collection))  # fmt: skip
     row("CPU of the run (all consumers, one process)", lambda r: f"{r.cpu:,.0f} s")
     lines = [
         "# The approval ledger in a Spot eviction storm",
@@ -288,6 +335,11 @@ def render(results: Sequence[Result], command: str) -> str:
     ]
     lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
     return "\n".join(lines) + "\n"
+
+
+def busiest(r: Result, collection: str) -> str:
+    home, rate = r.load.busiest(collection)
+    return f"{rate:,.0f} entities/s ({home})" if home else "none"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -189,13 +189,19 @@ class Scans(DelegatingStore):
 
 
 class CostlyFeed(SqliteStore):
-    """A change feed whose looks cost a query to a service (as Table Storage's), counted."""
+    """A change feed whose looks cost a query to a service (as Table Storage's), counted, and
+    the scans of every VM document."""
 
     feed_interval = 15.0
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.vm_looks = 0
+        self.vm_scans = 0
+
+    def scan(self, collection: str) -> list[Doc]:
+        self.vm_scans += collection == fs.VM
+        return super().scan(collection)
 
     def scan_changes(
         self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None

@@ -16,10 +16,9 @@ import pytest
 from bridge.channels.local import LocalSender
 from bridge.commands.message import resources_digest
 from bridge.consumer import documents as fs
-from bridge.consumer.state import Doc
-from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
 from bridge.records import iso
+from tests.component.consumer.test_caches import CostlyFeed
 from tests.component.consumer.test_core import E1, E2, Rig
 from tests.support import assert_valid
 
@@ -315,21 +314,6 @@ def test_an_event_left_behind_by_a_deleted_reporter_is_released(tmp_path: Path) 
     assert "reported the event gone" in released["DecisionReason"]
 
 
-class VmScans(SqliteStore):
-    """A fleet state whose looks are queries to a service (as Table Storage's), counting the
-    scans of every VM document."""
-
-    feed_interval = 15.0
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.vm_scans = 0
-
-    def scan(self, collection: str) -> list[Doc]:
-        self.vm_scans += collection == fs.VM
-        return super().scan(collection)
-
-
 def test_on_a_queried_store_the_hourly_sweep_reads_the_vms_it_keeps_not_all_of_them(
     tmp_path: Path,
 ) -> None:
@@ -339,7 +323,7 @@ def test_on_a_queried_store_the_hourly_sweep_reads_the_vms_it_keeps_not_all_of_t
     path = tmp_path / "fleet.db"
     rig = Rig(path)
     rig.store.close()
-    rig.store = ours = VmScans(path)
+    rig.store = ours = CostlyFeed(path)
     week = {"forget_vms_after": 7 * 86400}
     rig.consumer = rig.make(DEFAULT_POLICY, **week)
     other = rig.make(DEFAULT_POLICY, **week)

@@ -10,7 +10,9 @@ from typing import Any
 from jsonschema import Draft202012Validator, FormatChecker
 
 from bridge import schema
+from bridge.commands.message import Command
 from bridge.records import Origin, VmIdentity
+from bridge.retry import RetryableError
 
 DATA = Path(__file__).parent / "data"
 
@@ -72,3 +74,22 @@ def event_record(
     )
     record.update(extra)
     return record
+
+
+class Sender:
+    """A command channel's sending end that records the commands; can be told to fail the
+    next sends (`failures`)."""
+
+    def __init__(self) -> None:
+        self.sent: list[Command] = []
+        self.failures = 0
+
+    def send(self, command: Command, time_to_live: float) -> None:
+        assert time_to_live >= 1
+        if self.failures:
+            self.failures -= 1
+            raise RetryableError("queue unreachable")
+        self.sent.append(command)
+
+    def close(self) -> None:
+        pass

@@ -46,7 +46,6 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
@@ -57,6 +56,7 @@ from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import build
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import FleetClock, Sim
+from tests.support import Sender
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 STEP = 0.25  # fleet seconds between batches: a consumer's batch holds what its VMs sent in one
@@ -202,17 +202,6 @@ class StormStore(SqliteStore):
             load.written_entities += len(docs)
         load.wrote(collection, [doc.key for doc in docs])
         return written
-
-
-class Sender:
-    def __init__(self) -> None:
-        self.sent: list[Command] = []
-
-    def send(self, command: Command, time_to_live: float) -> None:
-        self.sent.append(command)
-
-    def close(self) -> None:
-        pass
 
 
 @dataclass

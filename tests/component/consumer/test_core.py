@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer, FleetCache
@@ -19,29 +18,11 @@ from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
 from bridge.retry import RetryableError
 from tests.fleetrecords import SUBSCRIPTION, FleetRecords
-from tests.support import assert_valid
+from tests.support import Sender, assert_valid
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 E2 = "A1B2C3D4-0000-4000-8000-000000000002"
-
-
-class Sender:
-    """Records commands; can be told to fail the next sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[Command] = []
-        self.failures = 0
-
-    def send(self, command: Command, time_to_live: float) -> None:
-        assert time_to_live >= 1
-        if self.failures:
-            self.failures -= 1
-            raise RetryableError("queue unreachable")
-        self.sent.append(command)
-
-    def close(self) -> None:
-        pass
 
 
 class Rig:

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
@@ -29,20 +28,10 @@ from bridge.consumer.state import MAX_VALUE_CHARS, Conflict, Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView
 from tests.fleetrecords import FleetRecords
+from tests.support import Sender
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 APPROVE_ALL = Rule("all", Match(), Action("approve"))
-
-
-class Sender:
-    def __init__(self) -> None:
-        self.sent: list[Command] = []
-
-    def send(self, command: Command, time_to_live: float) -> None:
-        self.sent.append(command)
-
-    def close(self) -> None:
-        pass
 
 
 def consumer(store: SqliteStore, fleet: FleetRecords, policy: Policy, sender: Sender) -> Consumer:

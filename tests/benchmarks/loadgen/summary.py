@@ -170,10 +170,10 @@ def _cells(s: Summary) -> dict[str, str]:
 def _ledger(r: RunResult, approvals: int) -> str:
     """The consumers' approval-ledger counters over the wave, per approval, and what they
     would cost Table Storage's one `ledger` partition (a look returns up to 97 entities)."""
-    counted = [c.ledger for c in r.consumers if getattr(c, "ledger", None) is not None]
+    counted = [c.ledger for c in r.consumers if c.ledger is not None]
     if not counted or len(counted) < len(r.consumers):
         return "n/a (a consumer's metrics were not read)"
-    looks, conflicts, fetched = (sum(c[i] for c in counted if c is not None) for i in range(3))
+    looks, conflicts, fetched = (sum(c[i] for c in counted) for i in range(3))
     end = r.drained_at if r.drained_at is not None else r.samples[-1].wall
     seconds = max(1e-9, end - r.wave_start)
     per = max(1, approvals)

@@ -321,7 +321,8 @@ class Agent:
         """After each observation: wake the command listener, let local mode decide."""
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
-            self.listener.update(self.origin.identity.vm_id, scheduled, affects)
+            own = listener.own_events(self.state)
+            self.listener.update(self.origin.identity.vm_id, scheduled, affects, own)
         if self.local is not None:
             self.local.observe(self.state, self.origin)
 

@@ -433,7 +433,7 @@ class Consumer:
                     raise _WouldAct(self.ledger.locks(view.counted, vms))
                 self.ledger.note_started(ledger, doc.key, view, vms)
             return True
-        if entry is not None and not self.ledger.needs_decision(entry, now):
+        if entry is not None and not self.ledger.needs_decision(entry, now, view.reporters):
             if entry.get("sent"):
                 return True
             # An unsent approval in the pass's state may since have been sent, refused and

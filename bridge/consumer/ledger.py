@@ -100,6 +100,12 @@ class LedgerEntry(_ImpactEntry, total=False):
 
 SHARDS = 32
 LOCKS = 64
+# How long a VM asked to carry an approval before it reported the event (the VM the event
+# names, alive: bridge.policy.model.choose_target) has to answer before a VM that reports the
+# event is asked. Its agent sees the event within a poll (1 s), reads its queue at once and
+# answers within a few seconds; one that has not is most likely not running, and a Spot
+# eviction gives 30 s of notice in all.
+UNREPORTED_TARGET_TIMEOUT = timedelta(seconds=10)
 # Writes a lock remembers the shards of: a consumer's state is at most a re-evaluation pass
 # (5 s) old, and a lock takes well under one write a second in the 100,000-VM Spot eviction
 # storm (2,876 approvals and Started events of 5,000 in about 3 minutes, over 64 locks); a
@@ -411,13 +417,20 @@ class ApprovalLedger:
             return changed
         raise _busy()
 
-    def needs_decision(self, entry: LedgerEntry, now: datetime) -> bool:
-        """An approval we sent that was refused, or went unconfirmed for too long."""
+    def needs_decision(
+        self, entry: LedgerEntry, now: datetime, reporters: Collection[str] = ()
+    ) -> bool:
+        """An approval we sent that was refused, or went unconfirmed for too long: for a
+        target among `reporters` (the VMs that report the event) consumer.approval_timeout,
+        for one that has not reported it (asked because the event names it) at most
+        UNREPORTED_TARGET_TIMEOUT."""
         if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
             return False
         issued = parse_time(entry.get("issued_at")) or now
-        timed_out = now - issued >= timedelta(seconds=self.settings.approval_timeout)
-        return bool(entry.get("refused")) or timed_out
+        timeout = timedelta(seconds=self.settings.approval_timeout)
+        if entry.get("target") not in reporters:
+            timeout = min(timeout, UNREPORTED_TARGET_TIMEOUT)
+        return bool(entry.get("refused")) or now - issued >= timeout
 
     def note_approvals(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
         """Fold Approval records into the ledger; the events whose approval they answer."""

@@ -23,6 +23,10 @@ ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold
 # Release is the consumer's, never evaluate's: a budget slot freed though no VM said the
 # event ended (its VMs are gone).
 VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore", "Release"]
+# A live VM the event names is asked to carry the approval before its own report is read only
+# this soon after the event was first seen: past it, a VM that still has not reported it is
+# most likely not running an agent that would (choose_target).
+UNREPORTED_CARRIER_WITHIN = timedelta(minutes=2)
 GROUP_KINDS = ("fleet", "scale_set", "zone", "fault_domain", "update_domain", "resource_group")
 
 
@@ -226,7 +230,13 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
         why = "no live VM reports the event to carry the approval"
         return _with(Verdict("Defer", rule.name, why), [*notes, why])
     verdict = Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target)
-    return _with(verdict, [*notes, f"approval sent through {fleet.vms[target].name}"])
+    through = f"approval sent through {fleet.vms[target].name}"
+    if target not in event.reporters:
+        through += (
+            f" ({fleet.vms[target].name} has not reported the event yet: the event names it and "
+            "it is alive, so it sees the event at its next poll and reads its queue at once)"
+        )
+    return _with(verdict, [*notes, through])
 
 
 def _with(verdict: Verdict, notes: list[str]) -> Verdict:
@@ -534,15 +544,31 @@ def _groups(group: str, vms: Iterable[VmView]) -> dict[str, set[str]]:
 
 
 def choose_target(fleet: FleetView, event: EventView, now: datetime) -> str | None:
-    """The VM to carry the approval: a live reporter not yet asked, affected VMs first."""
+    """The VM to carry the approval, one not yet asked: a live VM the event names, then a
+    live neighbour that reports it.
+
+    A VM the event names carries it even before its own report is folded in, as long as it
+    is alive and the event is young (`UNREPORTED_CARRIER_WITHIN`): Azure shows an event to
+    every VM of the availability set or placement group at once, and the named VM's agent
+    reads its queue at the fast interval (commands.poll_interval) from its next IMDS poll on,
+    while a neighbour reads every commands.others_interval (10 s). Which VM's record happens
+    to be read first must not decide how late the approval lands (issue 27). A VM that was
+    asked without having reported is given a shorter time to answer
+    (bridge.consumer.dispatch.UNREPORTED_TARGET_TIMEOUT) before a reporter is asked.
+    """
     affected = set(event.affected)
-    candidates = [v for v in event.reporters if v not in event.tried and fleet.alive(v, now)]
+    reporters = set(event.reporters)
+    young = now - event.first_seen <= UNREPORTED_CARRIER_WITHIN
+    named = [v for v in event.affected if v not in reporters and young]
+    candidates = [
+        v for v in (*event.reporters, *named) if v not in event.tried and fleet.alive(v, now)
+    ]
     if not candidates:
         return None
 
-    def preference(vm_id: str) -> tuple[bool, str]:
+    def preference(vm_id: str) -> tuple[bool, bool, str]:
         vm = fleet.vms[vm_id]
-        return (vm_id not in affected, vm.name.lower())
+        return (vm_id not in affected, vm_id not in reporters, vm.name.lower())
 
     return min(candidates, key=preference)
 

@@ -269,6 +269,46 @@ def test_events_of_other_vms_alone_are_read_for_at_the_slower_interval() -> None
     assert reader.interval() is None
 
 
+def test_an_event_of_this_vm_is_read_for_often_just_after_it_appears() -> None:
+    """The consumer's command lands 0.2 to 0.6 s after the agent's record of the event: a
+    second read a whole poll_interval after the first waited about 0.8 s for nothing
+    (issue 27, benchmark 3)."""
+    clock = [utc_now()]
+    settings = CommandsSettings(channel="local:unused", poll_interval=1.0, others_interval=10.0)
+    reader = listener.CommandListener(settings, lambda _vm: FakeInbox(), cast(Any, None),
+                                      lambda: clock[0])  # fmt: skip
+    reader.update("vm-id", scheduled=True, affects=True, own=frozenset({"e1"}))
+    assert reader.interval() == listener.FIRST_READS_EVERY
+    clock[0] += listener.FIRST_READS_FOR
+    assert reader.interval() == 1.0
+    reader._wake.clear()
+    reader.update("vm-id", scheduled=True, affects=True, own=frozenset({"e1"}))
+    assert not reader._wake.is_set()
+    assert reader.interval() == 1.0
+    reader.update("vm-id", scheduled=True, affects=True, own=frozenset({"e1", "e2"}))
+    assert reader._wake.is_set()
+    assert reader.interval() == listener.FIRST_READS_EVERY
+    # Never faster than poll_interval asks, and never for a neighbour's event.
+    slow = CommandsSettings(channel="local:unused", poll_interval=0.2)
+    fast = listener.CommandListener(slow, lambda _vm: FakeInbox(), cast(Any, None), utc_now)
+    fast.update("vm-id", scheduled=True, affects=True, own=frozenset({"e1"}))
+    assert fast.interval() == 0.2
+    neighbour = listener.CommandListener(settings, lambda _vm: FakeInbox(), cast(Any, None),
+                                         utc_now)  # fmt: skip
+    neighbour.update("vm-id", scheduled=True, affects=False, own=frozenset())
+    assert neighbour.interval() == 10.0
+
+
+def test_own_events() -> None:
+    mine = {"EventStatus": "Scheduled", "AffectsThisVm": True}
+    unknown = {"EventStatus": "Scheduled", "AffectsThisVm": None}
+    others = {"EventStatus": "Scheduled", "AffectsThisVm": False}
+    started = {"EventStatus": "Started", "AffectsThisVm": True}
+    state = {"events": {"a": mine, "b": unknown, "c": others, "d": started}}
+    assert listener.own_events(state) == {"a", "b"}
+    assert listener.own_events(None) == frozenset()
+
+
 def test_an_event_that_comes_to_affect_this_vm_wakes_the_reader() -> None:
     settings = CommandsSettings(channel="local:unused", poll_interval=1.0, others_interval=10.0)
     reader = listener.CommandListener(settings, lambda _vm: FakeInbox(), cast(Any, None), utc_now)

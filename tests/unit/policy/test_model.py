@@ -11,6 +11,7 @@ import pytest
 
 from bridge.policy.model import (
     DEFAULT_POLICY,
+    UNREPORTED_CARRIER_WITHIN,
     Action,
     Budget,
     EventView,
@@ -346,9 +347,23 @@ TARGET_CASES = [
     Case("all tried", budgeted(), fleet(vm(0), vm(1)),
          event("id0", reporters=("id0", "id1"), tried=("id0", "id1")), "Defer", "approve-all",
          reason="no live VM"),
-    Case("reporter unknown to the fleet", budgeted(), fleet(vm(0)),
+    Case("reporter unknown to the fleet, named VM not live", budgeted(), fleet(stale(0)),
          event("id0", reporters=("id9",)), "Defer", "approve-all"),
-    Case("no reporters", budgeted(), ONE, event("id0", reporters=()), "Defer", "approve-all"),
+    # Issue 27: a neighbour's report read first must not make a neighbour (which reads its
+    # queue every 10 s) the carrier while the VM the event names is alive.
+    Case("live named VM before a reporting neighbour", budgeted(), fleet(vm(0), vm(1)),
+         event("id0", reporters=("id1",)), "Approve", "approve-all", "id0",
+         reason="through vm0"),
+    Case("affected reporter before a live named VM", budgeted(),
+         fleet(vm(0, name="a"), vm(1, name="b")),
+         event("id0", "id1", reporters=("id1",)), "Approve", "approve-all", "id1"),
+    Case("named VM that never reported, past the grace", budgeted(), fleet(vm(0), vm(1)),
+         event("id0", reporters=("id1",), first_seen=NOW - UNREPORTED_CARRIER_WITHIN
+               - timedelta(seconds=1)), "Approve", "approve-all", "id1"),
+    Case("named VM already tried", budgeted(), fleet(vm(0), vm(1)),
+         event("id0", reporters=("id1",), tried=("id0",)), "Approve", "approve-all", "id1"),
+    Case("no reporters, named VM not live", budgeted(), fleet(stale(0)),
+         event("id0", reporters=()), "Defer", "approve-all"),
 ]  # fmt: skip
 
 ALL = DEFAULT_CASES + VM_CASES + READY_CASES + WINDOW_CASES + BUDGET_CASES + TARGET_CASES

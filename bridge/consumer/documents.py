@@ -33,7 +33,7 @@ class VmDocument(TypedDict, total=False):
         {"last_seen": "2026-11-21T10:00:00.000Z", "name": "web_0",
          "subscription_id": "8d5f9c8e-...", "resource_group": "rg-prod", "location": "westeurope",
          "zone": "1", "scale_set": "web", "fault_domain": 0, "update_domain": 0,
-         "tags": {"role": "web"}}
+         "tags": {"role": "web"}, "prepare_hook": true}
 
     `stopped` holds the TimeGenerated of a Stop heartbeat until the VM reports again.
     `heard` is when the consumer last folded a record of the VM in, on the consumer's clock:
@@ -52,6 +52,7 @@ class VmDocument(TypedDict, total=False):
     update_domain: int
     tags: dict[str, str]
     stopped: str
+    prepare_hook: bool  # as its agent's last heartbeat said; absent when it did not say
 
 
 class Reporter(TypedDict):
@@ -171,6 +172,14 @@ def merge_vm(value: VmDocument, record: Mapping[str, Any], heard: str = "") -> b
     heartbeat = record.get("RecordType") == "Heartbeat"
     if heartbeat and isinstance(record.get("Tags"), dict):
         value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
+    if heartbeat:
+        # An agent from before HasPrepareHook (perhaps one that replaced a newer agent)
+        # does not say: what another once said no longer holds.
+        hook = record.get("HasPrepareHook")
+        if isinstance(hook, bool):
+            value["prepare_hook"] = hook
+        else:
+            value.pop("prepare_hook", None)
     if heartbeat and record.get("HeartbeatReason") == "Stop":
         value["stopped"] = seen
     elif value.get("stopped"):
@@ -195,6 +204,7 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         update_domain=value.get("update_domain"),
         tags=dict(value.get("tags") or {}),
         last_seen=last_seen,
+        prepare_hook=value.get("prepare_hook"),
     )
 
 

@@ -60,6 +60,40 @@ class Reporter(TypedDict):
     at: str  # the TimeGenerated of that record
 
 
+class StandingDecision(TypedDict, total=False):
+    """An event document's `decision`: the decision the event stands on, said once in a
+    Decision record, with the facts it was taken on. A decision that differs from it says
+    what changed since; `policy explain` on an event that is over explains this one. A
+    sample:
+
+    {"kind": "Hold", "rule": "everything-else", "reason": "rule everything-else holds: ...",
+     "at": "2026-11-21T10:00:00.000Z", "explanation": ["rule user-initiated: does not ...", ...],
+     "affected": ["1b1f..."], "unresolved": [], "ready": [], "reporters": 4}
+
+    Only kind, rule and reason tell one decision from another. Documents written before the
+    rest was kept, and decisions no policy evaluation took (a release, a failure), have only
+    those three.
+    """
+
+    kind: str
+    rule: str
+    reason: str
+    at: str  # the consumer's clock when it was decided
+    explanation: list[str]  # its DecisionExplanation, a line a step
+    affected: list[str]  # the VmIds Resources resolved to then
+    unresolved: list[str]  # the names that did not resolve
+    ready: list[str]  # the VmIds whose prepare hook had succeeded
+    reporters: int  # how many VMs reported the event
+
+
+def standing(value: EventDocument) -> tuple[str, str, str] | None:
+    """The kind, rule and reason the event stands on; None before its first decision."""
+    held = value.get("decision")
+    if not isinstance(held, dict):
+        return None
+    return str(held.get("kind")), str(held.get("rule")), str(held.get("reason"))
+
+
 class EventDocument(TypedDict, total=False):
     """`event/<eventid>`: an event as the VMs report it. A sample:
 
@@ -82,7 +116,7 @@ class EventDocument(TypedDict, total=False):
     incarnation: int | None
     reporters: dict[str, Reporter]  # by VmId, or host:NAME before the VM knows its VmId
     ready: list[str]  # VmIds whose prepare hook succeeded
-    decision: dict[str, str]  # the standing decision, said once
+    decision: StandingDecision  # the standing decision, said once
     heard: str  # the consumer's clock when a record last changed the event (staleness)
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
 

@@ -109,3 +109,50 @@ def test_a_heartbeat_without_the_field_forgets_what_an_earlier_one_said(
         "Defer",
         True,
     )
+
+
+# --- a decision that changes says why ---------------------------------------------------------
+
+DRAIN_WEB = Policy(
+    rules=(
+        Rule("drain-web", Match(scale_sets=frozenset({"web"})),
+             Action("approve_when_ready", deadline=timedelta(minutes=10))),
+        Rule("everything-else", Match(), Action("hold")),
+    )
+)  # fmt: skip
+
+
+def test_a_decision_changed_by_the_affected_vms_own_record_says_why(tmp_path: Path) -> None:
+    # The neighbour web_1 is read first: web_0, which the event names, has not been heard
+    # from yet (its records are behind on another partition), so the rule about scale set
+    # web cannot match and the event is held; web_0's records follow within milliseconds.
+    rig = Rig(tmp_path / "fleet.db", DRAIN_WEB)
+    rig.fleet.vm("web_0", scale_set="web")
+    rig.fleet.vm("web_1", scale_set="web")
+    rig.consumer.process([rig.fleet.heartbeat("web_1", prepare_hook=True),
+                          rig.fleet.event("web_1", E1, resources=["web_0"])])  # fmt: skip
+    rig.consumer.process([rig.fleet.heartbeat("web_0", prepare_hook=True),
+                          rig.fleet.event("web_0", E1, resources=["web_0"])])  # fmt: skip
+    assert rig.actions() == [("Hold", "everything-else"), ("Defer", "drain-web")]
+    why = rig.decisions[-1]["DecisionExplanation"].splitlines()
+    assert why[0].startswith("changed from Hold by everything-else (decided at ")
+    assert "web_0 now resolves to a known VM" in why[0]
+    assert "rule drain-web matches now, everything-else did then" in why[0]
+    assert why[1:] == [
+        "rule drain-web: matches; its action is approve when ready (deadline 0:10:00, then hold)",
+        "approve when ready: waiting for prepare hooks: 1 of 1 VMs not ready: "
+        "prepare hook not yet succeeded on web_0",
+    ]
+    for decision in rig.decisions:
+        assert_valid(decision)
+
+
+def test_a_hook_that_succeeds_turns_a_defer_into_an_approval_that_says_so(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "fleet.db", when_ready())
+    rig.consumer.process([*web(rig, web_0=True), rig.fleet.event("web_0", E1)])
+    rig.fleet.advance(2)
+    rig.consumer.process([rig.fleet.hook_ready("web_0", E1)])
+    assert [d["DecisionAction"] for d in rig.decisions] == ["Defer", "Approve"]
+    first = rig.decisions[-1]["DecisionExplanation"].splitlines()[0]
+    assert first.startswith("changed from Defer by drain (decided at 2026-11-21T10:00:00.000Z)")
+    assert "the prepare hook succeeded on web_0" in first

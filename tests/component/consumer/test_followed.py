@@ -4,12 +4,14 @@ approve_when_ready says which VM has no prepare hook, a decision that changes sa
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import pytest
 
+from bridge.cli import build_parser
 from bridge.policy.model import Action, Match, Policy, Rule
 from tests.component.consumer.test_core import E1, Rig
 from tests.support import assert_valid
@@ -156,3 +158,96 @@ def test_a_hook_that_succeeds_turns_a_defer_into_an_approval_that_says_so(tmp_pa
     first = rig.decisions[-1]["DecisionExplanation"].splitlines()[0]
     assert first.startswith("changed from Defer by drain (decided at 2026-11-21T10:00:00.000Z)")
     assert "the prepare hook succeeded on web_0" in first
+
+
+# --- policy explain on an event that is over ---------------------------------------------------
+
+
+def explain(*argv: str, capsys: pytest.CaptureFixture[str]) -> str:
+    """`se-bridge policy explain ARGV` through the command line's parser, in this process."""
+    args = build_parser().parse_args(["policy", "explain", *argv])
+    assert args.func(args) == 0
+    out: str = capsys.readouterr().out
+    return out
+
+
+def approved_then_completed(rig: Rig) -> list[dict[str, Any]]:
+    """A user reboot of web_0, approved through it, then completed."""
+    records = [*web(rig, web_0=True), rig.fleet.event("web_0", E1)]
+    rig.consumer.process(records)
+    rig.fleet.advance(1)
+    records += [rig.fleet.approval(rig.sender.sent[0])]
+    rig.fleet.advance(60)
+    records += [rig.fleet.event("web_0", E1, transition="Started")]
+    rig.fleet.advance(120)
+    records += [rig.fleet.event("web_0", E1, transition="Completed")]
+    rig.consumer.process(records[2:])
+    return records
+
+
+def test_explain_on_a_finished_event_explains_the_decision_it_took(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig = Rig(tmp_path / "fleet.db")
+    approved_then_completed(rig)
+    [decision] = rig.decisions
+    state = f"sqlite:{tmp_path / 'fleet.db'}"
+    text = explain("--state", state, "--event", E1, capsys=capsys)
+    assert "Ignore" not in text
+    assert (
+        "decision: Approve by user-initiated: rule user-initiated (approve); approval sent "
+        "through web_0" in text
+    )
+    assert f"taken at {decision['TimeGenerated']}; the event is over" in text
+    assert decision["DecisionExplanation"] in text.replace("\n  ", "\n")
+    said = json.loads(explain("--state", state, "--event", E1, "--json", capsys=capsys))
+    assert said["DecisionAction"] == "Approve"
+    assert said["DecidedAt"] == decision["TimeGenerated"]
+    assert said["EventStatus"] is None  # as records say of an event that is gone
+    assert said["DecisionExplanation"] == decision["DecisionExplanation"].splitlines()
+
+
+def test_explain_on_an_event_first_seen_started_says_none_was_taken(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig = Rig(tmp_path / "fleet.db")
+    rig.consumer.process(
+        [*web(rig, web_0=True), rig.fleet.event("web_0", E1, transition="Started")]
+    )
+    state = f"sqlite:{tmp_path / 'fleet.db'}"
+    text = explain("--state", state, "--event", E1, capsys=capsys)
+    assert "Ignore" not in text
+    assert "decision: none: the event had started when it was first read" in text
+    said = json.loads(explain("--state", state, "--event", E1, "--json", capsys=capsys))
+    assert (said["EventStatus"], said["DecisionAction"]) == ("Started", None)
+
+
+def test_explain_from_records_of_a_finished_event_decides_as_a_consumer_would_have(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig = Rig(tmp_path / "fleet.db")
+    records = approved_then_completed(rig)
+    sink = tmp_path / "records.jsonl"
+    sink.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    text = explain("--records", str(sink), capsys=capsys)
+    assert "Ignore" not in text
+    assert "decision: Approve by user-initiated" in text
+    assert "the event is over" in text
+    # With the consumer's own Decision record in the file, that one is the decision taken.
+    sink.write_text("".join(json.dumps(r) + "\n" for r in [*records, *rig.decisions]),
+                    encoding="utf-8")  # fmt: skip
+    text = explain("--records", str(sink), capsys=capsys)
+    assert f"taken at {rig.decisions[0]['TimeGenerated']}; the event is over" in text
+
+
+def test_explain_and_the_decision_name_the_vm_without_a_prepare_hook(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nrules:\n  - name: drain\n    action: "
+                      "{approve_when_ready: {deadline: 10m}}\n", encoding="utf-8")  # fmt: skip
+    rig = Rig(tmp_path / "fleet.db", when_ready())
+    rig.consumer.process([*web(rig, web_0=False), rig.fleet.event("web_0", E1)])
+    state = f"sqlite:{tmp_path / 'fleet.db'}"
+    text = explain("--policy", str(policy), "--state", state, "--event", E1, capsys=capsys)
+    assert "decision: Hold by drain: no prepare hook on VM web_0" in text

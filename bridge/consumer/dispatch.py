@@ -68,7 +68,7 @@ class Dispatch:
         decided = (event_doc, view, verdict, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
             self._say(ledger.store, view, verdict, self._decision(*decided, None), event_doc,
-                      seen=True)  # fmt: skip
+                      vms=vms)  # fmt: skip
             return True
         command = self._command(event_doc, view, verdict, now)
         key = fs.event_key(view.event_id)
@@ -85,7 +85,7 @@ class Dispatch:
         except Conflict:
             return False
         self._unfinished.add(command.command_id)
-        self._say(ledger.store, view, verdict, record, event_doc, seen=True)
+        self._say(ledger.store, view, verdict, record, event_doc, vms=vms)
         self._send(ledger, key, command, now, written=state)
         return True
 
@@ -207,13 +207,14 @@ class Dispatch:
         record: dict[str, Any],
         event_doc: Doc | None = None,
         *,
-        seen: bool = False,
+        vms: Mapping[str, VmView] | None = None,
     ) -> None:
         """Emit the Decision record, then remember it so a standing decision is not repeated.
 
         `event_doc`: the event as just read, most likely current: written over without
         reading it again (if it changed since, the write conflicts and it is read again).
-        `seen`: the policy decided on `view`, kept with it (what a later change is told from).
+        `vms`: the policy decided on `view` and these VMs: what it saw is kept, for a later
+        decision that differs to tell what changed (`with_change`).
         """
         said: fs.StandingDecision = {
             "kind": verdict.kind,
@@ -222,11 +223,12 @@ class Dispatch:
             "at": record["TimeGenerated"],
             "explanation": (record["DecisionExplanation"] or "").splitlines(),
         }
-        if seen:
+        if vms is not None:
             said["affected"] = list(view.affected)
             said["unresolved"] = list(view.unresolved)
             said["ready"] = sorted(view.ready)
             said["reporters"] = len(view.reporters)
+            said["no_hook"] = _without_hook(view, vms)
 
         def remember(value: dict[str, Any]) -> bool:
             if fs.standing(cast(fs.EventDocument, value)) == _said(verdict):
@@ -260,10 +262,12 @@ def with_change(
     """
     if before is None or (before.get("kind"), before.get("rule")) == (verdict.kind, verdict.rule):
         return verdict
-    changes = _changes(before, view, verdict, vms) if "affected" in before else []
-    what = "; ".join(changes) or (
-        "nothing the event's VMs said changed: the budgets, the live VMs or the time did"
-    )
+    if "affected" not in before:  # a failure, a release, or a document older than the facts
+        what = "the facts it was decided on were not kept"
+    else:
+        what = "; ".join(_changes(before, view, verdict, vms)) or (
+            "nothing the event's VMs said changed: the budgets, the live VMs or the time did"
+        )
     line = (f"changed from {before.get('kind')} by {before.get('rule')} (decided at "
             f"{before.get('at', 'an earlier pass')}): {what}")  # fmt: skip
     return replace(verdict, explanation=(line, *verdict.explanation))
@@ -287,6 +291,9 @@ def _changes(
              if v not in before.get("affected", ()) and vm_key(name(v)) not in since]  # fmt: skip
     ready = sorted(view.ready - set(before.get("ready", ())))
     reporters = len(view.reporters) - before.get("reporters", 0)
+    hookless = set(_without_hook(view, vms))
+    hooked = [v for v in before.get("no_hook", ()) if v in view.affected and v not in hookless]
+    unhooked = sorted(hookless - set(before.get("no_hook", ())))
     changes = []
     if resolved:
         now = _s(len(resolved), "resolves to a known VM", "resolve to known VMs")
@@ -298,12 +305,21 @@ def _changes(
         changes.append(f"the event now also names {names(added)}")
     if ready:
         changes.append(f"the prepare hook succeeded on {names(ready)}")
+    for vm_ids, when in ((hooked, "no longer"), (unhooked, "now")):
+        if vm_ids:
+            says = _s(len(vm_ids), "says it has", "say they have")
+            changes.append(f"{names(vm_ids)} {when} {says} no prepare hook")
     if reporters > 0:
         changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} "
                        "the event")  # fmt: skip
     if verdict.rule != before.get("rule"):
         changes.append(f"rule {verdict.rule} matches now, {before.get('rule')} did then")
     return changes
+
+
+def _without_hook(view: EventView, vms: Mapping[str, VmView]) -> list[str]:
+    """The VMs of the event whose agents say they have no prepare hook."""
+    return [v for v in view.affected if v in vms and vms[v].prepare_hook is False]
 
 
 def _s(count: int, one: str, more: str) -> str:

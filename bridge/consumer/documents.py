@@ -68,7 +68,7 @@ class StandingDecision(TypedDict, total=False):
 
     {"kind": "Hold", "rule": "everything-else", "reason": "rule everything-else holds: ...",
      "at": "2026-11-21T10:00:00.000Z", "explanation": ["rule user-initiated: does not ...", ...],
-     "affected": ["1b1f..."], "unresolved": [], "ready": [], "reporters": 4}
+     "affected": ["1b1f..."], "unresolved": [], "ready": [], "reporters": 4, "no_hook": []}
 
     Only kind, rule and reason tell one decision from another. Documents written before the
     rest was kept, and decisions no policy evaluation took (a release, a failure), have only
@@ -84,6 +84,7 @@ class StandingDecision(TypedDict, total=False):
     unresolved: list[str]  # the names that did not resolve
     ready: list[str]  # the VmIds whose prepare hook had succeeded
     reporters: int  # how many VMs reported the event
+    no_hook: list[str]  # the VmIds of `affected` whose agents said they have no prepare hook
 
 
 def standing(value: EventDocument) -> tuple[str, str, str] | None:

@@ -12,8 +12,8 @@ from typing import Any, Literal
 import pytest
 
 from bridge.cli import build_parser
-from bridge.policy.model import Action, Match, Policy, Rule
-from tests.component.consumer.test_core import E1, Rig
+from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from tests.component.consumer.test_core import E1, E2, Rig
 from tests.support import assert_valid
 
 
@@ -93,6 +93,8 @@ def test_a_vm_that_installs_a_prepare_hook_is_waited_for_again(tmp_path: Path) -
     rig.consumer.tick()
     assert [action for action, _ in reasons(rig)] == ["Hold", "Defer"]
     assert "prepare hook not yet succeeded on web_0" in reasons(rig)[-1][1]
+    why = rig.decisions[-1]["DecisionExplanation"].splitlines()[0]
+    assert why.endswith("): web_0 no longer says it has no prepare hook")
     rig.consumer.process([rig.fleet.hook_ready("web_0", E1)])
     assert len(rig.sender.sent) == 1
 
@@ -158,6 +160,28 @@ def test_a_hook_that_succeeds_turns_a_defer_into_an_approval_that_says_so(tmp_pa
     first = rig.decisions[-1]["DecisionExplanation"].splitlines()[0]
     assert first.startswith("changed from Defer by drain (decided at 2026-11-21T10:00:00.000Z)")
     assert "the prepare hook succeeded on web_0" in first
+
+
+def test_a_decision_changed_by_the_budgets_says_nothing_its_vms_said_changed(
+    tmp_path: Path,
+) -> None:
+    policy = Policy(
+        rules=(Rule("all", Match(), Action("approve")),),
+        budgets=(Budget("one-web", "scale_set", max_vms=1),),
+    )
+    rig = Rig(tmp_path / "fleet.db", policy)
+    batch = [*web(rig, web_0=None, web_1=None), rig.fleet.event("web_0", E1)]
+    rig.fleet.advance(1)
+    rig.consumer.process([*batch, rig.fleet.event("web_1", E2)])
+    rig.fleet.advance(60)
+    rig.consumer.process([rig.fleet.event("web_0", E1, transition="Completed")])
+    rig.consumer.tick()
+    assert rig.actions() == [("Approve", "all"), ("Defer", "all"), ("Approve", "all")]
+    first = rig.decisions[-1]["DecisionExplanation"].splitlines()[0]
+    assert first == (
+        "changed from Defer by all (decided at 2026-11-21T10:00:01.000Z): nothing the event's "
+        "VMs said changed: the budgets, the live VMs or the time did"
+    )
 
 
 # --- policy explain on an event that is over ---------------------------------------------------

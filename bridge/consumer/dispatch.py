@@ -223,6 +223,8 @@ class Dispatch:
             "at": record["TimeGenerated"],
             "explanation": (record["DecisionExplanation"] or "").splitlines(),
         }
+        if verdict.target is not None:
+            said["target"] = verdict.target
         if vms is not None:
             said["affected"] = list(view.affected)
             said["unresolved"] = list(view.unresolved)

@@ -78,6 +78,7 @@ class StandingDecision(TypedDict, total=False):
     kind: str
     rule: str
     reason: str
+    target: str  # the VmId an approval went through (Approve)
     at: str  # the consumer's clock when it was decided
     explanation: list[str]  # its DecisionExplanation, a line a step
     affected: list[str]  # the VmIds Resources resolved to then

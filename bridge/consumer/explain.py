@@ -117,6 +117,7 @@ def last_decision(records: list[dict[str, Any]], event_id: str) -> fs.StandingDe
         "kind": str(last["DecisionAction"]),
         "rule": str(last["DecisionRule"]),
         "reason": str(last["DecisionReason"]),
+        **({"target": str(last["TargetVmId"])} if last.get("TargetVmId") else {}),
         "at": str(last["TimeGenerated"]),
         "explanation": str(last.get("DecisionExplanation") or "").splitlines(),
     }
@@ -229,6 +230,7 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
             "DecisionAction": taken.get("kind") if taken else None,
             "DecisionRule": taken.get("rule") if taken else None,
             "DecisionReason": taken.get("reason") if taken else None,
+            "TargetVmId": taken.get("target") if taken else None,
             "DecisionExplanation": list(taken.get("explanation", ())) if taken else [],
             "DecidedAt": taken.get("at") if taken else None,
         }

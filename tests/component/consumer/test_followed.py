@@ -225,7 +225,7 @@ def test_explain_on_a_finished_event_explains_the_decision_it_took(
     assert f"taken at {decision['TimeGenerated']}; the event is over" in text
     assert decision["DecisionExplanation"] in text.replace("\n  ", "\n")
     said = json.loads(explain("--state", state, "--event", E1, "--json", capsys=capsys))
-    assert said["DecisionAction"] == "Approve"
+    assert (said["DecisionAction"], said["TargetVmId"]) == ("Approve", rig.fleet.vm_id("web_0"))
     assert said["DecidedAt"] == decision["TimeGenerated"]
     assert said["EventStatus"] is None  # as records say of an event that is gone
     assert said["DecisionExplanation"] == decision["DecisionExplanation"].splitlines()

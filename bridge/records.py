@@ -139,6 +139,8 @@ class Health:
     spool_dropped: int
     imds_healthy: bool
     last_imds_success: datetime | None
+    # Whether hooks.prepare is set; None leaves HasPrepareHook out, as agents before it did.
+    prepare_hook: bool | None = None
 
 
 def heartbeat_record(
@@ -159,6 +161,8 @@ def heartbeat_record(
         LastImdsSuccess=iso(health.last_imds_success) if health.last_imds_success else None,
         Tags=dict(origin.identity.tags) if origin.identity.known else None,
     )
+    if health.prepare_hook is not None:
+        record["HasPrepareHook"] = health.prepare_hook
     return record
 
 

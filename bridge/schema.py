@@ -35,11 +35,14 @@ def common_fields() -> list[str]:
 
 
 def record_types() -> dict[str, list[str]]:
-    """Each RecordType and the fields specific to it, in schema order."""
+    """Each RecordType and the fields specific to it, in schema order: those it requires and
+    those it may leave out (a field added later, which older agents do not send)."""
+    common = set(common_fields())
     out: dict[str, list[str]] = {}
     for clause in load()["allOf"]:
         name = clause["if"]["properties"]["RecordType"]["const"]
-        out[name] = list(clause["then"]["required"])
+        allowed = clause["then"]["propertyNames"]["enum"]
+        out[name] = [field for field in allowed if field not in common]
     return out
 
 

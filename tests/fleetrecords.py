@@ -63,8 +63,12 @@ class FleetRecords:
         self.now += timedelta(seconds=seconds)
         return self.now
 
-    def heartbeat(self, name: str, reason: str = "Periodic") -> dict[str, Any]:
-        health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now)
+    def heartbeat(
+        self, name: str, reason: str = "Periodic", *, prepare_hook: bool | None = None
+    ) -> dict[str, Any]:
+        """`prepare_hook` None: a heartbeat of an agent from before HasPrepareHook."""
+        health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now,
+                        prepare_hook=prepare_hook)  # fmt: skip
         return heartbeat_record(self.origins[name], reason, health, self.now)
 
     def event(

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from datetime import datetime
 
 from bridge.agent.approver import Approver, Request
@@ -39,8 +40,11 @@ class LocalApprover:
         approver: Approver,
         now: Callable[[], datetime],
         recheck: float = RECHECK_SECONDS,
+        *,
+        prepare_hook: bool | None = None,
     ) -> None:
         self.policy, self._approver, self._now, self._recheck = policy, approver, now, recheck
+        self._prepare_hook = prepare_hook  # hooks.prepare is set: approve_when_ready waits
         self._lock = threading.Lock()
         self._ready: set[str] = set()  # events whose prepare hook succeeded on this VM
         self._given_up: set[str] = set()  # IMDS refused the approval (400): not asked again
@@ -59,7 +63,8 @@ class LocalApprover:
         name = identity.vm_name or origin.host_name
         now = self._now()
         fleet, events = local_views(state, identity, self._ready_events(), self._done(), now,
-                                    vm_id=vm_id, name=name)  # fmt: skip
+                                    vm_id=vm_id, name=name,
+                                    prepare_hook=self._prepare_hook)  # fmt: skip
         again = False
         for event in events:
             again |= self._act(event, evaluate(self.policy, fleet, event, now), vm_id)
@@ -146,10 +151,12 @@ def local_views(
     *,
     vm_id: str | None = None,
     name: str | None = None,
+    prepare_hook: bool | None = None,
 ) -> tuple[FleetView, list[EventView]]:
     """The fleet of one VM and the events to decide about (Scheduled, affecting it, not done).
 
-    `vm_id` and `name` are what this VM goes by: instance metadata's, unless it has none.
+    `vm_id` and `name` are what this VM goes by: instance metadata's, unless it has none;
+    `prepare_hook` whether it runs one.
     """
     vm_id = vm_id or identity.vm_id or ""
     name = name or identity.vm_name or ""
@@ -159,7 +166,8 @@ def local_views(
         if event.get("AffectsThisVm") is True
         and (is_started(event.get("EventStatus")) or key in done)
     }
-    fleet = FleetView(vms={vm_id: vm_view(identity, now, vm_id, name)}, impacted=impacted)
+    me = replace(vm_view(identity, now, vm_id, name), prepare_hook=prepare_hook)
+    fleet = FleetView(vms={vm_id: me}, impacted=impacted)
     views = [
         event_view(event, vm_id, name, key in ready, now)
         for key, event in _events(state)
@@ -220,4 +228,5 @@ def build(
             return None
         policy = policyfile.load_setting("agent.policy", config.agent.policy)
     log.info("local mode: approving with the policy %s", policy.source)
-    return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS)
+    return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS,
+                         prepare_hook=config.hooks.prepare is not None)  # fmt: skip

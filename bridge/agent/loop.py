@@ -406,6 +406,7 @@ class Agent:
             spool_dropped=self.spool.dropped(),
             imds_healthy=self._poll.healthy,
             last_imds_success=self._poll.last_success,
+            prepare_hook=self.config.hooks.prepare is not None,
         )
         try:
             beat = heartbeat_record(self.origin, reason, health, self._now(), run=self._run)

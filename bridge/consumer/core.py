@@ -25,6 +25,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
@@ -162,9 +163,10 @@ class Consumer:
             fleet = FleetView(known.vms, impacted, self._alive_within)
             return budget_use(self.policy.budgets, fleet, self._now())
 
-    def explain(self, event_id: str) -> tuple[EventView, Verdict] | None:
-        """What the policy decides about `event_id` now, and why, as a pass would see it;
-        nothing is written. None when the state holds no such event."""
+    def explain(self, event_id: str) -> Explained | None:
+        """What the policy decides about `event_id` now, and why, as a pass would see it; once
+        the event has started or is over, the decision it stood on. Nothing is written. None
+        when the state holds no such event."""
         with self._lock:
             now = self._now()
             doc = self.store.read(fs.EVENT, fs.event_key(event_id))
@@ -173,7 +175,9 @@ class Consumer:
             view, fleet, _ = self._assess(
                 self.ledger.read(), doc, VmSnapshot(self.store, self.fleet), now
             )
-            return view, evaluate(self.policy, fleet, view, now)
+            if view.status != "Scheduled":
+                return Explained(view, taken=fs.event_document(doc).get("decision"))
+            return Explained(view, evaluate(self.policy, fleet, view, now))
 
     def tick(self) -> None:
         """Look again at every open event: deferrals, fallbacks, unsent commands, stale ones."""
@@ -573,6 +577,20 @@ class Consumer:
             self.store.delete(fs.EVENT, doc)
         except Exception:  # a concurrent update keeps it alive; the next tick looks again
             log.debug("event %s changed while being forgotten", doc.key)
+
+
+@dataclass(frozen=True)
+class Explained:
+    """What `Consumer.explain` says of one event: while it is Scheduled, what the policy
+    decides now (`verdict`); once it has started or is over there is nothing left to decide
+    (evaluating it now would only say so), and `taken` is the decision it stood on, None when
+    none was taken (it had started when first read). `replayed`: `taken` is what a consumer
+    would have decided on records replayed (`policy explain --records`), not one it took."""
+
+    view: EventView
+    verdict: Verdict | None = None
+    taken: fs.StandingDecision | None = None
+    replayed: bool = False
 
 
 class _WouldAct(Exception):

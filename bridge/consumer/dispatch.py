@@ -5,9 +5,10 @@ signed command to one VM, sent once and resent if a crash came between writing a
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from bridge.channels import CommandSender
 from bridge.commands import message as commands
@@ -15,7 +16,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
 from bridge.consumer.state import Conflict, Doc, Store, update_many
 from bridge.policy.model import EventView, Policy, Verdict, VmView
-from bridge.records import Origin, VmIdentity, iso, parse_time, record_id
+from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_key
 from bridge.redact import describe
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,11 @@ class Dispatch:
         """Carry out `verdict`; False when the ledger changed under us and it must be redone."""
         if not self.would_act(event_doc, verdict):
             return True
+        verdict = with_change(fs.event_document(event_doc).get("decision"), view, verdict, vms)
         decided = (event_doc, view, verdict, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
-            self._say(ledger.store, view, verdict, self._decision(*decided, None), event_doc)
+            self._say(ledger.store, view, verdict, self._decision(*decided, None), event_doc,
+                      vms=vms)  # fmt: skip
             return True
         command = self._command(event_doc, view, verdict, now)
         key = fs.event_key(view.event_id)
@@ -82,7 +85,7 @@ class Dispatch:
         except Conflict:
             return False
         self._unfinished.add(command.command_id)
-        self._say(ledger.store, view, verdict, record, event_doc)
+        self._say(ledger.store, view, verdict, record, event_doc, vms=vms)
         self._send(ledger, key, command, now, written=state)
         return True
 
@@ -94,8 +97,7 @@ class Dispatch:
             return False
         if verdict.kind == "Approve" and verdict.target is not None:
             return True
-        said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
-        return event_doc.value.get("decision") != said
+        return fs.standing(fs.event_document(event_doc)) != _said(verdict)
 
     def resend_if_unsent(
         self, ledger: ApprovalLedger, key: str, entry: LedgerEntry, now: datetime
@@ -179,7 +181,7 @@ class Dispatch:
         )
         view = _bare_view(event, now)
         verdict = Verdict("Defer", ERROR_RULE, reason)
-        if event.get("decision") == {"kind": "Defer", "rule": ERROR_RULE, "reason": reason}:
+        if fs.standing(event) == _said(verdict):
             return
         record = decision_record(_valid(event), view=view, verdict=verdict, target=None,
                                  command=None, policy_source=self.policy.source,
@@ -204,18 +206,37 @@ class Dispatch:
         verdict: Verdict,
         record: dict[str, Any],
         event_doc: Doc | None = None,
+        *,
+        vms: Mapping[str, VmView] | None = None,
     ) -> None:
         """Emit the Decision record, then remember it so a standing decision is not repeated.
 
         `event_doc`: the event as just read, most likely current: written over without
         reading it again (if it changed since, the write conflicts and it is read again).
+        `vms`: the policy decided on `view` and these VMs: what it saw is kept, for a later
+        decision that differs to tell what changed (`with_change`).
         """
-        said = {"kind": verdict.kind, "rule": verdict.rule, "reason": verdict.reason}
+        said: fs.StandingDecision = {
+            "kind": verdict.kind,
+            "rule": verdict.rule,
+            "reason": verdict.reason,
+            "at": record["TimeGenerated"],
+            "explanation": (record["DecisionExplanation"] or "").splitlines(),
+        }
+        if verdict.target is not None:
+            said["target"] = verdict.target
+        if vms is not None:
+            said["affected"] = list(view.affected)
+            said["unresolved"] = list(view.unresolved)
+            said["ready"] = sorted(view.ready)
+            said["reporters"] = len(view.reporters)
+            said["no_hook"] = _without_hook(view, vms)
 
         def remember(value: dict[str, Any]) -> bool:
-            changed = value.get("decision") != said
+            if fs.standing(cast(fs.EventDocument, value)) == _said(verdict):
+                return False
             value["decision"] = said
-            return changed
+            return True
 
         self.emit([record])
         key = fs.event_key(view.event_id)
@@ -227,6 +248,84 @@ class Dispatch:
 
 ERROR_RULE = "(error)"
 RELEASE_RULE = "(released)"
+
+
+def _said(verdict: Verdict) -> tuple[str, str, str]:
+    """What tells one decision from another (`documents.standing`)."""
+    return verdict.kind, verdict.rule, verdict.reason
+
+
+def with_change(
+    before: fs.StandingDecision | None, view: EventView, verdict: Verdict, vms: Mapping[str, VmView]
+) -> Verdict:
+    """`verdict` with a first line saying what changed since the decision `before`, when it
+    changes its action or rule: a decision taken on the first report of a neighbour (the
+    VMs the event names not heard from yet) is then told from one taken on what they said.
+    """
+    if before is None or (before.get("kind"), before.get("rule")) == (verdict.kind, verdict.rule):
+        return verdict
+    if "affected" not in before:  # a failure, a release, or a document older than the facts
+        what = "the facts it was decided on were not kept"
+    else:
+        what = "; ".join(_changes(before, view, verdict, vms)) or (
+            "nothing the event's VMs said changed: the budgets, the live VMs or the time did"
+        )
+    line = (f"changed from {before.get('kind')} by {before.get('rule')} (decided at "
+            f"{before.get('at', 'an earlier pass')}): {what}")  # fmt: skip
+    return replace(verdict, explanation=(line, *verdict.explanation))
+
+
+def _changes(
+    before: fs.StandingDecision, view: EventView, verdict: Verdict, vms: Mapping[str, VmView]
+) -> list[str]:
+    def name(vm_id: str) -> str:
+        return vms[vm_id].name if vm_id in vms else vm_id
+
+    def names(ids: Iterable[str]) -> str:
+        return ", ".join(name(v) for v in ids)
+
+    then = list(before.get("unresolved", ()))
+    resolved = [n for n in then if n not in view.unresolved]
+    lost = [n for n in view.unresolved if n not in then]
+    # A VM the event names now that it did not then, other than a name resolved since.
+    since = {vm_key(n) for n in resolved}
+    added = [v for v in view.affected
+             if v not in before.get("affected", ()) and vm_key(name(v)) not in since]  # fmt: skip
+    ready = sorted(view.ready - set(before.get("ready", ())))
+    reporters = len(view.reporters) - before.get("reporters", 0)
+    hookless = set(_without_hook(view, vms))
+    hooked = [v for v in before.get("no_hook", ()) if v in view.affected and v not in hookless]
+    unhooked = sorted(hookless - set(before.get("no_hook", ())))
+    changes = []
+    if resolved:
+        now = _s(len(resolved), "resolves to a known VM", "resolve to known VMs")
+        changes.append(f"{', '.join(resolved)} now {now}")
+    if lost:
+        changes.append(f"{', '.join(lost)} no longer {_s(len(lost), 'resolves', 'resolve')} to one "
+                       "known VM")  # fmt: skip
+    if added:
+        changes.append(f"the event now also names {names(added)}")
+    if ready:
+        changes.append(f"the prepare hook succeeded on {names(ready)}")
+    for vm_ids, when in ((hooked, "no longer"), (unhooked, "now")):
+        if vm_ids:
+            says = _s(len(vm_ids), "says it has", "say they have")
+            changes.append(f"{names(vm_ids)} {when} {says} no prepare hook")
+    if reporters > 0:
+        changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} "
+                       "the event")  # fmt: skip
+    if verdict.rule != before.get("rule"):
+        changes.append(f"rule {verdict.rule} matches now, {before.get('rule')} did then")
+    return changes
+
+
+def _without_hook(view: EventView, vms: Mapping[str, VmView]) -> list[str]:
+    """The VMs of the event whose agents say they have no prepare hook."""
+    return [v for v in view.affected if v in vms and vms[v].prepare_hook is False]
+
+
+def _s(count: int, one: str, more: str) -> str:
+    return one if count == 1 else more
 
 
 def _valid_text(text: str) -> str:

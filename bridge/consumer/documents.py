@@ -33,7 +33,7 @@ class VmDocument(TypedDict, total=False):
         {"last_seen": "2026-11-21T10:00:00.000Z", "name": "web_0",
          "subscription_id": "8d5f9c8e-...", "resource_group": "rg-prod", "location": "westeurope",
          "zone": "1", "scale_set": "web", "fault_domain": 0, "update_domain": 0,
-         "tags": {"role": "web"}}
+         "tags": {"role": "web"}, "prepare_hook": true}
 
     `stopped` holds the TimeGenerated of a Stop heartbeat until the VM reports again.
     `heard` is when the consumer last folded a record of the VM in, on the consumer's clock:
@@ -52,11 +52,48 @@ class VmDocument(TypedDict, total=False):
     update_domain: int
     tags: dict[str, str]
     stopped: str
+    prepare_hook: bool  # as its agent's last heartbeat said; absent when it did not say
 
 
 class Reporter(TypedDict):
     status: str  # the reporter's EventStatus, or Gone once the event left its document
     at: str  # the TimeGenerated of that record
+
+
+class StandingDecision(TypedDict, total=False):
+    """An event document's `decision`: the decision the event stands on, said once in a
+    Decision record, with the facts it was taken on. A decision that differs from it says
+    what changed since; `policy explain` on an event that is over explains this one. A
+    sample:
+
+    {"kind": "Hold", "rule": "everything-else", "reason": "rule everything-else holds: ...",
+     "at": "2026-11-21T10:00:00.000Z", "explanation": ["rule user-initiated: does not ...", ...],
+     "affected": ["1b1f..."], "unresolved": [], "ready": [], "reporters": 4, "no_hook": []}
+
+    Only kind, rule and reason tell one decision from another. Documents written before the
+    rest was kept, and decisions no policy evaluation took (a release, a failure), have only
+    those three.
+    """
+
+    kind: str
+    rule: str
+    reason: str
+    target: str  # the VmId an approval went through (Approve)
+    at: str  # the consumer's clock when it was decided
+    explanation: list[str]  # its DecisionExplanation, a line a step
+    affected: list[str]  # the VmIds Resources resolved to then
+    unresolved: list[str]  # the names that did not resolve
+    ready: list[str]  # the VmIds whose prepare hook had succeeded
+    reporters: int  # how many VMs reported the event
+    no_hook: list[str]  # the VmIds of `affected` whose agents said they have no prepare hook
+
+
+def standing(value: EventDocument) -> tuple[str, str, str] | None:
+    """The kind, rule and reason the event stands on; None before its first decision."""
+    held = value.get("decision")
+    if not isinstance(held, dict):
+        return None
+    return str(held.get("kind")), str(held.get("rule")), str(held.get("reason"))
 
 
 class EventDocument(TypedDict, total=False):
@@ -81,7 +118,7 @@ class EventDocument(TypedDict, total=False):
     incarnation: int | None
     reporters: dict[str, Reporter]  # by VmId, or host:NAME before the VM knows its VmId
     ready: list[str]  # VmIds whose prepare hook succeeded
-    decision: dict[str, str]  # the standing decision, said once
+    decision: StandingDecision  # the standing decision, said once
     heard: str  # the consumer's clock when a record last changed the event (staleness)
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
 
@@ -171,6 +208,14 @@ def merge_vm(value: VmDocument, record: Mapping[str, Any], heard: str = "") -> b
     heartbeat = record.get("RecordType") == "Heartbeat"
     if heartbeat and isinstance(record.get("Tags"), dict):
         value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
+    if heartbeat:
+        # An agent from before HasPrepareHook (perhaps one that replaced a newer agent)
+        # does not say: what another once said no longer holds.
+        hook = record.get("HasPrepareHook")
+        if isinstance(hook, bool):
+            value["prepare_hook"] = hook
+        else:
+            value.pop("prepare_hook", None)
     if heartbeat and record.get("HeartbeatReason") == "Stop":
         value["stopped"] = seen
     elif value.get("stopped"):
@@ -195,6 +240,7 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         update_domain=value.get("update_domain"),
         tags=dict(value.get("tags") or {}),
         last_seen=last_seen,
+        prepare_hook=value.get("prepare_hook"),
     )
 
 

@@ -3,12 +3,16 @@ event's decision explained, with the consumer's own code (docs/policy.md#checkin
 
 `explain` asks the consumer core what a pass would decide now (`Consumer.explain`), so it
 says exactly what the consumer says: which rule matched, why every earlier rule did not, the
-action's gate, and which budget allowed or deferred it. It writes nothing a consumer reads:
+action's gate, and which budget allowed or deferred it. An event that has started or is over
+has nothing left to decide: it is explained by the decision it stood on, as it was taken. It
+writes nothing a consumer reads:
 
 - `--state SPEC` (or the config's consumer.state) reads a consumer's fleet state, read only;
 - `--records FILE` folds the records of a JSON or JSONL file (what an agent's jsonl sink
   holds, or one record) into a throwaway state first, and looks at them as of the newest
-  record's TimeGenerated, so a record from yesterday is explained as it was decided then.
+  record's TimeGenerated, so a record from yesterday is explained as it was decided then. An
+  event that is over by then is explained by the file's last Decision record about it, or,
+  with none, by replaying the records in order through a throwaway shadow consumer.
 
 Exit codes: 0 explained (or the policy is valid), 2 bad input (a policy, a setting, a file
 that holds no record, an event the state does not hold), 1 the state could not be read.
@@ -18,18 +22,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
+from itertools import groupby
 from pathlib import Path
 from typing import Any
 
 from bridge.commands.message import Command
 from bridge.config import Config, ConfigError
+from bridge.consumer import documents as fs
 from bridge.consumer import validation, wiring
-from bridge.consumer.core import Consumer
+from bridge.consumer.core import Consumer, Explained
 from bridge.consumer.state.sqlite import SqliteStore
-from bridge.policy.model import EventView, Policy, Verdict
+from bridge.policy.model import Policy
 from bridge.records import parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import DeliveryError
@@ -63,12 +73,11 @@ def run_explain(args: argparse.Namespace) -> int:
     if found is None:
         print(f"se-bridge: the fleet state holds no event {event_id}", file=sys.stderr)
         return 2
-    view, verdict = found
-    print(render(view, verdict, policy, as_json=args.json))
+    print(render(found, policy, as_json=args.json))
     return 0
 
 
-Found = tuple[EventView, Verdict] | None
+Found = Explained | None
 
 
 def _from_records(
@@ -83,9 +92,74 @@ def _from_records(
                             now=lambda: at)  # fmt: skip
         try:
             consumer.fold(records)
-            return event_id, consumer.explain(event_id)
+            found = consumer.explain(event_id)
         finally:
             consumer.close()
+        if found is None or found.verdict is not None:
+            return event_id, found
+        taken = last_decision(records, event_id)
+        if taken is not None:
+            return event_id, replace(found, taken=taken)
+        replayed = _replay(records, event_id, policy, config, Path(tmp) / "replay.db")
+        return event_id, replace(found, taken=replayed, replayed=True)
+
+
+def last_decision(records: list[dict[str, Any]], event_id: str) -> fs.StandingDecision | None:
+    """The last Decision record about `event_id` in `records` (an export of the consumer's
+    records, say), as the event document keeps a decision; None when there is none."""
+    key = fs.event_key(event_id)
+    mine = [r for r in records if r.get("RecordType") == "Decision"
+            and fs.event_key(str(r.get("EventId"))) == key]  # fmt: skip
+    if not mine:
+        return None
+    last = max(mine, key=lambda r: str(r.get("TimeGenerated")))
+    return {
+        "kind": str(last["DecisionAction"]),
+        "rule": str(last["DecisionRule"]),
+        "reason": str(last["DecisionReason"]),
+        **({"target": str(last["TargetVmId"])} if last.get("TargetVmId") else {}),
+        "at": str(last["TimeGenerated"]),
+        "explanation": str(last.get("DecisionExplanation") or "").splitlines(),
+    }
+
+
+def _replay(
+    records: list[dict[str, Any]], event_id: str, policy: Policy, config: Config, path: Path
+) -> fs.StandingDecision | None:
+    """The decision `event_id` stood on once a consumer had read `records` as they came: in
+    TimeGenerated order, on a clock at each one's time, re-evaluating after each (a shadow
+    consumer: it decides and sends nothing)."""
+    clock = [newest(records)]
+    settings = replace(config.consumer, mode="shadow")
+    consumer = Consumer(SqliteStore(path), _NoCommands(), policy, _ignore, settings,
+                        now=lambda: clock[0])  # fmt: skip
+    try:
+        with _quiet():
+            for at, batch in groupby(sorted(records, key=_stamp), key=_stamp):
+                clock[0] = parse_time(at) or clock[0]
+                consumer.process(list(batch))
+                consumer.tick()
+        found = consumer.explain(event_id)
+    finally:
+        consumer.close()
+    return found.taken if found is not None else None
+
+
+def _stamp(record: dict[str, Any]) -> str:
+    return str(record.get("TimeGenerated"))
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """A replay's decisions are not news: the consumer's INFO lines about them (approved, did
+    not send) would read as if something had happened."""
+    chatty = logging.getLogger("bridge.consumer")
+    level = chatty.level
+    chatty.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        chatty.setLevel(level)
 
 
 def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str, Found]:
@@ -140,31 +214,67 @@ def newest(records: list[dict[str, Any]]) -> datetime:
     return max((t for t in times if t is not None), default=utc_now())
 
 
-def render(view: EventView, verdict: Verdict, policy: Policy, *, as_json: bool) -> str:
+def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
+    view, verdict, taken = found.view, found.verdict, found.taken
+    if verdict is not None:
+        decided: dict[str, Any] = {
+            "DecisionAction": verdict.kind,
+            "DecisionRule": verdict.rule,
+            "DecisionReason": verdict.reason,
+            "TargetVmId": verdict.target,
+            "DecisionExplanation": list(verdict.explanation),
+            "DecidedAt": None,
+        }
+    else:
+        decided = {
+            "DecisionAction": taken.get("kind") if taken else None,
+            "DecisionRule": taken.get("rule") if taken else None,
+            "DecisionReason": taken.get("reason") if taken else None,
+            "TargetVmId": taken.get("target") if taken else None,
+            "DecisionExplanation": list(taken.get("explanation", ())) if taken else [],
+            "DecidedAt": taken.get("at") if taken else None,
+        }
+    # Records say null of the status of an event that is gone; Gone is no EventStatus.
+    status = None if view.status == fs.GONE else view.status
     if as_json:
         return json.dumps(
             {
                 "EventId": view.event_id,
                 "EventType": view.event_type,
                 "EventSource": view.event_source,
-                "EventStatus": view.status,
-                "DecisionAction": verdict.kind,
-                "DecisionRule": verdict.rule,
-                "DecisionReason": verdict.reason,
-                "TargetVmId": verdict.target,
-                "DecisionExplanation": list(verdict.explanation),
+                "EventStatus": status,
+                **decided,
                 "PolicySource": policy.source,
             },
             indent=2,
         )
     lines = [
         f"event {view.event_id}: {view.event_type} from {view.event_source or 'an unknown source'}"
-        f", {view.status}, NotBefore {view.not_before or 'none'}",
+        f", {status or 'over (completed or canceled)'}, NotBefore {view.not_before or 'none'}",
         f"  VMs it names: {', '.join(view.affected) or 'none resolved'}"
         + (f"; unresolved: {', '.join(view.unresolved)}" if view.unresolved else ""),
-        f"decision: {verdict.kind} by {verdict.rule}: {verdict.reason}",
+        *_decision_lines(found),
         f"policy: {policy.source}",
         "why:",
-        *(f"  {line}" for line in verdict.explanation),
+        *(f"  {line}" for line in decided["DecisionExplanation"]),
     ]
     return "\n".join(lines)
+
+
+def _decision_lines(found: Explained) -> list[str]:
+    if found.verdict is not None:
+        verdict = found.verdict
+        return [f"decision: {verdict.kind} by {verdict.rule}: {verdict.reason}"]
+    since = "had started" if found.view.status == "Started" else "was over"
+    taken = found.taken
+    if taken is None:
+        return [f"decision: none: the event {since} when it was first read, so there was "
+                "nothing to approve"]  # fmt: skip
+    now = "has started" if found.view.status == "Started" else "is over"
+    at = taken.get("at", "an unknown time")
+    how = (f"as a consumer reading these records would have taken it at {at}" if found.replayed
+           else f"taken at {at}")  # fmt: skip
+    return [
+        f"decision: {taken.get('kind')} by {taken.get('rule')}: {taken.get('reason')}",
+        f"  {how}; the event {now} since: nothing is left to decide",
+    ]

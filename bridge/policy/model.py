@@ -132,6 +132,8 @@ class VmView:
     update_domain: int | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     last_seen: datetime | None = None
+    # Whether its agent runs a prepare hook; None: its agent has not said (an older one).
+    prepare_hook: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -218,7 +220,7 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
     if rule is None:
         return _with(Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore"),
                      notes)  # fmt: skip
-    gate = _gate(rule, event, now)
+    gate = _gate(rule, fleet, event, now, notes)
     if gate is not None:
         return _with(gate, [*notes, f"{rule.action.kind.replace('_', ' ')}: {gate.reason}"])
     blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
@@ -321,36 +323,84 @@ def _in(allowed: frozenset[str], value: str | None) -> bool:
     return not allowed or (value is not None and value.lower() in allowed)
 
 
-def _gate(rule: Rule, event: EventView, now: datetime) -> Verdict | None:
-    """Hold or Defer when the rule's action does not allow approval yet; None when it does."""
+def _gate(
+    rule: Rule, fleet: FleetView, event: EventView, now: datetime, notes: list[str]
+) -> Verdict | None:
+    """Hold or Defer when the rule's action does not allow approval yet; None when it does
+    (a gate that lets the event through with something to say adds it to `notes`)."""
     action = rule.action
     if action.kind == "hold":
         return Verdict("Hold", rule.name, f"rule {rule.name} holds: the event starts at NotBefore")
     if action.kind == "approve_when_ready":
-        return _ready_gate(rule, event, now)
+        return _ready_gate(rule, fleet, event, now, notes)
     if action.kind == "approve_in_window":
         return _window_gate(rule, event, now)
     return None
 
 
-def _ready_gate(rule: Rule, event: EventView, now: datetime) -> Verdict | None:
+def _ready_gate(
+    rule: Rule, fleet: FleetView, event: EventView, now: datetime, notes: list[str]
+) -> Verdict | None:
+    """Every affected VM's prepare hook succeeded, or the deadline decides.
+
+    A VM whose agent says it has no prepare hook never gets ready: with on_deadline hold
+    the event is held at once rather than at the deadline, with on_deadline approve it is
+    not waited for (docs/policy.md#approve_when_ready-and-vms-without-a-prepare-hook). An
+    agent that does not say (older than HasPrepareHook) may have one: waited for.
+    """
     waiting = [v for v in event.affected if v not in event.ready]
     if not waiting and not event.unresolved:
         return None
-    count = len(waiting) + len(event.unresolved)
+    hooks = {v: fleet.vms[v].prepare_hook if v in fleet.vms else None for v in waiting}
+    none = [v for v in waiting if hooks[v] is False]
+    blocking = [v for v in waiting if hooks[v] is not False]
+    parts = [
+        *_listed("prepare hook not yet succeeded on {names}",
+                 [v for v in blocking if hooks[v]], fleet),
+        *_listed("{VM} {names} {has} not said whether {it} {has} a prepare hook",
+                 [v for v in blocking if hooks[v] is None], fleet),
+        *_listed("{names} not resolved to one known VM", event.unresolved),
+    ]  # fmt: skip
+    no_hook = _listed("no prepare hook on {VM} {names}", none, fleet)
     total = len(event.affected) + len(event.unresolved)
+    if none and rule.action.on_deadline == "hold":
+        why = f"{no_hook[0]}: never ready, so the event starts at NotBefore"
+        if parts:
+            why += f" ({'; '.join(parts)})"
+        return Verdict("Hold", rule.name, why)
+    if none:
+        notes.append(f"{no_hook[0]}: not waited for (on_deadline approve)")
+    if not parts:
+        return None
+    count = len(blocking) + len(event.unresolved)
+    state = f"{count} of {total} VMs not ready: {'; '.join([*parts, *no_hook])}"
     # Without a deadline the rule waits for the hooks until NotBefore makes it moot.
     deadline = event.first_seen + rule.action.deadline if rule.action.deadline else None
     if deadline is None or now < deadline:
-        why = f"waiting for prepare hooks: {count} of {total} VMs not ready"
-        return Verdict("Defer", rule.name, why, recheck_at=deadline)
+        return Verdict("Defer", rule.name, f"waiting for prepare hooks: {state}",
+                       recheck_at=deadline)  # fmt: skip
     if rule.action.on_deadline == "approve":
+        notes.append(f"prepare deadline passed with {state}: approved anyway (on_deadline approve)")
         return None
-    why = (
-        f"prepare deadline passed with {count} of {total} VMs not ready: "
-        "the event starts at NotBefore"
-    )
+    why = f"prepare deadline passed with {state}: the event starts at NotBefore"
     return Verdict("Hold", rule.name, why)
+
+
+LISTED_NAMES = 5  # a placement group's 100 names would bury the reason
+
+
+def _listed(template: str, items: Iterable[str], fleet: FleetView | None = None) -> list[str]:
+    """`template` said of the VMs `items` (VmIds named as their VMs, or names), a few of them
+    by name; nothing when there are none."""
+    names = [fleet.vms[v].name if fleet and v in fleet.vms else v for v in items]
+    if not names:
+        return []
+    shown = ", ".join(names[:LISTED_NAMES])
+    if len(names) > LISTED_NAMES:
+        shown += f" and {len(names) - LISTED_NAMES} more"
+    one = len(names) == 1
+    return [template.format(names=shown, VM="VM" if one else "VMs", has="has" if one else "have",
+                            it="it" if one else "they")]  # fmt: skip
 
 
 def _window_gate(rule: Rule, event: EventView, now: datetime) -> Verdict | None:

@@ -118,6 +118,29 @@ def test_approve_when_ready_waits_for_the_prepare_hook(sim: Sim, harness: Harnes
     assert posts(simulator, event) == [200]
 
 
+@pytest.mark.parametrize(("on_deadline", "approved"), [("approve", [200]), ("hold", [])])
+def test_approve_when_ready_without_a_prepare_hook_decides_at_once(
+    sim: Sim,
+    harness: Harness,
+    caplog: pytest.LogCaptureFixture,
+    on_deadline: str,
+    approved: list[int],
+) -> None:
+    # This VM can never be ready: the deadline's outcome now, not in 10 minutes (issue 27).
+    caplog.set_level(logging.INFO, logger="bridge")
+    simulator, _ = sim
+    policy = loads(
+        "version: 1\nrules:\n  - name: drained\n    action: {approve_when_ready: "
+        f"{{deadline: 10m, on_deadline: {on_deadline}}}}}\n"
+    )
+    event = simulator.add_event(EventSpec("Reboot", (VM,)))
+    harness.start(channel=None, policy=policy)
+    harness.poll(2)
+    assert posts(simulator, event) == approved
+    if not approved:
+        assert said(caplog, f"hold: no prepare hook on VM {VM}") == 1
+
+
 def test_an_event_approved_locally_is_not_approved_again_by_a_command(
     sim: Sim, harness: Harness
 ) -> None:

@@ -95,6 +95,16 @@ def test_heartbeats_at_start_and_stop(harness: Harness) -> None:
     assert beats[-1]["LastImdsSuccess"] is not None
 
 
+def test_heartbeats_say_whether_the_agent_has_a_prepare_hook(harness: Harness) -> None:
+    # approve_when_ready waits for this VM's prepare hook only if it has one (issue 27).
+    harness.start()
+    harness.stop()
+    harness.start(boot="b2", hooks=HooksSettings(prepare="exit 0"))
+    harness.stop()
+    beats = harness.records("Heartbeat")
+    assert [b["HasPrepareHook"] for b in beats] == [False, False, True, True]
+
+
 def test_restart_gives_canceled_for_an_event_gone_while_down(
     sim: tuple[Simulator, SimulatorServer], harness: Harness
 ) -> None:

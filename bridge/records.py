@@ -176,6 +176,9 @@ class ApprovalOutcome:
     rule: str | None = None
     issued_at: datetime | None = None
     latency_ms: int | None = None
+    # A Late refusal (the command came after its event Started or Ended here): which, for
+    # the metrics; not a field of the record, whose ApprovalDetail says it in words.
+    late: str | None = None
 
 
 def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) -> dict[str, Any]:

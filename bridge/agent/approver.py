@@ -13,6 +13,10 @@ it is a replay. An entry is kept until the command expires, after which a replay
 refused as expired anyway; a sample of the saved state:
 
     {"seen": {"3d0c...": {"outcome": "Refused", "until": "2026-11-21T10:15:00.000Z"}}}
+
+A command that comes after its event Started, or after the event left this VM's document
+(one the agent saw: an event it never saw may be shown to other VMs only), is refused as
+`Late`: nothing can approve the event any more, and the consumer must not ask another VM.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
@@ -40,6 +45,7 @@ MEMORY = 256  # events remembered: far more than can be pending on one VM at onc
 SEEN_MEMORY = 1024
 # Kept a little past expiry, so a clock step on this VM does not reopen the door at once.
 SEEN_GRACE = timedelta(minutes=5)
+LATE = "Late"  # the refusal code of a command that came after its event started or ended
 
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
 # Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.
@@ -100,6 +106,9 @@ class Approver:
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
         self._seen: dict[str, dict[str, str]] = _load_seen(spool)  # CommandId -> outcome, until
         self._in_flight: set[str] = set()
+        # Events the agent observed (in its document at some poll), newest last: one that is
+        # no longer in IMDS's document has ended, and a command for it came too late.
+        self._observed: OrderedDict[str, None] = OrderedDict()
 
     def handled(self, command_id: str) -> str | None:
         """How this agent ended the command `command_id` before (Approved, ...); None if new."""
@@ -107,6 +116,17 @@ class Approver:
         with self._lock:
             entry = self._seen.get(command_id)
             return entry.get("outcome") if entry else None
+
+    def observe(self, state: Mapping[str, object] | None) -> None:
+        """What the agent's last observation holds (its normaliser state): the events in it
+        were in this VM's document."""
+        events = (state or {}).get("events")
+        with self._lock:
+            for key in events if isinstance(events, dict) else ():
+                self._observed[str(key).lower()] = None
+                self._observed.move_to_end(str(key).lower())
+            while len(self._observed) > MEMORY:
+                self._observed.popitem(last=False)
 
     def approved(self, event_id: str) -> bool:
         with self._lock:
@@ -167,11 +187,38 @@ class Approver:
         except DeliveryError as err:
             return Attempt("Retry", f"cannot read the current Scheduled Events document: {err}")
         event = _find(document, request.event_id)
-        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         base = _outcome(request, document, event)
+        late = self._late(document, event, request)
+        if late is not None:
+            why, detail = late
+            return Attempt("Refused", detail, replace(base, detail=detail, late=why))
+        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         if refusal is not None:
             return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
         return self._start(request, base)
+
+    def _late(
+        self, document: ParsedDocument, event: ParsedEvent | None, request: Request
+    ) -> tuple[str, str] | None:
+        """("Started" or "Ended", the detail) when the request came after its event Started,
+        or after an event this agent saw left the document; None otherwise."""
+        age = (self._now() - request.issued_at).total_seconds()
+        issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
+        when = f"{age:.1f} s after {issuer}"
+        if event is not None and is_started(event.present.get("EventStatus")):
+            return "Started", (
+                f"{LATE}: event {request.event_id} has already Started: the approval came "
+                f"{when}, nothing to approve"
+            )
+        with self._lock:
+            seen = request.event_id.lower() in self._observed
+        if event is None and seen:
+            return "Ended", (
+                f"{LATE}: event {request.event_id} has ended: it left this VM's Scheduled "
+                f"Events document (incarnation {document.incarnation} now) before the "
+                f"approval came, {when}"
+            )
+        return None
 
     def _start(self, request: Request, base: ApprovalOutcome) -> Attempt:
         try:
@@ -225,10 +272,9 @@ def _refusal(document: ParsedDocument, event: ParsedEvent | None, event_id: str)
     """Why IMDS's current document forbids approving `event_id`; None when it allows it."""
     if event is None:
         where = f"this VM's current Scheduled Events document (incarnation {document.incarnation})"
-        return f"event {event_id} is not in {where}: it ended or was never sent to this VM"
+        return (f"event {event_id} is not in {where}, and this agent never saw it: it may be "
+                "shown to other VMs only, or have ended before this agent looked")  # fmt: skip
     status = event.present.get("EventStatus")
-    if is_started(status):
-        return f"event {event_id} has already Started: nothing to approve"
     if not (isinstance(status, str) and status.strip().lower() == "scheduled"):
         return f"event {event_id} is {status!r}, not Scheduled"
     return None

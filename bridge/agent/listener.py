@@ -7,7 +7,10 @@ holds a Scheduled event that affects this VM (or may: AffectsThisVm unknown), ev
 event to every VM of its availability set or placement group, and the consumer sends a
 command to one of those only when no affected VM can carry it), every
 `commands.idle_interval` otherwise (0: not at all, since each read is a billed transaction
-on every VM of the fleet). The agent wakes it the moment such an event appears.
+on every VM of the fleet). The agent wakes it the moment such an event appears, and once
+more when the last Scheduled event leaves (it Started or ended): a command queued since the
+last read is then read and refused as Late, so the consumer and its operators learn that
+the approval never reached IMDS, instead of the command lying unread until it expires.
 
 Each command is checked (docs/contracts.md#command) and then approved through the shared Approver,
 which checks the event against a fresh IMDS document. A message is deleted once acted
@@ -28,9 +31,11 @@ handled is not a replay: its record was written with the seen mark, in one trans
 so it is deleted without a second record. A fresh message (dequeue count 1) with a
 handled CommandId is a replay, whoever sent it: recorded as Replayed and deleted.
 
-Against the fresh document then: the event must be there and Scheduled and, when the
-command carries a ResourcesDigest, name the same VMs (ResourcesChanged otherwise: the
-consumer decided on other Resources and decides again).
+Against the fresh document then: the event must be there and Scheduled (Late when it has
+Started, or has left the document after this agent saw it: the approval came too late, and
+the consumer asks no other VM) and, when the command carries a ResourcesDigest, name the
+same VMs (ResourcesChanged otherwise: the consumer decided on other Resources and decides
+again).
 """
 
 from __future__ import annotations
@@ -70,6 +75,7 @@ class CommandListener:
         self._vm_id: str | None = None
         self._scheduled = False
         self._affects = False  # a Scheduled event affects this VM (not only its neighbours)
+        self._last_read = False  # owed: the last Scheduled event left since the last read
         self._inbox: tuple[str, CommandInbox] | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -84,8 +90,10 @@ class CommandListener:
         """What the agent knows now: this VM's VmId, whether an event is Scheduled, and
         whether one of those affects this VM (`scheduled_here`)."""
         affects = scheduled and affects
+        if self._scheduled and not scheduled:
+            self._last_read = True
         wake = (
-            (scheduled and not self._scheduled)
+            (scheduled != self._scheduled)
             or (affects and not self._affects)
             or vm_id != self._vm_id
         )
@@ -124,13 +132,15 @@ class CommandListener:
     def read_once(self) -> float | None:
         """One read of the channel, if one is due at all; the wait before the next."""
         interval, vm_id = self.interval(), self._vm_id
-        if interval is None or vm_id is None:
+        last, self._last_read = self._last_read, False
+        if vm_id is None or (interval is None and not last):
             return None
         try:
             channel = self._channel(vm_id)
             messages = channel.receive(BATCH)
         except (DeliveryError, ValueError) as err:
-            return max(interval, self._reads.failed(err))
+            self._last_read = self._last_read or last  # still owed
+            return max(interval or 0.0, self._reads.failed(err))
         self._reads.succeeded()
         for message in messages:
             if self._stop.is_set():
@@ -206,7 +216,11 @@ class CommandListener:
         attempt = self._approver.attempt(_request(command))
         if attempt.kind == "Refused" and attempt.outcome is not None:
             self._approver.record(attempt.outcome, seen_until=command.expires_at)
-            log.info("refused command %s: %s", command.command_id, attempt.detail)
+            if attempt.outcome.late is not None:
+                log.warning("command %s came too late, the event went ahead without it: %s",
+                            command.command_id, attempt.detail)  # fmt: skip
+            else:
+                log.info("refused command %s: %s", command.command_id, attempt.detail)
         elif attempt.kind in ("Retry", "Busy"):
             level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
             log.log(level, "command %s for event %s left in the channel for the next read "

@@ -319,6 +319,7 @@ class Agent:
 
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
+        self.approver.observe(self.state)
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
             self.listener.update(self.origin.identity.vm_id, scheduled, affects)

@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
-from bridge.commands.message import resources_digest
+from bridge.commands.message import LATE, resources_digest
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
@@ -45,7 +45,6 @@ MEMORY = 256  # events remembered: far more than can be pending on one VM at onc
 SEEN_MEMORY = 1024
 # Kept a little past expiry, so a clock step on this VM does not reopen the door at once.
 SEEN_GRACE = timedelta(minutes=5)
-LATE = "Late"  # the refusal code of a command that came after its event started or ended
 
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
 # Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.

@@ -105,9 +105,10 @@ class Approver:
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
         self._seen: dict[str, dict[str, str]] = _load_seen(spool)  # CommandId -> outcome, until
         self._in_flight: set[str] = set()
-        # Events the agent observed (in its document at some poll), newest last: one that is
-        # no longer in IMDS's document has ended, and a command for it came too late.
-        self._observed: OrderedDict[str, None] = OrderedDict()
+        # Events the agent observed, newest last, each as its last look found it: Scheduled,
+        # Started, or Ended (in an earlier document, not in the last). A command for one that
+        # Started or Ended came too late; one no look ever found may be other VMs' only.
+        self._observed: OrderedDict[str, str] = OrderedDict()
 
     def handled(self, command_id: str) -> str | None:
         """How this agent ended the command `command_id` before (Approved, ...); None if new."""
@@ -117,15 +118,40 @@ class Approver:
             return entry.get("outcome") if entry else None
 
     def observe(self, state: Mapping[str, object] | None) -> None:
-        """What the agent's last observation holds (its normaliser state): the events in it
-        were in this VM's document."""
+        """What the agent's last observation holds (its normaliser state): the events in this
+        VM's document now, and their status."""
         events = (state or {}).get("events")
+        now = {
+            str(key).lower(): "Started" if is_started(e.get("EventStatus")) else "Scheduled"
+            for key, e in (events.items() if isinstance(events, dict) else ())
+            if isinstance(e, dict)
+        }
         with self._lock:
-            for key in events if isinstance(events, dict) else ():
-                self._observed[str(key).lower()] = None
-                self._observed.move_to_end(str(key).lower())
+            for key in self._observed.keys() - now.keys():
+                self._observed[key] = "Ended"
+            for key, status in now.items():
+                self._observed[key] = status
+                self._observed.move_to_end(key)
             while len(self._observed) > MEMORY:
                 self._observed.popitem(last=False)
+
+    def went_ahead(self, event_id: str) -> str | None:
+        """Started or Ended when the agent's last look found the event past Scheduled; None
+        when it found it Scheduled, or never."""
+        with self._lock:
+            status = self._observed.get(event_id.lower())
+        return status if status in ("Started", "Ended") else None
+
+    def late_detail(self, request: Request, went: str) -> str:
+        """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
+        age = (self._now() - request.issued_at).total_seconds()
+        issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
+        when = f"{age:.1f} s after {issuer}"
+        if went == "Started":
+            return (f"{LATE}: event {request.event_id} has already Started: the approval came "
+                    f"{when}, nothing to approve")  # fmt: skip
+        return (f"{LATE}: event {request.event_id} has ended: it left this VM's Scheduled "
+                f"Events document before the approval came, {when}")  # fmt: skip
 
     def approved(self, event_id: str) -> bool:
         with self._lock:
@@ -187,37 +213,23 @@ class Approver:
             return Attempt("Retry", f"cannot read the current Scheduled Events document: {err}")
         event = _find(document, request.event_id)
         base = _outcome(request, document, event)
-        late = self._late(document, event, request)
-        if late is not None:
-            why, detail = late
-            return Attempt("Refused", detail, replace(base, detail=detail, late=why))
+        went = self._late(event, request)
+        if went is not None:
+            detail = self.late_detail(request, went)
+            return Attempt("Refused", detail, replace(base, detail=detail, late=went))
         refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         if refusal is not None:
             return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
         return self._start(request, base)
 
-    def _late(
-        self, document: ParsedDocument, event: ParsedEvent | None, request: Request
-    ) -> tuple[str, str] | None:
-        """("Started" or "Ended", the detail) when the request came after its event Started,
-        or after an event this agent saw left the document; None otherwise."""
-        age = (self._now() - request.issued_at).total_seconds()
-        issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
-        when = f"{age:.1f} s after {issuer}"
-        if event is not None and is_started(event.present.get("EventStatus")):
-            return "Started", (
-                f"{LATE}: event {request.event_id} has already Started: the approval came "
-                f"{when}, nothing to approve"
-            )
+    def _late(self, event: ParsedEvent | None, request: Request) -> str | None:
+        """Started or Ended when, in the fresh document, the request's event has Started, or
+        an event this agent saw is gone; None otherwise."""
+        if event is not None:
+            return "Started" if is_started(event.present.get("EventStatus")) else None
         with self._lock:
             seen = request.event_id.lower() in self._observed
-        if event is None and seen:
-            return "Ended", (
-                f"{LATE}: event {request.event_id} has ended: it left this VM's Scheduled "
-                f"Events document (incarnation {document.incarnation} now) before the "
-                f"approval came, {when}"
-            )
-        return None
+        return "Ended" if seen else None
 
     def _start(self, request: Request, base: ApprovalOutcome) -> Attempt:
         try:

@@ -9,8 +9,9 @@ command to one of those only when no affected VM can carry it), every
 `commands.idle_interval` otherwise (0: not at all, since each read is a billed transaction
 on every VM of the fleet). The agent wakes it the moment such an event appears, and once
 more when the last Scheduled event leaves (it Started or ended): a command queued since the
-last read is then read and refused as Late, so the consumer and its operators learn that
-the approval never reached IMDS, instead of the command lying unread until it expires.
+last read (the consumer leaves it in the channel a minute past its ExpiresAt) is then read
+and refused as Late, so the consumer and its operators learn that the approval never
+reached IMDS, instead of the command lying unread until it expires.
 
 Each command is checked (docs/contracts.md#command) and then approved through the shared Approver,
 which checks the event against a fresh IMDS document. A message is deleted once acted
@@ -19,7 +20,8 @@ on or refused; one IMDS could not take is left to reappear after the visibility 
 Checks come before anything touches IMDS, in this order, each refusal an Approval record
 whose ApprovalDetail starts with its code: Malformed, Unsigned, UnknownKey, BadSignature
 (not signed by a key in commands.verify_key), OtherVm (for another VmId), Replayed (its
-CommandId was approved, refused or failed here before), Expired. The first four and
+CommandId was approved, refused or failed here before), Expired (Late when the agent's
+last look found the event Started or gone: see below). The first four and
 OtherVm come from a sender nobody vouches for: their record leaves CommandId and EventId
 empty (the claimed ones are in the detail), so a forged message cannot mark the
 consumer's real command as refused. A Replayed record does the same, so it neither
@@ -182,7 +184,13 @@ class CommandListener:
                      command.command_id, command.event_id)  # fmt: skip
             return True
         if command.expired(self._now()):
-            self._refuse(command, f"Expired: it expired at {iso(command.expires_at)}")
+            # It expires at the event's NotBefore, when the platform starts the event: the
+            # agent's last look may show that it went ahead, and then it came Late.
+            went = self._approver.went_ahead(command.event_id)
+            if went is not None:
+                self._refuse(command, self._approver.late_detail(_request(command), went), went)
+            else:
+                self._refuse(command, f"Expired: it expired at {iso(command.expires_at)}")
             return True
         return self._approve(command)
 
@@ -216,11 +224,7 @@ class CommandListener:
         attempt = self._approver.attempt(_request(command))
         if attempt.kind == "Refused" and attempt.outcome is not None:
             self._approver.record(attempt.outcome, seen_until=command.expires_at)
-            if attempt.outcome.late is not None:
-                log.warning("command %s came too late, the event went ahead without it: %s",
-                            command.command_id, attempt.detail)  # fmt: skip
-            else:
-                log.info("refused command %s: %s", command.command_id, attempt.detail)
+            _log_refusal(command, attempt.outcome)
         elif attempt.kind in ("Retry", "Busy"):
             level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
             log.log(level, "command %s for event %s left in the channel for the next read "
@@ -231,8 +235,9 @@ class CommandListener:
             _log_attempt(command, attempt)
         return True
 
-    def _refuse(self, command: Command, why: str) -> None:
-        """A refusal of a verified command for this VM: the consumer may trust its ids."""
+    def _refuse(self, command: Command, why: str, late: str | None = None) -> None:
+        """A refusal of a verified command for this VM: the consumer may trust its ids.
+        `late`: the event went ahead first (Started, Ended), refused as Late."""
         outcome = ApprovalOutcome(
             event_id=command.event_id,
             event_type=None,
@@ -243,9 +248,10 @@ class CommandListener:
             detail=why,
             rule=command.rule,
             issued_at=command.issued_at,
+            late=late,
         )
         self._approver.record(outcome)
-        log.info("refused command %s: %s", command.command_id, why)
+        _log_refusal(command, outcome)
 
     def _refuse_untrusted(self, command: Command | None, code: str, why: str) -> None:
         """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
@@ -279,6 +285,14 @@ def _request(command: Command) -> Request:
         expires_at=command.expires_at,
         resources_digest=command.resources_digest,
     )
+
+
+def _log_refusal(command: Command, outcome: ApprovalOutcome) -> None:
+    if outcome.late is not None:
+        log.warning("command %s came too late, the event went ahead without it: %s",
+                    command.command_id, outcome.detail)  # fmt: skip
+    else:
+        log.info("refused command %s: %s", command.command_id, outcome.detail)
 
 
 def _log_attempt(command: Command, attempt: Attempt) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,24 @@ def test_a_command_for_an_event_that_ended_here_is_late(sim: Sim, harness: Harne
     assert record["ApprovalOutcome"] == "Refused"
     assert record["ApprovalDetail"].startswith(f"Late: event {event} has ended")
     assert late_count(harness, "Ended") == 1
+
+
+def test_an_expired_command_for_an_event_seen_started_is_late(sim: Sim, harness: Harness) -> None:
+    """A command expires at its event's NotBefore, when the platform starts the event: read
+    after that, the event had gone ahead, which the agent's last look shows (no IMDS call)."""
+    simulator, _ = sim
+    event = reboot(simulator)
+    harness.start()
+    harness.poll()
+    simulator.start_event(event)
+    harness.poll()
+    expired = command(simulator.fleet.vm(VM).vm_id, event, expires=timedelta(seconds=-1))
+    harness.inbox.put(expired.to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    [record] = harness.records()
+    assert record["ApprovalDetail"].startswith(f"Late: event {event} has already Started")
+    assert record["CommandId"] == expired.command_id
+    assert late_count(harness, "Started") == 1
 
 
 def test_an_event_this_vm_never_saw_is_not_late(sim: Sim, harness: Harness) -> None:

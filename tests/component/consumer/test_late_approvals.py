@@ -63,3 +63,12 @@ def test_an_approval_that_never_landed_is_counted_when_its_event_ends(
     assert dict(rig.consumer.ledger.missed) == missed
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert bool([w for w in warned if "never reached IMDS" in w]) == bool(missed)
+
+
+def test_a_command_outlives_its_expiry_in_the_channel(rig: Rig) -> None:
+    """A command expires at its event's NotBefore, when the platform starts the event: a
+    channel that dropped it then would leave an agent reading after the start nothing to say
+    Late about (the demo: 2 of 6 approvals never answered, and no record said why)."""
+    approve_on_both(rig)
+    [command], [ttl] = rig.sender.sent, rig.sender.ttls
+    assert ttl >= (command.expires_at - rig.fleet.now).total_seconds() + 30

@@ -164,6 +164,8 @@ def _how(
         return "reached IMDS", detail
     if is_late(answer):
         return "came too late", f"came too late: {detail.removeprefix(LATE + ': ')}"
+    if outcome == "Refused" and detail.startswith("Expired:"):
+        return "came too late", f"came too late: {detail}"
     return (
         ("failed", f"IMDS rejected it: {detail}")
         if outcome == "Failed"

@@ -176,8 +176,8 @@ class ApprovalOutcome:
     rule: str | None = None
     issued_at: datetime | None = None
     latency_ms: int | None = None
-    # A Late refusal (the command came after its event Started or Ended here): which, for
-    # the metrics; not a field of the record, whose ApprovalDetail says it in words.
+    # A command that came too late: its event had Started or Ended here (refused as Late),
+    # or it had Expired; for the metrics, not a field of the record (ApprovalDetail says it).
     late: str | None = None
 
 

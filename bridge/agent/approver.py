@@ -142,11 +142,15 @@ class Approver:
             status = self._observed.get(event_id.lower())
         return status if status in ("Started", "Ended") else None
 
-    def late_detail(self, request: Request, went: str) -> str:
-        """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
+    def came(self, request: Request) -> str:
+        """How long after its issue the request came: "12.3 s after the consumer issued it"."""
         age = (self._now() - request.issued_at).total_seconds()
         issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
-        when = f"{age:.1f} s after {issuer}"
+        return f"{age:.1f} s after {issuer}"
+
+    def late_detail(self, request: Request, went: str) -> str:
+        """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
+        when = self.came(request)
         if went == "Started":
             return (f"{LATE}: event {request.event_id} has already Started: the approval came "
                     f"{when}, nothing to approve")  # fmt: skip

@@ -186,11 +186,14 @@ class CommandListener:
         if command.expired(self._now()):
             # It expires at the event's NotBefore, when the platform starts the event: the
             # agent's last look may show that it went ahead, and then it came Late.
+            request = _request(command)
             went = self._approver.went_ahead(command.event_id)
             if went is not None:
-                self._refuse(command, self._approver.late_detail(_request(command), went), went)
+                self._refuse(command, self._approver.late_detail(request, went), went)
             else:
-                self._refuse(command, f"Expired: it expired at {iso(command.expires_at)}")
+                came = self._approver.came(request)
+                why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
+                self._refuse(command, why, "Expired")
             return True
         return self._approve(command)
 
@@ -237,7 +240,7 @@ class CommandListener:
 
     def _refuse(self, command: Command, why: str, late: str | None = None) -> None:
         """A refusal of a verified command for this VM: the consumer may trust its ids.
-        `late`: the event went ahead first (Started, Ended), refused as Late."""
+        `late`: it came too late (Started, Ended: refused as Late; Expired)."""
         outcome = ApprovalOutcome(
             event_id=command.event_id,
             event_type=None,
@@ -289,7 +292,7 @@ def _request(command: Command) -> Request:
 
 def _log_refusal(command: Command, outcome: ApprovalOutcome) -> None:
     if outcome.late is not None:
-        log.warning("command %s came too late, the event went ahead without it: %s",
+        log.warning("command %s came too late to approve its event: %s",
                     command.command_id, outcome.detail)  # fmt: skip
     else:
         log.info("refused command %s: %s", command.command_id, outcome.detail)

@@ -13,7 +13,7 @@ A sample of what `/metrics` shows (besides the process_*, python_gc_* and python
     se_bridge_delivery_failures_total{kind="retryable",sink="eventhubs"} 4.0
     se_bridge_hooks_total{outcome="ok",phase="prepare"} 1.0
     se_bridge_commands_total{outcome="Approved",source="Central"} 1.0
-    se_bridge_commands_late_total{event="Started"} 1.0
+    se_bridge_commands_late_total{reason="Started"} 1.0
     se_bridge_approval_latency_seconds_bucket{le="1.0"} 1.0
 """
 
@@ -70,9 +70,9 @@ class AgentMetrics:
         )  # fmt: skip
         self.late = Counter(
             "se_bridge_commands_late",
-            "Approvals that came after their event had Started or Ended here, by event "
-            "(Started, Ended): refused as Late, the event went ahead unapproved.",
-            ["event"], registry=registry,
+            "Approvals that came too late, by reason: the event had Started or Ended here "
+            "(refused as Late: it went ahead unapproved), or the command had Expired.",
+            ["reason"], registry=registry,
         )  # fmt: skip
         self.approval_latency = Histogram(
             "se_bridge_approval_latency_seconds",

@@ -60,3 +60,13 @@ def test_the_summary_shows_each_approval_that_never_reached_imds(rig: Rig) -> No
     assert "the event Started 10.0 s after the decision" in unanswered
     assert not [line for line in lines if E1[:8] in line]
     assert "Refused Late" in view.render(["web_0", "web_1"], 1.0)  # the live view says why
+
+
+def test_a_command_read_past_its_expiry_came_too_late_too(rig: Rig) -> None:
+    view = View(io.StringIO(), live=True)
+    for record in three_approvals(rig):
+        if record["RecordType"] == "Approval" and record["ApprovalOutcome"] == "Refused":
+            record["ApprovalDetail"] = "Expired: it expired at 10:00:30; it came 31 s"
+        view.add(str(record["VmName"] or "central"), record)
+    [expired] = [line for line in view.approvals() if E2[:8] in line]
+    assert "via web_1: came too late: Expired: it expired at 10:00:30" in expired

@@ -17,10 +17,10 @@ Sim = tuple[Simulator, SimulatorServer]
 NEIGHBOUR, AFFECTED = "db-1", "db-0"  # one availability set: db-1 sees db-0's events
 
 
-def late_count(harness: Harness, event: str) -> float:
+def late_count(harness: Harness, reason: str) -> float:
     assert harness.agent is not None
     value = harness.agent.metrics.registry.get_sample_value(
-        "se_bridge_commands_late_total", {"event": event}
+        "se_bridge_commands_late_total", {"reason": reason}
     )
     return value or 0.0
 
@@ -80,6 +80,24 @@ def test_an_expired_command_for_an_event_seen_started_is_late(sim: Sim, harness:
     assert late_count(harness, "Started") == 1
 
 
+def test_a_command_read_past_its_expiry_is_counted_late_and_says_how_late(
+    sim: Sim, harness: Harness
+) -> None:
+    """The event is still Scheduled as far as the agent last looked, so the consumer may ask
+    another VM (Expired, not Late); the command came too late all the same."""
+    simulator, _ = sim
+    event = reboot(simulator)
+    harness.start()
+    harness.poll()
+    expired = command(simulator.fleet.vm(VM).vm_id, event, expires=timedelta(seconds=-1))
+    harness.inbox.put(expired.to_json())
+    wait_for(lambda: harness.inbox.deleted != [])
+    [record] = harness.records()
+    assert record["ApprovalDetail"].startswith("Expired: it expired at ")
+    assert "after the consumer issued it" in record["ApprovalDetail"]
+    assert late_count(harness, "Expired") == 1
+
+
 def test_an_event_this_vm_never_saw_is_not_late(sim: Sim, harness: Harness) -> None:
     """The consumer asks the next VM after such a refusal: the event may live elsewhere."""
     simulator, _ = sim
@@ -94,6 +112,7 @@ def test_an_event_this_vm_never_saw_is_not_late(sim: Sim, harness: Harness) -> N
     assert not record["ApprovalDetail"].startswith("Late")
     assert "is not in this VM's current Scheduled Events document" in record["ApprovalDetail"]
     assert late_count(harness, "Ended") == late_count(harness, "Started") == 0
+    assert late_count(harness, "Expired") == 0
 
 
 class NeighbourHarness(Harness):

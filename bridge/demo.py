@@ -131,7 +131,9 @@ def summarise(record: dict[str, Any]) -> str:
     if kind == "Approval":
         latency = record["ApprovalLatencyMs"]
         took = f" {latency} ms after the decision" if latency is not None else ""
-        code = f" {LATE}" if is_late(record) else ""  # the event went ahead unapproved
+        refused = record["ApprovalOutcome"] == "Refused"
+        code = record["ApprovalDetail"].partition(":")[0] if refused else ""
+        code = f" {code}" if code.isalpha() else ""  # Late, Expired, ...: why, in a word
         return f"Approval {record['ApprovalOutcome']}{code} {str(record['EventId'])[:8]}{took}"
     if kind == "Event":
         mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]

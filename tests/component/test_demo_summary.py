@@ -70,3 +70,4 @@ def test_a_command_read_past_its_expiry_came_too_late_too(rig: Rig) -> None:
         view.add(str(record["VmName"] or "central"), record)
     [expired] = [line for line in view.approvals() if E2[:8] in line]
     assert "via web_1: came too late: Expired: it expired at 10:00:30" in expired
+    assert "Refused Expired" in view.render(["web_0", "web_1"], 1.0)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from bridge.config import ImdsSettings
+from bridge.agent import listener
+from bridge.config import CommandsSettings, ImdsSettings
+from bridge.records import utc_now
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.component.agentharness import VM
-from tests.component.approval_support import Harness, command, wait_for
+from tests.component.approval_support import FakeInbox, Harness, command, wait_for
 
 Sim = tuple[Simulator, SimulatorServer]
 NEIGHBOUR, AFFECTED = "db-1", "db-0"  # one availability set: db-1 sees db-0's events
@@ -148,3 +150,15 @@ def test_a_command_queued_before_the_last_event_started_is_still_read(
         assert harness.inbox.receives == reads  # only the one: each read is billed
     finally:
         harness.stop()
+
+
+def test_the_last_read_is_owed_until_it_succeeds() -> None:
+    settings = CommandsSettings(channel="local:unused", poll_interval=1.0)
+    inbox = FakeInbox(failures=1)
+    reader = listener.CommandListener(settings, lambda _vm: inbox, cast(Any, None), utc_now)
+    reader.update("vm-id", scheduled=True, affects=True)
+    reader.update("vm-id", scheduled=False, affects=False)
+    assert reader.read_once() is not None  # failed: a backoff, then the read again
+    assert reader.read_once() is None  # read, and nothing more until an event comes
+    assert reader.read_once() is None
+    assert inbox.receives == 2

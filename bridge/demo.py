@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from bridge import extras, host
 from bridge.agent.loop import Agent
 from bridge.commands import signing
+from bridge.commands.message import LATE, is_late
 from bridge.config import (
     AgentSettings,
     CommandsSettings,
@@ -32,6 +33,7 @@ from bridge.config import (
     IdentitySettings,
     ImdsSettings,
 )
+from bridge.records import parse_time
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
@@ -59,6 +61,11 @@ class View:
         self.latest: dict[str, str] = {}
         self.counts: Counter[str] = Counter()
         self.latencies: list[int] = []
+        # What the summary says of each approve decision: its answer, if any came (by
+        # CommandId), and when its event Started (by EventId).
+        self.approves: dict[str, dict[str, Any]] = {}
+        self.answers: dict[str, dict[str, Any]] = {}
+        self.event_started: dict[str, str] = {}
         self.started = time.monotonic()
 
     def add(self, vm: str, record: dict[str, Any]) -> None:
@@ -67,11 +74,42 @@ class View:
             self.counts[count_key(record)] += 1
             if record["RecordType"] == "Approval" and record["ApprovalLatencyMs"] is not None:
                 self.latencies.append(record["ApprovalLatencyMs"])
+            self._follow(record)
             if record["RecordType"] != "Heartbeat":
                 self.recent.append(line)
                 self.latest[vm] = summarise(record)
         if not self.live and record["RecordType"] != "Heartbeat":
             print(line, file=self.out, flush=True)
+
+    def _follow(self, record: dict[str, Any]) -> None:
+        kind, command = record["RecordType"], record.get("CommandId")
+        if kind == "Decision" and record["DecisionAction"] == "Approve" and command:
+            self.approves[command] = record
+        elif kind == "Approval" and command:
+            self.answers.setdefault(command, record)
+        elif kind == "Event" and record["Transition"] == "Started":
+            self.event_started.setdefault(str(record["EventId"]).lower(), record["TimeGenerated"])
+
+    def approvals(self) -> list[str]:
+        """The summary's lines on approve decisions: how many reached IMDS, and each one that
+        did not, with why (a command that came after its event started, or that no agent
+        ever answered, is an approval that never happened)."""
+        with self.lock:
+            approves, answers = list(self.approves.items()), dict(self.answers)
+            started = dict(self.event_started)
+        counts: Counter[str] = Counter()
+        missed = []
+        for command, decision in approves:
+            answer = answers.get(command)
+            how = _how(decision, answer, started.get(str(decision["EventId"]).lower()))
+            counts[how[0]] += 1
+            if how[0] != "reached IMDS":
+                target = decision["TargetVmName"] or decision["TargetVmId"]
+                missed.append(f"  {str(decision['EventId'])[:8]} {decision['EventType']:<9} "
+                              f"via {target}: {how[1]}")  # fmt: skip
+        order = ("reached IMDS", "came too late", "refused", "failed", "never answered")
+        said = ", ".join(f"{counts[k]} {k}" for k in order if counts[k] or k == order[0])
+        return [f"approve decisions {len(approves)}: {said}", *missed] if approves else []
 
     def render(self, vms: Sequence[str], scale: float) -> str:
         with self.lock:
@@ -93,7 +131,10 @@ def summarise(record: dict[str, Any]) -> str:
     if kind == "Approval":
         latency = record["ApprovalLatencyMs"]
         took = f" {latency} ms after the decision" if latency is not None else ""
-        return f"Approval {record['ApprovalOutcome']} {str(record['EventId'])[:8]}{took}"
+        refused = record["ApprovalOutcome"] == "Refused"
+        code = record["ApprovalDetail"].partition(":")[0] if refused else ""
+        code = f" {code}" if code.isalpha() else ""  # Late, Expired, ...: why, in a word
+        return f"Approval {record['ApprovalOutcome']}{code} {str(record['EventId'])[:8]}{took}"
     if kind == "Event":
         mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]
         inferred = " (inferred)" if record["Inferred"] else ""
@@ -105,6 +146,33 @@ def summarise(record: dict[str, Any]) -> str:
         result = "timed out" if record["HookTimedOut"] else f"exit {record['HookExitCode']}"
         return f"Hook  {record['HookPhase']:<9} {record['EventId'][:8]} {result}"
     return f"Heartbeat {record['HeartbeatReason']}"
+
+
+def _how(
+    decision: dict[str, Any], answer: dict[str, Any] | None, started: str | None
+) -> tuple[str, str]:
+    """What became of one approve decision: a kind the summary counts, and a sentence."""
+    if answer is None:
+        decided, began = parse_time(decision["TimeGenerated"]), parse_time(started)
+        if decided is None or began is None:
+            return "never answered", "never answered; the event did not start during the demo"
+        after = (began - decided).total_seconds()
+        return "never answered", (
+            f"never answered: the event Started {after:.1f} s after the decision, before "
+            "the VM read the command"
+        )
+    outcome, detail = answer["ApprovalOutcome"], answer["ApprovalDetail"]
+    if outcome == "Approved":
+        return "reached IMDS", detail
+    if is_late(answer):
+        return "came too late", f"came too late: {detail.removeprefix(LATE + ': ')}"
+    if outcome == "Refused" and detail.startswith("Expired:"):
+        return "came too late", f"came too late: {detail}"
+    return (
+        ("failed", f"IMDS rejected it: {detail}")
+        if outcome == "Failed"
+        else ("refused", f"refused: {detail}")
+    )
 
 
 def count_key(record: dict[str, Any]) -> str:
@@ -326,6 +394,8 @@ def print_summary(demo: Demo, root: Path) -> None:
     print("  scenarios played: " + (", ".join(name for name, _ in demo.played) or "none"))
     for key, count in sorted(demo.view.counts.items()):
         print(f"  {key:<28} {count}")
+    for line in demo.view.approvals():
+        print(f"  {line}")
     latencies = sorted(demo.view.latencies)
     if latencies:
         median = latencies[len(latencies) // 2]

@@ -180,6 +180,9 @@ class ApprovalOutcome:
     rule: str | None = None
     issued_at: datetime | None = None
     latency_ms: int | None = None
+    # A command that came too late: its event had Started or Ended here (refused as Late),
+    # or it had Expired; for the metrics, not a field of the record (ApprovalDetail says it).
+    late: str | None = None
 
 
 def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) -> dict[str, Any]:

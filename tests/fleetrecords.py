@@ -112,7 +112,9 @@ class FleetRecords:
         )
         return record
 
-    def approval(self, command: Command, outcome: str = "Approved") -> dict[str, Any]:
+    def approval(
+        self, command: Command, outcome: str = "Approved", detail: str | None = None
+    ) -> dict[str, Any]:
         name = next(n for n, o in self.origins.items() if o.identity.vm_id == command.vm_id)
         result = ApprovalOutcome(
             event_id=command.event_id,
@@ -121,7 +123,7 @@ class FleetRecords:
             command_id=command.command_id,
             source="Central",
             outcome=outcome,
-            detail=f"test: {outcome}",
+            detail=detail or f"test: {outcome}",
             rule=command.rule,
             issued_at=command.issued_at,
             latency_ms=5 if outcome == "Approved" else None,

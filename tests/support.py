@@ -82,6 +82,7 @@ class Sender:
 
     def __init__(self) -> None:
         self.sent: list[Command] = []
+        self.ttls: list[float] = []  # each sent command's time to live, in seconds
         self.failures = 0
 
     def send(self, command: Command, time_to_live: float) -> None:
@@ -90,6 +91,7 @@ class Sender:
             self.failures -= 1
             raise RetryableError("queue unreachable")
         self.sent.append(command)
+        self.ttls.append(time_to_live)
 
     def close(self) -> None:
         pass

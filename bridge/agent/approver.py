@@ -13,6 +13,10 @@ it is a replay. An entry is kept until the command expires, after which a replay
 refused as expired anyway; a sample of the saved state:
 
     {"seen": {"3d0c...": {"outcome": "Refused", "until": "2026-11-21T10:15:00.000Z"}}}
+
+A command that comes after its event Started, or after the event left this VM's document
+(one the agent saw: an event it never saw may be shown to other VMs only), is refused as
+`Late`: nothing can approve the event any more, and the consumer must not ask another VM.
 """
 
 from __future__ import annotations
@@ -20,14 +24,15 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
-from bridge.commands.message import resources_digest
+from bridge.commands.message import LATE, resources_digest
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
@@ -100,6 +105,10 @@ class Approver:
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
         self._seen: dict[str, dict[str, str]] = _load_seen(spool)  # CommandId -> outcome, until
         self._in_flight: set[str] = set()
+        # Events the agent observed, newest last, each as its last look found it: Scheduled,
+        # Started, or Ended (in an earlier document, not in the last). A command for one that
+        # Started or Ended came too late; one no look ever found may be other VMs' only.
+        self._observed: OrderedDict[str, str] = OrderedDict()
 
     def handled(self, command_id: str) -> str | None:
         """How this agent ended the command `command_id` before (Approved, ...); None if new."""
@@ -107,6 +116,46 @@ class Approver:
         with self._lock:
             entry = self._seen.get(command_id)
             return entry.get("outcome") if entry else None
+
+    def observe(self, state: Mapping[str, object] | None) -> None:
+        """What the agent's last observation holds (its normaliser state): the events in this
+        VM's document now, and their status."""
+        events = (state or {}).get("events")
+        now = {
+            str(key).lower(): "Started" if is_started(e.get("EventStatus")) else "Scheduled"
+            for key, e in (events.items() if isinstance(events, dict) else ())
+            if isinstance(e, dict)
+        }
+        with self._lock:
+            for key in self._observed.keys() - now.keys():
+                self._observed[key] = "Ended"
+            for key, status in now.items():
+                self._observed[key] = status
+                self._observed.move_to_end(key)
+            while len(self._observed) > MEMORY:
+                self._observed.popitem(last=False)
+
+    def went_ahead(self, event_id: str) -> str | None:
+        """Started or Ended when the agent's last look found the event past Scheduled; None
+        when it found it Scheduled, or never."""
+        with self._lock:
+            status = self._observed.get(event_id.lower())
+        return status if status in ("Started", "Ended") else None
+
+    def came(self, request: Request) -> str:
+        """How long after its issue the request came: "12.3 s after the consumer issued it"."""
+        age = (self._now() - request.issued_at).total_seconds()
+        issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
+        return f"{age:.1f} s after {issuer}"
+
+    def late_detail(self, request: Request, went: str) -> str:
+        """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
+        when = self.came(request)
+        if went == "Started":
+            return (f"{LATE}: event {request.event_id} has already Started: the approval came "
+                    f"{when}, nothing to approve")  # fmt: skip
+        return (f"{LATE}: event {request.event_id} has ended: it left this VM's Scheduled "
+                f"Events document before the approval came, {when}")  # fmt: skip
 
     def approved(self, event_id: str) -> bool:
         with self._lock:
@@ -167,11 +216,24 @@ class Approver:
         except DeliveryError as err:
             return Attempt("Retry", f"cannot read the current Scheduled Events document: {err}")
         event = _find(document, request.event_id)
-        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         base = _outcome(request, document, event)
+        went = self._late(event, request)
+        if went is not None:
+            detail = self.late_detail(request, went)
+            return Attempt("Refused", detail, replace(base, detail=detail, late=went))
+        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         if refusal is not None:
             return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
         return self._start(request, base)
+
+    def _late(self, event: ParsedEvent | None, request: Request) -> str | None:
+        """Started or Ended when, in the fresh document, the request's event has Started, or
+        an event this agent saw is gone; None otherwise."""
+        if event is not None:
+            return "Started" if is_started(event.present.get("EventStatus")) else None
+        with self._lock:
+            seen = request.event_id.lower() in self._observed
+        return "Ended" if seen else None
 
     def _start(self, request: Request, base: ApprovalOutcome) -> Attempt:
         try:
@@ -225,10 +287,9 @@ def _refusal(document: ParsedDocument, event: ParsedEvent | None, event_id: str)
     """Why IMDS's current document forbids approving `event_id`; None when it allows it."""
     if event is None:
         where = f"this VM's current Scheduled Events document (incarnation {document.incarnation})"
-        return f"event {event_id} is not in {where}: it ended or was never sent to this VM"
+        return (f"event {event_id} is not in {where}, and this agent never saw it: it may be "
+                "shown to other VMs only, or have ended before this agent looked")  # fmt: skip
     status = event.present.get("EventStatus")
-    if is_started(status):
-        return f"event {event_id} has already Started: nothing to approve"
     if not (isinstance(status, str) and status.strip().lower() == "scheduled"):
         return f"event {event_id} is {status!r}, not Scheduled"
     return None

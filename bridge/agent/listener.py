@@ -12,7 +12,11 @@ FIRST_READS_FOR after an event that affects this VM appears it reads every FIRST
 the consumer's command lands 0.2 to 0.6 s after the agent's record of the event (benchmark 3,
 record → decision p50 228 ms, p99 567 ms), and the next read a whole poll_interval after the
 first one left it waiting about 0.8 s for nothing (issue 27). That costs about 15 reads per
-event instead of 3, on the VM the event names only, never on its neighbours.
+event instead of 3, on the VM the event names only, never on its neighbours. It reads once
+more when the last Scheduled event leaves (it Started or ended): a command queued since the
+last read (the consumer leaves it in the channel a minute past its ExpiresAt) is then read
+and refused as Late, so the consumer and its operators learn that the approval never
+reached IMDS, instead of the command lying unread until it expires.
 
 Each command is checked (docs/contracts.md#command) and then approved through the shared Approver,
 which checks the event against a fresh IMDS document. A message is deleted once acted
@@ -21,7 +25,8 @@ on or refused; one IMDS could not take is left to reappear after the visibility 
 Checks come before anything touches IMDS, in this order, each refusal an Approval record
 whose ApprovalDetail starts with its code: Malformed, Unsigned, UnknownKey, BadSignature
 (not signed by a key in commands.verify_key), OtherVm (for another VmId), Replayed (its
-CommandId was approved, refused or failed here before), Expired. The first four and
+CommandId was approved, refused or failed here before), Expired (Late when the agent's
+last look found the event Started or gone: see below). The first four and
 OtherVm come from a sender nobody vouches for: their record leaves CommandId and EventId
 empty (the claimed ones are in the detail), so a forged message cannot mark the
 consumer's real command as refused. A Replayed record does the same, so it neither
@@ -33,9 +38,11 @@ handled is not a replay: its record was written with the seen mark, in one trans
 so it is deleted without a second record. A fresh message (dequeue count 1) with a
 handled CommandId is a replay, whoever sent it: recorded as Replayed and deleted.
 
-Against the fresh document then: the event must be there and Scheduled and, when the
-command carries a ResourcesDigest, name the same VMs (ResourcesChanged otherwise: the
-consumer decided on other Resources and decides again).
+Against the fresh document then: the event must be there and Scheduled (Late when it has
+Started, or has left the document after this agent saw it: the approval came too late, and
+the consumer asks no other VM) and, when the command carries a ResourcesDigest, name the
+same VMs (ResourcesChanged otherwise: the consumer decided on other Resources and decides
+again).
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ class CommandListener:
         self._affects = False  # a Scheduled event affects this VM (not only its neighbours)
         self._own: frozenset[str] = frozenset()  # the EventIds of those
         self._first_reads_until: datetime | None = None
+        self._last_read = False  # owed: the last Scheduled event left since the last read
         self._inbox: tuple[str, CommandInbox] | None = None
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -102,8 +110,10 @@ class CommandListener:
         appeared = bool(own - self._own)
         if appeared:
             self._first_reads_until = self._now() + FIRST_READS_FOR
+        if self._scheduled and not scheduled:
+            self._last_read = True
         wake = (
-            (scheduled and not self._scheduled)
+            (scheduled != self._scheduled)
             or (affects and not self._affects)
             or appeared
             or vm_id != self._vm_id
@@ -146,13 +156,15 @@ class CommandListener:
     def read_once(self) -> float | None:
         """One read of the channel, if one is due at all; the wait before the next."""
         interval, vm_id = self.interval(), self._vm_id
-        if interval is None or vm_id is None:
+        last, self._last_read = self._last_read, False
+        if vm_id is None or (interval is None and not last):
             return None
         try:
             channel = self._channel(vm_id)
             messages = channel.receive(BATCH)
         except (DeliveryError, ValueError) as err:
-            return max(interval, self._reads.failed(err))
+            self._last_read = self._last_read or last  # still owed
+            return max(interval or 0.0, self._reads.failed(err))
         self._reads.succeeded()
         for message in messages:
             if self._stop.is_set():
@@ -194,7 +206,16 @@ class CommandListener:
                      command.command_id, command.event_id)  # fmt: skip
             return True
         if command.expired(self._now()):
-            self._refuse(command, f"Expired: it expired at {iso(command.expires_at)}")
+            # It expires at the event's NotBefore, when the platform starts the event: the
+            # agent's last look may show that it went ahead, and then it came Late.
+            request = _request(command)
+            went = self._approver.went_ahead(command.event_id)
+            if went is not None:
+                self._refuse(command, self._approver.late_detail(request, went), went)
+            else:
+                came = self._approver.came(request)
+                why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
+                self._refuse(command, why, "Expired")
             return True
         return self._approve(command)
 
@@ -228,7 +249,7 @@ class CommandListener:
         attempt = self._approver.attempt(_request(command))
         if attempt.kind == "Refused" and attempt.outcome is not None:
             self._approver.record(attempt.outcome, seen_until=command.expires_at)
-            log.info("refused command %s: %s", command.command_id, attempt.detail)
+            _log_refusal(command, attempt.outcome)
         elif attempt.kind in ("Retry", "Busy"):
             level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
             log.log(level, "command %s for event %s left in the channel for the next read "
@@ -239,8 +260,9 @@ class CommandListener:
             _log_attempt(command, attempt)
         return True
 
-    def _refuse(self, command: Command, why: str) -> None:
-        """A refusal of a verified command for this VM: the consumer may trust its ids."""
+    def _refuse(self, command: Command, why: str, late: str | None = None) -> None:
+        """A refusal of a verified command for this VM: the consumer may trust its ids.
+        `late`: it came too late (Started, Ended: refused as Late; Expired)."""
         outcome = ApprovalOutcome(
             event_id=command.event_id,
             event_type=None,
@@ -251,9 +273,10 @@ class CommandListener:
             detail=why,
             rule=command.rule,
             issued_at=command.issued_at,
+            late=late,
         )
         self._approver.record(outcome)
-        log.info("refused command %s: %s", command.command_id, why)
+        _log_refusal(command, outcome)
 
     def _refuse_untrusted(self, command: Command | None, code: str, why: str) -> None:
         """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
@@ -287,6 +310,14 @@ def _request(command: Command) -> Request:
         expires_at=command.expires_at,
         resources_digest=command.resources_digest,
     )
+
+
+def _log_refusal(command: Command, outcome: ApprovalOutcome) -> None:
+    if outcome.late is not None:
+        log.warning("command %s came too late to approve its event: %s",
+                    command.command_id, outcome.detail)  # fmt: skip
+    else:
+        log.info("refused command %s: %s", command.command_id, outcome.detail)
 
 
 def _log_attempt(command: Command, attempt: Attempt) -> None:

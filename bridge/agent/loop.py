@@ -319,6 +319,7 @@ class Agent:
 
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
+        self.approver.observe(self.state)
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
             own = listener.own_events(self.state)

@@ -13,6 +13,7 @@ A sample of what `/metrics` shows (besides the process_*, python_gc_* and python
     se_bridge_delivery_failures_total{kind="retryable",sink="eventhubs"} 4.0
     se_bridge_hooks_total{outcome="ok",phase="prepare"} 1.0
     se_bridge_commands_total{outcome="Approved",source="Central"} 1.0
+    se_bridge_commands_late_total{reason="Started"} 1.0
     se_bridge_approval_latency_seconds_bucket{le="1.0"} 1.0
 """
 
@@ -67,6 +68,12 @@ class AgentMetrics:
             "Failed).",
             ["source", "outcome"], registry=registry,
         )  # fmt: skip
+        self.late = Counter(
+            "se_bridge_commands_late",
+            "Approvals that came too late, by reason: the event had Started or Ended here "
+            "(refused as Late: it went ahead unapproved), or the command had Expired.",
+            ["reason"], registry=registry,
+        )  # fmt: skip
         self.approval_latency = Histogram(
             "se_bridge_approval_latency_seconds",
             "From a command's IssuedAt (or the local decision) to IMDS accepting the approval.",
@@ -101,6 +108,8 @@ class AgentMetrics:
     def approval(self, outcome: ApprovalOutcome) -> None:
         self.commands.labels(outcome.source, outcome.outcome).inc()
         self.records.labels("Approval", "").inc()
+        if outcome.late is not None:
+            self.late.labels(outcome.late).inc()
         if outcome.outcome == "Approved" and outcome.latency_ms is not None:
             self.approval_latency.observe(outcome.latency_ms / 1000)
 

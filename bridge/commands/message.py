@@ -35,6 +35,10 @@ from typing import Any
 from bridge.records import SCHEMA_VERSION, iso, record_id, vm_key
 
 COMMAND_TYPES = ("Approve",)
+# The code an agent's refusal starts its ApprovalDetail with when the command came after its
+# event Started or left the VM's document: the event went ahead unapproved, and no other VM
+# can approve it any more (docs/contracts.md#command).
+LATE = "Late"
 _DIGEST = re.compile(r"[0-9a-f]{16}")
 # Queue and file messages stay far below the 64 KiB a Storage Queue message may hold.
 MAX_COMMAND_BYTES = 16 * 1024
@@ -213,3 +217,10 @@ def _time(body: dict[str, Any], key: str) -> datetime:
     if moment.tzinfo is None:
         raise CommandError(f"{key} has no time zone: {raw!r}")
     return moment.astimezone(timezone.utc)
+
+
+def is_late(approval: Mapping[str, Any]) -> bool:
+    """An Approval record that says its command came too late (refused as `LATE`)."""
+    detail = approval.get("ApprovalDetail")
+    refused = approval.get("ApprovalOutcome") == "Refused"
+    return refused and isinstance(detail, str) and detail.startswith(f"{LATE}:")

@@ -20,6 +20,9 @@ from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_ke
 from bridge.redact import describe
 
 log = logging.getLogger(__name__)
+# Seconds a command stays in its channel past its ExpiresAt: an agent reads once more as
+# its last Scheduled event leaves, within a poll of the start.
+LATE_GRACE = 60.0
 
 # When NotBefore is unknown or past, a command still gets this long to be acted on.
 MIN_COMMAND_LIFETIME = timedelta(minutes=2)
@@ -126,7 +129,9 @@ class Dispatch:
         *,
         written: LedgerState | None = None,
     ) -> None:
-        ttl = max(1.0, (command.expires_at - now).total_seconds())
+        # Past its ExpiresAt (the event's NotBefore, when the platform starts the event) the
+        # command stays a while, so an agent that reads it after the event went ahead says Late.
+        ttl = max(0.0, (command.expires_at - now).total_seconds()) + LATE_GRACE
         if not self.shadow:
             self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
         ledger.mark_sent(key, command.command_id, written=written, confirmed=self.shadow)

@@ -8,7 +8,7 @@ entry in the shard its event key hashes to. A shard's value:
         "event_id": "C7061BAC-...", "origin": "approved", "vms": ["1b1f...", "9c2e..."],
         "target": "1b1f...", "attempt": 1, "tried": ["1b1f..."], "rule": "user-initiated",
         "command_id": "3d0c...", "command": "{...}", "issued_at": "2026-11-21T10:00:01.250Z",
-        "sent": true, "confirmed": false, "refused": false}}}
+        "sent": true, "confirmed": false, "refused": false, "late": false}}}
 
 Beside them, LOCKS small documents `ledger/budget-lock-NN`, each budget group (a budget's
 group kind and key, policy.model.group_key) hashing to one:
@@ -48,11 +48,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TypedDict, cast
+from typing import Any, Literal, TypedDict, cast
 
+from bridge.commands.message import LATE, is_late
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.state import (
@@ -96,6 +98,7 @@ class LedgerEntry(_ImpactEntry, total=False):
     sent: bool
     confirmed: bool
     refused: bool
+    late: bool  # refused as Late: the event Started or ended first; no other VM is asked
 
 
 SHARDS = 32
@@ -236,6 +239,9 @@ class ApprovalLedger:
         # Documents read by key: a release's shard; before an approval and after a conflict,
         # what the write takes and what changed it (`read_again`).
         self.fetched = 0
+        # Approvals sent that never reached IMDS, counted as their events leave the ledger,
+        # by why: late (the agent said so), refused, unanswered.
+        self.missed: Counter[str] = Counter()
         # The shards and locks of the last write that conflicted: what to read again.
         self._contested: set[str] = set()
 
@@ -423,8 +429,11 @@ class ApprovalLedger:
         """An approval we sent that was refused, or went unconfirmed for too long: for a
         target among `reporters` (the VMs that report the event) consumer.approval_timeout,
         for one that has not reported it (asked because the event names it) at most
-        UNREPORTED_TARGET_TIMEOUT."""
+        UNREPORTED_TARGET_TIMEOUT; not one that came too late (Late: the event went ahead,
+        no other VM can approve it)."""
         if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
+            return False
+        if entry.get("late"):
             return False
         issued = parse_time(entry.get("issued_at")) or now
         timeout = timedelta(seconds=self.settings.approval_timeout)
@@ -437,7 +446,9 @@ class ApprovalLedger:
         # Keyed by (CommandId, VmId): only the VM the command went to can answer it, so a VM
         # cannot mark another VM's command refused or done by sending records in its name.
         outcomes = {
-            (str(r.get("CommandId")), str(r.get("VmId")).lower()): str(r.get("ApprovalOutcome"))
+            (str(r.get("CommandId")), str(r.get("VmId")).lower()): (
+                LATE if is_late(r) else str(r.get("ApprovalOutcome"))
+            )
             for r in records
             if r.get("RecordType") == "Approval" and r.get("CommandId")
         }
@@ -449,8 +460,14 @@ class ApprovalLedger:
             for key, entry in events.items():
                 answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
                 outcome = outcomes.get(answer)
-                if outcome is not None and not entry.get("confirmed"):
-                    entry["confirmed" if outcome == "Approved" else "refused"] = True
+                if outcome is None or entry.get("confirmed"):
+                    continue
+                mark: Literal["confirmed", "late", "refused"] = (
+                    "confirmed" if outcome == "Approved" else "late" if outcome == LATE
+                    else "refused"
+                )  # fmt: skip
+                if not entry.get(mark):
+                    entry[mark] = True
                     touched.add(key)
             return touched
 
@@ -494,11 +511,34 @@ class ApprovalLedger:
         raise _busy()
 
     def release(self, key: str, why: str) -> None:
+        dropped: list[LedgerEntry] = []
+
         def drop(events: dict[str, LedgerEntry]) -> set[str]:
-            return {key} if events.pop(key, None) is not None else set()
+            entry = events.pop(key, None)
+            dropped[:] = [] if entry is None else [entry]
+            return {key} if entry is not None else set()
 
         if self._update(drop, [key]):
             log.info("event %s no longer counts against budgets: %s", key, why)
+            self._count_missed(dropped[0])
+
+    def _count_missed(self, entry: LedgerEntry) -> None:
+        """Count (and say) an approval we sent that never reached IMDS, as its event ends."""
+        if entry.get("origin") != "approved" or not entry.get("sent") or entry.get("confirmed"):
+            return
+        late, refused = entry.get("late"), entry.get("refused")
+        reason = "late" if late else "refused" if refused else "unanswered"
+        self.missed[reason] += 1
+        why = {
+            "late": "its agent read the command after the event had Started or ended (Late)",
+            "refused": "the last VM asked refused it (see its Approval record)",
+            "unanswered": "no answer came: the VM did not read the command before the event "
+            "went ahead, or its Approval record is still on the way",
+        }[reason]
+        log.warning("the approval of event %s (rule %s, attempt %s, command %s to VM %s) never "
+                    "reached IMDS: %s; the event went ahead without it", entry["event_id"],
+                    entry.get("rule"), entry.get("attempt"), entry.get("command_id"),
+                    entry.get("target"), why)  # fmt: skip
 
     def mark_sent(
         self,

@@ -10,6 +10,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_budget_fullest_ratio{budget="one-per-set"} 1.0
     se_bridge_consumer_commands_sent_total 7.0
     se_bridge_consumer_confirmation_latency_seconds_bucket{le="1.0"} 6.0
+    se_bridge_consumer_approvals_missed_total{reason="late"} 1.0
     se_bridge_consumer_ledger_reads_total 311.0
     se_bridge_consumer_ledger_conflicts_total 4.0
     se_bridge_consumer_ledger_documents_fetched_total 29.0
@@ -97,6 +98,28 @@ class ConsumerMetrics:
         """Ask `counts` for the approval ledger's reads, conflicts and documents fetched so far
         at each scrape (bridge.consumer.ledger.ApprovalLedger keeps them as plain numbers)."""
         self.registry.register(_LedgerCollector(counts))
+
+    def watch_missed(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Ask `counts` for the approvals sent that never reached IMDS, by reason, at each
+        scrape (bridge.consumer.ledger.ApprovalLedger.missed)."""
+        self.registry.register(_MissedCollector(counts))
+
+
+class _MissedCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        missed = CounterMetricFamily(
+            "se_bridge_consumer_approvals_missed",
+            "Approvals sent that never reached IMDS, counted as their events end, by reason: "
+            "late (the agent read the command after the event Started or ended), refused (the "
+            "last VM asked refused it), unanswered (no Approval record came).",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self._counts().items()):
+            missed.add_metric([reason], count)
+        yield missed
 
 
 class _LedgerCollector(Collector):

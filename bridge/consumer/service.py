@@ -75,6 +75,7 @@ class ConsumerService:
         self.metrics.watch_budgets(self.consumer.budget_use)
         ledger = self.consumer.ledger
         self.metrics.watch_ledger(lambda: (ledger.reads, ledger.conflicts, ledger.fetched))
+        self.metrics.watch_missed(lambda: dict(ledger.missed))
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)

@@ -79,3 +79,15 @@ def test_tiles_give_name_and_value_and_charts_a_time_axis() -> None:
 def test_time_to_approval_is_in_minutes() -> None:
     assert _columns("approval-time-chart")["MeanMinutesToApproval"] == "real"
     assert _columns("scaleset-grid")["ApprovedAt"] == "datetime"
+
+
+def test_approvals_that_never_reached_imds_have_tiles_and_a_grid_saying_why() -> None:
+    headings = " ".join(i["content"]["json"] for i in _content()["items"] if i["type"] == 1)
+    assert "never reached IMDS" in headings
+    columns = _columns("approvals-missed-grid")
+    for column in ("EventId", "ApprovalThrough", "Answer", "WentAheadAt", "ApprovalDetail"):
+        assert column in columns
+    assert columns["SecondsToGoAhead"] == "real"
+    tiles = _kql_items()["approvals-missed-tiles"]["query"]
+    for name in ("Reached IMDS", "Came too late", "Never answered"):
+        assert f'"{name}"' in tiles

@@ -109,6 +109,15 @@ def items() -> list[Item]:
         _query("approval-time-chart", "Mean minutes from Scheduled to approval", "timechart"),
         _query("approval-time-grid", "By event type and rule", "table"),
         _text(
+            "approvals-missed-heading",
+            "## Approvals that never reached IMDS\n"
+            "Approve decisions whose command came after the event had Started or ended "
+            "(refused as `Late`), was refused, or was never answered while the event went "
+            "ahead: such an event started at its NotBefore, not when the policy approved it.",
+        ),
+        _query("approvals-missed-tiles", "Approve decisions", "tiles"),
+        _query("approvals-missed-grid", "Approve decisions that never reached IMDS", "table"),
+        _text(
             "agents-heading",
             "## Agents' health\n"
             "From each agent's latest heartbeat in the time range; an agent silent for the "

@@ -20,3 +20,13 @@ def test_the_ledgers_reads_conflicts_and_fetches_are_read_at_each_scrape() -> No
     assert "se_bridge_consumer_ledger_reads_total 5.0" in text
     assert "se_bridge_consumer_ledger_conflicts_total 2.0" in text
     assert "se_bridge_consumer_ledger_documents_fetched_total 9.0" in text
+
+
+def test_approvals_that_never_reached_imds_are_counted_by_reason() -> None:
+    registry = CollectorRegistry()
+    missed = {"late": 2, "unanswered": 1}
+    ConsumerMetrics(registry).watch_missed(lambda: missed)
+    text = generate_latest(registry).decode()
+    assert 'se_bridge_consumer_approvals_missed_total{reason="late"} 2.0' in text
+    assert 'se_bridge_consumer_approvals_missed_total{reason="unanswered"} 1.0' in text
+    assert 'reason="refused"' not in text  # none yet

@@ -9,9 +9,13 @@ PermanentError (a person must fix something; retried slowly and logged at ERROR)
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
+
+from bridge.retry import PermanentError
 
 
 @dataclass(frozen=True)
@@ -57,3 +61,25 @@ def check(sink: Sink) -> str:
         return "no check for this sink"
     result: str = probe()
     return result
+
+
+def could_write(path: Path) -> str:
+    """Whether a send could append to the file `path`, creating it and its directories, found
+    without writing anything (`se-bridge check` changes nothing): what it found, or a
+    PermanentError saying why not. As the user running it: root may write where the agent's
+    own user may not."""
+    if path.is_dir():
+        raise PermanentError(f"cannot append to {path}: it is a directory")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise PermanentError(f"cannot append to {path}: permission denied")
+        return f"{path} can be appended to"
+    missing = path
+    while not missing.parent.exists() and missing.parent != missing:
+        missing = missing.parent
+    folder = missing.parent
+    if not folder.is_dir():
+        raise PermanentError(f"cannot create {path}: {folder} is not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermanentError(f"cannot create {path}: permission denied in {folder}")
+    return f"{missing} does not exist yet; the first send creates it"

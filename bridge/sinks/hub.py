@@ -7,13 +7,14 @@ one VM's records stay in order. A batch is stored in one transaction: all of it 
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 from collections.abc import Sequence
 from pathlib import Path
 
 from bridge.localhub import DB_NAME, LocalHub
 from bridge.retry import PermanentError, RetryableError
-from bridge.sinks.base import SpooledRecord
+from bridge.sinks.base import SpooledRecord, could_write
 
 
 class HubSink:
@@ -51,13 +52,14 @@ class HubSink:
             ) from err
 
     def check(self) -> str:
-        """Open (creating if needed) the hub, as a send would, and write nothing."""
-        try:
-            self._get_hub()
-        except (sqlite3.Error, OSError) as err:
-            self._drop()
-            raise PermanentError(f"cannot open the local hub in {self.directory}: {err}") from err
-        return f"the local hub in {self.directory} can be appended to"
+        """Whether a send could open the hub and append, found without creating or opening it."""
+        said = could_write(self.directory / DB_NAME)
+        # SQLite writes its log and shared memory beside the database.
+        if self.directory.is_dir() and not os.access(self.directory, os.W_OK | os.X_OK):
+            raise PermanentError(
+                f"cannot write in the local hub {self.directory}: permission denied"
+            )
+        return f"the local hub in {self.directory}: {said}" if self.directory.is_dir() else said
 
     def close(self) -> None:
         self._drop()

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import BinaryIO
 
-from bridge.retry import PermanentError, RetryableError
-from bridge.sinks.base import SpooledRecord
+from bridge.retry import RetryableError
+from bridge.sinks.base import SpooledRecord, could_write
 
 
 class JsonlSink:
@@ -55,14 +55,8 @@ class JsonlSink:
         self._torn = False
 
     def check(self) -> str:
-        """Create the directory and open the file for appending, as a send would."""
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "ab"):
-                pass
-        except OSError as err:
-            raise PermanentError(f"cannot append to {self.path}: {err.strerror or err}") from err
-        return f"{self.path} can be appended to"
+        """Whether a send could append, found without writing: not even an empty file."""
+        return could_write(self.path)
 
     def close(self) -> None:
         self._drop()

@@ -224,10 +224,14 @@ def test_a_hub_locked_past_the_busy_timeout_is_a_retryable_failure(
         ]
 
 
-def test_check_creates_the_hub_and_writes_nothing(sink: HubSink, hub_dir: Path) -> None:
-    assert "can be appended to" in sink.check()
+def test_check_writes_nothing_not_even_the_hub(sink: HubSink, hub_dir: Path) -> None:
+    assert f"{hub_dir} does not exist yet" in sink.check()
+    assert not hub_dir.exists()
     with LocalHub(hub_dir) as hub:
         assert everything(hub) == {p: [] for p in range(PARTITIONS)}
+    before = sorted(p.name for p in hub_dir.iterdir())
+    assert "can be appended to" in sink.check()
+    assert sorted(p.name for p in hub_dir.iterdir()) == before
 
 
 # --- run_local ------------------------------------------------------------------------------

@@ -108,6 +108,26 @@ def test_jsonl_write_error_is_retryable_and_names_the_path(tmp_path: Path) -> No
     assert str(blocker / "events.jsonl") in str(caught.value)
 
 
+def test_jsonl_check_writes_nothing(jsonl: JsonlSink, path: Path, tmp_path: Path) -> None:
+    said = jsonl.check()
+    assert f"{tmp_path / 'logs'} does not exist yet" in said
+    assert list(tmp_path.iterdir()) == []
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"kept\n")
+    assert "can be appended to" in jsonl.check()
+    assert path.read_bytes() == b"kept\n"
+
+
+def test_jsonl_check_refuses_what_a_send_could_not_create(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    with pytest.raises(PermanentError, match="not a directory"):
+        JsonlSink(blocker / "sub" / "events.jsonl").check()
+    with pytest.raises(PermanentError, match="is a directory"):
+        JsonlSink(tmp_path).check()
+    assert blocker.read_text() == "x"
+
+
 class _DiskFillsUp:
     """Wraps the sink's file: writes the start of a record, then fails like a full disk."""
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Sequence
+from typing import NoReturn, cast
 
 from bridge import __version__, demo
 from bridge.agent import command as agent_command
@@ -23,7 +25,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Azure Scheduled Events to fleet-wide records, alerts and approvals.",
     )
     parser.add_argument("--version", action="version", version=f"se-bridge {__version__}")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # Each program's add_parser takes the plain type; what they create is a CommandParser.
+    subparsers = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        parser.add_subparsers(
+            dest="command", required=True, metavar="COMMAND", parser_class=CommandParser
+        ),
+    )
     agent_command.add_parser(subparsers)  # agent and check
     status.add_parser(subparsers)
     consumer_command.add_parser(subparsers)  # consume and policy
@@ -34,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     for command in subparsers.choices.values():
         _logging_options(command)
     return parser
+
+
+class CommandParser(argparse.ArgumentParser):
+    """A sub-command's parser: a usage error exits 2, or the command's `usage_status` default
+    (`status` says 3, UNKNOWN, where a monitoring system would read 2 as CRITICAL)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        status = self.get_default("usage_status")
+        self.exit(status if isinstance(status, int) else 2, f"{self.prog}: error: {message}\n")
 
 
 def _logging_options(parser: argparse.ArgumentParser) -> None:
@@ -54,8 +72,18 @@ def _logging_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The sub-commands' parsers, by name."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    choices: dict[str, argparse.ArgumentParser] = action.choices
+    return choices
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # told by the command's parser, so that its usage status holds
+        _commands(parser)[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # The agent and the consumer log as their settings say, once they have read them.
     if args.command not in ("agent", "consume"):
         default = "WARNING" if args.command == "check" else "INFO"

@@ -40,7 +40,7 @@ from bridge.config import Config
 from bridge.outbox.delivery import Delivery
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, SpoolError, StateKey
 from bridge.policy.model import Policy
-from bridge.records import Health, Origin, VmIdentity, heartbeat_record, utc_now
+from bridge.records import Health, Origin, VmIdentity, heartbeat_record, iso, utc_now
 from bridge.retry import Backoff, DeliveryError, FailureStreak, PermanentError, RetryableError
 from bridge.sinks import Sink, build
 
@@ -247,7 +247,10 @@ class Agent:
             return self._poll.failed(err, self.config.agent.poll_interval)
         self._pending = None
         now = self._now()
+        first = self._poll.last_success is None
         self._poll.succeeded(now)
+        if first:
+            self._first_answer(now)
         self.metrics.polled(None, now)
         checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
         if body != self._last_body or checkpoint_due:
@@ -426,6 +429,18 @@ class Agent:
             self.metrics.made([beat])
         except SPOOL_ERRORS as err:
             log.warning("heartbeat not written to the spool %s: %s", self.spool.path, err)
+
+    def _first_answer(self, now: datetime) -> None:
+        """The Start heartbeat comes before the first poll: tell `se-bridge status` that IMDS
+        answered now, not at the next heartbeat minutes later."""
+        seen = self.spool.load_state(StateKey.HEALTH)
+        if seen is None or seen.get("started_at") != self._started_at:
+            return
+        seen.update(imds_healthy=True, last_imds_success=iso(now))
+        try:
+            self.spool.commit([], state={StateKey.HEALTH: seen})
+        except SPOOL_ERRORS as err:
+            log.warning("IMDS health not written to the spool %s: %s", self.spool.path, err)
 
     # --- hooks ---------------------------------------------------------------------------
 

@@ -9,19 +9,27 @@ The exit code follows the monitoring-plugin convention (Nagios, Icinga, Sensu, a
 external check), so `se-bridge status` is a ready-made check:
 
 - 0 OK;
-- 1 WARNING: dead letters, shed records, or a sink whose oldest waiting record is older
-  than `--backlog-age`;
+- 1 WARNING: dead letters, shed records, a sink whose oldest waiting record is older
+  than `--backlog-age`, a sink failing for good (its last error is shown), or IMDS not yet
+  answered since the agent started;
 - 2 CRITICAL: no heartbeat for two heartbeat intervals and a minute (the agent is not
   running, or stuck), the agent stopped, or IMDS unanswered at the last heartbeat for longer
   than `--imds-age`;
-- 3 UNKNOWN: the state cannot be read (no spool in that directory, a bad setting).
+- 3 UNKNOWN: whatever stops the check from looking (no spool in that directory, a bad
+  setting or option, an unreadable spool): never 1 or 2, which a monitoring system would
+  take for the agent's state.
+
+What the spool holds came from IMDS, sinks and hooks: the text form shows control and
+format characters escaped, so none of it can drive the terminal or forge a line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import unicodedata
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -31,6 +39,7 @@ from bridge.config import ConfigError, load
 from bridge.outbox.inspect import SpoolStatus, inspect
 from bridge.outbox.spool import SpoolError, StateKey
 from bridge.records import VmIdentity, parse_time, utc_now
+from bridge.redact import describe
 
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 LEVELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
@@ -73,7 +82,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="SECONDS",
         help="CRITICAL when IMDS last answered longer ago, as of the last heartbeat (default 900)",
     )
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, usage_status=UNKNOWN)
 
 
 @dataclass
@@ -94,20 +103,39 @@ class Report:
 
 
 def run(args: argparse.Namespace) -> int:
+    state_dir: Path | None = args.state_dir
     try:
         config = load(args.config, flags={"agent.state_dir": args.state_dir})
-        status = inspect(config.agent.state_dir / "spool.db")
+        state_dir = Path(os.path.abspath(config.agent.state_dir))
+        status = inspect(state_dir / "spool.db")
+        report = assess(status, utc_now(), timedelta(seconds=args.backlog_age),
+                        timedelta(seconds=args.imds_age))  # fmt: skip
     except (ConfigError, SpoolError) as err:
-        print(f"UNKNOWN: {err}", file=sys.stderr)
-        return UNKNOWN
-    report = assess(status, utc_now(), timedelta(seconds=args.backlog_age),
-                    timedelta(seconds=args.imds_age))  # fmt: skip
-    report.state_dir = str(config.agent.state_dir)
+        return _unknown(args, state_dir, str(err))
+    except Exception as err:  # a check that cannot look says UNKNOWN, never a traceback and 1
+        return _unknown(
+            args, state_dir, f"cannot read the agent's state: {describe(err, with_type=True)}"
+        )
+    report.state_dir = str(state_dir)
+    _print(args, report)
+    return report.level
+
+
+def _unknown(args: argparse.Namespace, state_dir: Path | None, problem: str) -> int:
+    report = Report(state_dir=str(state_dir or ""))
+    report.flag(UNKNOWN, problem)
+    if args.json:
+        _print(args, report)
+    else:
+        print(printable(report.problems[0]), file=sys.stderr)
+    return UNKNOWN
+
+
+def _print(args: argparse.Namespace, report: Report) -> None:
     if args.json:
         print(json.dumps({"status": LEVELS[report.level], **asdict(report)}, indent=2))
     else:
         print(render(report))
-    return report.level
 
 
 def assess(
@@ -147,9 +175,11 @@ def _heartbeat(
     success = parse_time(health.get("last_imds_success"))
     started = parse_time(health.get("started_at")) or at
     if success is None:
+        since = health.get("started_at")
         if started is None or (at or now) - started > imds_age:
-            since = health.get("started_at")
             report.flag(CRITICAL, f"IMDS had not answered since the agent started at {since}")
+        else:
+            report.flag(WARNING, f"IMDS has not answered since the agent started at {since}")
     elif at is not None and at - success > imds_age:
         report.flag(CRITICAL, f"IMDS had not answered since {health.get('last_imds_success')} "
                               f"at the last heartbeat")  # fmt: skip
@@ -170,12 +200,13 @@ def _document(report: Report, state: dict[str, Any] | None) -> None:
 
 
 def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: timedelta) -> None:
+    troubles = (status.state.get(StateKey.DELIVERY) or {}).get("sinks") or {}
     report.spool = {
         "path": str(status.path),
         "records": status.records,
         "bytes": status.bytes,
         "shed": status.shed,
-        "sinks": [asdict(sink) for sink in status.sinks],
+        "sinks": [{**asdict(sink), "last_error": troubles.get(sink.name)} for sink in status.sinks],
     }
     if status.shed:
         report.flag(WARNING, f"{status.shed} records were shed at the spool's bound (lost)")
@@ -187,6 +218,10 @@ def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: time
         if sink.dead_letters:
             report.flag(WARNING, f"sink {sink.name} set {sink.dead_letters} records aside as "
                                  "dead letters")  # fmt: skip
+        trouble = troubles.get(sink.name)
+        if isinstance(trouble, dict) and trouble.get("kind") == "permanent":
+            report.flag(WARNING, f"sink {sink.name} cannot deliver since {trouble.get('since')}: "
+                                 f"{trouble.get('error')}")  # fmt: skip
 
 
 def render(report: Report) -> str:
@@ -216,8 +251,11 @@ def render(report: Report) -> str:
                  f"{spool['shed']} shed")  # fmt: skip
     for sink in spool["sinks"]:
         since = f", oldest from {sink['oldest']}" if sink["oldest"] else ""
+        trouble = sink["last_error"]
+        failing = (f"; failing since {trouble.get('since')}: {trouble.get('error')}"
+                   if isinstance(trouble, dict) else "")  # fmt: skip
         lines.append(f"  {sink['name']}: {sink['waiting']} waiting{since}; "
-                     f"{sink['dead_letters']} dead letters")  # fmt: skip
+                     f"{sink['dead_letters']} dead letters{failing}")  # fmt: skip
     lines.append(f"hooks running: {len(report.hooks)}")
     lines += [f"  {h['phase']} for {h['event']}" for h in report.hooks]
     approvals = report.approvals
@@ -225,4 +263,15 @@ def render(report: Report) -> str:
                  f"{len(approvals['commands'])} commands")  # fmt: skip
     for command, seen in approvals["commands"].items():
         lines.append(f"  command {command}: {seen.get('outcome')} (kept until {seen.get('until')})")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
+
+
+def printable(text: str) -> str:
+    """`text` with control and format characters (escape sequences, line breaks, bidi
+    overrides) shown as escapes, so that it prints as it is and no more."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+        else ch
+        for ch in text
+    )

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bridge.outbox.spool import Spool
+from bridge.outbox.spool import Spool, StateKey
+from bridge.records import iso, utc_now
 from bridge.redact import describe
 from bridge.retry import Backoff, FailureStreak, PermanentError, PoisonRecords, RetryableError
 from bridge.sinks.base import Sink, SpooledRecord
@@ -52,6 +53,42 @@ class _Hurry:
             return self._flushes > 0
 
 
+class _Troubles:
+    """Each failing sink's last error, kept in the spool's state where `se-bridge status` (another
+    process) reads it: {"error": describe()'s secret-free, bounded text, "kind": how it failed,
+    "since": when this streak began}. Written when a sink starts failing, fails another way,
+    or delivers again; never once per retry."""
+
+    def __init__(self, spool: Spool, names: Sequence[str]) -> None:
+        self._spool, self._lock = spool, threading.Lock()
+        saved = (spool.load_state(StateKey.DELIVERY) or {}).get("sinks") or {}
+        # A sink no longer configured has nothing to say.
+        self._sinks: dict[str, dict[str, str]] = {
+            name: trouble for name, trouble in saved.items()
+            if name in names and isinstance(trouble, dict)
+        }  # fmt: skip
+
+    def failed(self, name: str, kind: str, error: str) -> None:
+        with self._lock:
+            before = self._sinks.get(name)
+            if before is not None and (before.get("kind"), before.get("error")) == (kind, error):
+                return
+            since = before["since"] if before and "since" in before else iso(utc_now())
+            self._sinks[name] = {"error": error, "kind": kind, "since": since}
+            self._save()
+
+    def succeeded(self, name: str) -> None:
+        with self._lock:
+            if self._sinks.pop(name, None) is not None:
+                self._save()
+
+    def _save(self) -> None:
+        try:
+            self._spool.commit([], state={StateKey.DELIVERY: {"sinks": dict(self._sinks)}})
+        except Exception as err:  # only status's view is stale; delivery goes on
+            log.debug("cannot keep the sinks' last errors in the spool: %s", describe(err))
+
+
 class _Worker:
     """Feeds one sink from the spool; its thread never dies until told to stop."""
 
@@ -67,8 +104,10 @@ class _Worker:
         wait: Waiter,
         hurry: _Hurry,
         clock: Callable[[], float],
+        troubles: _Troubles,
     ) -> None:
         self.sink, self.name = sink, sink.name
+        self._troubles = troubles
         self._spool, self._streak = spool, FailureStreak(backoff)
         self._stop, self._progressed = stop, progressed
         self._idle_wait, self._wait = idle_wait, wait
@@ -176,6 +215,7 @@ class _Worker:
         self.failures_by_kind[kind] = self.failures_by_kind.get(kind, 0) + 1
         self.permanent = kind == "permanent"
         self.last_error = describe(err, with_type=kind in ("unexpected", "spool"))
+        self._troubles.failed(self.name, kind, self.last_error)
         self._log_failure(err, delay, kind)
         self._wait(self._stop, delay)
 
@@ -216,6 +256,7 @@ class _Worker:
 
     def _succeeded(self) -> None:
         self.permanent = False
+        self._troubles.succeeded(self.name)
         if ended := self._streak.succeeded():
             log.warning(
                 "sink %s recovered after %d failures; catching up %d records",
@@ -270,6 +311,7 @@ class Delivery:
         self._stop = threading.Event()
         self._hurry = _Hurry()
         self._progress = threading.Condition()
+        troubles = _Troubles(spool, names)
         self._workers = [
             _Worker(
                 spool,
@@ -281,6 +323,7 @@ class Delivery:
                 wait=wait,
                 hurry=self._hurry,
                 clock=clock,
+                troubles=troubles,
             )
             for sink in sinks
         ]

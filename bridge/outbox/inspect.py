@@ -41,7 +41,7 @@ def inspect(path: Path) -> SpoolStatus:
     if not path.is_file():
         raise SpoolError(f"there is no spool at {path}: is this the agent's state directory?")
     try:
-        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=5)
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5)
     except sqlite3.Error as err:
         raise SpoolError(f"cannot open the spool {path} to read: {err}") from err
     try:

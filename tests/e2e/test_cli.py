@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -172,7 +173,8 @@ def test_status_reads_a_running_agents_state_and_exits_as_a_check(
     sim.wait_polls({"vm-0": 2})
     event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
     agent.wait_transition(event_id, "Scheduled")
-    done = run_bridge("status", "--state-dir", str(agent.state_dir), "--json")
+    # Relative, as an operator types it in the agent's directory.
+    done = run_bridge("status", "--state-dir", os.path.relpath(agent.state_dir), "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     said = json.loads(done.stdout)
     assert said["status"] == "OK"
@@ -190,3 +192,20 @@ def test_status_reads_a_running_agents_state_and_exits_as_a_check(
     nothing = run_bridge("status", "--state-dir", str(tmp_path / "none"))
     assert nothing.returncode == 3
     assert "UNKNOWN: there is no spool" in nothing.stderr
+
+
+def test_status_says_unknown_for_every_failure_to_check(tmp_path: Path) -> None:
+    """A monitoring system reads 1 as WARNING and 2 as CRITICAL: not being able to look is 3."""
+    unknown = run_bridge("status", "--state-dir", str(tmp_path / "none"), "--json")
+    assert unknown.returncode == 3
+    said = json.loads(unknown.stdout)
+    assert said["status"] == "UNKNOWN"
+    assert "there is no spool" in said["problems"][0]
+    (tmp_path / "spool.db").write_bytes(b"not a database" * 100)
+    broken = run_bridge("status", "--state-dir", os.path.relpath(tmp_path))
+    assert (broken.returncode, broken.stdout) == (3, ""), broken.stderr
+    assert broken.stderr.startswith("UNKNOWN: cannot read the spool")
+    for bad in (["--backlog-age", "soon"], ["--no-such-option"]):
+        usage = run_bridge("status", "--state-dir", str(tmp_path), *bad)
+        assert usage.returncode == 3, bad
+        assert "error:" in usage.stderr

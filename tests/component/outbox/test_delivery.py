@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from bridge.outbox.delivery import Delivery
-from bridge.outbox.spool import Spool, SpoolError
+from bridge.outbox.inspect import inspect
+from bridge.outbox.spool import Spool, SpoolError, StateKey
+from bridge.records import parse_time
 from bridge.retry import (
     Backoff,
     PermanentError,
@@ -433,6 +435,25 @@ def test_status_reports_progress_and_a_secret_free_last_error(run: Run) -> None:
     assert status["acked_seq"] == 2
     assert status["backlog"] == 0
     assert status["consecutive_failures"] == 0
+
+
+def test_a_sinks_last_error_is_kept_in_the_spool_for_status_until_it_delivers(
+    run: Run, tmp_path: Path
+) -> None:
+    down = FakeSink("down", outcomes=[PermanentError("no token for Event Hubs (sig=s3cr3t)")] * 3)
+    up = FakeSink("up")
+    spool, delivery = run([down, up])
+    spool.commit([rec(1)])
+    wait_until(lambda: delivery.status()["down"]["consecutive_failures"] >= 2)
+    # Read as `se-bridge status` reads it: from the file, by another connection.
+    kept = inspect(tmp_path / "spool.db").state[StateKey.DELIVERY]["sinks"]
+    assert list(kept) == ["down"]
+    assert kept["down"]["error"].startswith("no token for Event Hubs (sig=***")
+    assert kept["down"]["kind"] == "permanent"
+    assert parse_time(kept["down"]["since"]) is not None
+
+    assert delivery.flush(10)
+    assert inspect(tmp_path / "spool.db").state[StateKey.DELIVERY] == {"sinks": {}}
 
 
 def test_sinks_must_be_known_to_the_spool_and_unique(tmp_path: Path) -> None:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bridge.agent.status import CRITICAL, OK, WARNING, assess
+from bridge.agent.status import CRITICAL, OK, WARNING, assess, render
 from bridge.outbox.inspect import SinkStatus, SpoolStatus
 from bridge.outbox.spool import StateKey
 
@@ -17,9 +18,13 @@ AGE = timedelta(minutes=15)
 
 
 def spool(
-    health: dict[str, Any] | None, *, shed: int = 0, sink: SinkStatus | None = None
+    health: dict[str, Any] | None,
+    *,
+    shed: int = 0,
+    sink: SinkStatus | None = None,
+    state: dict[str, dict[str, Any]] | None = None,
 ) -> SpoolStatus:
-    state = {StateKey.HEALTH: health} if health else {}
+    state = {**({StateKey.HEALTH: health} if health else {}), **(state or {})}
     sinks = (sink or SinkStatus("jsonl:/x", 0, None, 0),)
     return SpoolStatus(Path("/s/spool.db"), 0, 0, shed, sinks, state, ())
 
@@ -57,3 +62,47 @@ def test_each_condition_sets_its_level(status: SpoolStatus, level: int, said: st
     report = assess(status, NOW, AGE, AGE)
     assert report.level == level
     assert said in " ".join(report.problems)
+
+
+def test_imds_that_never_answered_is_never_ok() -> None:
+    beat = health(NOW, None)
+    beat["started_at"] = beat["at"]  # the Start heartbeat, written before the first poll
+    report = assess(spool(beat), NOW, AGE, AGE)
+    assert report.level == WARNING
+    assert "IMDS has not answered since the agent started" in " ".join(report.problems)
+
+
+def test_a_sinks_last_error_is_shown_and_a_permanent_one_warns() -> None:
+    trouble = {"error": "no token for Event Hubs (ManagedIdentityCredential unavailable)",
+               "kind": "permanent", "since": "2026-11-26T06:58:00.000Z"}  # fmt: skip
+    status = spool(
+        health(NOW, NOW),
+        sink=SinkStatus("eventhubs", 0, None, 0),
+        state={StateKey.DELIVERY: {"sinks": {"eventhubs": trouble}}},
+    )
+    report = assess(status, NOW, AGE, AGE)
+    assert report.level == WARNING
+    assert "sink eventhubs cannot deliver since 2026-11-26T06:58:00.000Z: no token" in " ".join(
+        report.problems
+    )
+    assert report.spool["sinks"][0]["last_error"] == trouble
+    assert "failing since 2026-11-26T06:58:00.000Z: no token for Event Hubs" in render(report)
+    retrying = {**trouble, "kind": "retryable", "error": "503 from Event Hubs"}
+    status = spool(health(NOW, NOW), sink=SinkStatus("eventhubs", 0, None, 0),
+                   state={StateKey.DELIVERY: {"sinks": {"eventhubs": retrying}}})  # fmt: skip
+    shown = assess(status, NOW, AGE, AGE)
+    assert shown.level == OK
+    assert "503 from Event Hubs" in render(shown)
+
+
+def test_text_from_the_spool_cannot_drive_the_terminal() -> None:
+    hostile = "vm\x1b]0;owned\x07\x1b[2J\nOK: all well\u202e"
+    status = spool(
+        health(NOW, NOW),
+        sink=SinkStatus(f"jsonl:/x{hostile}", 0, None, 0),
+        state={StateKey.IDENTITY: {"vm_name": hostile}},
+    )
+    text = render(assess(status, NOW, AGE, AGE))
+    assert not [ch for ch in text if unicodedata.category(ch) in ("Cc", "Cf") and ch != "\n"]
+    assert "vm\\x1b]0;owned\\x07\\x1b[2J\\nOK: all well\\u202e" in text
+    assert not [line for line in text.splitlines() if line.startswith("OK: all well")]

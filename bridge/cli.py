@@ -13,9 +13,9 @@ from bridge import __version__, demo
 from bridge.agent import command as agent_command
 from bridge.agent import status, winservice
 from bridge.commands import signing
-from bridge.config import ENV_PREFIX, LOG_LEVELS
+from bridge.config import ENV_PREFIX, LOG_FORMATS, LOG_LEVELS
 from bridge.consumer import command as consumer_command
-from bridge.logfile import LOG_FORMATS, setup_logging
+from bridge.logfile import setup_logging
 from bridge.simulator import command as simulator_command
 
 
@@ -39,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_parser(subparsers)
     signing.add_parser(subparsers)
     winservice.add_parser(subparsers)
-    for command in subparsers.choices.values():
-        _logging_options(command)
+    for name, command in subparsers.choices.items():
+        _logging_options(command, name)
     return parser
 
 
@@ -54,22 +54,53 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(status if isinstance(status, int) else 2, f"{self.prog}: error: {message}\n")
 
 
-def _logging_options(parser: argparse.ArgumentParser) -> None:
+# Whose log settings each command's --log-level and --log-format stand for, read from the
+# environment when no flag is given (the agent and the consumer read their config file too);
+# the other commands read no settings.
+LOG_SECTIONS = {"agent": "agent", "check": "agent", "status": "agent", "service": "agent",
+                "consume": "consumer", "policy": "consumer"}  # fmt: skip
+# Quieter where the output is the point: check's verdicts, the demo's live view.
+QUIET_COMMANDS = ("check", "demo")
+
+
+def _logging_options(parser: argparse.ArgumentParser, command: str) -> None:
     """`--log-level` and `--log-format`, on every sub-command."""
+    section = LOG_SECTIONS.get(command)
+
+    def setting(key: str) -> str:
+        if section is None:
+            return ""
+        return f"setting {section}.{key}, {ENV_PREFIX}{section.upper()}_{key.upper()}; "
+
     group = parser.add_argument_group("logging")
     group.add_argument(
         "--log-level",
         type=str.upper,
         choices=LOG_LEVELS,
-        help=f"how much to log (setting agent.log_level, {ENV_PREFIX}AGENT_LOG_LEVEL; "
-        "default INFO, WARNING for check)",
+        help=f"how much to log ({setting('log_level')}default {_default_level(command)})",
     )
     group.add_argument(
         "--log-format",
         choices=LOG_FORMATS,
-        help="text, or json: one object per line for a log pipeline (setting agent.log_format, "
-        f"{ENV_PREFIX}AGENT_LOG_FORMAT; default text)",
+        help="text, or json: one object per line for a log pipeline "
+        f"({setting('log_format')}default text)",
     )
+
+
+def _default_level(command: str) -> str:
+    return "WARNING" if command in QUIET_COMMANDS else "INFO"
+
+
+def _from_env(command: str, key: str) -> str | None:
+    """The environment's `key` for `command`'s section; the consumer's tools still take the
+    agent's variables where theirs are not set (bridge.config.UNDER_AGENT)."""
+    section = LOG_SECTIONS.get(command)
+    if section is None:
+        return None
+    names = [f"{ENV_PREFIX}{section.upper()}_{key.upper()}"]
+    if section == "consumer":
+        names.append(f"{ENV_PREFIX}AGENT_{key.upper()}")
+    return next((os.environ[name] for name in names if os.environ.get(name)), None)
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -86,11 +117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         _commands(parser)[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     # The agent and the consumer log as their settings say, once they have read them.
     if args.command not in ("agent", "consume"):
-        default = "WARNING" if args.command == "check" else "INFO"
-        level = args.log_level or os.environ.get(f"{ENV_PREFIX}AGENT_LOG_LEVEL", default)
-        fmt = args.log_format or os.environ.get(f"{ENV_PREFIX}AGENT_LOG_FORMAT", "text")
+        default = _default_level(args.command)
+        level = (args.log_level or _from_env(args.command, "log_level") or default).upper()
+        fmt = args.log_format or _from_env(args.command, "log_format") or "text"
         setup_logging(
-            level.upper() if level.upper() in LOG_LEVELS else default,
+            level if level in LOG_LEVELS else default,
             fmt=fmt if fmt in LOG_FORMATS else "text",
             program=args.command,
         )

@@ -37,6 +37,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 log = logging.getLogger(__name__)
 ENV_PREFIX = "SE_BRIDGE_"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+LOG_FORMATS = ("text", "json")
 
 
 class ConfigError(ValueError):
@@ -80,14 +81,11 @@ class AgentSettings:
     heartbeat_interval: float = _setting(
         300.0, "Seconds between Heartbeat records.", low=1, high=86400
     )
-    log_level: str = _setting(
-        "INFO", "DEBUG, INFO, WARNING or ERROR (also the consumer's).", choices=LOG_LEVELS
-    )
+    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS)
     log_format: str = _setting(
         "text",
-        "text (a line a person reads) or json (one object per line for a log pipeline); also "
-        "the consumer's.",
-        choices=("text", "json"),
+        "text (a line a person reads) or json (one object per line for a log pipeline).",
+        choices=LOG_FORMATS,
     )
     policy: Path | None = _setting(
         None, "Approval policy run inside this agent (local mode); none: no local approvals."
@@ -278,8 +276,30 @@ class CommandsSettings:
     )
 
 
+# The consumer read these from [agent] before it had its own; see Config.consumer_state_dir.
+UNDER_AGENT = ("state_dir", "log_level", "log_format")
+
+
 @dataclass(frozen=True)
 class ConsumerSettings:
+    state_dir: Path | None = _setting(
+        None,
+        "The consumer's decisions spool, and the default place of its fleet state and "
+        "decisions file. None: agent.state_dir where a config written before this setting "
+        "sets it (deprecated, with a WARNING), else the platform default.",
+    )
+    log_level: str | None = _setting(
+        None,
+        "DEBUG, INFO, WARNING or ERROR. None: agent.log_level where an older config sets it "
+        "(deprecated), else INFO.",
+        choices=LOG_LEVELS,
+    )
+    log_format: str | None = _setting(
+        None,
+        "text or json, as agent.log_format. None: agent.log_format where an older config sets "
+        "it (deprecated), else text.",
+        choices=LOG_FORMATS,
+    )
     policy: Path | None = _setting(None, "Approval policy file (YAML); none: the default policy.")
     mode: str = _setting(
         "normal",
@@ -359,6 +379,17 @@ class Config:
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]
 
+    # The consumer's own settings win; where one is not set, the [agent] one that configs
+    # written before it had its own set for it (see consumer_settings_under_agent).
+    def consumer_state_dir(self) -> Path:
+        return self.consumer.state_dir or self.agent.state_dir
+
+    def consumer_log_level(self) -> str:
+        return self.consumer.log_level or self.agent.log_level
+
+    def consumer_log_format(self) -> str:
+        return self.consumer.log_format or self.agent.log_format
+
 
 S = TypeVar("S")
 
@@ -380,6 +411,31 @@ def load(
         sections[f.name] = _section(f.name, section_cls, layers)
     _reject_unknown(layers[0][1], layers[2][1])
     return Config(**sections)
+
+
+def consumer_settings_under_agent(config: Config) -> list[str]:
+    """The UNDER_AGENT keys the consumer takes from [agent]: set there, not under [consumer]."""
+    defaults = AgentSettings()
+    return [
+        key
+        for key in UNDER_AGENT
+        if getattr(config.consumer, key) is None
+        and getattr(config.agent, key) != getattr(defaults, key)
+    ]
+
+
+def warn_of_consumer_settings_under_agent(config: Config) -> None:
+    """One WARNING, at the consumer's start, when it still reads settings under [agent]."""
+    keys = consumer_settings_under_agent(config)
+    if keys:
+        log.warning(
+            "the consumer reads %s because %s are not set; agent.* settings are the agent's "
+            "and a later release will stop reading them for the consumer: rename them in the "
+            "consumer's config (or set %s)",
+            ", ".join(f"agent.{key}" for key in keys),
+            ", ".join(f"consumer.{key}" for key in keys),
+            ", ".join(f"{ENV_PREFIX}CONSUMER_{key.upper()}" for key in keys),
+        )
 
 
 def warn_if_secrets_readable(path: Path | None) -> None:

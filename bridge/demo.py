@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import tempfile
 import threading
@@ -245,13 +244,13 @@ def demo_keys(root: Path) -> tuple[str, str]:
 def consumer_config(root: Path, policy: Path | None, *, signing_key: str = "") -> Config:
     """The central half, on local transports: the hub the agents write, their command dirs."""
     return Config(
-        agent=AgentSettings(state_dir=root / "consumer"),
         commands=CommandsSettings(
             channel=f"local:{root / 'commands'}",
             signing_key=signing_key,
             allow_unsigned=not signing_key,
         ),
         consumer=ConsumerSettings(
+            state_dir=root / "consumer",
             policy=policy,
             state=f"sqlite:{root / 'fleet.db'}",
             hub=root / "hub",
@@ -355,7 +354,6 @@ def run(args: argparse.Namespace) -> int:
     if message:
         print(f"se-bridge: {message}", file=sys.stderr)
         return 2
-    logging.getLogger("bridge").setLevel(logging.WARNING)
     root = args.state_dir or Path(tempfile.mkdtemp(prefix="se-bridge-demo-"))
     live = sys.stdout.isatty()
     view = View(sys.stdout, live)

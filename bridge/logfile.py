@@ -27,7 +27,6 @@ from pathlib import Path
 from bridge import __version__
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-LOG_FORMATS = ("text", "json")
 
 
 class JsonFormatter(logging.Formatter):

@@ -28,7 +28,7 @@ AGENT_EXAMPLES = """\
 examples:
   se-bridge agent --config /etc/se-bridge/agent.toml
   se-bridge agent --sink jsonl:/var/log/se-bridge/records.jsonl --sink eventhubs
-  se-bridge agent --imds-url http://127.0.0.1:8080/vm-0 --sink stdout   # against the simulator
+  se-bridge agent --imds-url http://127.0.0.1:8080/vm/vm-0 --sink stdout   # the simulator's vm-0
   SE_BRIDGE_AGENT_METRICS_ADDRESS=9465 se-bridge agent --log-format json
 """
 CHECK_EXAMPLES = """\

@@ -3,7 +3,7 @@
 The consumer holds the private key (`commands.signing_key`):
 
     file:/etc/se-bridge/signing.pem      PEM, PKCS8, Ed25519; readable by its owner only
-    keyvault:https://contoso.vault.azure.net/secrets/se-bridge-signing[/VERSION]
+    keyvault:https://contoso.vault.azure.net/secrets/se-bridge-signing-key[/VERSION]
                                          a Key Vault secret whose value is that PEM
 
 Agents hold only public keys (`commands.verify_key`): the base64 of the 32 raw bytes, or
@@ -44,6 +44,7 @@ from bridge.identity import CREDENTIAL_ADVICE, credential
 FILE = "file:"
 KEYVAULT = "keyvault:"
 RAW_KEY_BYTES = 32
+SECRET_NAME = "se-bridge-signing-key"  # noqa: S105 - a name: infra/main.bicep signingKeySecretName
 
 
 class SigningError(ValueError):
@@ -244,9 +245,9 @@ def keygen(path: Path) -> str:
         "consumer:\n"
         f'  [commands] signing_key = "file:{path}"\n'
         f"  or SE_BRIDGE_COMMANDS_SIGNING_KEY=file:{path}\n"
-        "  in Key Vault: az keyvault secret set --vault-name VAULT --name se-bridge-signing "
+        f"  in Key Vault: az keyvault secret set --vault-name VAULT --name {SECRET_NAME} "
         f"--file {path}\n"
-        '  then signing_key = "keyvault:https://VAULT.vault.azure.net/secrets/se-bridge-signing"\n'
+        f'  then signing_key = "keyvault:https://VAULT.vault.azure.net/secrets/{SECRET_NAME}"\n'
         "agents:\n"
         f'  [commands] verify_key = "{public}"\n'
         f"  or SE_BRIDGE_COMMANDS_VERIFY_KEY={public}\n"

@@ -80,8 +80,8 @@ def add_consume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
     p.add_argument(
         "--state-dir",
         type=Path,
-        help="decisions spool and default state directory (setting agent.state_dir, "
-        "SE_BRIDGE_AGENT_STATE_DIR)",
+        help="decisions spool and default state directory (setting consumer.state_dir, "
+        "SE_BRIDGE_CONSUMER_STATE_DIR)",
     )
     p.add_argument(
         "--hub",

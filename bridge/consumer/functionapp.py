@@ -43,7 +43,7 @@ from typing import Any, List  # noqa: UP035
 
 import azure.functions as func
 
-from bridge.config import Config, ConfigError
+from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
@@ -187,6 +187,7 @@ class ConsumerApp:
         try:
             config = load_config(environ, self._app_dir)
             _log_levels(config)
+            warn_of_consumer_settings_under_agent(config)
             outlet = DecisionOutlet.from_config(config)
             try:
                 consumer = build_consumer(config, outlet)
@@ -245,7 +246,7 @@ class ConsumerApp:
 def _log_levels(config: Config) -> None:
     # The worker forwards Python logging to the host at the root logger's level; these
     # narrow what se-bridge and the Azure SDKs (which narrate every request at INFO) send.
-    level = logging.getLevelName(config.agent.log_level)
+    level = logging.getLevelName(config.consumer_log_level())
     logging.getLogger("bridge").setLevel(level)
     logging.getLogger("azure").setLevel(max(logging.WARNING, level))
 

@@ -19,7 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from bridge import host, telemetry
-from bridge.config import Config, ConfigError, warn_if_secrets_readable
+from bridge.config import (
+    Config,
+    ConfigError,
+    warn_if_secrets_readable,
+    warn_of_consumer_settings_under_agent,
+)
 from bridge.consumer import validation, wiring
 from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.sources.eventhubs import run_eventhubs
@@ -63,7 +68,7 @@ class ConsumerService:
 
     def __init__(self, config: Config, *, extra_sinks: Sequence[Sink] = ()) -> None:
         self.config = config
-        state_dir = config.agent.state_dir
+        state_dir = config.consumer_state_dir()
         host.private_directory(state_dir)
         self.sinks = [build(spec, config) for spec in wiring.decision_sinks(config)] + list(
             extra_sinks
@@ -200,19 +205,22 @@ def run(args: argparse.Namespace) -> int:
     host.install_stop_handler(stop.set)
     host.restrict_new_files()
     flags = {
-        "agent.state_dir": args.state_dir,
+        "consumer.state_dir": args.state_dir,
         "consumer.hub": args.hub,
         "commands.channel": args.commands,
         "consumer.state": args.state,
         "consumer.policy": args.policy,
         "consumer.sinks": args.sink,
-        "agent.log_level": args.log_level,
-        "agent.log_format": args.log_format,
+        "consumer.log_level": args.log_level,
+        "consumer.log_format": args.log_format,
         "consumer.metrics_address": args.metrics_address,
     }
     try:
         config = wiring.load_config(args.config, flags=flags)
-        setup_logging(config.agent.log_level, fmt=config.agent.log_format, program="consumer")
+        setup_logging(
+            config.consumer_log_level(), fmt=config.consumer_log_format(), program="consumer"
+        )
+        warn_of_consumer_settings_under_agent(config)
         warn_if_secrets_readable(args.config)
         service = ConsumerService(config)
     except ConfigError as err:

@@ -50,11 +50,11 @@ def load_policy(path: Path | None) -> Policy:
 
 
 def state_spec(config: Config) -> str:
-    return config.consumer.state or f"sqlite:{config.agent.state_dir / 'fleet.db'}"
+    return config.consumer.state or f"sqlite:{config.consumer_state_dir() / 'fleet.db'}"
 
 
 def decision_sinks(config: Config) -> list[str]:
-    return config.consumer.sinks or [f"jsonl:{config.agent.state_dir / 'decisions.jsonl'}"]
+    return config.consumer.sinks or [f"jsonl:{config.consumer_state_dir() / 'decisions.jsonl'}"]
 
 
 def build_consumer(

@@ -85,9 +85,11 @@ def test_unknown_sink_names_the_sink(tmp_path: Path) -> None:
 def test_demo_runs_and_leaves_valid_records(tmp_path: Path) -> None:
     state = tmp_path / "demo"
     done = run_bridge(
-        "demo", "--duration", "12", "--every", "2", "--state-dir", str(state), timeout=90
-    )
+        "demo", "--duration", "12", "--every", "2", "--state-dir", str(state),
+        "--log-level", "info", timeout=90,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
+    assert " INFO " in done.stderr  # quiet by default, for the live view; not when asked
     # Not a terminal: one line per record instead of a redrawn screen.
     assert "\x1b[" not in done.stdout
     assert "Event " in done.stdout

@@ -9,6 +9,7 @@ import pytest
 
 from bridge.cli import build_parser
 from bridge.config import Config
+from bridge.simulator.core import vm_path
 
 # Options that are no setting: the file of settings itself, and help.
 NOT_SETTINGS = {"-h", "--help", "--config"}
@@ -52,3 +53,35 @@ def test_sink_help_lists_all_five_kinds(name: str) -> None:
     [sink] = [a for a in commands()[name]._actions if "--sink" in a.option_strings]
     for kind in ("jsonl:PATH", "stdout", "hub:DIR", "eventhubs", "loganalytics"):
         assert kind in (sink.help or ""), (name, kind)
+
+
+# The section whose log settings each command's --log-level and --log-format stand for; the
+# others read no settings file and name none.
+LOG_SECTIONS = {"agent": "agent", "check": "agent", "status": "agent", "service": "agent",
+                "consume": "consumer", "policy": "consumer"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(commands()))
+def test_log_options_name_the_settings_of_the_program_that_reads_them(name: str) -> None:
+    helps = {
+        option: action.help or ""
+        for action in commands()[name]._actions
+        for option in action.option_strings
+    }
+    section = LOG_SECTIONS.get(name)
+    for option, key in (("--log-level", "log_level"), ("--log-format", "log_format")):
+        if section is None:
+            assert "setting" not in helps[option], (name, option)
+            assert "SE_BRIDGE_" not in helps[option], (name, option)
+        else:
+            assert (
+                f"setting {section}.{key}, SE_BRIDGE_{section.upper()}_{key.upper()}"
+                in (helps[option])
+            ), (name, option)
+    if name == "consume":
+        assert "setting consumer.state_dir, SE_BRIDGE_CONSUMER_STATE_DIR" in helps["--state-dir"]
+
+
+def test_the_agents_example_url_is_one_the_simulator_serves() -> None:
+    epilog = commands()["agent"].epilog or ""
+    assert f"--imds-url http://127.0.0.1:8080{vm_path('vm-0')} " in epilog

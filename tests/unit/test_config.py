@@ -12,7 +12,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bridge.config import Config, ConfigError, bound, load, markdown_table
+from bridge import host
+from bridge.config import (
+    Config,
+    ConfigError,
+    bound,
+    consumer_settings_under_agent,
+    load,
+    markdown_table,
+    warn_of_consumer_settings_under_agent,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -174,3 +183,45 @@ def test_the_settings_table_shows_each_numeric_bound() -> None:
     for section, setting in NUMERIC:
         row = next(line for line in table.splitlines() if f"`{section}.{setting.name}`" in line)
         assert f"{bound(setting.metadata['low'])} to {bound(setting.metadata['high'])}" in row
+
+
+def test_the_consumer_has_its_own_state_dir_and_log_settings(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[agent]\nstate_dir = "/srv/agent"\nlog_level = "DEBUG"\n'
+        '[consumer]\nstate_dir = "/srv/consumer"\nlog_level = "WARNING"\nlog_format = "json"\n',
+    )
+    config = load(path, environ={})
+    assert (config.consumer_state_dir(), config.consumer_log_level(),
+            config.consumer_log_format()) == (Path("/srv/consumer"), "WARNING", "json")  # fmt: skip
+    assert (config.agent.state_dir, config.agent.log_level) == (Path("/srv/agent"), "DEBUG")
+    assert consumer_settings_under_agent(config) == []
+    env = {"SE_BRIDGE_CONSUMER_LOG_LEVEL": "error", "SE_BRIDGE_CONSUMER_STATE_DIR": "/srv/c"}
+    from_env = load(environ=env)
+    assert (from_env.consumer_log_level(), from_env.consumer_state_dir()) == (
+        "ERROR",
+        Path("/srv/c"),
+    )
+    plain = load(environ={})
+    assert (plain.consumer_state_dir(), plain.consumer_log_level(),
+            plain.consumer_log_format()) == (host.default_state_dir(), "INFO", "text")  # fmt: skip
+
+
+def test_a_consumer_config_written_with_agent_settings_keeps_working_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path, '[agent]\nstate_dir = "/srv/old"\nlog_format = "json"\n')
+    config = load(path, environ={})
+    assert config.consumer_state_dir() == Path("/srv/old")
+    assert (config.consumer_log_format(), config.consumer_log_level()) == ("json", "INFO")
+    assert consumer_settings_under_agent(config) == ["state_dir", "log_format"]
+    warn_of_consumer_settings_under_agent(config)
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    said = warning.getMessage()
+    assert "agent.state_dir, agent.log_format" in said
+    assert "consumer.state_dir, consumer.log_format" in said
+    # Where both are set, the consumer's own wins, wherever each came from.
+    env = {"SE_BRIDGE_AGENT_STATE_DIR": "/srv/env", "SE_BRIDGE_CONSUMER_LOG_FORMAT": "text"}
+    both = load(path, environ=env, flags={"consumer.state_dir": "/srv/flag"})
+    assert (both.consumer_state_dir(), both.consumer_log_format()) == (Path("/srv/flag"), "text")
+    assert consumer_settings_under_agent(both) == []

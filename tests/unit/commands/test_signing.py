@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -69,6 +70,14 @@ def test_keygen_writes_a_private_file_and_prints_the_settings(tmp_path: Path) ->
     assert signer.key_id in text
     with pytest.raises(FileExistsError):
         signing.keygen(path)
+
+
+def test_keygen_names_the_key_vault_secret_infra_creates(tmp_path: Path) -> None:
+    bicep = (Path(__file__).parents[3] / "infra" / "main.bicep").read_text(encoding="utf-8")
+    [secret] = re.findall(r"param signingKeySecretName string = '([^']+)'", bicep)
+    text = signing.keygen(tmp_path / "k.pem")
+    assert f"--name {secret} " in text
+    assert f'/secrets/{secret}"' in text
 
 
 @pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")

@@ -110,14 +110,15 @@ def run(args: argparse.Namespace) -> int:
         status = inspect(state_dir / "spool.db")
         report = assess(status, utc_now(), timedelta(seconds=args.backlog_age),
                         timedelta(seconds=args.imds_age))  # fmt: skip
+        report.state_dir = str(state_dir)
+        said = _said(args, report)
     except (ConfigError, SpoolError) as err:
         return _unknown(args, state_dir, str(err))
     except Exception as err:  # a check that cannot look says UNKNOWN, never a traceback and 1
         return _unknown(
             args, state_dir, f"cannot read the agent's state: {describe(err, with_type=True)}"
         )
-    report.state_dir = str(state_dir)
-    _print(args, report)
+    print(said)
     return report.level
 
 
@@ -125,17 +126,16 @@ def _unknown(args: argparse.Namespace, state_dir: Path | None, problem: str) -> 
     report = Report(state_dir=str(state_dir or ""))
     report.flag(UNKNOWN, problem)
     if args.json:
-        _print(args, report)
+        print(_said(args, report))
     else:
         print(printable(report.problems[0]), file=sys.stderr)
     return UNKNOWN
 
 
-def _print(args: argparse.Namespace, report: Report) -> None:
+def _said(args: argparse.Namespace, report: Report) -> str:
     if args.json:
-        print(json.dumps({"status": LEVELS[report.level], **asdict(report)}, indent=2))
-    else:
-        print(render(report))
+        return json.dumps({"status": LEVELS[report.level], **asdict(report)}, indent=2)
+    return render(report)
 
 
 def assess(
@@ -200,7 +200,8 @@ def _document(report: Report, state: dict[str, Any] | None) -> None:
 
 
 def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: timedelta) -> None:
-    troubles = (status.state.get(StateKey.DELIVERY) or {}).get("sinks") or {}
+    troubles = (status.state.get(StateKey.DELIVERY) or {}).get("sinks")
+    troubles = troubles if isinstance(troubles, dict) else {}
     report.spool = {
         "path": str(status.path),
         "records": status.records,

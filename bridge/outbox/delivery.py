@@ -61,10 +61,10 @@ class _Troubles:
 
     def __init__(self, spool: Spool, names: Sequence[str]) -> None:
         self._spool, self._lock = spool, threading.Lock()
-        saved = (spool.load_state(StateKey.DELIVERY) or {}).get("sinks") or {}
-        # A sink no longer configured has nothing to say.
+        saved = (spool.load_state(StateKey.DELIVERY) or {}).get("sinks")
+        # A sink no longer configured has nothing to say; what is not ours to read is dropped.
         self._sinks: dict[str, dict[str, str]] = {
-            name: trouble for name, trouble in saved.items()
+            name: trouble for name, trouble in (saved if isinstance(saved, dict) else {}).items()
             if name in names and isinstance(trouble, dict)
         }  # fmt: skip
 

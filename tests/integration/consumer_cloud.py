@@ -120,7 +120,7 @@ class CloudConsumers:
             # Nothing here plays the agent's listener: no Approval record arrives for most
             # commands, and the fallback to another VM must not be what the test sees.
             "SE_BRIDGE_CONSUMER_APPROVAL_TIMEOUT": "3600",
-            "SE_BRIDGE_AGENT_LOG_LEVEL": "INFO",
+            "SE_BRIDGE_CONSUMER_LOG_LEVEL": "INFO",
             "NO_PROXY": "127.0.0.1,localhost",
         }
 

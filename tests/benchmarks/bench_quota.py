@@ -8,7 +8,8 @@ agent's connection closes between two of them as it does at the default 300 s: t
 open connections are sampled every 50 ms (the consumer's own, measured before the agents
 start, taken off), which gives the connection-seconds one send holds. Then one Freeze event
 per VM, approved by the consumer and completed: the records, send bursts and queue reads one
-agent makes for an event it sees, and the consumer's table requests per record.
+agent makes for an event it sees (the reads timed: a burst as the event appears, then a steady
+rate while it is pending), and the consumer's table requests per record.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import json
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
 from bridge import schema
+from bridge.agent.listener import FIRST_READS_FOR
 from bridge.config import CommandsSettings, ConsumerSettings, LogAnalyticsSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.ledger import LOCKS, SHARDS
@@ -41,6 +43,9 @@ from tests.e2e.harness import Processes, Simulator
 RUN_HEARTBEAT = 30.0
 BURST_GAP = 2.0  # records of one VM further apart than this went in separate sends
 FANOUTS = (1.0, 100.0)  # VMs that see each event: named ones only; a whole placement group
+# Queue reads further apart than this are two events' (a VM reads at least every
+# commands.poll_interval while one that affects it is pending, and not at all otherwise).
+RUN_GAP = 5 * CommandsSettings().poll_interval
 
 
 class Sampler:
@@ -89,6 +94,7 @@ class Window:
     storage: dict[str, Counter[str]]
     partitions: Counter[str]  # table requests by PartitionKey
     entities: Counter[str]  # table entities read or written, by PartitionKey
+    reads: dict[str, list[float]]  # when each queue's messages were read, by queue
 
 
 def run(options: Options) -> Result:
@@ -126,6 +132,7 @@ def _window(broker: EventHubsBroker, logs: LogsIngestionDouble,
         {s: Counter(p.counts) - counts0[s] for s, p in proxies.items()},
         Counter(proxies["table"].partitions) - parts0,
         Counter(proxies["table"].entities) - entities0,
+        proxies["queue"].reads_between(began, ended),
     )  # fmt: skip
 
 
@@ -162,7 +169,7 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
     per_beat_entities = _per(_collections(quiet.entities), len(quiet.events))
     spent = _less(_collections(events.entities), per_beat_entities, beats)
     entities = _per(spent, records_seen)
-    reads = events.storage["queue"]["GET messages"]
+    reads = queue_reads(events.reads)
     say("quota: three VMs of one availability set: each event seen by all three, named one")
     neighbours = _neighbours(procs, broker, logs, proxies, storage=storage, tag=tag,
                              verify=verify, per_beat=per_beat, per_beat_entities=per_beat_entities,
@@ -175,7 +182,8 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         la_bytes_per_record=quiet.la_bytes / max(1, quiet.la_records),
         sends_per_event=per_event.sends,
         records_per_event=per_event.records,
-        queue_reads_per_pending_second=reads / max(1e-9, per_event.pending_seconds),
+        queue_reads_per_event=reads.per_event,
+        queue_reads_per_pending_second=reads.per_second,
         # Not measured: the simulated VMs here see only their own events. The setting's default.
         others_reads_per_second=1 / CommandsSettings().others_interval,
         la_send_interval=LogAnalyticsSettings().send_interval,
@@ -198,8 +206,9 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
         f"requests, {sum(quiet.storage['queue'].values())} queue requests.",
         f"8: events: {per_event.count} events seen {per_event.seen} times (event x VM): "
         f"{per_event.records:.1f} records and {per_event.sends:.1f} sends per event per VM that "
-        f"sees it; {reads} queue reads over {per_event.pending_seconds:.0f} VM-seconds with a "
-        f"Scheduled event; the consumer made {quiet_table} table requests for "
+        f"sees it; {reads.note}; {per_event.pending_seconds:.0f} VM-seconds with a Scheduled "
+        f"event, for which the model charges {reads.charged(per_event.pending_seconds):.0f} "
+        f"reads; the consumer made {quiet_table} table requests for "
         f"{len(quiet.events)} idle records ({_busiest(quiet.partitions)}; entities: "
         f"{_busiest(quiet.entities)}) and {table_ops:.0f} for {records_seen} records of events "
         f"({_busiest(events.partitions)}; entities: {_busiest(events.entities)}).",
@@ -369,6 +378,64 @@ def _per_event(window: Window) -> PerEvent:
                     sends / max(1, len(pairs)), pending)  # fmt: skip
 
 
+@dataclass
+class QueueReads:
+    """An agent's queue reads for an event that affects it: a burst as it appears, then a
+    steady rate while it is pending (bridge.agent.listener)."""
+
+    per_event: float  # reads in its first FIRST_READS_FOR beyond the steady rate's
+    per_second: float  # after those, while it is pending
+    events: int  # the runs of reads that measured both
+    short: int  # runs over before their burst was: left out
+    note: str
+
+    def charged(self, pending_seconds: float) -> float:
+        """The reads the quota model charges these events for this much pending time."""
+        return self.events * self.per_event + pending_seconds * self.per_second
+
+
+def queue_reads(reads: Mapping[str, Sequence[float]]) -> QueueReads:
+    """Each VM's queue reads (seconds, by queue) cut into runs, one per event that affects it:
+    an agent reads only while one is Scheduled (commands.idle_interval 0, no neighbours'
+    events in this window), and the first read of a run is the event appearing (the agent
+    wakes its listener at once). Two events that appear together are one run, as they are
+    one burst. A run's reads in its first FIRST_READS_FOR are its burst; the gaps between the
+    rest, its steady rate. Counted per run rather than from all reads over the pending time,
+    which charged the burst to every second an event is pending: 15 minutes at worst."""
+    burst = FIRST_READS_FOR.total_seconds()
+    early, gaps, spanned, short = 0, 0, 0.0, 0
+    runs = [run for times in reads.values() for run in _runs(sorted(times))]
+    for run in runs:
+        if run[-1] - run[0] < burst:
+            short += 1  # approved within its burst: it tells neither
+            continue
+        early += sum(t < run[0] + burst for t in run)
+        rest = [t for t in run if t >= run[0] + burst]
+        gaps, spanned = gaps + len(rest) - 1, spanned + rest[-1] - rest[0]
+    events = len(runs) - short
+    if not events or not spanned:
+        raise RuntimeError("no event was pending past its first reads in the event window")
+    rate = gaps / spanned
+    per_event = early / events - burst * rate
+    note = (
+        f"{sum(map(len, runs))} queue reads in {len(runs)} runs (one per VM and event that "
+        f"appeared), {short} over within {burst:g} s; {early / events:.1f} reads in a run's "
+        f"first {burst:g} s, {rate:.2f} a second after"
+    )
+    return QueueReads(per_event, rate, events, short, note)
+
+
+def _runs(times: list[float]) -> list[list[float]]:
+    """`times` cut where reads stopped for longer than RUN_GAP."""
+    runs: list[list[float]] = []
+    for t in times:
+        if runs and t - runs[-1][-1] <= RUN_GAP:
+            runs[-1].append(t)
+        else:
+            runs.append([t])
+    return runs
+
+
 def _covered(spans: list[tuple[datetime, datetime]]) -> float:
     total, reach = 0.0, None
     for began, end in sorted(spans):
@@ -406,8 +473,9 @@ def _result(m: quotas.Measured, notes: list[str]) -> Result:
         f"{m.connection_seconds_per_send:.1f} Event Hubs connection-seconds per send, "
         f"{m.la_requests_per_send:.2f} Logs Ingestion requests per send, "
         f"{m.records_per_event:.1f} records and {m.sends_per_event:.1f} sends per event seen, "
-        f"{m.queue_reads_per_pending_second:.2f} queue reads per second with a Scheduled event "
-        f"in the document; the consumer: {m.table_ops_per_heartbeat:.2f} table requests per "
+        f"{m.queue_reads_per_event:.1f} queue reads as an event that affects it appears (beyond "
+        f"the steady rate) and {m.queue_reads_per_pending_second:.2f} a second while it is "
+        f"Scheduled; the consumer: {m.table_ops_per_heartbeat:.2f} table requests per "
         f"heartbeat (entities: {_fmt(m.table_entities_per_heartbeat)}), "
         f"{m.table_ops_per_event_record:.2f} per record of an event from a VM it names "
         f"({_fmt(m.table_entities_per_event_record)}) and {m.neighbour[2]:.2f} per record of "

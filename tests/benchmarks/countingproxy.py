@@ -12,7 +12,8 @@ import http.client
 import json
 import re
 import threading
-from collections import Counter
+import time
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +38,9 @@ class CountingProxy:
         # Table entities read or written, by PartitionKey (a query returns many; a batch
         # writes many): what a partition's "entities per second" target counts.
         self.entities: Counter[str] = Counter()
+        # When each queue's messages were read (time.monotonic()), by queue: an agent's reads
+        # come faster for a few seconds after an event appears (benchmark 8 tells them apart).
+        self.reads: defaultdict[str, list[float]] = defaultdict(list)
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
@@ -52,6 +56,14 @@ class CountingProxy:
             self.partitions[partition] += 1
             if entities:
                 self.entities[partition] += entities
+
+    def read(self, queue: str) -> None:
+        with self._lock:
+            self.reads[queue].append(time.monotonic())
+
+    def reads_between(self, began: float, ended: float) -> dict[str, list[float]]:
+        with self._lock:
+            return {q: [t for t in ts if began <= t <= ended] for q, ts in self.reads.items()}
 
     def total(self) -> int:
         with self._lock:
@@ -89,6 +101,8 @@ def _handler_for(proxy: CountingProxy) -> type[BaseHTTPRequestHandler]:
                 data = answer.read()
                 proxy.count(f"{self.command} {_kind(self.path)}", _partition(self.path, body),
                             _entities(self.command, self.path, body, data))  # fmt: skip
+                if self.command == "GET" and _kind(self.path) == "messages":
+                    proxy.read(_queue(self.path))
                 self.send_response(answer.status, answer.reason)
                 for key, value in answer.getheaders():
                     if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
@@ -112,6 +126,12 @@ def _kind(path: str) -> str:
     if bare[-1] == "messages" or (len(bare) >= 2 and bare[-2] == "messages"):
         return "messages"
     return "other" if len(bare) < 2 else "resource"
+
+
+def _queue(path: str) -> str:
+    """The queue a message operation names: /account/queue/messages."""
+    bare = unquote(path.split("?", 1)[0]).strip("/").split("/")
+    return bare[bare.index("messages") - 1]
 
 
 _KEY_IN_PATH = re.compile(r"PartitionKey='([^']*)'")

@@ -49,7 +49,11 @@ class Measured:
     la_bytes_per_record: float  # JSON bytes per record sent to Logs Ingestion
     sends_per_event: float  # send bursts one agent makes for one event it sees, first to last
     records_per_event: float  # records one agent sends for one event it sees
-    queue_reads_per_pending_second: float  # while an event that affects it is Scheduled
+    # An agent reads its queue faster for a few seconds after an event that affects it
+    # appears (bridge.agent.listener, FIRST_READS_FOR): the reads beyond the steady rate's,
+    # once per event, whatever its notice; then the steady rate while it is Scheduled.
+    queue_reads_per_event: float
+    queue_reads_per_pending_second: float  # 1/commands.poll_interval
     others_reads_per_second: float  # while only its neighbours' events are (1/others_interval)
     table_ops_per_heartbeat: float  # the consumer's Table Storage requests per heartbeat
     table_ops_per_event_record: float  # and per record about an event
@@ -196,14 +200,17 @@ def _la_bytes_per_minute(m: Measured, wave: Wave, n: float, fanout: float) -> fl
 
 
 def _storage_requests(m: Measured, wave: Wave, n: float, fanout: float) -> float:
-    # A VM an event affects reads its queue at poll_interval while the event is pending; the
-    # others that see it, at others_interval (no VM reads twice). The consumer's table
-    # requests follow the records; its blob requests do not grow with the fleet.
+    # A VM an event affects reads its queue in a burst as the event appears, then at
+    # poll_interval while it is pending; the others that see it, at others_interval (no VM
+    # reads twice). The consumer's table requests follow the records; its blob requests do
+    # not grow with the fleet.
     pending = wave.events_per_second(n) * wave.pending
     affected = min(n, pending)
     seeing = max(affected, min(n, pending * fanout))
+    bursts = _sightings(wave, n, fanout)[0]
     reads = (
-        affected * m.queue_reads_per_pending_second
+        bursts * m.queue_reads_per_event
+        + affected * m.queue_reads_per_pending_second
         + (seeing - affected) * m.others_reads_per_second
     )
     own, others = _records(m, wave, n, fanout)

@@ -17,6 +17,7 @@ MEASURED = quotas.Measured(
     la_bytes_per_record=800.0,
     sends_per_event=3.0,
     records_per_event=3.0,
+    queue_reads_per_event=0.0,
     queue_reads_per_pending_second=1.0,
     others_reads_per_second=0.1,
     table_ops_per_heartbeat=2.0,
@@ -81,6 +82,27 @@ def test_a_storm_of_a_fixed_size_loads_a_fleet_no_more_than_it_has_vms() -> None
     )
     assert quotas.fmt_fleet(math.inf) == "never"
     assert quotas.fmt_fleet(2_500_000) == "2.5M"
+
+
+def test_the_reads_as_an_event_appears_are_charged_once_per_event_not_per_pending_second() -> None:
+    """An agent reads its queue every 0.2 s for 3 s after an event that affects it appears (12
+    reads more than at its 1 s poll_interval), then every second while the event is pending."""
+    q = quota("storage requests/s", "Standard GPv2")
+    burst = replace(MEASURED, queue_reads_per_event=12.0)
+    # The freeze: 20,000 events in 30 minutes, 11.1 a second, each pending 900 s at worst:
+    # 10,000 VMs reading every second, and 11.1 bursts a second of 12 reads more each.
+    events = 0.2 * 100_000 / 1800
+    assert q.load(burst, FREEZE, 100_000, 1.0) == pytest.approx(
+        q.load(MEASURED, FREEZE, 100_000, 1.0) + events * 12.0
+    )
+    # Neighbours never burst: a placement group adds only what their records cost.
+    assert q.load(burst, FREEZE, 100_000, 100.0) - q.load(MEASURED, FREEZE, 100_000, 100.0) == (
+        pytest.approx(events * 12.0)
+    )
+    # The same reads measured over events pending 2 s and charged per pending second, as the
+    # model did, would have broken an account at less than a sixth of the fleet.
+    per_second = replace(MEASURED, queue_reads_per_pending_second=1.0 + 12.0 / 2)
+    assert q.breaks_at(per_second, FREEZE, 1.0) < q.breaks_at(burst, FREEZE, 1.0) / 6
 
 
 def test_the_table_names_every_quota_and_says_which_hold() -> None:

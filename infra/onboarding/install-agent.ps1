@@ -55,6 +55,25 @@ function Invoke-Checked {
     if ($LASTEXITCODE -ne 0) { throw "$Exe $($Arguments -join ' ') failed with exit code $LASTEXITCODE" }
 }
 
+# Only SYSTEM (the service) and Administrators may read or change the configuration, by
+# well-known SID: the same on a Windows of any language. Protected: nothing is inherited.
+function New-AdminOnlyAcl {
+    param([switch]$Directory)
+    if ($Directory) {
+        $acl = New-Object System.Security.AccessControl.DirectorySecurity
+        $inherit = [System.Security.AccessControl.InheritanceFlags]'ContainerInherit, ObjectInherit'
+    } else {
+        $acl = New-Object System.Security.AccessControl.FileSecurity
+        $inherit = [System.Security.AccessControl.InheritanceFlags]::None
+    }
+    $acl.SetAccessRuleProtection($true, $false)
+    foreach ($sid in @('S-1-5-18', 'S-1-5-32-544')) {
+        $who = New-Object System.Security.Principal.SecurityIdentifier $sid
+        $acl.AddAccessRule((New-Object System.Security.AccessControl.FileSystemAccessRule($who, 'FullControl', $inherit, 'None', 'Allow')))
+    }
+    return $acl
+}
+
 # Every value is checked before anything changes.
 $azure = @('EventHubsNamespace', 'EventHub', 'LogsEndpoint', 'DcrId', 'Stream', 'StorageAccount', 'QueuePrefix', 'VerifyKey', 'ClientId')
 if ($Trial) {
@@ -145,25 +164,21 @@ if ($Trial) { $toml = $trialToml }
 
 # Any user may create a folder in %ProgramData% and would own it, and what it holds: a folder
 # or agent.toml made before the install must not stay theirs (they could change the agent's
-# hooks, which run as SYSTEM). Administrators take ownership of all of it (takeown enables the
-# privilege this needs), every explicit grant goes, and only SYSTEM and Administrators keep
-# access, inherited by everything inside. By well-known SID: the same on a Windows of any language.
+# hooks, which run as SYSTEM). Administrators take ownership of the folder (takeown enables the
+# privilege this needs) and replace its ACL in one step, so that from then on no one else can
+# add to it; then they take everything inside too, whose own grants go (it inherits the
+# folder's). agent.toml is written anew, never into a file someone else made (a hard link).
 New-Item -ItemType Directory -Force -Path $ConfigDir | Out-Null
-Invoke-Checked 'takeown.exe' @('/F', $ConfigDir, '/A', '/R', '/D', 'Y') | Out-Null
-Invoke-Checked 'icacls.exe' @($ConfigDir, '/reset', '/T', '/C', '/Q') | Out-Null
-Invoke-Checked 'icacls.exe' @($ConfigDir, '/inheritance:r', '/grant:r', '*S-1-5-18:(OI)(CI)F', '*S-1-5-32-544:(OI)(CI)F') | Out-Null
-# Written anew, never into a file someone else made (a hard link to theirs, say).
+Invoke-Checked 'takeown.exe' @('/F', $ConfigDir, '/A') | Out-Null
+Set-Acl -LiteralPath $ConfigDir -AclObject (New-AdminOnlyAcl -Directory)
+if (Get-ChildItem -LiteralPath $ConfigDir -Force) {
+    Invoke-Checked 'takeown.exe' @('/F', $ConfigDir, '/A', '/R', '/D', 'Y') | Out-Null
+    Invoke-Checked 'icacls.exe' @((Join-Path $ConfigDir '*'), '/reset', '/T', '/C', '/Q') | Out-Null
+}
 if (Test-Path -LiteralPath $config) { Remove-Item -LiteralPath $config -Force }
 # UTF-8 without a byte order mark: TOML readers refuse a BOM.
 [System.IO.File]::WriteAllText($config, $toml.Replace("`r`n", "`n"), (New-Object System.Text.UTF8Encoding $false))
-# Only SYSTEM (the service) and Administrators may read or change the configuration.
-$acl = New-Object System.Security.AccessControl.FileSecurity
-$acl.SetAccessRuleProtection($true, $false)
-foreach ($who in @('NT AUTHORITY\SYSTEM', 'BUILTIN\Administrators')) {
-    $rule = New-Object System.Security.AccessControl.FileSystemAccessRule($who, 'FullControl', 'Allow')
-    $acl.AddAccessRule($rule)
-}
-Set-Acl -Path $config -AclObject $acl
+Set-Acl -LiteralPath $config -AclObject (New-AdminOnlyAcl)
 Write-Host "wrote $config"
 if ($Trial) {
     Write-Host "a trial: records go to $(Join-Path $env:ProgramData 'se-bridge\records.jsonl') only, and no approvals are read"

@@ -447,20 +447,25 @@ def test_the_windows_script_checks_python_before_it_changes_anything() -> None:
 
 def test_the_windows_script_takes_what_another_user_created_before_writing() -> None:
     """A user may create %ProgramData%\\se-bridge (or agent.toml in it) before the install and
-    would then own it: Administrators take ownership of the folder and all in it, every
-    explicit grant is removed, and only SYSTEM and Administrators keep access; then agent.toml
-    is written anew."""
+    would then own it: Administrators take ownership of the folder and replace its ACL in one
+    step (no window in which another user can add a file), then take all that is inside and
+    drop its own grants; agent.toml is removed and written anew, open to SYSTEM and
+    Administrators only."""
     code = _powershell_code()
-    take = code.index("@('/F', $ConfigDir, '/A', '/R', '/D', 'Y')")
-    assert "takeown.exe" in code[take - 60 : take]
-    reset = code.index("@($ConfigDir, '/reset', '/T', '/C', '/Q')")
-    close = code.index(
-        "@($ConfigDir, '/inheritance:r', '/grant:r', "
-        "'*S-1-5-18:(OI)(CI)F', '*S-1-5-32-544:(OI)(CI)F')"
-    )
+    take_folder = code.index("@('/F', $ConfigDir, '/A')")
+    close = code.index("Set-Acl -LiteralPath $ConfigDir -AclObject (New-AdminOnlyAcl -Directory)")
+    take_inside = code.index("@('/F', $ConfigDir, '/A', '/R', '/D', 'Y')")
+    reset_inside = code.index("@((Join-Path $ConfigDir '*'), '/reset', '/T', '/C', '/Q')")
     remove = code.index("Remove-Item -LiteralPath $config -Force")
     write = code.index("[System.IO.File]::WriteAllText($config")
-    assert take < reset < close < remove < write
+    restrict = code.index("Set-Acl -LiteralPath $config -AclObject (New-AdminOnlyAcl)")
+    assert take_folder < close < take_inside < reset_inside < remove < write < restrict
+    assert code.count("'takeown.exe'") == 2
+    # Protected, and granted to SYSTEM and Administrators by SID alone.
+    assert "$acl.SetAccessRuleProtection($true, $false)" in code
+    assert "@('S-1-5-18', 'S-1-5-32-544')" in code
+    assert "BUILTIN" not in code
+    assert "NT AUTHORITY" not in code
 
 
 def test_the_windows_script_takes_several_verify_keys_and_a_trial() -> None:

@@ -4,7 +4,7 @@ Made from the lock's exports (packaging/requirements/TARGET.txt) by cyclonedx-py
 lists exactly the packages, versions and file hashes that target installs, se-bridge itself
 as the described component (from pyproject.toml). Offline: nothing is downloaded.
 cyclonedx-py runs from an environment of its own (.venv-sbom, tools/requirements-sbom.txt),
-which `./dev setup` makes.
+which `./dev sbom` makes (and `./dev setup`).
 
     ./dev sbom                           # build/sbom/se-bridge-TARGET-VERSION.cdx.json
     ./dev sbom --target agent --out DIR  # targets: agent, consumer, functions
@@ -29,7 +29,7 @@ def write(target: str, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"se-bridge-{target}-{__version__}.cdx.json"
     if not TOOLS_PYTHON.exists():
-        raise SystemExit(f"{TOOLS_PYTHON} is missing: ./dev setup makes it")
+        raise SystemExit(f"{TOOLS_PYTHON} is missing: ./dev sbom makes it")
     command = [
         str(TOOLS_PYTHON),
         # cyclonedx-py warns that a requirements file gives no dependency graph: true, and

@@ -1,4 +1,4 @@
-"""Rewrite the docs pages' generated sections from their single sources (`./dev docs`).
+"""Rewrite the docs pages' generated sections from their single sources (`./dev generate`).
 
 A generated section sits between `<!-- NAME:start -->` and `<!-- NAME:end -->` in a page under
 docs/; PAGES says which page holds which section. The test suite calls `expected()` on every

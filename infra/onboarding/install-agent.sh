@@ -6,21 +6,28 @@
 #
 #   sudo ./install-agent.sh --wheel se_bridge-X.Y.Z-py3-none-any.whl \
 #     --eventhubs-namespace NS.servicebus.windows.net --logs-endpoint https://...ingest.monitor.azure.com \
-#     --dcr-id dcr-... --storage-account NAME --verify-key BASE64
+#     --dcr-id dcr-... --storage-account NAME --verify-key BASE64 [--verify-key BASE64]
 #
 # The agent's dependencies come from the lock (packaging/requirements/agent.txt, exported from
 # uv.lock), each checked against its sha256; the package itself is installed without
-# dependencies. --requirements FILE names another export (a mirror's, say).
+# dependencies, from the wheel given or from an index by its exact version and sha256
+# (--pip-spec se-bridge==X.Y.Z --pip-hash sha256:HEX). --requirements FILE names another
+# export (a mirror's, say).
+#
+# --trial writes a configuration with a local JSONL file as the only sink and no approvals:
+# no Azure value is needed (and none is taken).
 #
 # --root DIR installs into DIR instead of / (for packaging and tests): no user is created and
-# systemctl is left alone unless it is on PATH and --no-start is not given.
+# the host's systemd is never called.
 set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: install-agent.sh (--wheel FILE | --pip-spec SPEC) --eventhubs-namespace FQDN
-         --logs-endpoint URL --dcr-id dcr-... --storage-account NAME --verify-key BASE64
-         [--eventhub NAME] [--stream NAME] [--queue-prefix PREFIX] [--client-id GUID]
+usage: install-agent.sh (--wheel FILE | --pip-spec se-bridge==X.Y.Z --pip-hash sha256:HEX)
+         (--eventhubs-namespace FQDN --logs-endpoint URL --dcr-id dcr-...
+          --storage-account NAME --verify-key BASE64 [--verify-key BASE64]
+          [--eventhub NAME] [--stream NAME] [--queue-prefix PREFIX] [--client-id GUID]
+          | --trial)
          [--requirements FILE] [--unit-file FILE] [--python PYTHON] [--root DIR] [--no-start]
 USAGE
 }
@@ -30,9 +37,9 @@ die() {
   exit 2
 }
 
-wheel="" pip_spec="" namespace="" eventhub="records" endpoint="" dcr_id="" account=""
-verify_key="" stream="Custom-SeBridgeRecords" queue_prefix="se-bridge-" client_id=""
-python="python3" root="" start=1
+wheel="" pip_spec="" pip_hashes=() namespace="" eventhub="records" endpoint="" dcr_id=""
+account="" verify_keys=() stream="Custom-SeBridgeRecords" queue_prefix="se-bridge-" client_id=""
+python="python3" root="" start=1 trial=0 azure_options=()
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 unit_file="$repo/packaging/systemd/se-bridge-agent.service"
 requirements="$repo/packaging/requirements/agent.txt"
@@ -41,15 +48,24 @@ while (($#)); do
   case $1 in
     --wheel) wheel=${2:?}; shift 2 ;;
     --pip-spec) pip_spec=${2:?}; shift 2 ;;
-    --eventhubs-namespace) namespace=${2:?}; shift 2 ;;
-    --eventhub) eventhub=${2:?}; shift 2 ;;
-    --logs-endpoint) endpoint=${2:?}; shift 2 ;;
-    --dcr-id) dcr_id=${2:?}; shift 2 ;;
-    --stream) stream=${2:?}; shift 2 ;;
-    --storage-account) account=${2:?}; shift 2 ;;
-    --queue-prefix) queue_prefix=${2?}; shift 2 ;;
-    --verify-key) verify_key=${2:?}; shift 2 ;;
-    --client-id) client_id=${2:?}; shift 2 ;;
+    --pip-hash) pip_hashes+=("${2:?}"); shift 2 ;;
+    --trial) trial=1; shift ;;
+    --eventhubs-namespace | --eventhub | --logs-endpoint | --dcr-id | --stream | \
+      --storage-account | --queue-prefix | --verify-key | --client-id)
+      azure_options+=("$1")
+      case $1 in
+        --eventhubs-namespace) namespace=${2:?} ;;
+        --eventhub) eventhub=${2:?} ;;
+        --logs-endpoint) endpoint=${2:?} ;;
+        --dcr-id) dcr_id=${2:?} ;;
+        --stream) stream=${2:?} ;;
+        --storage-account) account=${2:?} ;;
+        --queue-prefix) queue_prefix=${2?} ;;
+        # Given more than once while keys rotate (docs/signed-commands.md): the agent trusts each.
+        --verify-key) verify_keys+=("${2:?}") ;;
+        --client-id) client_id=${2:?} ;;
+      esac
+      shift 2 ;;
     --unit-file) unit_file=${2:?}; shift 2 ;;
     --requirements) requirements=${2:?}; shift 2 ;;
     --python) python=${2:?}; shift 2 ;;
@@ -65,25 +81,54 @@ done
 check() { # NAME VALUE REGEX HINT
   [[ $2 =~ $3 ]] || die "--$1 '$2' is not valid: $4"
 }
-[[ -n $wheel || -n $pip_spec ]] || die "give --wheel FILE or --pip-spec SPEC"
+[[ -n $wheel || -n $pip_spec ]] || die "give --wheel FILE or --pip-spec se-bridge==X.Y.Z"
 [[ -z $wheel || -f $wheel ]] || die "--wheel $wheel: no such file"
-check eventhubs-namespace "$namespace" '^[A-Za-z0-9][A-Za-z0-9.-]+$' \
-  "the host name only, such as contoso.servicebus.windows.net"
-check eventhub "$eventhub" '^[A-Za-z0-9][A-Za-z0-9._-]{0,255}$' "an event hub name"
-check logs-endpoint "$endpoint" '^https://[A-Za-z0-9.-]+(:[0-9]+)?/?$' \
-  "the https:// logs ingestion endpoint (main.bicep output logsIngestionEndpoint)"
-check dcr-id "$dcr_id" '^dcr-[0-9a-f]{32}$' \
-  "the rule's immutable id dcr-... (output dataCollectionRuleImmutableId)"
-check stream "$stream" '^Custom-[A-Za-z0-9_]+$' "a DCR stream name such as Custom-SeBridgeRecords"
-check storage-account "$account" '^[a-z0-9]{3,24}$' "3-24 lowercase letters and digits"
-check queue-prefix "$queue_prefix" '^[a-z0-9-]{0,40}$' "lowercase letters, digits and hyphens"
-check verify-key "$verify_key" '^[A-Za-z0-9+/]{43}=$' \
-  "base64 of the 32-byte Ed25519 public key, as se-bridge keygen prints it"
-if [[ -n $client_id ]]; then
-  check client-id "$client_id" '^[0-9a-fA-F-]{36}$' "a user-assigned identity's client id (a GUID)"
+if [[ -n $pip_spec ]]; then
+  # From an index, only the release's own file: anything else could be whatever the index (or
+  # someone who took the name there) serves.
+  check pip-spec "$pip_spec" '^se-bridge==[0-9][0-9A-Za-z.+!-]*$' \
+    "an exact version, se-bridge==X.Y.Z, installed only with its --pip-hash"
+  ((${#pip_hashes[@]})) || die "--pip-spec $pip_spec needs --pip-hash sha256:HEX, the sha256 of\
+ the release's wheel (its SHA256SUMS): se-bridge is never installed from an index unchecked"
+  for hash in "${pip_hashes[@]}"; do
+    check pip-hash "$hash" '^sha256:[0-9a-f]{64}$' "sha256: and the 64 hex digits of the wheel's sha256"
+  done
+fi
+if ((trial)); then
+  ((${#azure_options[@]} == 0)) ||
+    die "--trial writes local sinks only: leave out ${azure_options[0]} (or --trial)"
+else
+  check eventhubs-namespace "$namespace" '^[A-Za-z0-9][A-Za-z0-9.-]+$' \
+    "the host name only, such as contoso.servicebus.windows.net"
+  check eventhub "$eventhub" '^[A-Za-z0-9][A-Za-z0-9._-]{0,255}$' "an event hub name"
+  check logs-endpoint "$endpoint" '^https://[A-Za-z0-9.-]+(:[0-9]+)?/?$' \
+    "the https:// logs ingestion endpoint (main.bicep output logsIngestionEndpoint)"
+  check dcr-id "$dcr_id" '^dcr-[0-9a-f]{32}$' \
+    "the rule's immutable id dcr-... (output dataCollectionRuleImmutableId)"
+  check stream "$stream" '^Custom-[A-Za-z0-9_]+$' "a DCR stream name such as Custom-SeBridgeRecords"
+  check storage-account "$account" '^[a-z0-9]{3,24}$' "3-24 lowercase letters and digits"
+  check queue-prefix "$queue_prefix" '^[a-z0-9-]{0,40}$' "lowercase letters, digits and hyphens"
+  ((${#verify_keys[@]})) || verify_keys=("")
+  for key in "${verify_keys[@]}"; do
+    check verify-key "$key" '^[A-Za-z0-9+/]{43}=$' \
+      "base64 of the 32-byte Ed25519 public key, as se-bridge keygen prints it"
+  done
+  if [[ -n $client_id ]]; then
+    check client-id "$client_id" '^[0-9a-fA-F-]{36}$' "a user-assigned identity's client id (a GUID)"
+  fi
 fi
 [[ -f $unit_file ]] || die "--unit-file $unit_file: no such file"
 [[ -f $requirements ]] || die "--requirements $requirements: no such file (the lock's agent export)"
+
+# The venv's pip reads the locked requirements in hash-checking mode, which an older Python's
+# pip or one without venv (Debian's python3 before python3-venv) cannot do.
+command -v "$python" >/dev/null 2>&1 ||
+  die "$python is not on PATH: the agent needs Python 3.10 or newer (give --python PATH)"
+found=$("$python" -c 'import sys; print(sys.version.split()[0]); sys.exit(sys.version_info < (3, 10))' 2>&1) ||
+  die "$python is Python ${found:-of an unknown version}: the agent needs Python 3.10 or newer\
+ (install one, then give --python PATH)"
+"$python" -c 'import ensurepip, venv' >/dev/null 2>&1 ||
+  die "$python has no venv module: install it (python3-venv on Debian and Ubuntu)"
 
 venv="$root/opt/se-bridge/venv"
 config_dir="$root/etc/se-bridge"
@@ -100,19 +145,34 @@ echo "installing the agent into $venv"
 if [[ -n $wheel ]]; then
   "$venv/bin/python" -m pip install --quiet --no-deps "$wheel"
 else
-  "$venv/bin/python" -m pip install --quiet --no-deps "$pip_spec"
+  pinned="$(mktemp)"
+  trap 'rm -f "$pinned"' EXIT
+  printf '%s' "$pip_spec" >"$pinned"
+  printf ' --hash=%s' "${pip_hashes[@]}" >>"$pinned"
+  echo >>"$pinned"
+  "$venv/bin/python" -m pip install --quiet --require-hashes --only-binary :all: --no-deps \
+    -r "$pinned"
 fi
 "$venv/bin/se-bridge" --version
-
-identity_lines='kind = "managed"'
-if [[ -n $client_id ]]; then
-  identity_lines+=$'\n'"client_id = \"$client_id\""
-fi
 
 mkdir -p "$config_dir"
 umask 027
 tmp="$(mktemp "$config_dir/.agent.toml.XXXXXX")"
-cat >"$tmp" <<TOML
+if ((trial)); then
+  cat >"$tmp" <<'TOML'
+# Written by infra/onboarding/install-agent.sh --trial; see docs/configuration.md.
+# A trial: records go to a local file only (records.jsonl in the state directory,
+# /var/lib/se-bridge), and no approvals are read. Run the script again without --trial
+# to ship to Event Hubs and Log Analytics.
+[agent]
+TOML
+else
+  identity_lines='kind = "managed"'
+  if [[ -n $client_id ]]; then
+    identity_lines+=$'\n'"client_id = \"$client_id\""
+  fi
+  verify_key=$(IFS=,; echo "${verify_keys[*]}")
+  cat >"$tmp" <<TOML
 # Written by infra/onboarding/install-agent.sh; see docs/configuration.md.
 [agent]
 sinks = ["eventhubs", "loganalytics"]
@@ -137,6 +197,7 @@ channel = "storagequeue"
 queue_prefix = "$queue_prefix"
 verify_key = "$verify_key"
 TOML
+fi
 if [[ -z $root ]]; then
   chown root:se-bridge "$tmp"
 fi
@@ -148,10 +209,17 @@ mkdir -p "$unit_dir"
 install -m 0644 "$unit_file" "$unit_dir/se-bridge-agent.service"
 echo "installed $unit_dir/se-bridge-agent.service"
 
-if ((start)) && command -v systemctl >/dev/null 2>&1; then
+if ((trial)); then
+  echo "a trial: records go to /var/lib/se-bridge/records.jsonl only, and no approvals are read"
+fi
+# The venv is not on PATH, and sudo's secure_path would drop it: the hint names the full path.
+hint="check it with: /opt/se-bridge/venv/bin/se-bridge check --config /etc/se-bridge/agent.toml"
+if [[ -n $root ]]; then
+  echo "not starting the service (--root): the host's systemd is left alone; once $root is /, $hint"
+elif ((start)) && command -v systemctl >/dev/null 2>&1; then
   systemctl daemon-reload
   systemctl enable --now se-bridge-agent.service
-  echo "se-bridge-agent.service enabled and started; check it with: se-bridge check --config /etc/se-bridge/agent.toml"
+  echo "se-bridge-agent.service enabled and started; $hint"
 else
-  echo "not starting the service (--no-start, or no systemctl)"
+  echo "not starting the service (--no-start, or no systemctl); $hint"
 fi

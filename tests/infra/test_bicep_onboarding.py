@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 import bridge
 from bridge import config, extras
+from bridge.commands import signing
 from tests import lock_support as lock
 from tests.infra import bicep_support as bicep
 
@@ -50,7 +53,7 @@ class Installed:
     root: Path
     result: subprocess.CompletedProcess[str]
     systemctl_calls: list[str]
-    verify_key: str
+    verify_keys: list[str]
 
 
 def _args(verify_key: str, **overrides: str) -> list[str]:
@@ -58,11 +61,24 @@ def _args(verify_key: str, **overrides: str) -> list[str]:
     return [part for key, value in values.items() for part in (f"--{key}", value)]
 
 
+def _fake_systemctl(work: Path) -> tuple[dict[str, str], Path]:
+    """A PATH whose systemctl only records its arguments, so a test sees every call."""
+    fake_bin = work / "bin"
+    fake_bin.mkdir()
+    log = work / "systemctl.log"
+    (fake_bin / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {log}\n', encoding="utf-8")
+    (fake_bin / "systemctl").chmod(0o755)
+    return os.environ | {"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}, log
+
+
+def _calls(log: Path) -> list[str]:
+    return log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+
+
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
-    """install-agent.sh run once into a temporary root, with the project's real wheel."""
-    work = tmp_path_factory.mktemp("install")
-    wheels = work / "wheels"
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The project's real wheel."""
+    wheels = tmp_path_factory.mktemp("wheels")
     subprocess.run(
         [
             sys.executable,
@@ -78,14 +94,17 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         check=True,
         timeout=300,
     )
-    (wheel,) = wheels.glob("se_bridge-*.whl")
-    fake_bin = work / "bin"
-    fake_bin.mkdir()
-    log = work / "systemctl.log"
-    # systemctl is faked: it records its arguments, so the test sees what would be enabled.
-    (fake_bin / "systemctl").write_text(f'#!/bin/sh\necho "$*" >> {log}\n', encoding="utf-8")
-    (fake_bin / "systemctl").chmod(0o755)
-    verify_key = _verify_key()
+    (built,) = wheels.glob("se_bridge-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Installed:
+    """install-agent.sh run once into a temporary root, with the project's real wheel and the
+    two verify keys of a key rotation."""
+    work = tmp_path_factory.mktemp("install")
+    env, log = _fake_systemctl(work)
+    old, new = _verify_key(), _verify_key()
     root = work / "root"
     command = [
         "bash",
@@ -97,26 +116,26 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         "--root",
         str(root),
     ]
-    env = os.environ | {"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
     result = subprocess.run(
-        command + _args(verify_key),
+        [*command, *_args(old), "--verify-key", new],
         capture_output=True,
         text=True,
         env=env,
         timeout=900,
         check=False,
     )
-    calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
-    return Installed(root, result, calls, verify_key)
+    return Installed(root, result, _calls(log), [old, new])
+
+
+def _installed_version(root: Path) -> str:
+    se_bridge = root / "opt" / "se-bridge" / "venv" / "bin" / "se-bridge"
+    done = subprocess.run([str(se_bridge), "--version"], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
 
 
 def test_the_agent_is_installed_in_its_venv(installed: Installed) -> None:
     assert installed.result.returncode == 0, installed.result.stderr
-    se_bridge = installed.root / "opt" / "se-bridge" / "venv" / "bin" / "se-bridge"
-    version = subprocess.run(
-        [str(se_bridge), "--version"], capture_output=True, text=True, check=True
-    )
-    assert version.stdout.strip() == f"se-bridge {bridge.__version__}"
+    assert _installed_version(installed.root) == f"se-bridge {bridge.__version__}"
 
 
 def test_the_agent_venv_holds_exactly_the_locked_agent_packages(installed: Installed) -> None:
@@ -157,7 +176,16 @@ def test_the_written_config_loads_and_says_what_was_given(installed: Installed) 
     assert loaded.identity.client_id == VALUES["client-id"]
     assert loaded.commands.channel == "storagequeue"
     assert loaded.commands.queue_prefix == "se-bridge-"
-    assert loaded.commands.verify_key == installed.verify_key
+    assert loaded.commands.verify_key == ",".join(installed.verify_keys)
+
+
+def test_every_verify_key_given_is_trusted(installed: Installed) -> None:
+    """Key rotation (docs/signed-commands.md): the agent trusts the old and the new key."""
+    loaded = config.load(installed.root / "etc" / "se-bridge" / "agent.toml", environ={})
+    verifier = signing.load_verifier(loaded.commands)
+    assert verifier.key_ids == sorted(
+        signing.key_id(signing.parse_public(key)) for key in installed.verify_keys
+    )
 
 
 def test_the_service_is_installed_and_enabled(installed: Installed) -> None:
@@ -167,7 +195,40 @@ def test_the_service_is_installed_and_enabled(installed: Installed) -> None:
         "ExecStart=/opt/se-bridge/venv/bin/se-bridge agent --config /etc/se-bridge/agent.toml"
         in (unit.read_text(encoding="utf-8"))
     )
-    assert installed.systemctl_calls == ["daemon-reload", "enable --now se-bridge-agent.service"]
+    # Installed under --root: the host's systemd is never asked to load or start anything.
+    assert installed.systemctl_calls == []
+    assert "not starting the service (--root)" in installed.result.stdout
+
+
+def _hinted_command(installed: Installed) -> list[str]:
+    (hint,) = [line for line in installed.result.stdout.splitlines() if "check it with: " in line]
+    return shlex.split(hint.split("check it with: ", 1)[1])
+
+
+def test_the_final_hint_names_a_command_that_runs(installed: Installed) -> None:
+    """The hint's command is the venv's se-bridge by its full path: nothing puts the venv on
+    PATH, and sudo's secure_path would not keep it."""
+    command = _hinted_command(installed)
+    assert command[1:] == ["check", "--config", "/etc/se-bridge/agent.toml"]
+    executable = Path(command[0])
+    assert executable.is_absolute()
+    inside = installed.root / executable.relative_to("/")
+    assert os.access(inside, os.X_OK)
+
+
+# What --pip-spec needs: an exact version and the hash of its file. This one matches no file.
+UNKNOWN_RELEASE = ["--pip-spec", "se-bridge==0.1.0", "--pip-hash", "sha256:" + "0" * 64]
+
+
+def _run_script(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SHELL), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=900,
+    )
 
 
 @pytest.mark.parametrize(
@@ -185,24 +246,125 @@ def test_a_bad_value_stops_before_anything_is_installed(
 ) -> None:
     root = tmp_path / "root"
     args = _args(_verify_key(), **{option: value})
-    result = subprocess.run(
-        ["bash", str(SHELL), "--pip-spec", "se-bridge", "--root", str(root), "--no-start", *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=60,
-    )
+    result = _run_script(*UNKNOWN_RELEASE, "--root", str(root), "--no-start", *args)
     assert result.returncode == 2
     assert f"--{option}" in result.stderr
     assert not root.exists()
 
 
-def _powershell_text(values: dict[str, str]) -> str:
+@pytest.mark.parametrize(
+    ("spec", "hashes", "says"),
+    [
+        ("se-bridge", ["--pip-hash", "sha256:" + "0" * 64], "an exact version"),
+        ("se-bridge>=0.1", ["--pip-hash", "sha256:" + "0" * 64], "an exact version"),
+        ("se-bridge==0.1.0", [], "--pip-hash"),
+        ("se-bridge==0.1.0", ["--pip-hash", "md5:0123"], "--pip-hash"),
+    ],
+)
+def test_a_pip_spec_without_its_hash_installs_nothing(
+    tmp_path: Path, spec: str, hashes: list[str], says: str
+) -> None:
+    """se-bridge comes from an index only as the exact file the release names: an unpinned
+    spec or one without its sha256 would take whatever the index (or a squatter) serves."""
+    root = tmp_path / "root"
+    result = _run_script("--pip-spec", spec, *hashes, "--root", str(root), *_args(_verify_key()))
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+    assert not root.exists()
+
+
+def test_a_pip_spec_whose_file_has_another_hash_installs_nothing(
+    tmp_path: Path, wheel: Path
+) -> None:
+    root = tmp_path / "root"
+    # The index is the project's wheel folder: pip finds se-bridge there, with another hash.
+    env = os.environ | {"PIP_FIND_LINKS": str(wheel.parent)}
+    spec = ["--pip-spec", f"se-bridge=={bridge.__version__}", "--pip-hash", "sha256:" + "0" * 64]
+    result = _run_script(
+        *spec, "--python", sys.executable, "--root", str(root), *_args(_verify_key()), env=env
+    )
+    assert result.returncode != 0
+    assert "THESE PACKAGES DO NOT MATCH THE HASHES" in result.stderr
+    assert not (root / "opt" / "se-bridge" / "venv" / "bin" / "se-bridge").exists()
+    assert not (root / "etc" / "se-bridge").exists()
+
+
+def test_a_python_older_than_3_10_is_refused_before_anything_changes(tmp_path: Path) -> None:
+    # Python 3.9 as far as a check can tell: it prints its version and fails the comparison;
+    # it records every call, so the test sees that nothing was asked to make a venv.
+    log = tmp_path / "python.log"
+    old = tmp_path / "python3.9"
+    old.write_text(f'#!/bin/sh\necho "$*" >> {log}\necho 3.9.18\nexit 1\n', encoding="utf-8")
+    old.chmod(0o755)
+    root = tmp_path / "root"
+    result = _run_script(
+        *UNKNOWN_RELEASE, "--python", str(old), "--root", str(root), *_args(_verify_key())
+    )
+    assert result.returncode == 2
+    assert f"{old} is Python 3.9.18: the agent needs Python 3.10 or newer" in result.stderr
+    assert "-m venv" not in log.read_text(encoding="utf-8")
+    assert not root.exists()
+    missing = _run_script(
+        *UNKNOWN_RELEASE, "--python", "no-such-python3", "--root", str(root), *_args(_verify_key())
+    )
+    assert missing.returncode == 2
+    assert "no-such-python3 is not on PATH: the agent needs Python 3.10 or newer" in (
+        missing.stderr
+    )
+    assert not root.exists()
+
+
+@pytest.fixture(scope="module")
+def trial(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Installed:
+    """A trial install: local sinks only, se-bridge from an index by its exact version and hash
+    (the index here is the project's wheel folder)."""
+    work = tmp_path_factory.mktemp("trial")
+    env, log = _fake_systemctl(work)
+    env |= {"PIP_FIND_LINKS": str(wheel.parent)}
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    root = work / "root"
+    result = _run_script(
+        "--trial",
+        "--pip-spec",
+        f"se-bridge=={bridge.__version__}",
+        "--pip-hash",
+        f"sha256:{digest}",
+        "--python",
+        sys.executable,
+        "--root",
+        str(root),
+        env=env,
+    )
+    return Installed(root, result, _calls(log), [])
+
+
+def test_a_trial_install_writes_local_sinks_only(trial: Installed) -> None:
+    assert trial.result.returncode == 0, trial.result.stderr
+    assert _installed_version(trial.root) == f"se-bridge {bridge.__version__}"
+    loaded = config.load(trial.root / "etc" / "se-bridge" / "agent.toml", environ={})
+    assert loaded.sink_specs() == ["jsonl:/var/lib/se-bridge/records.jsonl"]
+    assert loaded.commands.channel == ""
+    assert "/var/lib/se-bridge/records.jsonl" in trial.result.stdout
+    assert trial.systemctl_calls == []
+
+
+@pytest.mark.parametrize("option", ["--eventhubs-namespace", "--verify-key", "--storage-account"])
+def test_a_trial_takes_no_azure_value(tmp_path: Path, option: str) -> None:
+    root = tmp_path / "root"
+    args = _args(_verify_key())
+    value = args[args.index(option) + 1]
+    result = _run_script("--trial", *UNKNOWN_RELEASE, "--root", str(root), option, value)
+    assert result.returncode == 2
+    assert f"--trial writes local sinks only: leave out {option}" in result.stderr
+    assert not root.exists()
+
+
+def _powershell_text(values: dict[str, str], variable: str = "toml") -> str:
     """The TOML install-agent.ps1 writes, variables filled in as PowerShell expands them."""
     text = POWERSHELL.read_text(encoding="utf-8")
-    match = re.search(r'^\$toml = @"\n(.*?)\n"@$', text, re.MULTILINE | re.DOTALL)
-    assert match, "install-agent.ps1 has no $toml here-string"
-    identity = 'kind = "managed"\nclient_id = "' + values["ClientId"] + '"'
+    match = re.search(rf'^\${variable} = @"\n(.*?)\n"@$', text, re.MULTILINE | re.DOTALL)
+    assert match, f"install-agent.ps1 has no ${variable} here-string"
+    identity = 'kind = "managed"\nclient_id = "' + values.get("ClientId", "") + '"'
     return re.sub(
         r"\$(\w+)",
         lambda m: identity if m.group(1) == "identityLines" else values[m.group(1)],
@@ -219,7 +381,7 @@ def test_the_windows_script_writes_the_same_config(installed: Installed, tmp_pat
         "Stream": "Custom-SeBridgeRecords",
         "StorageAccount": VALUES["storage-account"],
         "QueuePrefix": "se-bridge-",
-        "VerifyKey": installed.verify_key,
+        "verifyKeys": ",".join(installed.verify_keys),
         "ClientId": VALUES["client-id"],
     }
     text = _powershell_text(values)
@@ -227,7 +389,24 @@ def test_the_windows_script_writes_the_same_config(installed: Installed, tmp_pat
     assert tomllib.loads(text) == tomllib.loads(written.read_text(encoding="utf-8"))
     path = tmp_path / "agent.toml"
     path.write_text(text, encoding="utf-8")
-    assert config.load(path, environ={}).commands.verify_key == installed.verify_key
+    loaded = config.load(path, environ={})
+    assert len(signing.load_verifier(loaded.commands).key_ids) == 2
+
+
+def test_the_windows_trial_writes_the_same_config(trial: Installed) -> None:
+    text = _powershell_text({}, variable="trialToml")
+    written = trial.root / "etc" / "se-bridge" / "agent.toml"
+    assert tomllib.loads(text) == tomllib.loads(written.read_text(encoding="utf-8"))
+
+
+def _powershell_code() -> str:
+    """install-agent.ps1 without its comments and here-strings."""
+    text = POWERSHELL.read_text(encoding="utf-8")
+    text = re.sub(r'@"\n.*?\n"@', "", text, flags=re.DOTALL)
+    text = re.sub(r"<#.*?#>", "", text, flags=re.DOTALL)
+    return "\n".join(
+        line.split(" #")[0] for line in text.splitlines() if not line.lstrip().startswith("#")
+    )
 
 
 def test_the_windows_script_installs_and_starts_the_service() -> None:
@@ -236,3 +415,62 @@ def test_the_windows_script_installs_and_starts_the_service() -> None:
     assert "Join-Path $env:ProgramData 'se-bridge'" in text
     assert "@('service', 'install', '--config', $config)" in text
     assert "@('service', 'start')" in text
+
+
+# PowerShell is not on this machine: these read the .ps1 for what the Linux tests run.
+def test_the_windows_script_installs_from_an_index_only_with_hashes() -> None:
+    """Every pip install checks hashes, but the local wheel's (the one file the operator
+    brought); pip itself is the venv's own, never upgraded from an index."""
+    installs = [line for line in _powershell_code().splitlines() if "'pip', 'install'" in line]
+    assert len(installs) == 3
+    unhashed = [line for line in installs if "'--require-hashes'" not in line]
+    assert len(unhashed) == 1
+    assert unhashed[0].rstrip().endswith("'--no-deps', $Wheel)")
+    assert "'--upgrade'" not in _powershell_code()
+    assert re.search(
+        r"ValidatePattern\('\^se-bridge==[^']*'\)\]\[string\]\$PipSpec", _powershell_code()
+    )
+    assert re.search(
+        r"\[Parameter\(Mandatory, ParameterSetName = 'PipSpec'\)\]"
+        r"\[ValidatePattern\('\^sha256:\[0-9a-f\]\{64\}\$'\)\]\[string\[\]\]\$PipHash",
+        _powershell_code(),
+    )
+
+
+def test_the_windows_script_checks_python_before_it_changes_anything() -> None:
+    code = _powershell_code()
+    check = code.index("sys.version_info < (3, 10)")
+    assert check < code.index("'-m', 'venv'")
+    assert "needs Python 3.10 or newer" in code
+    assert "'-3.11'" not in code  # any Python 3.10 or newer the launcher has
+
+
+def test_the_windows_script_takes_what_another_user_created_before_writing() -> None:
+    """A user may create %ProgramData%\\se-bridge (or agent.toml in it) before the install and
+    would then own it: Administrators take ownership of the folder and replace its ACL in one
+    step (no window in which another user can add a file), then take all that is inside and
+    drop its own grants; agent.toml is removed and written anew, open to SYSTEM and
+    Administrators only."""
+    code = _powershell_code()
+    take_folder = code.index("@('/F', $ConfigDir, '/A')")
+    close = code.index("Set-Acl -LiteralPath $ConfigDir -AclObject (New-AdminOnlyAcl -Directory)")
+    take_inside = code.index("@('/F', $ConfigDir, '/A', '/R', '/D', 'Y')")
+    reset_inside = code.index("@((Join-Path $ConfigDir '*'), '/reset', '/T', '/C', '/Q')")
+    remove = code.index("Remove-Item -LiteralPath $config -Force")
+    write = code.index("[System.IO.File]::WriteAllText($config")
+    restrict = code.index("Set-Acl -LiteralPath $config -AclObject (New-AdminOnlyAcl)")
+    assert take_folder < close < take_inside < reset_inside < remove < write < restrict
+    assert code.count("'takeown.exe'") == 2
+    # Protected, and granted to SYSTEM and Administrators by SID alone.
+    assert "$acl.SetAccessRuleProtection($true, $false)" in code
+    assert "@('S-1-5-18', 'S-1-5-32-544')" in code
+    assert "BUILTIN" not in code
+    assert "NT AUTHORITY" not in code
+
+
+def test_the_windows_script_takes_several_verify_keys_and_a_trial() -> None:
+    code = _powershell_code()
+    assert re.search(r"\[string\[\]\]\$VerifyKey", code)
+    assert "$verifyKeys = $VerifyKey -join ','" in code
+    assert "[switch]$Trial" in code
+    assert "-Trial writes local sinks only: leave out" in code

@@ -21,7 +21,7 @@ def test_docs_generated_sections_are_current() -> None:
         text = page.read_text(encoding="utf-8")
         unknown = set(markers(text)) - set(SECTIONS)
         assert not unknown, f"{page.name}: markers of no generated section: {sorted(unknown)}"
-        assert text == expected(text), f"{page.name} is out of date: run ./dev docs"
+        assert text == expected(text), f"{page.name} is out of date: run ./dev generate"
 
 
 def test_readme_opens_with_the_two_commands() -> None:

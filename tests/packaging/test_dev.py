@@ -1,0 +1,204 @@
+"""`./dev`, the developer's command: what each sub-command sets up, seen through a copy of the
+script whose Python, npm and venvs only record what they are asked (nothing is installed),
+and `./dev lock --check` run on a copy of the lock."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tools import lockfile
+
+ROOT = lockfile.ROOT
+# What ./dev reads to decide what to set up.
+INPUTS = (
+    "dev",
+    "pyproject.toml",
+    "package-lock.json",
+    "tools/requirements-scan.txt",
+    "tools/requirements-sbom.txt",
+    *(f"packaging/requirements/{target}.txt" for target in lockfile.TARGETS),
+)
+# Answers like a Python 3.13 that makes venvs: `-m venv DIR` copies it to DIR/bin/python,
+# and every call is recorded as `WHO ARGS`, WHO its path relative to the tree.
+FAKE_PYTHON = """#!/bin/sh
+echo "${0#$TREE/} $*" >> "$LOG"
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+exit 0
+"""
+
+
+@dataclass
+class Run:
+    result: subprocess.CompletedProcess[str]
+    calls: list[str]
+    tree: Path
+
+    def installed(self, venv: str) -> list[str]:
+        """The `pip install` arguments given to `venv`'s Python."""
+        prefix = f"{venv}/bin/python -m pip install "
+        return [c.removeprefix(prefix) for c in self.calls if c.startswith(prefix)]
+
+
+def _dev(tmp_path: Path, *args: str) -> Run:
+    tree = tmp_path / "tree"
+    for name in INPUTS:
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    for name in ("python3.13", "npm"):
+        (fake / name).write_text(FAKE_PYTHON, encoding="utf-8")
+        (fake / name).chmod(0o755)
+    log = tmp_path / "calls.log"
+    env = os.environ | {
+        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+        "TREE": str(tree),
+        "LOG": str(log),
+    }
+    result = subprocess.run(
+        [str(tree / "dev"), *args], capture_output=True, text=True, env=env, timeout=60, check=False
+    )
+    calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
+    return Run(result, [re.sub(r"^\S*/bin/(npm|python3\.13)", r"\1", c) for c in calls], tree)
+
+
+def test_sbom_sets_up_the_sbom_tool_and_not_the_scanner(tmp_path: Path) -> None:
+    """checkov (about 300 MB) scans infra/ in the tests; the SBOM needs only cyclonedx-py."""
+    run = _dev(tmp_path, "sbom")
+    assert run.result.returncode == 0, run.result.stderr
+    assert run.installed(".venv-sbom") == [
+        "--quiet --disable-pip-version-check -r tools/requirements-sbom.txt"
+    ]
+    assert not (run.tree / ".venv-tools").exists()
+    assert not any("requirements-scan.txt" in call for call in run.calls)
+    assert ".venv/bin/python -m tools.sbom" in run.calls
+
+
+def test_docs_serves_the_site_with_the_docs_tools_only(tmp_path: Path) -> None:
+    """Reading the docs needs MkDocs and its theme, from the lock with their hashes: not the
+    test environment, Node (Azurite, the Kusto parser) or checkov."""
+    run = _dev(tmp_path, "docs", "--dev-addr", "127.0.0.1:8001")
+    assert run.result.returncode == 0, run.result.stderr
+    assert run.installed(".venv-docs") == [
+        "--quiet --disable-pip-version-check --require-hashes --only-binary :all: "
+        "-r packaging/requirements/docs.txt"
+    ]
+    assert run.calls[-1] == ".venv-docs/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8001"
+    assert not any(call.startswith("npm") for call in run.calls)
+    assert not [c for c in run.calls if c.startswith(".venv/")]
+    for other in (".venv", ".venv-tools", ".venv-sbom", "node_modules"):
+        assert not (run.tree / other).exists()
+
+
+def test_generate_rewrites_the_generated_docs_infra_and_workbook(tmp_path: Path) -> None:
+    run = _dev(tmp_path, "generate")
+    assert run.result.returncode == 0, run.result.stderr
+    tools = [c for c in run.calls if c.startswith(".venv/bin/python -m tools.")]
+    assert tools == [
+        ".venv/bin/python -m tools.sync_docs",
+        ".venv/bin/python -m tools.gen_infra",
+        ".venv/bin/python -m tools.kql.workbook",
+    ]
+    assert not any(call.startswith("npm") for call in run.calls)
+
+
+def test_the_usage_names_every_command(tmp_path: Path) -> None:
+    run = _dev(tmp_path, "nonsense")
+    assert run.result.returncode == 2
+    for command in ("demo", "test", "docs", "generate", "lock", "sbom"):
+        assert f"./dev {command}" in run.result.stderr
+
+
+def test_ci_and_the_readme_run_the_two_commands() -> None:
+    assert (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()[-1] == "exec ./dev test"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_block = readme.split("```sh\n", 1)[1].split("```", 1)[0].splitlines()
+    assert [line.split()[:2] for line in first_block] == [["./dev", "demo"], ["./dev", "test"]]
+
+
+def test_the_built_site_is_ignored_by_git() -> None:
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", "site/index.html"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.stdout.strip() == "site/index.html"
+
+
+def _lock_tree(tmp_path: Path) -> Path:
+    """The lock, its exports, pyproject.toml and tools/lockfile.py, copied."""
+    tree = tmp_path / "lock"
+    for name in (
+        "pyproject.toml",
+        "uv.lock",
+        "README.md",
+        "tools/__init__.py",
+        "tools/lockfile.py",
+    ):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, tree / name)
+    shutil.copytree(lockfile.EXPORTS, tree / "packaging" / "requirements")
+    return tree
+
+
+def _check(tree: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "tools.lockfile", "--check"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_lock_check_says_that_all_is_current(tmp_path: Path) -> None:
+    done = _check(_lock_tree(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == (
+        f"uv.lock and its {len(lockfile.TARGETS)} exports in packaging/requirements "
+        "match pyproject.toml\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        # A dependency no index here has: uv's resolver would fail on it, offline or not.
+        ('"requests>=2.31,<3",', '"requests>=2.31,<3", "se-bridge-no-such-package>=1",'),
+        ('"requests>=2.31,<3",', '"requests>=2.32,<3",'),
+        ('"ruff==0.17.6",', ""),
+    ],
+)
+def test_lock_check_says_that_pyproject_changed(tmp_path: Path, before: str, after: str) -> None:
+    tree = _lock_tree(tmp_path)
+    pyproject = tree / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    assert before in text
+    pyproject.write_text(text.replace(before, after, 1), encoding="utf-8")
+    done = _check(tree)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == "pyproject.toml changed: run ./dev lock"
+    assert "resolv" not in done.stderr.lower()
+    assert "hint" not in done.stderr
+
+
+def test_lock_check_names_an_export_that_is_not_the_locks(tmp_path: Path) -> None:
+    tree = _lock_tree(tmp_path)
+    agent = tree / "packaging" / "requirements" / "agent.txt"
+    agent.write_text(agent.read_text(encoding="utf-8") + "extra==1\n", encoding="utf-8")
+    done = _check(tree)
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [
+        "packaging/requirements/agent.txt is not uv.lock's export: run ./dev lock"
+    ]

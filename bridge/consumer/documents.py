@@ -16,13 +16,13 @@ forward in TimeGenerated, and readiness is a set.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
 from bridge.consumer.state import Doc
-from bridge.policy.model import EventView, VmView
+from bridge.policy.model import EventView, Scope, VmView, scope_of
 from bridge.records import parse_time, vm_key
 
 
@@ -263,26 +263,21 @@ def _merge_hook_record(value: EventDocument, record: Mapping[str, Any]) -> None:
     value.setdefault("event_id", field_of(record, "EventId"))
 
 
-def status(value: EventDocument) -> str:
-    """The event's status across its reporters: Started wins, then Scheduled, else Gone."""
-    seen = {r["status"] for r in value.get("reporters", {}).values()}
+def status(value: EventDocument, among: Collection[str] | None = None) -> str:
+    """The event's status across its reporters (those of `among` only, when given): Started
+    wins, then Scheduled, else Gone."""
+    reports = value.get("reporters", {})
+    seen = {r["status"] for v, r in reports.items() if among is None or v in among}
     for candidate in ("Started", "Scheduled"):
         if candidate in seen:
             return candidate
     return GONE
 
 
-def active_reporters(value: EventDocument) -> tuple[str, ...]:
-    return tuple(sorted(v for v, r in value.get("reporters", {}).items() if r["status"] != GONE))
-
-
-Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)
-
-
-def scope_of(vm: VmView) -> Scope:
-    """Where Azure keeps a VM name unique: its subscription, resource group and scale set."""
-    lower = (vm.resource_group or "").lower() or None, (vm.scale_set or "").lower() or None
-    return (vm.subscription_id, *lower)
+def active_reporters(value: EventDocument, among: Collection[str] | None = None) -> tuple[str, ...]:
+    reports = value.get("reporters", {}).items()
+    active = (v for v, r in reports if r["status"] != GONE and (among is None or v in among))
+    return tuple(sorted(active))
 
 
 @dataclass(frozen=True)
@@ -345,6 +340,27 @@ class Names:
                 unknown.append(name)
         return Resolved(tuple(affected), tuple(unresolved), tuple(sorted(possible)), tuple(unknown))
 
+    def witnesses(
+        self, names: Iterable[str], reporters: Mapping[str, Scope | None]
+    ) -> tuple[frozenset[str], tuple[Scope, ...]]:
+        """Of an event naming `names`, the reporters (by key, with their scopes, None where
+        not known) that Azure can have shown it to, and their scopes.
+
+        Azure shows an event to the VMs of the scope of the VMs it names: a reporter counts
+        when a name is a VM of its scope. When no name is (an availability set or scale set
+        whose named VMs have no agent yet) nothing tells which scope is the event's, and every
+        reporter counts. So a VM of another scope that claims an event in its own name (one
+        compromised VM, or a misrouted record) changes neither how its names resolve, nor
+        its status, nor when its slot is released; a reporter whose scope is not known yet
+        counts (fail closed).
+        """
+        keys = {vm_key(name) for name in names}
+        scopes = {scope for scope in reporters.values() if scope is not None}
+        seeing = {scope for scope in scopes if any((scope, key) in self.index for key in keys)}
+        within = seeing or scopes
+        counted = frozenset(r for r, scope in reporters.items() if scope is None or scope in within)
+        return counted, tuple(sorted(within, key=repr))
+
 
 def _heard_later(vm: VmView, other: VmView) -> bool:
     if vm.last_seen is None or other.last_seen is None:
@@ -358,23 +374,35 @@ def event_view(
     names: Names,
     tried: tuple[str, ...],
     now: datetime,
+    *,
+    unknown_for: timedelta | None = None,
 ) -> EventView:
-    reporters = active_reporters(value)
-    scopes = {scope_of(vms[r]) for r in value.get("reporters", {}) if r in vms}
-    resolved = names.resolve(value.get("resources") or [], scopes)
+    """The event as the policy sees it: through the reporters that can see it
+    (`Names.witnesses`); a name no VM of their scopes has counts until `unknown_for` has
+    passed since the event was first seen (None: for as long as the event counts)."""
+    resources = value.get("resources") or []
+    reports = value.get("reporters", {})
+    seen_by, scopes = names.witnesses(
+        resources, {r: scope_of(vms[r]) if r in vms else None for r in reports}
+    )
+    resolved = names.resolve(resources, scopes)
+    first_seen = parse_time(value.get("first_seen")) or now
+    over = unknown_for is not None and now - first_seen >= unknown_for
     return EventView(
         event_id=str(value.get("event_id")),
         event_type=str(value.get("event_type") or ""),
         event_source=value.get("event_source"),
         duration=value.get("duration"),
-        status=status(value),
+        status=status(value, seen_by),
         not_before=parse_time(value.get("not_before")),
-        first_seen=parse_time(value.get("first_seen")) or now,
+        first_seen=first_seen,
         affected=resolved.affected,
         unresolved=resolved.unresolved,
         possible=resolved.possible,
-        unknown=resolved.unknown,
-        reporters=reporters,
+        unknown=() if over else resolved.unknown,
+        lapsed=resolved.unknown if over else (),
+        scopes=scopes,
+        reporters=active_reporters(value, seen_by),
         ready=frozenset(value.get("ready", [])),
         tried=tried,
     )

@@ -32,7 +32,7 @@ from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
-from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState, reach_of
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState, ledger_scopes
 from bridge.consumer.state import (
     ChangeFeed,
     Conflict,
@@ -433,7 +433,7 @@ class Consumer:
                 self._release(doc, view, gone, now)
                 return True
         if entry is not None and not (
-            self._lapse(ledger, doc.key, view, entry, now, dry)
+            self._recount(ledger, doc.key, view, entry, now, dry)
             and self._counted_as_now(ledger, doc.key, view, entry, vms, dry)
         ):
             return False
@@ -492,16 +492,19 @@ class Consumer:
         dry: bool,
     ) -> bool:
         """The entry counts the event's Resources as they are now: an approved event that grew
-        counts its new VMs from this pass on, before any other event is approved past them.
+        counts its new VMs from this pass on, before any other event is approved past them;
+        its names no VM is known by, in the scopes of the VMs that can see it now (those of a
+        reporter whose identity was not known yet when it was counted are known now).
         False when the ledger changed under us."""
         counted = set(view.counted)
-        if counted <= set(entry["vms"]):
+        grown = counted - set(entry["vms"])
+        scopes = ledger_scopes(view) or entry.get("scopes")
+        if not grown and scopes == entry.get("scopes"):
             return True
         _acting(dry)
-        locks = self.ledger.locks(counted - set(entry["vms"]), vms)
+        locks = self.ledger.locks(grown, vms)
         entry["vms"] = sorted(counted | set(entry["vms"]))
-        scopes = [list(s) for s in sorted(set(view.scopes) | reach_of(entry), key=repr)]
-        if view.unresolved and scopes:
+        if scopes:
             entry["scopes"] = scopes
         try:
             self.ledger.commit(ledger, [key], locks)
@@ -509,7 +512,7 @@ class Consumer:
             return False
         return True
 
-    def _lapse(  # noqa: PLR0917 - one entry in full
+    def _recount(  # noqa: PLR0917 - one entry in full
         self,
         ledger: LedgerState,
         key: str,
@@ -518,11 +521,20 @@ class Consumer:
         now: datetime,
         dry: bool,
     ) -> bool:
-        """The entry stops counting the names of the event that no VM of its reporters'
-        scopes has once consumer.unknown_names_for has passed since it was first seen
-        (`view.lapsed`), with a Decision record that says so: a VM that keeps repeating
-        a record naming a VM that does not exist holds no slot for ever. False when the
-        ledger changed under us."""
+        """The entry stops counting what no VM that can see the event stands by; False when
+        the ledger changed under us (or the entry was dropped: read again).
+
+        - A Started entry of an event that no VM that can see it says started: the claim of
+          a VM of another scope, read before the event's own reporters (fs.Names.witnesses).
+        - The names of the event that no VM of its reporters' scopes has, once
+          consumer.unknown_names_for has passed since it was first seen (`view.lapsed`),
+          with a Decision record that says so: a VM that keeps repeating a record naming a
+          VM that does not exist holds no slot for ever.
+        """
+        if entry["origin"] == "started" and view.status == "Scheduled":
+            _acting(dry)
+            self.ledger.release(key, "no VM that can see the event says it started")
+            return False
         lapsed = [name for name in view.lapsed if name in entry["vms"]]
         if not lapsed:
             return True

@@ -138,9 +138,16 @@ def impact_of(view: EventView) -> LedgerEntry:
     """What an entry of `view` counts: its VMs, and where its names may be."""
     counted = view.counted
     entry: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": counted}
-    if view.scopes and view.unresolved:
-        entry["scopes"] = [list(scope) for scope in view.scopes]
+    scopes = ledger_scopes(view)
+    if scopes:
+        entry["scopes"] = scopes
     return entry
+
+
+def ledger_scopes(view: EventView) -> list[list[str | None]]:
+    """An entry's `scopes` for `view`: none when it names no VM by a name (or its reporters'
+    scopes are not known: anywhere)."""
+    return [list(scope) for scope in view.scopes] if view.unresolved else []
 
 
 def reach_of(entry: LedgerEntry) -> frozenset[Scope]:

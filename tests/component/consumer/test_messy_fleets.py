@@ -448,3 +448,18 @@ def test_a_vm_of_another_subscription_reporting_an_event_gone_releases_no_slot(
     rig.consumer.process([rig.fleet.event("web_1", E2)])
     assert [c.event_id for c in rig.sender.sent] == [E1]
     assert [d["DecisionAction"] for d in rig.decisions if d["DecisionAction"] == "Release"] == []
+
+
+def test_a_started_claim_of_another_subscription_read_first_does_not_keep_an_event_unapproved(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    rig.consumer.process(_two_subscriptions(rig))
+    # api_0's claim that web_0's reboot has started is read before web_0's own report.
+    claim = rig.fleet.event("api_0", E1, transition="Started", resources=["web_0"])
+    rig.consumer.process([claim])
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event("web_0", E1)])
+    rig.consumer.tick()
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    assert rig.sender.sent[0].vm_id == rig.fleet.vm_id("web_0")

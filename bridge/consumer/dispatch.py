@@ -147,7 +147,7 @@ class Dispatch:
             expires_at=expires or now + MIN_COMMAND_LIFETIME,
             rule=verdict.rule,
             reason=verdict.reason,
-            resources=[str(r) for r in event_doc.value.get("resources") or []],
+            resources=[str(r) for r in view.resources],
         )
 
     def _decision(  # noqa: PLR0917 - one decision in full

@@ -163,6 +163,7 @@ class EventView:
     # bridge.consumer.documents.Names.witnesses); empty: anywhere.
     scopes: tuple[Scope, ...] = ()
     reporters: tuple[str, ...] = ()  # VmIds that can see it whose current document holds it
+    resources: tuple[str, ...] = ()  # Resources as the VMs that can see it give them
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
 

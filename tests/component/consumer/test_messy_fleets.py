@@ -463,3 +463,16 @@ def test_a_started_claim_of_another_subscription_read_first_does_not_keep_an_eve
     rig.consumer.tick()
     assert [c.event_id for c in rig.sender.sent] == [E1]
     assert rig.sender.sent[0].vm_id == rig.fleet.vm_id("web_0")
+
+
+def test_a_vm_of_another_subscription_cannot_rewrite_an_event_it_claims(tmp_path: Path) -> None:
+    users_only = Policy(rules=DEFAULT_POLICY.rules, budgets=SETS_AND_GROUPS)
+    rig = Rig(tmp_path / "fleet.db", users_only)
+    rig.consumer.process(_two_subscriptions(rig))
+    rig.consumer.process([rig.fleet.event("web_0", E1, source="Platform")])
+    rig.fleet.advance(1)
+    # api_0's newer record says the platform's reboot of web_0 is a user's reboot of api_1.
+    rig.consumer.process([rig.fleet.event("api_0", E1, source="User", resources=["api_1"])])
+    rig.consumer.tick()
+    assert rig.sender.sent == []
+    assert rig.actions() == [("Hold", "everything-else")]

@@ -156,6 +156,7 @@ STEPS = st.one_of(
     st.tuples(st.just("answer")),
     st.tuples(st.just("poison"), st.integers(0, 3)),
     FORGE,
+    FORGE,
 )
 
 
@@ -248,6 +249,10 @@ class World:
 
     def check_rule(self, event: EventModel, command: Command) -> None:
         rule = next(r for r in self.policy.rules if r.name == command.rule)
+        source = "user" if event.user else "platform"
+        assert not rule.match.event_sources or source in rule.match.event_sources, (
+            f"rule {rule.name} approved {event.event_id}, a {source} event"
+        )
         if rule.match.about_vms:
             for vm in self.true_vms(event):
                 assert vm_matches(rule.match, vm.view()), (
@@ -289,12 +294,13 @@ class World:
                 event.reporters.add(vm.handle)
                 self.claim(vm, event, transition)
 
-    def claim(self, vm: Vm, event: EventModel, transition: str) -> None:
-        """`vm` reports `event` in its own name (of another scope: a forged record)."""
+    def claim(self, vm: Vm, event: EventModel, transition: str, *, forged: bool = False) -> None:
+        """`vm` reports `event` in its own name; `forged`: a VM of another scope, which says
+        the event is of the other source."""
         self.records.now = self.now
         record = self.records.event(
             vm.handle, event.event_id, transition=transition,
-            source="User" if event.user else "Platform", resources=sorted(event.names),
+            source="User" if event.user != forged else "Platform", resources=sorted(event.names),
             not_before=event.not_before,
         )  # fmt: skip
         self.emit(vm, record)
@@ -434,7 +440,7 @@ def run_step(world: World, step: tuple[Any, ...]) -> None:  # noqa: PLR0912 - a 
     elif kind == "forge" and events:
         vm, event = vms[args[0] % len(vms)], events[args[1] % len(events)]
         if not vm.deleted and vm.scope != event.scope:
-            world.claim(vm, event, args[2])
+            world.claim(vm, event, args[2], forged=True)
             same = any(v.scope == vm.scope and v.name in event.names for v in world.vms)
             event.started_elsewhere |= same and args[2] == "Started"
 

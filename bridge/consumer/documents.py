@@ -328,12 +328,17 @@ class Names:
 
     index: Mapping[tuple[Scope, str], str]  # (scope, vm_key(name)) -> VmId
     scopes: Mapping[str, tuple[Scope, ...]]  # vm_key(name) -> the scopes that have it
+    # VmId -> its scope, of every VM it was made from: an event's reporters are looked up
+    # at each decision, hundreds where a placement group reports each event.
+    where: Mapping[str, Scope]
 
     @classmethod
     def of(cls, vms: Iterable[VmView]) -> Names:
         newest: dict[tuple[Scope, str], VmView] = {}
+        where: dict[str, Scope] = {}
         for vm in vms:
-            key = (scope_of(vm), vm_key(vm.name))
+            where[vm.vm_id] = scope = scope_of(vm)
+            key = (scope, vm_key(vm.name))
             held = newest.get(key)
             if held is None or _heard_later(vm, held):
                 newest[key] = vm
@@ -341,7 +346,7 @@ class Names:
         for scope, name in newest:
             scopes.setdefault(name, []).append(scope)
         index = {key: vm.vm_id for key, vm in newest.items()}
-        return cls(index, {name: tuple(found) for name, found in scopes.items()})
+        return cls(index, {name: tuple(found) for name, found in scopes.items()}, where)
 
     def resolve(self, names: Iterable[str], scopes: Iterable[Scope]) -> Resolved:
         """`names` in the reporters' `scopes` (none known: in any scope)."""
@@ -409,7 +414,7 @@ def event_view(
     `unknown_for` has passed since the event was first seen (None: for as long as the event
     counts)."""
     reports = value.get("reporters", {})
-    scope_by = {r: scope_of(vms[r]) if r in vms else None for r in reports}
+    scope_by = {r: names.where.get(r) or (scope_of(vms[r]) if r in vms else None) for r in reports}
     told = _told(value, {s for s in scope_by.values() if s is not None})
     names_told = {scope: told_of.get("resources") or [] for scope, told_of in told.items()}
     seen_by, scopes = names.witnesses(names_told, scope_by)

@@ -350,6 +350,13 @@ class ConsumerSettings:
         low=60,
         high=30 * 86400,
     )
+    unknown_names_for: float = _setting(
+        3600.0,
+        "Seconds after an event was first seen during which a name in its Resources that no VM "
+        "of its reporters' scopes has counts against the budgets (then the slot is released).",
+        low=60,
+        high=7 * 86400,
+    )
     metrics_address: str = _setting(
         "",
         "PORT or HOST:PORT of the standalone consumer's /metrics, /healthz and /readyz; a bare "

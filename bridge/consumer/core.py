@@ -33,7 +33,7 @@ from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
-from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState, ledger_scopes
 from bridge.consumer.state import (
     ChangeFeed,
     Conflict,
@@ -49,11 +49,13 @@ from bridge.policy.model import (
     EventView,
     FleetView,
     Policy,
+    Scope,
     Verdict,
     VmView,
     budget_use,
     evaluate,
     group_index,
+    scope_of,
 )
 from bridge.records import iso, parse_time, utc_now, vm_key
 from bridge.redact import describe
@@ -393,12 +395,17 @@ class Consumer:
     ) -> tuple[EventView, FleetView, LedgerEntry | None]:
         """The event as the policy sees it, the fleet with what impacts it, and its entry."""
         resources = [str(r) for r in doc.value.get("resources") or []]
-        impacted = known_vms.by_vm_id(ledger.impact, also=resources, version=ledger.version)
+        impacted = known_vms.by_vm_id(
+            ledger.impact, also=resources, version=ledger.version, reach=ledger.reach
+        )
         entry = ledger.events.get(doc.key)
         tried = tuple(entry.get("tried", ())) if entry else ()
-        view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now)
+        unknown_for = timedelta(seconds=self.settings.unknown_names_for)
+        view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now,
+                             unknown_for=unknown_for)  # fmt: skip
         groups = known_vms.groups(budget.group for budget in self.policy.budgets)
-        return view, FleetView(known_vms.vms, impacted, self._alive_within, groups), entry
+        fleet = FleetView(known_vms.vms, impacted, self._alive_within, groups, ledger.reach)
+        return view, fleet, entry
 
     def _decided(  # noqa: PLR0911 - each return is a way a decision ends
         self,
@@ -416,8 +423,8 @@ class Consumer:
         view, fleet, entry = self._assess(ledger, doc, known_vms, now)
         vms = known_vms.vms
         value = fs.event_document(doc)
-        if value.get("released") and not self._unreleased(doc, dry):
-            return True  # its VMs are gone (see `_all_gone`): it counts no more until one speaks
+        if self._over(doc, view, entry, dry):
+            return True
         reports = value.get("reporters", {}).values()
         if (
             entry is not None
@@ -429,7 +436,10 @@ class Consumer:
                 _acting(dry)
                 self._release(doc, view, gone, now)
                 return True
-        if entry is not None and not self._counted_as_now(ledger, doc.key, view, entry, vms, dry):
+        if entry is not None and not (
+            self._recount(ledger, doc.key, view, entry, now, dry)
+            and self._counted_as_now(ledger, doc.key, view, entry, vms, dry)
+        ):
             return False
         if view.status == "Started":
             if doc.key not in ledger.events:
@@ -463,6 +473,19 @@ class Consumer:
             now=now,
         )
 
+    def _over(self, doc: Doc, view: EventView, entry: LedgerEntry | None, dry: bool) -> bool:
+        """Whether the event counts no more: released (its VMs are gone, see `_all_gone`)
+        until one of them speaks again, or ended for every VM that can see it (VMs of other
+        scopes that still claim it are not heard, fs.Names.witnesses)."""
+        if doc.value.get("released") and not self._unreleased(doc, dry):
+            return True
+        if view.status != fs.GONE:
+            return False
+        if entry is not None:
+            _acting(dry)
+            self.ledger.release(doc.key, "the VMs that can see the event reported it gone")
+        return True
+
     def _counted_as_now(  # noqa: PLR0917 - one entry in full
         self,
         ledger: LedgerState,
@@ -473,18 +496,64 @@ class Consumer:
         dry: bool,
     ) -> bool:
         """The entry counts the event's Resources as they are now: an approved event that grew
-        counts its new VMs from this pass on, before any other event is approved past them.
+        counts its new VMs from this pass on, before any other event is approved past them;
+        its names no VM is known by, in the scopes of the VMs that can see it now (those of a
+        reporter whose identity was not known yet when it was counted are known now).
         False when the ledger changed under us."""
         counted = set(view.counted)
-        if counted <= set(entry["vms"]):
+        grown = counted - set(entry["vms"])
+        scopes = ledger_scopes(view) or entry.get("scopes")
+        if not grown and scopes == entry.get("scopes"):
             return True
         _acting(dry)
-        locks = self.ledger.locks(counted - set(entry["vms"]), vms)
+        locks = self.ledger.locks(grown, vms)
         entry["vms"] = sorted(counted | set(entry["vms"]))
+        if scopes:
+            entry["scopes"] = scopes
         try:
             self.ledger.commit(ledger, [key], locks)
         except Conflict:
             return False
+        return True
+
+    def _recount(  # noqa: PLR0917 - one entry in full
+        self,
+        ledger: LedgerState,
+        key: str,
+        view: EventView,
+        entry: LedgerEntry,
+        now: datetime,
+        dry: bool,
+    ) -> bool:
+        """The entry stops counting what no VM that can see the event stands by; False when
+        the ledger changed under us (or the entry was dropped: read again).
+
+        - A Started entry of an event that no VM that can see it says started: the claim of
+          a VM of another scope, read before the event's own reporters (fs.Names.witnesses).
+        - The names of the event that no VM of its reporters' scopes has, once
+          consumer.unknown_names_for has passed since it was first seen (`view.lapsed`),
+          with a Decision record that says so: a VM that keeps repeating a record naming a
+          VM that does not exist holds no slot for ever.
+        """
+        if entry["origin"] == "started" and view.status == "Scheduled":
+            _acting(dry)
+            self.ledger.release(key, "no VM that can see the event says it started")
+            return False
+        lapsed = [name for name in view.lapsed if name in entry["vms"]]
+        if not lapsed:
+            return True
+        _acting(dry)
+        entry["vms"] = [vm for vm in entry["vms"] if vm not in lapsed]
+        try:
+            self.ledger.commit(ledger, [key])
+        except Conflict:
+            return False
+        why = (
+            f"{', '.join(lapsed)}: no VM of that name in the scope of the VMs that can see the "
+            f"event has reported since it was first seen at {iso(view.first_seen)}; after "
+            f"{self.settings.unknown_names_for:g} s the name no longer counts"
+        )
+        self.dispatch.released(self.store, view, why, now)
         return True
 
     @property
@@ -506,8 +575,10 @@ class Consumer:
         are folded in again), and only while no VM still reporting the event has been heard
         from within consumer.alive_within:
 
-        - a VM reported the event gone after the last word of each VM still reporting it:
-          the platform took it out of the set's document, and those VMs are deleted;
+        - for each VM still reporting it, a VM of the same scope reported the event gone after
+          its last word: the platform took it out of the set's document, and those VMs are
+          deleted (a VM sees only its own scope's document: one of another scope that says
+          the event is gone knows nothing of it);
         - or the event is due (NotBefore, or when first seen without one, plus its duration)
           and no VM it names that has not said it is gone was heard from within alive_within:
           a VM deleted by a Terminate or Preempt never reports the end of its event.
@@ -521,9 +592,10 @@ class Consumer:
         if any(fleet.alive(v, now) for v in view.reporters):
             return None
         ended = {v: r["at"] for v, r in reports.items() if r["status"] == fs.GONE}
-        if ended and all(reports[v]["at"] <= max(ended.values()) for v in view.reporters):
+        said = _gone_after(reports, ended, view.reporters, vms)
+        if said is not None:
             return (
-                f"VM {max(ended, key=lambda v: ended[v])} reported the event gone and the VMs "
+                f"VM {said} reported the event gone and the VMs of its scope "
                 f"that still reported it have not been heard from for "
                 f"{self.settings.alive_within:g} s: they are taken as deleted"
             )
@@ -591,6 +663,27 @@ class Explained:
     verdict: Verdict | None = None
     taken: fs.StandingDecision | None = None
     replayed: bool = False
+
+
+def _gone_after(
+    reports: Mapping[str, fs.Reporter],
+    ended: Mapping[str, str],
+    still: Iterable[str],
+    vms: Mapping[str, VmView],
+) -> str | None:
+    """The VM that last reported the event gone (of `ended`, VM -> when) if, for each VM of
+    `still`, a VM of its own scope did after that VM's last word; else None."""
+
+    def scope(vm: str) -> Scope | None:
+        return scope_of(vms[vm]) if vm in vms else None
+
+    vouchers: list[str] = []
+    for vm in still:
+        mine = [v for v in ended if scope(v) == scope(vm) and ended[v] >= reports[vm]["at"]]
+        if not mine:
+            return None
+        vouchers += mine
+    return max(vouchers, key=lambda v: ended[v]) if vouchers else None
 
 
 class _WouldAct(Exception):
@@ -710,13 +803,16 @@ class VmSnapshot:
         *,
         also: Sequence[str] = (),
         version: object = None,
+        reach: Mapping[str, frozenset[Scope]] | None = None,
     ) -> dict[str, frozenset[str]]:
         """The ledger's impact with VMs it names by VmId once an agent has reported them.
 
         A ledger entry lists a VM no agent had reported yet by its name; budgets count
-        VmIds, so without this the VM drops out of every group when it becomes known. The
-        ledger keeps no subscription: a name counts every known VM of that name, which can
-        only be stricter. `also` names VMs to catch up with too: the event being decided.
+        VmIds, so without this the VM drops out of every group when it becomes known. A name
+        counts the VMs of that name in the entry's scopes (`reach`, as the ledger's `reach`:
+        where the VMs that could see the event are); of an entry without, every known VM of
+        that name, which can only be stricter. `also` names VMs to catch up with too: the
+        event being decided.
         """
         held = self._resolved
         if version is not None and held is not None and held[:2] == (version, self._generation):
@@ -728,16 +824,24 @@ class VmSnapshot:
         self._catch_up(listed)
         known = self.vms.keys()
         # Most entries name VmIds already known: taken as they are, without a look at each.
+        where = reach or {}
         resolved = {
-            key: vms if known >= vms else frozenset(v for vm in vms for v in self._resolve(vm))
+            key: vms
+            if known >= vms
+            else frozenset(v for vm in vms for v in self._resolve(vm, where.get(key)))
             for key, vms in impacted.items()
         }
         if version is not None:
             self._resolved = (version, self._generation, resolved)
         return resolved
 
-    def _resolve(self, vm: str) -> list[str]:
-        return [vm] if vm in self.vms else self._ids.get(vm_key(vm), [vm])
+    def _resolve(self, vm: str, scopes: frozenset[Scope] | None) -> list[str]:
+        if vm in self.vms:
+            return [vm]
+        if not scopes:
+            return self._ids.get(vm_key(vm), [vm])
+        index, key = self.names.index, vm_key(vm)
+        return [index[(s, key)] for s in sorted(scopes, key=repr) if (s, key) in index] or [vm]
 
     def _catch_up(self, listed: set[str]) -> None:
         unknown = {vm for vm in listed if vm not in self.vms and vm_key(vm) not in self._ids}
@@ -840,8 +944,8 @@ class FleetCache:
     def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:
             view, before = fs.vm_view(doc.key, fs.vm_document(doc)), self._vms.get(doc.key)
-            if before is None or (fs.scope_of(before), before.name, before.last_seen is None) != (
-                fs.scope_of(view),
+            if before is None or (scope_of(before), before.name, before.last_seen is None) != (
+                scope_of(view),
                 view.name,
                 view.last_seen is None,
             ):

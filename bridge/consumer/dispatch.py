@@ -13,7 +13,7 @@ from typing import Any, cast
 from bridge.channels import CommandSender
 from bridge.commands import message as commands
 from bridge.consumer import documents as fs
-from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState, impact_of
 from bridge.consumer.state import Conflict, Doc, Store, update_many
 from bridge.policy.model import EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_key
@@ -154,7 +154,7 @@ class Dispatch:
             expires_at=expires or now + MIN_COMMAND_LIFETIME,
             rule=verdict.rule,
             reason=verdict.reason,
-            resources=[str(r) for r in event_doc.value.get("resources") or []],
+            resources=[str(r) for r in view.resources],
         )
 
     def _decision(  # noqa: PLR0917 - one decision in full
@@ -363,9 +363,8 @@ def _entry(
 ) -> LedgerEntry:
     assert verdict.target is not None
     return {
-        "event_id": view.event_id,
+        **impact_of(view),
         "origin": "approved",
-        "vms": view.counted,
         "target": verdict.target,
         "attempt": len(view.tried) + 1,
         "tried": [*view.tried, verdict.target],

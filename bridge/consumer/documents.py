@@ -16,13 +16,13 @@ forward in TimeGenerated, and readiness is a set.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
 from bridge.consumer.state import Doc
-from bridge.policy.model import EventView, VmView
+from bridge.policy.model import EventView, Scope, VmView, scope_of
 from bridge.records import parse_time, vm_key
 
 
@@ -96,7 +96,20 @@ def standing(value: EventDocument) -> tuple[str, str, str] | None:
     return str(held.get("kind")), str(held.get("rule")), str(held.get("reason"))
 
 
-class EventDocument(TypedDict, total=False):
+class Told(TypedDict, total=False):
+    """An event's fields as the newest record gives them: of all its reporters (the
+    EventDocument), or of one scope's (EventDocument.told)."""
+
+    updated: str
+    event_type: str | None
+    event_source: str | None
+    duration: int | None
+    resources: list[str] | None
+    not_before: str | None
+    incarnation: int | None
+
+
+class EventDocument(Told, total=False):
     """`event/<eventid>`: an event as the VMs report it. A sample:
 
     {"event_id": "C7061BAC-...", "first_seen": "2026-11-21T10:00:00.000Z",
@@ -109,14 +122,11 @@ class EventDocument(TypedDict, total=False):
 
     event_id: str | None
     first_seen: str
-    updated: str
-    event_type: str | None
-    event_source: str | None
-    duration: int | None
-    resources: list[str] | None
-    not_before: str | None
-    incarnation: int | None
     reporters: dict[str, Reporter]  # by VmId, or host:NAME before the VM knows its VmId
+    # The fields of Told as each scope's VMs give them, by `told_key` of the reporter's scope: a
+    # VM of another scope claiming the event (the newest record) does not change what the VMs
+    # that can see it say (event_view).
+    told: dict[str, Told]
     ready: list[str]  # VmIds whose prepare hook succeeded
     decision: StandingDecision  # the standing decision, said once
     heard: str  # the consumer's clock when a record last changed the event (staleness)
@@ -277,12 +287,13 @@ def _merge_event_record(value: EventDocument, record: Mapping[str, Any]) -> None
     value.setdefault("event_id", field_of(record, "EventId"))
     value.setdefault("first_seen", seen)
     value["first_seen"] = min(value["first_seen"], seen) if seen else value["first_seen"]
-    if seen >= value.get("updated", ""):
-        value["updated"] = seen
-        fields = cast(dict[str, Any], value)
-        for key, field in _EVENT_FIELDS.items():
-            if field_of(record, field) is not None or key not in value:
-                fields[key] = field_of(record, field)
+    told = value.setdefault("told", {}).setdefault(told_key(_record_scope(record)), {})
+    for fields in (cast(dict[str, Any], value), cast(dict[str, Any], told)):
+        if seen >= fields.get("updated", ""):
+            fields["updated"] = seen
+            for key, field in _EVENT_FIELDS.items():
+                if field_of(record, field) is not None or key not in fields:
+                    fields[key] = field_of(record, field)
     host = field_of(record, "HostName")
     # Before an agent knows its VmId (instance metadata failing since its first start) its
     # records name only the host: counted under "host:NAME", as its sinks key them, so that
@@ -299,6 +310,18 @@ def _merge_event_record(value: EventDocument, record: Mapping[str, Any]) -> None
         reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
 
 
+def told_key(scope: Scope) -> str:
+    """The key of a scope in EventDocument.told."""
+    return "/".join(part or "" for part in scope)
+
+
+def _record_scope(record: Mapping[str, Any]) -> Scope:
+    """The scope of the VM that wrote `record`, as its identity fields give it (`scope_of`)."""
+    group, scale_set = field_of(record, "ResourceGroup"), field_of(record, "VmScaleSetName")
+    return (field_of(record, "SubscriptionId"), (group or "").lower() or None,
+            (scale_set or "").lower() or None)  # fmt: skip
+
+
 def _merge_hook_record(value: EventDocument, record: Mapping[str, Any]) -> None:
     vm_id = record.get("VmId")
     succeeded = record.get("HookExitCode") == 0 and not record.get("HookTimedOut")
@@ -309,26 +332,21 @@ def _merge_hook_record(value: EventDocument, record: Mapping[str, Any]) -> None:
     value.setdefault("event_id", field_of(record, "EventId"))
 
 
-def status(value: EventDocument) -> str:
-    """The event's status across its reporters: Started wins, then Scheduled, else Gone."""
-    seen = {r["status"] for r in value.get("reporters", {}).values()}
+def status(value: EventDocument, among: Collection[str] | None = None) -> str:
+    """The event's status across its reporters (those of `among` only, when given): Started
+    wins, then Scheduled, else Gone."""
+    reports = value.get("reporters", {})
+    seen = {r["status"] for v, r in reports.items() if among is None or v in among}
     for candidate in ("Started", "Scheduled"):
         if candidate in seen:
             return candidate
     return GONE
 
 
-def active_reporters(value: EventDocument) -> tuple[str, ...]:
-    return tuple(sorted(v for v, r in value.get("reporters", {}).items() if r["status"] != GONE))
-
-
-Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)
-
-
-def scope_of(vm: VmView) -> Scope:
-    """Where Azure keeps a VM name unique: its subscription, resource group and scale set."""
-    lower = (vm.resource_group or "").lower() or None, (vm.scale_set or "").lower() or None
-    return (vm.subscription_id, *lower)
+def active_reporters(value: EventDocument, among: Collection[str] | None = None) -> tuple[str, ...]:
+    reports = value.get("reporters", {}).items()
+    active = (v for v, r in reports if r["status"] != GONE and (among is None or v in among))
+    return tuple(sorted(active))
 
 
 @dataclass(frozen=True)
@@ -356,12 +374,17 @@ class Names:
 
     index: Mapping[tuple[Scope, str], str]  # (scope, vm_key(name)) -> VmId
     scopes: Mapping[str, tuple[Scope, ...]]  # vm_key(name) -> the scopes that have it
+    # VmId -> its scope, of every VM it was made from: an event's reporters are looked up
+    # at each decision, hundreds where a placement group reports each event.
+    where: Mapping[str, Scope]
 
     @classmethod
     def of(cls, vms: Iterable[VmView]) -> Names:
         newest: dict[tuple[Scope, str], VmView] = {}
+        where: dict[str, Scope] = {}
         for vm in vms:
-            key = (scope_of(vm), vm_key(vm.name))
+            where[vm.vm_id] = scope = scope_of(vm)
+            key = (scope, vm_key(vm.name))
             held = newest.get(key)
             if held is None or _heard_later(vm, held):
                 newest[key] = vm
@@ -369,7 +392,7 @@ class Names:
         for scope, name in newest:
             scopes.setdefault(name, []).append(scope)
         index = {key: vm.vm_id for key, vm in newest.items()}
-        return cls(index, {name: tuple(found) for name, found in scopes.items()})
+        return cls(index, {name: tuple(found) for name, found in scopes.items()}, where)
 
     def resolve(self, names: Iterable[str], scopes: Iterable[Scope]) -> Resolved:
         """`names` in the reporters' `scopes` (none known: in any scope)."""
@@ -391,6 +414,31 @@ class Names:
                 unknown.append(name)
         return Resolved(tuple(affected), tuple(unresolved), tuple(sorted(possible)), tuple(unknown))
 
+    def witnesses(
+        self, told: Mapping[Scope, Iterable[str]], reporters: Mapping[str, Scope | None]
+    ) -> tuple[frozenset[str], tuple[Scope, ...]]:
+        """Of an event, the reporters (by key, with their scopes, None where not known) that
+        Azure can have shown it to, and their scopes; `told`: the names each scope's VMs
+        give in Resources.
+
+        Azure shows an event to the VMs of the scope of the VMs it names: a reporter counts
+        when a name its scope gives is a VM of its scope. When none is (an availability set
+        or scale set whose named VMs have no agent yet) nothing tells which scope is the
+        event's, and every reporter counts. So a VM of another scope that claims an event in
+        its own name (one compromised VM, or a misrouted record) changes neither its fields
+        nor how its names resolve, nor its status, nor when its slot is released; a reporter
+        whose scope is not known yet counts (fail closed).
+        """
+        scopes = {scope for scope in reporters.values() if scope is not None}
+        seeing = {
+            scope
+            for scope in scopes
+            if any((scope, vm_key(name)) in self.index for name in told.get(scope, ()))
+        }
+        within = seeing or scopes
+        counted = frozenset(r for r, scope in reporters.items() if scope is None or scope in within)
+        return counted, tuple(sorted(within, key=repr))
+
 
 def _heard_later(vm: VmView, other: VmView) -> bool:
     if vm.last_seen is None or other.last_seen is None:
@@ -404,26 +452,74 @@ def event_view(
     names: Names,
     tried: tuple[str, ...],
     now: datetime,
+    *,
+    unknown_for: timedelta | None = None,
 ) -> EventView:
-    reporters = active_reporters(value)
-    scopes = {scope_of(vms[r]) for r in value.get("reporters", {}) if r in vms}
-    resolved = names.resolve(value.get("resources") or [], scopes)
+    """The event as the policy sees it: as the reporters that can see it tell it
+    (`Names.witnesses`, `_agreed`); a name no VM of their scopes has counts until
+    `unknown_for` has passed since the event was first seen (None: for as long as the event
+    counts)."""
+    reports = value.get("reporters", {})
+    scope_by = {r: names.where.get(r) or (scope_of(vms[r]) if r in vms else None) for r in reports}
+    told = _told(value, {s for s in scope_by.values() if s is not None})
+    names_told = {scope: told_of.get("resources") or [] for scope, told_of in told.items()}
+    seen_by, scopes = names.witnesses(names_told, scope_by)
+    fields = _agreed([told[s] for s in scopes if s in told]) if told else None
+    if fields is None:
+        fields = value
+    resources = fields.get("resources") or []
+    resolved = names.resolve(resources, scopes)
+    first_seen = parse_time(value.get("first_seen")) or now
+    over = unknown_for is not None and now - first_seen >= unknown_for
     return EventView(
         event_id=str(value.get("event_id")),
-        event_type=str(value.get("event_type") or ""),
-        event_source=value.get("event_source"),
-        duration=value.get("duration"),
-        status=status(value),
-        not_before=parse_time(value.get("not_before")),
-        first_seen=parse_time(value.get("first_seen")) or now,
+        event_type=str(fields.get("event_type") or ""),
+        event_source=fields.get("event_source"),
+        duration=fields.get("duration"),
+        status=status(value, seen_by),
+        not_before=parse_time(fields.get("not_before")),
+        first_seen=first_seen,
         affected=resolved.affected,
         unresolved=resolved.unresolved,
         possible=resolved.possible,
-        unknown=resolved.unknown,
-        reporters=reporters,
+        unknown=() if over else resolved.unknown,
+        lapsed=resolved.unknown if over else (),
+        scopes=scopes,
+        resources=tuple(resources),
+        reporters=active_reporters(value, seen_by),
         ready=frozenset(value.get("ready", [])),
         tried=tried,
     )
+
+
+def _told(value: EventDocument, scopes: Iterable[Scope]) -> dict[Scope, Told]:
+    """What each of `scopes` told of the event (a document of an earlier release has no
+    `told`: its fields, for each)."""
+    told = value.get("told")
+    if told is None:
+        return dict.fromkeys(scopes, value)
+    return {scope: told[told_key(scope)] for scope in scopes if told_key(scope) in told}
+
+
+def _agreed(views: Sequence[Told]) -> Told | None:
+    """The fields the scopes of `views` agree on; where they differ (two scopes each have a
+    VM of the name, and one tells it otherwise), the worst case: no EventType, EventSource
+    or DurationInSeconds (no rule with a condition on them matches), the earliest NotBefore
+    and every name of any. None when there is no view."""
+    if not views:
+        return None
+    if len(views) == 1:
+        return views[0]
+    agreed: Told = {}
+    plain = [cast(dict[str, Any], view) for view in views]
+    for key in ("event_type", "event_source", "duration", "incarnation"):
+        if len({repr(view.get(key)) for view in plain}) == 1:
+            cast(dict[str, Any], agreed)[key] = plain[0].get(key)
+    due = [str(view["not_before"]) for view in views if view.get("not_before")]
+    agreed["not_before"] = min(due) if due else None
+    names = dict.fromkeys(str(n) for view in views for n in view.get("resources") or [])
+    agreed["resources"] = list(names)
+    return agreed
 
 
 def is_stale(value: EventDocument, now: datetime, stale_after: timedelta) -> bool:

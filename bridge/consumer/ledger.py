@@ -67,7 +67,7 @@ from bridge.consumer.state import (
     bucket,
     read_many,
 )
-from bridge.policy.model import EventView, VmView, group_key
+from bridge.policy.model import EventView, Scope, VmView, group_key
 from bridge.records import parse_time
 from bridge.retry import RetryableError
 
@@ -85,7 +85,12 @@ class _ImpactEntry(TypedDict):
 
 class LedgerEntry(_ImpactEntry, total=False):
     """One event in the ledger (the module's sample): a "started" entry has only the three
-    keys above; an "approved" one also the command and how it fared."""
+    keys above (and `scopes`); an "approved" one also the command and how it fared."""
+
+    # Where the names of `vms` no VM was known by may be: the scopes, [subscription,
+    # resource group, scale set], of the VMs that could see the event (EventView.scopes);
+    # absent or empty: anywhere.
+    scopes: list[list[str | None]]
 
     target: str  # the VmId the command went to
     attempt: int
@@ -138,6 +143,32 @@ def lock_of(kind: str, group: str) -> str:
 ALL_LOCKS = frozenset(f"{_LOCK}{n:02d}" for n in range(LOCKS))
 
 
+def impact_of(view: EventView) -> LedgerEntry:
+    """What an entry of `view` counts: its VMs, and where its names may be."""
+    counted = view.counted
+    entry: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": counted}
+    scopes = ledger_scopes(view)
+    if scopes:
+        entry["scopes"] = scopes
+    return entry
+
+
+def ledger_scopes(view: EventView) -> list[list[str | None]]:
+    """An entry's `scopes` for `view`: none when it names no VM by a name (or its reporters'
+    scopes are not known: anywhere)."""
+    return [list(scope) for scope in view.scopes] if view.unresolved else []
+
+
+def reach_of(entry: LedgerEntry) -> frozenset[Scope]:
+    """`entry`'s scopes as the budgets take them (policy.model.FleetView.reach)."""
+    found: set[Scope] = set()
+    for scope in entry.get("scopes") or ():
+        if isinstance(scope, list) and len(scope) == 3:
+            sub, group, scale_set = (s if isinstance(s, str) else None for s in scope)
+            found.add((sub, group, scale_set))
+    return frozenset(found)
+
+
 def _count(lock: Doc | None) -> int:
     """How many writes lock `lock` has taken (0 when it does not exist yet)."""
     if lock is None:
@@ -181,8 +212,18 @@ class LedgerState:
     events: dict[str, LedgerEntry] = field(default_factory=dict)
     docs: dict[str, Doc] = field(default_factory=dict)  # shards, locks and a legacy document
     impact: dict[str, frozenset[str]] = field(default_factory=dict)
+    reach: dict[str, frozenset[Scope]] = field(default_factory=dict)  # entries with `scopes`
     # Changes whenever `impact` does, and differs between states: it names what was counted.
     version: int = field(default_factory=lambda: next(_VERSIONS))
+
+    def count(self, key: str, entry: LedgerEntry | None) -> None:
+        """`impact` and `reach` of event `key` as `entry` (None: removed) says."""
+        self.impact.pop(key, None)
+        self.reach.pop(key, None)
+        if entry is not None:
+            self.impact[key] = frozenset(entry["vms"])
+            if entry.get("scopes"):
+                self.reach[key] = reach_of(entry)
 
     def take(self, doc: Doc) -> None:
         """Hold `doc` (newly read) instead of the version of it held so far."""
@@ -193,12 +234,12 @@ class LedgerState:
             return
         for event in old.value.get("events", {}) if old is not None else ():
             self.events.pop(event, None)
-            self.impact.pop(event, None)
+            self.count(event, None)
         # Copies: callers change entries in place before they commit them, and the
         # documents must stay as read (a failed commit changes nothing).
         for event, entry in ledger_events(doc.value).items():
             self.events[event] = cast(LedgerEntry, dict(entry))
-            self.impact[event] = frozenset(entry["vms"])
+            self.count(event, entry)
 
 
 def read_ledger(store: Store) -> LedgerState:
@@ -392,11 +433,7 @@ class ApprovalLedger:
                 self._docs[doc.key] = doc
         state.version = next(_VERSIONS)
         for key in keys:
-            entry = state.events.get(key)
-            if entry is None:
-                state.impact.pop(key, None)
-            else:
-                state.impact[key] = frozenset(entry["vms"])
+            state.count(key, state.events.get(key))
         if state is not self._state:
             self._state = None  # made from documents it no longer matches
 
@@ -493,9 +530,8 @@ class ApprovalLedger:
         """A Started event impacts its VMs whether or not we approved it."""
         if key in state.events:
             return
-        vms = view.counted
-        started: LedgerEntry = {"event_id": view.event_id, "origin": "started", "vms": vms}
-        locks = self.locks(vms, known)
+        started = impact_of(view)
+        locks = self.locks(started["vms"], known)
         # Not left to a later pass: until it is in the ledger, the approvals decided in
         # between (this pass's next events, other consumers) would not count its VMs.
         for _ in range(MAX_CONFLICT_RETRIES):

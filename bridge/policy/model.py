@@ -136,6 +136,19 @@ class VmView:
     prepare_hook: bool | None = None
 
 
+Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)
+
+
+def scope_of(vm: VmView) -> Scope:
+    """Where Azure keeps a VM name unique: its subscription, resource group and scale set.
+
+    It is also as far as an event reaches: Azure shows an event to the VMs of one
+    availability set (in one resource group) or one scale set's placement group, and IMDS
+    does not name the availability set."""
+    lower = (vm.resource_group or "").lower() or None, (vm.scale_set or "").lower() or None
+    return (vm.subscription_id, *lower)
+
+
 @dataclass(frozen=True)
 class EventView:
     event_id: str
@@ -148,16 +161,25 @@ class EventView:
     affected: tuple[str, ...]  # VmIds resolved from Resources
     unresolved: tuple[str, ...] = ()  # names in Resources not resolved to one VM
     possible: tuple[str, ...] = ()  # VmIds an ambiguous name of `unresolved` may be
-    unknown: tuple[str, ...] = ()  # the names of `unresolved` no known VM has
-    reporters: tuple[str, ...] = ()  # VmIds whose current document holds the event
+    unknown: tuple[str, ...] = ()  # the names of `unresolved` no known VM has, still counted
+    # The names of `unresolved` no known VM has that no longer count: past
+    # consumer.unknown_names_for since the event was first seen.
+    lapsed: tuple[str, ...] = ()
+    # Where a name of `unknown` may be: the scopes of the VMs that can see the event (see
+    # bridge.consumer.documents.Names.witnesses); empty: anywhere.
+    scopes: tuple[Scope, ...] = ()
+    reporters: tuple[str, ...] = ()  # VmIds that can see it whose current document holds it
+    resources: tuple[str, ...] = ()  # Resources as the VMs that can see it give them
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
 
     @property
     def counted(self) -> list[str]:
         """What budgets count while the event impacts VMs: its VmIds, the names not resolved
-        to one, and the VMs an ambiguous name may be; sorted."""
-        return sorted({*self.affected, *self.unresolved, *self.possible})
+        to one (but those lapsed), and the VMs an ambiguous name may be; sorted."""
+        lapsed = set(self.lapsed)
+        names = (n for n in self.unresolved if n not in lapsed)
+        return sorted({*self.affected, *names, *self.possible})
 
 
 @dataclass(frozen=True)
@@ -168,6 +190,9 @@ class FleetView:
     # `group_index(kinds, vms)`, made once for many events by a caller that decides a batch:
     # without it each budget check sorts the whole fleet into groups again.
     groups: Mapping[str, Mapping[str, frozenset[str]]] | None = None
+    # EventId (as in `impacted`) -> where the names it counts that no VM of `vms` has may be
+    # (EventView.scopes when it was counted); an event missing here: anywhere.
+    reach: Mapping[str, frozenset[Scope]] = field(default_factory=dict)
 
     def alive(self, vm_id: str, now: datetime) -> bool:
         vm = self.vms.get(vm_id)
@@ -494,31 +519,32 @@ def check_budgets(
 
     A group's size counts its live members (heard from within `fleet.alive_within`) and
     the members some event impacts: a VM deleted yesterday does not make the group larger.
-    An ambiguous name counts as every VM it may be (`event.possible`).
+    An ambiguous name counts as every VM it may be (`event.possible`); a name no VM is known
+    by, in each group that can hold a VM of the scopes it may be in (`can_hold`).
     """
-    others: set[str] = set()
-    for event_id, vms in fleet.impacted.items():
-        if event_id != event.event_id:
-            others |= vms
+    others, strays = _others(fleet, event)
     counted = others | set(event.affected) | set(event.possible)
     unknown = set(event.unknown)
-    elsewhere = {v for v in others if v not in fleet.vms}  # names, or VMs no longer known
     for budget in budgets:
         index = (fleet.groups or {}).get(budget.group)
         if index is None:
             index = group_index((budget.group,), fleet.vms)[budget.group]
-        # Only the event's own groups can be broken by it, and every group by a name no VM
-        # is known by; a group counts its live members and those some event impacts.
-        wanted = None if unknown else _keys(budget.group, fleet, event)
+        # Only the event's own groups can be broken by it, and those that can hold a name
+        # of it no VM is known by; a group counts its live members and those some event
+        # impacts.
+        wanted = _keys(budget.group, fleet, event)
         members: dict[str, set[str]] = {}
         for key, everyone in index.items():
-            if wanted is None or key in wanted:
+            if key in wanted or (unknown and _holds(budget.group, fleet, everyone, event.scopes)):
                 group = {v for v in everyone if v in counted or fleet.alive(v, now)}
                 if group:
                     members[key] = group
         for key, group in members.items():
-            # A name no VM is known by may be a VM of any group: counted in each (worst case).
-            mine = {v for v in (*event.affected, *event.possible) if v in group} | unknown
+            # A name no VM is known by may be a VM of any group its scopes can hold: counted
+            # in each (worst case).
+            mine = {v for v in (*event.affected, *event.possible) if v in group}
+            if unknown and _holds(budget.group, fleet, group, event.scopes):
+                mine |= unknown
             if not mine:
                 continue
             limit = budget.limit(len(group) + (len(unknown) if budget.group == "fleet" else 0))
@@ -530,7 +556,13 @@ def check_budgets(
                 _note(notes, why)
                 return "Hold", why
             # Other events' VMs that no agent has reported are named, not in any group: in
-            # the worst case in this one, as for this event.
+            # the worst case in this one if it can hold them, as for this event.
+            elsewhere = {
+                name
+                for names, scopes in strays
+                if _holds(budget.group, fleet, group, scopes)
+                for name in names
+            }
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
             if len(busy | mine) > limit:
                 why = (
@@ -544,6 +576,46 @@ def check_budgets(
     if not budgets:
         _note(notes, "no budget applies")
     return None
+
+
+def _others(
+    fleet: FleetView, event: EventView
+) -> tuple[set[str], list[tuple[frozenset[str], frozenset[Scope]]]]:
+    """What the other events impact, and per other event the names it counts that no VM is
+    known by, with where they may be."""
+    others: set[str] = set()
+    strays: list[tuple[frozenset[str], frozenset[Scope]]] = []
+    for event_id, vms in fleet.impacted.items():
+        if event_id != event.event_id:
+            others |= vms
+            names = frozenset(v for v in vms if v not in fleet.vms)
+            if names:
+                strays.append((names, fleet.reach.get(event_id, frozenset())))
+    return others, strays
+
+
+def can_hold(kind: str, vm: VmView, scopes: Iterable[Scope]) -> bool:
+    """Whether the group of kind `kind` that `vm` is in can hold a VM of one of `scopes`,
+    whose zone, domains and tags are not known (no scope given: a VM of any scope).
+
+    Every VM of a group but a `fleet` or `tag:NAME` one shares its subscription (the key
+    starts with it, `group_key`); a resource group's also its resource group; a scale set's
+    and a domain's the whole scope (a domain outside scale sets is the resource group's
+    availability-set VMs). Of a zone only the subscription is known. A scope missing its
+    subscription or resource group (a VM whose identity is not known yet) may be anywhere.
+    """
+    given = tuple(scopes)
+    if not given or kind == "fleet" or kind.startswith("tag:"):
+        return True
+    width = {"zone": 1, "resource_group": 2}.get(kind, 3)
+    mine = scope_of(vm)[:width]
+    return any(None in scope[:2] or scope[:width] == mine for scope in given)
+
+
+def _holds(kind: str, fleet: FleetView, group: Iterable[str], scopes: Iterable[Scope]) -> bool:
+    """`can_hold` for a group of VmIds of `fleet.vms` (all of one group: any one tells)."""
+    sample = next((fleet.vms[v] for v in group if v in fleet.vms), None)
+    return sample is None or can_hold(kind, sample, scopes)
 
 
 def budget_use(budgets: tuple[Budget, ...], fleet: FleetView, now: datetime) -> dict[str, float]:

@@ -304,6 +304,9 @@ def check_twins(
         if target is not None and (target in twin_ids) != (event in twin_events):
             report.problems.append(f"the approval of {decision['EventId']} went to {target}, "
                                    "a VM of the other scale set of the same name")  # fmt: skip
+    report.add(f"the approval of {d['EventId']} went to the mole, a VM of another subscription "
+               "that claimed the event"
+               for d in decisions if d.get("TargetVmId") == twins.mole)  # fmt: skip
     said = {str(d["EventId"]).lower() for d in decisions if d.get("DecisionAction") == "Release"}
     report.add(f"the deleted twin's Preempt {e} was never released"
                for e in twins.released() if e.lower() not in said)  # fmt: skip

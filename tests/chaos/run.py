@@ -55,7 +55,7 @@ class Chaos:
     # --- the world -----------------------------------------------------------------------
 
     def world(self, cycle: int) -> None:
-        self.rig.twins.step(cycle)
+        self.rig.twins.step(cycle, self.rig.events())
         if self.rng.random() < 0.45:
             self.new_event()
         if cycle % 6 == 0:

@@ -11,13 +11,19 @@ consumer reads, as agents the simulator does not run would send them:
   slot must be released with a Release Decision. The twin comes back later with a new VmId;
 - clocks that lie: a twin heartbeat dated a year ahead (clamped), one seven hours behind;
 - poison: bodies the consumer must set aside (a VmId that is no GUID, an unpaired surrogate,
-  a date that is none), each marked with a RecordId `check` looks for in the dead letters.
+  a date that is none), each marked with a RecordId `check` looks for in the dead letters;
+- a mole: a standalone VM of another subscription (one compromised VM, or misrouted records)
+  that says in its own name that an event naming `no-such-vm` has started, again every cycle
+  until the chaos is over (the real scale sets must not wait for it), and that claims the
+  real fleet's events as started or gone (which must neither hold nor release their slots,
+  nor carry their approvals). It takes its claims back once the run settles.
 """
 
 from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -29,6 +35,7 @@ from tests.fleetrecords import FleetRecords
 
 TWINS = ("web_0", "web_1")
 RESOURCE_GROUP = "rg-stage"
+MOLE, MOLE_SUBSCRIPTION = "mole", "8d5f9c8e-0000-4000-8000-0000000000b2"
 POISON = (
     {"VmId": "x/../y"},
     {"VmName": "web_\ud800"},
@@ -61,11 +68,18 @@ class Twins:
     future_vm: str | None = None
     made: dict[str, int] = field(default_factory=dict)
     written: set[str] = field(default_factory=set)  # RecordIds: not an agent's, in no jsonl
+    forged: list[str] = field(default_factory=list)  # the mole's own events (no-such-vm)
+    claimed: dict[str, list[str]] = field(default_factory=dict)  # real events: their Resources
 
     def __post_init__(self) -> None:
         self.records = FleetRecords(datetime.now(timezone.utc))
         for name in TWINS:
             self._register(name)
+        self.records.vm(MOLE, resource_group="rg-mole", subscription=MOLE_SUBSCRIPTION)
+
+    @property
+    def mole(self) -> str:
+        return self.records.vm_id(MOLE)
 
     def _register(self, name: str) -> None:
         self.records.vm(name, scale_set="web", resource_group=RESOURCE_GROUP,
@@ -82,9 +96,11 @@ class Twins:
 
     # --- each kill cycle -----------------------------------------------------------------
 
-    def step(self, cycle: int) -> None:
+    def step(self, cycle: int, real: Mapping[str, Mapping[str, Any]]) -> None:
+        """One kill cycle's records; `real`: the simulator's events (rig.events())."""
         self.records.now = datetime.now(timezone.utc)
         out = [self.records.heartbeat(self.handle(name)) for name in self.alive()]
+        out += self._mole(cycle, real)
         reboot = next((e for e in self.events if e.kind == "Reboot" and not e.ended), None)
         if cycle % 10 == 1 and reboot is None and self.alive():
             out += self._new("Reboot", [self.rng.choice(self.alive())])
@@ -167,6 +183,26 @@ class Twins:
         self.made["skewed clocks"] = self.made.get("skewed clocks", 0) + 2
         return [ahead, behind]
 
+    def _mole(self, cycle: int, real: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+        out = [self.records.heartbeat(MOLE)]
+        if cycle % 50 == 3:
+            forged = self.records.origins[MOLE].record_id("mole", cycle)
+            self.forged.append(forged.upper())
+        out += [self._claim(event_id, "Started", ["no-such-vm"]) for event_id in self.forged]
+        open_events = sorted(k for k, e in real.items() if e.get("endedAt") is None)
+        if cycle % 3 == 1 and open_events:
+            event_id = self.rng.choice(open_events)
+            self.claimed[event_id] = list(real[event_id]["resources"])
+            transition = self.rng.choice(("Started", "Completed"))
+            out.append(self._claim(event_id, transition, self.claimed[event_id]))
+            said = f"mole claims {transition}"
+            self.made[said] = self.made.get(said, 0) + 1
+        return out
+
+    def _claim(self, event_id: str, transition: str, resources: list[str]) -> dict[str, Any]:
+        return self.records.event(MOLE, event_id, transition=transition, source="Platform",
+                                  resources=resources)  # fmt: skip
+
     def _poison(self) -> list[dict[str, Any]]:
         out = []
         for damage in POISON:
@@ -194,6 +230,8 @@ class Twins:
         for event in self.events:
             if not event.ended and event.deleted is None:
                 out += self._end(event)
+        out += [self._claim(e, "Completed", ["no-such-vm"]) for e in self.forged]
+        out += [self._claim(e, "Completed", names) for e, names in self.claimed.items()]
         self._write(out)
 
     def released(self) -> list[str]:
@@ -202,4 +240,4 @@ class Twins:
         return [e.event_id for e in self.events if e.deleted is not None or e.left_behind]
 
     def event_ids(self) -> set[str]:
-        return {e.event_id.lower() for e in self.events}
+        return {e.event_id.lower() for e in self.events} | {e.lower() for e in self.forged}

@@ -1,12 +1,15 @@
 """Property: on a messy fleet the real consumer never approves unsafely (issue 14).
 
-A random fleet of two resource groups, each with a scale set `web` (instances web_0, web_1,
-...: the same names in both groups) and availability-set VMs app0, app1 (the same names in
-both too), each VM with a tier tag and a clock that may be right, a little ahead, seven hours
-behind or a year ahead. A random policy (rules with and without VM conditions, budgets over
-scale sets, resource groups, the fleet and the tier tag) and a random sequence of steps:
+A random fleet of three resource groups, rg-a and rg-b of one subscription and rg-a of
+another, each with a scale set `web` (instances web_0, web_1, ...: the same names in every
+group) and availability-set VMs app0, app1 (the same names in each too), each VM with a tier
+tag and a clock that may be right, a little ahead, seven hours behind or a year ahead. A
+random policy (rules with and without VM conditions, budgets over scale sets, resource groups,
+the fleet and the tier tag) and a random sequence of steps:
 heartbeats, new events (reported by every VM of the event's scale set or availability set,
-as Azure sends them), Resources that grow and shrink, platform starts, completions, VMs
+as Azure sends them; some also naming VMs without an agent, `ghost_N`), VMs of other scopes
+that claim an event in their own name (Scheduled, Started or gone: a compromised VM, or a
+misrouted record), Resources that grow and shrink, platform starts, completions, VMs
 deleted and created again under their name (a new VmId), clock advances (healthy agents
 heartbeat and their records arrive on the way), partial deliveries interleaving VMs (each
 VM's own records in order) with replays, poison records, ticks, and Approval records from
@@ -50,10 +53,11 @@ from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView, vm_
 from bridge.records import iso
 from tests.fleetrecords import SUBSCRIPTION, FleetRecords
 
+OTHER = "8d5f9c8e-0000-4000-8000-0000000000b2"  # a second subscription
+
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
-SETTINGS = ConsumerSettings(
-    alive_within=120.0, approval_timeout=30.0, stale_after=3600.0, forget_vms_after=7200.0
-)
+SETTINGS = ConsumerSettings(alive_within=120.0, approval_timeout=30.0, stale_after=3600.0,
+                            forget_vms_after=7200.0, unknown_names_for=900.0)  # fmt: skip
 HEARTBEAT_EVERY = 60.0  # healthy agents, well within alive_within
 SKEWS = (0.0, 0.0, 120.0, -7 * 3600.0, 365 * 86400.0)  # seconds a VM's clock is off
 FAST_TMP = "/dev/shm" if Path("/dev/shm").is_dir() else None
@@ -80,26 +84,27 @@ class Vm:
     scale_set: str | None
     tier: str
     skew: float
+    sub: str = SUBSCRIPTION
     generation: int = 0
     deleted: bool = False
 
     @property
     def handle(self) -> str:
-        return f"{self.rg}/{self.name}#{self.generation}"
+        return f"{self.sub[-2:]}/{self.rg}/{self.name}#{self.generation}"
 
     @property
-    def scope(self) -> tuple[str, str | None]:
-        return (self.rg, self.scale_set)
+    def scope(self) -> tuple[str, str, str | None]:
+        return (self.sub, self.rg, self.scale_set)
 
     def view(self) -> VmView:
-        return VmView(self.handle, self.name, SUBSCRIPTION, self.rg, scale_set=self.scale_set,
+        return VmView(self.handle, self.name, self.sub, self.rg, scale_set=self.scale_set,
                       tags={"tier": self.tier})  # fmt: skip
 
     def group(self, kind: str) -> str | None:
         return {
             "fleet": "fleet",
-            "scale_set": f"{self.rg}/{self.scale_set}" if self.scale_set else None,
-            "resource_group": self.rg,
+            "scale_set": f"{self.sub}/{self.rg}/{self.scale_set}" if self.scale_set else None,
+            "resource_group": f"{self.sub}/{self.rg}",
             "tag:tier": self.tier,
         }[kind]
 
@@ -107,13 +112,13 @@ class Vm:
 @st.composite
 def fleets(draw: st.DrawFn) -> list[Vm]:
     vms = []
-    for rg in ("rg-a", "rg-b"):
-        for n in range(draw(st.integers(1, 3))):
+    for sub, rg in ((SUBSCRIPTION, "rg-a"), (SUBSCRIPTION, "rg-b"), (OTHER, "rg-a")):
+        for n in range(draw(st.integers(1 if sub == SUBSCRIPTION else 0, 3))):
             vms.append(Vm(f"web_{n}", rg, "web", draw(st.sampled_from(("web", "db"))),
-                          draw(st.sampled_from(SKEWS))))  # fmt: skip
+                          draw(st.sampled_from(SKEWS)), sub))  # fmt: skip
         for n in range(draw(st.integers(0, 2))):
             vms.append(Vm(f"app{n}", rg, None, draw(st.sampled_from(("web", "db"))),
-                          draw(st.sampled_from(SKEWS))))  # fmt: skip
+                          draw(st.sampled_from(SKEWS)), sub))  # fmt: skip
     return vms
 
 
@@ -125,7 +130,11 @@ def policies(draw: st.DrawFn) -> Policy:
     return Policy(rules=(*(RULES[n] for n in names), rest), budgets=tuple(budgets))
 
 
-NEW_EVENT = st.tuples(st.just("event"), st.integers(0, 9), st.integers(1, 7), st.booleans())
+# Which scope, which of its names (bits), from a user or not, and how many ghost names.
+NEW_EVENT = st.tuples(st.just("event"), st.integers(0, 9), st.integers(1, 7), st.booleans(),
+                      st.sampled_from((0, 0, 0, 1, 2)))  # fmt: skip
+FORGE = st.tuples(st.just("forge"), st.integers(0, 9), st.integers(0, 9),
+                  st.sampled_from(("Scheduled", "Started", "Completed")))  # fmt: skip
 DELIVER = st.tuples(st.just("deliver"), st.integers(1, 12), st.integers(0, 2**16), st.booleans())
 # New events, deliveries and answers weigh more: budgets are tested by events that overlap.
 STEPS = st.one_of(
@@ -146,13 +155,15 @@ STEPS = st.one_of(
     st.tuples(st.just("tick")),
     st.tuples(st.just("answer")),
     st.tuples(st.just("poison"), st.integers(0, 3)),
+    FORGE,
+    FORGE,
 )
 
 
 @dataclass
 class EventModel:
     event_id: str
-    scope: tuple[str, str | None]
+    scope: tuple[str, str, str | None]
     names: set[str]
     user: bool
     not_before: datetime
@@ -163,6 +174,9 @@ class EventModel:
     sent: list[Command] = field(default_factory=list)
     answered: set[str] = field(default_factory=set)
     reporters: set[str] = field(default_factory=set)  # handles that reported it
+    # A VM of another scope that has a VM of one of its names said it started: which scope
+    # is the event's is ambiguous, and the consumer takes it as started (fail closed).
+    started_elsewhere: bool = False
 
 
 class World:
@@ -187,15 +201,19 @@ class World:
 
     def _register(self, vm: Vm) -> None:
         self.records.vm(vm.name, scale_set=vm.scale_set, resource_group=vm.rg,
-                        tags={"tier": vm.tier}, handle=vm.handle)  # fmt: skip
+                        tags={"tier": vm.tier}, handle=vm.handle, subscription=vm.sub)  # fmt: skip
 
     # --- the command channel: every command is checked as it is sent -----------------------
 
     def send(self, command: Command, time_to_live: float) -> None:
         event = self.events[command.event_id]
         try:
-            self.check_rule(event, command)
-            self.check_budgets(event)
+            # A VM of another scope cannot approve the event (its IMDS does not have it): its
+            # agent refuses the command (`answer`).
+            target = self.target(command)
+            if target is not None and target.scope == event.scope:
+                self.check_rule(event, command)
+                self.check_budgets(event)
         except AssertionError as err:
             # Kept here too: the consumer isolates a failing decision (as it must), so an
             # exception raised from a send would only become an "(error)" Decision record.
@@ -207,6 +225,12 @@ class World:
         pass
 
     # --- truth ------------------------------------------------------------------------------
+
+    def target(self, command: Command) -> Vm | None:
+        """The VM the command went to, None if deleted and created again since."""
+        return next((vm for vm in self.vms
+                     if self.records.origins[vm.handle].identity.vm_id == command.vm_id),
+                    None)  # fmt: skip
 
     def live(self) -> list[Vm]:
         return [vm for vm in self.vms if not vm.deleted]
@@ -225,6 +249,10 @@ class World:
 
     def check_rule(self, event: EventModel, command: Command) -> None:
         rule = next(r for r in self.policy.rules if r.name == command.rule)
+        source = "user" if event.user else "platform"
+        assert not rule.match.event_sources or source in rule.match.event_sources, (
+            f"rule {rule.name} approved {event.event_id}, a {source} event"
+        )
         if rule.match.about_vms:
             for vm in self.true_vms(event):
                 assert vm_matches(rule.match, vm.view()), (
@@ -261,17 +289,21 @@ class World:
         self.beat[vm.handle] = self.now
 
     def event_record(self, event: EventModel, transition: str) -> None:
-        self.records.now = self.now
         for vm in self.live():
-            if vm.scope != event.scope:
-                continue
-            event.reporters.add(vm.handle)
-            record = self.records.event(
-                vm.handle, event.event_id, transition=transition,
-                source="User" if event.user else "Platform", resources=sorted(event.names),
-                not_before=event.not_before,
-            )  # fmt: skip
-            self.emit(vm, record)
+            if vm.scope == event.scope:
+                event.reporters.add(vm.handle)
+                self.claim(vm, event, transition)
+
+    def claim(self, vm: Vm, event: EventModel, transition: str, *, forged: bool = False) -> None:
+        """`vm` reports `event` in its own name; `forged`: a VM of another scope, which says
+        the event is of the other source."""
+        self.records.now = self.now
+        record = self.records.event(
+            vm.handle, event.event_id, transition=transition,
+            source="User" if event.user != forged else "Platform", resources=sorted(event.names),
+            not_before=event.not_before,
+        )  # fmt: skip
+        self.emit(vm, record)
 
     def deliver(self, count: int, seed: int, replay: bool) -> None:
         chooser = random.Random(seed)
@@ -302,8 +334,8 @@ class World:
                       if o.identity.vm_id == record["VmId"])  # fmt: skip
         self.heard[handle] = self.now
         event = self.events.get(str(record.get("EventId")))
-        if event is None or record["RecordType"] != "Event":
-            return
+        if event is None or record["RecordType"] != "Event" or handle not in event.reporters:
+            return  # what a VM of another scope says of the event is not the truth
         if record["EventStatus"] == "Started":
             event.started_delivered = True
         if record["EventStatus"] is None:
@@ -322,14 +354,13 @@ class World:
     def answer(self) -> None:
         for event in self.events.values():
             for command in event.sent:
-                target = next((vm for vm in self.live()
-                               if self.records.origins[vm.handle].identity.vm_id == command.vm_id),
-                              None)  # fmt: skip
-                if command.command_id in event.answered or target is None:
+                target = self.target(command)
+                if command.command_id in event.answered or target is None or target.deleted:
                     continue
                 event.answered.add(command.command_id)
                 same = command.resources_digest == resources_digest(event.names)
                 ok = same and not event.started and not event.completed
+                ok = ok and target.scope == event.scope
                 self.records.now = self.now
                 self.emit(target, self.records.approval(command, "Approved" if ok else "Refused"))
                 if ok:
@@ -367,6 +398,7 @@ def run_step(world: World, step: tuple[Any, ...]) -> None:  # noqa: PLR0912 - a 
         scope = scopes[args[0] % len(scopes)]
         names = sorted({vm.name for vm in world.live() if vm.scope == scope})
         chosen = {n for i, n in enumerate(names) if args[1] >> i & 1} or {names[0]}
+        chosen |= {f"ghost_{n}" for n in range(args[3])}  # VMs of the set without an agent
         event_id = f"00000000-0000-4000-8000-{len(world.events):012d}"
         nb = world.now + timedelta(minutes=15)
         world.events[event_id] = EventModel(event_id, scope, chosen, args[2], nb)
@@ -405,13 +437,20 @@ def run_step(world: World, step: tuple[Any, ...]) -> None:  # noqa: PLR0912 - a 
         world.answer()
     elif kind == "poison":
         world.poison(args[0])
+    elif kind == "forge" and events:
+        vm, event = vms[args[0] % len(vms)], events[args[1] % len(events)]
+        if not vm.deleted and vm.scope != event.scope:
+            world.claim(vm, event, args[2], forged=True)
+            same = any(v.scope == vm.scope and v.name in event.names for v in world.vms)
+            event.started_elsewhere |= same and args[2] == "Started"
 
 
 def finish(world: World) -> None:
     world.advance(HEARTBEAT_EVERY)
     for event in world.events.values():
         known = any(d["EventId"] == event.event_id for d in world.decisions)
-        scheduled = not event.started and not event.completed and world.true_vms(event)
+        scheduled = not (event.started or event.completed or event.started_elsewhere)
+        scheduled = scheduled and bool(world.true_vms(event))
         if scheduled and any(h in world.heard for h in event.reporters):
             assert known, f"event {event.event_id} was never decided: another one blocked it?"
     for event in world.events.values():

@@ -343,3 +343,136 @@ def test_on_a_queried_store_the_hourly_sweep_reads_the_vms_it_keeps_not_all_of_t
     assert set(rig.consumer.fleet.load()) == {rig.fleet.vm_id("web_1")}
     assert ours.vm_scans == 0
     ours.close()
+
+
+# --- 7. an unknown name counts where it can be; only VMs that can see an event release it ---
+
+OTHER = "8d5f9c8e-0000-4000-8000-0000000000b2"  # a second subscription
+SETS_AND_GROUPS = (Budget("one-per-set", "scale_set", max_vms=1),
+                   Budget("one-per-group", "resource_group", max_vms=1))  # fmt: skip
+
+
+def _two_subscriptions(rig: Rig) -> list[dict[str, Any]]:
+    """Scale set web (web_0, web_1) in the first subscription, api (api_0, api_1) in the other."""
+    for n in (0, 1):
+        rig.fleet.vm(f"web_{n}", scale_set="web")
+        rig.fleet.vm(f"api_{n}", scale_set="api", subscription=OTHER)
+    return [rig.fleet.heartbeat(f"{s}_{n}") for s in ("web", "api") for n in (0, 1)]
+
+
+def test_one_forged_started_record_naming_no_such_vm_freezes_no_other_subscription(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    rig.consumer.process(_two_subscriptions(rig))
+    # One compromised VM of web, in its own name, says an event of no-such-vm has started.
+    forged = rig.fleet.event("web_0", E1, transition="Started", source="Platform",
+                             resources=["no-such-vm"])  # fmt: skip
+    rig.consumer.process([forged])
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event("api_0", E2), rig.fleet.event("web_1", E3)])
+    # no-such-vm can only be a VM of web's scope: the other subscription's api is approved,
+    # web's own next VM waits (no-such-vm may be one of web's instances without an agent).
+    assert [c.event_id for c in rig.sender.sent] == [E2]
+    assert {d["EventId"]: d["DecisionAction"] for d in rig.decisions} == {
+        E2: "Approve", E3: "Defer"
+    }  # fmt: skip
+
+
+def test_a_started_event_of_a_partly_onboarded_availability_set_holds_only_its_own_groups(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    batch = _two_subscriptions(rig)
+    # An availability set in rg-legacy: avs_0 runs an agent, avs_1 not yet.
+    rig.fleet.vm("avs_0", resource_group="rg-legacy")
+    rig.fleet.vm("avs_2", resource_group="rg-legacy")
+    batch += [rig.fleet.heartbeat("avs_0"), rig.fleet.heartbeat("avs_2")]
+    rig.consumer.process(batch)
+    started = rig.fleet.event("avs_0", E1, transition="Started", source="Platform",
+                              resources=["avs_1"])  # fmt: skip
+    rig.consumer.process([started])
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event("api_0", E2), rig.fleet.event("avs_2", E3),
+                          rig.fleet.event("web_0", E4)])  # fmt: skip
+    # avs_1 is a VM of rg-legacy: that group is full; web and api are not touched.
+    assert sorted(c.event_id for c in rig.sender.sent) == sorted([E2, E4])
+    assert [d["DecisionAction"] for d in rig.decisions if d["EventId"] == E3] == ["Defer"]
+
+
+def test_a_record_that_keeps_repeating_an_unknown_name_holds_its_slot_for_an_hour_at_most(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    rig.consumer.process(_two_subscriptions(rig))
+    later = rig.fleet.now + timedelta(hours=3)
+
+    def forged() -> dict[str, Any]:
+        return rig.fleet.event("web_0", E1, transition="Started", source="Platform",
+                               resources=["no-such-vm"])  # fmt: skip
+
+    rig.consumer.process([forged()])
+    rig.consumer.process([rig.fleet.event("web_1", E3, not_before=later)])
+    assert rig.sender.sent == []
+    for _ in range(61):  # the forged record again every minute, the set's VMs alive
+        rig.fleet.advance(60)
+        beats = [rig.fleet.heartbeat(f"web_{n}") for n in (0, 1)]
+        rig.consumer.process([*beats, forged()])
+        rig.consumer.tick()
+    assert [c.event_id for c in rig.sender.sent] == [E3]
+    [released] = [d for d in rig.decisions if d["DecisionAction"] == "Release"]
+    assert released["EventId"] == E1
+    assert released["DecisionRule"] == "(released)"
+    assert "no-such-vm" in released["DecisionReason"]
+    assert_valid(released)
+
+
+def test_a_vm_of_another_subscription_reporting_an_event_gone_releases_no_slot(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    rig.consumer.process(_two_subscriptions(rig))
+    rig.consumer.process([rig.fleet.event("web_0", E1, event_type="Redeploy")])
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    rig.consumer.process([rig.fleet.approval(rig.sender.sent[0])])
+    rig.fleet.advance(5)  # web_0 goes down for its redeploy, and is silent for a while
+    rig.consumer.process([rig.fleet.event("web_0", E1, transition="Started")])
+    rig.fleet.advance(5)
+    # api_0, in the other subscription, says in its own name that web_0's event is gone.
+    rig.consumer.process([rig.fleet.event("api_0", E1, transition="Completed",
+                                          resources=["web_0"])])  # fmt: skip
+    for _ in range(13):
+        rig.fleet.advance(60)
+        rig.consumer.process([rig.fleet.heartbeat(n) for n in ("web_1", "api_0", "api_1")])
+        rig.consumer.tick()
+    rig.consumer.process([rig.fleet.event("web_1", E2)])
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    assert [d["DecisionAction"] for d in rig.decisions if d["DecisionAction"] == "Release"] == []
+
+
+def test_a_started_claim_of_another_subscription_read_first_does_not_keep_an_event_unapproved(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    rig.consumer.process(_two_subscriptions(rig))
+    # api_0's claim that web_0's reboot has started is read before web_0's own report.
+    claim = rig.fleet.event("api_0", E1, transition="Started", resources=["web_0"])
+    rig.consumer.process([claim])
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event("web_0", E1)])
+    rig.consumer.tick()
+    assert [c.event_id for c in rig.sender.sent] == [E1]
+    assert rig.sender.sent[0].vm_id == rig.fleet.vm_id("web_0")
+
+
+def test_a_vm_of_another_subscription_cannot_rewrite_an_event_it_claims(tmp_path: Path) -> None:
+    users_only = Policy(rules=DEFAULT_POLICY.rules, budgets=SETS_AND_GROUPS)
+    rig = Rig(tmp_path / "fleet.db", users_only)
+    rig.consumer.process(_two_subscriptions(rig))
+    rig.consumer.process([rig.fleet.event("web_0", E1, source="Platform")])
+    rig.fleet.advance(1)
+    # api_0's newer record says the platform's reboot of web_0 is a user's reboot of api_1.
+    rig.consumer.process([rig.fleet.event("api_0", E1, source="User", resources=["api_1"])])
+    rig.consumer.tick()
+    assert rig.sender.sent == []
+    assert rig.actions() == [("Hold", "everything-else")]

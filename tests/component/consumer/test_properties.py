@@ -785,12 +785,12 @@ def test_a_vm_named_before_its_agent_reported_counts_in_its_group_once_known(
 ) -> None:
     pair = Pair(tmp_path / "fleet.db", Budget("one-web", "scale_set", max_vms=1))
     fleet = pair.records
-    fleet.vm("db_0", scale_set="db")
-    for name in ("web_0", "web_1"):
+    for name in ("web_0", "web_1", "web_2"):
         fleet.vm(name, scale_set="web")
-    # A neighbour reports the start of an event on web_0 before web_0's agent is heard from.
-    started = fleet.event("db_0", E1, transition="Started", source="Platform", resources=["web_0"])
-    pair.consumers[0].process([fleet.heartbeat("db_0"), started])
+    # A neighbour in the scale set (Azure shows the event to its placement group) reports the
+    # start of an event on web_0 before web_0's agent is heard from.
+    started = fleet.event("web_2", E1, transition="Started", source="Platform", resources=["web_0"])
+    pair.consumers[0].process([fleet.heartbeat("web_2"), started])
     fleet.advance(1)
     pair.consumers[0].process([fleet.heartbeat("web_0"), fleet.heartbeat("web_1")])
     pair.consumers[0].process([fleet.event("web_1", E2)])

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from bridge.consumer import documents as fs
+from bridge.policy.model import VmView
 
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
+NOW = datetime(2026, 11, 21, 10, 1, tzinfo=timezone.utc)
 
 
 def event(status: str | None, at: str, *, vm_id: str | None, host: str = "web-0") -> dict[str, Any]:
@@ -64,3 +67,24 @@ def test_a_vm_document_changes_only_for_a_newer_record_and_says_so() -> None:
     assert fs.merge_vm(value, heartbeat("2026-11-21T10:00:12Z", PlatformFaultDomain="2"))
     assert "stopped" not in value  # back after a stop
     assert "fault_domain" not in value  # a field of the wrong type is taken as absent
+
+
+def test_two_scopes_that_each_have_the_vm_and_tell_the_event_otherwise_fail_closed() -> None:
+    def vm(vm_id: str, group: str) -> VmView:
+        return VmView(vm_id, "web_0", "sub", group, scale_set="web", last_seen=NOW)
+
+    def told(vm: VmView, source: str, due: str) -> dict[str, Any]:
+        record = event("Scheduled", "2026-11-21T10:00:00Z", vm_id=vm.vm_id)
+        record.update(SubscriptionId="sub", ResourceGroup=vm.resource_group,
+                      VmScaleSetName="web", Resources=["web_0"], EventSource=source,
+                      NotBefore=due)  # fmt: skip
+        return record
+
+    vms = {"prod": vm("prod", "rg-prod"), "stage": vm("stage", "rg-stage")}
+    value = fold(told(vms["prod"], "Platform", "2026-11-21T10:15:00Z"),
+                 told(vms["stage"], "User", "2026-11-21T10:05:00Z"))  # fmt: skip
+    view = fs.event_view(value, vms, fs.Names.of(vms.values()), (), NOW)
+    assert (view.event_type, view.event_source) == ("Reboot", None)  # they agree on the type only
+    assert view.not_before == datetime(2026, 11, 21, 10, 5, tzinfo=timezone.utc)
+    assert view.possible == ("prod", "stage")
+    assert set(view.reporters) == {"prod", "stage"}

@@ -20,8 +20,10 @@ from bridge.policy.model import (
     Policy,
     Range,
     Rule,
+    Scope,
     VmView,
     Window,
+    can_hold,
     evaluate,
 )
 
@@ -259,6 +261,9 @@ FD0 = fleet(vm(0, scale_set="web", fault_domain=0), vm(1, scale_set="api", fault
             vm(2, fault_domain=0), vm(3, fault_domain=0, resource_group="rg2"),
             vm(4, fault_domain=0))  # fmt: skip
 FLEET_ONE = budgeted(Budget("one", "fleet", max_vms=1))
+# WEB in a subscription: where a name no VM is known by may be is the reporters' scope.
+WEB_S = fleet(*(replace(v, subscription_id="s") for v in WEB.vms.values()))
+WEB_SCOPE, API_SCOPE = ("s", "rg", "web"), ("s", "rg", "api")
 
 
 def busy(**events: tuple[str, ...]) -> dict[str, frozenset[str]]:
@@ -314,6 +319,20 @@ BUDGET_CASES = [
     Case("another event's unknown name is busy in every group", PER_SET,
          replace(WEB, impacted=busy(e2=("ghost",))), event("id4"), "Defer", "approve-all",
          reason="api has 1 of 1"),
+    Case("an unknown name counts only where its reporters' scope can hold it", PER_SET, WEB_S,
+         event("id4", unresolved=("ghost",), unknown=("ghost",), scopes=(WEB_SCOPE,)),
+         "Approve", "approve-all", "id4"),
+    Case("an unknown name of a set's own scope is one more of the set", PER_SET, WEB_S,
+         event("id4", unresolved=("ghost",), unknown=("ghost",), scopes=(API_SCOPE,)),
+         "Hold", "approve-all"),
+    Case("another event's unknown name is busy only where its scopes reach", PER_SET,
+         replace(WEB_S, impacted=busy(e2=("ghost",)), reach={"e2": frozenset({WEB_SCOPE})}),
+         event("id4"), "Approve", "approve-all", "id4"),
+    Case("another event's unknown name is busy in its scopes' groups", PER_SET,
+         replace(WEB_S, impacted=busy(e2=("ghost",)), reach={"e2": frozenset({WEB_SCOPE})}),
+         event("id0"), "Defer", "approve-all", reason="web has 1 of 4"),
+    Case("a lapsed name counts no more", PER_SET, WEB,
+         event("id4", unresolved=("ghost",), lapsed=("ghost",)), "Approve", "approve-all", "id4"),
     Case("an ambiguous name counts as each VM it may be", PER_SET,
          replace(WEB, impacted=busy(e2=("id1",))),
          event("id4", unresolved=("web_0",), possible=("id0",)), "Defer", "approve-all",
@@ -409,3 +428,39 @@ def test_a_group_of_the_same_name_in_another_subscription_is_another_group(
     assert verdict.kind == "Defer"
     # The other subscription's group of the same name still has its slot.
     assert evaluate(policy, busy, event("id5"), NOW).kind == "Approve"
+
+
+AVAILABILITY_SET = ("s", "rg", None)
+
+
+@pytest.mark.parametrize(
+    ("kind", "member", "scope", "holds"),
+    [
+        ("fleet", vm(0, subscription_id="t"), AVAILABILITY_SET, True),
+        ("tag:tier", vm(0, subscription_id="t"), AVAILABILITY_SET, True),
+        ("zone", vm(0, subscription_id="s", resource_group="rg2", zone="1"), AVAILABILITY_SET,
+         True),
+        ("zone", vm(0, subscription_id="t", zone="1"), AVAILABILITY_SET, False),
+        ("resource_group", vm(0, subscription_id="s", scale_set="web"), AVAILABILITY_SET, True),
+        ("resource_group", vm(0, subscription_id="s", resource_group="RG2"), AVAILABILITY_SET,
+         False),
+        ("resource_group", vm(0, subscription_id="t"), AVAILABILITY_SET, False),
+        ("scale_set", vm(0, subscription_id="s", scale_set="Web"), ("s", "rg", "web"), True),
+        ("scale_set", vm(0, subscription_id="s", scale_set="web"), AVAILABILITY_SET, False),
+        ("scale_set", vm(0, subscription_id="s", scale_set="api"), ("s", "rg", "web"), False),
+        ("fault_domain", vm(0, subscription_id="s", fault_domain=0), AVAILABILITY_SET, True),
+        ("fault_domain", vm(0, subscription_id="s", scale_set="web", fault_domain=0),
+         AVAILABILITY_SET, False),
+        ("update_domain", vm(0, subscription_id="s", scale_set="web", update_domain=1),
+         ("s", "rg", "web"), True),
+        ("update_domain", vm(0, subscription_id="t", scale_set="web", update_domain=1),
+         ("s", "rg", "web"), False),
+        # A reporter whose identity is not known yet: the name may be anywhere.
+        ("scale_set", vm(0, subscription_id="t", scale_set="web"), (None, None, None), True),
+    ],
+)  # fmt: skip
+def test_a_group_holds_a_name_no_vm_is_known_by_only_from_the_scopes_it_can_be_in(
+    kind: str, member: VmView, scope: Scope, holds: bool
+) -> None:
+    assert can_hold(kind, member, [scope]) is holds
+    assert can_hold(kind, member, []) is True  # no reporter known: anywhere

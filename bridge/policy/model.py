@@ -128,6 +128,9 @@ class VmView:
     update_domain: int | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
     last_seen: datetime | None = None
+    # The partition its records come on (bridge.consumer.reading): its silence is measured
+    # against how far that partition has been read. None: read from no partition.
+    partition: str | None = None
 
 
 @dataclass(frozen=True)

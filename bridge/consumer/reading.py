@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import TypedDict
 
 from bridge.consumer.state import Store, update
@@ -114,10 +114,13 @@ class ReadMarks:
 
     def note(self, position: Position) -> None:
         """The records of `position` up to its `caught_up` are folded into the state."""
-        if position.caught_up is None:
+        caught_up = position.caught_up
+        if caught_up is None:
             return
+        if caught_up.tzinfo is None:  # a source's naive time is UTC (enqueued times are)
+            caught_up = caught_up.replace(tzinfo=timezone.utc)
         partition = position.partition
-        mark = max(position.caught_up, self._mine.get(partition, position.caught_up))
+        mark = max(caught_up, self._mine.get(partition, caught_up))
         self._mine[partition] = mark
         written = self._written.get(partition)
         if written is None or mark - written >= MARK_EVERY:

@@ -15,7 +15,7 @@ import pytest
 from bridge.commands.message import approve
 from bridge.localhub import PARTITIONS, LocalHub
 from tests.azurite import Azurite
-from tests.benchmarks.loadgen import waves
+from tests.benchmarks.loadgen import lagging, waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import Approval, BudgetCheck, wrong_approvals
 from tests.benchmarks.loadgen.play import BROKER_HUB, BrokerWriter, Run, RunConfig, RunResult
@@ -293,3 +293,25 @@ def test_an_approval_no_rule_allows_is_found() -> None:
     ])  # fmt: skip
     assert len(found) == 3, found
     assert "first rule that matches it is everything-else" in found[0]
+
+
+def test_a_consumer_held_back_on_one_partition_releases_no_slot_a_caught_up_one_keeps(
+    tmp_path: Path,
+) -> None:
+    # Issue 27, item 5: partition 0 is held back past alive_within from the first start of
+    # the scale-in wave (reboots, Terminates, agents falling silent).
+    fleet = build(300, 1)
+    plan = waves.plan("scale-in", fleet, 1)
+    start = lagging.LEAD_IN + lagging.first_start(plan)
+    result = lagging.run(fleet, plan, tmp_path, partition=0, hold=(start, start + 1260))
+    print("\n".join(result.lines()))
+    caught, held, before = (lagging.CAUGHT_UP, lagging.HELD, lagging.TODAY)
+    assert result.held_records > 0
+    assert result.unfounded[caught] == result.unfounded[held] == []
+    assert result.kept[held] == []
+    # Once caught up it releases what the caught-up consumer released: the slots of VMs
+    # deleted or silenced, on the held partition too.
+    assert result.releases[held] == result.releases[caught] > 0
+    # The checks find what the rule on the consumer's clock alone did (before issue 27).
+    assert result.unfounded[before]
+    assert result.kept[before]

@@ -292,7 +292,7 @@ class _OnBatch:
                       describe(err))  # fmt: skip
             return None
         last = answer.get("last_enqueued_sequence_number")
-        if answer.get("is_partition_empty") or (
+        if answer.get("is_empty") or (
             handled is not None and isinstance(last, int) and last <= handled
         ):
             return asked

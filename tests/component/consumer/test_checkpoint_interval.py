@@ -154,7 +154,7 @@ class Partition:
 
     def __call__(self, partition_id: str) -> Mapping[str, Any]:
         self.asked += 1
-        return {"last_enqueued_sequence_number": self.last, "is_partition_empty": self.last < 0}
+        return {"last_enqueued_sequence_number": self.last, "is_empty": self.last < 0}
 
 
 def test_a_batch_is_read_up_to_its_newest_event_and_an_idle_partition_to_its_end(

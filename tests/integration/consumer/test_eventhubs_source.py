@@ -188,6 +188,15 @@ def test_each_partition_is_said_read_to_its_end_once_its_last_event_is_handled(
         assert newest[position.partition] - timedelta(minutes=1) < position.caught_up < now
 
 
+def test_an_empty_partition_is_read_to_its_end(config: Config, broker: EventHubsBroker) -> None:
+    sent = send(config, range(1, 4), vms=1)
+    busy = broker.events()[0].partition
+    empty = {f"{namespace(broker)}/{HUB}/{p}" for p in broker.partition_ids if p != busy}
+    with Consumer(config) as consumer:
+        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
+        wait_for(lambda: empty <= {p.partition for p in consumer.positions if p.caught_up})
+
+
 def test_a_second_run_resumes_after_the_checkpoints(
     config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
 ) -> None:

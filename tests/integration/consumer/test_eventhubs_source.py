@@ -197,6 +197,28 @@ def test_an_empty_partition_is_read_to_its_end(config: Config, broker: EventHubs
         wait_for(lambda: empty <= {p.partition for p in consumer.positions if p.caught_up})
 
 
+def test_a_partition_held_back_is_read_only_up_to_what_was_handled(
+    config: Config, broker: EventHubsBroker
+) -> None:
+    # Its receiver gets nothing (a link that is stuck or slow): the consumer keeps asking the
+    # idle partition for its last event, which it has not handled: no mark past what it read.
+    first = send(config, range(1, 3), vms=1)
+    partition = broker.events()[0].partition
+    name = f"{namespace(broker)}/{HUB}/{partition}"
+    with Consumer(config) as consumer:
+        wait_for(lambda: sorted(consumer.ids) == sorted(first))
+        broker.hold(partition)
+        later = send(config, range(3, 5), vms=1)
+        held_at, asked = datetime.now(timezone.utc), broker.partition_reads[partition]
+        wait_for(lambda: broker.partition_reads[partition] >= asked + 2)  # asked while held
+        ours = [p.caught_up for p in consumer.positions if p.partition == name and p.caught_up]
+        assert max(ours) < held_at  # nothing vouched for past the hold
+        broker.release(partition)
+        wait_for(lambda: sorted(consumer.ids) == sorted(first + later))
+        wait_for(lambda: any(p.partition == name and p.caught_up and p.caught_up > held_at
+                             for p in consumer.positions))  # fmt: skip
+
+
 def test_a_second_run_resumes_after_the_checkpoints(
     config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
 ) -> None:

@@ -211,7 +211,7 @@ def _unfounded(twin: Twin, events: dict[str, waves.SimEvent],
         event = events[key]
         since = LEAD_IN + event.appear
         for index in event.vms:
-            if not _silent_for(heard[index], since, at, ALIVE_WITHIN):
+            if not silent_for(heard[index], since, at, ALIVE_WITHIN):
                 found.append(f"{event.event_type} {key} released at fleet second {at:,.0f}: "
                              f"VM {index} was never silent for {ALIVE_WITHIN:g} s since "
                              f"fleet second {since:,.0f}")  # fmt: skip
@@ -219,7 +219,7 @@ def _unfounded(twin: Twin, events: dict[str, waves.SimEvent],
     return found
 
 
-def _silent_for(times: list[float], since: float, until: float, span: float) -> bool:
+def silent_for(times: list[float], since: float, until: float, span: float) -> bool:
     """Whether a VM whose records went out at `times` (sorted) sent none for `span` seconds
     at some point between `since` and `until`."""
     start = bisect.bisect_left(times, since)

@@ -8,9 +8,11 @@ partitions, served over AMQP by tests/doubles/eventhubs_broker.py in this proces
 records go in through the real azure-eventhub producer, each with its VM's partition key as
 an agent's sink sends it, and the consumers read them with their Event Hubs source, sharing
 the partitions through ownership blobs and writing checkpoints to a blob container in
-Azurite: the path a deployment runs. Either way the processes share one fleet state and one
-local command directory, as consumers share Table Storage and the queues, and each writes
-its Decision records to its own JSONL sink. The fleet state is a SQLite file
+Azurite: the path a deployment runs; a partition can be held back from the consumers for a
+while (`hold`: the broker delivers nothing of it), as from a consumer that fell behind on it.
+Either way the processes share one fleet state and one local command directory, as consumers
+share Table Storage and the queues, and each writes its Decision records to its own JSONL
+sink. The fleet state is a SQLite file
 (`state="sqlite"`) or a table in Azurite (`state="tables"`), the emulator the test suite
 runs: one node process on this machine, in memory, started for the run.
 

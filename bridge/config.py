@@ -334,7 +334,8 @@ class ConsumerSettings:
     alive_within: float = _setting(
         660.0,
         "Seconds: a VM heard from within this (on the consumer's clock) is alive: it may carry "
-        "an approval and it counts in its groups' sizes.",
+        "an approval and it counts in its groups' sizes. One silent longer, in what the "
+        "consumer has read of its partition, may have its event's budget slot released.",
         low=10,
         high=86400,
     )

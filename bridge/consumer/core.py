@@ -34,6 +34,7 @@ from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState, ledger_scopes
+from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.state import (
     ChangeFeed,
     Conflict,
@@ -106,6 +107,7 @@ class Consumer:
         self.dispatch = Dispatch(sender, emit, policy, host_name, mode=settings.mode)
         self.fleet = FleetCache(store, now=now)
         self.events = EventIndex(store, now=now)
+        self.marks = ReadMarks(store, now=now, host_name=host_name)
         if isinstance(store, DeferredSync):
             # What a batch merges is replayed from Event Hubs if lost, as long as it is on
             # disk before `process` returns (then the batch may be checkpointed): flushed
@@ -114,13 +116,24 @@ class Consumer:
 
     # --- batches ---------------------------------------------------------------------------
 
-    def process(self, records: Sequence[Mapping[str, Any]]) -> None:
-        """Fold a batch into the fleet state and decide about every event it touched."""
-        with self._lock:
-            self._process(records)
+    def process(
+        self, records: Sequence[Mapping[str, Any]], position: Position | None = None
+    ) -> None:
+        """Fold a batch into the fleet state and decide about every event it touched.
 
-    def _process(self, records: Sequence[Mapping[str, Any]]) -> None:
-        fresh, stored = self._fold(records)
+        `position`: where the batch was read and how far its partition has been read
+        (bridge.consumer.reading); the records may be none, to say only that. None from a
+        caller that reads no partition.
+        """
+        with self._lock:
+            self._process(records, position)
+
+    def _process(
+        self, records: Sequence[Mapping[str, Any]], position: Position | None = None
+    ) -> None:
+        fresh, stored = self._fold(records, position)
+        if position is not None:
+            self.marks.note(position)  # after the fold: the mark vouches for what is stored
         touched = set(stored) | self.ledger.note_approvals(fresh)
         if touched:
             self._decide(sorted(touched), stored, look=not self._costly_looks)
@@ -135,13 +148,15 @@ class Consumer:
             self._remember(fresh)
 
     def _fold(
-        self, records: Sequence[Mapping[str, Any]]
+        self, records: Sequence[Mapping[str, Any]], position: Position | None = None
     ) -> tuple[list[Mapping[str, Any]], dict[str, Doc | None]]:
         """The records not seen before, and the event documents they changed, as stored."""
         now = self._now()
         fresh = [self._on_our_clock(r, now) for r in records if self._first_sight(r)]
+        if not fresh:
+            return fresh, {}
         heard = iso(now)
-        self.fleet.update(_vm_mutations(fresh, heard))
+        self.fleet.update(_vm_mutations(fresh, heard, position.partition if position else None))
         return fresh, update_many(self.store, fs.EVENT, _event_mutations(fresh, heard))
 
     @property
@@ -587,7 +602,8 @@ class Consumer:
         """
         if now < self._started + self._alive_within:
             return None
-        fleet = FleetView(vms, {}, self._alive_within)
+        # Silent only as far as the partitions carrying the VMs were read (reading.py).
+        fleet = self.marks.vouched(FleetView(vms, {}, self._alive_within))
         reports = value.get("reporters", {})
         if any(fleet.alive(v, now) for v in view.reporters):
             return None
@@ -1001,12 +1017,18 @@ def _name_index(vms: Mapping[str, VmView]) -> NameIndex:
     return names, ids
 
 
-def _vm_mutations(records: Sequence[Mapping[str, Any]], heard: str) -> dict[str, Mutation]:
+def _vm_mutations(
+    records: Sequence[Mapping[str, Any]], heard: str, partition: str | None
+) -> dict[str, Mutation]:
     by_vm: dict[str, list[Mapping[str, Any]]] = {}
     for record in records:
         if isinstance(record.get("VmId"), str) and record.get("RecordType") != "Decision":
             by_vm.setdefault(record["VmId"], []).append(record)
-    return {vm_id: _folder(fs.merge_vm, mine, heard) for vm_id, mine in by_vm.items()}
+
+    def merge(value: fs.VmDocument, record: Mapping[str, Any], heard: str) -> bool:
+        return fs.merge_vm(value, record, heard, partition)
+
+    return {vm_id: _folder(merge, mine, heard) for vm_id, mine in by_vm.items()}
 
 
 def _event_mutations(records: Sequence[Mapping[str, Any]], heard: str) -> dict[str, Mutation]:

@@ -38,10 +38,13 @@ class VmDocument(TypedDict, total=False):
     `stopped` holds the TimeGenerated of a Stop heartbeat until the VM reports again.
     `heard` is when the consumer last folded a record of the VM in, on the consumer's clock:
     whether a VM is alive is measured on it, never on the VM's clock (which may be wrong).
+    `partition` is where that record was read (bridge.consumer.reading): the release rule
+    takes the VM as silent only as far as that partition has been read.
     """
 
     last_seen: str
     heard: str
+    partition: str
     name: str
     subscription_id: str
     resource_group: str
@@ -198,10 +201,13 @@ def _whole(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def merge_vm(value: VmDocument, record: Mapping[str, Any], heard: str = "") -> bool:
+def merge_vm(
+    value: VmDocument, record: Mapping[str, Any], heard: str = "", partition: str | None = None
+) -> bool:
     """Fold one record's identity into a VM document; True when something worth saving changed.
 
-    `heard`: the consumer's clock now (ISO), kept as when the VM was last heard from.
+    `heard`: the consumer's clock now (ISO), kept as when the VM was last heard from;
+    `partition`: where the record was read (None: the caller reads no partition).
     """
     seen = record.get("TimeGenerated")
     # Only a newer record changes anything, and it always moves last_seen: changed.
@@ -210,6 +216,8 @@ def merge_vm(value: VmDocument, record: Mapping[str, Any], heard: str = "") -> b
     value["last_seen"] = seen
     if heard:
         value["heard"] = max(heard, value.get("heard", ""))
+    if partition is not None:
+        value["partition"] = partition
     fields = cast(dict[str, Any], value)
     for key, field in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
         given = record.get(field)
@@ -251,6 +259,7 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         tags=dict(value.get("tags") or {}),
         last_seen=last_seen,
         prepare_hook=value.get("prepare_hook"),
+        partition=value.get("partition"),
     )
 
 

@@ -7,7 +7,11 @@ so the logic is type-checked and tested with the package. Two functions:
   send. Every body is checked with `bridge.consumer.sources.batches.check_record` (size,
   JSON, the record schema, VmId against the event's partition key); one that fails is logged
   whole at ERROR with the reason (`log_poison`), which makes the log (Application Insights)
-  its only copy, and the rest of the batch goes on to `Consumer.process`. Any exception fails the
+  its only copy, and the rest of the batch goes on to `Consumer.process`, with its partition
+  (from the trigger's PartitionContext) read up to the newest enqueued time of the batch
+  (bridge/consumer/reading.py: the trigger says nothing of a partition without events, so a
+  partition whose VMs all fell silent releases nothing by silence until it carries a record
+  again). Any exception fails the
   invocation. The Event Hubs trigger checkpoints a batch after the invocation ends, even a
   failed one, so the retry policy on the function is what keeps a failed batch: the host runs
   it again with exponential backoff, indefinitely, and the partition waits behind it, as the
@@ -46,6 +50,7 @@ import azure.functions as func
 from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
+from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
 from bridge.consumer.state import parse_spec as parse_state_spec
 from bridge.consumer.wiring import build_consumer, state_spec
@@ -216,10 +221,11 @@ class ConsumerApp:
                 # Logged again if the batch is retried: a duplicate line, never a lost body.
                 text = body.decode("utf-8", errors="backslashreplace")
                 log_poison(_partition(event), _offset(event), text, str(err))
-        if not records:
+        position = _position(events)
+        if not records and position.caught_up is None:
             return
         try:
-            self.consumer().process(records)
+            self.consumer().process(records, position)
         except Exception as err:
             where = f"{len(records)} records from partition {_partition(events[0])}"
             log.warning("handling %s failed: %s; the retry policy runs the batch again, nothing "
@@ -251,20 +257,37 @@ def _log_levels(config: Config) -> None:
     logging.getLogger("azure").setLevel(max(logging.WARNING, level))
 
 
+def _position(events: Sequence[func.EventHubEvent]) -> Position:
+    """Where the batch was read: its partition, read up to its newest event's enqueued time;
+    read to no known point when the metadata does not name the partition."""
+    context = _context(events[0]) if events else {}
+    if context.get("PartitionId") is None:
+        return Position(eventhubs_partition("", "", "?"))
+    where = eventhubs_partition(str(context.get("FullyQualifiedNamespace") or ""),
+                                str(context.get("EventHubName") or ""),
+                                str(context["PartitionId"]))  # fmt: skip
+    enqueued = [e.enqueued_time for e in events if e.enqueued_time is not None]
+    return Position(where, max(enqueued, default=None))
+
+
 def _partition(event: func.EventHubEvent) -> str:
     """The partition id from the trigger metadata, "?" when there is none (as in tests)."""
+    found = _context(event).get("PartitionId")
+    return "?" if found is None else str(found)
+
+
+def _context(event: func.EventHubEvent) -> dict[str, Any]:
+    """The trigger metadata's PartitionContext; empty when there is none."""
     try:
         context = (event.metadata or {}).get("PartitionContext")
     except Exception:  # metadata conversion is the worker's; a quirk must not fail the batch
-        return "?"
+        return {}
     if isinstance(context, str):
         try:
             context = json.loads(context)
         except ValueError:
-            return "?"
-    if isinstance(context, dict) and context.get("PartitionId") is not None:
-        return str(context["PartitionId"])
-    return "?"
+            return {}
+    return context if isinstance(context, dict) else {}
 
 
 def _offset(event: func.EventHubEvent) -> str:

@@ -27,6 +27,7 @@ from bridge.config import (
 )
 from bridge.consumer import validation, wiring
 from bridge.consumer.metrics import ConsumerMetrics, CountingSender
+from bridge.consumer.reading import Position
 from bridge.consumer.sources.eventhubs import run_eventhubs
 from bridge.consumer.sources.hub import run_local
 from bridge.logfile import setup_logging
@@ -121,7 +122,7 @@ class ConsumerService:
         self.spool.commit(records)
         self.metrics.decided(records)
 
-    def _process(self, records: list[dict[str, Any]]) -> None:
+    def _process(self, records: list[dict[str, Any]], position: Position) -> None:
         """Records valid against the schema go to the consumer; the rest to the dead letters.
 
         A retried batch sets the same invalid record aside again: a duplicate line in
@@ -135,9 +136,9 @@ class ConsumerService:
                 continue
             reason = f"not valid against record.schema.json: {problem}"
             self.poison("?", f"RecordId {record.get('RecordId')}", json.dumps(record), reason)
-        if valid:
+        if valid or position.caught_up is not None:
             try:
-                self.consumer.process(valid)
+                self.consumer.process(valid, position)
             except Exception as err:
                 self._read_error = describe(err)
                 raise

@@ -134,6 +134,9 @@ class VmView:
     last_seen: datetime | None = None
     # Whether its agent runs a prepare hook; None: its agent has not said (an older one).
     prepare_hook: bool | None = None
+    # The partition its records come on (bridge.consumer.reading): its silence is measured
+    # against how far that partition has been read. None: read from no partition.
+    partition: str | None = None
 
 
 Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)

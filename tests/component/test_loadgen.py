@@ -5,6 +5,7 @@ violation, and its checks do find a budget broken or an approval no rule allowed
 from __future__ import annotations
 
 import json
+import zlib
 from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from bridge.commands.message import approve
 from bridge.localhub import PARTITIONS, LocalHub
 from tests.azurite import Azurite
-from tests.benchmarks.loadgen import waves
+from tests.benchmarks.loadgen import lagging, measure, waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import Approval, BudgetCheck, wrong_approvals
 from tests.benchmarks.loadgen.play import BROKER_HUB, BrokerWriter, Run, RunConfig, RunResult
@@ -206,6 +207,37 @@ def test_a_live_run_through_the_event_hubs_broker_breaks_no_budget(tmp_path: Pat
     assert "(6 s read from the broker's checkpoints)" in report
 
 
+def test_a_live_consumer_behind_on_a_broker_partition_releases_only_silent_vms(
+    tmp_path: Path,
+) -> None:
+    # Issue 27 through `se-bridge consume` and its Event Hubs source: the broker gives the
+    # consumer nothing of partition 0 for 1,500 fleet seconds (25 s; alive_within is 11)
+    # from the scale-in wave's first start. Every slot released was one whose VMs had sent
+    # nothing for alive_within; those of partition 0 too, once it was read again.
+    fleet = build(300, 1)
+    plan = waves.plan("scale-in", fleet, 1)
+    start = 60 + lagging.first_start(plan)
+    config = RunConfig(size=300, seed=1, wave="scale-in", scale=60, lead_in=60, tail=900,
+                       drain_timeout=90, workdir=tmp_path / "run", source="broker",
+                       checkpoint_interval=1.0, hold=(0, start, start + 1500))  # fmt: skip
+    result = Run(config, lambda _: None).go()
+    assert result.drained_at is not None
+    alive_within = config.consumer_settings()["alive_within"]
+    events = {e.event_id.lower(): e for e in result.plan.events}
+    releases = [(str(d["EventId"]).lower(), measure.epoch(d["TimeGenerated"]))
+                for d in result.decisions if d["DecisionAction"] == "Release"]  # fmt: skip
+    on_held = [key for key, _ in releases if any(
+        zlib.crc32(fleet.vms[i].vm_id.encode()) % 4 == 0 for i in events[key].vms)]  # fmt: skip
+    print(f"{len(releases)} slots released, {len(on_held)} of VMs on the held partition")
+    assert on_held
+    for key, at in releases:
+        event = events[key]
+        assert event.first_record is not None
+        for index in event.vms:
+            sent = result.sent_at.get(index, [])
+            assert lagging.silent_for(sent, event.first_record, at, alive_within), (key, index)
+
+
 def test_the_broker_writer_sends_each_record_as_its_vm_would(azurite: Azurite) -> None:
     # What the consumers receive: the record as JSON, with the agent sink's properties and
     # the VM's own partition key, in per-VM order, numbered as the writer says.
@@ -293,3 +325,25 @@ def test_an_approval_no_rule_allows_is_found() -> None:
     ])  # fmt: skip
     assert len(found) == 3, found
     assert "first rule that matches it is everything-else" in found[0]
+
+
+def test_a_consumer_held_back_on_one_partition_releases_no_slot_a_caught_up_one_keeps(
+    tmp_path: Path,
+) -> None:
+    # Issue 27, item 5: partition 0 is held back past alive_within from the first start of
+    # the scale-in wave (reboots, Terminates, agents falling silent).
+    fleet = build(300, 1)
+    plan = waves.plan("scale-in", fleet, 1)
+    start = lagging.LEAD_IN + lagging.first_start(plan)
+    result = lagging.run(fleet, plan, tmp_path, partition=0, hold=(start, start + 1260))
+    print("\n".join(result.lines()))
+    caught, held, before = (lagging.CAUGHT_UP, lagging.HELD, lagging.TODAY)
+    assert result.held_records > 0
+    assert result.unfounded[caught] == result.unfounded[held] == []
+    assert result.kept[held] == []
+    # Once caught up it releases what the caught-up consumer released: the slots of VMs
+    # deleted or silenced, on the held partition too.
+    assert result.releases[held] == result.releases[caught] > 0
+    # The checks find what the rule on the consumer's clock alone did (before issue 27).
+    assert result.unfounded[before]
+    assert result.kept[before]

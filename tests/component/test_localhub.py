@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 
 from bridge import localhub
+from bridge.consumer.reading import Position, local_partition
 from bridge.consumer.sources.hub import run_local
 from bridge.localhub import NOTHING, PARTITIONS, LocalHub, partition_for
+from bridge.records import utc_now
 from bridge.retry import Backoff, RetryableError, ThrottledError
 from bridge.sinks import SpooledRecord, build, parse_spec
 from bridge.sinks.hub import HubSink
@@ -64,6 +66,7 @@ class Consumer:
         self, hub_dir: Path, handler: Callable[[list[dict[str, Any]]], None] | None = None
     ):
         self.batches: list[list[dict[str, Any]]] = []
+        self.positions: list[Position] = []
         self.poisoned: list[tuple[str, str, str, str]] = []
         self.stop = threading.Event()
         self._handler = handler
@@ -73,7 +76,10 @@ class Consumer:
             kwargs={"poison": lambda *args: self.poisoned.append(args), **FAST},
         )
 
-    def _handle(self, records: list[dict[str, Any]]) -> None:
+    def _handle(self, records: list[dict[str, Any]], position: Position) -> None:
+        self.positions.append(position)
+        if not records:
+            return  # only how far a partition was read
         self.batches.append(records)
         if self._handler is not None:
             self._handler(records)
@@ -252,6 +258,25 @@ def test_every_record_is_handed_over_in_partition_order_and_checkpointed(
     assert consumer.poisoned == []
 
 
+def test_a_partition_is_read_to_its_end_when_a_read_returns_less_than_it_asked_for(
+    hub: LocalHub, hub_dir: Path
+) -> None:
+    # 150 records of one VM: a full batch of 100 (more may follow), then 50 (the end).
+    partition = partition_for("vm-1")
+    hub.append([("vm-1", json.dumps({"RecordId": f"r{n}", "VmId": "vm-1"})) for n in range(150)])
+    before = utc_now()
+    with Consumer(hub_dir) as consumer:
+        wait_for(lambda: len(consumer.records) == 150)
+        wait_for(lambda: len({p.partition for p in consumer.positions}) == PARTITIONS)
+    name = local_partition(str(hub_dir.resolve()), partition)
+    mine = [p for p in consumer.positions if p.partition == name]
+    assert mine[0].caught_up is None  # the full batch
+    assert all(p.caught_up is not None and p.caught_up >= before for p in mine[1:])
+    others = {p.partition for p in consumer.positions if p.caught_up is not None} - {name}
+    assert others == {local_partition(str(hub_dir.resolve()), p) for p in range(PARTITIONS)
+                      if p != partition}  # fmt: skip
+
+
 def test_a_second_run_resumes_after_the_checkpoint(sink: HubSink, hub_dir: Path) -> None:
     sink.send([spooled(seq, f"vm-{seq % 3}") for seq in range(1, 11)])
     with Consumer(hub_dir) as first:
@@ -324,7 +349,9 @@ def test_stop_interrupts_a_backoff_at_once(hub: LocalHub, hub_dir: Path) -> None
 
     calls: list[int] = []
 
-    def throttled(_records: list[dict[str, Any]]) -> None:
+    def throttled(records: list[dict[str, Any]], _position: Position) -> None:
+        if not records:
+            return  # a partition with nothing to read
         calls.append(1)
         raise ThrottledError("slow down", retry_after=30)
 

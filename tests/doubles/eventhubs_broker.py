@@ -16,7 +16,9 @@ AMQP codec (private modules of the pinned azure-eventhub==5.15.1), is in `eventh
 
 Events are kept across `stop()` / `start()`, which reopens the same port: an outage. Failures can
 be scripted: `fail_sends()` rejects the next sends with an AMQP error, `reject_tokens()` answers
-the next put-token requests with 401. Tokens are recorded (`tokens`), never logged.
+the next put-token requests with 401, `hold(partition)` delivers nothing of a partition to its
+receivers until `release(partition)` (its events are stored and its properties say so: a
+receiver that falls behind). Tokens are recorded (`tokens`), never logged.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import socket
 import threading
 import time
 import zlib
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from types import TracebackType
@@ -118,6 +120,8 @@ class EventHubsBroker:
         self._round_robin = 0
         self._send_failures: deque[tuple[str, str]] = deque()
         self._token_rejections = 0
+        self._held: set[str] = set()
+        self.partition_reads: Counter[str] = Counter()  # $management READs, by partition
         self._tokens: list[CbsToken] = []
         self._connections: set[Connection] = set()
         self._running = False
@@ -332,7 +336,18 @@ class EventHubsBroker:
 
     def payloads(self, partition: str, start: int, limit: int) -> list[bytes]:
         with self._lock:
+            if partition in self._held:
+                return []
             return [record.payload for record in self._records[partition][start : start + limit]]
+
+    def hold(self, partition: str) -> None:
+        """Deliver nothing more of `partition` to its receivers (until `release`)."""
+        with self._lock:
+            self._held.add(partition)
+
+    def release(self, partition: str) -> None:
+        with self._lock:
+            self._held.discard(partition)
 
     def put_token(self, request: ParsedMessage) -> tuple[int, str]:
         properties = request.application_properties
@@ -380,6 +395,7 @@ class EventHubsBroker:
             }
             return 200, "OK", value
         partition = str(properties.get("partition"))
+        self.partition_reads[partition] += 1
         if kind != "com.microsoft:partition" or partition not in self._records:
             return 404, f"The partition '{partition}' of '{name}' could not be found.", None
         with self._lock:

@@ -14,6 +14,11 @@ right to send may set any.
 A source checkpoints a batch only after `BatchRetry.deliver` returned True, so a crash or a
 stop at any point at worst hands a batch to the handler twice (at-least-once), and a batch
 whose handler keeps failing holds its partition back instead of being skipped.
+
+With each batch the handler learns where it was read (`bridge.consumer.reading.Position`):
+the partition, and how far the source has read it, which is what lets the consumer take a
+VM as silent (bridge/consumer/reading.py). A source that finds a partition read to its end
+says so with a batch of no records.
 """
 
 from __future__ import annotations
@@ -26,15 +31,17 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from bridge.consumer import validation
+from bridge.consumer.reading import Position
 from bridge.redact import describe
 from bridge.retry import Backoff, FailureStreak, RetryableError
 
 log = logging.getLogger(__name__)
 
-# Called with the records of one batch (parsed JSON objects, in partition order). Returns when
-# state and dispatch have succeeded; raises bridge.retry.RetryableError / ThrottledError when
-# the batch must be retried (nothing is checkpointed then).
-RecordHandler = Callable[[list[dict[str, Any]]], None]
+# Called with the records of one batch (parsed JSON objects, in partition order; perhaps none)
+# and where they were read. Returns when state and dispatch have succeeded; raises
+# bridge.retry.RetryableError / ThrottledError when the batch must be retried (nothing is
+# checkpointed then).
+RecordHandler = Callable[[list[dict[str, Any]], Position], None]
 
 # (partition, offset, body, reason) of a message that is not a record. It is skipped after
 # this returns, so the callback must keep it somewhere (it is its only copy the consumer keeps).
@@ -131,8 +138,17 @@ class BatchRetry:
     def __post_init__(self) -> None:
         self._streak = FailureStreak(self.backoff)
 
-    def deliver(self, partition: str, messages: Sequence[tuple[str, str] | Message]) -> bool:
-        """Hand (offset, body[, sender]) `messages` over: True once done, False if stopped."""
+    def deliver(
+        self,
+        partition: str,
+        messages: Sequence[tuple[str, str] | Message],
+        position: Position | None = None,
+    ) -> bool:
+        """Hand (offset, body[, sender]) `messages` over: True once done, False if stopped.
+
+        `position`: where they were read (default: `partition`, read to no known point).
+        """
+        position = position or Position(partition)
         good, bad = _split([Message(*m) for m in messages])
         where = _where(self.source, partition, [Message(*m) for m in messages])
         while not self.stop.is_set():
@@ -141,11 +157,11 @@ class BatchRetry:
                     offset, body, reason = bad[0]
                     self.poison(partition, offset, body, reason)
                     bad.pop(0)
-                if good:
+                if good or position.caught_up is not None:
                     # Parsed afresh each attempt: a failed attempt cannot leave edits behind.
                     records = [parse_record(body) for body in good]
-                    self.handler(records)
-                    if self.on_done is not None:
+                    self.handler(records, position)
+                    if self.on_done is not None and records:
                         self.on_done(partition, records)
             except Exception as err:  # the loop never dies: a failed batch is retried
                 self._failed(err, where)

@@ -20,6 +20,15 @@ billed per request: one per batch would make their cost grow with the fleet's re
 partition's checkpoint is written at most every `checkpoint_interval` seconds. A consumer
 that takes a partition over reads again at most that much, which the fleet state's
 deduplication and the approval ledger make harmless.
+
+How far a partition has been read (bridge/consumer/reading.py): a batch is read up to its
+newest event's enqueued time. An empty callback proves nothing (the SDK makes one also while
+its link is down or opening), so an idle partition is asked for its last enqueued sequence
+number, at most every PROBE_EVERY seconds: if this consumer has handled that event, the
+partition was read to its end when the question was asked. That is one management request
+per idle partition every few seconds; a busy partition asks nothing. A partition this
+consumer has handled no event of since it took it over (after a clean handover, until its
+next event) is read to no known point: its VMs' silence waits for that event.
 """
 
 from __future__ import annotations
@@ -27,11 +36,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from bridge import identity
 from bridge.config import Config, ConfigError
+from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import (
     BatchRetry,
     Message,
@@ -39,6 +50,7 @@ from bridge.consumer.sources.batches import (
     RecordHandler,
     log_poison,
 )
+from bridge.records import utc_now
 from bridge.redact import describe
 from bridge.retry import Backoff, FailureStreak
 
@@ -49,6 +61,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 SOCKET_TIMEOUT = 0.05  # the SDK's wait per partition turn: 4 partitions, a 0.2 s round
 BATCH_WAIT = 0.1
+PROBE_EVERY = 5.0  # seconds between questions to an idle partition about its last event
 
 
 def run_eventhubs(
@@ -74,7 +87,8 @@ def run_eventhubs(
         return
     client = _client(config, store, load_balancing_interval)
     retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory(), on_done)
-    on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval)
+    on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval,
+                        probe=client.get_partition_properties)  # fmt: skip
     finished = threading.Event()
     closer = threading.Thread(
         target=_close_when_stopped, args=(client, stop, finished), name="se-bridge eventhubs stop"
@@ -201,7 +215,9 @@ class _OnBatch:
     """The SDK's on_event_batch callback: hand over, then checkpoint, retrying in place.
 
     The SDK also calls it with no events once `max_wait_time` passes: that is when a
-    handled batch whose checkpoint was held back gets it, once `interval` has passed.
+    handled batch whose checkpoint was held back gets it, once `interval` has passed, and
+    when an idle partition is asked whether it has been read to its end (`probe`, the
+    client's get_partition_properties; see the module's docstring).
     """
 
     def __init__(
@@ -212,11 +228,14 @@ class _OnBatch:
         *,
         interval: float,
         clock: Callable[[], float] = time.monotonic,
+        probe: Callable[[str], Mapping[str, Any]] | None = None,
     ) -> None:
         self._config, self._retry, self._backoff = config, retry, backoff
-        self._interval, self._clock = interval, clock
+        self._interval, self._clock, self._probe = interval, clock, probe
         self._written: dict[str, float] = {}  # partition -> monotonic time of its last write
         self._held: dict[str, EventData] = {}  # partition -> last handled, not checkpointed
+        self._handled: dict[str, int] = {}  # partition -> sequence number of the last handled
+        self._probed: dict[str, float] = {}  # partition -> monotonic time of its last probe
 
     def __call__(self, context: PartitionContext, events: list[EventData]) -> None:
         # Once stopping, handle nothing more: a later batch checkpointed after an unhandled
@@ -224,11 +243,20 @@ class _OnBatch:
         if self._retry.stop.is_set():
             return
         partition = context.partition_id
+        where = eventhubs_partition(context.fully_qualified_namespace, context.eventhub_name,
+                                    partition)  # fmt: skip
         if events:
             messages = [Message(str(e.offset), _body(e), _sender(e)) for e in events]
-            if not self._retry.deliver(partition, messages):
+            newest = max((e.enqueued_time for e in events if e.enqueued_time), default=None)
+            if not self._retry.deliver(partition, messages, Position(where, newest)):
                 return
             self._held[partition] = events[-1]
+            if events[-1].sequence_number is not None:
+                self._handled[partition] = events[-1].sequence_number
+        elif (end := self._read_to_end(partition)) is not None and not self._retry.deliver(
+            partition, [], Position(where, end)
+        ):
+            return
         if partition in self._held and self._due(partition):
             self._checkpoint(context, self._held.pop(partition))
             self._written[partition] = self._clock()
@@ -238,6 +266,7 @@ class _OnBatch:
         _on_partition_close(context, reason)
         last = self._held.pop(context.partition_id, None)
         self._written.pop(context.partition_id, None)
+        self._handled.pop(context.partition_id, None)
         if last is None or reason.name != "SHUTDOWN":
             return  # ownership lost: the new owner reads the batch again, deduplicated
         try:
@@ -246,6 +275,28 @@ class _OnBatch:
             log.info("the checkpoint of partition %s was not written at shutdown (%s); its "
                      "next reader reads its last records again", context.partition_id,
                      describe(err))  # fmt: skip
+
+    def _read_to_end(self, partition: str) -> datetime | None:
+        """When an idle `partition` was found read to its end, if it was just asked; None
+        when not asked (asked lately, or nothing to compare with), not at its end, or the
+        question failed (asked again later)."""
+        handled, probed = self._handled.get(partition), self._probed.get(partition)
+        if self._probe is None or (probed is not None and self._clock() - probed < PROBE_EVERY):
+            return None
+        self._probed[partition] = self._clock()
+        asked = utc_now()
+        try:
+            answer = self._probe(partition)
+        except Exception as err:  # the next idle round asks again; meanwhile no mark moves
+            log.debug("asking partition %s for its last event failed: %s", partition,
+                      describe(err))  # fmt: skip
+            return None
+        last = answer.get("last_enqueued_sequence_number")
+        if answer.get("is_empty") or (
+            handled is not None and isinstance(last, int) and last <= handled
+        ):
+            return asked
+        return None
 
     def _due(self, partition: str) -> bool:
         last = self._written.get(partition)

@@ -2,7 +2,10 @@
 source, for the demo and for setups without Azure.
 
 Each partition resumes after its consumer group's checkpoint, which moves only after the
-handler returned, so a crash only hands a batch over again.
+handler returned, so a crash only hands a batch over again. A read that returns fewer
+records than it asked for has reached the end of its partition: the handler is told the
+partition is read up to when the read began (bridge/consumer/reading.py), with those
+records or with none.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bridge.consumer.reading import Position, local_partition
 from bridge.consumer.sources.batches import (
     BatchRetry,
     Message,
@@ -22,6 +26,7 @@ from bridge.consumer.sources.batches import (
     log_poison,
 )
 from bridge.localhub import LocalHub
+from bridge.records import utc_now
 from bridge.redact import describe
 from bridge.retry import Backoff, FailureStreak
 
@@ -56,6 +61,7 @@ class _LocalConsumer:
         self._directory, self._group, self._batch_size = directory, group, batch_size
         self._retry, self._streak = retry, FailureStreak(backoff)
         self._hub: LocalHub | None = None
+        self._name = str(directory.resolve())
 
     def run(self, poll_interval: float) -> None:
         try:
@@ -77,14 +83,16 @@ class _LocalConsumer:
             self._hub = LocalHub(self._directory)
         busy = False
         for partition, done in self._hub.checkpoints(self._group).items():
+            began = utc_now()  # what was appended before this is in what the read returns
             rows = self._hub.read_sent(partition, done, self._batch_size)
-            if not rows:
-                continue
+            end = began if len(rows) < self._batch_size else None
             messages = [Message(str(offset), body, key) for offset, body, key in rows]
-            if not self._retry.deliver(str(partition), messages):
+            position = Position(local_partition(self._name, partition), end)
+            if not self._retry.deliver(str(partition), messages, position):
                 return False  # stopped: this batch stays unhandled and comes again next run
-            self._hub.checkpoint(self._group, partition, rows[-1][0])
-            busy = True
+            if rows:
+                self._hub.checkpoint(self._group, partition, rows[-1][0])
+                busy = True
         return busy
 
     def _trouble(self, err: Exception) -> None:

@@ -17,7 +17,10 @@ consumers made of it.
   producer, lag read from the consumers' blob checkpoints), consumer processes, the command
   directory, samples of lag, memory and state size;
 - `measure`: pure arithmetic over what was recorded: lag, decision latency, budget
-  violations, wrong approvals, and the report.
+  violations, wrong approvals, and the report;
+- `lagging`: a wave in fleet time through in-process consumer cores, one of them held back
+  on one partition past `alive_within`: the slots it releases against a caught-up twin's
+  (issue 27; `python -m tests.benchmarks.loadgen.lagging`).
 
 It is a benchmark, never collected by pytest (tests/benchmarks/conftest.py); its own check on
 a tiny fleet is tests/component/test_loadgen.py.

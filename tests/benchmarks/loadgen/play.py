@@ -8,9 +8,11 @@ partitions, served over AMQP by tests/doubles/eventhubs_broker.py in this proces
 records go in through the real azure-eventhub producer, each with its VM's partition key as
 an agent's sink sends it, and the consumers read them with their Event Hubs source, sharing
 the partitions through ownership blobs and writing checkpoints to a blob container in
-Azurite: the path a deployment runs. Either way the processes share one fleet state and one
-local command directory, as consumers share Table Storage and the queues, and each writes
-its Decision records to its own JSONL sink. The fleet state is a SQLite file
+Azurite: the path a deployment runs; a partition can be held back from the consumers for a
+while (`hold`: the broker delivers nothing of it), as from a consumer that fell behind on it.
+Either way the processes share one fleet state and one local command directory, as consumers
+share Table Storage and the queues, and each writes its Decision records to its own JSONL
+sink. The fleet state is a SQLite file
 (`state="sqlite"`) or a table in Azurite (`state="tables"`), the emulator the test suite
 runs: one node process on this machine, in memory, started for the run.
 
@@ -122,6 +124,10 @@ class RunConfig:
     partitions: int = 4  # the broker's event hub (infra/'s eventHubPartitionCount default)
     checkpoint_interval: float = 5.0  # the consumers' setting with the broker (its default)
     fan_out: str = "named"  # who sees an event: sim.FAN_OUTS
+    # broker: (partition, from, until) fleet seconds of the run (lead-in included) in which the
+    # consumers' receivers get nothing of that partition (its events are stored): they fall
+    # behind on it (issue 27)
+    hold: tuple[int, float, float] | None = None
 
     @property
     def state_name(self) -> str:
@@ -179,6 +185,8 @@ class RunResult:
     state_chars: int = 0  # the documents' JSON text at the end, all collections
     cpu: list[CpuSample] = field(default_factory=list)  # every second, from the warm-up on
     azurite_rss_kb: int = 0  # Azurite's peak (VmHWM); 0 without it
+    # With a hold: per VM, the wall times its records went into the hub
+    sent_at: dict[int, list[float]] = field(default_factory=dict)
 
     @property
     def stopped(self) -> dict[int, float]:
@@ -565,6 +573,8 @@ class Run:
         self.azurite_pid: int | None = None
         self.azurite_rss = 0
         self.cpu: list[CpuSample] = []
+        self.sent_at: dict[int, list[float]] = {}
+        self.held = False
 
     def go(self) -> RunResult:
         self.say(f"fleet: {self.fleet.summary()}")
@@ -712,6 +722,7 @@ class Run:
             if tick >= next_say:
                 next_say = tick + 30.0
                 self._progress(now)
+            self._hold(now)
             time.sleep(max(0.0, TICK - (time.monotonic() - tick)))
         drained = self._drain(config.drain_timeout, "the wave")
         drained_at = time.time() if drained else None
@@ -735,8 +746,23 @@ class Run:
             generator_cpu=time.process_time() - cpu0,
             generator_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
             load_max=self.load_max, revision=self.revision, state_chars=probe.text,
-            cpu=self.cpu, azurite_rss_kb=self.azurite_rss,
+            cpu=self.cpu, azurite_rss_kb=self.azurite_rss, sent_at=self.sent_at,
         )  # fmt: skip
+
+    def _hold(self, now: float) -> None:
+        """Hold the partition of `config.hold` back from the consumers, or let it go."""
+        hold = self.config.hold
+        if hold is None or self.broker is None:
+            return
+        partition, start, end = hold
+        if not self.held and start <= now < end:
+            self.broker.hold(str(partition))
+            self.held = True
+            self.say(f"partition {partition} held back from the consumers")
+        elif self.held and now >= end:
+            self.broker.release(str(partition))
+            self.held = False
+            self.say(f"partition {partition} read again")
 
     def _place(self, emitted: list[Emitted]) -> None:
         """Append what the fleet made, one transaction per hub; note where events landed."""
@@ -752,6 +778,9 @@ class Run:
             messages = [(vms[i].vm_id, r) for i, r in items]
             placed = self.hubs[k].append(messages)
             wall = time.time()
+            if self.config.hold is not None:
+                for index, _ in items:
+                    self.sent_at.setdefault(index, []).append(wall)
             last: dict[int, int] = {}
             for (_, record), (partition, offset) in zip(items, placed, strict=True):
                 last[partition] = offset

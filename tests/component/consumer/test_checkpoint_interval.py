@@ -1,4 +1,5 @@
-"""The Event Hubs callback writes a partition's checkpoint at most once per interval.
+"""The Event Hubs callback writes a partition's checkpoint at most once per interval, and says
+how far each partition has been read (bridge/consumer/reading.py).
 
 Fakes stand in for the SDK's PartitionContext and EventData (the real ones, against the
 test broker and Azurite, are in tests/integration/consumer/test_eventhubs_source.py); the clock is
@@ -9,16 +10,20 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 
 from bridge.config import Config
+from bridge.consumer.reading import Position
 from bridge.consumer.sources import eventhubs as eventhubs_source
 from bridge.consumer.sources.batches import BatchRetry
 
 Handled = list[list[dict[str, Any]]]
+T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
 
 @dataclass
@@ -27,6 +32,8 @@ class Event:
 
     offset: int
     partition_key: bytes = b"vm-1"
+    sequence_number: int = 0
+    enqueued_time: datetime = T0
     body_type: Any = None
     body: list[bytes] = field(default_factory=list)
 
@@ -35,12 +42,14 @@ class Event:
 
         self.body_type = AmqpMessageBodyType.DATA
         self.body = [json.dumps({"RecordId": f"r{self.offset}", "VmId": "vm-1"}).encode()]
+        self.sequence_number = self.sequence_number or self.offset
 
 
 @dataclass
 class Context:
     partition_id: str = "0"
     eventhub_name: str = "records"
+    fully_qualified_namespace: str = "ns.servicebus.windows.net"
     written: list[int] = field(default_factory=list)
     fail: bool = False
 
@@ -60,10 +69,18 @@ def clock() -> list[float]:
     return [1000.0]
 
 
-def on_batch(handled: Handled, interval: float, clock: list[float]) -> Any:
-    retry = BatchRetry(handled.append, lambda *_: None, threading.Event(), "event hub test")
+def on_batch(handled: Handled, interval: float, clock: list[float], *,
+             positions: list[Position] | None = None,
+             probe: Any = None) -> Any:  # fmt: skip
+    def handle(records: list[dict[str, Any]], position: Position) -> None:
+        if records:
+            handled.append(records)
+        if positions is not None:
+            positions.append(position)
+
+    retry = BatchRetry(handle, lambda *_: None, threading.Event(), "event hub test")
     return eventhubs_source._OnBatch(
-        Config(), retry, retry.backoff, interval=interval, clock=lambda: clock[0]
+        Config(), retry, retry.backoff, interval=interval, clock=lambda: clock[0], probe=probe
     )
 
 
@@ -127,3 +144,56 @@ def test_a_failed_checkpoint_at_shutdown_is_said_and_does_not_raise(
     context.fail = True
     callback.closed(context, Reason("SHUTDOWN"))
     assert "reads its last records again" in caplog.text
+
+
+class Partition:
+    """The service's answer about a partition (get_partition_properties), counting questions."""
+
+    def __init__(self, last: int) -> None:
+        self.last, self.asked = last, 0
+
+    def __call__(self, partition_id: str) -> Mapping[str, Any]:
+        self.asked += 1
+        return {"last_enqueued_sequence_number": self.last, "is_empty": self.last < 0}
+
+
+def test_a_batch_is_read_up_to_its_newest_event_and_an_idle_partition_to_its_end(
+    clock: list[float],
+) -> None:
+    positions: list[Position] = []
+    service = Partition(last=3)
+    callback = on_batch([], 5.0, clock, positions=positions, probe=service)
+    context = Context()
+    newest = T0 + timedelta(seconds=2)
+    callback(context, [Event(1), Event(2, enqueued_time=newest), Event(3, enqueued_time=T0)])
+    where = "ns.servicebus.windows.net/records/0"
+    assert positions == [Position(where, newest)]
+    # Idle: asked once per PROBE_EVERY; event 3 was the last and was handled.
+    before = datetime.now(timezone.utc)
+    callback(context, [])
+    callback(context, [])
+    assert service.asked == 1
+    [idle] = positions[1:]
+    assert idle.partition == where
+    assert idle.caught_up is not None
+    assert idle.caught_up >= before
+    # More came than was handled (the link is slow or down): no mark.
+    service.last = 9
+    clock[0] += eventhubs_source.PROBE_EVERY
+    callback(context, [])
+    assert service.asked == 2
+    assert len(positions) == 2
+
+
+def test_a_partition_with_nothing_handled_since_it_was_taken_over_is_read_to_no_known_end(
+    clock: list[float],
+) -> None:
+    positions: list[Position] = []
+    service = Partition(last=3)
+    callback = on_batch([], 5.0, clock, positions=positions, probe=service)
+    callback(Context(), [])
+    assert (service.asked, positions) == (1, [])
+    service.last = -1  # an empty partition is read to its end
+    clock[0] += eventhubs_source.PROBE_EVERY
+    callback(Context(), [])
+    assert [p.caught_up is not None for p in positions] == [True]

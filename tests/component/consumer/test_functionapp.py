@@ -33,6 +33,7 @@ from bridge.commands import signing
 from bridge.config import ConfigError, load
 from bridge.consumer import functionapp
 from bridge.consumer.functionapp import ConsumerApp, DecisionOutlet, build_app, load_config
+from bridge.consumer.reading import Position
 from bridge.retry import PoisonRecords, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
@@ -524,6 +525,27 @@ def test_partition_and_offset_fall_back_when_the_metadata_is_missing() -> None:
         body=b"x", trigger_metadata={"PartitionContext": Datum("not json", "string")}
     )
     assert (functionapp._partition(odd), functionapp._offset(odd)) == ("?", "?")
+
+
+def test_a_batch_is_read_up_to_its_newest_enqueued_time_in_the_partition_it_names() -> None:
+    times = ["2026-11-21T10:00:00Z", "2026-11-21T10:00:02Z", "2026-11-21T10:00:01Z"]
+    properties = [{"Offset": n, "SequenceNumber": n, "EnqueuedTimeUtc": t}
+                  for n, t in enumerate(times)]  # fmt: skip
+    partition = {"PartitionId": "3", "EventHubName": "records",
+                 "FullyQualifiedNamespace": "ns.servicebus.windows.net"}  # fmt: skip
+    events = EventHubTriggerConverter.decode(
+        Datum(SimpleNamespace(bytes=[b"{}"] * 3), "collection_bytes"),
+        trigger_metadata={
+            "SystemPropertiesArray": Datum(json.dumps(properties), "json"),
+            "PartitionContext": Datum(json.dumps(partition), "json"),
+        },
+    )
+    assert isinstance(events, list)
+    assert functionapp._position(events) == Position(
+        "ns.servicebus.windows.net/records/3", datetime(2026, 11, 21, 10, 0, 2, tzinfo=timezone.utc)
+    )
+    # No partition named: read to no known point, so its VMs are never taken as silent.
+    assert functionapp._position([func.EventHubEvent(body=b"x")]).caught_up is None
 
 
 def test_a_past_due_timer_still_ticks(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:

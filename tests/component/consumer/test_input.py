@@ -97,7 +97,8 @@ def test_values_that_would_break_the_consumer_later_are_refused_at_the_door(
 def test_a_refused_message_goes_to_the_dead_letters_and_the_batch_goes_on() -> None:
     handled: list[list[dict[str, Any]]] = []
     poisoned: list[tuple[str, str, str, str]] = []
-    retry = BatchRetry(handled.append, lambda *p: poisoned.append(p), threading.Event(), "test")
+    retry = BatchRetry(lambda records, _: handled.append(records),
+                       lambda *p: poisoned.append(p), threading.Event(), "test")  # fmt: skip
     good, other = json.dumps(heartbeat()), json.dumps(heartbeat())
     messages = [Message("1", good, VM), Message("2", other, "someone-else"), Message("3", "oops")]
     assert retry.deliver("0", messages)

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from azure.eventhub import EventData, EventHubProducerClient
 from azure.eventhub.extensions.checkpointstoreblob import BlobCheckpointStore
 
 from bridge.config import Config, ConfigError, ConsumerSettings, EventHubsSettings, StorageSettings
+from bridge.consumer.reading import Position
 from bridge.consumer.sources.eventhubs import checkpoint_store, run_eventhubs
 from bridge.retry import Backoff, RetryableError, ThrottledError
 from bridge.sinks import SpooledRecord
@@ -90,6 +92,7 @@ class Consumer:
         checkpoint_interval: float = 0.0,
     ) -> None:
         self.batches: list[list[dict[str, Any]]] = []
+        self.positions: list[Position] = []
         self.poisoned: list[tuple[str, str, str, str]] = []
         self.errors: list[BaseException] = []
         self.stop = threading.Event()
@@ -113,7 +116,10 @@ class Consumer:
             self.errors.append(err)
             raise
 
-    def _handle(self, records: list[dict[str, Any]]) -> None:
+    def _handle(self, records: list[dict[str, Any]], position: Position) -> None:
+        self.positions.append(position)
+        if not records:
+            return  # only how far a partition was read
         self.batches.append(records)
         if self._handler is not None:
             self._handler(records)
@@ -157,6 +163,60 @@ def test_every_record_is_handed_over_in_order_and_checkpointed(
         assert mine == [n for n in range(1, 41) if n % 8 == vm]
     assert consumer.poisoned == []
     assert consumer.stopped_in < 10
+
+
+def test_each_partition_is_said_read_to_its_end_once_its_last_event_is_handled(
+    config: Config, broker: EventHubsBroker
+) -> None:
+    sent = send(config, range(1, 41))
+    newest = {f"{namespace(broker)}/{HUB}/{p}": broker.events(p)[-1].enqueued_time
+              for p in broker.partition_ids}  # fmt: skip
+
+    def read_to_end(consumer: Consumer) -> bool:
+        # Later than its last event: only the question to the idle partition says so.
+        found = {p.partition for p in consumer.positions
+                 if p.caught_up is not None and p.caught_up > newest[p.partition]}  # fmt: skip
+        return found == newest.keys()
+
+    with Consumer(config) as consumer:
+        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
+        wait_for(lambda: read_to_end(consumer))
+    now = datetime.now(timezone.utc)
+    # A batch is read up to its newest event, no further.
+    for position in consumer.positions:
+        assert position.caught_up is not None
+        assert newest[position.partition] - timedelta(minutes=1) < position.caught_up < now
+
+
+def test_an_empty_partition_is_read_to_its_end(config: Config, broker: EventHubsBroker) -> None:
+    sent = send(config, range(1, 4), vms=1)
+    busy = broker.events()[0].partition
+    empty = {f"{namespace(broker)}/{HUB}/{p}" for p in broker.partition_ids if p != busy}
+    with Consumer(config) as consumer:
+        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
+        wait_for(lambda: empty <= {p.partition for p in consumer.positions if p.caught_up})
+
+
+def test_a_partition_held_back_is_read_only_up_to_what_was_handled(
+    config: Config, broker: EventHubsBroker
+) -> None:
+    # Its receiver gets nothing (a link that is stuck or slow): the consumer keeps asking the
+    # idle partition for its last event, which it has not handled: no mark past what it read.
+    first = send(config, range(1, 3), vms=1)
+    partition = broker.events()[0].partition
+    name = f"{namespace(broker)}/{HUB}/{partition}"
+    with Consumer(config) as consumer:
+        wait_for(lambda: sorted(consumer.ids) == sorted(first))
+        broker.hold(partition)
+        later = send(config, range(3, 5), vms=1)
+        held_at, asked = datetime.now(timezone.utc), broker.partition_reads[partition]
+        wait_for(lambda: broker.partition_reads[partition] >= asked + 2)  # asked while held
+        ours = [p.caught_up for p in consumer.positions if p.partition == name and p.caught_up]
+        assert max(ours) < held_at  # nothing vouched for past the hold
+        broker.release(partition)
+        wait_for(lambda: sorted(consumer.ids) == sorted(first + later))
+        wait_for(lambda: any(p.partition == name and p.caught_up and p.caught_up > held_at
+                             for p in consumer.positions))  # fmt: skip
 
 
 def test_a_second_run_resumes_after_the_checkpoints(
@@ -262,7 +322,7 @@ def test_an_event_that_is_not_a_record_goes_to_the_poison_callback(
 def test_missing_checkpoint_storage_is_a_config_error(broker: EventHubsBroker) -> None:
     config = Config(eventhubs=EventHubsSettings(connection_string=broker.connection_string))
     with pytest.raises(ConfigError, match=r"storage\.account"):
-        run_eventhubs(config, lambda _records: None, threading.Event())
+        run_eventhubs(config, lambda _records, _position: None, threading.Event())
 
 
 def test_two_consumers_share_the_partitions_and_lose_nothing(

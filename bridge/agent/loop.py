@@ -91,7 +91,7 @@ class Agent:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
         self._poll = _PollHealth()
         self.metrics = AgentMetrics(telemetry.new_registry())
-        self.metrics.watch(self.spool, self.delivery.status)
+        self.metrics.watch(self.spool, self.delivery.status, lambda: self.state)
         self._telemetry: telemetry.Endpoint | None = None
         self._notifier = telemetry.Notifier()
         self._last_turn = time.monotonic()

@@ -3,6 +3,7 @@ fail and recover with IMDS and a sink, and the systemd notify protocol."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -13,12 +14,14 @@ from pathlib import Path
 import pytest
 import requests
 
+import bridge
 from bridge.agent.loop import Agent
 from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import Backoff, PermanentError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from bridge.sinks.base import SpooledRecord
+from bridge.sinks.jsonl import JsonlSink
 
 VM = "vm-0"
 
@@ -159,3 +162,38 @@ def test_systemd_hears_ready_the_watchdog_and_stopping(
     assert heard[0].startswith("READY=1")
     assert heard.count("WATCHDOG=1") >= 3
     assert heard[-1] == "STOPPING=1"
+
+
+def test_metrics_label_sinks_by_kind_and_show_the_build_and_the_next_event(
+    sim: tuple[Simulator, SimulatorServer], tmp_path: Path
+) -> None:
+    simulator, server = sim
+    config = Config(
+        agent=AgentSettings(poll_interval=0.2, state_dir=tmp_path / "state", metrics_address="0"),
+        imds=ImdsSettings(url=server.vm_url(VM), timeout=2, first_call_timeout=5),
+    )
+    first, second = tmp_path / "a" / "records.jsonl", tmp_path / "b" / "records.jsonl"
+    agent = Agent(config, sinks=[JsonlSink(first), JsonlSink(second)])
+    agent.serve_telemetry()
+    agent.start()
+    try:
+        agent.cycle()
+        samples = dict(_samples(get(agent, "/metrics").text))
+        assert "se_bridge_next_event_start_timestamp_seconds" not in samples  # nothing pending
+        assert samples["se_bridge_events_pending"] == 0
+        event = simulator.add_event(EventSpec("Freeze", (VM,)))
+        agent.cycle()
+        agent.cycle()
+        text = get(agent, "/metrics").text
+    finally:
+        agent.shutdown()
+    samples = dict(_samples(text))
+    assert str(tmp_path) not in text  # a sink is named by its kind, not its file
+    assert {'se_bridge_spool_waiting_records{sink="jsonl"}',
+            'se_bridge_spool_waiting_records{sink="jsonl-2"}'} <= set(samples)  # fmt: skip
+    assert samples[f'se_bridge_build_info{{version="{bridge.__version__}"}}'] == 1
+    assert samples["se_bridge_events_pending"] == 1
+    record = next(json.loads(line) for line in first.read_text().splitlines()
+                  if event in line)  # fmt: skip
+    start = datetime.fromisoformat(record["NotBefore"].replace("Z", "+00:00")).timestamp()
+    assert samples["se_bridge_next_event_start_timestamp_seconds"] == start

@@ -15,8 +15,9 @@ most MAX_CONNECTIONS clients at once, each for at most REQUEST_DEADLINE seconds,
 errors go to the log, never to stderr.
 
 `Notifier` speaks systemd's notify protocol by hand (a datagram to `$NOTIFY_SOCKET`, no
-new dependency): READY=1 once started, WATCHDOG=1 while the loop turns (at most twice per
-`WatchdogSec`), STOPPING=1 at a stop. Without `$NOTIFY_SOCKET` it does nothing.
+new dependency): READY=1 once started (with a STATUS= line, such as what it waits for),
+WATCHDOG=1 while the loop turns (at most twice per `WatchdogSec`), STOPPING=1 at a stop.
+Without `$NOTIFY_SOCKET` it does nothing.
 """
 
 from __future__ import annotations
@@ -281,8 +282,12 @@ class Notifier:
     def enabled(self) -> bool:
         return bool(self._address)
 
-    def ready(self) -> None:
-        self._send("READY=1\nSTATUS=running")
+    def ready(self, status: str = "running") -> None:
+        self._send(f"READY=1\nSTATUS={status}")
+
+    def status(self, status: str) -> None:
+        """What `systemctl status` shows as Status:."""
+        self._send(f"STATUS={status}")
 
     def stopping(self) -> None:
         self._send("STOPPING=1")

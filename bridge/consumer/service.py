@@ -223,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     }
     try:
         config = wiring.load_config(args.config, flags=flags)
+        wiring.check_shadow(config.consumer)
         setup_logging(
             config.consumer_log_level(), fmt=config.consumer_log_format(), program="consumer"
         )

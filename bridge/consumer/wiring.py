@@ -41,7 +41,6 @@ def load_config(
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:
         raise ConfigError(str(err)) from err
-    check_shadow(config.consumer)
     return config
 
 
@@ -49,7 +48,8 @@ LIVE = ConsumerSettings()  # what a live consumer reads with and keeps, unless t
 
 
 def check_shadow(settings: ConsumerSettings) -> None:
-    """ConfigError when a shadow consumer would share what the live consumer keeps.
+    """ConfigError when a shadow consumer would share what the live consumer keeps (checked
+    by what consumes, the worker and the Functions app; `policy explain` only reads).
 
     In the live consumer's group it would resume from the live checkpoints and read nothing
     the live one had read (on Event Hubs it would also take partitions from it, each

@@ -82,3 +82,14 @@ def test_a_shadow_consumer_refuses_the_live_fleet_state_table(tmp_path: Path) ->
     assert done.returncode == 2, done.stderr
     assert "consumer.table_name" in done.stderr
     assert "SE_BRIDGE_CONSUMER_TABLE_NAME" in done.stderr
+
+
+def test_policy_explain_reads_with_a_shadow_consumers_settings(tmp_path: Path) -> None:
+    fleet = FleetRecords(now=datetime.now(timezone.utc))
+    fleet.vm("app-0")
+    records = tmp_path / "records.jsonl"
+    records.write_text(json.dumps(fleet.event("app-0", EVENT)) + "\n", encoding="utf-8")
+    done = run_bridge("policy", "explain", "--records", str(records),
+                      env={"SE_BRIDGE_CONSUMER_MODE": "shadow"})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "user-initiated" in done.stdout

@@ -60,7 +60,8 @@ def check_shadow(settings: ConsumerSettings) -> None:
     """
     if settings.mode != "shadow":
         return
-    if settings.consumer_group == LIVE.consumer_group:
+    # Event Hubs consumer groups and Table Storage tables are named without regard to case.
+    if settings.consumer_group.strip().casefold() == LIVE.consumer_group.casefold():
         raise ConfigError(
             f"a shadow consumer (consumer.mode = shadow) reads in a consumer group of its own, "
             f"not {LIVE.consumer_group}, where a live consumer reads and keeps its checkpoints: "
@@ -72,7 +73,7 @@ def check_shadow(settings: ConsumerSettings) -> None:
         tables = bool(settings.state) and parse_spec(settings.state)[0] == "tables"
     except ValueError:  # refused with its own words when the store is built
         tables = False
-    if tables and settings.table_name == LIVE.table_name:
+    if tables and settings.table_name.strip().casefold() == LIVE.table_name.casefold():
         raise ConfigError(
             f"a shadow consumer (consumer.mode = shadow) keeps its own fleet state, not the "
             f"live consumer's table {LIVE.table_name}, where it would mark approvals sent "

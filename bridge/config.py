@@ -306,7 +306,8 @@ class ConsumerSettings:
         "normal",
         "normal: send the approvals decided; shadow: decide and write Decision records "
         "(DecisionMode shadow) but send no command, to watch a policy before it approves "
-        "anything. A shadow consumer keeps its own state.",
+        "anything. A shadow consumer keeps its own state and reads in a consumer group of its "
+        "own: it refuses to start in $Default or on the table sebridgefleet (--shadow).",
         choices=("normal", "shadow"),
     )
     state: str = _setting(

@@ -49,6 +49,7 @@ CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_RETRY_SECONDS = 60.0
 MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
 STOP_CHECK_SECONDS = 0.1
+IDENTITY_WAIT_MARGIN = 30.0
 STALL_WAIT = 1.0  # how long a cycle waits for a poll's answer before its housekeeping
 T = TypeVar("T")
 
@@ -91,7 +92,7 @@ class Agent:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
         self._poll = _PollHealth()
         self.metrics = AgentMetrics(telemetry.new_registry())
-        self.metrics.watch(self.spool, self.delivery.status)
+        self.metrics.watch(self.spool, self.delivery.status, lambda: self.state)
         self._telemetry: telemetry.Endpoint | None = None
         self._notifier = telemetry.Notifier()
         self._last_turn = time.monotonic()
@@ -128,7 +129,6 @@ class Agent:
         """Poll until `stop` is set, then flush and return 0."""
         self._stop = stop
         self.start()
-        self._notifier.ready()
         while not stop.is_set():
             stop.wait(self._guarded_cycle())
         self._notifier.stopping()
@@ -183,11 +183,18 @@ class Agent:
     def start(self) -> None:
         self.delivery.start()
         self._resume_hooks()
+        # Ready before instance metadata, which may take imds.first_call_timeout (2 min) to
+        # answer after IMDS idled, longer than systemd's default start timeout (90 s): the
+        # agent is up, records carry null VM fields until it answers, and STATUS= says why.
+        self._notifier.ready(
+            f"waiting for instance metadata (up to {self.config.imds.first_call_timeout:g} s)"
+        )
         self._refresh_identity()
         self._heartbeat("Start")
         if self.listener is not None:
             self.listener.start()
         self._notify_approvers()
+        self._notifier.status("running")
         log.info(
             "polling %s every %gs; sinks: %s",
             self.imds.events_url,
@@ -258,18 +265,22 @@ class Agent:
             self._observe(body)
         return self.config.agent.poll_interval
 
-    def _result(self, future: Future[T], seconds: float = math.inf) -> T:
+    def _result(self, future: Future[T], seconds: float = math.inf, alive_for: float = 0) -> T:
         """`future`'s result; FutureTimeout when it is not ready within `seconds`, and
-        RetryableError if the agent is told to stop meanwhile."""
-        deadline = time.monotonic() + seconds
+        RetryableError if the agent is told to stop meanwhile. For the first `alive_for`
+        seconds of the wait systemd's watchdog hears that the loop is alive."""
+        started = time.monotonic()
         while True:
             try:
                 return future.result(timeout=STOP_CHECK_SECONDS)
             except FutureTimeout:
                 if self._stop.is_set():
                     raise RetryableError("stopping before IMDS answered") from None
-                if time.monotonic() >= deadline:
+                waited = time.monotonic() - started
+                if waited >= seconds:
                     raise
+                if waited < alive_for:
+                    self._notifier.watchdog()
 
     def _interruptible(self, call: Callable[[], T], worker: _Worker | None = None) -> T:
         """`call()` on an IMDS thread (the poll's unless told), abandoned (RetryableError) if
@@ -343,8 +354,14 @@ class Agent:
     # --- instance metadata ----------------------------------------------------------------
 
     def _refresh_identity(self) -> None:
+        # Its first answer may take imds.first_call_timeout, more than WatchdogSec (60 s):
+        # waiting for a call that ends by its own deadline is no stuck loop. Past that deadline
+        # (and a margin for the connection and the rate limiter) the watchdog hears nothing.
+        call = self._imds_thread.submit(self.imds.instance_metadata)
+        alive_for = self.config.imds.first_call_timeout + IDENTITY_WAIT_MARGIN
         try:
-            identity = imds.parse_instance(self._interruptible(self.imds.instance_metadata))
+            answer = self._result(call, alive_for=alive_for)
+            identity = imds.parse_instance(answer)
         except DeliveryError as err:
             self._identity_failed(err)
             return

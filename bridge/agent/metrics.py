@@ -1,7 +1,8 @@
 """The agent's metrics (docs/operations.md#metrics-and-health): what it counts as it goes,
 and what it reads from the spool and the delivery workers when Prometheus scrapes.
 
-Low cardinality only: labels are kinds, types, sinks and outcomes, never a VM or an event.
+Low cardinality only: labels are kinds, types, sinks (by kind: `jsonl`, never its path) and
+outcomes, never a VM or an event.
 A sample of what `/metrics` shows (besides the process_*, python_gc_* and python_info ones):
 
     se_bridge_imds_polls_total{outcome="ok"} 3605.0
@@ -15,6 +16,9 @@ A sample of what `/metrics` shows (besides the process_*, python_gc_* and python
     se_bridge_commands_total{outcome="Approved",source="Central"} 1.0
     se_bridge_commands_late_total{reason="Started"} 1.0
     se_bridge_approval_latency_seconds_bucket{le="1.0"} 1.0
+    se_bridge_events_pending 1.0
+    se_bridge_next_event_start_timestamp_seconds 1.7641410e+09
+    se_bridge_build_info{version="0.1.0"} 1.0
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from bridge.agent.normalise import NormaliserState, empty_state
 from bridge.outbox.spool import Spool
 from bridge.records import ApprovalOutcome, parse_time
 from bridge.retry import DeliveryError, PermanentError, ThrottledError
@@ -114,10 +119,42 @@ class AgentMetrics:
             self.approval_latency.observe(outcome.latency_ms / 1000)
 
     def watch(
-        self, spool: Spool, delivery_status: Callable[[], Mapping[str, Mapping[str, Any]]]
+        self,
+        spool: Spool,
+        delivery_status: Callable[[], Mapping[str, Mapping[str, Any]]],
+        events: Callable[[], NormaliserState | None],
     ) -> None:
-        """Read the spool and the delivery workers at each scrape (nothing kept in between)."""
+        """Read the spool, the delivery workers and the events IMDS last listed (`events`,
+        the normaliser's state) at each scrape (nothing kept in between)."""
         self.registry.register(_OutboxCollector(spool, delivery_status))
+        self.registry.register(_EventsCollector(events))
+
+
+class _EventsCollector(Collector):
+    def __init__(self, state: Callable[[], NormaliserState | None]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        events = (self._state() or empty_state())["events"].values()
+        pending = GaugeMetricFamily(
+            "se_bridge_events_pending",
+            "Events in the last Scheduled Events document, this VM's and its neighbours'.",
+        )
+        pending.add_metric([], len(events))
+        starts = [
+            moment.timestamp()
+            for event in events
+            if event["AffectsThisVm"] and event["EventStatus"] == "Scheduled"
+            and (moment := parse_time(event["NotBefore"])) is not None
+        ]  # fmt: skip
+        upcoming = GaugeMetricFamily(
+            "se_bridge_next_event_start_timestamp_seconds",
+            "The earliest NotBefore (Unix time) of a Scheduled event that affects this VM; no "
+            "sample when none is scheduled: `... - time()` is how long until it may start.",
+        )
+        if starts:
+            upcoming.add_metric([], min(starts))
+        yield from (pending, upcoming)
 
 
 class _OutboxCollector(Collector):
@@ -147,13 +184,29 @@ class _OutboxCollector(Collector):
             "se_bridge_dead_letters", "Records a sink rejected, kept aside.", labels=["sink"]
         )
         now = time.time()
-        for sink, status in self._status().items():
-            waiting.add_metric([sink], status.get("backlog", 0))
-            oldest.add_metric([sink], _age(self._spool.oldest_waiting(sink), now))
+        statuses = self._status()
+        labels = sink_labels(list(statuses))
+        for sink, status in statuses.items():
+            label = labels[sink]
+            waiting.add_metric([label], status.get("backlog", 0))
+            oldest.add_metric([label], _age(self._spool.oldest_waiting(sink), now))
             for kind, count in (status.get("failures_by_kind") or {}).items():
-                failures.add_metric([sink, kind], count)
-            dead.add_metric([sink], status.get("dead_lettered", 0))
+                failures.add_metric([label, kind], count)
+            dead.add_metric([label], status.get("dead_lettered", 0))
         yield from (held, shed, waiting, oldest, failures, dead)
+
+
+def sink_labels(names: list[str]) -> dict[str, str]:
+    """The `sink` label of each sink name: its kind (jsonl, hub, stdout, eventhubs,
+    loganalytics), never its file or directory, which is long and says where the records
+    are; a second sink of one kind is `jsonl-2`, a third `jsonl-3`, in the configured order."""
+    labels: dict[str, str] = {}
+    seen: dict[str, int] = {}
+    for name in names:
+        kind = name.partition(":")[0]
+        seen[kind] = seen.get(kind, 0) + 1
+        labels[name] = kind if seen[kind] == 1 else f"{kind}-{seen[kind]}"
+    return labels
 
 
 def _age(body: str | None, now: float) -> float:

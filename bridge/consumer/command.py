@@ -61,7 +61,8 @@ CONSUME_EXAMPLES = """\
 examples:
   se-bridge consume --config /etc/se-bridge/consumer.toml
   se-bridge consume --hub /srv/hub --commands local:/srv/commands --policy policy.yaml
-  SE_BRIDGE_CONSUMER_MODE=shadow se-bridge consume --config consumer.toml   # decide, send nothing
+  SE_BRIDGE_CONSUMER_CONSUMER_GROUP=se-bridge-shadow se-bridge consume --shadow \
+      --config consumer.toml   # decide, send nothing, in a consumer group of its own
 """
 
 
@@ -115,6 +116,15 @@ def add_consume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="where Decision records go: jsonl:PATH, stdout, hub:DIR, eventhubs or "
         "loganalytics; repeat for several (setting consumer.sinks, SE_BRIDGE_CONSUMER_SINKS; "
         "default jsonl:<state-dir>/decisions.jsonl)",
+    )
+    p.add_argument(
+        "--shadow",
+        action="store_const",
+        const="shadow",
+        dest="mode",
+        help="decide and write Decision records, send no command, in a consumer group (and on "
+        "a fleet state) other than the live consumer's (setting consumer.mode, "
+        "SE_BRIDGE_CONSUMER_MODE=shadow)",
     )
     p.add_argument(
         "--metrics-address",

@@ -134,6 +134,7 @@ def load_config(environ: Mapping[str, str], app_dir: Path | None = None) -> Conf
     # Names with "__" are the Functions host's (identity-based connections such as
     # SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace); config would warn about them as unknown.
     config = wiring.load_config(environ={k: v for k, v in environ.items() if "__" not in k})
+    wiring.check_shadow(config.consumer)
     policy = config.consumer.policy
     if policy is not None and not policy.is_absolute() and app_dir is not None:
         # A policy file deployed with the app: relative to the app, not the worker's cwd.

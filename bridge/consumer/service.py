@@ -149,7 +149,7 @@ class ConsumerService:
         self._notifier.ready()
         timer = threading.Thread(target=self._ticks, args=(stop,), name="se-bridge reevaluate")
         timer.start()
-        log.info("consuming from %s; policy: %s; decisions to %s", self._source(),
+        log.info("%sconsuming from %s; policy: %s; decisions to %s", self._mode(), self._source(),
                  self.consumer.policy.source, ", ".join(s.name for s in self.sinks))  # fmt: skip
         try:
             self._read(stop)
@@ -185,6 +185,11 @@ class ConsumerService:
                 log.warning("re-evaluating deferred events failed (%s); trying again in %gs",
                             err, self.config.consumer.reevaluate_interval)  # fmt: skip
 
+    def _mode(self) -> str:
+        if self.config.consumer.mode != "shadow":
+            return ""
+        return "shadow mode, sending no command: "
+
     def _source(self) -> str:
         if self.config.consumer.hub is not None:
             return f"the local hub {self.config.consumer.hub}"
@@ -215,12 +220,18 @@ def run(args: argparse.Namespace) -> int:
         "consumer.log_level": args.log_level,
         "consumer.log_format": args.log_format,
         "consumer.metrics_address": args.metrics_address,
+        "consumer.mode": args.mode,
     }
     try:
         config = wiring.load_config(args.config, flags=flags)
+        wiring.check_shadow(config.consumer)
         setup_logging(
             config.consumer_log_level(), fmt=config.consumer_log_format(), program="consumer"
         )
+        if config.consumer.mode == "shadow":
+            log.info("shadow mode (consumer.mode = shadow): deciding and writing Decision "
+                     "records in consumer group %s, sending no command",
+                     config.consumer.consumer_group)  # fmt: skip
         warn_of_consumer_settings_under_agent(config)
         warn_if_secrets_readable(args.config)
         service = ConsumerService(config)

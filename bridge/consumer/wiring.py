@@ -14,7 +14,7 @@ from typing import Any
 from bridge import channels, host, sinks, telemetry
 from bridge.channels import CommandSender
 from bridge.commands import signing
-from bridge.config import Config, ConfigError, load
+from bridge.config import Config, ConfigError, ConsumerSettings, load
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
@@ -42,6 +42,44 @@ def load_config(
     except ValueError as err:
         raise ConfigError(str(err)) from err
     return config
+
+
+LIVE = ConsumerSettings()  # what a live consumer reads with and keeps, unless told otherwise
+
+
+def check_shadow(settings: ConsumerSettings) -> None:
+    """ConfigError when a shadow consumer would share what the live consumer keeps (checked
+    by what consumes, the worker and the Functions app; `policy explain` only reads).
+
+    In the live consumer's group it would resume from the live checkpoints and read nothing
+    the live one had read (on Event Hubs it would also take partitions from it, each
+    processor closing the other's receiver); on the live fleet state table it would mark
+    approvals sent that it never sent, and the live consumer would not send them either. The
+    live consumer is taken to use the defaults (consumer group $Default, table sebridgefleet):
+    a live consumer that names its own must not be copied into a shadow's settings.
+    """
+    if settings.mode != "shadow":
+        return
+    # Event Hubs consumer groups and Table Storage tables are named without regard to case.
+    if settings.consumer_group.strip().casefold() == LIVE.consumer_group.casefold():
+        raise ConfigError(
+            f"a shadow consumer (consumer.mode = shadow) reads in a consumer group of its own, "
+            f"not {LIVE.consumer_group}, where a live consumer reads and keeps its checkpoints: "
+            "set consumer.consumer_group (SE_BRIDGE_CONSUMER_CONSUMER_GROUP), for example to "
+            "se-bridge-shadow, after creating it on the event hub (az eventhubs eventhub "
+            "consumer-group create; a local hub needs nothing created)"
+        )
+    try:
+        tables = bool(settings.state) and parse_spec(settings.state)[0] == "tables"
+    except ValueError:  # refused with its own words when the store is built
+        tables = False
+    if tables and settings.table_name.strip().casefold() == LIVE.table_name.casefold():
+        raise ConfigError(
+            f"a shadow consumer (consumer.mode = shadow) keeps its own fleet state, not the "
+            f"live consumer's table {LIVE.table_name}, where it would mark approvals sent "
+            "that it never sent: set consumer.table_name (SE_BRIDGE_CONSUMER_TABLE_NAME), for "
+            "example to sebridgeshadow"
+        )
 
 
 def load_policy(path: Path | None) -> Policy:
@@ -90,14 +128,23 @@ def load_signer(config: Config) -> signing.Signer | None:
                 "(SE_BRIDGE_COMMANDS_SIGNING_KEY=file:PATH or keyvault:URL; `se-bridge keygen "
                 "--out FILE` makes one), or set commands.allow_unsigned = true (not for production)"
             )
-        log.warning("commands.allow_unsigned is set and commands.signing_key is not: sending "
-                    "UNSIGNED commands, which agents with a verify key refuse")  # fmt: skip
+        if config.consumer.mode == "shadow":
+            log.info("shadow mode: no command is sent (none would be signed: "
+                     "commands.allow_unsigned is set and commands.signing_key is not)")  # fmt: skip
+        else:
+            log.warning(
+                "commands.allow_unsigned is set and commands.signing_key is not: sending "
+                "UNSIGNED commands, which agents with a verify key refuse"
+            )
         return None
     try:
         signer = signing.load_signer(settings, config.identity)
     except signing.SigningError as err:
         raise ConfigError(str(err)) from err
-    log.info("signing commands with key %s", signer.key_id)
+    if config.consumer.mode == "shadow":
+        log.info("shadow mode: no command is sent (key %s would sign them)", signer.key_id)
+    else:
+        log.info("signing commands with key %s", signer.key_id)
     return signer
 
 

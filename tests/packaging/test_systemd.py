@@ -163,3 +163,16 @@ def test_units_use_the_notify_protocol_a_watchdog_and_memory_limits(unit: str) -
     assert settings["WatchdogSec"].endswith("s")
     assert settings["MemoryMax"]
     assert settings["MemoryHigh"]
+
+
+@pytest.mark.parametrize("unit", sorted(COMMANDS))
+def test_units_bound_open_files_and_tasks(unit: str) -> None:
+    """A flood of connections to the metrics endpoint, or a hook that forks without end,
+    stops at the unit's own limits, not the host's."""
+    found = directives(UNITS / unit)
+    for key in ("LimitNOFILE", "TasksMax"):
+        assert len(found.get(key, [])) == 1, key
+        assert found[key][0].isdigit(), f"{key}={found[key][0]}: a number, not infinity"
+    # The endpoint's connections, the threads and the hooks fit well inside.
+    assert int(found["LimitNOFILE"][0]) >= 1024
+    assert int(found["TasksMax"][0]) >= 64

@@ -408,6 +408,16 @@ def test_in_azure_state_and_commands_must_outlive_the_instance(tmp_path: Path) -
     assert load_config(env).consumer.state == "tables"
 
 
+def test_a_shadow_app_reads_in_a_consumer_group_of_its_own(tmp_path: Path) -> None:
+    env = {**local_env(tmp_path), "SE_BRIDGE_CONSUMER_MODE": "shadow"}
+    for live in ("$Default", "$default"):  # Event Hubs names groups without regard to case
+        env["SE_BRIDGE_CONSUMER_CONSUMER_GROUP"] = live
+        with pytest.raises(ConfigError, match="SE_BRIDGE_CONSUMER_CONSUMER_GROUP"):
+            load_config(env)
+    env["SE_BRIDGE_CONSUMER_CONSUMER_GROUP"] = "se-bridge-shadow"
+    assert load_config(env).consumer.mode == "shadow"
+
+
 def test_log_analytics_settings_must_be_complete(tmp_path: Path) -> None:
     env = {**local_env(tmp_path), "SE_BRIDGE_LOGANALYTICS_ENDPOINT": "https://x.ingest.monitor"}
     with pytest.raises(ConfigError, match="SE_BRIDGE_LOGANALYTICS_RULE_ID"):

@@ -40,6 +40,7 @@ ONE_VM_FAULTS = {
     "endless IMDS": {"rateEndless": 1.0},
 }
 SETTLE = 240.0
+STALL = 25.0  # seconds, past the chaos consumer's alive_within (rig.CONSUMER_TOML)
 
 
 class Chaos:
@@ -66,6 +67,8 @@ class Chaos:
             self.toggle_broker()
         if cycle % 7 == 3:
             self.toggle_logs()
+        if cycle % 25 == 20:
+            self.stall_consumer()
 
     def new_event(self) -> None:
         scale_set = self.rng.choice(sorted(SCALE_SETS))
@@ -125,6 +128,22 @@ class Chaos:
             self.faults_used[f"Logs Ingestion {status}s"] += 1
             return
         self.logs_down = not self.logs_down
+
+    def stall_consumer(self) -> None:
+        """Stop the consumer (SIGSTOP) past alive_within while the agents go on, then let it
+        go on: it wakes behind on every partition, and every VM it last heard before the
+        stall looks silent on its clock. A slot released on that silence lets a second VM of
+        a scale set be approved while the first is down (issue 27, item 5): check_budgets
+        sees that at IMDS."""
+        proc = self.rig.consumer
+        if not proc.alive:
+            return
+        proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(STALL)
+        finally:
+            proc.popen.send_signal(signal.SIGCONT)
+        self.faults_used["consumer stalled past alive_within"] += 1
 
     # --- kills ---------------------------------------------------------------------------
 
@@ -231,7 +250,8 @@ class Chaos:
         """Sinks caught up, then a clean stop of every process: each must exit 0."""
         problems = []
         if not wait_for(jsonl_complete, 120, "every sink to hold every record"):
-            problems.append("the sinks did not catch up with the agents within 120 s")
+            problems.append("the sinks did not catch up with the agents within 120 s: "
+                            f"{missing(self.rig)}")  # fmt: skip
         for vm in VMS:
             code = self.rig.agents[vm].stop()
             if code != 0:
@@ -273,7 +293,7 @@ def run_chaos(root: Path, *, cycles: int, seed: int) -> inv.Report:
                 log.info("chaos: %d of %d kill cycles, %s", cycle, cycles, dict(chaos.kills))
         report.add(chaos.exits)
         report.add(chaos.settle())
-        report.add(chaos.stop_all(lambda: sinks_complete(rig)))
+        report.add(chaos.stop_all(sinks_complete(rig)))
         check(rig, report)
         report.add(inv.check_planted(rig.planted, rig.victim))
         inv.add_unapproved(report, chaos.stuck)
@@ -299,9 +319,32 @@ def sinks(rig: Rig) -> dict[str, list[inv.Record]]:
     }
 
 
-def sinks_complete(rig: Rig) -> bool:
-    written = {r["RecordId"] for a in rig.agents.values() for r in inv.read_jsonl(a.sink)[1]}
-    return all(written <= {r["RecordId"] for r in records} for records in sinks(rig).values())
+def sinks_complete(rig: Rig) -> Callable[[], bool]:
+    """Whether every sink holds what the agents had written when this was asked: not what
+    they write after. A heartbeat (every 5 s) waits up to loganalytics.send_interval (5 s)
+    for its upload, so an agent whose two clocks keep one phase always has one pending, and
+    "everything, at one moment, on all four VMs" might never come. What they write later is
+    checked after the clean stop (check_delivery), which flushes it."""
+    before = set(_written(rig))
+    return lambda: not any(missing(rig, before).values())
+
+
+def _written(rig: Rig) -> dict[str, inv.Record]:
+    return {r["RecordId"]: r for a in rig.agents.values() for r in inv.read_jsonl(a.sink)[1]}
+
+
+def missing(rig: Rig, among: set[str] | None = None) -> dict[str, list[str]]:
+    """Per sink, what the agents wrote (of `among`, if given) that it does not hold: the VM
+    and RecordType of each."""
+    written = _written(rig)
+    if among is not None:
+        written = {rid: r for rid, r in written.items() if rid in among}
+    held = {name: {r["RecordId"] for r in records} for name, records in sinks(rig).items()}
+    return {
+        name: sorted(f"{r.get('VmName')} {r.get('RecordType')}" for rid, r in written.items()
+                     if rid not in ids)
+        for name, ids in held.items()
+    }  # fmt: skip
 
 
 def check(rig: Rig, report: inv.Report) -> None:

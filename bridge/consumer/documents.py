@@ -58,9 +58,13 @@ class VmDocument(TypedDict, total=False):
     prepare_hook: bool  # as its agent's last heartbeat said; absent when it did not say
 
 
-class Reporter(TypedDict):
+class _Reported(TypedDict):
     status: str  # the reporter's EventStatus, or Gone once the event left its document
     at: str  # the TimeGenerated of that record
+
+
+class Reporter(_Reported, total=False):
+    told: str  # the `told_key` of the scope that record gave (documents before it: none)
 
 
 class StandingDecision(TypedDict, total=False):
@@ -316,7 +320,22 @@ def _merge_event_record(value: EventDocument, record: Mapping[str, Any]) -> None
         reporters.pop(host_key, None)
     mine = reporters.get(who)
     if mine is None or seen >= mine["at"]:
-        reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen}
+        reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen,
+                          "told": told_key(_record_scope(record))}  # fmt: skip
+    _forget_untold(value)
+
+
+def _forget_untold(value: EventDocument) -> None:
+    """Keep `told` only for the scopes some reporter's newest record gives: one entry per
+    reporting VM at most. A VM whose records name a new ResourceGroup each time (free text a
+    compromised VM chooses) added an entry per record, up to 64 KiB each, until the document
+    could not be written and every batch of its partition failed (issue 27 review)."""
+    kept = {r.get("told") for r in value.get("reporters", {}).values()}
+    if None in kept:  # a reporter of an earlier release: its scope is not known here
+        return
+    told = value.get("told", {})
+    if told.keys() - kept:
+        value["told"] = {key: fields for key, fields in told.items() if key in kept}
 
 
 def told_key(scope: Scope) -> str:
@@ -431,12 +450,15 @@ class Names:
         give in Resources.
 
         Azure shows an event to the VMs of the scope of the VMs it names: a reporter counts
-        when a name its scope gives is a VM of its scope. When none is (an availability set
-        or scale set whose named VMs have no agent yet) nothing tells which scope is the
-        event's, and every reporter counts. So a VM of another scope that claims an event in
-        its own name (one compromised VM, or a misrouted record) changes neither its fields
-        nor how its names resolve, nor its status, nor when its slot is released; a reporter
-        whose scope is not known yet counts (fail closed).
+        unless its scope names known VMs of other scopes only, while some scope names VMs of
+        its own. A scope whose names no known VM has (an availability set or scale set whose
+        named VMs have no agent yet) may be the event's, so it counts; when no scope names
+        VMs of its own, nothing tells which is the event's, and every reporter counts. So a
+        VM of another scope that claims a known VM's event (one compromised VM, or a
+        misrouted record) changes neither its fields nor how its names resolve, nor its
+        status, nor when its slot is released; one that names itself or an unknown name adds
+        to what counts and can take nothing away (the worst case of the scopes' words); a
+        reporter whose scope is not known yet counts (fail closed).
         """
         scopes = {scope for scope in reporters.values() if scope is not None}
         seeing = {
@@ -444,7 +466,17 @@ class Names:
             for scope in scopes
             if any((scope, vm_key(name)) in self.index for name in told.get(scope, ()))
         }
-        within = seeing or scopes
+        # Only a scope that names known VMs of other scopes and none of its own is left out:
+        # Azure names VMs of the reporter's own set. A scope whose names no VM is known by
+        # may be the event's own (its named VMs have no agent yet): it keeps counting, or a
+        # VM of another scope naming itself would become the event's only witness, and its
+        # word (Completed, Scheduled) would free the slot of a VM that may be down.
+        foreign = {
+            scope
+            for scope in scopes - seeing
+            if any(vm_key(name) in self.scopes for name in told.get(scope, ()))
+        }
+        within = scopes - foreign if seeing else scopes
         counted = frozenset(r for r, scope in reporters.items() if scope is None or scope in within)
         return counted, tuple(sorted(within, key=repr))
 

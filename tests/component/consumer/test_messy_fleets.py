@@ -476,3 +476,49 @@ def test_a_vm_of_another_subscription_cannot_rewrite_an_event_it_claims(tmp_path
     rig.consumer.tick()
     assert rig.sender.sent == []
     assert rig.actions() == [("Hold", "everything-else")]
+
+
+# --- found in review (issue 27): a claim from another scope adds to what counts, never less ---
+
+
+def test_a_vm_of_another_scope_naming_itself_frees_no_slot_of_an_agentless_vm(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db", Policy(rules=(APPROVE_ALL,), budgets=SETS_AND_GROUPS))
+    rig.consumer.process(_two_subscriptions(rig))
+    # web_9 (no agent yet) of scale set web is rebooted by the platform; web_0 reports it.
+    rig.consumer.process([rig.fleet.event("web_0", E1, transition="Started", source="Platform",
+                                          resources=["web_9"])])  # fmt: skip
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event("web_1", E3)])
+    assert rig.sender.sent == []  # web_9 holds web's slot
+    # api_0, another subscription, says in its own name that E1, naming api_0, completed.
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event("api_0", E1, transition="Completed",
+                                          resources=["api_0"])])  # fmt: skip
+    rig.fleet.advance(1)
+    rig.consumer.tick()
+    rig.consumer.process([rig.fleet.heartbeat("web_1")])
+    rig.consumer.tick()
+    # web_9 may still be down: nothing of web may be approved, and no slot was freed.
+    assert rig.sender.sent == []
+    assert "Release" not in [action for action, _ in rig.actions()]
+
+
+def test_a_vm_that_names_a_new_resource_group_each_time_cannot_grow_an_event_for_ever(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path / "fleet.db")
+    rig.fleet.vm("web_0", scale_set="web")
+    rig.fleet.vm("web_1", scale_set="web")
+    rig.consumer.process([rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1")])
+    rig.consumer.process([rig.fleet.event("web_1", E1, source="Platform")])
+    names = [f"vm-{i:012d}" for i in range(3300)]  # a record just under MAX_RECORD_BYTES
+    for n in range(12):
+        rig.fleet.advance(1)
+        record = rig.fleet.event("web_0", E1, source="Platform", resources=names)
+        record["ResourceGroup"] = f"rg-{n}"
+        record["RecordId"] = f"forged-{n}"
+        rig.consumer.process([record])  # raised at the 8th: the document could not be written
+    told = rig.store.read(fs.EVENT, fs.event_key(E1)).value["told"]  # type: ignore[union-attr]
+    assert len(told) == 2  # web_1's scope, and web_0's latest

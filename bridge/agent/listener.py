@@ -393,29 +393,25 @@ def verifier_for(config: Config) -> Verifier | None:
     return verifier
 
 
-def own_events(state: Mapping[str, object] | None) -> frozenset[str]:
-    """The EventIds of the Scheduled events that affect this VM, or may (`scheduled_here`)."""
+def _scheduled(state: Mapping[str, object] | None) -> dict[str, Mapping[str, object]]:
+    """The events of the current document that are Scheduled, by EventId."""
     events = (state or {}).get("events")
     if not isinstance(events, dict):
-        return frozenset()
-    return frozenset(
-        str(event_id)
+        return {}
+    return {
+        str(event_id): e
         for event_id, e in events.items()
-        if isinstance(e, dict)
-        and str(e.get("EventStatus") or "").strip().lower() == "scheduled"
-        and e.get("AffectsThisVm") is not False
-    )
+        if isinstance(e, dict) and str(e.get("EventStatus") or "").strip().lower() == "scheduled"
+    }
+
+
+def own_events(state: Mapping[str, object] | None) -> frozenset[str]:
+    """The EventIds of the Scheduled events that affect this VM, or may (`scheduled_here`)."""
+    return frozenset(i for i, e in _scheduled(state).items() if e.get("AffectsThisVm") is not False)
 
 
 def scheduled_here(state: Mapping[str, object] | None) -> tuple[bool, bool]:
     """(an event is still Scheduled, so a command may come; one of those affects this VM, or
     may: AffectsThisVm true or unknown)."""
-    events = (state or {}).get("events")
-    if not isinstance(events, dict):
-        return False, False
-    scheduled = [
-        e
-        for e in events.values()
-        if isinstance(e, dict) and str(e.get("EventStatus") or "").strip().lower() == "scheduled"
-    ]
-    return bool(scheduled), any(e.get("AffectsThisVm") is not False for e in scheduled)
+    scheduled = _scheduled(state)
+    return bool(scheduled), bool(own_events(state))

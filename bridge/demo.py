@@ -36,7 +36,7 @@ from bridge.records import parse_time
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
-from bridge.sinks import SpooledRecord, build
+from bridge.sinks import BaseSink, SpooledRecord, build
 
 if TYPE_CHECKING:
     from bridge.consumer.service import ConsumerService
@@ -187,7 +187,7 @@ def count_key(record: dict[str, Any]) -> str:
     return "Heartbeat"
 
 
-class ViewSink:
+class ViewSink(BaseSink):
     """A real sink: records reach the view through the spool and delivery, like any other."""
 
     max_batch = 200

@@ -146,7 +146,7 @@ def run_check(args: argparse.Namespace) -> int:
     for spec in config.sink_specs():
         sink = sinks.build(spec, config)
         try:
-            print(f"ok      {sink.name}: {sinks.check(sink)}")
+            print(f"ok      {sink.name}: {sink.check()}")
         except DeliveryError as err:
             failed += 1
             print(f"FAILED  {sink.name}: {describe(err)}")

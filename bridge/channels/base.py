@@ -1,4 +1,5 @@
-"""What every command channel is: a received message, and the two ends (sender, inbox)."""
+"""What every command channel is: a received message, the two ends (sender, inbox), and the
+channel that makes them (what a `commands.channel` SPEC's kind builds)."""
 
 from __future__ import annotations
 
@@ -36,3 +37,16 @@ class CommandInbox(Protocol):
         """Remove a message for good (acted on, refused, or expired)."""
 
     def close(self) -> None: ...
+
+
+class Channel(Protocol):
+    """One kind of channel with its settings: both of its ends, made on demand."""
+
+    def sender(self) -> CommandSender:
+        """The consumer's end; ValueError naming a setting that makes it unusable."""
+
+    def inbox(self, vm_id: str) -> CommandInbox:
+        """The agent's end for `vm_id`; ValueError naming a setting that makes it unusable."""
+
+    def check_inbox(self) -> None:
+        """ValueError unless an agent may read its inbox here (checked when the agent starts)."""

@@ -121,6 +121,23 @@ def _message_path(directory: Path, command: Command) -> Path:
     return channel_dir(directory, command.vm_id) / f"{command.command_id.lower()}.json"
 
 
+@dataclass(frozen=True)
+class LocalChannel:
+    """The channels in `directory`; an inbox hides what it reads for `visibility_timeout` s."""
+
+    directory: Path
+    visibility_timeout: float
+
+    def sender(self) -> LocalSender:
+        return LocalSender(self.directory)
+
+    def inbox(self, vm_id: str) -> LocalInbox:
+        return LocalInbox(self.directory, vm_id, self.visibility_timeout)
+
+    def check_inbox(self) -> None:
+        check_directory(self.directory)
+
+
 class LocalSender:
     """The consumer's end: one atomically written file per command."""
 

@@ -25,20 +25,21 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from bridge import identity
-from bridge.channels import storageerrors
 from bridge.channels.base import Received
-from bridge.config import Config
+from bridge.cloud import storage, storageerrors
+from bridge.cloud.identity import Identity
+from bridge.cloud.storage import StorageAccount
 from bridge.retry import (
     DeliveryError,
     PermanentError,
 )
 
 if TYPE_CHECKING:
-    from azure.storage.queue import QueueClient, QueueServiceClient
+    from azure.storage.queue import QueueClient
 
     from bridge.commands.message import Command
 
@@ -66,9 +67,10 @@ def queue_name(prefix: str, vm_id: str) -> str:
     return name
 
 
-def queue_accounts(config: Config) -> list[str]:
-    """commands.queue_accounts as a list ([] when not set); ValueError naming what is wrong."""
-    text = config.commands.queue_accounts.strip()
+def queue_accounts(setting: str, account: StorageAccount) -> list[str]:
+    """commands.queue_accounts (`setting`) as a list ([] when not set); ValueError naming what is
+    wrong."""
+    text = setting.strip()
     if not text:
         return []
     accounts = [a.strip() for a in text.split(",")]
@@ -80,7 +82,7 @@ def queue_accounts(config: Config) -> list[str]:
         )
     if len(set(accounts)) != len(accounts):
         raise ValueError("commands.queue_accounts names an account twice")
-    if config.storage.connection_string:
+    if account.connection_string:
         raise ValueError(
             "commands.queue_accounts needs Entra ID (storage.account), not "
             "storage.connection_string, which names one account"
@@ -101,15 +103,50 @@ def queue_account(vm_id: str, accounts: Sequence[str]) -> str:
         raise ValueError(f"VmId {vm_id!r} does not start with 8 hex digits") from None
 
 
+@dataclass(frozen=True)
+class StorageQueueChannel:
+    """The queues in `account` (or in the `accounts` of commands.queue_accounts) named
+    `prefix` + VmId; an inbox hides what it reads for `visibility_timeout` s."""
+
+    account: StorageAccount
+    identity: Identity
+    prefix: str
+    accounts: str
+    visibility_timeout: float
+
+    def sender(self) -> StorageQueueSender:
+        accounts = queue_accounts(self.accounts, self.account)  # bad names stop it at start
+        return StorageQueueSender(self.account, self.identity, self.prefix, accounts)
+
+    def inbox(self, vm_id: str) -> StorageQueueInbox:
+        return StorageQueueInbox(
+            self.account, self.identity, self.prefix, vm_id, self.visibility_timeout
+        )
+
+    def check_inbox(self) -> None:
+        """Nothing to check: the service decides who may read a queue."""
+
+
 class StorageQueueSender:
     """The consumer's end: one queue client per VM, the most recently used `cache_size` kept."""
 
-    def __init__(self, config: Config, *, cache_size: int = 1024) -> None:
-        self._prefix = config.commands.queue_prefix
+    def __init__(
+        self,
+        account: StorageAccount,
+        identity: Identity,
+        prefix: str,
+        accounts: Sequence[str] = (),
+        *,
+        cache_size: int = 1024,
+    ) -> None:
+        """`prefix`: commands.queue_prefix; `accounts`: commands.queue_accounts (`queue_accounts`),
+        none for storage.account (or the connection string's)."""
+        self._prefix = prefix
         queue_name(self._prefix, _SAMPLE_VM_ID)  # a bad prefix stops the process at start
-        # So do bad account names. "": storage.account, or the connection string's.
-        self._accounts = queue_accounts(config) or [""]
-        self._edges = {a: _Edge(config, CONSUMER_ROLE, account=a) for a in self._accounts}
+        self._accounts = list(accounts) or [""]
+        self._edges = {
+            a: _Edge(account, identity, CONSUMER_ROLE, account_name=a) for a in self._accounts
+        }
         self._clients: OrderedDict[str, QueueClient] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
@@ -157,9 +194,16 @@ def _send(client: QueueClient, text: str, time_to_live: int) -> None:
 class StorageQueueInbox:
     """One agent's end: the queue of its own VmId."""
 
-    def __init__(self, config: Config, vm_id: str, visibility_timeout: float) -> None:
-        self._name = queue_name(config.commands.queue_prefix, vm_id)
-        self._edge = _Edge(config, AGENT_ROLE)
+    def __init__(
+        self,
+        account: StorageAccount,
+        identity: Identity,
+        prefix: str,
+        vm_id: str,
+        visibility_timeout: float,
+    ) -> None:
+        self._name = queue_name(prefix, vm_id)
+        self._edge = _Edge(account, identity, AGENT_ROLE)
         self._client = self._edge.queue(self._name)
         # The service takes whole seconds, at least one.
         self._visibility_timeout = max(1, math.ceil(visibility_timeout))
@@ -217,11 +261,19 @@ def _received(message: Any) -> Received:
 class _Edge:
     """The account connection one end uses, and how its failures map onto bridge.retry."""
 
-    def __init__(self, config: Config, role: str, *, account: str = "") -> None:
-        self._storage = config.storage
-        self._identity = config.identity
-        self._role = role
-        self._service = _service_client(config, account or config.storage.account)
+    def __init__(
+        self, account: StorageAccount, identity: Identity, role: str, *, account_name: str = ""
+    ) -> None:
+        from azure.storage.queue import QueueServiceClient  # noqa: PLC0415
+
+        # Retries are the caller's loop (jittered, honouring Retry-After): none hidden in the SDK.
+        options: dict[str, Any] = {"retry_total": 0, "logging_enable": False}
+        self._service = storage.connect(
+            account, identity, "queue", "the storagequeue channel", account=account_name,
+            by_string=lambda text: QueueServiceClient.from_connection_string(text, **options),
+            by_identity=lambda url, token: QueueServiceClient(url, credential=token, **options),
+        )  # fmt: skip
+        self._advice = storage.refused(account, identity, role, "the queue")
         # Errors name the endpoint without its query, which could hold a SAS signature.
         parts = urlsplit(self._service.url)
         self._endpoint = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
@@ -234,30 +286,4 @@ class _Edge:
 
     def classify(self, err: BaseException, queue: str) -> DeliveryError:
         target = f"queue {queue} at {self._endpoint}"
-        return storageerrors.classify(err, target=target, auth_advice=self._auth_advice())
-
-    def _auth_advice(self) -> str:
-        if self._storage.connection_string:
-            return "the key or SAS in storage.connection_string was refused (wrong, or rotated)"
-        return f"grant {identity.describe(self._identity)} the {self._role} role on the queue"
-
-
-def _service_client(config: Config, account: str) -> QueueServiceClient:
-    """A client over `account` (or the connection string's); ValueError naming the setting
-    when the settings are unusable."""
-    from azure.storage.queue import QueueServiceClient  # noqa: PLC0415
-
-    storage = config.storage
-    # Retries are the caller's loop (jittered, honouring Retry-After): none hidden in the SDK.
-    options: dict[str, Any] = {"retry_total": 0, "logging_enable": False}
-    if storage.connection_string:
-        try:
-            return QueueServiceClient.from_connection_string(storage.connection_string, **options)
-        except ValueError as err:
-            raise ValueError("storage.connection_string is not a valid connection string") from err
-    if not account:
-        raise ValueError(
-            "the storagequeue channel needs storage.account or storage.connection_string"
-        )
-    url = f"https://{account}.queue.{storage.endpoint_suffix}"
-    return QueueServiceClient(url, credential=identity.credential(config.identity), **options)
+        return storageerrors.classify(err, target=target, auth_advice=self._advice)

@@ -37,9 +37,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
+from bridge.cloud.identity import CREDENTIAL_ADVICE, credential
 from bridge.commands.message import Command
 from bridge.config import CommandsSettings, IdentitySettings
-from bridge.identity import CREDENTIAL_ADVICE, credential
 
 FILE = "file:"
 KEYVAULT = "keyvault:"

@@ -52,11 +52,11 @@ from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
-from bridge.consumer.state import parse_spec as parse_state_spec
+from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.consumer.wiring import build_consumer, state_spec
 from bridge.redact import describe
 from bridge.retry import PoisonRecords
-from bridge.sinks import Sink, SpooledRecord, loganalytics
+from bridge.sinks import Sink, SpooledRecord, kinds, loganalytics
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +97,8 @@ class DecisionOutlet:
         settings = config.loganalytics
         if not (settings.endpoint or settings.rule_id):
             return cls(None)
-        loganalytics.check_settings(settings, "sending Decision records to Log Analytics")
-        return cls(loganalytics.LogAnalyticsSink(config))
+        kinds.check_loganalytics(settings, "sending Decision records to Log Analytics")
+        return cls(loganalytics.LogAnalyticsSink(settings, config.identity))
 
     def __call__(self, records: list[dict[str, Any]]) -> None:
         if self.sink is None:
@@ -150,7 +150,7 @@ def _check_durable(config: Config) -> None:
     and which scale-out multiplies (each instance with its own SQLite would keep its own
     budgets)."""
     try:
-        kind, _ = parse_state_spec(state_spec(config))
+        kind = STORES.parse(state_spec(config))[0].name
     except ValueError as err:
         raise ConfigError(f"consumer.state: {err}") from err
     if kind != "tables":

@@ -15,11 +15,10 @@ from bridge import channels, host, sinks, telemetry
 from bridge.channels import CommandSender
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, ConsumerSettings, load
-from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
-from bridge.consumer.state import Store, parse_spec
-from bridge.consumer.state.sqlite import SqliteStore
+from bridge.consumer.state import Store
+from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.policy import file as policyfile
 from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import utc_now
@@ -36,7 +35,7 @@ def load_config(
     """The consumer's settings: config.load, then the channel and Decision sink SPECs."""
     config = load(path, environ, flags)
     channels.check_config(config)
-    sinks.check_config(config, decision_sinks(config))
+    sinks.check_config(config, decision_sinks(config), "consumer.sinks")
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:
@@ -70,7 +69,7 @@ def check_shadow(settings: ConsumerSettings) -> None:
             "consumer-group create; a local hub needs nothing created)"
         )
     try:
-        tables = bool(settings.state) and parse_spec(settings.state)[0] == "tables"
+        tables = bool(settings.state) and STORES.parse(settings.state)[0].name == "tables"
     except ValueError:  # refused with its own words when the store is built
         tables = False
     if tables and settings.table_name.strip().casefold() == LIVE.table_name.casefold():
@@ -150,10 +149,4 @@ def load_signer(config: Config) -> signing.Signer | None:
 
 def build_store(spec: str, config: Config) -> Store:
     """The store a `consumer.state` SPEC names (`sqlite:PATH` or `tables`)."""
-    kind, arg = parse_spec(spec)
-    if kind == "sqlite":
-        return SqliteStore(Path(arg).expanduser())
-    # Loaded on first use: the tables module brings azure-core and the Tables SDK.
-    from bridge.consumer.state.tables import TableStore  # noqa: PLC0415
-
-    return TableStore(config, spread=fs.PARTITIONS)
+    return STORES.build(spec, config)

@@ -161,9 +161,8 @@ class _Worker:
 
     def _hold(self, batch: Sequence[SpooledRecord]) -> float:
         """Seconds `batch` may still wait for the sink's next send (see Sink); 0: send now."""
-        interval: float = getattr(self.sink, "send_interval", 0.0)
-        can_wait: Callable[[SpooledRecord], bool] | None = getattr(self.sink, "can_wait", None)
-        if not interval or can_wait is None or self._sent_at is None or self._hurry.is_set():
+        interval = self.sink.send_interval
+        if not interval or self._sent_at is None or self._hurry.is_set():
             return 0.0
         if len(batch) >= self.sink.max_batch:
             return 0.0  # a full request already; and what cannot wait may be behind it
@@ -171,7 +170,7 @@ class _Worker:
         if remaining <= 0:
             return 0.0
         try:
-            waits = all(can_wait(record) for record in batch)
+            waits = all(self.sink.can_wait(record) for record in batch)
         except Exception as err:  # a sink's rule must never stop delivery: send now
             log.debug("sink %s could not tell what may wait: %s", self.name, describe(err))
             return 0.0
@@ -179,15 +178,11 @@ class _Worker:
 
     def _idle(self) -> float | None:
         """Tell the sink there is nothing to send; the seconds until it wants to be told again."""
-        idle = getattr(self.sink, "idle", None)
-        if idle is None:
-            return None
         try:
-            again: float | None = idle()
+            return self.sink.idle()
         except Exception as err:  # letting go of a connection must never stop delivery
             log.debug("sink %s failed to go idle: %s", self.name, describe(err, with_type=True))
             return None
-        return again
 
     def _set_aside(self, batch: Sequence[SpooledRecord], err: PoisonRecords) -> None:
         seqs = sorted({record.seq for record in batch} & set(err.seqs))

@@ -29,6 +29,8 @@ class SpooledRecord:
 
 
 class Sink(Protocol):
+    """What a sink is and may do; BaseSink gives what a sink has no use for."""
+
     @property
     def name(self) -> str:
         """Unique, stable name; the spool keeps this sink's progress under it."""
@@ -40,27 +42,47 @@ class Sink(Protocol):
     def send(self, batch: Sequence[SpooledRecord]) -> None:
         """Deliver every record of `batch`, in order, or raise a bridge.retry failure."""
 
+    def check(self) -> str:
+        """A harmless real round trip (`se-bridge check`): what worked, or a bridge.retry
+        failure with advice."""
+
+    @property
+    def send_interval(self) -> float:
+        """Pacing: after a send, a batch whose every record `can_wait` is held until this many
+        seconds have passed, so that it goes in one request with whatever comes meanwhile; a
+        record that cannot wait, or a flush, sends at once (Log Analytics: a per-rule request
+        quota). 0: nothing is held."""
+
+    def can_wait(self, record: SpooledRecord) -> bool:
+        """Whether `record` may be held for the next send (see `send_interval`)."""
+
+    def idle(self) -> float | None:
+        """Idling: called by the delivery loop whenever it finds nothing to send, to let go of
+        what the sink need not hold while idle (a connection). Returns the seconds after which
+        it wants to be called again (still holding something), or None; the loop looks again
+        then, or when records arrive."""
+
     def close(self) -> None:
-        """Release files and connections; called once at shutdown.
-
-        A sink may also have `idle() -> float | None`: called by the delivery loop whenever
-        it finds nothing to send, to let go of what it need not hold while idle (a
-        connection). It returns the seconds after which it wants to be called again (still
-        holding something), or None; the loop looks again then, or when records arrive.
-
-        And `send_interval: float` with `can_wait(record) -> bool`: after a send, a batch
-        whose every record can wait is held until `send_interval` seconds have passed, so
-        that it goes in one request with whatever comes meanwhile; a record that cannot
-        wait, or a flush, sends at once (Log Analytics: a per-rule request quota)."""
+        """Release files and connections; called once at shutdown."""
 
 
-def check(sink: Sink) -> str:
-    """A harmless real round trip to `sink`: what worked, or a bridge.retry failure with advice."""
-    probe = getattr(sink, "check", None)
-    if probe is None:
+class BaseSink:
+    """A sink that sends at once, holds nothing while idle and has no check: a sink class
+    inherits what it has no use for and overrides the rest."""
+
+    send_interval = 0.0
+
+    def can_wait(self, record: SpooledRecord) -> bool:
+        return False
+
+    def idle(self) -> float | None:
+        return None
+
+    def check(self) -> str:
         return "no check for this sink"
-    result: str = probe()
-    return result
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def could_write(path: Path) -> str:

@@ -17,13 +17,13 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bridge import identity
-from bridge.config import Config, ConfigError, EventHubsSettings
+from bridge.cloud import identity
+from bridge.cloud.identity import Identity
 from bridge.redact import describe
 from bridge.retry import DeliveryError, PermanentError, PoisonRecords, RetryableError
-from bridge.sinks.base import SpooledRecord
+from bridge.sinks.base import BaseSink, SpooledRecord
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,24 @@ if TYPE_CHECKING:
     from azure.eventhub import EventData, EventDataBatch, EventHubProducerClient
 
 
-class EventHubsSink:
+class EventHub(Protocol):
+    """Which event hub (config's `eventhubs` section is one): a namespace and a name, reached
+    with Entra ID, or a connection string."""
+
+    @property
+    def namespace(self) -> str:
+        """The namespace's host name, as in contoso.servicebus.windows.net."""
+
+    @property
+    def name(self) -> str:
+        """The event hub's name (may be left to the connection string's EntityPath)."""
+
+    @property
+    def connection_string(self) -> str:
+        """A connection string (a shared access key) instead of Entra ID; "" for none."""
+
+
+class EventHubsSink(BaseSink):
     """Sends batches with one producer, created at the first send and kept open."""
 
     # Records read from the spool per send: a backlog costs few round trips and few
@@ -47,9 +64,9 @@ class EventHubsSink:
     # `_send_by_key` keeps only one SDK batch (at most 1 MB) per VM in memory.
     max_batch = 5000
 
-    def __init__(self, config: Config) -> None:
-        self._settings = config.eventhubs
-        self._identity = config.identity
+    def __init__(self, hub: EventHub, identity: Identity) -> None:
+        self._settings = hub
+        self._identity = identity
         self._producer: EventHubProducerClient | None = None
         self._last_send = 0.0  # time.monotonic() of the last batch sent
 
@@ -203,23 +220,3 @@ def _fits(batch: EventDataBatch, event: EventData) -> bool:
     except ValueError:  # the SDK's way of saying the batch is full
         return False
     return True
-
-
-def check_settings(settings: EventHubsSettings) -> None:
-    if settings.connection_string:
-        if "endpoint=" not in settings.connection_string.lower():
-            raise ConfigError(
-                "eventhubs.connection_string is not a connection string (no Endpoint=)"
-            )
-        return
-    if not (settings.namespace and settings.name):
-        raise ConfigError(
-            "the eventhubs sink needs eventhubs.namespace and eventhubs.name (Entra ID auth), "
-            "or eventhubs.connection_string (SE_BRIDGE_EVENTHUBS_NAMESPACE, ..._NAME, "
-            "..._CONNECTION_STRING)"
-        )
-    if "://" in settings.namespace or "/" in settings.namespace:
-        raise ConfigError(
-            f"eventhubs.namespace: give the host name only, such as "
-            f"contoso.servicebus.windows.net, got {settings.namespace!r}"
-        )

@@ -14,10 +14,10 @@ from pathlib import Path
 
 from bridge.localhub import DB_NAME, LocalHub
 from bridge.retry import PermanentError, RetryableError
-from bridge.sinks.base import SpooledRecord, could_write
+from bridge.sinks.base import BaseSink, SpooledRecord, could_write
 
 
-class HubSink:
+class HubSink(BaseSink):
     """Appends batches to the hub in `directory`, opening it at the first send."""
 
     def __init__(self, directory: Path, *, max_batch: int = 500) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from bridge.retry import RetryableError
-from bridge.sinks.base import SpooledRecord, could_write
+from bridge.sinks.base import BaseSink, SpooledRecord, could_write
 
 
-class JsonlSink:
+class JsonlSink(BaseSink):
     """Appends records to a file, reopening it when it was rotated or removed."""
 
     def __init__(self, path: Path, *, fsync: bool = True, max_batch: int = 500) -> None:

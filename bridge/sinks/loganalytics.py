@@ -27,10 +27,11 @@ import gzip
 import io
 import json
 from collections.abc import Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from bridge import identity, schema
-from bridge.config import Config, ConfigError, LogAnalyticsSettings
+from bridge import schema
+from bridge.cloud import identity
+from bridge.cloud.identity import Identity
 from bridge.redact import describe
 from bridge.retry import (
     DeliveryError,
@@ -40,7 +41,7 @@ from bridge.retry import (
     ThrottledError,
     parse_retry_after,
 )
-from bridge.sinks.base import SpooledRecord
+from bridge.sinks.base import BaseSink, SpooledRecord
 
 if TYPE_CHECKING:
     from azure.monitor.ingestion import LogsIngestionClient, LogsUploadError
@@ -66,14 +67,35 @@ def _parts(batch: Sequence[SpooledRecord]) -> list[list[SpooledRecord]]:
     return [part for part in parts if part]
 
 
-class LogAnalyticsSink:
+class Rule(Protocol):
+    """Where the records go (config's `loganalytics` section is one): a data collection rule's
+    stream behind a data collection endpoint, and how long what can wait may wait."""
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint's https:// URL."""
+
+    @property
+    def rule_id(self) -> str:
+        """The rule's immutable id (dcr-...)."""
+
+    @property
+    def stream(self) -> str:
+        """The stream declared in the rule."""
+
+    @property
+    def send_interval(self) -> float:
+        """Seconds what can wait waits for the next upload (the module's docstring)."""
+
+
+class LogAnalyticsSink(BaseSink):
     """Uploads batches to one DCR stream; the SDK client is created at the first send."""
 
     max_batch = 300  # well under one 1 MB chunk, so a failed batch is rarely re-sent in part
 
-    def __init__(self, config: Config) -> None:
-        self._settings = config.loganalytics
-        self._identity = config.identity
+    def __init__(self, rule: Rule, identity: Identity) -> None:
+        self._settings = rule
+        self._identity = identity
         self._columns = {c["name"] for c in schema.dcr_stream_declaration()["columns"]}
         self._client: LogsIngestionClient | None = None
         self.send_interval = self._settings.send_interval
@@ -228,16 +250,3 @@ class LogAnalyticsSink:
 def _severity(err: DeliveryError) -> int:
     # Report the failure a person must act on before the ones that heal by themselves.
     return 2 if isinstance(err, PermanentError) else 1 if isinstance(err, ThrottledError) else 0
-
-
-def check_settings(settings: LogAnalyticsSettings, user: str) -> None:
-    """ConfigError unless `user` (what uploads) has every Logs Ingestion setting it needs."""
-    missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
-    if missing:
-        names = ", ".join(f"loganalytics.{k}" for k in missing)
-        env = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
-        raise ConfigError(f"{user} needs {names} ({env})")
-    if not settings.endpoint.lower().startswith("https://"):
-        raise ConfigError(
-            f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
-        )

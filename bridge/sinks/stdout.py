@@ -8,10 +8,10 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from bridge.retry import PermanentError, RetryableError
-from bridge.sinks.base import SpooledRecord
+from bridge.sinks.base import BaseSink, SpooledRecord
 
 
-class StdoutSink:
+class StdoutSink(BaseSink):
     """Writes record bodies to standard output and flushes after every batch."""
 
     def __init__(self, stream: TextIO | None = None, *, max_batch: int = 500) -> None:

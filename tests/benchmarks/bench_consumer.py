@@ -23,8 +23,8 @@ from bridge.config import Config, ConsumerSettings, StorageSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.state import Store
+from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.sqlite import SqliteStore
-from bridge.consumer.state.tables import TableStore
 from bridge.policy.model import DEFAULT_POLICY
 from tests.azurite import Azurite
 from tests.benchmarks.report import Row, rate
@@ -105,7 +105,7 @@ def run(options: Options) -> Result:
         try:
             say(f"consumer: {tables_count} records, 100 VMs, Table Storage on Azurite")
             config = Config(storage=StorageSettings(connection_string=azurite.connection_string))
-            store = TableStore(config, f"bench{uuid.uuid4().hex[:10]}", spread=fs.PARTITIONS)
+            store = table_store(config, f"bench{uuid.uuid4().hex[:10]}", spread=fs.PARTITIONS)
             found["tables-100"] = throughput(store, procs.workdir, stream(100, tables_count + 100))
         finally:
             azurite.stop()

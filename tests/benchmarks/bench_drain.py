@@ -127,9 +127,9 @@ def timed_drain(kind: str, spool_path: Path) -> float:
 
 def make_sink(kind: str, settings: Config, spool_path: Path) -> Sink:
     if kind == "eventhubs":
-        return EventHubsSink(settings)
+        return EventHubsSink(settings.eventhubs, settings.identity)
     if kind == "loganalytics":
-        return LogAnalyticsSink(settings)
+        return LogAnalyticsSink(settings.loganalytics, settings.identity)
     return JsonlSink(jsonl_out(spool_path))
 
 

@@ -21,7 +21,7 @@ from bridge.consumer.sources.hub import run_local
 from bridge.localhub import NOTHING, PARTITIONS, LocalHub, partition_for
 from bridge.records import utc_now
 from bridge.retry import Backoff, RetryableError, ThrottledError
-from bridge.sinks import SpooledRecord, build, parse_spec
+from bridge.sinks import KINDS, SpooledRecord, build
 from bridge.sinks.hub import HubSink
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,9 +109,10 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
 
 
 def test_the_spec_takes_a_directory() -> None:
-    assert parse_spec("hub:/var/lib/se-bridge/hub") == ("hub", "/var/lib/se-bridge/hub")
+    kind, argument = KINDS.parse("hub:/var/lib/se-bridge/hub")
+    assert (kind.name, argument) == ("hub", "/var/lib/se-bridge/hub")
     with pytest.raises(ValueError, match="needs a directory"):
-        parse_spec("hub:")
+        KINDS.parse("hub:")
 
 
 def test_each_vm_keeps_its_order_in_one_of_four_partitions(sink: HubSink, hub: LocalHub) -> None:

@@ -27,7 +27,7 @@ from bridge.commands import message as commands
 from bridge.config import Config, EventHubsSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.ledger import read_ledger
-from bridge.consumer.state.tables import TableStore
+from bridge.consumer.state.kinds import table_store
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
 from tests.azurite import Azurite
@@ -85,7 +85,7 @@ class CloudConsumers:
         self.policy_path.write_text(policy, encoding="utf-8")
         self.fleet = FleetRecords(datetime.now(timezone.utc))
         self.running: dict[str, Proc] = {}
-        self._store = TableStore(
+        self._store = table_store(
             tables_config(azurite.connection_string), self.table, spread=fs.PARTITIONS
         )
         self._queues = QueueServiceClient.from_connection_string(azurite.connection_string)
@@ -200,7 +200,7 @@ class CloudConsumers:
     def _send_lane(self, records: list[Record], errors: list[BaseException]) -> None:
         config = Config(eventhubs=EventHubsSettings(
             connection_string=self.broker.connection_string, name=HUB))  # fmt: skip
-        sink = EventHubsSink(config)
+        sink = EventHubsSink(config.eventhubs, config.identity)
         try:
             batch = []
             for record in records:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +119,29 @@ def test_a_missing_extra_is_named_with_what_to_install(monkeypatch: pytest.Monke
     message = extras.missing_message("consumer", "consume")
     assert "`consume` needs the consumer extra, and no-such-package-se is not installed" in message
     assert "pip install 'se-bridge[consumer]'" in message
+
+
+def test_a_component_reading_the_configuration_outside_its_kinds_breaks_a_contract(
+    tmp_path: Path,
+) -> None:
+    """pyproject.toml's contract: sinks, channels, stores and bridge.cloud take their settings
+    and an identity; only their kinds modules (bridge.specs' Kind.build) read bridge.config."""
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "bridge", tmp_path / "bridge", ignore=skip)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    for planted in ("sinks/jsonl.py", "cloud/storage.py", "consumer/state/tables.py"):
+        path = tmp_path / "bridge" / planted
+        path.write_text(path.read_text(encoding="utf-8") + "\nimport bridge.config\n", "utf-8")
+    lint_imports = Path(sys.executable).with_name("lint-imports")
+    done = subprocess.run(
+        [str(lint_imports), "--no-cache"], capture_output=True, text=True, cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)}, check=False,
+    )  # fmt: skip
+    said = done.stdout
+    assert done.returncode == 1, said + done.stderr
+    assert "Contracts: 3 kept, 1 broken." in said
+    broken = said[said.index("Broken contracts") :]
+    assert "Components read the configuration only in their kinds" in broken
+    for importer in ("bridge.sinks.jsonl", "bridge.cloud.storage", "bridge.consumer.state.tables"):
+        assert f"{importer} -> bridge.config" in broken
+    assert "kinds -> bridge.config" not in broken

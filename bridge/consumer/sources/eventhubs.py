@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from bridge import identity
+from bridge.cloud import identity
 from bridge.config import Config, ConfigError
 from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import (

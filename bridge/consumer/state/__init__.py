@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from bridge import specs
 from bridge.retry import RetryableError
 
 
@@ -108,13 +107,6 @@ class ChangeFeed(Protocol):
         A document still at the ETag of the `known` one of its key is left out (the caller
         has that version already).
         """
-
-
-def parse_spec(spec: str) -> tuple[str, str]:
-    """Split `sqlite:PATH` / `tables` into (kind, argument); ValueError names what is wrong."""
-    return specs.split(
-        spec, "fleet state", {"sqlite": "/var/lib/se-bridge/fleet.db", "tables": None}
-    )
 
 
 # Table Storage counts a string property as UTF-16 (two bytes a character) against its

@@ -25,7 +25,7 @@ it a consumer read every VM document again to see what other consumers wrote: at
 100,000 entities per look, past the partition's 2,000 entities/s target (issue 15's load
 generator: a consumer spent 79% of its time in those scans, and Azurite a whole core).
 
-bridge.consumer.state.build imports this module only when `tables` is configured;
+bridge.consumer.state.kinds imports this module only when `tables` is configured;
 azure-data-tables loads at first use.
 
 An entity as stored:
@@ -47,9 +47,9 @@ from urllib.parse import unquote
 from azure.core import MatchConditions
 from azure.core.exceptions import AzureError, ResourceExistsError
 
-from bridge import identity
-from bridge.channels import storageerrors
-from bridge.config import Config
+from bridge.cloud import storage, storageerrors
+from bridge.cloud.identity import Identity
+from bridge.cloud.storage import StorageAccount
 from bridge.consumer.state import (
     TRANSACTION_DOCS,
     Conflict,
@@ -108,14 +108,15 @@ class TableStore:
 
     def __init__(
         self,
-        config: Config,
-        table_name: str | None = None,
+        account: StorageAccount,
+        identity: Identity,
+        table_name: str,
         *,
         spread: Mapping[str, int] | None = None,
     ) -> None:
-        self._storage = config.storage
-        self._identity = config.identity
-        self.table_name = table_name or config.consumer.table_name
+        self._storage = account
+        self._identity = identity
+        self.table_name = table_name
         if not _TABLE_NAME.fullmatch(self.table_name):
             raise ValueError(
                 f"table name {self.table_name!r} (consumer.table_name) must be 3 to 63 letters "
@@ -449,19 +450,15 @@ class TableStore:
         # Retries are the caller's: an SDK retry of a write whose answer was lost would
         # report the caller's own success as a Conflict.
         options: dict[str, Any] = {"retry_total": 0, "connection_timeout": 10, "read_timeout": 30}
-        s = self._storage
-        if s.connection_string:
-            try:
-                return TableClient.from_connection_string(
-                    s.connection_string, self.table_name, **options
-                )
-            except ValueError:  # its message could quote the string; say which setting instead
-                raise PermanentError(
-                    "storage.connection_string is not a valid storage connection string"
-                ) from None
-        endpoint = f"https://{s.account}.table.{s.endpoint_suffix}"
-        credential = identity.credential(self._identity)
-        return TableClient(endpoint, self.table_name, credential=credential, **options)
+        name = self.table_name
+        try:
+            return storage.connect(
+                self._storage, self._identity, "table", "fleet state `tables`",
+                by_string=lambda text: TableClient.from_connection_string(text, name, **options),
+                by_identity=lambda url, token: TableClient(url, name, credential=token, **options),
+            )  # fmt: skip
+        except ValueError as err:  # found at first use: a person must fix the setting
+            raise PermanentError(str(err)) from None
 
     def _doc(self, collection: str, entity: TableEntity) -> Doc:
         key = unescape_key(str(entity["RowKey"]))
@@ -495,11 +492,9 @@ class TableStore:
         )
 
     def _auth_advice(self) -> str:
-        if self._storage.connection_string:
-            return "check storage.connection_string (was the account key rotated?)"
-        return (
-            f"grant {identity.describe(self._identity)} the Storage Table Data Contributor role "
-            f"on the storage account {self._storage.account}"
+        scope = f"the storage account {self._storage.account}"
+        return storage.refused(
+            self._storage, self._identity, "Storage Table Data Contributor", scope
         )
 
     def _target(self) -> str:

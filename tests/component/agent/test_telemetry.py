@@ -20,13 +20,13 @@ from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import Backoff, PermanentError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from bridge.sinks.base import SpooledRecord
+from bridge.sinks.base import BaseSink, SpooledRecord
 from bridge.sinks.jsonl import JsonlSink
 
 VM = "vm-0"
 
 
-class FlakySink:
+class FlakySink(BaseSink):
     """A sink that refuses for good (a 403, say) while `broken`."""
 
     name = "flaky"

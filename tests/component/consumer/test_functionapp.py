@@ -38,7 +38,7 @@ from bridge.retry import PoisonRecords, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
-from bridge.sinks import SpooledRecord
+from bridge.sinks import BaseSink, SpooledRecord
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.fleetrecords import FleetRecords
 from tests.support import assert_valid
@@ -431,7 +431,7 @@ def test_log_analytics_settings_must_be_complete(tmp_path: Path) -> None:
 # --- Decision records to Log Analytics -------------------------------------------------------
 
 
-class RefusingSink:
+class RefusingSink(BaseSink):
     """Refuses the records whose RecordId is in `refuse` as poison, accepts the rest."""
 
     name = "fake"

@@ -23,10 +23,10 @@ from bridge.retry import (
     RetryableError,
     ThrottledError,
 )
-from bridge.sinks import Sink, SpooledRecord
+from bridge.sinks import BaseSink, Sink, SpooledRecord
 
 
-class FakeSink:
+class FakeSink(BaseSink):
     """Accepts batches, or fails as scripted: `outcomes` are raised one per send (None
     accepts), records named in `poison` are rejected, and while `up` is clear every send
     fails retryably with `down_error`."""

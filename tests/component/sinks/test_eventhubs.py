@@ -22,7 +22,7 @@ from tests.support import assert_valid, event_record
 @pytest.fixture
 def sink(broker: EventHubsBroker) -> Iterator[EventHubsSink]:
     s = EventHubsSink(
-        Config(eventhubs=EventHubsSettings(connection_string=broker.connection_string))
+        EventHubsSettings(connection_string=broker.connection_string), IdentitySettings()
     )
     yield s
     s.close()
@@ -165,7 +165,7 @@ def test_namespace_and_name_use_an_entra_credential_not_a_key() -> None:
         eventhubs=EventHubsSettings(namespace="contoso.servicebus.windows.net", name="records"),
         identity=IdentitySettings(kind="managed", client_id="11111111-2222-3333-4444-555555555555"),
     )
-    sink = EventHubsSink(config)
+    sink = EventHubsSink(config.eventhubs, config.identity)
     producer = sink._get_producer()  # constructing connects nothing
     try:
         assert producer.eventhub_name == "records"

@@ -53,7 +53,7 @@ def sink(
         loganalytics=LogAnalyticsSettings(endpoint=double.endpoint, rule_id=RULE),
         identity=IdentitySettings(kind="managed"),
     )
-    s = LogAnalyticsSink(config)
+    s = LogAnalyticsSink(config.loganalytics, config.identity)
     yield s
     s.close()
 
@@ -177,7 +177,7 @@ def test_without_a_managed_identity_the_error_says_what_to_do(
         loganalytics=LogAnalyticsSettings(endpoint=double.endpoint, rule_id=RULE),
         identity=IdentitySettings(kind="managed"),
     )
-    sink = LogAnalyticsSink(config)
+    sink = LogAnalyticsSink(config.loganalytics, config.identity)
     try:
         with pytest.raises((PermanentError, RetryableError)) as info:
             sink.send(spooled(1))

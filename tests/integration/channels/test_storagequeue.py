@@ -16,17 +16,29 @@ from azure.core.credentials import AccessToken
 from azure.core.exceptions import HttpResponseError
 from azure.storage.queue import QueueClient
 
-from bridge import channels, identity
+from bridge import channels
 from bridge.channels import CommandInbox, CommandSender
 from bridge.channels.storagequeue import (
     StorageQueueInbox,
     StorageQueueSender,
     queue_name,
 )
+from bridge.cloud import identity
 from bridge.config import CommandsSettings, Config, StorageSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
 from tests.azurite import ACCOUNT, KEY, Azurite
 from tests.channel_contract import ChannelContract, command, new_vm
+
+
+def queue_sender(config: Config, *, cache_size: int = 1024) -> StorageQueueSender:
+    return StorageQueueSender(
+        config.storage, config.identity, config.commands.queue_prefix, cache_size=cache_size
+    )
+
+
+def queue_inbox(config: Config, vm_id: str, visibility_timeout: float) -> StorageQueueInbox:
+    prefix = config.commands.queue_prefix
+    return StorageQueueInbox(config.storage, config.identity, prefix, vm_id, visibility_timeout)
 
 
 class QueueHarness:
@@ -40,11 +52,11 @@ class QueueHarness:
         self._open: list[CommandSender | CommandInbox] = []
 
     def sender(self) -> CommandSender:
-        self._open.append(StorageQueueSender(self.config))
+        self._open.append(queue_sender(self.config))
         return self._open[-1]  # type: ignore[return-value]
 
     def inbox(self, vm_id: str, visibility_timeout: float = 30.0) -> CommandInbox:
-        self._open.append(StorageQueueInbox(self.config, vm_id, visibility_timeout))
+        self._open.append(queue_inbox(self.config, vm_id, visibility_timeout))
         return self._open[-1]  # type: ignore[return-value]
 
     def send_raw(self, vm_id: str, text: str) -> None:
@@ -86,7 +98,7 @@ def test_the_first_command_creates_the_vm_queue_named_from_prefix_and_vm_id(
 
 def test_a_sender_caches_a_bounded_number_of_queue_clients(azurite: Azurite) -> None:
     config = QueueHarness(azurite.connection_string).config
-    sender = StorageQueueSender(config, cache_size=2)
+    sender = queue_sender(config, cache_size=2)
     try:
         vms = [new_vm() for _ in range(3)]
         for vm in vms:
@@ -123,7 +135,7 @@ def test_a_wrong_key_is_permanent_and_never_quoted(azurite: Azurite) -> None:
         QueueHarness(connection_string).config,
         storage=StorageSettings(connection_string=connection_string),
     )
-    sender, inbox = StorageQueueSender(config), StorageQueueInbox(config, new_vm(), 1)
+    sender, inbox = queue_sender(config), queue_inbox(config, new_vm(), 1)
     try:
         with pytest.raises(PermanentError) as sent:
             sender.send(command(new_vm()), 60)
@@ -157,7 +169,7 @@ def config_for(queue_endpoint: str) -> Config:
 
 def test_an_unreachable_endpoint_is_retryable() -> None:
     config = config_for(f"http://127.0.0.1:{closed_port()}/{ACCOUNT}")
-    sender, inbox = StorageQueueSender(config), StorageQueueInbox(config, new_vm(), 1)
+    sender, inbox = queue_sender(config), queue_inbox(config, new_vm(), 1)
     try:
         with pytest.raises(RetryableError) as sent:
             sender.send(command(new_vm()), 60)
@@ -235,7 +247,7 @@ def test_service_answers_map_onto_retry_kinds(
 ) -> None:
     handler, endpoint = scripted
     handler.reply = reply
-    inbox = StorageQueueInbox(config_for(endpoint), new_vm(), 1)
+    inbox = queue_inbox(config_for(endpoint), new_vm(), 1)
     try:
         with pytest.raises(kind) as raised:
             inbox.receive(1)
@@ -268,7 +280,7 @@ def test_a_refused_identity_is_told_which_role_it_needs(
         pytest.raises(HttpResponseError) as refused,
     ):
         client.send_message("x")
-    inbox, sender = StorageQueueInbox(config, new_vm(), 1), StorageQueueSender(config)
+    inbox, sender = queue_inbox(config, new_vm(), 1), queue_sender(config)
     try:
         agent = inbox._edge.classify(refused.value, "q")
         consumer = sender._edges[""].classify(refused.value, "q")

@@ -25,6 +25,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state import Conflict, Doc
+from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.tables import TableStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.azurite import Azurite
@@ -261,7 +262,7 @@ def test_two_consumers_racing_for_the_last_budget_slot_on_tables_one_wins(
     table = unique_table()
     barrier = threading.Barrier(2, timeout=30)
     config = tables_config(azurite.connection_string)
-    stores = [RacingStore(TableStore(config, table, spread=fs.PARTITIONS), barrier)
+    stores = [RacingStore(table_store(config, table, spread=fs.PARTITIONS), barrier)
               for _ in range(2)]  # fmt: skip
     sender = Sender()
     decisions: list[dict[str, Any]] = []

@@ -53,7 +53,7 @@ def send(config: Config, seqs: range, vms: int = 8) -> list[str]:
     for n in seqs:
         body = {"RecordId": f"r{n}", "VmId": f"vm-{n % vms}", "SchemaVersion": 1, "N": n}
         batch.append(SpooledRecord(n, f"r{n}", "Event", json.dumps(body)))
-    sink = EventHubsSink(config)
+    sink = EventHubsSink(config.eventhubs, config.identity)
     try:
         sink.send(batch)
     finally:

@@ -22,6 +22,7 @@ from bridge.consumer.state import (
     tables,
     update_many,
 )
+from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import TableStore
 from tests.azurite import Azurite
@@ -58,7 +59,9 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     else:
         azurite = request.getfixturevalue("azurite")
         spread = SPREAD if request.param == "tables-spread" else None
-        opened = TableStore(tables_config(azurite.connection_string), unique_table(), spread=spread)
+        opened = table_store(
+            tables_config(azurite.connection_string), unique_table(), spread=spread
+        )
     yield opened
     opened.close()
 
@@ -307,7 +310,7 @@ def another_client(store: Store) -> Store:
         return SqliteStore(store.path)
     assert isinstance(store, TableStore)
     config = tables_config(store._storage.connection_string)
-    return TableStore(config, store.table_name, spread=store.spread)
+    return table_store(config, store.table_name, spread=store.spread)
 
 
 def test_scan_changes_returns_what_any_client_wrote_since_the_mark(store: Store) -> None:
@@ -365,8 +368,8 @@ def test_a_look_misses_no_document_written_while_its_pages_were_read(
     # with no overlap at all; a mark at the newest Timestamp seen (z's) lost it.
     monkeypatch.setattr(tables, "CHANGE_OVERLAP", timedelta(0))
     config = tables_config(azurite.connection_string)
-    ours = TableStore(config, unique_table(), spread=spread)
-    theirs = TableStore(config, ours.table_name, spread=spread)
+    ours = table_store(config, unique_table(), spread=spread)
+    theirs = table_store(config, ours.table_name, spread=spread)
     a, _, z = (ours.write("vm", Doc(key, {"n": 1})) for key in ("a", "b", "z"))
     _, mark = ours.scan_changes("vm", None)
 

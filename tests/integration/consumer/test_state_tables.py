@@ -17,10 +17,11 @@ import pytest
 from azure.data.tables import TableClient
 from azure.identity import CredentialUnavailableError
 
-from bridge import identity
+from bridge.cloud import identity
 from bridge.config import Config, ConsumerSettings, StorageSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc
+from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import CHUNK_CHARS, TableStore
 from bridge.consumer.wiring import build_store as build
@@ -38,7 +39,7 @@ def table_name() -> str:
 
 @pytest.fixture
 def store(azurite: Azurite, table_name: str) -> Iterator[TableStore]:
-    opened = TableStore(tables_config(azurite.connection_string), table_name)
+    opened = table_store(tables_config(azurite.connection_string), table_name)
     yield opened
     opened.close()
 
@@ -114,7 +115,7 @@ def test_build_names_either_store(azurite: Azurite, tmp_path: Path, table_name: 
 def test_a_spread_collection_lives_in_its_partitions(
     azurite: Azurite, raw: TableClient, table_name: str
 ) -> None:
-    store = TableStore(tables_config(azurite.connection_string), table_name, spread={"vm": 4})
+    store = table_store(tables_config(azurite.connection_string), table_name, spread={"vm": 4})
     for n in range(20):
         store.write("vm", Doc(f"vm-{n}", {"n": n}))
     store.write("ledger", Doc("k", {"n": 1}))
@@ -145,10 +146,10 @@ def test_what_a_release_before_the_spread_left_in_one_partition_is_moved(
     azurite: Azurite, raw: TableClient, table_name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = tables_config(azurite.connection_string)
-    before = TableStore(config, table_name)  # an earlier release: one partition a collection
+    before = table_store(config, table_name)  # an earlier release: one partition a collection
     for key in ("a", "b", "c"):
         before.write("vm", Doc(key, {"v": 1}))
-    now = TableStore(config, table_name, spread={"vm": 4})
+    now = table_store(config, table_name, spread={"vm": 4})
     moved = now.read("vm", "a")  # the first use moves them all
     assert moved is not None
     assert moved.value == {"v": 1}
@@ -178,9 +179,9 @@ def test_what_a_release_before_the_spread_left_in_one_partition_is_moved(
 
 def test_bad_settings_are_refused_at_construction() -> None:
     with pytest.raises(ValueError, match=r"consumer\.table_name"):
-        TableStore(tables_config("UseDevelopmentStorage=true"), "no-dashes")
+        table_store(tables_config("UseDevelopmentStorage=true"), "no-dashes")
     with pytest.raises(ValueError, match=r"storage\.account or storage\.connection_string"):
-        TableStore(Config())
+        table_store(Config())
 
 
 class _NoToken:
@@ -196,7 +197,7 @@ def test_entra_id_without_a_token_is_permanent_with_advice(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(identity, "credential", lambda settings: _NoToken())
-    store = TableStore(Config(storage=StorageSettings(account="acct")), unique_table())
+    store = table_store(Config(storage=StorageSettings(account="acct")), unique_table())
     with pytest.raises(PermanentError, match="no token for table ") as caught:
         store.read("vms", "vm-1")
     assert identity.CREDENTIAL_ADVICE in str(caught.value)
@@ -205,7 +206,7 @@ def test_entra_id_without_a_token_is_permanent_with_advice(
 
 def test_a_malformed_connection_string_is_named_not_quoted() -> None:
     secret = "AccountKey=s3cr3t-value"
-    store = TableStore(tables_config(f"nonsense;{secret}"), unique_table())
+    store = table_store(tables_config(f"nonsense;{secret}"), unique_table())
     with pytest.raises(PermanentError, match=r"storage\.connection_string") as caught:
         store.read("vms", "vm-1")
     assert "s3cr3t" not in str(caught.value)
@@ -215,7 +216,7 @@ def test_a_wrong_account_key_is_permanent_and_the_key_never_shown(
     azurite: Azurite, table_name: str
 ) -> None:
     wrong = azurite.connection_string.replace(KEY, WRONG_KEY)
-    store = TableStore(tables_config(wrong), table_name)
+    store = table_store(tables_config(wrong), table_name)
     with pytest.raises(PermanentError) as caught:
         store.write("vms", Doc("vm-1", {"n": 1}))
     message = str(caught.value)
@@ -234,7 +235,7 @@ def test_an_unreachable_endpoint_is_retryable() -> None:
         f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
         f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT};"
     )
-    store = TableStore(tables_config(connection_string), unique_table())
+    store = table_store(tables_config(connection_string), unique_table())
     with pytest.raises(RetryableError, match="cannot reach") as caught:
         store.read("vms", "vm-1")
     assert not isinstance(caught.value, ThrottledError)
@@ -299,7 +300,7 @@ def test_service_answers_map_onto_retry_kinds(
         f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
         f"TableEndpoint=http://127.0.0.1:{port}/{ACCOUNT};"
     )
-    store = TableStore(tables_config(connection_string), unique_table())
+    store = table_store(tables_config(connection_string), unique_table())
     with pytest.raises(kind) as caught:
         store.write("vms", Doc("vm-1", {"n": 1}))
     assert type(caught.value) is kind

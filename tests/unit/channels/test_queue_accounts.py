@@ -9,8 +9,9 @@ import pytest
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import ClientAuthenticationError
 
-from bridge import channels, identity
-from bridge.channels.storagequeue import StorageQueueSender, queue_account, queue_accounts
+from bridge import channels
+from bridge.channels.storagequeue import queue_account, queue_accounts
+from bridge.cloud import identity
 from bridge.commands.message import approve
 from bridge.config import CommandsSettings, Config, StorageSettings
 from bridge.retry import PermanentError
@@ -60,8 +61,8 @@ def test_unusable_queue_accounts_stop_the_consumer_naming_the_setting(
 
 
 def test_no_queue_accounts_means_the_storage_account() -> None:
-    assert queue_accounts(config("")) == []
-    assert queue_accounts(config(" acct0 ,acct1")) == ["acct0", "acct1"]
+    assert queue_accounts("", StorageSettings(account="main")) == []
+    assert queue_accounts(" acct0 ,acct1", StorageSettings(account="main")) == ["acct0", "acct1"]
 
 
 class _Refused:
@@ -74,7 +75,7 @@ class _Refused:
 
 def test_each_command_goes_to_its_vms_account(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(identity, "credential", lambda settings: _Refused())
-    sender = StorageQueueSender(config("acct0,acct1,acct2"))
+    sender = channels.sender("storagequeue", config("acct0,acct1,acct2"))
     try:
         for vm_id, account in (
             ("00000005-0000-4000-8000-000000000000", "acct2"),

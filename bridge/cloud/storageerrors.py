@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bridge import identity
+from bridge.cloud import identity
 from bridge.redact import describe
 from bridge.retry import (
     DeliveryError,

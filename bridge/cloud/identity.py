@@ -1,4 +1,4 @@
-"""Entra ID credentials for the cloud sinks; azure-identity loads only when a sink needs it.
+"""Entra ID credentials for the cloud components; azure-identity loads only when one needs it.
 
 On a VM the managed identity (system-assigned, or user-assigned by `identity.client_id`);
 elsewhere DefaultAzureCredential (environment, workload identity, Azure CLI, ...). Never a
@@ -8,23 +8,33 @@ SDK and never logged.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from bridge.config import IdentitySettings
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
 
 
-# What to do when no credential yields a token: said in every cloud sink's error.
+class Identity(Protocol):
+    """Who a cloud component acts as (config's `identity` section is one)."""
+
+    @property
+    def kind(self) -> str:
+        """`managed`: the VM's managed identity only; otherwise DefaultAzureCredential."""
+
+    @property
+    def client_id(self) -> str:
+        """A user-assigned managed identity's client id; "" for the system-assigned one."""
+
+
+# What to do when no credential yields a token: said in every cloud component's error.
 CREDENTIAL_ADVICE = (
     "on a VM enable its managed identity (set identity.client_id for a user-assigned one); "
     "elsewhere sign in with `az login` or set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET"
 )
 
 
-def credential(settings: IdentitySettings) -> TokenCredential:
-    from azure.identity import (  # noqa: PLC0415 - only when a cloud sink is configured
+def credential(settings: Identity) -> TokenCredential:
+    from azure.identity import (  # noqa: PLC0415 - only when a cloud component is configured
         DefaultAzureCredential,
         ManagedIdentityCredential,
     )
@@ -37,8 +47,8 @@ def credential(settings: IdentitySettings) -> TokenCredential:
     )
 
 
-def describe(settings: IdentitySettings) -> str:
-    """Which identity the sinks act as, for advice a person can act on."""
+def describe(settings: Identity) -> str:
+    """Which identity the components act as, for advice a person can act on."""
     if settings.client_id:
         return f"the user-assigned managed identity {settings.client_id}"
     if settings.kind == "managed":

@@ -11,7 +11,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
 )
 
-from bridge.channels import storageerrors
+from bridge.cloud import storageerrors
 from bridge.retry import DeliveryError, PermanentError, RetryableError, ThrottledError
 
 TARGET = "queue se-bridge-1b1f at https://acct.queue.core.windows.net"

@@ -22,6 +22,7 @@ from bridge.config import (
 )
 from bridge.consumer.state import Doc, Store
 from bridge.consumer.state.kinds import KINDS as STORES
+from bridge.consumer.wiring import load_config as load_consumer_config
 from bridge.sinks.base import SpooledRecord
 from bridge.specs import Kind, Kinds
 
@@ -146,3 +147,8 @@ def test_building_checks_the_kinds_settings_first() -> None:
         sinks.build("eventhubs")
     with pytest.raises(ConfigError, match=r"loganalytics\.endpoint, loganalytics\.rule_id"):
         sinks.build("loganalytics", Config())
+
+
+def test_a_bad_decision_sink_is_refused_naming_the_consumers_setting() -> None:
+    with pytest.raises(ConfigError, match=r"^consumer\.sinks: unknown sink 'kafka:x'"):
+        load_consumer_config(environ={"SE_BRIDGE_CONSUMER_SINKS": "kafka:x"})

@@ -29,8 +29,9 @@ class Kind(Generic[T]):
     `example`: an argument as a person would write it (`/var/lib/se-bridge/hub`), or None when
     the kind takes none (its settings come from the configuration instead); `argument` says
     what that argument is ("path", "directory"). `build(argument, config)` makes the component;
-    `check(argument, config)` raises ConfigError naming the setting that would stop it, and is
-    run at start-up, before anything runs.
+    `check(argument, config)` raises ValueError naming the setting that would stop it (a
+    component's own check, which cannot raise config's ConfigError), and is run at start-up,
+    before anything runs, and before each build.
     """
 
     name: str
@@ -78,11 +79,21 @@ class Kinds(Generic[T]):
             kind, argument = self.parse(spec)
         except ValueError as err:
             raise ConfigError(f"{setting}: {err}") from err
-        kind.check(argument, config)
+        _checked(kind, argument, config)
 
     def build(self, spec: str, config: Config) -> T:
         """The component `spec` names, with its settings from `config`; ValueError (a
         ConfigError where a setting is wrong) naming what is wrong."""
         kind, argument = self.parse(spec)
-        kind.check(argument, config)
+        _checked(kind, argument, config)
         return kind.build(argument, config)
+
+
+def _checked(kind: Kind[T], argument: str, config: Config) -> None:
+    """`kind.check`, its refusal a ConfigError: the message names the setting already."""
+    try:
+        kind.check(argument, config)
+    except ConfigError:
+        raise
+    except ValueError as err:
+        raise ConfigError(str(err)) from err

@@ -56,7 +56,7 @@ from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.consumer.wiring import build_consumer, state_spec
 from bridge.redact import describe
 from bridge.retry import PoisonRecords
-from bridge.sinks import Sink, SpooledRecord, kinds, loganalytics
+from bridge.sinks import Sink, SpooledRecord, loganalytics
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,10 @@ class DecisionOutlet:
         settings = config.loganalytics
         if not (settings.endpoint or settings.rule_id):
             return cls(None)
-        kinds.check_loganalytics(settings, "sending Decision records to Log Analytics")
+        try:
+            loganalytics.check_settings(settings, "sending Decision records to Log Analytics")
+        except ValueError as err:
+            raise ConfigError(str(err)) from err
         return cls(loganalytics.LogAnalyticsSink(settings, config.identity))
 
     def __call__(self, records: list[dict[str, Any]]) -> None:

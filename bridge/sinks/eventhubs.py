@@ -220,3 +220,24 @@ def _fits(batch: EventDataBatch, event: EventData) -> bool:
     except ValueError:  # the SDK's way of saying the batch is full
         return False
     return True
+
+
+def check_settings(settings: EventHub) -> None:
+    """ValueError naming the setting unless `settings` name one event hub and how to reach it."""
+    if settings.connection_string:
+        if "endpoint=" not in settings.connection_string.lower():
+            raise ValueError(
+                "eventhubs.connection_string is not a connection string (no Endpoint=)"
+            )
+        return
+    if not (settings.namespace and settings.name):
+        raise ValueError(
+            "the eventhubs sink needs eventhubs.namespace and eventhubs.name (Entra ID auth), "
+            "or eventhubs.connection_string (SE_BRIDGE_EVENTHUBS_NAMESPACE, ..._NAME, "
+            "..._CONNECTION_STRING)"
+        )
+    if "://" in settings.namespace or "/" in settings.namespace:
+        raise ValueError(
+            f"eventhubs.namespace: give the host name only, such as "
+            f"contoso.servicebus.windows.net, got {settings.namespace!r}"
+        )

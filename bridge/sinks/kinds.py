@@ -1,13 +1,14 @@
-"""The kinds of sink a `--sink` SPEC (agent.sinks, consumer.sinks) may name, and the check of
-their settings: the one module of bridge.sinks that reads the configuration. A new sink is a
-module with its BaseSink subclass and one line in KINDS.
+"""The kinds of sink a `--sink` SPEC (agent.sinks, consumer.sinks) may name: the one module of
+bridge.sinks that reads the configuration. A new sink is a module with its BaseSink subclass
+(and the check of its settings, if it has any) and one line in KINDS.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bridge.config import Config, ConfigError, EventHubsSettings, LogAnalyticsSettings
+from bridge.config import Config
+from bridge.sinks import eventhubs, loganalytics
 from bridge.sinks.base import Sink
 from bridge.sinks.eventhubs import EventHubsSink
 from bridge.sinks.hub import HubSink
@@ -16,40 +17,6 @@ from bridge.sinks.loganalytics import LogAnalyticsSink
 from bridge.sinks.stdout import StdoutSink
 from bridge.specs import Kind, Kinds
 
-
-def check_eventhubs(settings: EventHubsSettings) -> None:
-    if settings.connection_string:
-        if "endpoint=" not in settings.connection_string.lower():
-            raise ConfigError(
-                "eventhubs.connection_string is not a connection string (no Endpoint=)"
-            )
-        return
-    if not (settings.namespace and settings.name):
-        raise ConfigError(
-            "the eventhubs sink needs eventhubs.namespace and eventhubs.name (Entra ID auth), "
-            "or eventhubs.connection_string (SE_BRIDGE_EVENTHUBS_NAMESPACE, ..._NAME, "
-            "..._CONNECTION_STRING)"
-        )
-    if "://" in settings.namespace or "/" in settings.namespace:
-        raise ConfigError(
-            f"eventhubs.namespace: give the host name only, such as "
-            f"contoso.servicebus.windows.net, got {settings.namespace!r}"
-        )
-
-
-def check_loganalytics(settings: LogAnalyticsSettings, user: str) -> None:
-    """ConfigError unless `user` (what uploads) has every Logs Ingestion setting it needs."""
-    missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
-    if missing:
-        names = ", ".join(f"loganalytics.{k}" for k in missing)
-        env = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
-        raise ConfigError(f"{user} needs {names} ({env})")
-    if not settings.endpoint.lower().startswith("https://"):
-        raise ConfigError(
-            f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
-        )
-
-
 KINDS: Kinds[Sink] = Kinds(
     "sink",
     Kind("jsonl", "/var/log/se-bridge/events.jsonl", lambda path, _: JsonlSink(Path(path))),
@@ -57,9 +24,9 @@ KINDS: Kinds[Sink] = Kinds(
          argument="directory"),
     Kind("stdout", None, lambda _, __: StdoutSink()),
     Kind("eventhubs", None, lambda _, c: EventHubsSink(c.eventhubs, c.identity),
-         lambda _, c: check_eventhubs(c.eventhubs)),
+         lambda _, c: eventhubs.check_settings(c.eventhubs)),
     Kind("loganalytics", None, lambda _, c: LogAnalyticsSink(c.loganalytics, c.identity),
-         lambda _, c: check_loganalytics(c.loganalytics, "the loganalytics sink")),
+         lambda _, c: loganalytics.check_settings(c.loganalytics, "the loganalytics sink")),
 )  # fmt: skip
 
 

@@ -250,3 +250,16 @@ class LogAnalyticsSink(BaseSink):
 def _severity(err: DeliveryError) -> int:
     # Report the failure a person must act on before the ones that heal by themselves.
     return 2 if isinstance(err, PermanentError) else 1 if isinstance(err, ThrottledError) else 0
+
+
+def check_settings(settings: Rule, user: str) -> None:
+    """ValueError unless `user` (what uploads) has every Logs Ingestion setting it needs."""
+    missing = [k for k in ("endpoint", "rule_id", "stream") if not getattr(settings, k)]
+    if missing:
+        names = ", ".join(f"loganalytics.{k}" for k in missing)
+        env = ", ".join(f"SE_BRIDGE_LOGANALYTICS_{k.upper()}" for k in missing)
+        raise ValueError(f"{user} needs {names} ({env})")
+    if not settings.endpoint.lower().startswith("https://"):
+        raise ValueError(
+            f"loganalytics.endpoint must be an https:// URL, got {settings.endpoint!r}"
+        )

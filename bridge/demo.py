@@ -8,6 +8,7 @@ and a live terminal view, until Ctrl-C or --duration; then a summary.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -376,15 +377,42 @@ def run(args: argparse.Namespace) -> int:
 def drive(demo: Demo, stop: threading.Event, args: argparse.Namespace, live: bool) -> None:
     deadline = time.monotonic() + args.duration if args.duration else float("inf")
     next_play, played = time.monotonic() + 1.0, 0
-    while not stop.is_set() and time.monotonic() < deadline:
-        if time.monotonic() >= next_play:
-            demo.play(played)
-            played, next_play = played + 1, next_play + args.every
-        if live:
-            screen = demo.view.render(demo.simulator.vm_names, args.time_scale)
-            sys.stdout.write("\x1b[H\x1b[2J" + screen + "\n")
-            sys.stdout.flush()
-        stop.wait(0.5)
+    with LiveScreen(sys.stdout) if live else contextlib.nullcontext() as screen:
+        while not stop.is_set() and time.monotonic() < deadline:
+            if time.monotonic() >= next_play:
+                demo.play(played)
+                played, next_play = played + 1, next_play + args.every
+            if screen is not None:
+                screen.draw(demo.view.render(demo.simulator.vm_names, args.time_scale))
+            stop.wait(0.5)
+
+
+class LiveScreen:
+    """The live view, on the terminal's alternate screen (as `top` and `less` draw).
+
+    Each frame is drawn over the last one, each line cleared to its end and what is below
+    the frame cleared, so nothing flickers and the user's scrollback is never wiped; leaving
+    restores the screen the user had, and the summary then prints there.
+    """
+
+    ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
+    LEAVE = "\x1b[?25h\x1b[?1049l"
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def __enter__(self) -> LiveScreen:
+        self.out.write(self.ENTER)
+        return self
+
+    def draw(self, frame: str) -> None:
+        lines = frame.splitlines()
+        self.out.write("\x1b[H" + "".join(line + "\x1b[K\n" for line in lines) + "\x1b[J")
+        self.out.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        self.out.write(self.LEAVE)
+        self.out.flush()
 
 
 def print_summary(demo: Demo, root: Path) -> None:

@@ -40,6 +40,7 @@ def missing_message(extra: str, command: str) -> str:
     return (
         f"`{command}` needs the {extra} extra, and {', '.join(absent)} "
         f"{'is' if len(absent) == 1 else 'are'} not installed: this looks like an agent-only "
-        f"install. Install se-bridge[{extra}] (pip install 'se-bridge[{extra}]', or the lock's "
-        f"packaging/requirements/{extra}.txt) where the {extra} runs."
+        f"install. Where the {extra} runs, install the {extra}'s packages from the lock: "
+        f"pip install --require-hashes -r packaging/requirements/{extra}.txt (a release has it "
+        f"as se-bridge-VERSION-requirements-{extra}.txt; docs/deploying.md)."
     )

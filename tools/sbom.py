@@ -2,7 +2,8 @@
 
 Made from the lock's exports (packaging/requirements/TARGET.txt) by cyclonedx-py, so each SBOM
 lists exactly the packages, versions and file hashes that target installs, se-bridge itself
-as the described component (from pyproject.toml). Offline: nothing is downloaded.
+as the described component (from pyproject.toml, with the version bridge/__init__.py gives it:
+cyclonedx-py reads no dynamic version). Offline: nothing is downloaded.
 cyclonedx-py runs from an environment of its own (.venv-sbom, tools/requirements-sbom.txt),
 which `./dev sbom` makes (and `./dev setup`).
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from bridge import __version__
@@ -41,7 +43,7 @@ def write(target: str, out: Path) -> Path:
         "requirements",
         str(EXPORTS / f"{target}.txt"),
         "--pyproject",
-        str(ROOT / "pyproject.toml"),
+        "{pyproject}",
         "--mc-type",
         "application",
         "--spec-version",
@@ -52,9 +54,23 @@ def write(target: str, out: Path) -> Path:
         "--output-file",
         str(path),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
+    with tempfile.TemporaryDirectory() as scratch:
+        described = _described(Path(scratch))
+        command = [str(described) if part == "{pyproject}" else part for part in command]
+        done = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"cyclonedx-py failed for {target}:\n{done.stderr.strip()}")
+    return path
+
+
+def _described(scratch: Path) -> Path:
+    """pyproject.toml with its dynamic version written in, for cyclonedx-py to describe."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    dynamic = 'dynamic = ["version"]'
+    if dynamic not in text:
+        raise SystemExit(f"pyproject.toml no longer says {dynamic}: update tools/sbom.py")
+    path = scratch / "pyproject.toml"
+    path.write_text(text.replace(dynamic, f'version = "{__version__}"', 1), encoding="utf-8")
     return path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pty
 import subprocess
 import sys
 from collections import Counter
@@ -108,6 +109,39 @@ def test_demo_runs_and_leaves_valid_records(tmp_path: Path) -> None:
         kinds.update(f"Event {r['Transition']}" for r in records if r["RecordType"] == "Event")
     assert kinds["Event Scheduled"] >= 1, kinds
     assert kinds["Hook"] >= 1, kinds
+
+
+def test_the_live_view_draws_on_the_alternate_screen_and_leaves_the_scrollback(
+    tmp_path: Path,
+) -> None:
+    # On a terminal the view is redrawn twice a second: on the alternate screen, so what the
+    # user had in the terminal stays, and the summary prints on the normal screen after.
+    leader, follower = pty.openpty()
+    argv = [PYTHON, "-m", "bridge", "demo", "--duration", "3", "--state-dir", str(tmp_path)]
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+                             env=child_env())  # fmt: skip
+    os.close(follower)
+    shown = bytearray()
+    while chunk := _read_pty(leader):
+        shown += chunk
+    os.close(leader)
+    assert child.wait(timeout=60) == 0, child.stderr.read() if child.stderr else ""
+    if child.stderr:
+        child.stderr.close()
+    text = shown.decode("utf-8", "replace")
+    enter, leave = text.find("\x1b[?1049h"), text.rfind("\x1b[?1049l")
+    assert 0 <= enter < leave, text[:300]
+    assert "\x1b[2J" not in text and "\x1b[3J" not in text  # never wipes the screen
+    assert text.count("\x1b[H") >= 3  # redrawn in place
+    assert "\nSummary" in text[leave:]
+    assert "\x1b[?25h" in text[leave - 10 :]  # the cursor is shown again
+
+
+def _read_pty(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the child closed its end
+        return b""
 
 
 def test_stdout_sink_carries_the_same_records_as_jsonl(procs: Processes) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -46,3 +48,32 @@ def test_schema_command_prints_what_the_docs_tell_users_to_paste(
     declared = json.loads(capsys.readouterr().out)
     assert declared == {schema.DCR_STREAM: schema.dcr_stream_declaration()}
     assert schema.main(["--nonsense"]) == 2
+
+
+def test_readme_says_what_se_bridge_is_before_the_two_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    lead = text.split("```sh", 1)[0].split("\n", 1)[1].strip()  # after the title
+    assert "Scheduled Events" in lead, "the README should say what se-bridge is first"
+
+
+def test_readme_is_short_and_sends_newcomers_to_getting_started() -> None:
+    # The reference lives in the docs: no tables of quotas for a million VMs up front.
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert not [line for line in lines if line.startswith("|")], "the README has a table"
+    assert len(lines) <= 60, f"the README has {len(lines)} lines"
+    assert "(docs/getting-started.md)" in README.read_text(encoding="utf-8")
+    nav = (DOCS.parent / "mkdocs.yml").read_text(encoding="utf-8")
+    assert nav.index("getting-started.md") < nav.index("deploying.md")
+
+
+@pytest.mark.parametrize("page", [README, *sorted(DOCS.glob("*.md"))], ids=lambda p: p.name)
+def test_diagrams_fit_an_80_column_page(page: Path) -> None:
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", page.read_text(encoding="utf-8"), re.DOTALL)
+    wide = [
+        line
+        for block in blocks
+        if re.search("[┌└│─▶◀]", block)
+        for line in block.splitlines()
+        if len(line) > 80
+    ]
+    assert not wide, f"{page.name}: diagram lines over 80 columns: {wide}"

@@ -117,3 +117,10 @@ def test_a_missing_extra_is_named_with_what_to_install(monkeypatch: pytest.Monke
     message = extras.missing_message("consumer", "consume")
     assert "`consume` needs the consumer extra, and no-such-package-se is not installed" in message
     assert "pip install 'se-bridge[consumer]'" in message
+
+
+def test_the_agent_starts_without_requests() -> None:
+    # IMDS is spoken to over http.client; requests served only a test seam, now in tests/doubles.
+    loaded = loaded_after("\n".join(f"import {name}" for name in agent_modules()))
+    assert "bridge.agent.loop" in loaded
+    assert [m for m in loaded if m == "requests" or m.startswith("requests.")] == []

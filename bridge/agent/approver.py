@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
-from bridge.commands.message import LATE, resources_digest
+from bridge.commands.message import LATE, Command, resources_digest
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
@@ -48,7 +48,11 @@ SEEN_GRACE = timedelta(minutes=5)
 
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
 # Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.
-Kind = Literal["Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry"]
+# For a command only (`consider`): Replayed, refused as a replay (its outcome names no ids);
+# Redelivered, handled here before and handed over again: nothing new to record.
+Kind = Literal[
+    "Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry", "Replayed", "Redelivered"
+]
 
 
 class Runner(Protocol):
@@ -166,6 +170,57 @@ class Approver:
         with self._lock:
             return frozenset(self._approved)
 
+    def consider(self, command: Command, *, redelivered: bool = False) -> Attempt:
+        """Act on a verified command for this VM, written down as its Approval record unless
+        it was handled before; Busy and Retry leave it to be read again. `redelivered`: the
+        channel handed it over before (dequeue count above 1)."""
+        before = self.handled(command.command_id)
+        if before is not None:
+            return self._repeat(command, before, redelivered)
+        if self.approved(command.event_id):
+            # Another command (or the local policy) approved the event: no news.
+            return Attempt("Duplicate", f"event {command.event_id} was approved already")
+        request = request_for(command)
+        if command.expired(self._now()):
+            return self._expired(command, request)
+        attempt = self.attempt(request)
+        if attempt.kind == "Refused" and attempt.outcome is not None:
+            self.record(attempt.outcome, seen_until=command.expires_at)
+        return attempt
+
+    def _repeat(self, command: Command, before: str, redelivered: bool) -> Attempt:
+        if redelivered:  # its record was written, with the seen mark, the first time
+            return Attempt("Redelivered", f"already {before.lower()} here")
+        why = f"command {command.command_id} was {before.lower()} here already"
+        outcome = untrusted(command, "Replayed", why + "; a replay is never acted on")
+        self.record(outcome)
+        return Attempt("Replayed", outcome.detail, outcome)
+
+    def _expired(self, command: Command, request: Request) -> Attempt:
+        """It expires at the event's NotBefore, when the platform starts the event: the
+        agent's last look may show that it went ahead, and then it came Late."""
+        went = self.went_ahead(command.event_id)
+        if went is not None:
+            why = self.late_detail(request, went)
+        else:
+            came = self.came(request)
+            why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
+        # A refusal of a verified command for this VM: the consumer may trust its ids.
+        outcome = ApprovalOutcome(
+            event_id=command.event_id,
+            event_type=None,
+            incarnation=command.document_incarnation,
+            command_id=command.command_id,
+            source="Central",
+            outcome="Refused",
+            detail=why,
+            rule=command.rule,
+            issued_at=command.issued_at,
+            late=went or "Expired",
+        )
+        self.record(outcome)
+        return Attempt("Refused", why, outcome)
+
     def attempt(self, request: Request) -> Attempt:
         key = request.event_id.lower()
         with self._lock:
@@ -277,6 +332,36 @@ class Approver:
             while len(self._seen) > SEEN_MEMORY:
                 del self._seen[min(self._seen, key=lambda k: self._seen[k]["until"])]
             return {"seen": {k: dict(v) for k, v in self._seen.items()}}
+
+
+def request_for(command: Command) -> Request:
+    return Request(
+        event_id=command.event_id,
+        command_id=command.command_id,
+        source="Central",
+        rule=command.rule or None,
+        reason=f"rule {command.rule or '(none)'}: {command.reason}",
+        issued_at=command.issued_at,
+        expires_at=command.expires_at,
+        resources_digest=command.resources_digest,
+    )
+
+
+def untrusted(command: Command | None, code: str, why: str) -> ApprovalOutcome:
+    """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
+    claimed = ""
+    if command is not None:
+        claimed = (f" (it claims CommandId {command.command_id}, EventId "
+                   f"{command.event_id}, VmId {command.vm_id})")  # fmt: skip
+    return ApprovalOutcome(
+        event_id=None,
+        event_type=None,
+        incarnation=None,
+        command_id=None,
+        source="Central",
+        outcome="Refused",
+        detail=f"{code}: {why}{claimed}",
+    )
 
 
 def _find(document: ParsedDocument, event_id: str) -> ParsedEvent | None:

@@ -56,7 +56,7 @@ Kind = Literal[
 
 
 class Runner(Protocol):
-    """Runs an IMDS call on the agent's IMDS worker (`Agent._interruptible`)."""
+    """Runs an IMDS call on the agent's approvals worker (`ImdsCalls.approve`)."""
 
     def __call__(self, call: Callable[[], T]) -> T: ...
 

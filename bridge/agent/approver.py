@@ -139,22 +139,22 @@ class Approver:
             while len(self._observed) > MEMORY:
                 self._observed.popitem(last=False)
 
-    def went_ahead(self, event_id: str) -> str | None:
+    def _went_ahead(self, event_id: str) -> str | None:
         """Started or Ended when the agent's last look found the event past Scheduled; None
         when it found it Scheduled, or never."""
         with self._lock:
             status = self._observed.get(event_id.lower())
         return status if status in ("Started", "Ended") else None
 
-    def came(self, request: Request) -> str:
+    def _came(self, request: Request) -> str:
         """How long after its issue the request came: "12.3 s after the consumer issued it"."""
         age = (self._now() - request.issued_at).total_seconds()
         issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
         return f"{age:.1f} s after {issuer}"
 
-    def late_detail(self, request: Request, went: str) -> str:
+    def _late_detail(self, request: Request, went: str) -> str:
         """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
-        when = self.came(request)
+        when = self._came(request)
         if went == "Started":
             return (f"{LATE}: event {request.event_id} has already Started: the approval came "
                     f"{when}, nothing to approve")  # fmt: skip
@@ -199,11 +199,11 @@ class Approver:
     def _expired(self, command: Command, request: Request) -> Attempt:
         """It expires at the event's NotBefore, when the platform starts the event: the
         agent's last look may show that it went ahead, and then it came Late."""
-        went = self.went_ahead(command.event_id)
+        went = self._went_ahead(command.event_id)
         if went is not None:
-            why = self.late_detail(request, went)
+            why = self._late_detail(request, went)
         else:
-            came = self.came(request)
+            came = self._came(request)
             why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
         # A refusal of a verified command for this VM: the consumer may trust its ids.
         outcome = ApprovalOutcome(
@@ -274,7 +274,7 @@ class Approver:
         base = _outcome(request, document, event)
         went = self._late(event, request)
         if went is not None:
-            detail = self.late_detail(request, went)
+            detail = self._late_detail(request, went)
             return Attempt("Refused", detail, replace(base, detail=detail, late=went))
         refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         if refusal is not None:

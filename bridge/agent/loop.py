@@ -65,6 +65,8 @@ class Parts:
 
 
 class Agent:
+    """The poll loop over the parts bridge.agent.wiring.build_agent makes; it builds none."""
+
     def __init__(
         self, config: Config, parts: Parts, *, now: Callable[[], datetime], boot_id: str | None
     ) -> None:

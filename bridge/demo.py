@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bridge import extras, host
-from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.commands import signing
 from bridge.commands.message import LATE, is_late
 from bridge.config import (
@@ -305,7 +305,7 @@ class Demo:
             build(f"hub:{self.root / 'hub'}"),
             ViewSink(vm, self.view),
         ]
-        self._start_thread(f"agent-{vm}", Agent(config, sinks=sinks).run)
+        self._start_thread(f"agent-{vm}", build_agent(config, sinks=sinks).run)
 
     def play(self, index: int) -> None:
         name = SCENARIOS[index % len(SCENARIOS)]

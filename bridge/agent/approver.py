@@ -32,7 +32,7 @@ from typing import Any, Literal, Protocol, TypeVar
 
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
-from bridge.commands.message import LATE, resources_digest
+from bridge.commands.message import LATE, Command, resources_digest
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import ApprovalOutcome, Origin, approval_record, iso
 from bridge.retry import DeliveryError, PermanentError, RetryableError
@@ -48,11 +48,15 @@ SEEN_GRACE = timedelta(minutes=5)
 
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
 # Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.
-Kind = Literal["Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry"]
+# For a command only (`consider`): Replayed, refused as a replay (its outcome names no ids);
+# Redelivered, handled here before and handed over again: nothing new to record.
+Kind = Literal[
+    "Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry", "Replayed", "Redelivered"
+]
 
 
 class Runner(Protocol):
-    """Runs an IMDS call on the agent's IMDS worker (`Agent._interruptible`)."""
+    """Runs an IMDS call on the agent's approvals worker (`ImdsCalls.approve`)."""
 
     def __call__(self, call: Callable[[], T]) -> T: ...
 
@@ -135,22 +139,22 @@ class Approver:
             while len(self._observed) > MEMORY:
                 self._observed.popitem(last=False)
 
-    def went_ahead(self, event_id: str) -> str | None:
+    def _went_ahead(self, event_id: str) -> str | None:
         """Started or Ended when the agent's last look found the event past Scheduled; None
         when it found it Scheduled, or never."""
         with self._lock:
             status = self._observed.get(event_id.lower())
         return status if status in ("Started", "Ended") else None
 
-    def came(self, request: Request) -> str:
+    def _came(self, request: Request) -> str:
         """How long after its issue the request came: "12.3 s after the consumer issued it"."""
         age = (self._now() - request.issued_at).total_seconds()
         issuer = "the consumer issued it" if request.source == "Central" else "it was decided"
         return f"{age:.1f} s after {issuer}"
 
-    def late_detail(self, request: Request, went: str) -> str:
+    def _late_detail(self, request: Request, went: str) -> str:
         """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
-        when = self.came(request)
+        when = self._came(request)
         if went == "Started":
             return (f"{LATE}: event {request.event_id} has already Started: the approval came "
                     f"{when}, nothing to approve")  # fmt: skip
@@ -165,6 +169,57 @@ class Approver:
         """EventIds (lower case) this agent approved."""
         with self._lock:
             return frozenset(self._approved)
+
+    def consider(self, command: Command, *, redelivered: bool = False) -> Attempt:
+        """Act on a verified command for this VM, written down as its Approval record unless
+        it was handled before; Busy and Retry leave it to be read again. `redelivered`: the
+        channel handed it over before (dequeue count above 1)."""
+        before = self.handled(command.command_id)
+        if before is not None:
+            return self._repeat(command, before, redelivered)
+        if self.approved(command.event_id):
+            # Another command (or the local policy) approved the event: no news.
+            return Attempt("Duplicate", f"event {command.event_id} was approved already")
+        request = request_for(command)
+        if command.expired(self._now()):
+            return self._expired(command, request)
+        attempt = self.attempt(request)
+        if attempt.kind == "Refused" and attempt.outcome is not None:
+            self.record(attempt.outcome, seen_until=command.expires_at)
+        return attempt
+
+    def _repeat(self, command: Command, before: str, redelivered: bool) -> Attempt:
+        if redelivered:  # its record was written, with the seen mark, the first time
+            return Attempt("Redelivered", f"already {before.lower()} here")
+        why = f"command {command.command_id} was {before.lower()} here already"
+        outcome = untrusted(command, "Replayed", why + "; a replay is never acted on")
+        self.record(outcome)
+        return Attempt("Replayed", outcome.detail, outcome)
+
+    def _expired(self, command: Command, request: Request) -> Attempt:
+        """It expires at the event's NotBefore, when the platform starts the event: the
+        agent's last look may show that it went ahead, and then it came Late."""
+        went = self._went_ahead(command.event_id)
+        if went is not None:
+            why = self._late_detail(request, went)
+        else:
+            came = self._came(request)
+            why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
+        # A refusal of a verified command for this VM: the consumer may trust its ids.
+        outcome = ApprovalOutcome(
+            event_id=command.event_id,
+            event_type=None,
+            incarnation=command.document_incarnation,
+            command_id=command.command_id,
+            source="Central",
+            outcome="Refused",
+            detail=why,
+            rule=command.rule,
+            issued_at=command.issued_at,
+            late=went or "Expired",
+        )
+        self.record(outcome)
+        return Attempt("Refused", why, outcome)
 
     def attempt(self, request: Request) -> Attempt:
         key = request.event_id.lower()
@@ -219,7 +274,7 @@ class Approver:
         base = _outcome(request, document, event)
         went = self._late(event, request)
         if went is not None:
-            detail = self.late_detail(request, went)
+            detail = self._late_detail(request, went)
             return Attempt("Refused", detail, replace(base, detail=detail, late=went))
         refusal = _refusal(document, event, request.event_id) or _changed(event, request)
         if refusal is not None:
@@ -277,6 +332,36 @@ class Approver:
             while len(self._seen) > SEEN_MEMORY:
                 del self._seen[min(self._seen, key=lambda k: self._seen[k]["until"])]
             return {"seen": {k: dict(v) for k, v in self._seen.items()}}
+
+
+def request_for(command: Command) -> Request:
+    return Request(
+        event_id=command.event_id,
+        command_id=command.command_id,
+        source="Central",
+        rule=command.rule or None,
+        reason=f"rule {command.rule or '(none)'}: {command.reason}",
+        issued_at=command.issued_at,
+        expires_at=command.expires_at,
+        resources_digest=command.resources_digest,
+    )
+
+
+def untrusted(command: Command | None, code: str, why: str) -> ApprovalOutcome:
+    """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
+    claimed = ""
+    if command is not None:
+        claimed = (f" (it claims CommandId {command.command_id}, EventId "
+                   f"{command.event_id}, VmId {command.vm_id})")  # fmt: skip
+    return ApprovalOutcome(
+        event_id=None,
+        event_type=None,
+        incarnation=None,
+        command_id=None,
+        source="Central",
+        outcome="Refused",
+        detail=f"{code}: {why}{claimed}",
+    )
 
 
 def _find(document: ParsedDocument, event_id: str) -> ParsedEvent | None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge import channels, host, sinks, telemetry
-from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.config import Config, ConfigError, load, warn_if_secrets_readable
 from bridge.logfile import handler, setup_logging
 from bridge.outbox.spool import SpoolError
@@ -198,7 +198,7 @@ def serve_agent(
     warn_if_secrets_readable(config_file)
     try:
         host.private_directory(settings.state_dir)
-        agent = Agent(config, policy=policy)
+        agent = build_agent(config, policy=policy)
     except ConfigError as err:  # e.g. a verify key that cannot be loaded
         return _fail(f"configuration error: {err}", 2)
     except (SpoolError, OSError) as err:

@@ -26,8 +26,6 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Protocol, cast
 
-import requests
-
 from bridge.records import VmIdentity
 from bridge.retry import PermanentError, RetryableError, ThrottledError, parse_retry_after
 
@@ -283,42 +281,6 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     return True
 
 
-class SessionTransport:
-    """A caller's requests.Session (tests inject canned ones), used as the old client did."""
-
-    def __init__(self, base_url: str, session: requests.Session) -> None:
-        self._base_url = base_url
-        self._session = session
-        # IMDS must be reached directly: an HTTP(S)_PROXY in the environment would intercept it.
-        self._session.trust_env = False
-        self._session.headers.update({"Metadata": "true", "User-Agent": "se-bridge"})
-
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        version: str,
-        body: bytes | None,
-        read_timeout: float,
-        limit: int = MAX_OTHER_BODY,
-    ) -> Answer:
-        response = self._session.request(
-            method,
-            self._base_url + path,
-            params={"api-version": version},
-            json=None if body is None else json.loads(body),
-            timeout=(min(CONNECT_TIMEOUT, read_timeout), read_timeout),
-            allow_redirects=False,
-        )
-        if len(response.content) > limit:
-            raise AnswerTooLarge(f"IMDS sent more than {limit} bytes: refused")
-        return Answer(response.status_code, response.headers.get("Retry-After"), response.content)
-
-    def close(self) -> None:
-        self._session.close()
-
-
 class ImdsClient:
     def __init__(
         self,
@@ -328,8 +290,8 @@ class ImdsClient:
         timeout: float = 10.0,
         first_call_timeout: float = 120.0,
         max_rps: float = 5.0,
-        session: requests.Session | None = None,
         limiter: RateLimiter | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_version = api_version
@@ -339,11 +301,8 @@ class ImdsClient:
         self._answered: set[str] = set()
         # Shared by the clients of one agent (the poll's, the approvals'): IMDS counts per VM.
         self.limiter = limiter or RateLimiter(max_rps)
-        self._transport: Transport = (
-            DirectTransport(self.base_url)
-            if session is None
-            else SessionTransport(self.base_url, session)
-        )
+        # None: one keep-alive connection to `base_url` (tests give a canned one).
+        self._transport = transport or DirectTransport(self.base_url)
 
     @property
     def events_url(self) -> str:
@@ -386,7 +345,7 @@ class ImdsClient:
             answer = self._transport.request(
                 method, path, version=version, body=body, read_timeout=read_timeout, limit=limit
             )
-        except (OSError, http.client.HTTPException, requests.RequestException) as err:
+        except (OSError, http.client.HTTPException) as err:
             raise RetryableError(f"{method} {url} failed: {type(err).__name__}: {err}") from err
         self._answered.add(path)
         _raise_for(answer, method, url)

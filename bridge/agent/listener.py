@@ -18,8 +18,9 @@ last read (the consumer leaves it in the channel a minute past its ExpiresAt) is
 and refused as Late, so the consumer and its operators learn that the approval never
 reached IMDS, instead of the command lying unread until it expires.
 
-Each command is checked (docs/contracts.md#command) and then approved through the shared Approver,
-which checks the event against a fresh IMDS document. A message is deleted once acted
+Each command is checked (docs/contracts.md#command): its form, signature and VmId here, the
+rest by the shared Approver, to which a verified command is handed once (`Approver.consider`)
+and which checks the event against a fresh IMDS document. A message is deleted once acted
 on or refused; one IMDS could not take is left to reappear after the visibility timeout.
 
 Checks come before anything touches IMDS, in this order, each refusal an Approval record
@@ -52,13 +53,13 @@ import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 
-from bridge.agent.approver import Approver, Attempt, Request
+from bridge.agent.approver import Approver, Attempt, untrusted
 from bridge.channels import CommandInbox, Received, check_inbox, inbox
 from bridge.commands import message as commands
 from bridge.commands.message import Command, CommandError
 from bridge.commands.signing import SigningError, Verifier, load_signer, load_verifier
 from bridge.config import CommandsSettings, Config, ConfigError
-from bridge.records import ApprovalOutcome, iso
+from bridge.records import ApprovalOutcome
 from bridge.retry import Backoff, DeliveryError, FailureStreak
 
 log = logging.getLogger(__name__)
@@ -196,28 +197,15 @@ class CommandListener:
         command = self._trusted(message.text, vm_id)
         if command is None:
             return True
-        before = self._approver.handled(command.command_id)
-        if before is not None:
-            self._repeat(command, before, message.dequeue_count)
-            return True
-        if self._approver.approved(command.event_id):
-            # Another command (or the local policy) approved the event: no news.
-            log.info("command %s: event %s was approved already; deleted the repeat",
-                     command.command_id, command.event_id)  # fmt: skip
-            return True
-        if command.expired(self._now()):
-            # It expires at the event's NotBefore, when the platform starts the event: the
-            # agent's last look may show that it went ahead, and then it came Late.
-            request = _request(command)
-            went = self._approver.went_ahead(command.event_id)
-            if went is not None:
-                self._refuse(command, self._approver.late_detail(request, went), went)
-            else:
-                came = self._approver.came(request)
-                why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
-                self._refuse(command, why, "Expired")
-            return True
-        return self._approve(command)
+        attempt = self._approver.consider(command, redelivered=message.dequeue_count > 1)
+        if attempt.kind in ("Retry", "Busy"):
+            level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
+            log.log(level, "command %s for event %s left in the channel for the next read "
+                    "(in %gs): %s", command.command_id, command.event_id,
+                    self._settings.visibility_timeout, attempt.detail)  # fmt: skip
+            return False
+        _log_attempt(command, attempt)
+        return True
 
     def _trusted(self, text: str, vm_id: str) -> Command | None:
         """The command in `text` if it is well formed, signed and for this VM; else refused."""
@@ -236,80 +224,12 @@ class CommandListener:
             return None
         return command
 
-    def _repeat(self, command: Command, before: str, dequeue_count: int) -> None:
-        if dequeue_count > 1:
-            log.info("command %s came back after the visibility timeout, already %s here: "
-                     "deleted it (its record was written the first time)",
-                     command.command_id, before.lower())  # fmt: skip
-            return
-        why = f"command {command.command_id} was {before.lower()} here already"
-        self._refuse_untrusted(command, "Replayed", why + "; a replay is never acted on")
-
-    def _approve(self, command: Command) -> bool:
-        attempt = self._approver.attempt(_request(command))
-        if attempt.kind == "Refused" and attempt.outcome is not None:
-            self._approver.record(attempt.outcome, seen_until=command.expires_at)
-            _log_refusal(command, attempt.outcome)
-        elif attempt.kind in ("Retry", "Busy"):
-            level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
-            log.log(level, "command %s for event %s left in the channel for the next read "
-                    "(in %gs): %s", command.command_id, command.event_id,
-                    self._settings.visibility_timeout, attempt.detail)  # fmt: skip
-            return False
-        else:
-            _log_attempt(command, attempt)
-        return True
-
-    def _refuse(self, command: Command, why: str, late: str | None = None) -> None:
-        """A refusal of a verified command for this VM: the consumer may trust its ids.
-        `late`: it came too late (Started, Ended: refused as Late; Expired)."""
-        outcome = ApprovalOutcome(
-            event_id=command.event_id,
-            event_type=None,
-            incarnation=command.document_incarnation,
-            command_id=command.command_id,
-            source="Central",
-            outcome="Refused",
-            detail=why,
-            rule=command.rule,
-            issued_at=command.issued_at,
-            late=late,
-        )
-        self._approver.record(outcome)
-        _log_refusal(command, outcome)
-
     def _refuse_untrusted(self, command: Command | None, code: str, why: str) -> None:
         """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
-        claimed = ""
-        if command is not None:
-            claimed = (f" (it claims CommandId {command.command_id}, EventId "
-                       f"{command.event_id}, VmId {command.vm_id})")  # fmt: skip
-        detail = f"{code}: {why}{claimed}"
-        outcome = ApprovalOutcome(
-            event_id=None,
-            event_type=None,
-            incarnation=None,
-            command_id=None,
-            source="Central",
-            outcome="Refused",
-            detail=detail,
-        )
+        outcome = untrusted(command, code, why)
         self._approver.record(outcome)
         level = logging.INFO if code in ("Replayed", "OtherVm") else logging.WARNING
-        log.log(level, "refused a command: %s", detail)
-
-
-def _request(command: Command) -> Request:
-    return Request(
-        event_id=command.event_id,
-        command_id=command.command_id,
-        source="Central",
-        rule=command.rule or None,
-        reason=f"rule {command.rule or '(none)'}: {command.reason}",
-        issued_at=command.issued_at,
-        expires_at=command.expires_at,
-        resources_digest=command.resources_digest,
-    )
+        log.log(level, "refused a command: %s", outcome.detail)
 
 
 def _log_refusal(command: Command, outcome: ApprovalOutcome) -> None:
@@ -322,7 +242,15 @@ def _log_refusal(command: Command, outcome: ApprovalOutcome) -> None:
 
 def _log_attempt(command: Command, attempt: Attempt) -> None:
     outcome = attempt.outcome
-    if attempt.kind == "Approved" and outcome is not None:
+    if attempt.kind == "Refused" and outcome is not None:
+        _log_refusal(command, outcome)
+    elif attempt.kind == "Replayed":
+        log.info("refused a command: %s", attempt.detail)
+    elif attempt.kind == "Redelivered":
+        log.info("command %s came back after the visibility timeout, %s: deleted it (its "
+                 "record was written the first time)", command.command_id,
+                 attempt.detail)  # fmt: skip
+    elif attempt.kind == "Approved" and outcome is not None:
         log.info("approved event %s (%s) for the fleet: rule %s, %s ms after the consumer "
                  "issued it", command.event_id, outcome.event_type, command.rule or "(none)",
                  outcome.latency_ms)  # fmt: skip

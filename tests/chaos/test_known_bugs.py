@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.config import Config
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
@@ -30,7 +31,7 @@ def server() -> Iterator[tuple[Simulator, SimulatorServer]]:
 class Harness(AgentHarness):
     def start(self) -> Agent:
         config = Config(agent=self.agent_settings(), imds=self.imds_settings())
-        self.agent = Agent(config, boot_id="b1")
+        self.agent = build_agent(config, boot_id="b1")
         self.agent.start()
         return self.agent
 

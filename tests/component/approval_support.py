@@ -11,6 +11,7 @@ from pathlib import Path
 
 from bridge.agent import imds
 from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.channels import Received
 from bridge.commands import message as commands
 from bridge.config import CommandsSettings, Config, HooksSettings
@@ -97,7 +98,7 @@ class Harness(AgentHarness):
                 channel=channel or "", poll_interval=0.2, idle_interval=idle_interval
             ),
         )
-        self.agent = Agent(
+        self.agent = build_agent(
             config,
             boot_id="b1",
             client=client,

@@ -61,7 +61,7 @@ def test_check_gives_advice_and_exit_1_when_a_role_is_missing(
 
 def test_unconfigured_sinks_do_not_import_their_sdks(tmp_path: Path) -> None:
     code = (
-        "import sys; from bridge import config, sinks; from bridge.agent.loop import Agent; "
+        "import sys; from bridge import config, sinks; from bridge.agent import wiring; "
         "c = config.load(environ={}, flags={'agent.sinks': ['stdout'], "
         f"'agent.state_dir': {str(tmp_path)!r}}}); "
         "[sinks.build(s, c) for s in c.sink_specs()]; "

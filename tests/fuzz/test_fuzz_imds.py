@@ -21,6 +21,7 @@ from bridge.agent.document import DocumentError, parse_document, parse_time
 from bridge.agent.normalise import Context, normalise
 from bridge.records import Origin, VmIdentity
 from bridge.retry import RetryableError
+from tests.doubles.imds_transport import SessionTransport
 from tests.fuzz.strategies import (
     DEEP_JSON,
     FUZZ,
@@ -151,7 +152,12 @@ class CannedSession(requests.Session):
 
 
 def instance_body(body: bytes) -> dict[str, Any] | None:
-    client = imds.ImdsClient("http://imds.invalid", max_rps=1e9, session=CannedSession(body))
+    session = CannedSession(body)
+    client = imds.ImdsClient(
+        "http://imds.invalid",
+        max_rps=1e9,
+        transport=SessionTransport("http://imds.invalid", session),
+    )
     try:
         return client.instance_metadata()
     except RetryableError as err:

@@ -148,3 +148,10 @@ def test_a_component_reading_the_configuration_outside_its_kinds_breaks_a_contra
     for importer in ("bridge.sinks.jsonl", "bridge.cloud.storage", "bridge.consumer.state.tables"):
         assert f"{importer} -> bridge.config" in broken
     assert "kinds -> bridge.config" not in broken
+
+
+def test_the_agent_starts_without_requests() -> None:
+    # IMDS is spoken to over http.client; requests served only a test seam, now in tests/doubles.
+    loaded = loaded_after("\n".join(f"import {name}" for name in agent_modules()))
+    assert "bridge.agent.loop" in loaded
+    assert [m for m in loaded if m == "requests" or m.startswith("requests.")] == []

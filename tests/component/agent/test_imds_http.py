@@ -21,7 +21,7 @@ import pytest
 
 from bridge.agent import imds
 from bridge.agent.approver import Request
-from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
 
@@ -333,7 +333,7 @@ def test_an_approval_does_not_wait_behind_a_stalled_poll(
         agent=AgentSettings(state_dir=tmp_path / "state", sinks=[f"jsonl:{tmp_path / 'r'}"]),
         imds=ImdsSettings(url=server.url, timeout=5, first_call_timeout=5),
     )
-    agent = Agent(config, boot_id="b1")
+    agent = build_agent(config, boot_id="b1")
     poll = threading.Thread(target=agent.cycle, daemon=True)
     try:
         poll.start()
@@ -359,7 +359,7 @@ def test_heartbeats_go_on_while_a_poll_is_stalled(server: ScriptedImds, tmp_path
                             heartbeat_interval=1, poll_interval=0.2),
         imds=ImdsSettings(url=server.url, timeout=10, first_call_timeout=10),
     )  # fmt: skip
-    agent = Agent(config, boot_id="b1")
+    agent = build_agent(config, boot_id="b1")
     agent.start()
     try:
         agent.cycle()  # the first poll and instance metadata answer at once

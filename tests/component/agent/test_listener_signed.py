@@ -12,6 +12,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.channels import Received, SigningSender
 from bridge.channels.local import LocalSender
 from bridge.commands import message as commands
@@ -41,7 +42,7 @@ class SignedHarness(Harness):
                 verify_key=signing.verify_key_text(KEY.public_key()),
             ),
         )
-        self.agent = Agent(
+        self.agent = build_agent(
             config,
             boot_id="b1",
             open_inbox=(lambda _vm_id: self.inbox) if fake_inbox else None,

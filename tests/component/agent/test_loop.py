@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.config import Config, HooksSettings
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
@@ -29,7 +30,7 @@ class Harness(AgentHarness):
             imds=self.imds_settings(**self.imds),
             hooks=hooks or HooksSettings(),
         )
-        self.agent = Agent(config, boot_id=boot)
+        self.agent = build_agent(config, boot_id=boot)
         self.agent.start()
         return self.agent
 

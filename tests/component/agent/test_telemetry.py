@@ -16,6 +16,7 @@ import requests
 
 import bridge
 from bridge.agent.loop import Agent
+from bridge.agent.wiring import build_agent
 from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import Backoff, PermanentError
 from bridge.simulator import Simulator, SimulatorServer
@@ -63,7 +64,7 @@ def made(
     )
     clock = [datetime.now(timezone.utc)]
     sink = FlakySink()
-    agent = Agent(config, sinks=[sink], now=lambda: clock[0],
+    agent = build_agent(config, sinks=[sink], now=lambda: clock[0],
                   delivery_backoff=lambda: Backoff(initial=0.05, maximum=0.1))  # fmt: skip
     agent.serve_telemetry()
     agent.start()
@@ -150,7 +151,7 @@ def heard_by_systemd(
         agent=AgentSettings(poll_interval=0.2, state_dir=tmp_path / "state"),
         imds=ImdsSettings(url=server.vm_url(VM), timeout=5, first_call_timeout=5),
     )
-    agent = Agent(config)
+    agent = build_agent(config)
     stop = threading.Event()
     runner = threading.Thread(target=agent.run, args=(stop,))
     runner.start()
@@ -189,7 +190,7 @@ def test_metrics_label_sinks_by_kind_and_show_the_build_and_the_next_event(
         imds=ImdsSettings(url=server.vm_url(VM), timeout=2, first_call_timeout=5),
     )
     first, second = tmp_path / "a" / "records.jsonl", tmp_path / "b" / "records.jsonl"
-    agent = Agent(config, sinks=[JsonlSink(first), JsonlSink(second)])
+    agent = build_agent(config, sinks=[JsonlSink(first), JsonlSink(second)])
     agent.serve_telemetry()
     agent.start()
     try:

@@ -10,6 +10,7 @@ import requests
 from bridge.agent import imds
 from bridge.records import VmIdentity
 from bridge.retry import PermanentError, RetryableError, ThrottledError
+from tests.doubles.imds_transport import SessionTransport
 
 # A real /metadata/instance?api-version=2021-02-01 answer for a uniform scale-set instance,
 # abridged to the fields the agent reads, with IMDS's string-typed domains.
@@ -134,6 +135,10 @@ class FakeSession(requests.Session):
         return self.answer
 
 
+def over(session: requests.Session) -> SessionTransport:
+    return SessionTransport("http://imds.test", session)
+
+
 BAD_HEADER = b'{ "error": "Bad request: . Required metadata header not specified" }'
 
 
@@ -152,7 +157,7 @@ BAD_HEADER = b'{ "error": "Bad request: . Required metadata header not specified
 )
 def test_failures_map_onto_kinds(answer: Any, kind: type[Exception], text: str) -> None:
     with FakeSession(answer) as session:
-        client = imds.ImdsClient("http://imds.test", session=session, max_rps=5)
+        client = imds.ImdsClient("http://imds.test", max_rps=5, transport=over(session))
         with pytest.raises(kind) as info:
             client.scheduled_events()
     assert type(info.value) is kind
@@ -164,7 +169,11 @@ def test_failures_map_onto_kinds(answer: Any, kind: type[Exception], text: str) 
 def test_requests_carry_header_version_and_long_first_timeout() -> None:
     with FakeSession(response(200, b'{"DocumentIncarnation": 1, "Events": []}')) as session:
         client = imds.ImdsClient(
-            "http://imds.test/", "2019-08-01", timeout=3, first_call_timeout=120, session=session
+            "http://imds.test/",
+            "2019-08-01",
+            timeout=3,
+            first_call_timeout=120,
+            transport=SessionTransport("http://imds.test/", session),
         )
         assert client.scheduled_events().startswith(b"{")
         client.scheduled_events()
@@ -180,14 +189,14 @@ def test_requests_carry_header_version_and_long_first_timeout() -> None:
 
 def test_approval_posts_start_requests() -> None:
     with FakeSession(response(200, b"")) as session:
-        client = imds.ImdsClient("http://imds.test", session=session)
+        client = imds.ImdsClient("http://imds.test", transport=over(session))
         assert client.start_events(["e1"]) == 200
     assert session.calls[0]["json"] == {"StartRequests": [{"EventId": "e1"}]}
 
 
 def test_instance_metadata_that_is_not_json_is_retryable() -> None:
     with FakeSession(response(200, b"<html>")) as session:
-        client = imds.ImdsClient("http://imds.test", session=session)
+        client = imds.ImdsClient("http://imds.test", transport=over(session))
         with pytest.raises(RetryableError, match="not JSON"):
             client.instance_metadata()
 

@@ -1,0 +1,114 @@
+"""The agent's health: whether IMDS answers its polls, and the Heartbeat records that say so.
+
+A heartbeat goes to the spool at start (Start), every agent.heartbeat_interval (Periodic)
+and at stop (Stop), with what `se-bridge status` reads kept in the spool's state beside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from bridge.agent.metrics import AgentMetrics
+from bridge.agent.normalise import NormaliserState, empty_state, pending_events
+from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
+from bridge.records import Health, Origin, heartbeat_record, iso
+from bridge.retry import Backoff, DeliveryError, FailureStreak, PermanentError
+
+# The poll loop's lines, whichever of its collaborators says them.
+log = logging.getLogger("bridge.agent.loop")
+MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off long
+
+
+class PollHealth:
+    """Whether IMDS answers, and how long to wait after it did not."""
+
+    def __init__(self) -> None:
+        self.healthy = False
+        self.last_success: datetime | None = None
+        self._streak = FailureStreak(Backoff(initial=0.5, maximum=MAX_POLL_BACKOFF))
+
+    def succeeded(self, now: datetime) -> None:
+        if ended := self._streak.succeeded():
+            log.info("IMDS answers again after %d failed polls", ended)
+        self.healthy, self.last_success = True, now
+
+    def failed(self, err: DeliveryError, interval: float) -> float:
+        self.healthy = False
+        first, delay = self._streak.failed(err)
+        if first:
+            level = logging.ERROR if isinstance(err, PermanentError) else logging.WARNING
+            log.log(level, "cannot read scheduled events: %s; retrying with backoff", err)
+        return max(interval, delay)
+
+
+class Heartbeats:
+    """Heartbeat records, each with the health it reports kept for `se-bridge status`."""
+
+    def __init__(
+        self,
+        spool: Spool,
+        poll: PollHealth,
+        metrics: AgentMetrics,
+        now: Callable[[], datetime],
+        *,
+        interval: float,
+        prepare_hook: bool,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._spool, self._poll, self._metrics, self._now = spool, poll, metrics, now
+        self._interval, self._prepare_hook, self._clock = interval, prepare_hook, clock
+        self._run = uuid.uuid4().hex  # this process, in heartbeat ids
+        self._next = 0.0
+        self._started_at: str | None = None  # the Start heartbeat's TimeGenerated
+
+    def due(self, at: float) -> bool:
+        """Whether the periodic heartbeat is due at `at` (the monotonic clock)."""
+        return at >= self._next
+
+    def beat(self, reason: str, origin: Origin, state: NormaliserState | None) -> None:
+        """A heartbeat (Start, Periodic, Stop) to the spool; a WARNING when it cannot."""
+        self._next = self._clock() + self._interval
+        state = state or empty_state()
+        health = Health(
+            incarnation=state["incarnation"],
+            pending_events=pending_events(state),
+            spool_depth=self._spool.depth(),
+            spool_dropped=self._spool.dropped(),
+            imds_healthy=self._poll.healthy,
+            last_imds_success=self._poll.last_success,
+            prepare_hook=self._prepare_hook,
+        )
+        try:
+            beat = heartbeat_record(origin, reason, health, self._now(), run=self._run)
+            # What `se-bridge status` reads: the heartbeat leaves the spool once delivered.
+            if reason == "Start" or self._started_at is None:
+                self._started_at = beat["TimeGenerated"]
+            seen: dict[str, Any] = {
+                "at": beat["TimeGenerated"],
+                "started_at": self._started_at,
+                "reason": reason,
+                "imds_healthy": beat["ImdsHealthy"],
+                "last_imds_success": beat["LastImdsSuccess"],
+                "heartbeat_interval": self._interval,
+            }
+            self._spool.commit([beat], state={StateKey.HEALTH: seen})
+            self._metrics.made([beat])
+        except SPOOL_ERRORS as err:
+            log.warning("heartbeat not written to the spool %s: %s", self._spool.path, err)
+
+    def first_answer(self, now: datetime) -> None:
+        """The Start heartbeat comes before the first poll: tell `se-bridge status` that IMDS
+        answered now, not at the next heartbeat minutes later."""
+        seen = self._spool.load_state(StateKey.HEALTH)
+        if seen is None or seen.get("started_at") != self._started_at:
+            return
+        seen.update(imds_healthy=True, last_imds_success=iso(now))
+        try:
+            self._spool.commit([], state={StateKey.HEALTH: seen})
+        except SPOOL_ERRORS as err:
+            log.warning("IMDS health not written to the spool %s: %s", self._spool.path, err)

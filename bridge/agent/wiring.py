@@ -1,0 +1,102 @@
+"""Building an agent from the configuration: its IMDS clients, sinks, spool and delivery, its
+health, hooks and identity, and the approver that central commands (the command listener)
+and the local policy share. `se-bridge agent`, the Windows service and the demo all start an
+agent this way; tests give their own parts where the keywords allow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from bridge import host, telemetry
+from bridge.agent import imds, listener, localmode
+from bridge.agent.approver import Approver
+from bridge.agent.heartbeats import Heartbeats, PollHealth
+from bridge.agent.hookjobs import HookJobs
+from bridge.agent.imdscalls import ImdsCalls
+from bridge.agent.instance import InstanceMetadata
+from bridge.agent.loop import Agent, Parts
+from bridge.agent.metrics import AgentMetrics
+from bridge.config import Config, ImdsSettings
+from bridge.outbox.delivery import Delivery
+from bridge.outbox.spool import Spool
+from bridge.policy.model import Policy
+from bridge.records import Origin, utc_now
+from bridge.retry import Backoff
+from bridge.sinks import Sink, build
+
+
+def build_agent(
+    config: Config,
+    *,
+    now: Callable[[], datetime] = utc_now,
+    boot_id: str | None = None,
+    policy: Policy | None = None,
+    sinks: Sequence[Sink] | None = None,
+    client: imds.ImdsClient | None = None,
+    open_inbox: listener.Opener | None = None,
+    delivery_backoff: Callable[[], Backoff] = Backoff,
+) -> Agent:
+    """The agent `config` describes. `policy`: local mode's, already loaded (else
+    agent.policy's); `client`: one IMDS client for polls and approvals alike.
+
+    ConfigError when a setting cannot be used (a verify key that cannot be loaded), SpoolError
+    or OSError when the spool cannot be opened.
+    """
+    poll_imds = client or imds_client(config.imds)
+    # Approvals have their own connection and thread: one never waits behind a poll that
+    # IMDS is slow to answer (each is bounded by its own deadline).
+    approval_imds = client or imds_client(config.imds, limiter=poll_imds.limiter)
+    sinks = list(sinks) if sinks is not None else [build(s, config) for s in config.sink_specs()]
+    spool = Spool(config.agent.state_dir / "spool.db", [sink.name for sink in sinks],
+                  max_records=config.spool.max_records,
+                  max_bytes=config.spool.max_bytes)  # fmt: skip
+    delivery = Delivery(spool, sinks, backoff_factory=delivery_backoff)
+    metrics = AgentMetrics(telemetry.new_registry())
+    notifier = telemetry.Notifier()
+    calls = ImdsCalls(notifier)
+    instance = InstanceMetadata(spool, host_name=host.host_name(), vm_name=config.agent.vm_name,
+                                refresh_every=config.imds.instance_refresh,
+                                stopping=calls.stopping)  # fmt: skip
+    poll = PollHealth()
+    heartbeats = Heartbeats(spool, poll, metrics, now, interval=config.agent.heartbeat_interval,
+                            prepare_hook=config.hooks.prepare is not None)  # fmt: skip
+
+    def origin() -> Origin:  # read at each use: a refresh of instance metadata replaces it
+        return instance.origin
+
+    approver = Approver(approval_imds, calls.approve, spool, origin, now,
+                        on_record=metrics.approval)  # fmt: skip
+    commands = listener.build(config, approver, now, open_inbox)
+    local = localmode.build(config, approver, now, policy)
+    parts = Parts(
+        imds=poll_imds,
+        approval_imds=approval_imds,
+        calls=calls,
+        spool=spool,
+        sinks=sinks,
+        delivery=delivery,
+        metrics=metrics,
+        notifier=notifier,
+        poll=poll,
+        instance=instance,
+        heartbeats=heartbeats,
+        hooks=HookJobs(config.hooks, spool, metrics, local, origin=origin, now=now),
+        approver=approver,
+        listener=commands,
+        local=local,
+    )
+    return Agent(config, parts, now=now, boot_id=host.boot_id() if boot_id is None else boot_id)
+
+
+def imds_client(settings: ImdsSettings, limiter: imds.RateLimiter | None = None) -> imds.ImdsClient:
+    """A client of the IMDS `settings` name; `limiter`: shared with another client of one VM."""
+    return imds.ImdsClient(
+        settings.url,
+        settings.api_version,
+        timeout=settings.timeout,
+        first_call_timeout=settings.first_call_timeout,
+        max_rps=settings.max_requests_per_second,
+        limiter=limiter,
+    )

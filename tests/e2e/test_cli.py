@@ -118,8 +118,9 @@ def test_the_live_view_draws_on_the_alternate_screen_and_leaves_the_scrollback(
     # user had in the terminal stays, and the summary prints on the normal screen after.
     leader, follower = pty.openpty()
     argv = [PYTHON, "-m", "bridge", "demo", "--duration", "3", "--state-dir", str(tmp_path)]
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
-                             env=child_env())  # fmt: skip
+    child = subprocess.Popen(
+        argv, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE, env=child_env()
+    )
     os.close(follower)
     shown = bytearray()
     while chunk := _read_pty(leader):
@@ -131,7 +132,8 @@ def test_the_live_view_draws_on_the_alternate_screen_and_leaves_the_scrollback(
     text = shown.decode("utf-8", "replace")
     enter, leave = text.find("\x1b[?1049h"), text.rfind("\x1b[?1049l")
     assert 0 <= enter < leave, text[:300]
-    assert "\x1b[2J" not in text and "\x1b[3J" not in text  # never wipes the screen
+    assert "\x1b[2J" not in text  # never wipes the screen
+    assert "\x1b[3J" not in text  # nor the scrollback
     assert text.count("\x1b[H") >= 3  # redrawn in place
     assert "\nSummary" in text[leave:]
     assert "\x1b[?25h" in text[leave - 10 :]  # the cursor is shown again

@@ -69,7 +69,7 @@ class FleetRecords:
         """`prepare_hook` None: a heartbeat of an agent from before HasPrepareHook."""
         health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now,
                         prepare_hook=prepare_hook)  # fmt: skip
-        return heartbeat_record(self.origins[name], reason, health, self.now)
+        return dict(heartbeat_record(self.origins[name], reason, health, self.now))
 
     def event(
         self,
@@ -128,7 +128,7 @@ class FleetRecords:
             issued_at=command.issued_at,
             latency_ms=5 if outcome == "Approved" else None,
         )
-        return approval_record(self.origins[name], result, self.now)
+        return dict(approval_record(self.origins[name], result, self.now))
 
     def hook_ready(self, name: str, event_id: str) -> dict[str, Any]:
         origin = self.origins[name]

@@ -94,7 +94,7 @@ class Agents:
         incarnation = agent.incarnation if agent is not None else FIRST_INCARNATION
         pending = len(agent.events) if agent is not None else 0
         health = Health(incarnation, pending, 0, 0, imds_healthy=True, last_imds_success=now)
-        return heartbeat_record(origin, reason, health, now, run=self._run(index))
+        return dict(heartbeat_record(origin, reason, health, now, run=self._run(index)))
 
     def put(self, index: int, raw: dict[str, Any]) -> None:
         """The event `raw` (as IMDS lists it) is in the VM's document now, new or changed."""
@@ -147,4 +147,4 @@ class Agents:
             issued_at=command.issued_at,
             latency_ms=latency if outcome == "Approved" else None,
         )
-        return approval_record(agent.origin, result, now)
+        return dict(approval_record(agent.origin, result, now))

@@ -28,7 +28,7 @@ NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
 def heartbeat(vm_id: str | None = VM) -> dict[str, Any]:
     origin = Origin(VmIdentity(vm_id=vm_id, vm_name="web_0"), "host-a")
-    return heartbeat_record(origin, "Periodic", Health(3, 0, 0, 0, True, NOW), NOW)
+    return dict(heartbeat_record(origin, "Periodic", Health(3, 0, 0, 0, True, NOW), NOW))
 
 
 def test_a_real_record_passes() -> None:

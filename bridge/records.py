@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Final, cast
+from typing import Any, Final, TypeGuard, cast
 
 from bridge import __version__
 from bridge import recordtypes as rt
@@ -18,6 +18,18 @@ SCHEMA_VERSION: Final = 1
 # the metrics, the consumer's documents): typed (an rt.Record) or parsed from JSON and not yet
 # checked against the schema. Its fields are read with .get and checked before use.
 RecordView = Mapping[str, object]
+
+
+def is_event(record: RecordView) -> TypeGuard[rt.Event]:
+    """Whether `record` is an Event record (its RecordType says which TypedDict it is; the
+    schema check, or the agent's builder, vouches for the rest)."""
+    return record.get(rt.RECORD_TYPE) == "Event"
+
+
+def is_decision(record: RecordView) -> TypeGuard[rt.Decision]:
+    """Whether `record` is a Decision record, as `is_event` tells an Event record."""
+    return record.get(rt.RECORD_TYPE) == "Decision"
+
 
 # Fixed namespace so that RecordIds are stable across agents, versions and hosts.
 RECORD_NAMESPACE = uuid.UUID("6f1c2c1e-6a3b-4f57-9a52-2f3d0c5e8b11")
@@ -80,7 +92,7 @@ class Origin:
         return {
             "SchemaVersion": SCHEMA_VERSION,
             "RecordId": record_id,
-            "RecordType": record_type,
+            rt.RECORD_TYPE: record_type,
             "TimeGenerated": iso(now),
             "VmId": ident.vm_id,
             "VmName": ident.vm_name,
@@ -167,7 +179,7 @@ def heartbeat_record(
     rid = origin.record_id("Heartbeat", reason, iso(now), run)
     record: rt.Heartbeat = {
         **origin.common("Heartbeat", rid, now),
-        "RecordType": "Heartbeat",
+        rt.RECORD_TYPE: "Heartbeat",
         "DocumentIncarnation": health.incarnation,
         # The agent's loop names the reason as a str (Start, Periodic or Stop).
         "HeartbeatReason": cast(rt.HeartbeatReason, reason),
@@ -209,7 +221,7 @@ def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) ->
     rid = origin.record_id("Approval", approval.command_id or approval.detail, approval.outcome)
     return {
         **origin.common("Approval", rid, now),
-        "RecordType": "Approval",
+        rt.RECORD_TYPE: "Approval",
         "DocumentIncarnation": approval.incarnation,
         "EventId": approval.event_id,
         "EventType": approval.event_type,

@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeGuard, cast
+from typing import Any, cast
 
 from bridge import recordtypes as rt
 from bridge.agent.hookproc import KILL_WAIT_S, Command, HookOutcome, Popen, kill_tree, run_hook
-from bridge.records import Origin, RecordView, record_id
+from bridge.records import Origin, RecordView, is_event, record_id
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,6 @@ class HookJob:
 # --- planning -------------------------------------------------------------------------------
 
 
-def is_event(record: RecordView) -> TypeGuard[rt.Event]:
-    """Whether `record` is an Event record: its RecordType says which TypedDict it is."""
-    return record.get(rt.RECORD_TYPE) == "Event"
-
-
 def phase_for(record: rt.Event) -> Phase | None:
     """The hook an Event record calls for, if any."""
     transition = record.get("Transition")
@@ -139,7 +134,7 @@ def hook_record(origin: Origin, job: HookJob, outcome: HookOutcome, now: datetim
     trigger = job.trigger
     return {
         **origin.common("Hook", hook_record_id(job), now),
-        "RecordType": "Hook",
+        rt.RECORD_TYPE: "Hook",
         "EventId": trigger.get("EventId"),
         "EventType": trigger.get("EventType"),
         "Transition": trigger.get("Transition"),

@@ -300,7 +300,7 @@ def _record(
     )
     return {
         **ctx.origin.common("Event", rid, ctx.now),
-        "RecordType": "Event",
+        rt.RECORD_TYPE: "Event",
         "DocumentIncarnation": watch.incarnation,
         "PreviousIncarnation": watch.previous_incarnation,
         "EventId": cur["EventId"],

@@ -50,7 +50,7 @@ class StateKey:
     IDENTITY: Final = "identity"  # bridge.records.VmIdentity.to_state()
     APPROVALS: Final = "approvals"  # bridge.agent.approver: {"events": {EventId: CommandId}}
     SEEN_COMMANDS: Final = "commands"  # bridge.agent.approver: {"seen": {CommandId: {...}}}
-    HEALTH: Final = "health"  # bridge.agent.loop, at each heartbeat: bridge.agent.status.Health
+    HEALTH: Final = "health"  # bridge.agent.loop, at each heartbeat: {"at": ..., "reason": ...}
     DELIVERY: Final = "delivery"  # bridge.outbox.delivery: {"sinks": {name: SinkTrouble}}
     WAL_RESERVE: Final = "wal-reserve"  # this module: the blob that keeps the WAL's size
     WAL_RESTART: Final = "wal-restart"  # this module: the acks' write that restarts the WAL

@@ -25,7 +25,7 @@ it a consumer read every VM document again to see what other consumers wrote: at
 100,000 entities per look, past the partition's 2,000 entities/s target (issue 15's load
 generator: a consumer spent 79% of its time in those scans, and Azurite a whole core).
 
-bridge.consumer.state.build imports this module only when `tables` is configured;
+bridge.consumer.wiring.build_store imports this module only when `tables` is configured;
 azure-data-tables loads at first use.
 
 An entity as stored:

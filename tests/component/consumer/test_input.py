@@ -1,5 +1,6 @@
 """What the consumer refuses before it folds a record in: each refusal path, and the batch
-goes on past it (bridge.consumer.sources.batches; bridge.schema.problem, the service's gate)."""
+goes on past it (bridge.consumer.sources.batches; bridge.consumer.validation.problem, the
+service's gate)."""
 
 from __future__ import annotations
 

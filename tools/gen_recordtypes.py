@@ -63,7 +63,7 @@ def python_type(name: str, prop: dict[str, Any], narrower: dict[str, Any] | None
     a record type's clause says of it (a type without null), when it says anything."""
     kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
     if narrower is not None:
-        kinds = [k for k in kinds if k in [narrower["type"]]]
+        kinds = [k for k in kinds if k == narrower["type"]]
     nullable = "null" in kinds
     kind = next(k for k in kinds if k != "null")
     if "const" in prop:
@@ -98,20 +98,19 @@ def _record_type(name: str, clause: dict[str, Any]) -> list[str]:
     """The TypedDict of one record type: the common fields but RecordType from `_Shared`, then
     its own; with fields it may leave out, two classes, as Python 3.10 (the product's floor)
     has no NotRequired."""
-    kind = NAMED_FIELDS[0]
     own = [n for n in clause["propertyNames"]["enum"] if n not in schema.common_fields()]
-    fields = [f'    {kind}: Literal["{name}"]', *_fields(own, clause.get("properties", {}))]
-    optional = [f for f, n in zip(fields, [kind, *own], strict=True) if n not in clause["required"]]
-    mandatory = [f for f in fields if f not in optional or f == fields[0]]
+    narrower = clause.get("properties", {})
+    required = [n for n in own if n in clause["required"]]
+    optional = [n for n in own if n not in clause["required"]]
+    fields = [f'    {NAMED_FIELDS[0]}: Literal["{name}"]', *_fields(required, narrower)]
     doc = f'A record of RecordType "{name}".'
-    if optional == [fields[0]]:
-        return _typed_dict(name, doc, mandatory, "_Shared")
+    if not optional:
+        return _typed_dict(name, doc, fields, "_Shared")
     base = f"_{name}Required"
-    left_out = "; ".join(f.split(":")[0].strip() for f in optional[1:])
     return [
-        *_typed_dict(base, f"The fields every {name} record has.", mandatory, "_Shared"),
-        *_typed_dict(name, f"{doc} Older agents leave out {left_out}.", optional[1:],
-                     f"{base}, total=False"),
+        *_typed_dict(base, f"The fields every {name} record has.", fields, "_Shared"),
+        *_typed_dict(name, f"{doc} Older agents leave out {', '.join(optional)}.",
+                     _fields(optional, narrower), f"{base}, total=False"),
     ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from bridge.records import (
     iso,
     record_id,
 )
+from bridge.recordtypes import HeartbeatReason
 
 SUBSCRIPTION = "8d5f9c8e-0000-4000-8000-000000000001"
 
@@ -64,7 +65,7 @@ class FleetRecords:
         return self.now
 
     def heartbeat(
-        self, name: str, reason: str = "Periodic", *, prepare_hook: bool | None = None
+        self, name: str, reason: HeartbeatReason = "Periodic", *, prepare_hook: bool | None = None
     ) -> dict[str, Any]:
         """`prepare_hook` None: a heartbeat of an agent from before HasPrepareHook."""
         health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now,

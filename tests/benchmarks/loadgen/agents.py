@@ -26,6 +26,7 @@ from bridge.records import (
     heartbeat_record,
     iso,
 )
+from bridge.recordtypes import HeartbeatReason
 from tests.benchmarks.loadgen.fleet import Fleet, Vm
 
 Record = dict[str, Any]
@@ -88,7 +89,7 @@ class Agents:
         # The agent process names itself in heartbeat ids; a reboot starts a new process.
         return f"{self.fleet.seed:x}{index:x}r{self.boots.get(index, 0)}"
 
-    def heartbeat(self, index: int, now: datetime, reason: str = "Periodic") -> Record:
+    def heartbeat(self, index: int, now: datetime, reason: HeartbeatReason = "Periodic") -> Record:
         agent = self.active.get(index)
         origin = agent.origin if agent is not None else self.fleet.vms[index].origin()
         incarnation = agent.incarnation if agent is not None else FIRST_INCARNATION

@@ -17,9 +17,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from bridge import extras, host
+from bridge import recordtypes as rt
 from bridge.agent.wiring import build_agent
 from bridge.commands import signing
 from bridge.commands.message import LATE, is_late
@@ -34,6 +35,7 @@ from bridge.config import (
     ImdsSettings,
 )
 from bridge.records import parse_time
+from bridge.recordtypes import RECORD_TYPE
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
@@ -63,31 +65,33 @@ class View:
         self.latencies: list[int] = []
         # What the summary says of each approve decision: its answer, if any came (by
         # CommandId), and when its event Started (by EventId).
-        self.approves: dict[str, dict[str, Any]] = {}
-        self.answers: dict[str, dict[str, Any]] = {}
+        self.approves: dict[str, rt.Decision] = {}
+        self.answers: dict[str, rt.Approval] = {}
         self.event_started: dict[str, str] = {}
         self.started = time.monotonic()
 
-    def add(self, vm: str, record: dict[str, Any]) -> None:
+    def add(self, vm: str, record: rt.Record) -> None:
         line = f"{record['TimeGenerated'][11:19]} {vm:<7} {summarise(record)}"
         with self.lock:
             self.counts[count_key(record)] += 1
-            if record["RecordType"] == "Approval" and record["ApprovalLatencyMs"] is not None:
+            if record[RECORD_TYPE] == "Approval" and record["ApprovalLatencyMs"] is not None:
                 self.latencies.append(record["ApprovalLatencyMs"])
             self._follow(record)
-            if record["RecordType"] != "Heartbeat":
+            if record[RECORD_TYPE] != "Heartbeat":
                 self.recent.append(line)
                 self.latest[vm] = summarise(record)
-        if not self.live and record["RecordType"] != "Heartbeat":
+        if not self.live and record[RECORD_TYPE] != "Heartbeat":
             print(line, file=self.out, flush=True)
 
-    def _follow(self, record: dict[str, Any]) -> None:
-        kind, command = record["RecordType"], record.get("CommandId")
-        if kind == "Decision" and record["DecisionAction"] == "Approve" and command:
-            self.approves[command] = record
-        elif kind == "Approval" and command:
-            self.answers.setdefault(command, record)
-        elif kind == "Event" and record["Transition"] == "Started":
+    def _follow(self, record: rt.Record) -> None:
+        if record[RECORD_TYPE] == "Decision":
+            command = record.get("CommandId")
+            if record["DecisionAction"] == "Approve" and command:
+                self.approves[command] = record
+        elif record[RECORD_TYPE] == "Approval":
+            if command := record.get("CommandId"):
+                self.answers.setdefault(command, record)
+        elif record[RECORD_TYPE] == "Event" and record["Transition"] == "Started":
             self.event_started.setdefault(str(record["EventId"]).lower(), record["TimeGenerated"])
 
     def approvals(self) -> list[str]:
@@ -120,37 +124,34 @@ class View:
         return "\n".join([head, "", "Latest per VM", *rows, "", "Recent records", *recent])
 
 
-def summarise(record: dict[str, Any]) -> str:
-    kind = record["RecordType"]
-    if kind == "Decision":
+def summarise(record: rt.Record) -> str:
+    if record[RECORD_TYPE] == "Decision":
         target = f" via {record['TargetVmName']}" if record["TargetVmName"] else ""
         return (
             f"Decision {record['DecisionAction']:<7} {record['EventId'][:8]} "
             f"rule {record['DecisionRule']}{target}"
         )
-    if kind == "Approval":
+    if record[RECORD_TYPE] == "Approval":
         latency = record["ApprovalLatencyMs"]
         took = f" {latency} ms after the decision" if latency is not None else ""
         refused = record["ApprovalOutcome"] == "Refused"
         code = record["ApprovalDetail"].partition(":")[0] if refused else ""
         code = f" {code}" if code.isalpha() else ""  # Late, Expired, ...: why, in a word
         return f"Approval {record['ApprovalOutcome']}{code} {str(record['EventId'])[:8]}{took}"
-    if kind == "Event":
+    if record[RECORD_TYPE] == "Event":
         mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]
         inferred = " (inferred)" if record["Inferred"] else ""
         return (
             f"Event {record['EventType']:<9} {record['EventId'][:8]} "
             f"{record['Transition']}{inferred} [{mine}]"
         )
-    if record["RecordType"] == "Hook":
+    if record[RECORD_TYPE] == "Hook":
         result = "timed out" if record["HookTimedOut"] else f"exit {record['HookExitCode']}"
         return f"Hook  {record['HookPhase']:<9} {record['EventId'][:8]} {result}"
     return f"Heartbeat {record['HeartbeatReason']}"
 
 
-def _how(
-    decision: dict[str, Any], answer: dict[str, Any] | None, started: str | None
-) -> tuple[str, str]:
+def _how(decision: rt.Decision, answer: rt.Approval | None, started: str | None) -> tuple[str, str]:
     """What became of one approve decision: a kind the summary counts, and a sentence."""
     if answer is None:
         decided, began = parse_time(decision["TimeGenerated"]), parse_time(started)
@@ -175,14 +176,14 @@ def _how(
     )
 
 
-def count_key(record: dict[str, Any]) -> str:
-    if record["RecordType"] == "Decision":
+def count_key(record: rt.Record) -> str:
+    if record[RECORD_TYPE] == "Decision":
         return f"Decision {record['DecisionAction']}"
-    if record["RecordType"] == "Approval":
+    if record[RECORD_TYPE] == "Approval":
         return f"Approval {record['ApprovalOutcome']}"
-    if record["RecordType"] == "Event":
+    if record[RECORD_TYPE] == "Event":
         return f"Event {record['Transition']}"
-    if record["RecordType"] == "Hook":
+    if record[RECORD_TYPE] == "Hook":
         ok = record["HookExitCode"] == 0
         return f"Hook {record['HookPhase']} {'ok' if ok else 'failed'}"
     return "Heartbeat"

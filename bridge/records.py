@@ -4,13 +4,32 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Final, TypeGuard, cast
 
 from bridge import __version__
+from bridge import recordtypes as rt
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
+
+# A record of any type as the modules that only pass records on see it (the spool, the sinks,
+# the metrics, the consumer's documents): typed (an rt.Record) or parsed from JSON and not yet
+# checked against the schema. Its fields are read with .get and checked before use.
+RecordView = Mapping[str, object]
+
+
+def is_event(record: RecordView) -> TypeGuard[rt.Event]:
+    """Whether `record` is an Event record (its RecordType says which TypedDict it is; the
+    schema check, or the agent's builder, vouches for the rest)."""
+    return record.get(rt.RECORD_TYPE) == "Event"
+
+
+def is_decision(record: RecordView) -> TypeGuard[rt.Decision]:
+    """Whether `record` is a Decision record, as `is_event` tells an Event record."""
+    return record.get(rt.RECORD_TYPE) == "Decision"
+
 
 # Fixed namespace so that RecordIds are stable across agents, versions and hosts.
 RECORD_NAMESPACE = uuid.UUID("6f1c2c1e-6a3b-4f57-9a52-2f3d0c5e8b11")
@@ -67,12 +86,13 @@ class Origin:
     host_name: str
     agent_version: str = __version__
 
-    def common_fields(self, record_type: str, record_id: str, now: datetime) -> dict[str, Any]:
+    def common(self, record_type: rt.RecordType, record_id: str, now: datetime) -> rt.Common:
+        """The fields every record has; a record type's builder narrows RecordType."""
         ident = self.identity
         return {
             "SchemaVersion": SCHEMA_VERSION,
             "RecordId": record_id,
-            "RecordType": record_type,
+            rt.RECORD_TYPE: record_type,
             "TimeGenerated": iso(now),
             "VmId": ident.vm_id,
             "VmName": ident.vm_name,
@@ -87,6 +107,13 @@ class Origin:
             "HostName": self.host_name,
             "AgentVersion": self.agent_version,
         }
+
+    def common_fields(
+        self, record_type: rt.RecordType, record_id: str, now: datetime
+    ) -> dict[str, Any]:
+        """`common` as a plain dict, for a record built field by field (the consumer's Decision
+        record, a test's malformed record)."""
+        return dict(self.common(record_type, record_id, now))
 
     def record_id(self, *parts: object) -> str:
         return record_id(self.identity.key(self.host_name), *parts)
@@ -145,24 +172,27 @@ class Health:
 
 def heartbeat_record(
     origin: Origin, reason: str, health: Health, now: datetime, *, run: str = ""
-) -> dict[str, Any]:
+) -> rt.Heartbeat:
     """`run` names the agent process: two agents on one VM (a second install, a test twin)
     that beat in the same millisecond still send two heartbeats, not one id twice. A
     heartbeat is stored with its id once made, so a resend never recomputes it."""
     rid = origin.record_id("Heartbeat", reason, iso(now), run)
-    record = origin.common_fields("Heartbeat", rid, now)
-    record.update(
-        DocumentIncarnation=health.incarnation,
-        HeartbeatReason=reason,
-        PendingEvents=health.pending_events,
-        SpoolDepth=health.spool_depth,
-        SpoolDroppedRecords=health.spool_dropped,
-        ImdsHealthy=health.imds_healthy,
-        LastImdsSuccess=iso(health.last_imds_success) if health.last_imds_success else None,
-        Tags=dict(origin.identity.tags) if origin.identity.known else None,
-    )
-    if health.prepare_hook is not None:
-        record["HasPrepareHook"] = health.prepare_hook
+    record: rt.Heartbeat = {
+        **origin.common("Heartbeat", rid, now),
+        rt.RECORD_TYPE: "Heartbeat",
+        "DocumentIncarnation": health.incarnation,
+        # The agent's loop names the reason as a str (Start, Periodic or Stop).
+        "HeartbeatReason": cast(rt.HeartbeatReason, reason),
+        "PendingEvents": health.pending_events,
+        "SpoolDepth": health.spool_depth,
+        "SpoolDroppedRecords": health.spool_dropped,
+        "ImdsHealthy": health.imds_healthy,
+        "LastImdsSuccess": iso(health.last_imds_success) if health.last_imds_success else None,
+        "Tags": dict(origin.identity.tags) if origin.identity.known else None,
+        "HasPrepareHook": bool(health.prepare_hook),
+    }
+    if health.prepare_hook is None:  # left out, as agents before HasPrepareHook did
+        del record["HasPrepareHook"]
     return record
 
 
@@ -185,21 +215,21 @@ class ApprovalOutcome:
     late: str | None = None
 
 
-def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) -> dict[str, Any]:
+def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) -> rt.Approval:
     # One id per command and outcome: a duplicate command that ends the same way is the
     # same record, so downstream deduplication folds it away.
     rid = origin.record_id("Approval", approval.command_id or approval.detail, approval.outcome)
-    record = origin.common_fields("Approval", rid, now)
-    record.update(
-        DocumentIncarnation=approval.incarnation,
-        EventId=approval.event_id,
-        EventType=approval.event_type,
-        CommandId=approval.command_id,
-        ApprovalSource=approval.source,
-        ApprovalOutcome=approval.outcome,
-        ApprovalDetail=approval.detail,
-        DecisionRule=approval.rule,
-        CommandIssuedAt=iso(approval.issued_at) if approval.issued_at else None,
-        ApprovalLatencyMs=approval.latency_ms,
-    )
-    return record
+    return {
+        **origin.common("Approval", rid, now),
+        rt.RECORD_TYPE: "Approval",
+        "DocumentIncarnation": approval.incarnation,
+        "EventId": approval.event_id,
+        "EventType": approval.event_type,
+        "CommandId": approval.command_id,
+        "ApprovalSource": cast(rt.ApprovalSource, approval.source),
+        "ApprovalOutcome": cast(rt.ApprovalOutcome, approval.outcome),
+        "ApprovalDetail": approval.detail,
+        "DecisionRule": approval.rule,
+        "CommandIssuedAt": iso(approval.issued_at) if approval.issued_at else None,
+        "ApprovalLatencyMs": approval.latency_ms,
+    }

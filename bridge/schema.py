@@ -14,6 +14,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from bridge.recordtypes import RECORD_TYPE
+
 # Package data beside this module, found the same way in a wheel and in a source tree.
 SCHEMA_FILE = Path(__file__).with_name("record.schema.json")
 
@@ -40,7 +42,7 @@ def record_types() -> dict[str, list[str]]:
     common = set(common_fields())
     out: dict[str, list[str]] = {}
     for clause in load()["allOf"]:
-        name = clause["if"]["properties"]["RecordType"]["const"]
+        name = clause["if"]["properties"][RECORD_TYPE]["const"]
         allowed = clause["then"]["propertyNames"]["enum"]
         out[name] = [field for field in allowed if field not in common]
     return out

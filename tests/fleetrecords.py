@@ -22,6 +22,7 @@ from bridge.records import (
     iso,
     record_id,
 )
+from bridge.recordtypes import HeartbeatReason
 
 SUBSCRIPTION = "8d5f9c8e-0000-4000-8000-000000000001"
 
@@ -64,12 +65,12 @@ class FleetRecords:
         return self.now
 
     def heartbeat(
-        self, name: str, reason: str = "Periodic", *, prepare_hook: bool | None = None
+        self, name: str, reason: HeartbeatReason = "Periodic", *, prepare_hook: bool | None = None
     ) -> dict[str, Any]:
         """`prepare_hook` None: a heartbeat of an agent from before HasPrepareHook."""
         health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now,
                         prepare_hook=prepare_hook)  # fmt: skip
-        return heartbeat_record(self.origins[name], reason, health, self.now)
+        return dict(heartbeat_record(self.origins[name], reason, health, self.now))
 
     def event(
         self,
@@ -128,7 +129,7 @@ class FleetRecords:
             issued_at=command.issued_at,
             latency_ms=5 if outcome == "Approved" else None,
         )
-        return approval_record(self.origins[name], result, self.now)
+        return dict(approval_record(self.origins[name], result, self.now))
 
     def hook_ready(self, name: str, event_id: str) -> dict[str, Any]:
         origin = self.origins[name]

@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 from bridge import schema
 from bridge.commands.message import Command
-from bridge.records import Origin, VmIdentity
+from bridge.records import Origin, RecordView, VmIdentity
 from bridge.retry import RetryableError
 
 DATA = Path(__file__).parent / "data"
@@ -25,7 +25,7 @@ def seed(name: str) -> Any:
 _VALIDATOR = Draft202012Validator(schema.load(), format_checker=FormatChecker())
 
 
-def assert_valid(record: dict[str, Any]) -> None:
+def assert_valid(record: RecordView) -> None:
     """Fail with every schema violation of `record`, not just the first."""
     errors = sorted(_VALIDATOR.iter_errors(record), key=lambda e: list(e.path))
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)

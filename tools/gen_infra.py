@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge import schema
+from tools.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "infra" / "generated" / "schema.json"
@@ -60,20 +61,7 @@ def render() -> str:
 
 def main(argv: list[str]) -> int:
     """Write the file; with --check, exit 1 when it is out of date instead."""
-    text = render()
-    if argv == ["--check"]:
-        current = OUTPUT.read_text(encoding="utf-8") if OUTPUT.exists() else ""
-        if current != text:
-            sys.stderr.write(f"{OUTPUT} is out of date: run `{REGENERATE}`\n")
-            return 1
-        return 0
-    if argv:
-        sys.stderr.write("usage: python -m tools.gen_infra [--check]\n")
-        return 2
-    OUTPUT.parent.mkdir(parents=True, exist_ok=True)
-    OUTPUT.write_text(text, encoding="utf-8")
-    sys.stdout.write(f"wrote {OUTPUT}\n")
-    return 0
+    return write_or_check(OUTPUT, render(), REGENERATE, argv)
 
 
 if __name__ == "__main__":

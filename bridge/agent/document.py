@@ -176,9 +176,6 @@ def _duration(value: Any, problems: list[str], event_id: str) -> int | None:
         return None
 
 
-_STATUS_RANK = {"started": 1}
-
-
 def _dedupe(events: list[ParsedEvent], problems: list[str]) -> list[ParsedEvent]:
     """One entry per EventId: the most advanced status wins, then the first occurrence."""
     chosen: dict[str, ParsedEvent] = {}

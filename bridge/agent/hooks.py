@@ -20,14 +20,15 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, cast
 
+from bridge import recordtypes as rt
 from bridge.agent.hookproc import KILL_WAIT_S, Command, HookOutcome, Popen, kill_tree, run_hook
-from bridge.records import Origin, record_id
+from bridge.records import Origin, RecordView, is_event, record_id
 
 log = logging.getLogger(__name__)
 
-Phase = Literal["prepare", "recover"]
+Phase = rt.HookPhase
 PHASES: tuple[Phase, ...] = ("prepare", "recover")
 
 _FIRST_SIGHT = frozenset({"Scheduled", "Started"})
@@ -60,11 +61,11 @@ class HookJob:
 
     job_id: str
     phase: Phase
-    trigger: dict[str, Any] = field(hash=False)
+    trigger: rt.Event = field(hash=False)
 
     @classmethod
-    def for_event(cls, record: Mapping[str, Any], phase: Phase) -> HookJob:
-        return cls(record_id(record["RecordId"], phase), phase, dict(record))
+    def for_event(cls, record: rt.Event, phase: Phase) -> HookJob:
+        return cls(record_id(record["RecordId"], phase), phase, record.copy())
 
     @property
     def event_id(self) -> str:
@@ -79,16 +80,15 @@ class HookJob:
         job_id, phase, trigger = payload.get("job_id"), payload.get("phase"), payload.get("trigger")
         if not isinstance(job_id, str) or phase not in PHASES or not isinstance(trigger, dict):
             raise ValueError("not a hook job payload")
-        return cls(job_id, phase, dict(trigger))
+        # The Event record `for_event` kept, as the spool gave it back.
+        return cls(job_id, phase, cast(rt.Event, dict(trigger)))
 
 
 # --- planning -------------------------------------------------------------------------------
 
 
-def phase_for(record: Mapping[str, Any]) -> Phase | None:
+def phase_for(record: rt.Event) -> Phase | None:
     """The hook an Event record calls for, if any."""
-    if record.get("RecordType") != "Event":
-        return None
     transition = record.get("Transition")
     affects = record.get("AffectsThisVm")
     # None means the VM's name is unknown: prepare and recover to be safe.
@@ -104,11 +104,13 @@ def phase_for(record: Mapping[str, Any]) -> Phase | None:
     return None
 
 
-def plan(records: Sequence[Mapping[str, Any]], *, prepare: bool, recover: bool) -> list[HookJob]:
+def plan(records: Sequence[RecordView], *, prepare: bool, recover: bool) -> list[HookJob]:
     """The hook jobs the normaliser's new Event records call for, given the configured hooks."""
     wanted = {"prepare": prepare, "recover": recover}
     jobs: dict[str, HookJob] = {}
     for record in records:
+        if not is_event(record):
+            continue
         phase = phase_for(record)
         if phase is None or not wanted[phase]:
             continue
@@ -127,25 +129,23 @@ def hook_record_id(job: HookJob) -> str:
     return record_id(job.job_id, "Hook")
 
 
-def hook_record(
-    origin: Origin, job: HookJob, outcome: HookOutcome, now: datetime
-) -> dict[str, Any]:
+def hook_record(origin: Origin, job: HookJob, outcome: HookOutcome, now: datetime) -> rt.Hook:
     """The Hook record of a finished job; a replay of the job after a crash keeps its RecordId."""
     trigger = job.trigger
-    record = origin.common_fields("Hook", hook_record_id(job), now)
-    record.update(
-        EventId=trigger.get("EventId"),
-        EventType=trigger.get("EventType"),
-        Transition=trigger.get("Transition"),
-        HookPhase=job.phase,
-        TriggerRecordId=trigger.get("RecordId"),
-        HookExitCode=outcome.exit_code,
-        HookTimedOut=outcome.timed_out,
-        HookDurationMs=int(outcome.duration_ms),
-        HookOutput=outcome.output,
-        HookError=outcome.error,
-    )
-    return record
+    return {
+        **origin.common("Hook", hook_record_id(job), now),
+        rt.RECORD_TYPE: "Hook",
+        "EventId": trigger.get("EventId"),
+        "EventType": trigger.get("EventType"),
+        "Transition": trigger.get("Transition"),
+        "HookPhase": job.phase,
+        "TriggerRecordId": trigger.get("RecordId"),
+        "HookExitCode": outcome.exit_code,
+        "HookTimedOut": outcome.timed_out,
+        "HookDurationMs": int(outcome.duration_ms),
+        "HookOutput": outcome.output,
+        "HookError": outcome.error,
+    }
 
 
 # --- running one hook -----------------------------------------------------------------------

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -35,7 +35,8 @@ from prometheus_client.registry import Collector
 
 from bridge.agent.normalise import NormaliserState, empty_state
 from bridge.outbox.spool import Spool
-from bridge.records import ApprovalOutcome, parse_time
+from bridge.records import ApprovalOutcome, RecordView, parse_time
+from bridge.recordtypes import RECORD_TYPE
 from bridge.retry import DeliveryError, PermanentError, ThrottledError
 
 
@@ -102,10 +103,10 @@ class AgentMetrics:
     def invalid_document(self) -> None:
         self.imds_failures.labels("invalid").inc()
 
-    def made(self, records: list[dict[str, Any]]) -> None:
+    def made(self, records: Sequence[RecordView]) -> None:
         for record in records:
-            transition = record.get("Transition") if record.get("RecordType") == "Event" else ""
-            self.records.labels(str(record.get("RecordType")), str(transition or "")).inc()
+            transition = record.get("Transition") if record.get(RECORD_TYPE) == "Event" else ""
+            self.records.labels(str(record.get(RECORD_TYPE)), str(transition or "")).inc()
 
     def hook(self, phase: str, outcome: str) -> None:
         self.hooks.labels(phase, outcome).inc()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
+from bridge import recordtypes as rt
 from bridge.agent.document import (
     EVENT_FIELDS,
     DocumentError,
@@ -87,6 +88,7 @@ class NormaliserState(TypedDict):
 
 @dataclass(frozen=True)
 class Result:
+    # Event records (rt.Event), as the agent's loop takes them today: a plain dict each.
     records: list[dict[str, Any]]
     state: NormaliserState
     problems: list[str] = field(default_factory=list)
@@ -145,7 +147,7 @@ def _checked_state(state: object) -> tuple[NormaliserState, list[str]]:
 def _diff(prev: NormaliserState, doc: ParsedDocument, ctx: Context) -> Result:
     watch = _Watch.of(prev, doc, ctx)
     old = prev["events"]
-    records: list[dict[str, Any]] = []
+    records: list[rt.Event] = []
     events: dict[str, SavedEvent] = {}
     for parsed in doc.events:
         current = _merge(old.get(parsed.key), parsed, ctx)
@@ -162,7 +164,7 @@ def _diff(prev: NormaliserState, doc: ParsedDocument, ctx: Context) -> Result:
         "boot_id": ctx.boot_id if ctx.boot_id is not None else prev["boot_id"],
         "events": events,
     }
-    return Result(records, state, list(doc.problems))
+    return Result(cast(list[dict[str, Any]], records), state, list(doc.problems))
 
 
 @dataclass(frozen=True)
@@ -234,7 +236,7 @@ _COMPARED = ("EventType", "ResourceType", "Resources", "NotBefore", "Description
 
 def _change(
     old: SavedEvent | None, cur: SavedEvent, watch: _Watch, ctx: Context
-) -> dict[str, Any] | None:
+) -> rt.Event | None:
     started = is_started(cur["EventStatus"])
     if old is None:
         return _record(cur, None, "Started" if started else "Scheduled", watch, ctx)
@@ -258,7 +260,7 @@ def _differs(name: str, old: SavedEvent, cur: SavedEvent) -> bool:
     return before.get(name) != now.get(name)
 
 
-def _vanished(gone: SavedEvent, watch: _Watch, ctx: Context) -> dict[str, Any]:
+def _vanished(gone: SavedEvent, watch: _Watch, ctx: Context) -> rt.Event:
     """Completed or Canceled for an event no longer in the document."""
     if is_started(gone["EventStatus"]):
         return _record(_ended(gone), gone, "Completed", watch, ctx, inferred=watch.gap)
@@ -286,37 +288,37 @@ def _ended(gone: SavedEvent) -> SavedEvent:
 def _record(
     cur: SavedEvent,
     old: SavedEvent | None,
-    transition: str,
+    transition: rt.Transition,
     watch: _Watch,
     ctx: Context,
     *,
     changed: list[str] | None = None,
     inferred: bool = False,
-) -> dict[str, Any]:
+) -> rt.Event:
     rid = ctx.origin.record_id(
         "Event", cur["EventId"].lower(), transition, watch.incarnation, _digest(cur)
     )
-    record = ctx.origin.common_fields("Event", rid, ctx.now)
-    record.update(
-        DocumentIncarnation=watch.incarnation,
-        PreviousIncarnation=watch.previous_incarnation,
-        EventId=cur["EventId"],
-        EventType=cur["EventType"],
-        ResourceType=cur["ResourceType"],
-        Resources=list(cur["Resources"]),
-        EventSource=cur["EventSource"],
-        Description=cur["Description"],
-        DurationInSeconds=cur["DurationInSeconds"],
-        EventStatus=cur["EventStatus"],
-        PreviousStatus=old["EventStatus"] if old is not None else None,
-        Transition=transition,
-        NotBefore=cur["NotBefore"],
-        NotBeforeRaw=cur["NotBeforeRaw"],
-        AffectsThisVm=cur["AffectsThisVm"],
-        Inferred=inferred,
-        ChangedFields=changed or [],
-    )
-    return record
+    return {
+        **ctx.origin.common("Event", rid, ctx.now),
+        rt.RECORD_TYPE: "Event",
+        "DocumentIncarnation": watch.incarnation,
+        "PreviousIncarnation": watch.previous_incarnation,
+        "EventId": cur["EventId"],
+        "EventType": cur["EventType"],
+        "ResourceType": cur["ResourceType"],
+        "Resources": list(cur["Resources"]),
+        "EventSource": cur["EventSource"],
+        "Description": cur["Description"],
+        "DurationInSeconds": cur["DurationInSeconds"],
+        "EventStatus": cur["EventStatus"],
+        "PreviousStatus": old["EventStatus"] if old is not None else None,
+        "Transition": transition,
+        "NotBefore": cur["NotBefore"],
+        "NotBeforeRaw": cur["NotBeforeRaw"],
+        "AffectsThisVm": cur["AffectsThisVm"],
+        "Inferred": inferred,
+        "ChangedFields": changed or [],
+    }
 
 
 def _digest(event: SavedEvent) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from bridge.records import SCHEMA_VERSION, iso, record_id, vm_key
+from bridge.records import SCHEMA_VERSION, RecordView, iso, record_id, vm_key
 
 COMMAND_TYPES = ("Approve",)
 # The code an agent's refusal starts its ApprovalDetail with when the command came after its
@@ -219,7 +219,7 @@ def _time(body: dict[str, Any], key: str) -> datetime:
     return moment.astimezone(timezone.utc)
 
 
-def is_late(approval: Mapping[str, Any]) -> bool:
+def is_late(approval: RecordView) -> bool:
     """An Approval record that says its command came too late (refused as `LATE`)."""
     detail = approval.get("ApprovalDetail")
     refused = approval.get("ApprovalOutcome") == "Refused"

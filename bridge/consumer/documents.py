@@ -23,7 +23,8 @@ from typing import Any, TypedDict, cast
 
 from bridge.consumer.state import Doc
 from bridge.policy.model import EventView, Scope, VmView, scope_of
-from bridge.records import parse_time, vm_key
+from bridge.records import RecordView, parse_time, vm_key
+from bridge.recordtypes import RECORD_TYPE
 
 
 class VmDocument(TypedDict, total=False):
@@ -191,7 +192,7 @@ _WHOLE_FIELDS = frozenset(
 )
 
 
-def field_of(record: Mapping[str, Any], name: str) -> Any:
+def field_of(record: RecordView, name: str) -> Any:
     """`record[name]` if it has the type the schema gives it, else None."""
     value = record.get(name)
     if name == "Resources":
@@ -206,7 +207,7 @@ def _whole(value: object) -> bool:
 
 
 def merge_vm(
-    value: VmDocument, record: Mapping[str, Any], heard: str = "", partition: str | None = None
+    value: VmDocument, record: RecordView, heard: str = "", partition: str | None = None
 ) -> bool:
     """Fold one record's identity into a VM document; True when something worth saving changed.
 
@@ -227,9 +228,9 @@ def merge_vm(
         given = record.get(field)
         if isinstance(given, str) if field not in _WHOLE_FIELDS else _whole(given):
             fields[key] = given
-    heartbeat = record.get("RecordType") == "Heartbeat"
-    if heartbeat and isinstance(record.get("Tags"), dict):
-        value["tags"] = {str(k): str(v) for k, v in record["Tags"].items()}
+    heartbeat, tags = record.get(RECORD_TYPE) == "Heartbeat", record.get("Tags")
+    if heartbeat and isinstance(tags, dict):
+        value["tags"] = {str(k): str(v) for k, v in tags.items()}
     if heartbeat:
         # An agent from before HasPrepareHook (perhaps one that replaced a newer agent)
         # does not say: what another once said no longer holds.
@@ -279,15 +280,15 @@ _EVENT_FIELDS = {
 }
 
 
-def merge_event(value: EventDocument, record: Mapping[str, Any], heard: str = "") -> bool:
+def merge_event(value: EventDocument, record: RecordView, heard: str = "") -> bool:
     """Fold an Event or Hook record into an event document; True when it changed.
 
     `heard`: the consumer's clock now (ISO), kept when the record changed the event.
     """
     before = repr(value)
-    if record.get("RecordType") == "Event":
+    if record.get(RECORD_TYPE) == "Event":
         _merge_event_record(value, record)
-    elif record.get("RecordType") == "Hook":
+    elif record.get(RECORD_TYPE) == "Hook":
         _merge_hook_record(value, record)
     changed = repr(value) != before
     if changed and heard:
@@ -295,7 +296,7 @@ def merge_event(value: EventDocument, record: Mapping[str, Any], heard: str = ""
     return changed
 
 
-def _merge_event_record(value: EventDocument, record: Mapping[str, Any]) -> None:
+def _merge_event_record(value: EventDocument, record: RecordView) -> None:
     vm_id, seen = record.get("VmId"), field_of(record, "TimeGenerated") or ""
     value.setdefault("event_id", field_of(record, "EventId"))
     value.setdefault("first_seen", seen)
@@ -343,14 +344,14 @@ def told_key(scope: Scope) -> str:
     return "/".join(part or "" for part in scope)
 
 
-def _record_scope(record: Mapping[str, Any]) -> Scope:
+def _record_scope(record: RecordView) -> Scope:
     """The scope of the VM that wrote `record`, as its identity fields give it (`scope_of`)."""
     group, scale_set = field_of(record, "ResourceGroup"), field_of(record, "VmScaleSetName")
     return (field_of(record, "SubscriptionId"), (group or "").lower() or None,
             (scale_set or "").lower() or None)  # fmt: skip
 
 
-def _merge_hook_record(value: EventDocument, record: Mapping[str, Any]) -> None:
+def _merge_hook_record(value: EventDocument, record: RecordView) -> None:
     vm_id = record.get("VmId")
     succeeded = record.get("HookExitCode") == 0 and not record.get("HookTimedOut")
     if record.get("HookPhase") == "prepare" and succeeded and isinstance(vm_id, str):

@@ -25,14 +25,15 @@ import json
 import logging
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import datetime
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from bridge import recordtypes as rt
 from bridge.commands.message import Command
 from bridge.config import Config, ConfigError
 from bridge.consumer import documents as fs
@@ -40,7 +41,7 @@ from bridge.consumer import validation, wiring
 from bridge.consumer.core import Consumer, Explained
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Policy
-from bridge.records import parse_time, utc_now
+from bridge.records import RecordView, is_decision, is_event, parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import DeliveryError
 
@@ -104,12 +105,11 @@ def _from_records(
         return event_id, replace(found, taken=replayed, replayed=True)
 
 
-def last_decision(records: list[dict[str, Any]], event_id: str) -> fs.StandingDecision | None:
+def last_decision(records: Sequence[rt.Record], event_id: str) -> fs.StandingDecision | None:
     """The last Decision record about `event_id` in `records` (an export of the consumer's
     records, say), as the event document keeps a decision; None when there is none."""
     key = fs.event_key(event_id)
-    mine = [r for r in records if r.get("RecordType") == "Decision"
-            and fs.event_key(str(r.get("EventId"))) == key]  # fmt: skip
+    mine = [r for r in records if is_decision(r) and fs.event_key(r["EventId"]) == key]
     if not mine:
         return None
     last = max(mine, key=lambda r: str(r.get("TimeGenerated")))
@@ -124,7 +124,7 @@ def last_decision(records: list[dict[str, Any]], event_id: str) -> fs.StandingDe
 
 
 def _replay(
-    records: list[dict[str, Any]], event_id: str, policy: Policy, config: Config, path: Path
+    records: Sequence[rt.Record], event_id: str, policy: Policy, config: Config, path: Path
 ) -> fs.StandingDecision | None:
     """The decision `event_id` stood on once a consumer had read `records` as they came: in
     TimeGenerated order, on a clock at each one's time, re-evaluating after each (a shadow
@@ -145,7 +145,7 @@ def _replay(
     return found.taken if found is not None else None
 
 
-def _stamp(record: dict[str, Any]) -> str:
+def _stamp(record: rt.Record) -> str:
     return str(record.get("TimeGenerated"))
 
 
@@ -173,14 +173,14 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
         consumer.close()
 
 
-def _ignore(records: list[dict[str, Any]]) -> None:
+def _ignore(records: Sequence[RecordView]) -> None:
     """Explaining decides nothing, so it emits no Decision record."""
 
 
 # A records file as an agent's jsonl sink writes it (one record a line), for example:
 #   {"SchemaVersion": 1, "RecordId": "5f0c...", "RecordType": "Event", "EventId": "C7061BAC-...",
 #    "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["web_0"], ...}
-def read_records(path: Path) -> list[dict[str, Any]]:
+def read_records(path: Path) -> list[rt.Record]:
     """The records in a JSON (one record or a list) or JSONL file; ConfigError when none."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -194,22 +194,22 @@ def read_records(path: Path) -> list[dict[str, Any]]:
             values = [json.loads(line) for line in text.splitlines() if line.strip()]
         except ValueError as err:
             raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
-    records = []
+    records: list[rt.Record] = []
     for number, value in enumerate(values, 1):
         problem = validation.problem(value) if isinstance(value, dict) else "not an object"
         if problem is not None:
             raise ConfigError(f"--records {path}: record {number} is not a record: {problem}")
-        records.append(value)
-    if not any(r.get("RecordType") == "Event" for r in records):
+        records.append(cast(rt.Record, value))  # the schema says it is one
+    if not any(is_event(r) for r in records):
         raise ConfigError(f"--records {path} holds no Event record")
     return records
 
 
-def last_event(records: list[dict[str, Any]]) -> str:
-    return str(next(r["EventId"] for r in reversed(records) if r.get("RecordType") == "Event"))
+def last_event(records: Sequence[rt.Record]) -> str:
+    return next(r["EventId"] for r in reversed(records) if is_event(r))
 
 
-def newest(records: list[dict[str, Any]]) -> datetime:
+def newest(records: Sequence[rt.Record]) -> datetime:
     times = [parse_time(r.get("TimeGenerated")) for r in records]
     return max((t for t in times if t is not None), default=utc_now())
 

@@ -47,6 +47,7 @@ from typing import Any, List  # noqa: UP035
 
 import azure.functions as func
 
+from bridge import recordtypes as rt
 from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
@@ -54,6 +55,7 @@ from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.consumer.wiring import build_consumer, state_spec
+from bridge.records import RecordView
 from bridge.redact import describe
 from bridge.retry import PoisonRecords
 from bridge.sinks import Sink, SpooledRecord, loganalytics
@@ -103,13 +105,13 @@ class DecisionOutlet:
             raise ConfigError(str(err)) from err
         return cls(loganalytics.LogAnalyticsSink(settings, config.identity))
 
-    def __call__(self, records: list[dict[str, Any]]) -> None:
+    def __call__(self, records: Sequence[RecordView]) -> None:
         if self.sink is None:
             for record in records:
                 log.info("Decision record: %s", json.dumps(record, ensure_ascii=False))
             return
         batch = [
-            SpooledRecord(seq, str(r.get("RecordId")), str(r.get("RecordType")), json.dumps(r))
+            SpooledRecord(seq, str(r.get("RecordId")), str(r.get(rt.RECORD_TYPE)), json.dumps(r))
             for seq, r in enumerate(records)
         ]
         while batch:
@@ -216,7 +218,7 @@ class ConsumerApp:
 
     def handle_events(self, events: Sequence[func.EventHubEvent]) -> None:
         """Parse a batch, log what is not a record, and hand the records to the consumer."""
-        records = []
+        records: list[rt.Record] = []
         for event in events:
             body = event.get_body()
             try:

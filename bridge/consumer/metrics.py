@@ -19,7 +19,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -27,7 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
-from bridge.records import parse_time
+from bridge.records import RecordView, parse_time
+from bridge.recordtypes import RECORD_TYPE
 
 
 class ConsumerMetrics:
@@ -61,7 +62,7 @@ class ConsumerMetrics:
             registry=registry,
         )
 
-    def batch(self, partition: str, records: list[dict[str, Any]]) -> None:
+    def batch(self, partition: str, records: Sequence[RecordView]) -> None:
         self.records.inc(len(records))
         newest = max((str(r.get("TimeGenerated") or "") for r in records), default="")
         moment = parse_time(newest)
@@ -70,7 +71,9 @@ class ConsumerMetrics:
         for record in records:
             latency = record.get("ApprovalLatencyMs")
             central = record.get("ApprovalSource") == "Central"
-            if record.get("ApprovalOutcome") == "Approved" and central and latency is not None:
+            # Records as read, before the schema check: a latency that is no number is not timed.
+            approved = record.get("ApprovalOutcome") == "Approved"
+            if approved and central and isinstance(latency, (int, float)):
                 self.confirmation.observe(float(latency) / 1000)
 
     def refusal(self, reason: str) -> None:
@@ -82,9 +85,9 @@ class ConsumerMetrics:
         )  # fmt: skip
         self.refused.labels(kind).inc()
 
-    def decided(self, records: list[dict[str, Any]]) -> None:
+    def decided(self, records: Sequence[RecordView]) -> None:
         for record in records:
-            if record.get("RecordType") == "Decision":
+            if record.get(RECORD_TYPE) == "Decision":
                 self.decisions.labels(str(record.get("DecisionAction")),
                                       str(record.get("DecisionRule")),
                                       str(record.get("DecisionMode"))).inc()  # fmt: skip

@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from bridge import host, telemetry
+from bridge import recordtypes as rt
 from bridge.config import (
     Config,
     ConfigError,
@@ -33,6 +34,7 @@ from bridge.consumer.sources.hub import run_local
 from bridge.logfile import setup_logging
 from bridge.outbox.delivery import Delivery, interruptible_wait
 from bridge.outbox.spool import Spool, SpoolError
+from bridge.records import RecordView
 from bridge.redact import describe
 from bridge.retry import DeliveryError
 from bridge.sinks import Sink, build
@@ -118,21 +120,21 @@ class ConsumerService:
             return False, f"Decision sink {', '.join(failing)} fails for good: see the log"
         return True, "batches are handled, the state answers and every Decision sink delivers"
 
-    def _emit(self, records: list[dict[str, Any]]) -> None:
+    def _emit(self, records: Sequence[RecordView]) -> None:
         self.spool.commit(records)
         self.metrics.decided(records)
 
-    def _process(self, records: list[dict[str, Any]], position: Position) -> None:
+    def _process(self, records: list[dict[str, object]], position: Position) -> None:
         """Records valid against the schema go to the consumer; the rest to the dead letters.
 
         A retried batch sets the same invalid record aside again: a duplicate line in
         poison.jsonl, never a lost one.
         """
-        valid = []
+        valid: list[rt.Record] = []
         for record in records:
             problem = validation.problem(record)
             if problem is None:
-                valid.append(record)
+                valid.append(cast(rt.Record, record))  # the schema says it is one
                 continue
             reason = f"not valid against record.schema.json: {problem}"
             self.poison("?", f"RecordId {record.get('RecordId')}", json.dumps(record), reason)

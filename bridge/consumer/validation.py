@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from fastjsonschema import JsonSchemaValueException
 
 
-def problem(record: dict[str, Any]) -> str | None:
+def problem(record: dict[str, object]) -> str | None:
     """What makes `record` one the consumer must refuse; None when it may be folded in.
 
     A valid record's integral floats in integer fields become ints (in place).
@@ -126,7 +126,7 @@ def _integer_fields() -> frozenset[str]:
     return frozenset(name for name, prop in schema.properties().items() if integer(prop))
 
 
-def _whole_numbers(record: dict[str, Any]) -> None:
+def _whole_numbers(record: dict[str, object]) -> None:
     for name in _integer_fields():
         value = record.get(name)
         if isinstance(value, float):  # valid, so integral: JSON Schema's integer allows 1.0

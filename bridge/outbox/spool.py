@@ -20,7 +20,7 @@ from typing import Any, Final, TypeVar
 
 from bridge import sqlitewal
 from bridge.outbox import spoolsql as sql
-from bridge.records import iso, utc_now
+from bridge.records import RecordView, iso, utc_now
 from bridge.sinks.base import SpooledRecord
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ class StateKey:
     IDENTITY: Final = "identity"  # bridge.records.VmIdentity.to_state()
     APPROVALS: Final = "approvals"  # bridge.agent.approver: {"events": {EventId: CommandId}}
     SEEN_COMMANDS: Final = "commands"  # bridge.agent.approver: {"seen": {CommandId: {...}}}
-    HEALTH: Final = "health"  # bridge.agent.loop, at each heartbeat: bridge.agent.status.Health
+    HEALTH: Final = "health"  # bridge.agent.loop, at each heartbeat: {"at": ..., "reason": ...}
     DELIVERY: Final = "delivery"  # bridge.outbox.delivery: {"sinks": {name: SinkTrouble}}
     WAL_RESERVE: Final = "wal-reserve"  # this module: the blob that keeps the WAL's size
     WAL_RESTART: Final = "wal-restart"  # this module: the acks' write that restarts the WAL
@@ -268,7 +268,7 @@ class Spool:
 
     def commit(
         self,
-        records: Sequence[Mapping[str, Any]],
+        records: Sequence[RecordView],
         *,
         state: Mapping[str, Mapping[str, Any]] | None = None,
         jobs: Sequence[tuple[str, Mapping[str, Any]]] = (),
@@ -290,7 +290,7 @@ class Spool:
 
         self._appended(self._write(work), encoded)
 
-    def finish_job(self, job_id: str, records: Sequence[Mapping[str, Any]]) -> None:
+    def finish_job(self, job_id: str, records: Sequence[RecordView]) -> None:
         """Remove a finished job and append the records it produced, in one transaction."""
         encoded = [sql.Encoded.of(r) for r in records]
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Generator, Mapping
+from collections.abc import Generator
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from bridge.records import RecordView
+from bridge.recordtypes import RECORD_TYPE
 
 log = logging.getLogger("bridge.outbox.spool")
 
@@ -101,8 +103,8 @@ class Encoded:
         return len(self.body)  # ASCII-only, so characters are bytes
 
     @classmethod
-    def of(cls, record: Mapping[str, Any]) -> Encoded:
-        record_id, record_type = record.get("RecordId"), record.get("RecordType")
+    def of(cls, record: RecordView) -> Encoded:
+        record_id, record_type = record.get("RecordId"), record.get(RECORD_TYPE)
         if not isinstance(record_id, str) or not isinstance(record_type, str):
             raise TypeError(f"record needs a string RecordId and RecordType: {record!r:.200}")
         return cls(record_id, record_type, encode(dict(record)))

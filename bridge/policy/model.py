@@ -280,14 +280,6 @@ def _action(rule: Rule) -> str:
     return action.kind.replace("_", " ")
 
 
-def first_match(policy: Policy, fleet: FleetView, event: EventView) -> Rule | None:
-    return next((r for r in policy.rules if matches(r.match, fleet, event)), None)
-
-
-def matches(match: Match, fleet: FleetView, event: EventView) -> bool:
-    return mismatch(match, fleet, event) is None
-
-
 def mismatch(match: Match, fleet: FleetView, event: EventView) -> str | None:  # noqa: PLR0911
     """Why `match` does not hold for `event`, in words; None when it does."""
     if not _in(match.event_types, event.event_type):
@@ -321,15 +313,6 @@ def _range(bounds: Range) -> str:
     low = "" if bounds.at_least is None else f"{bounds.at_least} <= "
     high = "" if bounds.below is None else f" < {bounds.below}"
     return f"{low}d{high}"
-
-
-def _event_matches(match: Match, event: EventView) -> bool:
-    return (
-        _in(match.event_types, event.event_type)
-        and _in(match.event_sources, event.event_source)
-        and _in(match.statuses, event.status)
-        and (match.duration is None or match.duration.contains(event.duration))
-    )
 
 
 def vm_matches(match: Match, vm: VmView) -> bool:
@@ -679,7 +662,7 @@ def choose_target(fleet: FleetView, event: EventView, now: datetime) -> str | No
     while a neighbour reads every commands.others_interval (10 s). Which VM's record happens
     to be read first must not decide how late the approval lands (issue 27). A VM that was
     asked without having reported is given a shorter time to answer
-    (bridge.consumer.dispatch.UNREPORTED_TARGET_TIMEOUT) before a reporter is asked.
+    (bridge.consumer.ledger.UNREPORTED_TARGET_TIMEOUT) before a reporter is asked.
     """
     affected = set(event.affected)
     reporters = set(event.reporters)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.cloud import identity
 from bridge.cloud.identity import Identity
+from bridge.recordtypes import RECORD_TYPE
 from bridge.redact import describe
 from bridge.retry import DeliveryError, PermanentError, PoisonRecords, RetryableError
 from bridge.sinks.base import BaseSink, SpooledRecord
@@ -206,7 +207,7 @@ def _event(record: SpooledRecord) -> tuple[EventData, str]:
     event = EventData(record.body)
     event.content_type = "application/json"
     event.properties = {
-        "RecordType": record.record_type,
+        RECORD_TYPE: record.record_type,
         "SchemaVersion": body.get("SchemaVersion"),
         "VmId": body.get("VmId") or "",
         "RecordId": record.record_id,

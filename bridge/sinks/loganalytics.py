@@ -163,8 +163,8 @@ class LogAnalyticsSink(BaseSink):
             )
         return self._client
 
-    def _shaped(self, body: str) -> dict[str, Any]:
-        record: dict[str, Any] = json.loads(body)
+    def _shaped(self, body: str) -> dict[str, object]:
+        record: dict[str, object] = json.loads(body)
         # Exactly the declared columns: a column the DCR does not declare would be refused.
         return {k: v for k, v in record.items() if k in self._columns}
 

@@ -4,9 +4,11 @@ shown, with why, and not only the ones that did."""
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
-from bridge.demo import View
+from bridge.demo import View, ViewSink
+from bridge.sinks import SpooledRecord
 from tests.component.consumer.test_core import E1, E2, Rig, rig, two_vms
 
 __all__ = ["rig"]  # the fixture
@@ -45,10 +47,16 @@ def three_approvals(rig: Rig) -> list[dict[str, Any]]:
     return made
 
 
+def show(view: View, record: dict[str, Any]) -> None:
+    """Hand `record` to the view as the demo does: through its sink, as the spool keeps it."""
+    spooled = SpooledRecord(0, record["RecordId"], record["RecordType"], json.dumps(record))
+    ViewSink(str(record["VmName"] or "central"), view).send([spooled])
+
+
 def test_the_summary_shows_each_approval_that_never_reached_imds(rig: Rig) -> None:
     view = View(io.StringIO(), live=True)
     for record in three_approvals(rig):
-        view.add(str(record["VmName"] or "central"), record)
+        show(view, record)
     lines = view.approvals()
     assert lines[0].split() == ["approve", "decisions", "3:", "1", "reached", "IMDS,", "1",
                                 "came", "too", "late,", "1", "never", "answered"]  # fmt: skip
@@ -67,7 +75,7 @@ def test_a_command_read_past_its_expiry_came_too_late_too(rig: Rig) -> None:
     for record in three_approvals(rig):
         if record["RecordType"] == "Approval" and record["ApprovalOutcome"] == "Refused":
             record["ApprovalDetail"] = "Expired: it expired at 10:00:30; it came 31 s"
-        view.add(str(record["VmName"] or "central"), record)
+        show(view, record)
     [expired] = [line for line in view.approvals() if E2[:8] in line]
     assert "via web_1: came too late: Expired: it expired at 10:00:30" in expired
     assert "Refused Expired" in view.render(["web_0", "web_1"], 1.0)

@@ -105,6 +105,7 @@ def test_generate_rewrites_the_generated_docs_infra_and_workbook(tmp_path: Path)
     assert tools == [
         ".venv/bin/python -m tools.sync_docs",
         ".venv/bin/python -m tools.gen_infra",
+        ".venv/bin/python -m tools.gen_recordtypes",
         ".venv/bin/python -m tools.kql.workbook",
     ]
     assert not any(call.startswith("npm") for call in run.calls)

@@ -28,20 +28,22 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple, cast
 
+from bridge import recordtypes as rt
 from bridge.consumer import validation
 from bridge.consumer.reading import Position
+from bridge.records import RecordView
 from bridge.redact import describe
 from bridge.retry import Backoff, FailureStreak, RetryableError
 
 log = logging.getLogger(__name__)
 
-# Called with the records of one batch (parsed JSON objects, in partition order; perhaps none)
-# and where they were read. Returns when state and dispatch have succeeded; raises
-# bridge.retry.RetryableError / ThrottledError when the batch must be retried (nothing is
-# checkpointed then).
-RecordHandler = Callable[[list[dict[str, Any]], Position], None]
+# Called with the records of one batch (parsed JSON objects, in partition order; perhaps none;
+# not yet checked against the schema) and where they were read. Returns when state and
+# dispatch have succeeded; raises bridge.retry.RetryableError / ThrottledError when the batch
+# must be retried (nothing is checkpointed then).
+RecordHandler = Callable[[list[dict[str, object]], Position], None]
 
 # (partition, offset, body, reason) of a message that is not a record. It is skipped after
 # this returns, so the callback must keep it somewhere (it is its only copy the consumer keeps).
@@ -73,7 +75,7 @@ class Message(NamedTuple):
 #    "TimeGenerated": "2022-04-11T22:10:00.000Z", "VmId": "02aab8a4-74ef-476e-8182-f6d2ba4166a6",
 #    "VmName": "WestNO_0", ..., "DocumentIncarnation": 3, "PendingEvents": 1, "SpoolDepth": 0,
 #    "ImdsHealthy": true, "LastImdsSuccess": "2022-04-11T22:09:59.000Z"}
-def parse_record(body: str) -> dict[str, Any]:
+def parse_record(body: str) -> dict[str, object]:
     """The record in `body`; NotARecord when it is not one JSON object."""
     try:
         value = json.loads(body)
@@ -83,16 +85,20 @@ def parse_record(body: str) -> dict[str, Any]:
         raise NotARecord("JSON nested too deeply") from err
     if not isinstance(value, dict):
         raise NotARecord(f"a JSON {type(value).__name__}, not an object")
-    return value
+    parsed: dict[str, object] = value
+    return parsed
 
 
 # A body as above, sent with partition key "02aab8a4-74ef-476e-8182-f6d2ba4166a6".
-def check_record(body: str, sender: str | None = None, *, full: bool = True) -> dict[str, Any]:
-    """The record in `body` if it is one an agent could have sent as `sender`; else NotARecord.
+def check_record(body: str, sender: str | None = None) -> rt.Record:
+    """The record in `body` if it is one an agent could have sent as `sender`; else NotARecord."""
+    return cast(rt.Record, _checked(body, sender, full=True))  # the schema says it is one
 
-    `full=False` leaves out the schema (the caller checks the parsed record with
-    `bridge.consumer.validation.problem`, as `se-bridge consume` does in front of the consumer).
-    """
+
+def _checked(body: str, sender: str | None, *, full: bool) -> dict[str, object]:
+    """`check_record`'s checks; `full=False` leaves out the schema (the caller checks the
+    parsed record with `bridge.consumer.validation.problem`, as `se-bridge consume` does in
+    front of the consumer)."""
     size = len(body.encode("utf-8", errors="surrogatepass"))
     if size > MAX_RECORD_BYTES:
         raise NotARecord(f"{size} bytes, more than the {MAX_RECORD_BYTES} a record may have")
@@ -106,7 +112,7 @@ def check_record(body: str, sender: str | None = None, *, full: bool = True) -> 
     return record
 
 
-def _sent_by(record: dict[str, Any], sender: str) -> bool:
+def _sent_by(record: RecordView, sender: str) -> bool:
     vm_id = record.get("VmId")
     if vm_id is None:  # before the VmId is known the agent keys its records by host name
         return sender == f"{HOST_KEY_PREFIX}{record.get('HostName')}"
@@ -132,7 +138,7 @@ class BatchRetry:
     source: str  # "local hub /srv/hub", "event hub records": names the source in log lines
     backoff: Backoff = field(default_factory=Backoff)
     # Told (partition, records) once a batch was handled: the metrics' records and lag.
-    on_done: Callable[[str, list[dict[str, Any]]], None] | None = None
+    on_done: Callable[[str, list[dict[str, object]]], None] | None = None
     _streak: FailureStreak = field(init=False)
 
     def __post_init__(self) -> None:
@@ -205,7 +211,7 @@ def _split(messages: Sequence[Message]) -> tuple[list[str], list[tuple[str, str,
     bad: list[tuple[str, str, str]] = []
     for offset, body, sender in messages:
         try:
-            check_record(body, sender, full=False)
+            _checked(body, sender, full=False)
         except NotARecord as err:
             bad.append((offset, body, str(err)))
         else:

@@ -75,7 +75,7 @@ def run_eventhubs(
     load_balancing_interval: float = 10.0,
     checkpoint_interval: float = 5.0,
     backoff_factory: Callable[[], Backoff] = Backoff,
-    on_done: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    on_done: Callable[[str, list[dict[str, object]]], None] | None = None,
 ) -> None:
     """Hand every record of the event hub to `handler`, batch by batch, until `stop` is set.
 

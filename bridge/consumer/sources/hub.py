@@ -15,7 +15,6 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from bridge.consumer.reading import Position, local_partition
 from bridge.consumer.sources.batches import (
@@ -43,7 +42,7 @@ def run_local(
     poll_interval: float = 0.2,
     poison: PoisonHandler = log_poison,
     backoff_factory: Callable[[], Backoff] = Backoff,
-    on_done: Callable[[str, list[dict[str, Any]]], None] | None = None,
+    on_done: Callable[[str, list[dict[str, object]]], None] | None = None,
 ) -> None:
     """Hand every record of the hub to `handler`, batch by batch, until `stop` is set.
 

@@ -26,6 +26,7 @@ from bridge.records import (
     heartbeat_record,
     iso,
 )
+from bridge.recordtypes import HeartbeatReason
 from tests.benchmarks.loadgen.fleet import Fleet, Vm
 
 Record = dict[str, Any]
@@ -88,13 +89,13 @@ class Agents:
         # The agent process names itself in heartbeat ids; a reboot starts a new process.
         return f"{self.fleet.seed:x}{index:x}r{self.boots.get(index, 0)}"
 
-    def heartbeat(self, index: int, now: datetime, reason: str = "Periodic") -> Record:
+    def heartbeat(self, index: int, now: datetime, reason: HeartbeatReason = "Periodic") -> Record:
         agent = self.active.get(index)
         origin = agent.origin if agent is not None else self.fleet.vms[index].origin()
         incarnation = agent.incarnation if agent is not None else FIRST_INCARNATION
         pending = len(agent.events) if agent is not None else 0
         health = Health(incarnation, pending, 0, 0, imds_healthy=True, last_imds_success=now)
-        return heartbeat_record(origin, reason, health, now, run=self._run(index))
+        return dict(heartbeat_record(origin, reason, health, now, run=self._run(index)))
 
     def put(self, index: int, raw: dict[str, Any]) -> None:
         """The event `raw` (as IMDS lists it) is in the VM's document now, new or changed."""
@@ -147,4 +148,4 @@ class Agents:
             issued_at=command.issued_at,
             latency_ms=latency if outcome == "Approved" else None,
         )
-        return approval_record(agent.origin, result, now)
+        return dict(approval_record(agent.origin, result, now))

@@ -1,5 +1,6 @@
 """What the consumer refuses before it folds a record in: each refusal path, and the batch
-goes on past it (bridge.consumer.sources.batches; bridge.schema.problem, the service's gate)."""
+goes on past it (bridge.consumer.sources.batches; bridge.consumer.validation.problem, the
+service's gate)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
+from prometheus_client import CollectorRegistry
 
-from bridge import schema
+from bridge import records, schema
 from bridge.consumer import validation
+from bridge.consumer.metrics import ConsumerMetrics
 from bridge.consumer.sources.batches import (
     MAX_RECORD_BYTES,
     BatchRetry,
@@ -21,6 +24,7 @@ from bridge.consumer.sources.batches import (
     check_record,
 )
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
+from bridge.retry import Backoff
 
 VM = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
@@ -28,7 +32,7 @@ NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
 def heartbeat(vm_id: str | None = VM) -> dict[str, Any]:
     origin = Origin(VmIdentity(vm_id=vm_id, vm_name="web_0"), "host-a")
-    return heartbeat_record(origin, "Periodic", Health(3, 0, 0, 0, True, NOW), NOW)
+    return dict(heartbeat_record(origin, "Periodic", Health(3, 0, 0, 0, True, NOW), NOW))
 
 
 def test_a_real_record_passes() -> None:
@@ -72,6 +76,7 @@ def test_the_check_agrees_with_jsonschema() -> None:
 
 def test_an_integral_float_where_the_schema_says_integer_is_valid_and_made_an_int() -> None:
     record = check_record(json.dumps({**heartbeat(), "PendingEvents": 1.0}), VM)
+    assert record["RecordType"] == "Heartbeat"
     assert record["PendingEvents"] == 1
     assert type(record["PendingEvents"]) is int
 
@@ -105,3 +110,25 @@ def test_a_refused_message_goes_to_the_dead_letters_and_the_batch_goes_on() -> N
     assert [len(batch) for batch in handled] == [1]
     assert "does not match" in poisoned[0][3]
     assert [p[1] for p in poisoned] == ["2", "3"]
+
+
+def test_a_record_the_schema_refuses_is_handled_once_though_the_metrics_see_it() -> None:
+    """The metrics see a batch as it was read, before the service's gate sets a record aside:
+    an Approval whose latency is not a number is not timed, and the batch is not retried."""
+    metrics = ConsumerMetrics(CollectorRegistry())
+    stop = threading.Event()
+    handled: list[list[dict[str, object]]] = []
+
+    def handler(records: list[dict[str, object]], _: object) -> None:
+        handled.append(records)
+        if len(handled) > 1:  # handled again: the batch would be retried for ever
+            stop.set()
+
+    outcome = records.ApprovalOutcome("C7061BAC", "Freeze", 3, "3d0c", "Central", "Approved", "ok")
+    origin = Origin(VmIdentity(vm_id=VM, vm_name="web_0"), "host-a")
+    approval = records.approval_record(origin, outcome, NOW)
+    body = json.dumps({**approval, "ApprovalLatencyMs": "soon"})
+    retry = BatchRetry(handler, lambda *p: None, stop, "test", Backoff(initial=0.001),
+                       on_done=metrics.batch)  # fmt: skip
+    assert retry.deliver("0", [Message("1", body, VM)])
+    assert len(handled) == 1

@@ -596,8 +596,7 @@ def run_step(world: World, step: Step) -> None:
     names = list(world.specs)
     if isinstance(step, Heartbeat):
         name = names[step.vm % len(names)]
-        reason = "Stop" if step.stop else "Periodic"
-        world.emit(name, lambda: world.records.heartbeat(name, reason))
+        world.emit(name, lambda: world.records.heartbeat(name, "Stop" if step.stop else "Periodic"))
     elif isinstance(step, NewEvent):
         new_event(world, step)
     elif isinstance(step, Advance):

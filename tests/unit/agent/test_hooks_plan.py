@@ -17,7 +17,7 @@ from bridge import schema
 from bridge.agent import hookproc
 from bridge.agent.hookproc import HookOutcome, OutputTail
 from bridge.agent.hooks import HookJob, hook_environment, hook_record, plan
-from bridge.records import Origin, VmIdentity, record_id
+from bridge.records import Origin, RecordView, VmIdentity, record_id
 from tests.support import event_record
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
@@ -28,7 +28,7 @@ ORIGIN = Origin(
 VALIDATOR = Draft202012Validator(schema.load(), format_checker=FormatChecker())
 
 
-def assert_valid(record: dict[str, Any]) -> None:
+def assert_valid(record: RecordView) -> None:
     errors = [f"{list(e.path)}: {e.message}" for e in VALIDATOR.iter_errors(record)]
     assert not errors, "\n".join(errors)
 

@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import cast
 
 import pytest
 
+from bridge import recordtypes as rt
 from bridge import telemetry
 from bridge.agent.hookjobs import HookJobs
 from bridge.agent.hookproc import HookOutcome
@@ -42,7 +44,7 @@ def test_without_hooks_no_job_is_planned_or_resumed(spool: Spool) -> None:
     unhooked = jobs(spool, HooksSettings())
     assert unhooked.runner is None
     assert unhooked.plan([event_record("Scheduled")]) == []
-    job = HookJob.for_event(event_record("Scheduled"), "prepare")
+    job = HookJob.for_event(cast(rt.Event, event_record("Scheduled")), "prepare")
     spool.commit([], jobs=[(job.job_id, job.to_payload())])
     unhooked.resume()  # a job saved by an agent that had a hook stays saved
     assert [job_id for job_id, _ in spool.pending_jobs()] == [job.job_id]

@@ -10,7 +10,7 @@ plan says nothing is left.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -19,16 +19,16 @@ from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.ledger import (
+    UNREPORTED_TARGET_TIMEOUT,
     LedgerEntry,
     LedgerState,
     ledger_scopes,
     locks_of,
-    needs_decision,
 )
 from bridge.consumer.release import Alive, all_gone, unreleased
 from bridge.consumer.state import Doc
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, evaluate
-from bridge.records import iso
+from bridge.records import iso, parse_time
 
 # --- the Steps ------------------------------------------------------------------------------
 
@@ -287,3 +287,22 @@ def _decision(s: Situation, rules: Rules, now: datetime) -> Step | None:
     approving = verdict.kind == "Approve"
     locks = locks_of(rules.kinds, s.view.counted, s.fleet.vms) if approving else None
     return Apply(s.view, verdict, locks)
+
+
+def needs_decision(
+    entry: LedgerEntry, now: datetime, reporters: Collection[str], approval_timeout: float
+) -> bool:
+    """An approval we sent that was refused, or went unconfirmed for too long: for a
+    target among `reporters` (the VMs that report the event) `approval_timeout` seconds,
+    for one that has not reported it (asked because the event names it) at most
+    UNREPORTED_TARGET_TIMEOUT; not one that came too late (Late: the event went ahead,
+    no other VM can approve it)."""
+    if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
+        return False
+    if entry.get("late"):
+        return False
+    issued = parse_time(entry.get("issued_at")) or now
+    timeout = timedelta(seconds=approval_timeout)
+    if entry.get("target") not in reporters:
+        timeout = min(timeout, UNREPORTED_TARGET_TIMEOUT)
+    return bool(entry.get("refused")) or now - issued >= timeout

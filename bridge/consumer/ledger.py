@@ -55,7 +55,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
 
 from bridge.commands.message import LATE, is_late
@@ -71,7 +71,6 @@ from bridge.consumer.state import (
     read_many,
 )
 from bridge.policy.model import EventView, Scope, VmView, group_key
-from bridge.records import parse_time
 from bridge.retry import RetryableError
 
 log = logging.getLogger(__name__)
@@ -178,25 +177,6 @@ def locks_of(
             if group is not None:
                 found.add(lock_of(kind, group))
     return frozenset(found)
-
-
-def needs_decision(
-    entry: LedgerEntry, now: datetime, reporters: Collection[str], approval_timeout: float
-) -> bool:
-    """An approval we sent that was refused, or went unconfirmed for too long: for a
-    target among `reporters` (the VMs that report the event) `approval_timeout` seconds,
-    for one that has not reported it (asked because the event names it) at most
-    UNREPORTED_TARGET_TIMEOUT; not one that came too late (Late: the event went ahead,
-    no other VM can approve it)."""
-    if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
-        return False
-    if entry.get("late"):
-        return False
-    issued = parse_time(entry.get("issued_at")) or now
-    timeout = timedelta(seconds=approval_timeout)
-    if entry.get("target") not in reporters:
-        timeout = min(timeout, UNREPORTED_TARGET_TIMEOUT)
-    return bool(entry.get("refused")) or now - issued >= timeout
 
 
 def reach_of(entry: LedgerEntry) -> frozenset[Scope]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from bridge.config import Config, StorageSettings
 from bridge.consumer import documents as fs
@@ -42,24 +42,41 @@ def increment(store: Store, collection: str, key: str, times: int) -> int:
 class DelegatingStore:
     """A Store that hands every call to `inner`; tests override the call they interleave.
 
-    It has only the plain Store methods, so the consumer takes its one-document-at-a-time path
-    through it (no batched writes, no change feed).
+    Its pace is the inner store's (`feed_interval`).
     """
 
     def __init__(self, inner: Store) -> None:
         self.inner = inner
+        self.feed_interval = inner.feed_interval
 
     def read(self, collection: str, key: str) -> Doc | None:
         return self.inner.read(collection, key)
 
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        return self.inner.read_many(collection, keys)
+
     def write(self, collection: str, doc: Doc) -> Doc:
         return self.inner.write(collection, doc)
+
+    def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
+        return self.inner.write_many(collection, docs)
 
     def delete(self, collection: str, doc: Doc) -> None:
         self.inner.delete(collection, doc)
 
     def scan(self, collection: str) -> list[Doc]:
         return self.inner.scan(collection)
+
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        return self.inner.scan_changes(collection, since, known)
+
+    def defer_sync(self, collections: Iterable[str]) -> None:
+        self.inner.defer_sync(collections)
+
+    def flush(self) -> None:
+        self.inner.flush()
 
     def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
         return self.inner.write_all(collection, docs)

@@ -1,20 +1,23 @@
-"""Carrying out a verdict: the ledger entry, the Decision record (the audit trail) and the
-signed command to one VM, sent once and resent if a crash came between writing and sending.
+"""Carrying out a verdict: the ledger entry it needs, the Decision record (the audit trail)
+and the signed command to one VM, sent once and resent if a crash came between writing and
+sending. The ledger itself is written by the decision pass (bridge.consumer.decide), which
+stores the entry `prepare` makes before `announce` and `send`, and marks it sent after.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from bridge.channels import CommandSender
 from bridge.commands import message as commands
 from bridge.consumer import documents as fs
-from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerEntry, LedgerState, impact_of
-from bridge.consumer.state import Conflict, Doc, Store, update_many
+from bridge.consumer.fleet import Fleet
+from bridge.consumer.ledger import Emit, LedgerEntry, impact_of
+from bridge.consumer.state import Doc
 from bridge.policy.model import EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_key
 from bridge.redact import describe
@@ -31,11 +34,24 @@ MIN_COMMAND_LIFETIME = timedelta(minutes=2)
 RESEND_UNSENT_AFTER = timedelta(seconds=10)
 
 
+@dataclass(frozen=True)
+class Approval:
+    """An approval ready to be stored in the ledger (`entry`, under `key`) and then sent."""
+
+    key: str
+    entry: LedgerEntry
+    command: commands.Command
+    record: dict[str, Any]  # its Decision record
+    view: EventView
+    verdict: Verdict
+
+
 class Dispatch:
-    """Turns a verdict into ledger entries, Decision records and commands."""
+    """Turns a verdict into Decision records and commands, and the entry an approval needs."""
 
     def __init__(
         self,
+        fleet: Fleet,
         sender: CommandSender,
         emit: Emit,
         policy: Policy,
@@ -43,6 +59,7 @@ class Dispatch:
         *,
         mode: str = "normal",
     ) -> None:
+        self.fleet = fleet
         self.sender = sender
         self.emit = emit
         self.policy = policy
@@ -53,44 +70,28 @@ class Dispatch:
         # CommandIds this instance wrote to the ledger and has not yet seen marked sent.
         self._unfinished: set[str] = set()
 
-    def apply(
-        self,
-        ledger: ApprovalLedger,
-        *,
-        state: LedgerState,
-        event_doc: Doc,
-        view: EventView,
-        verdict: Verdict,
-        vms: Mapping[str, VmView],
+    def prepare(
+        self, event_doc: Doc, view: EventView, verdict: Verdict, vms: Mapping[str, VmView],
         now: datetime,
-    ) -> bool:
-        """Carry out `verdict`; False when the ledger changed under us and it must be redone."""
-        if not self.would_act(event_doc, verdict):
-            return True
+    ) -> Approval | None:  # fmt: skip
+        """The approval `verdict` is, for the caller to store in the ledger; None for any
+        other verdict, whose Decision record is said here and now."""
         verdict = with_change(fs.event_document(event_doc).get("decision"), view, verdict, vms)
         decided = (event_doc, view, verdict, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
-            self._say(ledger.store, view, verdict, self._decision(*decided, None), event_doc,
-                      vms=vms)  # fmt: skip
-            return True
+            self._say(view, verdict, self._decision(*decided, None), event_doc, vms=vms)
+            return None
         command = self._command(event_doc, view, verdict, now)
-        key = fs.event_key(view.event_id)
         record = self._decision(*decided, command)
         # The Decision travels with the entry, so a retry after a failed emit still says it.
         entry = _entry(view, verdict, command, now)
         entry["decision"] = record
-        # With the locks of its VMs' budget groups: a racing approval in one of them
-        # conflicts here (bridge.consumer.ledger).
-        locks = ledger.locks(entry["vms"], vms)
-        state.events[key] = entry
-        try:
-            ledger.commit(state, [key], locks)
-        except Conflict:
-            return False
-        self._unfinished.add(command.command_id)
-        self._say(ledger.store, view, verdict, record, event_doc, vms=vms)
-        self._send(ledger, key, command, now, written=state)
-        return True
+        return Approval(fs.event_key(view.event_id), entry, command, record, view, verdict)
+
+    def announce(self, approval: Approval, event_doc: Doc, vms: Mapping[str, VmView]) -> None:
+        """Say the approval stored in the ledger (its Decision record), before it is sent."""
+        self._unfinished.add(approval.command.command_id)
+        self._say(approval.view, approval.verdict, approval.record, event_doc, vms=vms)
 
     @staticmethod
     def would_act(event_doc: Doc, verdict: Verdict) -> bool:
@@ -102,39 +103,32 @@ class Dispatch:
             return True
         return fs.standing(fs.event_document(event_doc)) != _said(verdict)
 
-    def resend_if_unsent(
-        self, ledger: ApprovalLedger, key: str, entry: LedgerEntry, now: datetime
-    ) -> None:
-        """A failure between the ledger write and the send left a command unsent: finish it.
-
-        The Decision is said again too (same RecordId) in case it was the emit that failed.
-        """
+    def unsent(self, key: str, entry: LedgerEntry, now: datetime) -> commands.Command | None:
+        """A failure between the ledger write and the send left a command unsent: the
+        command to send again (its Decision said again too, same RecordId, in case it was
+        the emit that failed); None when it is not to be resent (yet)."""
         if entry.get("origin") != "approved" or entry.get("sent") or not entry.get("command"):
-            return
+            return None
         issued = parse_time(entry.get("issued_at"))
         ours = entry.get("command_id") in self._unfinished
         if not ours and issued is not None and now - issued < RESEND_UNSENT_AFTER:
-            return
+            return None
         log.info("resending the approval of event %s, which was decided but not sent", key)
         if "decision" in entry:
             self.emit([entry["decision"]])
-        self._send(ledger, key, commands.parse(entry["command"]), now)
+        return commands.parse(entry["command"])
 
-    def _send(
-        self,
-        ledger: ApprovalLedger,
-        key: str,
-        command: commands.Command,
-        now: datetime,
-        *,
-        written: LedgerState | None = None,
-    ) -> None:
+    def send(self, command: commands.Command, now: datetime) -> None:
+        """Send `command` (not in shadow mode); a failure leaves its entry unsent: the next
+        pass sends it again."""
         # Past its ExpiresAt (the event's NotBefore, when the platform starts the event) the
         # command stays a while, so an agent that reads it after the event went ahead says Late.
         ttl = max(0.0, (command.expires_at - now).total_seconds()) + LATE_GRACE
         if not self.shadow:
-            self.sender.send(command, ttl)  # a failure leaves the entry unsent: retried next pass
-        ledger.mark_sent(key, command.command_id, written=written, confirmed=self.shadow)
+            self.sender.send(command, ttl)
+
+    def sent(self, command: commands.Command) -> None:
+        """`command`'s entry is marked sent."""
         self._unfinished.discard(command.command_id)
         log.info("%s the approval of event %s to VM %s (%s)",
                  "shadow mode: did not send" if self.shadow else "sent", command.event_id,
@@ -178,7 +172,7 @@ class Dispatch:
             shadow=self.shadow,
         )
 
-    def failed(self, store: Store, event: fs.EventDocument, err: Exception, now: datetime) -> None:
+    def failed(self, event: fs.EventDocument, err: Exception, now: datetime) -> None:
         """Say (once while it lasts) that deciding `event` failed: a Defer by rule (error)."""
         reason = _valid_text(
             f"deciding the event failed ({describe(err, with_type=True)}): deferred, and tried "
@@ -192,21 +186,20 @@ class Dispatch:
                                  command=None, policy_source=self.policy.source,
                                  host_name=self.host_name, now=now,
                                  shadow=self.shadow)  # fmt: skip
-        self._say(store, view, verdict, record)
+        self._say(view, verdict, record)
 
-    def released(self, store: Store, view: EventView, why: str, now: datetime) -> None:
+    def released(self, view: EventView, why: str, now: datetime) -> None:
         """Say that the event's budget slot was released though no VM reported its end."""
         verdict = Verdict("Release", RELEASE_RULE, why)
-        event = store.read(fs.EVENT, fs.event_key(view.event_id))
+        event = self.fleet.event(fs.event_key(view.event_id))
         record = decision_record(event.value if event else {}, view=view, verdict=verdict,
                                  target=None, command=None, policy_source=self.policy.source,
                                  host_name=self.host_name, now=now,
                                  shadow=self.shadow)  # fmt: skip
-        self._say(store, view, verdict, record)
+        self._say(view, verdict, record)
 
     def _say(
         self,
-        store: Store,
         view: EventView,
         verdict: Verdict,
         record: dict[str, Any],
@@ -244,9 +237,7 @@ class Dispatch:
             return True
 
         self.emit([record])
-        key = fs.event_key(view.event_id)
-        held = {key: Doc(key, dict(event_doc.value), event_doc.etag)} if event_doc else None
-        update_many(store, fs.EVENT, {key: remember}, known=held)
+        self.fleet.remember(fs.event_key(view.event_id), remember, event_doc)
         log.info("event %s (%s): %s by rule %s: %s", view.event_id, view.event_type,
                  verdict.kind, verdict.rule, verdict.reason)  # fmt: skip
 

@@ -24,7 +24,6 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
@@ -39,7 +38,7 @@ from bridge.config import Config, ConfigError
 from bridge.consumer import documents as fs
 from bridge.consumer import validation, wiring
 from bridge.consumer.core import Consumer, Explained
-from bridge.consumer.state.sqlite import SqliteStore
+from bridge.consumer.state.memory import MemoryStore
 from bridge.policy.model import Policy
 from bridge.records import RecordView, is_decision, is_event, parse_time, utc_now
 from bridge.redact import describe
@@ -87,22 +86,20 @@ def _from_records(
     records = read_records(path)
     event_id = event or last_event(records)
     at = newest(records)
-    with tempfile.TemporaryDirectory(prefix="se-bridge-explain-") as tmp:
-        store = SqliteStore(Path(tmp) / "fleet.db")
-        consumer = Consumer(store, _NoCommands(), policy, _ignore, config.consumer,
-                            now=lambda: at)  # fmt: skip
-        try:
-            consumer.fold(records)
-            found = consumer.explain(event_id)
-        finally:
-            consumer.close()
-        if found is None or found.verdict is not None:
-            return event_id, found
-        taken = last_decision(records, event_id)
-        if taken is not None:
-            return event_id, replace(found, taken=taken)
-        replayed = _replay(records, event_id, policy, config, Path(tmp) / "replay.db")
-        return event_id, replace(found, taken=replayed, replayed=True)
+    consumer = Consumer(MemoryStore(), _NoCommands(), policy, _ignore, config.consumer,
+                        now=lambda: at)  # fmt: skip
+    try:
+        consumer.fold(records)
+        found = consumer.explain(event_id)
+    finally:
+        consumer.close()
+    if found is None or found.verdict is not None:
+        return event_id, found
+    taken = last_decision(records, event_id)
+    if taken is not None:
+        return event_id, replace(found, taken=taken)
+    replayed = _replay(records, event_id, policy, config)
+    return event_id, replace(found, taken=replayed, replayed=True)
 
 
 def last_decision(records: Sequence[rt.Record], event_id: str) -> fs.StandingDecision | None:
@@ -124,14 +121,14 @@ def last_decision(records: Sequence[rt.Record], event_id: str) -> fs.StandingDec
 
 
 def _replay(
-    records: Sequence[rt.Record], event_id: str, policy: Policy, config: Config, path: Path
+    records: Sequence[rt.Record], event_id: str, policy: Policy, config: Config
 ) -> fs.StandingDecision | None:
     """The decision `event_id` stood on once a consumer had read `records` as they came: in
     TimeGenerated order, on a clock at each one's time, re-evaluating after each (a shadow
     consumer: it decides and sends nothing)."""
     clock = [newest(records)]
     settings = replace(config.consumer, mode="shadow")
-    consumer = Consumer(SqliteStore(path), _NoCommands(), policy, _ignore, settings,
+    consumer = Consumer(MemoryStore(), _NoCommands(), policy, _ignore, settings,
                         now=lambda: clock[0])  # fmt: skip
     try:
         with _quiet():

@@ -1,4 +1,8 @@
-"""The approval ledger (budgets, one approval per event) and sending the approvals.
+"""The approval ledger: what counts against the budgets, and one approval per event.
+
+Commands are sent by bridge.consumer.dispatch; this module only stores what was decided
+and how it fared (the decision pass, bridge.consumer.decide, is the only one writing it,
+besides the answers folded in and the events forgotten).
 
 The ledger holds every event that impacts VMs now: approved by us and not yet completed,
 or Started by the platform. Its entries live in SHARDS documents, `ledger/entries-NN`, an
@@ -24,7 +28,7 @@ write contested (the entry's shard, the locks) and the shards the locks' `wrote`
 the versions it held; the whole ledger only when that history has a gap (more than LOCK_LOG
 writes since, or a lock an earlier release wrote, which keeps no history). Where the state
 is kept between looks (Table Storage), an approval reads the same way before its write
-(`read_again` with its locks, bridge.consumer.core), so that it conflicts only with a write
+(`read_again` with its locks, bridge.consumer.decide), so that it conflicts only with a write
 made in between. Two decisions in
 different groups touch different documents and do not wait for each other, and no
 document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the
@@ -51,7 +55,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
 
 from bridge.commands.message import LATE, is_late
@@ -60,7 +64,6 @@ from bridge.consumer import documents as fs
 from bridge.consumer.state import (
     MAX_CONFLICT_RETRIES,
     TRANSACTION_DOCS,
-    ChangeFeed,
     Conflict,
     Doc,
     Store,
@@ -68,7 +71,6 @@ from bridge.consumer.state import (
     read_many,
 )
 from bridge.policy.model import EventView, Scope, VmView, group_key
-from bridge.records import parse_time
 from bridge.retry import RetryableError
 
 log = logging.getLogger(__name__)
@@ -157,6 +159,24 @@ def ledger_scopes(view: EventView) -> list[list[str | None]]:
     """An entry's `scopes` for `view`: none when it names no VM by a name (or its reporters'
     scopes are not known: anywhere)."""
     return [list(scope) for scope in view.scopes] if view.unresolved else []
+
+
+def locks_of(
+    kinds: Iterable[str], vms: Iterable[str], known: Mapping[str, VmView]
+) -> frozenset[str]:
+    """The locks of every budget group of kinds `kinds` the VMs `vms` are in (all of them
+    when one of `vms` is not a VM of `known`: it may be in any group)."""
+    kinds = tuple(kinds)
+    found: set[str] = set()
+    for vm_id in vms:
+        vm = known.get(vm_id)
+        if vm is None:
+            return ALL_LOCKS if kinds else frozenset()
+        for kind in kinds:
+            group = group_key(kind, vm)
+            if group is not None:
+                found.add(lock_of(kind, group))
+    return frozenset(found)
 
 
 def reach_of(entry: LedgerEntry) -> frozenset[Scope]:
@@ -263,8 +283,8 @@ class ApprovalLedger:
         self.store = store
         self.settings = settings
         self.kinds = tuple(sorted(set(kinds)))  # the budgets' group kinds
-        # With a change feed (SQLite), the documents as last read or written, and the mark:
-        # a read decodes only the shards written since, not the whole ledger each decision.
+        # The documents as last read or written, and the change feed's mark: a read
+        # decodes only the shards written since, not the whole ledger each decision.
         self._docs: dict[str, Doc] = {}
         self._mark: int | None = None
         # The state last read or committed, kept up to date from the change feed: a pass
@@ -286,25 +306,24 @@ class ApprovalLedger:
         # The shards and locks of the last write that conflicted: what to read again.
         self._contested: set[str] = set()
 
-    def read(self, *, refresh: bool = True) -> LedgerState:
-        """The ledger now; with `refresh` False, the state last read or committed as it is
-        (when kept: with a change feed, and no failed commit since): a stale state is safe to
-        decide on, since a commit over a document changed since conflicts."""
-        if not refresh and self._state is not None:
-            return self._state
+    def held(self) -> LedgerState:
+        """The state last read or committed as it is (read when there is none, or after a
+        failed commit): a stale state is safe to decide on, since a commit over a document
+        changed since conflicts."""
+        return self._state if self._state is not None else self.read()
+
+    def read(self) -> LedgerState:
+        """The ledger now."""
         self.reads += 1
         self._contested = set()
-        if isinstance(self.store, ChangeFeed):
-            changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
-            self._docs.update((doc.key, doc) for doc in changed)
-            if self._state is None:
-                self._state = _state(self._docs.values())
-            else:
-                for doc in changed:
-                    self._state.take(doc)
-            state = self._state
+        changed, self._mark = self.store.scan_changes(fs.LEDGER, self._mark, self._docs)
+        self._docs.update((doc.key, doc) for doc in changed)
+        if self._state is None:
+            self._state = _state(self._docs.values())
         else:
-            state = read_ledger(self.store)
+            for doc in changed:
+                self._state.take(doc)
+        state = self._state
         legacy = state.docs.get(fs.LEGACY_LEDGER_KEY)
         if legacy is not None and ledger_events(legacy.value):
             state = self._migrate(state, legacy)
@@ -323,8 +342,8 @@ class ApprovalLedger:
         return state
 
     def _read_shards(self, keys: Collection[str]) -> LedgerState:
-        """The kept state with the shards of entries `keys` read again (where kept, with a
-        change feed; else the whole ledger). A look at the ledger's changes on Table Storage
+        """The kept state with the shards of entries `keys` read again (the whole ledger
+        when none is kept yet). A look at the ledger's changes on Table Storage
         returns every document written in its last 10 s: in a storm all of them, for each
         event that completes (issue 15); a release needs only its entry's shard."""
         state = self._kept()
@@ -333,7 +352,7 @@ class ApprovalLedger:
         return self._fetch(state, {shard_of(key) for key in keys})
 
     def _kept(self) -> LedgerState | None:
-        """The state kept (with a change feed), as stored: made again from the documents as
+        """The state kept, as stored (None before the first read): made again from the documents as
         read or written when a failed commit left it holding changes that are not."""
         if self._mark is None:
             return None
@@ -375,18 +394,8 @@ class ApprovalLedger:
         return self.read().events
 
     def locks(self, vms: Iterable[str], known: Mapping[str, VmView]) -> frozenset[str]:
-        """The locks of every budget group the VMs `vms` are in (all of them when one of
-        `vms` is not a VM of `known`: it may be in any group)."""
-        found: set[str] = set()
-        for vm_id in vms:
-            vm = known.get(vm_id)
-            if vm is None:
-                return ALL_LOCKS if self.kinds else frozenset()
-            for kind in self.kinds:
-                group = group_key(kind, vm)
-                if group is not None:
-                    found.add(lock_of(kind, group))
-        return frozenset(found)
+        """The locks of every budget group the VMs `vms` are in (`locks_of`)."""
+        return locks_of(self.kinds, vms, known)
 
     def commit(
         self,
@@ -459,24 +468,6 @@ class ApprovalLedger:
                 continue
             return changed
         raise _busy()
-
-    def needs_decision(
-        self, entry: LedgerEntry, now: datetime, reporters: Collection[str] = ()
-    ) -> bool:
-        """An approval we sent that was refused, or went unconfirmed for too long: for a
-        target among `reporters` (the VMs that report the event) consumer.approval_timeout,
-        for one that has not reported it (asked because the event names it) at most
-        UNREPORTED_TARGET_TIMEOUT; not one that came too late (Late: the event went ahead,
-        no other VM can approve it)."""
-        if entry.get("origin") != "approved" or entry.get("confirmed") or not entry.get("sent"):
-            return False
-        if entry.get("late"):
-            return False
-        issued = parse_time(entry.get("issued_at")) or now
-        timeout = timedelta(seconds=self.settings.approval_timeout)
-        if entry.get("target") not in reporters:
-            timeout = min(timeout, UNREPORTED_TARGET_TIMEOUT)
-        return bool(entry.get("refused")) or now - issued >= timeout
 
     def note_approvals(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
         """Fold Approval records into the ledger; the events whose approval they answer."""

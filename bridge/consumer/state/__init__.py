@@ -4,8 +4,8 @@ The consumer keeps everything it knows (VMs, events, the approval ledger) as doc
 in named collections. Every write names the version it read (an ETag); a write over
 a newer version fails with `Conflict`, and the caller re-reads and re-decides. That is
 what lets several consumer instances share one fleet without exceeding a budget or
-approving one event twice. Two implementations: SQLite for one machine, Azure Table
-Storage for a real fleet.
+approving one event twice. Three implementations: SQLite for one machine, Azure Table
+Storage for a real fleet, and memory (one process: tests, `policy explain --records`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from bridge.retry import RetryableError
 
@@ -37,37 +37,25 @@ class Doc:
 
 
 class Store(Protocol):
+    """Every store does all of this; what differs between them is only how often a look is
+    worth making (`feed_interval`)."""
+
+    # Seconds a reader that can do with an older view should let pass between two looks at
+    # what changed (`scan_changes`): 0 where a look is cheap (a local file), more where each
+    # is a query to a service. A pace, not a capability: every store has the change feed.
+    feed_interval: float
+
     def read(self, collection: str, key: str) -> Doc | None:
         """The document, or None when there is none."""
+
+    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
+        """The stored documents among `keys` (absent keys are left out)."""
 
     def write(self, collection: str, doc: Doc) -> Doc:
         """Store `doc` if still at `doc.etag`: the stored Doc with its new etag, or Conflict.
 
         The stored Doc shares `doc.value` (what was written): change neither afterwards.
         """
-
-    def delete(self, collection: str, doc: Doc) -> None:
-        """Remove `doc` if it is still at `doc.etag`; Conflict if it changed, nothing if gone."""
-
-    def scan(self, collection: str) -> list[Doc]:
-        """Every document of the collection, in key order (read in that order)."""
-
-    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
-        """Store every doc if each is still at its etag, or none of them (Conflict).
-
-        At most TRANSACTION_DOCS documents (Table Storage's entity-group transaction);
-        ValueError for more. The stored Docs share their values with `docs`.
-        """
-
-    def close(self) -> None: ...
-
-
-@runtime_checkable
-class BatchStore(Store, Protocol):
-    """A store that reads and writes many documents of one collection per round trip."""
-
-    def read_many(self, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
-        """The stored documents among `keys` (absent keys are left out)."""
 
     def write_many(self, collection: str, docs: Sequence[Doc]) -> tuple[list[Doc], list[str]]:
         """Store every doc still at its etag: (the stored Docs, the keys that conflicted).
@@ -76,26 +64,18 @@ class BatchStore(Store, Protocol):
         every key is reported as conflicted and the caller falls back to one at a time.
         """
 
+    def write_all(self, collection: str, docs: Sequence[Doc]) -> list[Doc]:
+        """Store every doc if each is still at its etag, or none of them (Conflict).
 
-@runtime_checkable
-class DeferredSync(Protocol):
-    """A store that can keep chosen collections' writes off the disk until `flush`."""
+        At most TRANSACTION_DOCS documents (Table Storage's entity-group transaction);
+        ValueError for more. The stored Docs share their values with `docs`.
+        """
 
-    def defer_sync(self, collections: Iterable[str]) -> None:
-        """Writes to `collections` may return before they are on disk (they survive a crash
-        of the process, not of the machine) until `flush` or a synced write."""
+    def delete(self, collection: str, doc: Doc) -> None:
+        """Remove `doc` if it is still at `doc.etag`; Conflict if it changed, nothing if gone."""
 
-    def flush(self) -> None:
-        """Make every write made so far durable."""
-
-
-@runtime_checkable
-class ChangeFeed(Protocol):
-    """A store that can say which documents of a collection changed since a mark."""
-
-    # Seconds a reader that can do with an older view should let pass between two looks:
-    # 0 where a look is cheap (a local file), more where each is a query to a service.
-    feed_interval: float
+    def scan(self, collection: str) -> list[Doc]:
+        """Every document of the collection, in key order (read in that order)."""
 
     def scan_changes(
         self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
@@ -107,6 +87,16 @@ class ChangeFeed(Protocol):
         A document still at the ETag of the `known` one of its key is left out (the caller
         has that version already).
         """
+
+    def defer_sync(self, collections: Iterable[str]) -> None:
+        """Writes to `collections` may return before they are on disk (they survive a crash
+        of the process, not of the machine) until `flush` or a synced write. A store whose
+        every write is durable when it returns (a service) does nothing."""
+
+    def flush(self) -> None:
+        """Make every write made so far durable."""
+
+    def close(self) -> None: ...
 
 
 # Table Storage counts a string property as UTF-16 (two bytes a character) against its
@@ -171,11 +161,18 @@ def update(
 Mutation = Callable[[dict[str, Any]], bool]
 
 
+def write_one(store: Store, collection: str, doc: Doc) -> Doc:
+    """`Store.write` for a store whose `write_many` writes one document as cheaply."""
+    stored, conflicted = store.write_many(collection, [doc])
+    if conflicted:
+        what = "already exists" if doc.etag is None else "changed or vanished since it was read"
+        raise Conflict(f"{collection}/{doc.key} {what}")
+    return stored[0]
+
+
 def read_many(store: Store, collection: str, keys: Sequence[str]) -> dict[str, Doc]:
-    """The stored documents among `keys`: in batches where the store can, else one by one."""
-    if isinstance(store, BatchStore):
-        return store.read_many(collection, keys) if keys else {}
-    return {key: doc for key in keys if (doc := store.read(collection, key)) is not None}
+    """The stored documents among `keys` (no round trip for none)."""
+    return store.read_many(collection, keys) if keys else {}
 
 
 def update_many(
@@ -195,8 +192,6 @@ def update_many(
     them again. They are changed in place (on an exception, the caller must drop them); a
     stale one conflicts and goes through `update` like any other.
     """
-    if not isinstance(store, BatchStore):
-        return {key: update(store, collection, key, m) for key, m in mutations.items()}
     held = {key: known[key] for key in mutations if known and key in known}
     missing = [key for key in mutations if key not in held]
     found = {**read_many(store, collection, missing), **held}

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bridge import sqlitewal
-from bridge.consumer.state import TRANSACTION_DOCS, Conflict, Doc, decode_value, encode_value
+from bridge.consumer.state import (
+    TRANSACTION_DOCS,
+    Conflict,
+    Doc,
+    decode_value,
+    encode_value,
+    write_one,
+)
 from bridge.retry import DeliveryError, PermanentError, RetryableError
 
 T = TypeVar("T")
@@ -123,11 +130,7 @@ class SqliteStore:
         return found
 
     def write(self, collection: str, doc: Doc) -> Doc:
-        stored, conflicted = self.write_many(collection, [doc])
-        if conflicted:
-            what = "already exists" if doc.etag is None else "changed or vanished since it was read"
-            raise Conflict(f"{collection}/{doc.key} {what}")
-        return stored[0]
+        return write_one(self, collection, doc)
 
     def defer_sync(self, collections: Iterable[str]) -> None:
         self._deferred = frozenset(collections)

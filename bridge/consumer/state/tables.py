@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from email.utils import parsedate_to_datetime
@@ -103,7 +103,7 @@ class TableStore:
 
     # Each look for changes is a query over HTTP that returns, besides the new documents,
     # those of the last CHANGE_OVERLAP: a reader that can do with an older view looks at
-    # most this often (bridge.consumer.core.FleetCache).
+    # most this often (bridge.consumer.views.FleetCache).
     feed_interval = 15.0
 
     def __init__(
@@ -325,6 +325,12 @@ class TableStore:
         """A harmless real round trip: make sure the table exists and can be read."""
         self.scan("check")
         return f"Table Storage serves {self._target()}"
+
+    def defer_sync(self, collections: Iterable[str]) -> None:
+        """Nothing to defer: a write the service acknowledged is durable."""
+
+    def flush(self) -> None:
+        """Nothing to flush (see `defer_sync`)."""
 
     def close(self) -> None:
         with self._lock:

@@ -11,10 +11,11 @@ import pytest
 
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
-from bridge.consumer.core import Consumer, FleetCache
+from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
+from bridge.consumer.views import FleetCache
 from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
 from bridge.retry import RetryableError
 from tests.fleetrecords import SUBSCRIPTION, FleetRecords

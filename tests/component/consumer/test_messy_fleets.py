@@ -340,7 +340,7 @@ def test_on_a_queried_store_the_hourly_sweep_reads_the_vms_it_keeps_not_all_of_t
         True, False, True
     ]  # fmt: skip
     rig.consumer.tick()  # finds them gone, and forgets them too
-    assert set(rig.consumer.fleet.load()) == {rig.fleet.vm_id("web_1")}
+    assert set(rig.consumer.fleet.vms.load()) == {rig.fleet.vm_id("web_1")}
     assert ours.vm_scans == 0
     ours.close()
 

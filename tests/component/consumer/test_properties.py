@@ -546,14 +546,12 @@ class World:
         )
 
 
-class Watched:
+class Watched(DelegatingStore):
     """A consumer's own connection to the shared file, telling the world what it reads/writes."""
 
     def __init__(self, inner: SqliteStore, world: World, index: int) -> None:
-        self.inner, self.world, self.index = inner, world, index
-
-    def read(self, collection: str, key: str) -> Doc | None:
-        return self.inner.read(collection, key)
+        super().__init__(inner)
+        self.world, self.index = world, index
 
     def write(self, collection: str, doc: Doc) -> Doc:
         if collection == fs.LEDGER:
@@ -565,16 +563,19 @@ class Watched:
             self.world.on_ledger_write(self.index)
         return self.inner.write_all(collection, docs)
 
-    def delete(self, collection: str, doc: Doc) -> None:
-        self.inner.delete(collection, doc)
-
     def scan(self, collection: str) -> list[Doc]:
-        if collection == fs.VM:  # the start of a decision pass: what this consumer knows
-            self.world.views[self.index] = self.world.knowledge()
+        self._looking(collection)
         return self.inner.scan(collection)
 
-    def close(self) -> None:
-        self.inner.close()
+    def scan_changes(
+        self, collection: str, since: int | None, known: Mapping[str, Doc] | None = None
+    ) -> tuple[list[Doc], int]:
+        self._looking(collection)
+        return self.inner.scan_changes(collection, since, known)
+
+    def _looking(self, collection: str) -> None:
+        if collection == fs.VM:  # the start of a decision pass: what this consumer knows
+            self.world.views[self.index] = self.world.knowledge()
 
 
 class Sender:

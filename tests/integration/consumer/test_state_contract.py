@@ -1,4 +1,4 @@
-"""The fleet state contract, run against both stores: SQLite and Table Storage (Azurite)."""
+"""The fleet state contract, run against every store: SQLite, Table Storage (Azurite) and memory."""
 
 from __future__ import annotations
 
@@ -8,14 +8,12 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from bridge.consumer.state import (
     MAX_VALUE_CHARS,
-    BatchStore,
-    ChangeFeed,
     Conflict,
     Doc,
     Store,
@@ -23,10 +21,11 @@ from bridge.consumer.state import (
     update_many,
 )
 from bridge.consumer.state.kinds import table_store
+from bridge.consumer.state.memory import MemoryStore
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import TableStore
 from tests.azurite import Azurite
-from tests.state_support import increment, tables_config, unique_table
+from tests.state_support import DelegatingStore, increment, tables_config, unique_table
 
 # Every character Table Storage refuses in a key, `%` (the escape character itself, and
 # a literal escape sequence that must not collide with "/"), and text beyond the BMP.
@@ -51,11 +50,13 @@ AWKWARD_KEYS = [
 SPREAD = {"vms": 4, "events": 3, "vm": 5}
 
 
-@pytest.fixture(params=["sqlite", "tables", "tables-spread"])
+@pytest.fixture(params=["sqlite", "memory", "tables", "tables-spread"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened: Store
     if request.param == "sqlite":
         opened = SqliteStore(tmp_path / "fleet.db")
+    elif request.param == "memory":
+        opened = MemoryStore()
     else:
         azurite = request.getfixturevalue("azurite")
         spread = SPREAD if request.param == "tables-spread" else None
@@ -191,14 +192,31 @@ def test_a_value_that_is_not_a_json_object_is_refused(store: Store) -> None:
     assert store.scan("ledger") == []
 
 
+class ReadTogether(DelegatingStore):
+    """Each thread's first read returns only once the other thread has read too: both then
+    hold the same version, and one write must conflict, however the threads are scheduled
+    (a store as quick as memory let one thread finish before the other began)."""
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(inner)
+        self.both = threading.Barrier(2)
+        self.done = threading.local()
+
+    def read(self, collection: str, key: str) -> Doc | None:
+        doc = self.inner.read(collection, key)
+        if not getattr(self.done, "read", False):
+            self.done.read = True
+            self.both.wait()
+        return doc
+
+
 def test_two_threads_incrementing_one_counter_lose_no_update(store: Store) -> None:
     times = 30
     conflicts: list[int] = []
-    start = threading.Barrier(2)
+    together = ReadTogether(store)
 
     def run() -> None:
-        start.wait()
-        conflicts.append(increment(store, "counters", "c", times))
+        conflicts.append(increment(together, "counters", "c", times))
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for thread in threads:
@@ -214,15 +232,10 @@ def test_two_threads_incrementing_one_counter_lose_no_update(store: Store) -> No
 # --- many documents at once (bridge.consumer.state.update_many) ---------------------------
 
 
-def as_batch(store: Store) -> BatchStore:
-    assert isinstance(store, BatchStore)
-    return store
-
-
 def test_read_many_returns_the_stored_documents_among_the_keys(store: Store) -> None:
     written = {key: store.write("vms", Doc(key, {"k": key})) for key in AWKWARD_KEYS}
     store.write("other", Doc("vm/1", {"not": "this"}))
-    found = as_batch(store).read_many("vms", [*AWKWARD_KEYS, "nobody", "vm/1"])
+    found = store.read_many("vms", [*AWKWARD_KEYS, "nobody", "vm/1"])
     assert found == written
 
 
@@ -235,7 +248,7 @@ def test_write_many_writes_what_is_current_and_names_every_stale_key(store: Stor
         Doc("kept", {"n": 2}, kept.etag),
         Doc("stale", {"n": 3}, old.etag),
     ]
-    stored, conflicted = as_batch(store).write_many("vms", docs)
+    stored, conflicted = store.write_many("vms", docs)
     # A store may refuse a whole transaction for one stale document (Table Storage does).
     assert "stale" in conflicted
     assert sorted(d.key for d in stored) == sorted({"new", "kept"} - set(conflicted))
@@ -246,7 +259,7 @@ def test_write_many_writes_what_is_current_and_names_every_stale_key(store: Stor
 
 def test_write_many_writes_more_than_one_transaction_holds(store: Store) -> None:
     docs = [Doc(f"vm{i:03d}", {"n": i}) for i in range(150)]
-    stored, conflicted = as_batch(store).write_many("vms", docs)
+    stored, conflicted = store.write_many("vms", docs)
     assert conflicted == []
     assert [d.value["n"] for d in store.scan("vms")] == list(range(150))
     assert {d.key: d.etag for d in stored} == {d.key: d.etag for d in store.scan("vms")}
@@ -308,6 +321,8 @@ def another_client(store: Store) -> Store:
     """A second client of the same fleet state, as another consumer process holds."""
     if isinstance(store, SqliteStore):
         return SqliteStore(store.path)
+    if isinstance(store, MemoryStore):
+        return store.another()
     assert isinstance(store, TableStore)
     config = tables_config(store._storage.connection_string)
     return table_store(config, store.table_name, spread=store.spread)
@@ -317,7 +332,6 @@ def test_scan_changes_returns_what_any_client_wrote_since_the_mark(store: Store)
     # The consumers' view of the fleet and of the ledger follows this feed, on both stores
     # (Table Storage's from the Timestamps it writes): what another consumer wrote comes,
     # and with the versions held passed back, nothing else.
-    assert isinstance(store, ChangeFeed)
     theirs = another_client(store)
     first = store.write("vm", Doc("a", {"n": 1}))
     store.write("event", Doc("e", {"n": 1}))
@@ -326,9 +340,7 @@ def test_scan_changes_returns_what_any_client_wrote_since_the_mark(store: Store)
     held = {first.key: first}
     assert store.scan_changes("vm", mark, held)[0] == []
     theirs.write("vm", Doc("b", {"n": 1}))
-    _, conflicted = cast(BatchStore, theirs).write_many(
-        "vm", [Doc("a", {"n": 2}, first.etag), Doc("c", {})]
-    )
+    _, conflicted = theirs.write_many("vm", [Doc("a", {"n": 2}, first.etag), Doc("c", {})])
     theirs.write("event", Doc("f", {"n": 1}))  # another collection's writes are not this one's
     changed, later = store.scan_changes("vm", mark, held)
     assert conflicted == []

@@ -14,14 +14,18 @@ ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352
 # Build stage: the locked wheels (packaging/requirements/consumer.txt, exported from uv.lock:
 # the image runs the agent and the consumer), each checked against its sha256, and the
 # project's own wheel.
+# Each stage runs pip from a virtual environment of its own, so the same steps work on the
+# slim image and on a base of Debian's packages (tests/image), whose python3 has no `pip` on
+# PATH and refuses installs into the system (PEP 668, externally managed).
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+RUN python3 -m venv /opt/build
 COPY packaging/requirements/consumer.txt ./requirements.txt
-RUN pip download --no-cache-dir --require-hashes --only-binary :all: --dest /wheels \
-      -r requirements.txt
+RUN /opt/build/bin/pip download --no-cache-dir --require-hashes --only-binary :all: \
+      --dest /wheels -r requirements.txt
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN /opt/build/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # Runtime stage: only the installed wheels, no compilers, no pip cache, no wheel files.
 FROM ${PYTHON_IMAGE} AS runtime
@@ -41,14 +45,17 @@ RUN groupadd --system --gid 10001 se-bridge \
       --shell /usr/sbin/nologin se-bridge
 # Installed from the build stage's wheels only (--no-index): the runtime stage needs no network,
 # and checks every locked wheel's hash once more.
+# Into /opt/se-bridge, a virtual environment on PATH, whichever base the image was built on.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     --mount=type=bind,from=build,source=/src/requirements.txt,target=/tmp/requirements.txt \
-    pip install --no-cache-dir --no-index --find-links /wheels --require-hashes \
-      -r /tmp/requirements.txt \
- && pip install --no-cache-dir --no-index --no-deps /wheels/se_bridge-*.whl
+    python3 -m venv /opt/se-bridge \
+ && /opt/se-bridge/bin/pip install --no-cache-dir --no-index --find-links /wheels \
+      --require-hashes -r /tmp/requirements.txt \
+ && /opt/se-bridge/bin/pip install --no-cache-dir --no-index --no-deps /wheels/se_bridge-*.whl
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
-ENV PYTHONUNBUFFERED=1 \
+ENV PATH=/opt/se-bridge/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     SE_BRIDGE_AGENT_STATE_DIR=/var/lib/se-bridge
 WORKDIR /var/lib/se-bridge

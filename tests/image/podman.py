@@ -31,6 +31,9 @@ TOOLS = ("podman", "runc", "debootstrap")
 # default open-files limit (above root's hard limit on such machines) is refused too.
 PODMAN = ("podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs")
 LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024")
+# Debian's podman takes the image's HEALTHCHECK NONE for a check to schedule through systemd,
+# and logs an error where systemd does not run; Docker and Kubernetes ignore it.
+RUN_OPTIONS = (*LIMITS, "--no-healthcheck")
 DEBOOTSTRAP = ("debootstrap", "--variant=minbase",
                "--include=python3,python3-venv,ca-certificates", "bookworm")  # fmt: skip
 # Copied into the base, so the build's downloads trust what this machine trusts (a proxy
@@ -109,15 +112,27 @@ def base() -> str:
 
 
 def build(base_image: str) -> str:
-    """The Dockerfile built on `base_image`; the image's id."""
+    """The Dockerfile built on `base_image`; the image's id.
+
+    Tagged for this checkout, so the image that tag named before (about 70 MB of installed
+    wheels) can be removed when a change of the sources replaces it, without touching an
+    image another checkout on the machine is running.
+    """
+    tag = f"localhost/se-bridge:test-{hashlib.sha256(str(ROOT).encode()).hexdigest()[:12]}"
+    before = subprocess.run([*PODMAN, "image", "inspect", "--format", "{{.Id}}", tag],
+                            capture_output=True, text=True, check=False).stdout.strip()  # fmt: skip
     iid = CACHE / f"image-{uuid.uuid4().hex}.id"
     try:
         podman("build", "--format", "docker", "--pull=never", "--network", "host", *LIMITS,
                "--build-arg", f"PYTHON_IMAGE={base_image}", "--iidfile", str(iid),
-               "--tag", "localhost/se-bridge:test", str(ROOT))  # fmt: skip
-        return iid.read_text(encoding="utf-8").strip()
+               "--tag", tag, str(ROOT))  # fmt: skip
+        built = iid.read_text(encoding="utf-8").strip()
     finally:
         iid.unlink(missing_ok=True)
+    if before and before not in built:
+        # Still in use only if a container of it runs: then it stays, and no harm done.
+        subprocess.run([*PODMAN, "rmi", before], capture_output=True, check=False, timeout=120)
+    return built
 
 
 def give_to_image_user(path: Path) -> None:
@@ -144,7 +159,7 @@ class Containers(Processes):
         settings = [f"--env={key}={value}" for key, value in (env or {}).items()]
         give_to_image_user(self.workdir)
         return self.start(name, [*PODMAN, "run", "--rm", "--name", container, "--network", "host",
-                                 *LIMITS, "--volume", f"{self.workdir}:{self.workdir}",
+                                 *RUN_OPTIONS, "--volume", f"{self.workdir}:{self.workdir}",
                                  *settings, self.image, *args])  # fmt: skip
 
     def close(self) -> None:

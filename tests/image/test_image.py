@@ -51,7 +51,7 @@ def test_the_image_runs_the_console_script_as_its_numeric_user(image: str) -> No
     [inspected] = json.loads(podman.podman("image", "inspect", image))
     assert inspected["Config"]["User"] == f"{podman.IMAGE_UID}:{podman.IMAGE_UID}"
     assert inspected["Config"]["Labels"]["org.opencontainers.image.version"] == __version__
-    said = podman.podman("run", "--rm", *podman.LIMITS, image, "--version", timeout=60)
+    said = podman.podman("run", "--rm", *podman.RUN_OPTIONS, image, "--version", timeout=60)
     assert said.strip() == f"se-bridge {__version__}"
 
 

@@ -39,6 +39,7 @@ DEBOOTSTRAP = ("debootstrap", "--variant=minbase",
 # Copied into the base, so the build's downloads trust what this machine trusts (a proxy
 # that inspects TLS has a CA of its own).
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+BASE = "localhost/se-bridge-base"
 IMAGE_UID = 10001  # the Dockerfile's USER
 BUILD_TIMEOUT = 900.0
 
@@ -92,14 +93,16 @@ def base_key() -> str:
 def base() -> str:
     """The base image's name, made (debootstrap, then podman import) when not cached."""
     key = base_key()
-    name = f"localhost/se-bridge-base:{key}"
+    name = f"{BASE}:{key}"
     exists = subprocess.run([*PODMAN, "image", "exists", name], capture_output=True, check=False)
     if exists.returncode == 0:
         return name
     tree, done = CACHE / f"base-{key}", CACHE / f"base-{key}.done"
-    for stale in CACHE.glob("base-*"):
+    for stale in CACHE.glob("base-*"):  # made by another debootstrap or for another CA
         if stale.name not in (tree.name, done.name):
             shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+    for image in podman("images", "--format", "{{.Repository}}:{{.Tag}}", BASE).split():
+        subprocess.run([*PODMAN, "rmi", image], capture_output=True, check=False, timeout=120)
     if not done.exists():
         shutil.rmtree(tree, ignore_errors=True)  # a run stopped halfway
         run([*DEBOOTSTRAP, str(tree)])

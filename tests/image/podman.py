@@ -54,6 +54,8 @@ def unavailable(reason: str) -> None:
 def check_tools() -> None:
     if os.geteuid() != 0:
         unavailable("the image test runs podman as root (rootful): run it as root")
+    if not HOST_CA.exists():
+        unavailable(f"no CA bundle at {HOST_CA} to give the base (Debian's ca-certificates)")
     absent = [tool for tool in TOOLS if shutil.which(tool) is None]
     if absent:
         unavailable(f"{', '.join(absent)} not on PATH: `./dev test` installs podman, runc and "
@@ -94,7 +96,8 @@ def base() -> str:
     """The base image's name, made (debootstrap, then podman import) when not cached."""
     key = base_key()
     name = f"{BASE}:{key}"
-    exists = subprocess.run([*PODMAN, "image", "exists", name], capture_output=True, check=False)
+    exists = subprocess.run([*PODMAN, "image", "exists", name], capture_output=True, check=False,
+                            timeout=60)  # fmt: skip
     if exists.returncode == 0:
         return name
     tree, done = CACHE / f"base-{key}", CACHE / f"base-{key}.done"

@@ -12,18 +12,25 @@
 ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 # Build stage: the locked wheels (packaging/requirements/consumer.txt, exported from uv.lock:
-# the image runs the agent and the consumer), each checked against its sha256, and the
-# project's own wheel.
+# the image runs the agent and the consumer), each checked against its sha256, installed with
+# the project's own wheel into /opt/se-bridge, a virtual environment: the same steps work on
+# the slim image and on a base of Debian's packages (tests/image), whose python3 has no `pip`
+# on PATH and refuses installs into the system (PEP 668, externally managed). The locked
+# dependencies come first, so a change of the sources rebuilds only the last layer.
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
+RUN python3 -m venv /opt/se-bridge
 COPY packaging/requirements/consumer.txt ./requirements.txt
-RUN pip download --no-cache-dir --require-hashes --only-binary :all: --dest /wheels \
-      -r requirements.txt
+RUN /opt/se-bridge/bin/pip download --no-cache-dir --require-hashes --only-binary :all: \
+      --dest /wheels -r requirements.txt \
+ && /opt/se-bridge/bin/pip install --no-cache-dir --no-index --find-links /wheels \
+      --require-hashes -r requirements.txt
 COPY pyproject.toml README.md ./
 COPY bridge ./bridge
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+RUN /opt/se-bridge/bin/pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+ && /opt/se-bridge/bin/pip install --no-cache-dir --no-index --no-deps /wheels/se_bridge-*.whl
 
-# Runtime stage: only the installed wheels, no compilers, no pip cache, no wheel files.
+# Runtime stage: only the installed environment, no compilers, no pip cache, no wheel files.
 FROM ${PYTHON_IMAGE} AS runtime
 # What the image is and where it came from (OCI annotations): give the commit at build time,
 #   docker build --build-arg REVISION="$(git rev-parse HEAD)" -t se-bridge:0.1.0 .
@@ -39,16 +46,14 @@ LABEL org.opencontainers.image.title="se-bridge" \
 RUN groupadd --system --gid 10001 se-bridge \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/se-bridge --create-home \
       --shell /usr/sbin/nologin se-bridge
-# Installed from the build stage's wheels only (--no-index): the runtime stage needs no network,
-# and checks every locked wheel's hash once more.
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    --mount=type=bind,from=build,source=/src/requirements.txt,target=/tmp/requirements.txt \
-    pip install --no-cache-dir --no-index --find-links /wheels --require-hashes \
-      -r /tmp/requirements.txt \
- && pip install --no-cache-dir --no-index --no-deps /wheels/se_bridge-*.whl
+# The build stage's virtual environment and nothing else: the runtime stage runs no pip and
+# needs no network. (A COPY, not a bind mount of the build stage's wheels: Debian's podman
+# mounts a cached stage without its files, and keeps a layer that mounted one when it changed.)
+COPY --from=build /opt/se-bridge /opt/se-bridge
 # Numeric, so Kubernetes' runAsNonRoot can check it.
 USER 10001:10001
-ENV PYTHONUNBUFFERED=1 \
+ENV PATH=/opt/se-bridge/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     SE_BRIDGE_AGENT_STATE_DIR=/var/lib/se-bridge
 WORKDIR /var/lib/se-bridge

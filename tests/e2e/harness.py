@@ -368,6 +368,19 @@ class Agent:
         return self.proc.stop()
 
 
+def agent_reporting_a_freeze(
+    procs: Processes, agents: Processes | None = None
+) -> tuple[Simulator, Agent, str]:
+    """A one-VM simulator (run by `procs`) and its agent (by `agents`, default `procs`), once
+    the agent has reported a Freeze's Scheduled transition; the Freeze's EventId."""
+    sim = Simulator.launch(procs, "sim", "--vms", "1")
+    agent = Agent(agents or procs, "vm-0", sim.vm_url("vm-0")).start()
+    sim.wait_polls({"vm-0": 2})
+    event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
+    agent.wait_transition(event_id, "Scheduled")
+    return sim, agent, event_id
+
+
 def _is(record: Record, event_id: str, transition: str) -> bool:
     return bool(
         record["RecordType"] == "Event"

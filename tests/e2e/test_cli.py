@@ -20,6 +20,7 @@ from tests.e2e.harness import (
     Agent,
     Processes,
     Simulator,
+    agent_reporting_a_freeze,
     assert_all_valid,
     child_env,
     read_records,
@@ -206,11 +207,7 @@ def test_every_sub_command_takes_the_log_options() -> None:
 def test_status_reads_a_running_agents_state_and_exits_as_a_check(
     procs: Processes, tmp_path: Path
 ) -> None:
-    sim = Simulator.launch(procs, "sim", "--vms", "1")
-    agent = Agent(procs, "vm-0", sim.vm_url("vm-0")).start()
-    sim.wait_polls({"vm-0": 2})
-    event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
-    agent.wait_transition(event_id, "Scheduled")
+    _, agent, event_id = agent_reporting_a_freeze(procs)
     # Relative, as an operator types it in the agent's directory.
     done = run_bridge("status", "--state-dir", os.path.relpath(agent.state_dir), "--json")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -37,7 +37,7 @@ from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Intake, event_mutations, vm_mutations
 from bridge.consumer.ledger import ApprovalLedger, Emit
 from bridge.consumer.reading import Position, ReadMarks
-from bridge.consumer.release import Housekeeping
+from bridge.consumer.release import Housekeeping, Pending, pending
 from bridge.consumer.state import Doc, Store
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, budget_use, evaluate
 from bridge.records import iso, utc_now
@@ -72,6 +72,7 @@ class Consumer:
         rules = Rules(policy, settings, kinds, listening_since=now())
         self.decider = Decider(self.fleet, self.ledger, self.dispatch, self.marks, rules, now=now)
         self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after)
+        self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
         # What a batch merges is replayed from Event Hubs if lost, as long as it is on disk
         # before `process` returns (then the batch may be checkpointed): flushed there. The
         # ledger is never deferred: an approval is on disk before it is sent.
@@ -155,6 +156,7 @@ class Consumer:
             held = dict(self.ledger.entries())
             stale_after = timedelta(seconds=self.settings.stale_after)
             open_events = self._housekeeping.open_events(held, now, stale_after)
+            self.pending = pending(open_events.values())
             # Every event the ledger counts, even one the kept documents miss (read before it
             # was written): the pass reads it.
             keys = sorted(open_events.keys() | held.keys())

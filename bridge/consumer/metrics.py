@@ -14,6 +14,9 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_ledger_reads_total 311.0
     se_bridge_consumer_ledger_conflicts_total 4.0
     se_bridge_consumer_ledger_documents_fetched_total 29.0
+    se_bridge_consumer_events_pending{status="Scheduled"} 3.0
+    se_bridge_consumer_events_pending{status="Started"} 1.0
+    se_bridge_consumer_next_event_start_timestamp_seconds 1.7957592e+09
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
+from bridge.consumer.release import Pending
 from bridge.records import RecordView, parse_time
 from bridge.recordtypes import RECORD_TYPE
 
@@ -102,10 +106,37 @@ class ConsumerMetrics:
         at each scrape (bridge.consumer.ledger.ApprovalLedger keeps them as plain numbers)."""
         self.registry.register(_LedgerCollector(counts))
 
+    def watch_pending(self, pending: Callable[[], Pending]) -> None:
+        """Ask `pending` at each scrape for the open events as the consumer's last tick
+        counted them (Consumer.pending: no read of the fleet state at a scrape)."""
+        self.registry.register(_PendingCollector(pending))
+
     def watch_missed(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Ask `counts` for the approvals sent that never reached IMDS, by reason, at each
         scrape (bridge.consumer.ledger.ApprovalLedger.missed)."""
         self.registry.register(_MissedCollector(counts))
+
+
+class _PendingCollector(Collector):
+    def __init__(self, pending: Callable[[], Pending]) -> None:
+        self._pending = pending
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._pending()
+        gauge = GaugeMetricFamily(
+            "se_bridge_consumer_events_pending",
+            "Open events across the fleet by status, as of the consumer's last tick.",
+            labels=["status"],
+        )
+        gauge.add_metric(["Scheduled"], now.scheduled)
+        gauge.add_metric(["Started"], now.started)
+        yield gauge
+        if now.next_start is not None:  # absent, not 0, when nothing is scheduled
+            yield GaugeMetricFamily(
+                "se_bridge_consumer_next_event_start_timestamp_seconds",
+                "The earliest NotBefore (Unix time) of a Scheduled event across the fleet.",
+                value=now.next_start.timestamp(),
+            )
 
 
 class _MissedCollector(Collector):

@@ -1,12 +1,14 @@
 """When an event stops counting against the budgets though no VM reported its end (the
 slot-release rule, docs/policy.md#when-a-slot-is-released), and the tick's housekeeping:
-events no VM has reported on for too long are forgotten, VMs not heard from are swept.
+events no VM has reported on for too long are forgotten, VMs not heard from are swept, and
+the events still open are counted for the metrics.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -15,12 +17,36 @@ from bridge.consumer.fleet import Fleet
 from bridge.consumer.ledger import ApprovalLedger, LedgerEntry
 from bridge.consumer.state import Conflict, Doc
 from bridge.policy.model import EventView, Scope, VmView, scope_of
-from bridge.records import iso
+from bridge.records import iso, parse_time
 
 log = logging.getLogger(__name__)
 
 # The fleet state is swept for VMs gone past consumer.forget_vms_after this often.
 SWEEP_EVERY = timedelta(hours=1)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The open events as the last tick found them (the metrics' events_pending and
+    next_event_start): how many are Scheduled and Started across the fleet, and the earliest
+    NotBefore of a Scheduled one."""
+
+    scheduled: int = 0
+    started: int = 0
+    next_start: datetime | None = None
+
+
+def pending(docs: Iterable[Doc | None]) -> Pending:
+    """`Pending` of the events the tick found open (a Gone event the ledger still counts is
+    not pending: no VM reports it)."""
+    values = [fs.event_document(doc) for doc in docs if doc is not None]
+    statuses = [fs.status(value) for value in values]
+    due = [
+        when
+        for value, status in zip(values, statuses, strict=True)
+        if status == "Scheduled" and (when := parse_time(value.get("not_before")))
+    ]
+    return Pending(statuses.count("Scheduled"), statuses.count("Started"), min(due, default=None))
 
 
 class Alive(Protocol):

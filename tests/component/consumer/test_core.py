@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import read_ledger
+from bridge.consumer.release import Pending
 from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.views import FleetCache
@@ -616,3 +617,27 @@ def test_a_2017_name_with_a_leading_underscore_names_the_same_vm(rig: Rig) -> No
     assert rig.actions() == [("Approve", "user-initiated")]
     [decision] = rig.decisions
     assert decision["VmId"] == rig.fleet.vm_id("web_1")
+
+
+def test_each_tick_counts_the_open_events_and_finds_the_next_start(rig: Rig) -> None:
+    assert rig.consumer.pending == Pending()  # before the first tick: nothing known
+    soon, later = T0 + timedelta(minutes=5), T0 + timedelta(minutes=20)
+    batch = [
+        *two_vms(rig),
+        rig.fleet.event("web_0", E1, source="Platform", not_before=later),
+        rig.fleet.event("web_1", E2, source="Platform", resources=["web_1"], not_before=soon),
+    ]
+    rig.consumer.process(batch)
+    rig.consumer.tick()
+    assert rig.consumer.pending == Pending(scheduled=2, started=0, next_start=soon)
+    rig.fleet.advance(300)
+    started = rig.fleet.event("web_1", E2, source="Platform", resources=["web_1"],
+                              not_before=soon, transition="Started")  # fmt: skip
+    rig.consumer.process([started])
+    rig.consumer.tick()
+    assert rig.consumer.pending == Pending(scheduled=1, started=1, next_start=later)
+    for event, vm in ((E1, "web_0"), (E2, "web_1")):
+        over = rig.fleet.event(vm, event, source="Platform", resources=[vm], transition="Completed")
+        rig.consumer.process([over])
+    rig.consumer.tick()
+    assert rig.consumer.pending == Pending()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bridge.consumer.metrics import ConsumerMetrics
+from bridge.consumer.release import Pending
 
 
 def test_the_ledgers_reads_conflicts_and_fetches_are_read_at_each_scrape() -> None:
@@ -30,3 +33,19 @@ def test_approvals_that_never_reached_imds_are_counted_by_reason() -> None:
     assert 'se_bridge_consumer_approvals_missed_total{reason="late"} 2.0' in text
     assert 'se_bridge_consumer_approvals_missed_total{reason="unanswered"} 1.0' in text
     assert 'reason="refused"' not in text  # none yet
+
+
+def test_open_events_and_the_next_start_are_read_at_each_scrape() -> None:
+    registry = CollectorRegistry()
+    pending = [
+        Pending(scheduled=2, started=1, next_start=datetime(2026, 11, 27, 6, tzinfo=timezone.utc))
+    ]
+    ConsumerMetrics(registry).watch_pending(lambda: pending[0])
+    text = generate_latest(registry).decode()
+    assert 'se_bridge_consumer_events_pending{status="Scheduled"} 2.0' in text
+    assert 'se_bridge_consumer_events_pending{status="Started"} 1.0' in text
+    assert "se_bridge_consumer_next_event_start_timestamp_seconds 1.7957592e+09" in text
+    pending[0] = Pending()
+    text = generate_latest(registry).decode()
+    assert 'se_bridge_consumer_events_pending{status="Scheduled"} 0.0' in text
+    assert "next_event_start" not in text  # absent when nothing is scheduled

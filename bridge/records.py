@@ -171,7 +171,7 @@ class Health:
 
 
 def heartbeat_record(
-    origin: Origin, reason: str, health: Health, now: datetime, *, run: str = ""
+    origin: Origin, reason: rt.HeartbeatReason, health: Health, now: datetime, *, run: str = ""
 ) -> rt.Heartbeat:
     """`run` names the agent process: two agents on one VM (a second install, a test twin)
     that beat in the same millisecond still send two heartbeats, not one id twice. A
@@ -181,8 +181,7 @@ def heartbeat_record(
         **origin.common("Heartbeat", rid, now),
         rt.RECORD_TYPE: "Heartbeat",
         "DocumentIncarnation": health.incarnation,
-        # The agent's loop names the reason as a str (Start, Periodic or Stop).
-        "HeartbeatReason": cast(rt.HeartbeatReason, reason),
+        "HeartbeatReason": reason,
         "PendingEvents": health.pending_events,
         "SpoolDepth": health.spool_depth,
         "SpoolDroppedRecords": health.spool_dropped,

@@ -128,7 +128,7 @@ class Agents:
             state = {**state, "observed_at": iso(now - POLL)}
         result = normalise(state, agent.document(), Context(now, agent.origin, boot_id=boot_id))
         agent.state = result.state
-        return result.records
+        return [dict(record) for record in result.records]
 
     def approval(
         self, index: int, command: Command, outcome: str, detail: str, now: datetime

@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Final, TypeGuard, cast
+from typing import Any, Final, TypeGuard
 
 from bridge import __version__
 from bridge import recordtypes as rt
@@ -203,8 +203,8 @@ class ApprovalOutcome:
     event_type: str | None
     incarnation: int | None
     command_id: str | None
-    source: str  # Central | Local
-    outcome: str  # Approved | Refused | Failed
+    source: rt.ApprovalSource
+    outcome: rt.ApprovalOutcome
     detail: str
     rule: str | None = None
     issued_at: datetime | None = None
@@ -225,8 +225,8 @@ def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) ->
         "EventId": approval.event_id,
         "EventType": approval.event_type,
         "CommandId": approval.command_id,
-        "ApprovalSource": cast(rt.ApprovalSource, approval.source),
-        "ApprovalOutcome": cast(rt.ApprovalOutcome, approval.outcome),
+        "ApprovalSource": approval.source,
+        "ApprovalOutcome": approval.outcome,
         "ApprovalDetail": approval.detail,
         "DecisionRule": approval.rule,
         "CommandIssuedAt": iso(approval.issued_at) if approval.issued_at else None,

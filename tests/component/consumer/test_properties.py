@@ -325,7 +325,7 @@ class World:
         self.nest: tuple[int, Nest] | None = None
         self.ledger_writes = [0, 0]
         self.stores = [store(path), store(path)]
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[rt.Decision] = []
         self.consumers = [
             Consumer(
                 Watched(self.stores[i], self, i),

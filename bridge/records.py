@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timezone
-from typing import Any, Final, TypeGuard, cast
+from typing import Any, Final, TypeGuard
 
 from bridge import __version__
 from bridge import recordtypes as rt
@@ -111,8 +111,8 @@ class Origin:
     def common_fields(
         self, record_type: rt.RecordType, record_id: str, now: datetime
     ) -> dict[str, Any]:
-        """`common` as a plain dict, for a record built field by field (the consumer's Decision
-        record, a test's malformed record)."""
+        """`common` as a plain dict, for a record built field by field (a test's record, which
+        may be malformed on purpose); the product's builders return their TypedDict."""
         return dict(self.common(record_type, record_id, now))
 
     def record_id(self, *parts: object) -> str:
@@ -171,7 +171,7 @@ class Health:
 
 
 def heartbeat_record(
-    origin: Origin, reason: str, health: Health, now: datetime, *, run: str = ""
+    origin: Origin, reason: rt.HeartbeatReason, health: Health, now: datetime, *, run: str = ""
 ) -> rt.Heartbeat:
     """`run` names the agent process: two agents on one VM (a second install, a test twin)
     that beat in the same millisecond still send two heartbeats, not one id twice. A
@@ -181,8 +181,7 @@ def heartbeat_record(
         **origin.common("Heartbeat", rid, now),
         rt.RECORD_TYPE: "Heartbeat",
         "DocumentIncarnation": health.incarnation,
-        # The agent's loop names the reason as a str (Start, Periodic or Stop).
-        "HeartbeatReason": cast(rt.HeartbeatReason, reason),
+        "HeartbeatReason": reason,
         "PendingEvents": health.pending_events,
         "SpoolDepth": health.spool_depth,
         "SpoolDroppedRecords": health.spool_dropped,
@@ -204,8 +203,8 @@ class ApprovalOutcome:
     event_type: str | None
     incarnation: int | None
     command_id: str | None
-    source: str  # Central | Local
-    outcome: str  # Approved | Refused | Failed
+    source: rt.ApprovalSource
+    outcome: rt.ApprovalOutcome
     detail: str
     rule: str | None = None
     issued_at: datetime | None = None
@@ -226,8 +225,8 @@ def approval_record(origin: Origin, approval: ApprovalOutcome, now: datetime) ->
         "EventId": approval.event_id,
         "EventType": approval.event_type,
         "CommandId": approval.command_id,
-        "ApprovalSource": cast(rt.ApprovalSource, approval.source),
-        "ApprovalOutcome": cast(rt.ApprovalOutcome, approval.outcome),
+        "ApprovalSource": approval.source,
+        "ApprovalOutcome": approval.outcome,
         "ApprovalDetail": approval.detail,
         "DecisionRule": approval.rule,
         "CommandIssuedAt": iso(approval.issued_at) if approval.issued_at else None,

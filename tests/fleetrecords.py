@@ -22,6 +22,7 @@ from bridge.records import (
     iso,
     record_id,
 )
+from bridge.recordtypes import ApprovalOutcome as Outcome
 from bridge.recordtypes import HeartbeatReason
 
 SUBSCRIPTION = "8d5f9c8e-0000-4000-8000-000000000001"
@@ -114,7 +115,7 @@ class FleetRecords:
         return record
 
     def approval(
-        self, command: Command, outcome: str = "Approved", detail: str | None = None
+        self, command: Command, outcome: Outcome = "Approved", detail: str | None = None
     ) -> dict[str, Any]:
         name = next(n for n, o in self.origins.items() if o.identity.vm_id == command.vm_id)
         result = ApprovalOutcome(

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
+from bridge import recordtypes as rt
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
 from bridge.commands.message import LATE, Command, resources_digest
@@ -73,7 +74,7 @@ class Request:
 
     event_id: str
     command_id: str
-    source: str  # Central | Local
+    source: rt.ApprovalSource
     rule: str | None
     reason: str
     issued_at: datetime  # the command's IssuedAt, or the moment of the local decision

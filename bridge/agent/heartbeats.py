@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from bridge import recordtypes as rt
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState, empty_state, pending_events
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
@@ -70,7 +71,9 @@ class Heartbeats:
         """Whether the periodic heartbeat is due at `at` (the monotonic clock)."""
         return at >= self._next
 
-    def beat(self, reason: str, origin: Origin, state: NormaliserState | None) -> None:
+    def beat(
+        self, reason: rt.HeartbeatReason, origin: Origin, state: NormaliserState | None
+    ) -> None:
         """A heartbeat (Start, Periodic, Stop) to the spool; a WARNING when it cannot."""
         self._next = self._clock() + self._interval
         state = state or empty_state()

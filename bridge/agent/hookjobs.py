@@ -6,10 +6,10 @@ start those due when the agent last stopped, and writing each outcome as a Hook 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
 
+from bridge import recordtypes as rt
 from bridge.agent.hookproc import HookOutcome
 from bridge.agent.hooks import HookJob, HookRunner, hook_record, plan
 from bridge.agent.localmode import LocalApprover
@@ -50,7 +50,7 @@ class HookJobs:
                 environment=settings.environment,
             )
 
-    def plan(self, records: list[dict[str, Any]]) -> list[HookJob]:
+    def plan(self, records: Sequence[rt.Event]) -> list[HookJob]:
         """The jobs these new Event records call for (saved in the spool with them)."""
         if self.runner is None:
             return []

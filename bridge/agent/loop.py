@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from bridge import recordtypes as rt
 from bridge import telemetry
 from bridge.agent import imds, listener
 from bridge.agent.approver import Approver
@@ -253,7 +254,7 @@ class Agent:
             self._warned.clear()  # a clean document ends every streak
         self._commit(result.records, result.state)
 
-    def _commit(self, records: list[dict[str, Any]], state: NormaliserState) -> None:
+    def _commit(self, records: list[rt.Event], state: NormaliserState) -> None:
         jobs = self.hooks.plan(records)
         try:
             self.spool.commit(
@@ -317,7 +318,7 @@ class Agent:
         return self._calls.result(call, alive_for=alive_for)
 
 
-def describe(record: dict[str, Any]) -> str:
+def describe(record: rt.Event) -> str:
     """One line a person reads in the agent's log for each Event record."""
     affects = {True: "affects this VM", False: "not this VM", None: "VM name unknown"}
     parts = [

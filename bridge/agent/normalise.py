@@ -88,8 +88,7 @@ class NormaliserState(TypedDict):
 
 @dataclass(frozen=True)
 class Result:
-    # Event records (rt.Event), as the agent's loop takes them today: a plain dict each.
-    records: list[dict[str, Any]]
+    records: list[rt.Event]
     state: NormaliserState
     problems: list[str] = field(default_factory=list)
 
@@ -164,7 +163,7 @@ def _diff(prev: NormaliserState, doc: ParsedDocument, ctx: Context) -> Result:
         "boot_id": ctx.boot_id if ctx.boot_id is not None else prev["boot_id"],
         "events": events,
     }
-    return Result(cast(list[dict[str, Any]], records), state, list(doc.problems))
+    return Result(records, state, list(doc.problems))
 
 
 @dataclass(frozen=True)

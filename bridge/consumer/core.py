@@ -22,10 +22,9 @@ only moves forward.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from bridge.channels import CommandSender
 from bridge.config import ConsumerSettings
@@ -40,7 +39,7 @@ from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.release import Housekeeping, Pending, pending
 from bridge.consumer.state import Doc, Store
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, budget_use, evaluate
-from bridge.records import iso, utc_now
+from bridge.records import RecordView, iso, utc_now
 
 
 class Consumer:
@@ -80,9 +79,7 @@ class Consumer:
 
     # --- batches ---------------------------------------------------------------------------
 
-    def process(
-        self, records: Sequence[Mapping[str, Any]], position: Position | None = None
-    ) -> None:
+    def process(self, records: Sequence[RecordView], position: Position | None = None) -> None:
         """Fold a batch into the fleet state and decide about every event it touched.
 
         `position`: where the batch was read and how far its partition has been read
@@ -99,7 +96,7 @@ class Consumer:
             self.fleet.flush()
             self._intake.remember(fresh)
 
-    def fold(self, records: Sequence[Mapping[str, Any]]) -> None:
+    def fold(self, records: Sequence[RecordView]) -> None:
         """Fold records into the fleet state without deciding anything (`policy explain`)."""
         with self._lock:
             fresh, _ = self._fold(records)
@@ -107,8 +104,8 @@ class Consumer:
             self._intake.remember(fresh)
 
     def _fold(
-        self, records: Sequence[Mapping[str, Any]], position: Position | None = None
-    ) -> tuple[list[Mapping[str, Any]], dict[str, Doc | None]]:
+        self, records: Sequence[RecordView], position: Position | None = None
+    ) -> tuple[list[RecordView], dict[str, Doc | None]]:
         """The records not seen before, and the event documents they changed, as stored."""
         now = self._now()
         fresh = self._intake.fresh(records, now)

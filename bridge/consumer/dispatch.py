@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
+from bridge import recordtypes as rt
 from bridge.channels import CommandSender
 from bridge.commands import message as commands
 from bridge.consumer import documents as fs
@@ -41,7 +42,7 @@ class Approval:
     key: str
     entry: LedgerEntry
     command: commands.Command
-    record: dict[str, Any]  # its Decision record
+    record: rt.Decision
     view: EventView
     verdict: Verdict
 
@@ -77,7 +78,10 @@ class Dispatch:
         """The approval `verdict` is, for the caller to store in the ledger; None for any
         other verdict, whose Decision record is said here and now."""
         verdict = with_change(fs.event_document(event_doc).get("decision"), view, verdict, vms)
-        decided = (event_doc, view, verdict, vms, now)
+        action = said_as(verdict)
+        if action is None:  # Ignore, which is never said: `would_act` keeps it from the pass
+            return None
+        decided = (event_doc, view, verdict, action, vms, now)
         if verdict.kind != "Approve" or verdict.target is None:
             self._say(view, verdict, self._decision(*decided, None), event_doc, vms=vms)
             return None
@@ -97,7 +101,7 @@ class Dispatch:
     def would_act(event_doc: Doc, verdict: Verdict) -> bool:
         """Whether `apply` would write or send anything for `verdict`: an approval, or a
         decision other than the one the event stands on (a standing decision is said once)."""
-        if verdict.kind == "Ignore":
+        if said_as(verdict) is None:
             return False
         if verdict.kind == "Approve" and verdict.target is not None:
             return True
@@ -156,14 +160,16 @@ class Dispatch:
         event_doc: Doc,
         view: EventView,
         verdict: Verdict,
+        action: rt.DecisionAction,
         vms: Mapping[str, VmView],
         now: datetime,
         command: commands.Command | None,
-    ) -> dict[str, Any]:
+    ) -> rt.Decision:
         return decision_record(
             event_doc.value,
             view=view,
             verdict=verdict,
+            action=action,
             target=vms.get(verdict.target) if verdict.target else None,
             command=command,
             policy_source=self.policy.source,
@@ -182,8 +188,8 @@ class Dispatch:
         verdict = Verdict("Defer", ERROR_RULE, reason)
         if fs.standing(event) == _said(verdict):
             return
-        record = decision_record(_valid(event), view=view, verdict=verdict, target=None,
-                                 command=None, policy_source=self.policy.source,
+        record = decision_record(_valid(event), view=view, verdict=verdict, action="Defer",
+                                 target=None, command=None, policy_source=self.policy.source,
                                  host_name=self.host_name, now=now,
                                  shadow=self.shadow)  # fmt: skip
         self._say(view, verdict, record)
@@ -193,16 +199,16 @@ class Dispatch:
         verdict = Verdict("Release", RELEASE_RULE, why)
         event = self.fleet.event(fs.event_key(view.event_id))
         record = decision_record(event.value if event else {}, view=view, verdict=verdict,
-                                 target=None, command=None, policy_source=self.policy.source,
-                                 host_name=self.host_name, now=now,
-                                 shadow=self.shadow)  # fmt: skip
+                                 action="Release", target=None, command=None,
+                                 policy_source=self.policy.source, host_name=self.host_name,
+                                 now=now, shadow=self.shadow)  # fmt: skip
         self._say(view, verdict, record)
 
     def _say(
         self,
         view: EventView,
         verdict: Verdict,
-        record: dict[str, Any],
+        record: rt.Decision,
         event_doc: Doc | None = None,
         *,
         vms: Mapping[str, VmView] | None = None,
@@ -244,6 +250,12 @@ class Dispatch:
 
 ERROR_RULE = "(error)"
 RELEASE_RULE = "(released)"
+
+
+def said_as(verdict: Verdict) -> rt.DecisionAction | None:
+    """The DecisionAction `verdict` is said as; None for Ignore (an event that is no longer
+    Scheduled), which is never said: no Decision record is made of it."""
+    return None if verdict.kind == "Ignore" else verdict.kind
 
 
 def _said(verdict: Verdict) -> tuple[str, str, str]:
@@ -372,38 +384,40 @@ def decision_record(
     *,
     view: EventView,
     verdict: Verdict,
+    action: rt.DecisionAction,
     target: VmView | None,
     command: commands.Command | None,
     policy_source: str,
     host_name: str,
     now: datetime,
     shadow: bool = False,
-) -> dict[str, Any]:
-    """The audit trail of one decision; its common fields describe the target VM, if any."""
+) -> rt.Decision:
+    """The audit trail of one decision (`verdict`, said as `action`); its common fields
+    describe the target VM, if any."""
     attempt = len(view.tried) + 1 if command is not None else 0
-    rid = record_id("Decision", fs.event_key(view.event_id), verdict.kind, verdict.rule,
+    rid = record_id("Decision", fs.event_key(view.event_id), action, verdict.rule,
                     verdict.reason, verdict.target, attempt)  # fmt: skip
-    record = Origin(_identity(target), host_name).common_fields("Decision", rid, now)
-    record.update(
-        EventId=view.event_id,
-        EventType=view.event_type,
-        EventSource=view.event_source,
-        DurationInSeconds=view.duration,
-        Resources=list(event.get("resources") or []),
-        NotBefore=iso(view.not_before) if view.not_before else None,
-        EventStatus=view.status,
-        DecisionAction=verdict.kind,
-        DecisionRule=verdict.rule,
-        DecisionReason=verdict.reason,
-        TargetVmId=verdict.target,
-        TargetVmName=target.name if target else None,
-        CommandId=command.command_id if command else None,
-        Attempt=attempt,
-        PolicySource=policy_source,
-        DecisionMode="shadow" if shadow else "normal",
-        DecisionExplanation="\n".join(verdict.explanation) or None,
-    )
-    return record
+    return {
+        **Origin(_identity(target), host_name).common("Decision", rid, now),
+        rt.RECORD_TYPE: "Decision",
+        "EventId": view.event_id,
+        "EventType": view.event_type,
+        "EventSource": view.event_source,
+        "DurationInSeconds": view.duration,
+        "Resources": list(event.get("resources") or []),
+        "NotBefore": iso(view.not_before) if view.not_before else None,
+        "EventStatus": view.status,
+        "DecisionAction": action,
+        "DecisionRule": verdict.rule,
+        "DecisionReason": verdict.reason,
+        "TargetVmId": verdict.target,
+        "TargetVmName": target.name if target else None,
+        "CommandId": command.command_id if command else None,
+        "Attempt": attempt,
+        "PolicySource": policy_source,
+        "DecisionMode": "shadow" if shadow else "normal",
+        "DecisionExplanation": "\n".join(verdict.explanation) or None,
+    }
 
 
 def _identity(vm: VmView | None) -> VmIdentity:

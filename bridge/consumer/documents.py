@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
-from bridge.consumer.state import Doc
+from bridge.consumer.state import Doc, layout
 from bridge.policy.model import EventView, Scope, VmView, scope_of
 from bridge.records import RecordView, parse_time, vm_key
 from bridge.recordtypes import RECORD_TYPE
@@ -149,16 +149,9 @@ def event_document(doc: Doc) -> EventDocument:
     return cast(EventDocument, doc.value)
 
 
-VM, EVENT, LEDGER = "vm", "event", "ledger"
-# Table Storage partitions of each collection (bridge.consumer.state.tables), each serving
-# about 2,000 entities a second. Where every VM of a placement group reports each event, a
-# Spot eviction storm at 100,000 VMs makes the consumers fold about 12,000 neighbours'
-# records a second: benchmark 8's model puts `event` at about 16,000 entities a second and
-# `vm` at about 6,600, several times one partition's target. Not more partitions than that
-# needs twice over: a batch's documents fall on up to this many partitions, a request each.
-# The ledger stays in one: its writes are entity-group transactions. Every consumer of a
-# table must agree on these (changing them needs them all stopped).
-PARTITIONS = {VM: 16, EVENT: 16}
+# The collections and the `tables` store's spread of them: the state's layout, defined there.
+VM, EVENT, LEDGER = layout.VM, layout.EVENT, layout.LEDGER
+PARTITIONS = layout.PARTITIONS
 # The one ledger document of releases before the shards; moved into them when found.
 LEGACY_LEDGER_KEY = "approvals"
 GONE = "Gone"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar, cast
 
+from bridge import recordtypes as rt
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Mutation
-from bridge.records import iso, parse_time
+from bridge.records import RecordView, is_decision, iso, parse_time
 from bridge.redact import describe
 
 log = logging.getLogger(__name__)
@@ -30,22 +31,22 @@ class Intake:
         self._seen: OrderedDict[str, None] = OrderedDict()
         self._warned = Once(10_000)  # VMs whose clock was said to be ahead
 
-    def fresh(self, records: Sequence[Mapping[str, Any]], now: datetime) -> list[Mapping[str, Any]]:
+    def fresh(self, records: Sequence[RecordView], now: datetime) -> list[RecordView]:
         """The records of `records` not seen before, each on our clock (`_on_our_clock`)."""
         return [self._on_our_clock(r, now) for r in records if self._first_sight(r)]
 
-    def remember(self, fresh: Sequence[Mapping[str, Any]]) -> None:
+    def remember(self, fresh: Sequence[RecordView]) -> None:
         """`fresh` is stored: seen again, its records are not folded again."""
         for record in fresh:
             self._seen[str(record.get("RecordId"))] = None
         while len(self._seen) > SEEN_RECORD_IDS:
             self._seen.popitem(last=False)
 
-    def _first_sight(self, record: Mapping[str, Any]) -> bool:
+    def _first_sight(self, record: RecordView) -> bool:
         rid = record.get("RecordId")
         return isinstance(rid, str) and rid not in self._seen
 
-    def _on_our_clock(self, record: Mapping[str, Any], now: datetime) -> Mapping[str, Any]:
+    def _on_our_clock(self, record: RecordView, now: datetime) -> RecordView:
         """`record`, its TimeGenerated clamped to now when it is from the future.
 
         A VM whose clock was wrong at boot (or a forged record) dated a year ahead would
@@ -64,30 +65,32 @@ class Intake:
 
 
 def vm_mutations(
-    records: Sequence[Mapping[str, Any]], heard: str, partition: str | None
+    records: Sequence[RecordView], heard: str, partition: str | None
 ) -> dict[str, Mutation]:
-    by_vm: dict[str, list[Mapping[str, Any]]] = {}
+    by_vm: dict[str, list[RecordView]] = {}
     for record in records:
-        if isinstance(record.get("VmId"), str) and record.get("RecordType") != "Decision":
-            by_vm.setdefault(record["VmId"], []).append(record)
+        vm_id = record.get("VmId")
+        if isinstance(vm_id, str) and not is_decision(record):
+            by_vm.setdefault(vm_id, []).append(record)
 
-    def merge(value: fs.VmDocument, record: Mapping[str, Any], heard: str) -> bool:
+    def merge(value: fs.VmDocument, record: RecordView, heard: str) -> bool:
         return fs.merge_vm(value, record, heard, partition)
 
     return {vm_id: _folder(merge, mine, heard) for vm_id, mine in by_vm.items()}
 
 
-def event_mutations(records: Sequence[Mapping[str, Any]], heard: str) -> dict[str, Mutation]:
-    by_event: dict[str, list[Mapping[str, Any]]] = {}
+def event_mutations(records: Sequence[RecordView], heard: str) -> dict[str, Mutation]:
+    by_event: dict[str, list[RecordView]] = {}
     for record in records:
-        if record.get("RecordType") in ("Event", "Hook") and isinstance(record.get("EventId"), str):
-            by_event.setdefault(fs.event_key(record["EventId"]), []).append(record)
+        event_id = record.get("EventId")
+        if record.get(rt.RECORD_TYPE) in ("Event", "Hook") and isinstance(event_id, str):
+            by_event.setdefault(fs.event_key(event_id), []).append(record)
     return {key: _folder(fs.merge_event, mine, heard) for key, mine in by_event.items()}
 
 
 def _folder(
-    merge: Callable[[D, Mapping[str, Any], str], bool],
-    records: Sequence[Mapping[str, Any]],
+    merge: Callable[[D, RecordView, str], bool],
+    records: Sequence[RecordView],
     heard: str,
 ) -> Callable[[dict[str, Any]], bool]:
     """A mutation for `bridge.consumer.state.update` that merges every record of `records`.
@@ -107,7 +110,7 @@ def _folder(
                 value.clear()
                 value.update(before)
                 log.error("record %s (%s of VM %s) could not be folded into the fleet state and "
-                          "was set aside: %s", record.get("RecordId"), record.get("RecordType"),
+                          "was set aside: %s", record.get("RecordId"), record.get(rt.RECORD_TYPE),
                           record.get("VmId"), describe(err, with_type=True))  # fmt: skip
         return changed
 

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
 
+from bridge import recordtypes as rt
 from bridge.commands.message import LATE, is_late
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
@@ -71,12 +72,13 @@ from bridge.consumer.state import (
     read_many,
 )
 from bridge.policy.model import EventView, Scope, VmView, group_key
+from bridge.records import RecordView
 from bridge.retry import RetryableError
 
 log = logging.getLogger(__name__)
 
 # Where the consumer's records (Decisions) go: the service's spool, the Functions app's outlet.
-Emit = Callable[[list[dict[str, Any]]], None]
+Emit = Callable[[Sequence[rt.Decision]], None]
 
 
 class _ImpactEntry(TypedDict):
@@ -100,7 +102,7 @@ class LedgerEntry(_ImpactEntry, total=False):
     rule: str
     command_id: str
     command: str  # the command's JSON, until it is marked sent
-    decision: dict[str, Any]  # its Decision record, until it is marked sent
+    decision: rt.Decision  # its Decision record, until it is marked sent
     issued_at: str
     sent: bool
     confirmed: bool
@@ -469,7 +471,7 @@ class ApprovalLedger:
             return changed
         raise _busy()
 
-    def note_approvals(self, records: Sequence[Mapping[str, Any]]) -> set[str]:
+    def note_approvals(self, records: Sequence[RecordView]) -> set[str]:
         """Fold Approval records into the ledger; the events whose approval they answer."""
         # Keyed by (CommandId, VmId): only the VM the command went to can answer it, so a VM
         # cannot mark another VM's command refused or done by sending records in its name.
@@ -478,7 +480,7 @@ class ApprovalLedger:
                 LATE if is_late(r) else str(r.get("ApprovalOutcome"))
             )
             for r in records
-            if r.get("RecordType") == "Approval" and r.get("CommandId")
+            if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")
         }
         if not outcomes:
             return set()

@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bridge import recordtypes as rt
 from bridge.channels.local import LocalSender
 from bridge.config import Config, ConsumerSettings, StorageSettings
 from bridge.consumer import documents as fs
@@ -64,7 +65,7 @@ def one_cpu() -> Iterator[int]:
 
 
 def throughput(store: Store, root: Path, records: list[dict[str, Any]]) -> float:
-    decisions: list[dict[str, Any]] = []
+    decisions: list[rt.Decision] = []
     # The stream's time runs a second a record; the consumer's clock keeps up with it (the
     # consumer takes a record from its future as of now, which would not be steady state).
     clock = [datetime.now(timezone.utc)]

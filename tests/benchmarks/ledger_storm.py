@@ -46,6 +46,7 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+from bridge import recordtypes as rt
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
@@ -229,7 +230,7 @@ def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Resu
     policy = loads(POLICY_YAML, "tests/benchmarks/loadgen/policy.py")
     of = [zlib.crc32(f"hub:{vm.vm_id}".encode()) % consumers for vm in fleet]
 
-    def emit(records: list[dict[str, Any]]) -> None:
+    def emit(records: Sequence[rt.Decision]) -> None:
         actions.update(
             str(r.get("DecisionAction")) for r in records if r.get("RecordType") == "Decision"
         )

@@ -28,7 +28,7 @@ def three_approvals(rig: Rig) -> list[dict[str, Any]]:
         batch = [rig.fleet.event(vm, event, resources=[vm])]
         before = len(rig.decisions)
         rig.consumer.process(batch)
-        made += batch + rig.decisions[before:]
+        made += batch + [dict(d) for d in rig.decisions[before:]]
         rig.fleet.advance(1)
         if answer == "Approved":
             batch = [rig.fleet.approval(rig.sender.sent[-1])]

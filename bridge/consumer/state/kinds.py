@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from bridge.config import Config
-from bridge.consumer import documents
-from bridge.consumer.state import Store
+from bridge.consumer.state import Store, layout
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.specs import Kind, Kinds
 
@@ -36,8 +35,8 @@ def _sqlite(path: str, config: Config) -> Store:
 
 
 def _tables(argument: str, config: Config) -> Store:
-    # The consumer's busiest collections, spread over partitions (bridge.consumer.documents).
-    return table_store(config, spread=documents.PARTITIONS)
+    # The consumer's busiest collections, spread over partitions.
+    return table_store(config, spread=layout.PARTITIONS)
 
 
 KINDS: Kinds[Store] = Kinds(

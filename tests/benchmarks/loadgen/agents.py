@@ -26,6 +26,7 @@ from bridge.records import (
     heartbeat_record,
     iso,
 )
+from bridge.recordtypes import ApprovalOutcome as Outcome
 from bridge.recordtypes import HeartbeatReason
 from tests.benchmarks.loadgen.fleet import Fleet, Vm
 
@@ -128,10 +129,10 @@ class Agents:
             state = {**state, "observed_at": iso(now - POLL)}
         result = normalise(state, agent.document(), Context(now, agent.origin, boot_id=boot_id))
         agent.state = result.state
-        return result.records
+        return [dict(record) for record in result.records]
 
     def approval(
-        self, index: int, command: Command, outcome: str, detail: str, now: datetime
+        self, index: int, command: Command, outcome: Outcome, detail: str, now: datetime
     ) -> Record:
         agent = self.agent(index)
         raw = agent.events.get(command.event_id)

@@ -41,6 +41,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from bridge import recordtypes as rt
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
@@ -68,7 +69,7 @@ class Twin:
     name: str
     consumer: Consumer
     store: SqliteStore
-    decisions: list[dict[str, Any]] = field(default_factory=list)
+    decisions: list[rt.Decision] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # releases of slots the caught-up twin counted
 
     def releases(self) -> list[tuple[str, float]]:
@@ -131,7 +132,7 @@ def run(fleet: Fleet, plan: waves.WavePlan, directory: Path, *, partition: int,
     policy = loads(POLICY_YAML, "loadgen policy")
 
     def twin(name: str, file: str) -> Twin:
-        store, decisions = SqliteStore(directory / file), list[dict[str, Any]]()
+        store, decisions = SqliteStore(directory / file), list[rt.Decision]()
         consumer = Consumer(store, Sender(), policy, decisions.extend,
                             ConsumerSettings(alive_within=ALIVE_WITHIN), now=lambda: now[0],
                             host_name=name)  # fmt: skip

@@ -34,6 +34,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from bridge.commands.message import Command, resources_digest
+from bridge.recordtypes import ApprovalOutcome as Outcome
 from tests.benchmarks.loadgen.agents import Agents, Record
 from tests.benchmarks.loadgen.fleet import Fleet
 from tests.benchmarks.loadgen.waves import SimEvent, WavePlan
@@ -322,6 +323,7 @@ class Sim:
         event = self.events.get(command.event_id.upper())
         agent = self.agents.agent(vm.index)
         raw = agent.events.get(command.event_id.upper())
+        outcome: Outcome
         if event is None or raw is None:
             outcome, detail = (
                 "Refused",

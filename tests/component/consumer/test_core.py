@@ -32,7 +32,7 @@ class Rig:
         self.fleet = FleetRecords(T0)
         self.store = SqliteStore(path)
         self.sender = Sender()
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[Mapping[str, Any]] = []
         self.consumer = self.make(policy, **settings)
 
     def make(self, policy: Policy, **settings: Any) -> Consumer:

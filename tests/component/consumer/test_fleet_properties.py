@@ -48,6 +48,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from bridge import recordtypes as rt
 from bridge.commands.message import Command, resources_digest
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
@@ -206,7 +207,7 @@ class World:
             self._register(vm)
         # In memory: this tests the consumer, not a store (the stores pass one contract).
         self.store = MemoryStore()
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[rt.Decision] = []
         self.consumer = Consumer(self.store, self, policy, self.decisions.extend, SETTINGS,
                                  now=lambda: self.now)  # fmt: skip
         # (VM handle, record, when it was sent) not yet read, and those read

@@ -4,6 +4,7 @@ other VM for an event that went ahead, and counts the approvals that never lande
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 import pytest
 
@@ -11,6 +12,8 @@ from tests.component.consumer.test_core import E1, Rig, rig, two_vms
 
 __all__ = ["rig"]  # the fixture
 
+# What the VM answers: an ApprovalOutcome, or Late (Refused with the detail LATE).
+Answer = Literal["Late", "Refused", "Approved"]
 LATE = f"Late: event {E1} has already Started: the approval came 10.4 s after it was issued"
 
 
@@ -43,7 +46,7 @@ def test_a_late_answer_asks_no_other_vm(rig: Rig) -> None:
     ],
 )
 def test_an_approval_that_never_landed_is_counted_when_its_event_ends(
-    rig: Rig, caplog: pytest.LogCaptureFixture, answer: str | None, missed: dict[str, int]
+    rig: Rig, caplog: pytest.LogCaptureFixture, answer: Answer | None, missed: dict[str, int]
 ) -> None:
     approve_on_both(rig)
     rig.fleet.advance(1)

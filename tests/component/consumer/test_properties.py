@@ -46,6 +46,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge import recordtypes as rt
 from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
@@ -324,7 +325,7 @@ class World:
         self.nest: tuple[int, Nest] | None = None
         self.ledger_writes = [0, 0]
         self.stores = [store(path), store(path)]
-        self.decisions: list[dict[str, Any]] = []
+        self.decisions: list[rt.Decision] = []
         self.consumers = [
             Consumer(
                 Watched(self.stores[i], self, i),
@@ -607,7 +608,7 @@ def run_step(world: World, step: Step) -> None:
         if waiting:
             command = waiting[step.command % len(waiting)]
             world.answered.add(command.command_id)
-            outcome = "Refused" if step.refused else "Approved"
+            outcome: rt.ApprovalOutcome = "Refused" if step.refused else "Approved"
             target = world.by_id[command.vm_id]
             world.emit(target, lambda: world.records.approval(command, outcome))
     elif isinstance(step, Clock):

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from bridge import recordtypes as rt
 from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
@@ -265,7 +266,7 @@ def test_two_consumers_racing_for_the_last_budget_slot_on_tables_one_wins(
     stores = [RacingStore(table_store(config, table, spread=fs.PARTITIONS), barrier)
               for _ in range(2)]  # fmt: skip
     sender = Sender()
-    decisions: list[dict[str, Any]] = []
+    decisions: list[rt.Decision] = []
     consumers = [
         Consumer(store, sender, policy, decisions.extend, ConsumerSettings(), host_name=f"c{i}")
         for i, store in enumerate(stores)

@@ -43,7 +43,7 @@ def jobs(spool: Spool, settings: HooksSettings) -> HookJobs:
 def test_without_hooks_no_job_is_planned_or_resumed(spool: Spool) -> None:
     unhooked = jobs(spool, HooksSettings())
     assert unhooked.runner is None
-    assert unhooked.plan([event_record("Scheduled")]) == []
+    assert unhooked.plan([cast(rt.Event, event_record("Scheduled"))]) == []
     job = HookJob.for_event(cast(rt.Event, event_record("Scheduled")), "prepare")
     spool.commit([], jobs=[(job.job_id, job.to_payload())])
     unhooked.resume()  # a job saved by an agent that had a hook stays saved
@@ -53,7 +53,7 @@ def test_without_hooks_no_job_is_planned_or_resumed(spool: Spool) -> None:
 def test_a_finished_hook_leaves_a_hook_record_and_leaves_the_spool(spool: Spool) -> None:
     hooked = jobs(spool, HooksSettings(prepare=["true"]))
     try:
-        [job] = hooked.plan([event_record("Scheduled")])
+        [job] = hooked.plan([cast(rt.Event, event_record("Scheduled"))])
         spool.commit([], jobs=[(job.job_id, job.to_payload())])
         hooked.done(job, HookOutcome(exit_code=3, duration_ms=12, output="no"))
     finally:

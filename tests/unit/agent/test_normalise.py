@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from bridge import recordtypes as rt
 from bridge.agent.normalise import Context, NormaliserState, Result, empty_state, normalise
 from bridge.records import Origin, VmIdentity
 from tests.support import assert_valid, seed
@@ -25,7 +26,7 @@ def origin(name: str | None = "WestNO_0") -> Origin:
 
 def run(
     docs: list[Any], *, name: str | None = "WestNO_0", step: float = 1.0
-) -> list[list[dict[str, Any]]]:
+) -> list[list[rt.Event]]:
     """Feed documents one poll apart; the records each produced, each checked against the schema."""
     state: NormaliserState | None = None
     out = []
@@ -61,7 +62,7 @@ def doc(incarnation: Any, *events: dict[str, Any]) -> dict[str, Any]:
     return {"DocumentIncarnation": incarnation, "Events": list(events)}
 
 
-def transitions(batches: list[list[dict[str, Any]]]) -> list[list[str]]:
+def transitions(batches: list[list[rt.Event]]) -> list[list[str]]:
     return [[r["Transition"] for r in batch] for batch in batches]
 
 
@@ -197,7 +198,7 @@ def test_canceled_carries_last_known_fields() -> None:
 # --- messy real-world documents ------------------------------------------------------------
 
 
-def single(d: Any, name: str | None = "WestNO_0") -> dict[str, Any]:
+def single(d: Any, name: str | None = "WestNO_0") -> rt.Event:
     records = run([d], name=name)[0]
     assert len(records) == 1
     return records[0]

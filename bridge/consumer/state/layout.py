@@ -1,0 +1,17 @@
+"""The consumer's collections of fleet state, and how the `tables` store spreads them: the
+consumer's documents (bridge.consumer.documents) name them from here, and the store kinds
+(bridge.consumer.state.kinds) give a TableStore the spread, so a store needs nothing above it.
+"""
+
+from __future__ import annotations
+
+VM, EVENT, LEDGER = "vm", "event", "ledger"
+# Table Storage partitions of each collection (bridge.consumer.state.tables), each serving
+# about 2,000 entities a second. Where every VM of a placement group reports each event, a
+# Spot eviction storm at 100,000 VMs makes the consumers fold about 12,000 neighbours'
+# records a second: benchmark 8's model puts `event` at about 16,000 entities a second and
+# `vm` at about 6,600, several times one partition's target. Not more partitions than that
+# needs twice over: a batch's documents fall on up to this many partitions, a request each.
+# The ledger stays in one: its writes are entity-group transactions. Every consumer of a
+# table must agree on these (changing them needs them all stopped).
+PARTITIONS = {VM: 16, EVENT: 16}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Processes
+from tests.support.azurite import Azurite
+from tests.support.processes import Processes
 
 
 @pytest.fixture(autouse=True)

@@ -31,11 +31,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.commands.signing import verify_key_text
 from bridge.records import parse_time
-from tests.azurite import Azurite
 from tests.benchmarks.report import Row, ms, percentile
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Processes, Simulator, read_records, wait_until
+from tests.support.azurite import Azurite
+from tests.support.processes import Processes, Simulator, read_records, wait_until
 
 VMS = ("vm-0", "vm-1")
 SCALE_SET = {"scaleSets": [{"name": "web", "count": 4}]}

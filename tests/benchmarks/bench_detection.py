@@ -25,8 +25,8 @@ from tests.benchmarks.report import Row, median, ms, percentile
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import PYTHON, Proc, Processes, Simulator, wait_until
+from tests.support.cloud import RULE, cloud_env
+from tests.support.processes import PYTHON, Proc, Processes, Simulator, wait_until
 
 SPOOL_TARGET = 0.005
 FSYNC_PROBES = 5  # per event: the disk's own latency, measured between the agent's writes

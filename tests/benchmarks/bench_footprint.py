@@ -20,8 +20,8 @@ from tests.benchmarks.report import Row, median, slope_per_minute, window_median
 from tests.benchmarks.rig import ROOT, Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import PROBES, PYTHON, Proc, Simulator, wait_until
+from tests.support.cloud import RULE, cloud_env
+from tests.support.processes import PROBES, PYTHON, Proc, Simulator, wait_until
 
 WARM_UP = 15.0  # the first token fetch and SDK imports are start-up, not idle cost
 RSS_EVERY = 5.0

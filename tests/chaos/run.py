@@ -19,7 +19,7 @@ from bridge.localhub import PARTITIONS, LocalHub
 from bridge.simulator.fleet import EventSpec
 from tests.chaos import invariants as inv
 from tests.chaos.rig import SCALE_SETS, VMS, Rig, allowed, scale_set_of
-from tests.e2e.harness import Proc
+from tests.support.processes import Proc
 
 log = logging.getLogger(__name__)
 

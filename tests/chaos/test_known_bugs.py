@@ -17,7 +17,7 @@ from bridge.config import Config
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import numbered_vms
-from tests.component.agentharness import AgentHarness
+from tests.support.agentharness import AgentHarness
 
 
 @pytest.fixture

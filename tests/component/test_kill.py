@@ -6,7 +6,7 @@ the same state directory and sink, many times while a seeded script adds events 
 starts, completes and cancels them. The agent is stopped cleanly at the end, and the
 output must hold, for every scripted event, exactly its transitions, none Inferred that
 could not be, each under one RecordId. How the script's timing makes every state
-observable is explained in tests/component/killtools.py.
+observable is explained in tests/support/killtools.py.
 
 The default run is short. The chaos run: `SE_BRIDGE_KILL_CYCLES=200 SE_BRIDGE_KILL_SEED=7
 .venv/bin/pytest tests/component/test_kill.py -o log_cli=true -o log_cli_level=INFO`.
@@ -32,7 +32,7 @@ import pytest
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import numbered_vms
-from tests.component.killtools import (
+from tests.support.killtools import (
     AGENT_VM,
     GATE_TIMEOUT,
     NEVER,
@@ -47,7 +47,7 @@ from tests.component.killtools import (
     spawn_agent,
     wait_until,
 )
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from azure.storage.queue import QueueClient
 from bridge.commands import signing
 from bridge.commands.message import Command, approve, command_id
 from bridge.config import CommandsSettings, IdentitySettings
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import (
+from tests.support.azurite import Azurite
+from tests.support.processes import (
     Agent,
     Proc,
     Processes,

@@ -15,8 +15,15 @@ import pytest
 
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import cloud_env
-from tests.e2e.harness import Agent, Processes, Record, Simulator, assert_all_valid, wait_until
+from tests.support.cloud import cloud_env
+from tests.support.processes import (
+    Agent,
+    Processes,
+    Record,
+    Simulator,
+    assert_all_valid,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,14 @@ from email.utils import formatdate
 
 import pytest
 
-from tests.e2e.harness import Agent, Processes, Record, Simulator, assert_all_valid, wait_until
+from tests.support.processes import (
+    Agent,
+    Processes,
+    Record,
+    Simulator,
+    assert_all_valid,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 

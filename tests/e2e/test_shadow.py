@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bridge.localhub import LocalHub
-from tests.e2e.harness import Processes, read_records, run_bridge, wait_until
-from tests.fleetrecords import FleetRecords
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import Processes, read_records, run_bridge, wait_until
 
 pytestmark = pytest.mark.e2e
 

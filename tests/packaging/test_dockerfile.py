@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
-from tests import lock_support as lock
+from tests.support import lock
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET_NAME = re.compile(r"KEY|SECRET|PASSWORD|TOKEN|CONNECTION_STRING|SAS", re.IGNORECASE)

@@ -22,7 +22,7 @@ import pytest
 from bridge import cli
 from bridge.agent import winservice
 from bridge.simulator import SimulatorServer
-from tests.e2e.harness import wait_until
+from tests.support.processes import wait_until
 
 
 class FakeScm:

@@ -19,7 +19,7 @@ import pytest
 from bridge.agent.hookproc import Command, HookOutcome, run_hook
 from bridge.agent.hooks import HookJob, HookRunner, plan
 from bridge.records import Origin, VmIdentity
-from tests.support import event_record
+from tests.support.records import event_record
 
 PY = sys.executable
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

@@ -18,9 +18,9 @@ from bridge.records import utc_now
 from bridge.retry import PermanentError, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import FailingStart, FakeInbox, Harness, command, wait_for
-from tests.e2e.harness import run_bridge
+from tests.support.agentharness import VM
+from tests.support.approvals import FailingStart, FakeInbox, Harness, command, wait_for
+from tests.support.processes import run_bridge
 
 Sim = tuple[Simulator, SimulatorServer]
 

@@ -12,8 +12,8 @@ from bridge.config import CommandsSettings, ImdsSettings
 from bridge.records import utc_now
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import FakeInbox, Harness, command, wait_for
+from tests.support.agentharness import VM
+from tests.support.approvals import FakeInbox, Harness, command, wait_for
 
 Sim = tuple[Simulator, SimulatorServer]
 NEIGHBOUR, AFFECTED = "db-1", "db-0"  # one availability set: db-1 sees db-0's events

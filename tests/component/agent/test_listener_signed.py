@@ -20,8 +20,8 @@ from bridge.config import CommandsSettings, Config
 from bridge.records import utc_now
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import FakeInbox, Harness, command, wait_for
+from tests.support.agentharness import VM
+from tests.support.approvals import FakeInbox, Harness, command, wait_for
 
 Sim = tuple[Simulator, SimulatorServer]
 KEY = signing.Signer(Ed25519PrivateKey.generate())

@@ -21,9 +21,9 @@ from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import VmIdentity
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import Harness, command, wait_for
-from tests.e2e.harness import run_bridge
+from tests.support.agentharness import VM
+from tests.support.approvals import Harness, command, wait_for
+from tests.support.processes import run_bridge
 
 Sim = tuple[Simulator, SimulatorServer]
 

@@ -15,7 +15,7 @@ from bridge.agent.loop import Agent
 from bridge.config import Config, HooksSettings
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM, AgentHarness
+from tests.support.agentharness import VM, AgentHarness
 
 
 class Harness(AgentHarness):

@@ -16,7 +16,7 @@ from bridge.channels import CommandInbox, CommandSender, Received
 from bridge.channels.local import TEMP_GRACE, LocalInbox, LocalSender
 from bridge.config import CommandsSettings, Config
 from bridge.retry import PermanentError
-from tests.channel_contract import ChannelContract, command, new_vm
+from tests.support.channel_contract import ChannelContract, command, new_vm
 
 
 class LocalHarness:

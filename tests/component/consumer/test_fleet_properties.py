@@ -60,7 +60,7 @@ from bridge.consumer.reading import Position
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView, vm_matches
 from bridge.records import iso
-from tests.fleetrecords import SUBSCRIPTION, FleetRecords
+from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
 
 OTHER = "8d5f9c8e-0000-4000-8000-0000000000b2"  # a second subscription
 

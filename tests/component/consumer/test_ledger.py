@@ -27,8 +27,8 @@ from bridge.consumer.ledger import (
 from bridge.consumer.state import MAX_VALUE_CHARS, Conflict, Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView
-from tests.fleetrecords import FleetRecords
-from tests.support import Sender
+from tests.support.fleetrecords import FleetRecords
+from tests.support.records import Sender
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 APPROVE_ALL = Rule("all", Match(), Action("approve"))

@@ -55,8 +55,8 @@ from bridge.consumer.state import Doc, Store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from bridge.records import parse_time
-from tests.fleetrecords import FleetRecords
-from tests.state_support import DelegatingStore, touch_ledger
+from tests.support.fleetrecords import FleetRecords
+from tests.support.state import DelegatingStore, touch_ledger
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 SETTINGS = ConsumerSettings(alive_within=120.0, approval_timeout=30.0)

@@ -16,7 +16,7 @@ from bridge.retry import PermanentError, PoisonRecords, RetryableError
 from bridge.sinks import SpooledRecord, eventhubs
 from bridge.sinks.eventhubs import EventHubsSink
 from tests.doubles.eventhubs_broker import SERVER_BUSY, UNAUTHORIZED, EventHubsBroker
-from tests.support import assert_valid, event_record
+from tests.support.records import assert_valid, event_record
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord
 from bridge.sinks.loganalytics import LogAnalyticsSink
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.support import assert_valid, event_record
+from tests.support.records import assert_valid, event_record
 
 RULE = "dcr-00000000000000000000000000000001"
 

@@ -25,8 +25,8 @@ from bridge.channels.storagequeue import (
 )
 from bridge.config import CommandsSettings, Config, StorageSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
-from tests.azurite import ACCOUNT, KEY, Azurite
-from tests.channel_contract import ChannelContract, command, new_vm
+from tests.support.azurite import ACCOUNT, KEY, Azurite
+from tests.support.channel_contract import ChannelContract, command, new_vm
 
 
 class QueueHarness:

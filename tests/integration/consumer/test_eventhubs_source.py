@@ -26,8 +26,8 @@ from bridge.consumer.sources.eventhubs import checkpoint_store, run_eventhubs
 from bridge.retry import Backoff, RetryableError, ThrottledError
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
+from tests.support.azurite import Azurite
 
 HUB = "records"
 GROUP = "$Default"

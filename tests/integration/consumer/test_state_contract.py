@@ -24,8 +24,8 @@ from bridge.consumer.state import (
 )
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import TableStore
-from tests.azurite import Azurite
-from tests.state_support import increment, tables_config, unique_table
+from tests.support.azurite import Azurite
+from tests.support.state import increment, tables_config, unique_table
 
 # Every character Table Storage refuses in a key, `%` (the escape character itself, and
 # a literal escape sequence that must not collide with "/"), and text beyond the BMP.

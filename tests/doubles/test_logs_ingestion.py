@@ -32,7 +32,7 @@ from azure.monitor.ingestion import LogsIngestionClient, LogsUploadError
 
 from bridge import schema
 from tests.doubles.logs_ingestion import API_VERSION, LogsIngestionDouble, value_problem
-from tests.support import event_record
+from tests.support.records import event_record
 
 RULE = "dcr-00000000000000000000000000000001"
 STREAM = schema.DCR_STREAM

@@ -18,7 +18,7 @@ from bridge.policy.model import Policy
 from bridge.records import utc_now
 from bridge.retry import DeliveryError, RetryableError
 from bridge.simulator import SimulatorServer
-from tests.component.agentharness import AgentHarness
+from tests.support.agentharness import AgentHarness
 
 
 class FakeInbox:

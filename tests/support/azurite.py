@@ -15,7 +15,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / "node_modules" / ".bin" / "azurite"
 
 # Azurite's one well-known development account (public, documented by Microsoft).

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 PYTHON = sys.executable
 POLL_INTERVAL = "0.25"

@@ -30,11 +30,11 @@ from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state.tables import TableStore
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Proc, Processes, Record, read_records, tail, wait_until
-from tests.fleetrecords import FleetRecords
-from tests.state_support import tables_config
+from tests.support.azurite import Azurite
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import Proc, Processes, Record, read_records, tail, wait_until
+from tests.support.state import tables_config
 
 HUB = "records"
 GROUP = "$Default"

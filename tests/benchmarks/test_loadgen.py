@@ -333,6 +333,7 @@ def test_an_approval_no_rule_allows_is_found() -> None:
     assert "first rule that matches it is everything-else" in found[0]
 
 
+@pytest.mark.slow
 def test_a_consumer_held_back_on_one_partition_releases_no_slot_a_caught_up_one_keeps(
     tmp_path: Path,
 ) -> None:

@@ -4,7 +4,6 @@ command listener and local mode tests."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -129,10 +128,3 @@ def command(
         reason="User-initiated Reboot: approve at once",
         resources=resources,
     )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)

@@ -33,8 +33,9 @@ from bridge.sinks.eventhubs import EventHubsSink
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.support.azurite import Azurite
 from tests.support.fleetrecords import FleetRecords
-from tests.support.processes import Proc, Processes, Record, read_records, tail, wait_until
+from tests.support.processes import Proc, Processes, Record, read_records, tail
 from tests.support.state import tables_config
+from tests.support.wait import eventually
 
 HUB = "records"
 GROUP = "$Default"
@@ -168,7 +169,7 @@ class CloudConsumers:
             self.check_alive()
             return predicate()
 
-        return wait_until(check, what, WAIT, self.describe, interval)
+        return eventually(check, what=what, timeout=WAIT, details=self.describe, interval=interval)
 
     def describe(self) -> str:
         parts = [f"--- ledger: {json.dumps(self.ledger_brief(), indent=1)}"]

@@ -20,6 +20,7 @@ from bridge.agent.hookproc import Command, HookOutcome, run_hook
 from bridge.agent.hooks import HookJob, HookRunner, plan
 from bridge.records import Origin, VmIdentity
 from tests.support.records import event_record
+from tests.support.wait import eventually
 
 PY = sys.executable
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -276,19 +277,12 @@ def test_phase_without_a_command_is_reported() -> None:
 # --- the runner -------------------------------------------------------------------------------
 
 
-def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert path.exists(), f"the hook never started: {path}"
-
-
 def test_submit_never_blocks_and_refuses_beyond_the_bound(tmp_path: Path) -> None:
     flag = tmp_path / "started"
     sleeper = py(f"import time; open({str(flag)!r}, 'w').close(); time.sleep(30)")
     with runner(prepare=sleeper, max_concurrent=1, max_pending=2, stop_timeout=0) as (r, done):
         assert r.submit(job(rid="r0", event_id="e0"))
-        wait_for(flag)
+        eventually(flag.exists, WAIT, "the hook to start")
         started = time.monotonic()
         accepted = [r.submit(job(rid=f"r{i}", event_id=f"e{i}")) for i in range(1, 5)]
         assert time.monotonic() - started < 0.5
@@ -331,10 +325,12 @@ def test_jobs_of_one_event_run_in_order_others_in_parallel(tmp_path: Path) -> No
     assert trace.read_text().split() == ["B-prepare", "A-prepare", "A-recover"]
 
 
-def test_stop_waits_for_running_hooks() -> None:
-    with runner(prepare=py("import time; time.sleep(0.4); print('done')")) as (r, done):
+def test_stop_waits_for_running_hooks(tmp_path: Path) -> None:
+    flag = tmp_path / "started"
+    code = f"import time; open({str(flag)!r}, 'w').close(); time.sleep(0.4); print('done')"
+    with runner(prepare=py(code)) as (r, done):
         assert r.submit(job())
-        time.sleep(0.1)
+        eventually(flag.exists, WAIT, "the hook to start")
         r.stop(5.0)
         assert r.active() == 0
         _, outcome = done.get_nowait()
@@ -347,7 +343,7 @@ def test_stop_kills_hooks_past_its_timeout(tmp_path: Path) -> None:
     code = f"import time; open({str(flag)!r}, 'w').close(); time.sleep(60)"
     with runner(prepare=py(code), timeout=60.0) as (r, done):
         assert r.submit(job())
-        wait_for(flag)
+        eventually(flag.exists, WAIT, "the hook to start")
         started = time.monotonic()
         r.stop(0.3)
         assert 0.3 <= time.monotonic() - started < 5.0
@@ -367,9 +363,7 @@ def test_a_failing_on_done_does_not_kill_the_worker() -> None:
         first, second = job(rid="a", event_id="A"), job(rid="b", event_id="B")
         assert r.submit(first)
         assert r.submit(second)
-        deadline = time.monotonic() + WAIT
-        while r.active() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        eventually(lambda: r.active() == 0, WAIT, "both hooks to finish")
         assert seen == [first.job_id, second.job_id]
     finally:
         r.stop(5.0)

@@ -321,6 +321,7 @@ def test_a_body_dripped_byte_by_byte_hits_the_total_deadline() -> None:
         server.close()
 
 
+@pytest.mark.slow
 def test_an_approval_does_not_wait_behind_a_stalled_poll(
     server: ScriptedImds, tmp_path: Path
 ) -> None:

@@ -47,6 +47,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -519,6 +520,7 @@ STALL = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(vms=fleets(), policy=policies(), steps=st.lists(STEPS, max_size=40))
 @example(**STALL)

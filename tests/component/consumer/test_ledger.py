@@ -44,6 +44,7 @@ def event_id(n: int) -> str:
     return str(uuid.UUID(int=n + 1)).upper()
 
 
+@pytest.mark.slow
 def test_thousands_of_open_approvals_fit_and_no_document_grows_with_them(tmp_path: Path) -> None:
     # The Spot eviction storm of the load generator: before the shards, the one ledger
     # document passed Table Storage's entity limit at about 1,500 open approvals, and every

@@ -684,6 +684,7 @@ def finish(world: World) -> None:
         world.tick(index)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "store",
     # QueriedSqlite as on Table Storage: a batch decides on the ledger last read or written,

@@ -50,7 +50,16 @@ AWKWARD_KEYS = [
 SPREAD = {"vms": 4, "events": 3, "vm": 5}
 
 
-@pytest.fixture(params=["sqlite", "tables", "tables-spread"])
+AZURITE = pytest.mark.azurite
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("tables", marks=AZURITE),
+        pytest.param("tables-spread", marks=AZURITE),
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened: Store
     if request.param == "sqlite":

@@ -650,6 +650,17 @@ def test_the_cli_serves_prints_urls_and_exits_0_on_a_signal(
     assert "scheduled; 1 VM(s) see it" in stderr
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_signal_as_soon_as_the_cli_announces_itself_stops_it_cleanly() -> None:
+    # The first line says the simulator is there: from then on a signal stops it with 0.
+    with _start_cli("--vms", "50", "--scenario", "user-reboot") as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("IMDS simulator for 50 VMs at ")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

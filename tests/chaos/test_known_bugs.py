@@ -65,6 +65,7 @@ def test_a_restarted_agent_keeps_its_identity_while_instance_metadata_fails(
         harness.stop()
 
 
+@pytest.mark.slow
 def test_an_answer_that_is_not_metadata_never_replaces_a_known_identity(
     server: tuple[Simulator, SimulatorServer], tmp_path: Path
 ) -> None:

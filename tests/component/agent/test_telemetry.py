@@ -97,6 +97,7 @@ def test_readiness_fails_and_recovers_with_imds_and_a_sink(
     assert get(agent, "/nothing").status_code == 404
 
 
+@pytest.mark.slow
 def test_metrics_count_what_the_agent_did(
     sim: tuple[Simulator, SimulatorServer], made: tuple[Agent, FlakySink, list[datetime]]
 ) -> None:

@@ -167,6 +167,7 @@ def test_every_record_refused_means_the_dcr_does_not_match(
     assert "redeploy infra/" in str(info.value)
 
 
+@pytest.mark.slow
 def test_without_a_managed_identity_the_error_says_what_to_do(
     double: LogsIngestionDouble, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

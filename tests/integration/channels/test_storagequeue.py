@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -55,6 +56,9 @@ class QueueHarness:
             with contextlib.suppress(Exception):
                 client.create_queue()
             client.send_message(text)
+
+    def pass_time(self, seconds: float) -> None:
+        time.sleep(seconds)  # the queue's time is the server's
 
     def close(self) -> None:
         for end in self._open:

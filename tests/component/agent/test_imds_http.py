@@ -24,6 +24,7 @@ from bridge.agent.approver import Request
 from bridge.agent.loop import Agent
 from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
+from tests.support.wait import eventually
 
 DOC = b'{"DocumentIncarnation": 1, "Events": []}'
 
@@ -338,7 +339,7 @@ def test_an_approval_does_not_wait_behind_a_stalled_poll(
     poll = threading.Thread(target=agent.cycle, daemon=True)
     try:
         poll.start()
-        time.sleep(0.3)  # the poll's GET is in flight, held by the server
+        eventually(lambda: server.seen, what="the poll's GET to be held by the server")
         began = time.monotonic()
         attempt = agent.approver.attempt(
             Request("E1", "C1", "Local", "r", "test", datetime.now(timezone.utc))

@@ -351,6 +351,7 @@ def test_an_approval_does_not_wait_behind_a_stalled_poll(
         agent.shutdown()
 
 
+@pytest.mark.slow
 def test_heartbeats_go_on_while_a_poll_is_stalled(server: ScriptedImds, tmp_path: Path) -> None:
     """The poll's GET takes 4 s; every cycle of the loop still returns within about a second,
     so its housekeeping (the periodic heartbeat) never waits for IMDS."""

@@ -67,7 +67,8 @@ def _sdk_sockets_collected_where_they_leak(request: pytest.FixtureRequest) -> It
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    """One Azurite (blob, queue, table) for the whole session; tests use their own names."""
+    """One Azurite (blob, queue, table) per session, that is per xdist worker, started on first
+    use; tests use their own names."""
     emulator = Azurite(tmp_path_factory.mktemp("azurite")).start()
     try:
         yield emulator

@@ -8,6 +8,7 @@ take one), or waits for an event or a file that says the thing it races with is 
 
 from __future__ import annotations
 
+import ast
 import inspect
 import logging
 import time
@@ -55,7 +56,17 @@ def _source(condition: Callable[..., object]) -> str:
         text = " ".join(inspect.getsource(condition).split())
     except (OSError, TypeError):
         return name
-    return text[text.find("lambda") :]
+    text = text[text.find("lambda") :]
+    # The source line goes on after the lambda (", timeout=5)"): keep the longest start of it
+    # that is a lambda on its own.
+    for end in range(len(text), 0, -1):
+        try:
+            tree = ast.parse(text[:end], mode="eval")
+        except SyntaxError:
+            continue
+        if isinstance(tree.body, ast.Lambda):
+            return text[:end].strip()
+    return text
 
 
 def within(

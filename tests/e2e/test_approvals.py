@@ -113,7 +113,10 @@ class AzureTransport(Transport):
                 return 0
 
 
-@pytest.fixture(params=["local", "azure"])
+AZURE = pytest.param("azure", marks=[pytest.mark.broker, pytest.mark.azurite])
+
+
+@pytest.fixture(params=["local", AZURE])
 def transport(request: pytest.FixtureRequest, procs: Processes) -> Transport:
     if request.param == "local":
         return Transport(procs.workdir)

@@ -1,4 +1,4 @@
-"""Fixtures every test directory shares."""
+"""Fixtures every test directory shares, and the markers each test gets from what it needs."""
 
 from __future__ import annotations
 
@@ -9,9 +9,62 @@ from pathlib import Path
 
 import pytest
 
-from tests.azurite import Azurite
+from tests.chaos.rig import Rig
+from tests.chaos.run import run_chaos
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Processes
+from tests.support import killtools, markers, processes
+from tests.support.azurite import Azurite
+from tests.support.processes import Processes
+
+TESTS = Path(__file__).resolve().parent
+# What starts a server or a process of its own, by the marker it gives a test that reaches it.
+NEEDS: dict[object, str] = {
+    Azurite: "azurite",
+    EventHubsBroker: "broker",
+    processes.Processes: "subprocess",
+    processes.Proc: "subprocess",
+    processes.Agent: "subprocess",
+    processes.Simulator: "subprocess",
+    processes.run_bridge: "subprocess",
+    killtools.spawn_agent: "subprocess",
+    killtools.AgentKiller: "subprocess",
+    Rig: "subprocess",
+    run_chaos: "subprocess",
+}
+
+# pip builds the project's wheel from its source tree in ./build, and ./dev release its sdist
+# (with se_bridge.egg-info): two builds at once collide ("File exists: build/bdist..."), so
+# the modules that build it share one worker.
+SOURCE_TREE_BUILDS = {
+    "tests.packaging.test_supply_chain",
+    "tests.infra.test_bicep_onboarding",
+    "tests.packaging.test_release",
+}
+
+
+# First: pytest-xdist's own hook reads the xdist_group marks given here, and -m the markers.
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if not isinstance(item, pytest.Function):
+            continue
+        definitions = [d[-1] for d in item._fixtureinfo.name2fixturedefs.values() if d]
+        needs = markers.by_directory(item.path, TESTS)
+        needs |= {markers.BY_FIXTURE[f] for f in item.fixturenames if f in markers.BY_FIXTURE}
+        needs |= markers.reached(
+            [item.function, *(d.func for d in definitions if not d.params)], NEEDS
+        )
+        needs |= markers.reached([d.func for d in definitions if d.params], NEEDS, by_name=False)
+        for name in sorted(needs - {m.name for m in item.iter_markers()}):
+            item.add_marker(name)
+        # A module-scoped fixture (a built venv, a checkov run) is built once per worker that
+        # runs one of its tests: its tests stay together on one worker (--dist loadgroup).
+        if not item.config.pluginmanager.hasplugin("xdist"):
+            continue
+        if item.module.__name__ in SOURCE_TREE_BUILDS:
+            item.add_marker(pytest.mark.xdist_group("source-tree-build"))
+        elif any(d.scope == "module" for d in definitions):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +81,8 @@ def _sdk_sockets_collected_where_they_leak(request: pytest.FixtureRequest) -> It
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
-    """One Azurite (blob, queue, table) for the whole session; tests use their own names."""
+    """One Azurite (blob, queue, table) per session, that is per xdist worker, started on first
+    use; tests use their own names."""
     emulator = Azurite(tmp_path_factory.mktemp("azurite")).start()
     try:
         yield emulator

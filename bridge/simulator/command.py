@@ -10,6 +10,8 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
@@ -147,11 +149,15 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        _announce(server)
-        for name in args.scenario:
-            ids = simulator.run_scenario(name)
-            print(f"scenario {name}: {', '.join(ids) or 'no event (reset only)'}", flush=True)
-        _wait_for_signal()
+        # Stopping on a signal from before the first line: whoever read it may signal at once.
+        with _stopped_by_signals() as stop:
+            _announce(server)
+            for name in args.scenario:
+                ids = simulator.run_scenario(name)
+                print(f"scenario {name}: {', '.join(ids) or 'no event (reset only)'}", flush=True)
+            # A timed wait keeps the main thread responsive to signals on Windows too.
+            while not stop.wait(0.2):
+                pass
     except SimulationError as exc:
         print(f"se-bridge simulate: {exc}", file=sys.stderr)
         return 2
@@ -176,7 +182,9 @@ def _announce(server: SimulatorServer) -> None:
     print("Use a VM's URL as the agent's --imds-url. Stop with Ctrl-C.", flush=True)
 
 
-def _wait_for_signal() -> None:
+@contextmanager
+def _stopped_by_signals() -> Iterator[threading.Event]:
+    """An event that SIGINT, SIGTERM (or SIGBREAK on Windows) set; their handlers restored after."""
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -188,9 +196,7 @@ def _wait_for_signal() -> None:
         if number is not None:
             previous[number] = signal.signal(number, on_signal)
     try:
-        # A timed wait keeps the main thread responsive to signals on Windows too.
-        while not stop.wait(0.2):
-            pass
+        yield stop
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)

@@ -24,7 +24,7 @@ from pathlib import Path
 from azure.core import MatchConditions
 from azure.data.tables import TableClient, TableEntity, UpdateMode
 
-from tests.azurite import Azurite
+from tests.support.azurite import Azurite
 
 SIZES = (1_000, 10_000, 100_000)
 LEDGER = 100

@@ -31,11 +31,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.commands.signing import verify_key_text
 from bridge.records import parse_time
-from tests.azurite import Azurite
 from tests.benchmarks.report import Row, ms, percentile
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Processes, Simulator, read_records, wait_until
+from tests.support.azurite import Azurite
+from tests.support.processes import Processes, Simulator, read_records
+from tests.support.wait import eventually
 
 VMS = ("vm-0", "vm-1")
 SCALE_SET = {"scaleSets": [{"name": "web", "count": 4}]}
@@ -203,7 +204,9 @@ def _one(sim: Simulator, vm: str) -> _Trip:
                  if a["eventId"] == event_id]  # fmt: skip
         return (float(found[0]["timestamp"]), str(found[0]["vm"])) if found else None
 
-    at, carrier = wait_until(approved, f"the approval of {event_id}", 60, interval=0.05)
+    at, carrier = eventually(
+        approved, what=f"the approval of {event_id}", timeout=60, interval=0.05
+    )
     sim.act(event_id, "complete")  # approved means Started (no approval delay)
     return _Trip(event_id, before, at, carrier)
 
@@ -247,8 +250,8 @@ class _Rig:
                      if (d["EventId"], d["DecisionAction"]) == wanted]  # fmt: skip
             return found[0].timestamp() if found and found[0] is not None else None
 
-        reported = wait_until(first_report, "the first Event record", 30)
-        decided = wait_until(decision, "the Decision record", 30)
+        reported = eventually(first_report, what="the first Event record", timeout=30)
+        decided = eventually(decision, what="the Decision record", timeout=30)
         return {
             "appearance → first record": reported - trip.appeared,
             "record → decision": decided - reported,

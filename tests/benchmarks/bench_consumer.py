@@ -27,10 +27,10 @@ from bridge.consumer.state import Store
 from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import DEFAULT_POLICY
-from tests.azurite import Azurite
 from tests.benchmarks.report import Row, rate
 from tests.benchmarks.rig import Options, Result, say, scratch
-from tests.fleetrecords import FleetRecords
+from tests.support.azurite import Azurite
+from tests.support.fleetrecords import FleetRecords
 
 SQLITE_TARGET = 5000.0
 BATCH = 100

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge import schema
-from tests.azurite import ACCOUNT, KEY
 from tests.benchmarks.bench_approval import signing_pair
 from tests.benchmarks.countingproxy import CountingProxy, counted_azurite
 from tests.benchmarks.report import (
@@ -37,8 +36,9 @@ from tests.benchmarks.report import (
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import Processes, Simulator
+from tests.support.azurite import ACCOUNT, KEY
+from tests.support.cloud import RULE, cloud_env
+from tests.support.processes import Processes, Simulator
 
 VMS = ("vm-0", "vm-1", "vm-2")
 RUN_HEARTBEAT = 2.0

@@ -25,8 +25,9 @@ from tests.benchmarks.report import Row, median, ms, percentile
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import PYTHON, Proc, Processes, Simulator, wait_until
+from tests.support.cloud import RULE, cloud_env
+from tests.support.processes import PYTHON, Proc, Processes, Simulator
+from tests.support.wait import eventually
 
 SPOOL_TARGET = 0.005
 FSYNC_PROBES = 5  # per event: the disk's own latency, measured between the agent's writes
@@ -167,8 +168,10 @@ def _one(sim: Simulator, timeline: Timeline, pause: float) -> Sample:
     time.sleep(pause)
     t0 = time.monotonic()
     event_id = sim.add_event(EventType="Freeze", Resources=["vm-0"], notice=3600.0)
-    wait_until(lambda: all(timeline.first_accept(s, event_id) for s in SINKS),
-               f"both sinks to accept {event_id}")  # fmt: skip
+    eventually(
+        lambda: all(timeline.first_accept(s, event_id) for s in SINKS),
+        what=f"both sinks to accept {event_id}",
+    )
     body = timeline.first_body(event_id, t0)
     spool = timeline.first_commit(event_id)
     assert body is not None, f"no IMDS body held {event_id}"

@@ -4,7 +4,7 @@ The headline (4a) is what a user waits for: the 24-hour backlog of one VM (a hea
 5 minutes, 288, and the records of four events: about 300) drained to Event Hubs, target
 under 5 s, the median of five drains. The reference rows drain 10,000 records of a 100-VM
 fleet to each sink, so throughput stays visible. The records are the agent's own shapes
-(built by tests.fleetrecords), committed to a fresh spool before the clock starts; then the
+(built by tests.support.fleetrecords), committed to a fresh spool before the clock starts; then the
 agent's Delivery runs one sink until the spool is empty for it. The double's own count is
 checked afterwards, so a "drain" that lost records cannot pass.
 
@@ -40,9 +40,9 @@ from tests.benchmarks.report import Row, rate
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import read_records
-from tests.fleetrecords import FleetRecords
+from tests.support.cloud import RULE, cloud_env
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import read_records
 
 DAY_TARGET_S = 5.0
 DAY_DRAINS = 5

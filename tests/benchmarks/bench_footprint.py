@@ -20,8 +20,9 @@ from tests.benchmarks.report import Row, median, slope_per_minute, window_median
 from tests.benchmarks.rig import ROOT, Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import PROBES, PYTHON, Proc, Simulator, wait_until
+from tests.support.cloud import RULE, cloud_env
+from tests.support.processes import PROBES, PYTHON, Proc, Simulator
+from tests.support.wait import eventually
 
 WARM_UP = 15.0  # the first token fetch and SDK imports are start-up, not idle cost
 RSS_EVERY = 5.0
@@ -60,7 +61,7 @@ def run(options: Options) -> Result:
             "sample", [PYTHON, str(ROOT / "tests" / "benchmarks" / "sample_loop.py")],
             env={"SAMPLE_IMDS_BASE": sim.vm_url("vm-1"), "NO_PROXY": "127.0.0.1,localhost"},
         )  # fmt: skip
-        wait_until(lambda: " polling http" in agent.stderr(), "the agent to poll", 60)
+        eventually(lambda: " polling http" in agent.stderr(), what="the agent to poll", timeout=60)
         # Metrics on, scraped as Prometheus would (every 15 s): the footprint includes them.
         scraper = Scraper(agent)
         say(f"footprint: warming up {WARM_UP:g} s, then {duration} s measured")
@@ -78,7 +79,9 @@ class Scraper:
     """GET /metrics every SCRAPE_EVERY seconds from the address the agent's log names."""
 
     def __init__(self, agent: Proc) -> None:
-        found = wait_until(lambda: PROBES.search(agent.stderr()), "the metrics address", 30)
+        found = eventually(
+            lambda: PROBES.search(agent.stderr()), what="the metrics address", timeout=30
+        )
         self.url = f"{found.group(1)}/metrics"
         self.scrapes = 0
         self._stop = threading.Event()

@@ -37,8 +37,8 @@ from tests.benchmarks.report import Row
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker, StoredEvent
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE
-from tests.e2e.harness import Processes, Simulator
+from tests.support.cloud import RULE
+from tests.support.processes import Processes, Simulator
 
 RUN_HEARTBEAT = 30.0
 BURST_GAP = 2.0  # records of one VM further apart than this went in separate sends

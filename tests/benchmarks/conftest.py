@@ -1,3 +1,3 @@
-"""Keep the normal `pytest` run away from the benchmarks: they take minutes and measure speed."""
-
-collect_ignore_glob = ["*.py"]
+"""The benchmarks' own tests (test_*.py here) run with the suite; the benchmarks themselves
+(`./dev bench`) take minutes, measure speed, and are never collected: pytest collects only
+test_*.py files."""

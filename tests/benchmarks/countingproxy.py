@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from urllib.parse import unquote, urlsplit
 
-from tests.azurite import Azurite
+from tests.support.azurite import Azurite
 
 _HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 

@@ -57,7 +57,7 @@ from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import build
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import FleetClock, Sim
-from tests.support import Sender
+from tests.support.records import Sender
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 STEP = 0.25  # fleet seconds between batches: a consumer's batch holds what its VMs sent in one

@@ -1,6 +1,6 @@
 """Pure arithmetic of the benchmark report: percentiles, slopes, cost, the markdown table.
 
-Nothing here measures or reads a clock, so tests/component/test_benchmark_report.py can
+Nothing here measures or reads a clock, so tests/benchmarks/test_report.py can
 check every number the report prints.
 """
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.benchmarks.report import Row
-from tests.e2e.harness import Processes
+from tests.support.processes import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,8 +28,8 @@ from bridge.simulator.vms import vms_from_spec
 from tests.chaos.twins import Twins
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE, cloud_env
-from tests.e2e.harness import Agent, Proc, Processes
+from tests.support.cloud import RULE, cloud_env
+from tests.support.processes import Agent, Proc, Processes
 
 SCALE_SETS = {"web": ("web_0", "web_1"), "app": ("app_0", "app_1")}
 VMS = tuple(vm for members in SCALE_SETS.values() for vm in members)

@@ -19,7 +19,8 @@ from bridge.localhub import PARTITIONS, LocalHub
 from bridge.simulator.fleet import EventSpec
 from tests.chaos import invariants as inv
 from tests.chaos.rig import SCALE_SETS, VMS, Rig, allowed, scale_set_of
-from tests.e2e.harness import Proc
+from tests.support.processes import Proc
+from tests.support.wait import within
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +184,11 @@ class Chaos:
         problems = self._end_every_event()
         rig.twins.settle()
         polls = self._polls()
-        wait_for(
-            lambda: all(self._polls()[vm] >= polls[vm] + 8 for vm in VMS), 60, "agents to poll"
+        within(
+            lambda: all(self._polls()[vm] >= polls[vm] + 8 for vm in VMS),
+            60,
+            "agents to poll",
+            interval=0.5,
         )
         problems += self._wait_consumer_drained()
         problems += self._wait_releases()
@@ -199,7 +203,7 @@ class Chaos:
                     if d.get("DecisionAction") == "Release"}  # fmt: skip
             return {e.lower() for e in self.rig.twins.released()} <= said
 
-        if not wait_for(released, 120, "the slots of deleted twins to be released"):
+        if not within(released, 120, "the slots of deleted twins to be released", interval=0.5):
             return ["the budget slot of a deleted twin's Preempt was not released within 120 s"]
         return []
 
@@ -212,10 +216,11 @@ class Chaos:
                 and event["startedAt"] is None
             ):
                 try_cancel(rig, event_id)
-        done = wait_for(
+        done = within(
             lambda: all(e["endedAt"] is not None for e in rig.events().values()),
             SETTLE,
             "every allowed event to be approved, run and complete",
+            interval=0.5,
         )
         if done:
             return []
@@ -241,7 +246,7 @@ class Chaos:
                 marks = hub.checkpoints("$Default")
             return all(marks.get(p, -1) >= end for p, end in ends.items())
 
-        if not wait_for(drained, 90, "the consumer to handle every record in the hub"):
+        if not within(drained, 90, "the consumer to handle every record in the hub", interval=0.5):
             return ["the consumer did not catch up with the hub within 90 s"]
         time.sleep(2.0)  # a re-evaluation pass after the last batch
         return []
@@ -249,7 +254,7 @@ class Chaos:
     def stop_all(self, jsonl_complete: Callable[[], bool]) -> list[str]:
         """Sinks caught up, then a clean stop of every process: each must exit 0."""
         problems = []
-        if not wait_for(jsonl_complete, 120, "every sink to hold every record"):
+        if not within(jsonl_complete, 120, "every sink to hold every record", interval=0.5):
             problems.append("the sinks did not catch up with the agents within 120 s: "
                             f"{missing(self.rig)}")  # fmt: skip
         for vm in VMS:
@@ -267,16 +272,6 @@ def try_cancel(rig: Rig, event_id: str) -> None:
         rig.sim.cancel_event(event_id)
     except Exception as err:
         log.info("could not cancel %s: %s", event_id, err)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            log.warning("gave up waiting for %s after %g s", what, timeout)
-            return False
-        time.sleep(0.5)
-    return True
 
 
 def run_chaos(root: Path, *, cycles: int, seed: int) -> inv.Report:

@@ -18,7 +18,7 @@ from bridge.config import Config
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import numbered_vms
-from tests.component.agentharness import AgentHarness
+from tests.support.agentharness import AgentHarness
 
 
 @pytest.fixture
@@ -66,6 +66,7 @@ def test_a_restarted_agent_keeps_its_identity_while_instance_metadata_fails(
         harness.stop()
 
 
+@pytest.mark.slow
 def test_an_answer_that_is_not_metadata_never_replaces_a_known_identity(
     server: tuple[Simulator, SimulatorServer], tmp_path: Path
 ) -> None:

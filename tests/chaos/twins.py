@@ -31,7 +31,7 @@ from typing import Any
 
 from bridge.localhub import LocalHub
 from bridge.records import iso
-from tests.fleetrecords import FleetRecords
+from tests.support.fleetrecords import FleetRecords
 
 TWINS = ("web_0", "web_1")
 RESOURCE_GROUP = "rg-stage"

@@ -10,7 +10,7 @@ import pytest
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
-from tests.component.approval_support import Harness
+from tests.support.approvals import Harness
 
 
 @pytest.fixture

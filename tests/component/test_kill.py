@@ -6,7 +6,7 @@ the same state directory and sink, many times while a seeded script adds events 
 starts, completes and cancels them. The agent is stopped cleanly at the end, and the
 output must hold, for every scripted event, exactly its transitions, none Inferred that
 could not be, each under one RecordId. How the script's timing makes every state
-observable is explained in tests/component/killtools.py.
+observable is explained in tests/support/killtools.py.
 
 The default run is short. The chaos run: `SE_BRIDGE_KILL_CYCLES=200 SE_BRIDGE_KILL_SEED=7
 .venv/bin/pytest tests/component/test_kill.py -o log_cli=true -o log_cli_level=INFO`.
@@ -32,7 +32,7 @@ import pytest
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import numbered_vms
-from tests.component.killtools import (
+from tests.support.killtools import (
     AGENT_VM,
     GATE_TIMEOUT,
     NEVER,
@@ -45,9 +45,9 @@ from tests.component.killtools import (
     agent_argv,
     polls,
     spawn_agent,
-    wait_until,
 )
-from tests.support import assert_valid
+from tests.support.records import assert_valid
+from tests.support.wait import eventually, within
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,7 @@ def test_sigkill_at_random_moments_loses_no_observed_transition(
             # This agent may be only milliseconds old: SIGTERM before its handler is set
             # would end it like a kill. And the last changes may have come while it was
             # starting: let it see them, so that they are in the output by design.
-            wait_until(
-                lambda: killer.serving() and all_reached(watcher, script.events), GATE_TIMEOUT
-            )
+            within(lambda: killer.serving() and all_reached(watcher, script.events), GATE_TIMEOUT)
             agent.terminate()
             exit_code = agent.wait(STOP_TIMEOUT)
         finally:
@@ -146,7 +144,7 @@ def test_a_line_torn_by_a_kill_mid_write_is_ended_before_the_next_start_appends(
         agent = spawn_agent(agent_argv(server.vm_url(AGENT_VM), tmp_path), agent_log)
         try:
             # The agent sends its second poll only after the first one's records are committed.
-            assert wait_until(lambda: polls(sim) >= 2, 20.0), tail(agent_log)
+            eventually(lambda: polls(sim) >= 2, 20.0, details=lambda: tail(agent_log))
             agent.terminate()
             assert agent.wait(STOP_TIMEOUT) == 0
         finally:

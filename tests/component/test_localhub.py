@@ -23,6 +23,7 @@ from bridge.records import utc_now
 from bridge.retry import Backoff, RetryableError, ThrottledError
 from bridge.sinks import KINDS, SpooledRecord, build
 from bridge.sinks.hub import HubSink
+from tests.support.wait import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {"poll_interval": 0.02, "backoff_factory": lambda: Backoff(initial=0.01, maximum=0.02)}
@@ -96,13 +97,6 @@ class Consumer:
         self.stop.set()
         self.thread.join(5)
         assert not self.thread.is_alive(), "run_local did not stop"
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 # --- the sink and the reader ----------------------------------------------------------------
@@ -249,8 +243,8 @@ def test_every_record_is_handed_over_in_partition_order_and_checkpointed(
 ) -> None:
     sink.send([spooled(seq, f"vm-{seq % 5}") for seq in range(1, 251)])
     with Consumer(hub_dir) as consumer:
-        wait_for(lambda: len(consumer.records) == 250)
-        wait_for(lambda: sum(hub.checkpoints("$Default").values()) == 250 - PARTITIONS)
+        eventually(lambda: len(consumer.records) == 250)
+        eventually(lambda: sum(hub.checkpoints("$Default").values()) == 250 - PARTITIONS)
 
     assert all(len(batch) <= 100 for batch in consumer.batches)
     for vm in range(5):
@@ -267,8 +261,8 @@ def test_a_partition_is_read_to_its_end_when_a_read_returns_less_than_it_asked_f
     hub.append([("vm-1", json.dumps({"RecordId": f"r{n}", "VmId": "vm-1"})) for n in range(150)])
     before = utc_now()
     with Consumer(hub_dir) as consumer:
-        wait_for(lambda: len(consumer.records) == 150)
-        wait_for(lambda: len({p.partition for p in consumer.positions}) == PARTITIONS)
+        eventually(lambda: len(consumer.records) == 150)
+        eventually(lambda: len({p.partition for p in consumer.positions}) == PARTITIONS)
     name = local_partition(str(hub_dir.resolve()), partition)
     mine = [p for p in consumer.positions if p.partition == name]
     assert mine[0].caught_up is None  # the full batch
@@ -281,10 +275,10 @@ def test_a_partition_is_read_to_its_end_when_a_read_returns_less_than_it_asked_f
 def test_a_second_run_resumes_after_the_checkpoint(sink: HubSink, hub_dir: Path) -> None:
     sink.send([spooled(seq, f"vm-{seq % 3}") for seq in range(1, 11)])
     with Consumer(hub_dir) as first:
-        wait_for(lambda: len(first.records) == 10)
+        eventually(lambda: len(first.records) == 10)
     sink.send([spooled(seq, f"vm-{seq % 3}") for seq in range(11, 16)])
     with Consumer(hub_dir) as second:
-        wait_for(lambda: len(second.records) == 5)
+        eventually(lambda: len(second.records) == 5)
         time.sleep(0.1)  # anything handed over twice would show up by now
     assert sorted(r["N"] for r in second.records) == list(range(11, 16))
 
@@ -297,8 +291,8 @@ def test_a_body_that_is_not_a_record_goes_to_the_poison_callback_and_is_skipped(
     hub.append([("vm-1", good[2])])
     partition = str(partition_for("vm-1"))
     with Consumer(hub_dir) as consumer:
-        wait_for(lambda: len(consumer.records) == 3)
-        wait_for(lambda: hub.checkpoints("$Default")[int(partition)] == 4)
+        eventually(lambda: len(consumer.records) == 3)
+        eventually(lambda: hub.checkpoints("$Default")[int(partition)] == 4)
 
     assert [r["RecordId"] for r in consumer.records] == ["r0", "r1", "r2"]
     assert [p[:3] for p in consumer.poisoned] == [
@@ -323,7 +317,7 @@ def test_a_failing_batch_is_retried_and_checkpointed_only_after_success(
             raise (RetryableError if len(seen_checkpoints) == 1 else ThrottledError)("busy")
 
     with Consumer(hub_dir, fail_twice) as consumer:
-        wait_for(lambda: hub.checkpoints("$Default")[partition] == 2)
+        eventually(lambda: hub.checkpoints("$Default")[partition] == 2)
         time.sleep(0.1)
 
     assert len(consumer.batches) == 3
@@ -341,7 +335,7 @@ def test_an_unexpected_handler_error_does_not_end_the_loop(hub: LocalHub, hub_di
             raise KeyError("a bug in the handler")
 
     with Consumer(hub_dir, buggy):
-        wait_for(lambda: hub.checkpoints("$Default")[partition_for("vm-1")] == 0)
+        eventually(lambda: hub.checkpoints("$Default")[partition_for("vm-1")] == 0)
     assert len(calls) == 2
 
 
@@ -360,7 +354,7 @@ def test_stop_interrupts_a_backoff_at_once(hub: LocalHub, hub_dir: Path) -> None
     slow = {"poll_interval": 0.02, "backoff_factory": lambda: Backoff(initial=30, maximum=60)}
     thread = threading.Thread(target=run_local, args=(hub_dir, throttled, stop), kwargs=slow)
     thread.start()
-    wait_for(lambda: len(calls) == 1)
+    eventually(lambda: len(calls) == 1)
     time.sleep(0.05)  # well inside the 30 s wait
     started = time.monotonic()
     stop.set()
@@ -380,7 +374,7 @@ def test_a_hub_that_cannot_be_opened_is_retried_until_it_can(tmp_path: Path) -> 
         hub_dir.unlink()
         with LocalHub(hub_dir) as hub:
             hub.append([("vm-1", json.dumps({"RecordId": "r0", "VmId": "vm-1"}))])
-        wait_for(lambda: len(consumer.records) == 1)
+        eventually(lambda: len(consumer.records) == 1)
 
 
 def test_a_record_in_another_vms_name_goes_to_the_poison_callback(
@@ -390,8 +384,8 @@ def test_a_record_in_another_vms_name_goes_to_the_poison_callback(
     forged = json.dumps({"RecordId": "r1", "VmId": "vm-2"})
     hub.append([("vm-1", mine), ("vm-1", forged)])
     with Consumer(hub_dir) as consumer:
-        wait_for(lambda: len(consumer.poisoned) == 1)
-        wait_for(lambda: len(consumer.records) == 1)
+        eventually(lambda: len(consumer.poisoned) == 1)
+        eventually(lambda: len(consumer.records) == 1)
     assert [r["RecordId"] for r in consumer.records] == ["r0"]
     assert consumer.poisoned[0][2] == forged
     assert "does not match the sender's partition key 'vm-1'" in consumer.poisoned[0][3]

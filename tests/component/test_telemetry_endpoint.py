@@ -36,6 +36,7 @@ def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[telemetry.Endpoint]:
     served.close()
 
 
+@pytest.mark.slow
 def test_slow_clients_are_capped_and_cut_off_and_a_scrape_gets_through(
     endpoint: telemetry.Endpoint,
 ) -> None:

@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests; the process handling itself is in tests.e2e.harness."""
+"""Fixtures of the end-to-end tests; the process handling itself is in tests.support.processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from bridge import schema
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import RULE
+from tests.support.cloud import RULE
 
 
 @pytest.fixture

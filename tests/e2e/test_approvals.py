@@ -19,9 +19,9 @@ from azure.storage.queue import QueueClient
 from bridge.commands import signing
 from bridge.commands.message import Command, approve, command_id
 from bridge.config import CommandsSettings, IdentitySettings
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import (
+from tests.support.azurite import Azurite
+from tests.support.processes import (
     Agent,
     Proc,
     Processes,
@@ -30,8 +30,8 @@ from tests.e2e.harness import (
     read_records,
     run_bridge,
     scrape,
-    wait_until,
 )
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -113,7 +113,10 @@ class AzureTransport(Transport):
                 return 0
 
 
-@pytest.fixture(params=["local", "azure"])
+AZURE = pytest.param("azure", marks=[pytest.mark.broker, pytest.mark.azurite])
+
+
+@pytest.fixture(params=["local", AZURE])
 def transport(request: pytest.FixtureRequest, procs: Processes) -> Transport:
     if request.param == "local":
         return Transport(procs.workdir)
@@ -192,8 +195,11 @@ class Loop:
         def approved() -> dict[str, Any] | None:
             return next((a for a in self.approvals() if a["eventId"] == event_id), None)
 
-        return wait_until(approved, f"the simulator to receive the approval of {event_id}",
-                          details=self.describe)  # fmt: skip
+        return eventually(
+            approved,
+            what=f"the simulator to receive the approval of {event_id}",
+            details=self.describe,
+        )
 
     def approval_records(self, vm: str) -> list[Record]:
         return [r for r in self.agents[vm].records() if r["RecordType"] == "Approval"]
@@ -211,8 +217,11 @@ def test_user_reboot_is_approved_by_the_consumer(procs: Processes, transport: Tr
     event_id = loop.sim.add_event(EventType="Reboot", EventSource="User", Resources=["app-0"])
     approval = loop.wait_approved(event_id)
     assert approval["status"] == 200
-    records = wait_until(lambda: loop.approval_records(approval["vm"]), "an Approval record",
-                         details=loop.describe)  # fmt: skip
+    records = eventually(
+        lambda: loop.approval_records(approval["vm"]),
+        what="an Approval record",
+        details=loop.describe,
+    )
     assert records[0]["ApprovalOutcome"] == "Approved"
     assert records[0]["ApprovalSource"] == "Central"
     assert records[0]["ApprovalLatencyMs"] >= 0
@@ -229,7 +238,7 @@ def test_platform_reboot_is_held_and_never_approved(procs: Processes) -> None:
     def held() -> list[Record]:
         return [d for d in read_records(loop.decisions) if d["EventId"] == event_id]
 
-    decisions = wait_until(held, "the Hold decision", details=loop.describe)
+    decisions = eventually(held, what="the Hold decision", details=loop.describe)
     assert decisions[0]["DecisionAction"] == "Hold"
     assert not [a for a in loop.approvals() if a["eventId"] == event_id]
 
@@ -249,8 +258,11 @@ def test_in_a_placement_group_the_vm_an_event_names_carries_its_approval(
     consumer = loop.consumer
     assert consumer is not None
     # As in a fleet that runs: the consumer has heard from every VM (their Start heartbeats).
-    wait_until(lambda: scrape(consumer.output)["se_bridge_consumer_records_total"] >= 4,
-               "every VM's first heartbeat folded", details=loop.describe)  # fmt: skip
+    eventually(
+        lambda: scrape(consumer.output)["se_bridge_consumer_records_total"] >= 4,
+        what="every VM's first heartbeat folded",
+        details=loop.describe,
+    )
     carriers = {}
     for vm in [*named, *named]:
         event_id = loop.sim.add_event(EventType="Reboot", EventSource="User", Resources=[vm],
@@ -279,7 +291,7 @@ def test_fallback_when_the_chosen_vm_never_answers(procs: Processes, transport: 
 
     # app-1's agent starts only once the deaf app-0 holds the command, so the order of the
     # two VMs' reports cannot decide who is asked first.
-    wait_until(first_try, "the approval sent to app-0", details=loop.describe)
+    eventually(first_try, what="the approval sent to app-0", details=loop.describe)
     loop.agents["app-1"].start()
     approval = loop.wait_approved(event_id)
     assert approval["vm"] == "app-1"
@@ -322,7 +334,7 @@ def test_forged_expired_and_misdirected_commands_are_refused(
     details = " | ".join(r["ApprovalDetail"] for r in refusals(records))
     assert vm1 in details
     assert not [a for a in loop.approvals() if a["eventId"] == event_id]
-    wait_until(lambda: transport.pending(vm0) == 0, "the refused commands to be deleted")
+    eventually(lambda: transport.pending(vm0) == 0, what="the refused commands to be deleted")
 
 
 def _command(vm_id: str, event_id: str, *, issued: float, expires: float) -> Command:
@@ -344,7 +356,7 @@ def test_policy_explain_on_the_consumers_state_and_an_agents_records(procs: Proc
     def held() -> list[Record]:
         return [d for d in read_records(loop.decisions) if d["EventId"] == event_id]
 
-    [decision] = wait_until(held, "the Hold decision", details=loop.describe)
+    [decision] = eventually(held, what="the Hold decision", details=loop.describe)
     state = f"sqlite:{transport.root / 'fleet.db'}"
     done = run_bridge("policy", "explain", "--state", state, "--event", event_id, "--json")
     assert done.returncode == 0, done.stderr
@@ -392,8 +404,9 @@ def test_metrics_of_the_agent_and_the_consumer_count_an_approval(procs: Processe
                '{action="Approve",mode="normal",rule="user-initiated"}')  # fmt: skip
         return samples if samples.get(key) == 1 else None
 
-    samples = wait_until(counted, "the consumer to count its Approve decision",
-                         details=loop.describe)  # fmt: skip
+    samples = eventually(
+        counted, what="the consumer to count its Approve decision", details=loop.describe
+    )
     assert samples["se_bridge_consumer_commands_sent_total"] == 1
     assert samples["se_bridge_consumer_records_total"] >= 3
     assert samples["se_bridge_consumer_ledger_reads_total"] >= 1
@@ -404,6 +417,6 @@ def test_metrics_of_the_agent_and_the_consumer_count_an_approval(procs: Processe
         key = 'se_bridge_commands_total{outcome="Approved",source="Central"}'
         return found if found.get(key) == 1 else None
 
-    found = wait_until(approved, "the agent to count its approval", details=loop.describe)
+    found = eventually(approved, what="the agent to count its approval", details=loop.describe)
     assert found['se_bridge_records_total{transition="Scheduled",type="Event"}'] >= 1
     assert found["se_bridge_approval_latency_seconds_count"] == 1

@@ -10,8 +10,8 @@ import pytest
 
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import cloud_env
-from tests.e2e.harness import Processes, Simulator, child_env
+from tests.support.cloud import cloud_env
+from tests.support.processes import Processes, Simulator, child_env
 
 pytestmark = pytest.mark.e2e
 

@@ -15,7 +15,7 @@ import pytest
 
 from bridge import __version__
 from bridge.simulator.vms import demo_vms
-from tests.e2e.harness import (
+from tests.support.processes import (
     PYTHON,
     Agent,
     Processes,

@@ -15,8 +15,9 @@ import pytest
 
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.e2e.cloud import cloud_env
-from tests.e2e.harness import Agent, Processes, Record, Simulator, assert_all_valid, wait_until
+from tests.support.cloud import cloud_env
+from tests.support.processes import Agent, Processes, Record, Simulator, assert_all_valid
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -73,8 +74,8 @@ def test_every_record_reaches_both_clouds_through_outage_throttling_and_restart(
     def in_analytics() -> bool:
         return expected <= ids(logs.records())
 
-    wait_until(in_hub, "every record in Event Hubs", DELIVERY_WAIT)
-    wait_until(in_analytics, "every record in Log Analytics", DELIVERY_WAIT)
+    eventually(in_hub, what="every record in Event Hubs", timeout=DELIVERY_WAIT)
+    eventually(in_analytics, what="every record in Log Analytics", timeout=DELIVERY_WAIT)
     for agent in agents:
         assert agent.stop() == 0
 

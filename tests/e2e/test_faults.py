@@ -8,7 +8,8 @@ from dataclasses import asdict
 import pytest
 
 from bridge.simulator.faults import FaultPlan, Faults
-from tests.e2e.harness import Agent, Processes, Record, Simulator, assert_all_valid, wait_until
+from tests.support.processes import Agent, Processes, Record, Simulator, assert_all_valid
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +81,7 @@ def test_agent_rides_out_imds_faults(procs: Processes) -> None:
             and "not a Scheduled Events document" in log
         )
 
-    wait_until(every_fault_hit, "every kind of fault", details=agent.describe)
+    eventually(every_fault_hit, what="every kind of fault", details=agent.describe)
     sim.act(event_id, "complete")
     agent.wait_transition(event_id, "Completed")
     assert agent.proc.alive
@@ -119,9 +120,9 @@ def test_wrong_api_version_is_an_error_with_imds_own_words(procs: Processes) -> 
         procs, VM, sim.vm_url(VM), env={"SE_BRIDGE_IMDS_API_VERSION": "1999-01-01"}
     ).start()
     # It keeps asking (with backoff) rather than giving up or crashing.
-    wait_until(
+    eventually(
         lambda: sim.counters()[VM].get("status 400", 0) >= 3,
-        "three refused polls",
+        what="three refused polls",
         details=agent.describe,
     )
     assert agent.proc.alive

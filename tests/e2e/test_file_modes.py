@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import Agent, Processes, Simulator, run_bridge
+from tests.support.processes import Agent, Processes, Simulator, run_bridge
 
 pytestmark = [
     pytest.mark.e2e,

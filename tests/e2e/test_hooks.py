@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import PYTHON, Agent, Processes, Record, Simulator, assert_all_valid
+from tests.support.processes import PYTHON, Agent, Processes, Record, Simulator, assert_all_valid
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,8 @@ from email.utils import formatdate
 
 import pytest
 
-from tests.e2e.harness import Agent, Processes, Record, Simulator, assert_all_valid, wait_until
+from tests.support.processes import Agent, Processes, Record, Simulator, assert_all_valid
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -76,7 +77,7 @@ def test_event_ran_while_the_agent_was_down(procs: Processes) -> None:
     sim.act(event_id, "start")
     sim.act(event_id, "complete")
     assert sim.incarnation(VM) == base + 3
-    wait_until(lambda: time.time() > due + 1, "NotBefore to pass")
+    eventually(lambda: time.time() > due + 1, what="NotBefore to pass")
     agent.start()
     agent.wait_transition(event_id, "Completed")
     assert agent.stop() == 0

@@ -24,7 +24,7 @@ import pytest
 
 from bridge import __version__
 from bridge.simulator import scenarios
-from tests.e2e.harness import (
+from tests.support.processes import (
     Agent,
     Processes,
     Record,

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from bridge.localhub import LocalHub
-from tests.e2e.harness import Processes, read_records, run_bridge, wait_until
-from tests.fleetrecords import FleetRecords
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import Processes, read_records, run_bridge
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -64,7 +65,7 @@ def test_a_shadow_consumer_in_its_own_group_reads_everything_and_says_shadow(
     def decided() -> list[dict[str, object]]:
         return [d for d in read_records(decisions) if d.get("EventId") == EVENT]
 
-    found = wait_until(decided, "the shadow Decision", details=shadow.output)
+    found = eventually(decided, what="the shadow Decision", details=shadow.output)
     assert shadow.stop() == 0
     assert [(d["DecisionAction"], d["DecisionMode"]) for d in found] == [("Approve", "shadow")]
     assert not list((tmp_path / "commands").rglob("*.json"))  # nothing sent

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from bridge.agent import imds
 from bridge.channels.local import LocalInbox, LocalSender
 from bridge.retry import DeliveryError
-from tests.channel_contract import command, new_vm
 from tests.fuzz.strategies import FUZZ
+from tests.support.channel_contract import command, new_vm
 
 DEADLINE = 0.5
 CAP = imds.MAX_BODY["scheduledevents"]

@@ -31,7 +31,7 @@ from tests.fuzz.strategies import (
     mutations,
     seed_bodies,
 )
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 SEEDS = seed_bodies()
 ORIGIN = Origin(

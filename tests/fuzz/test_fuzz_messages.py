@@ -25,8 +25,8 @@ from bridge.consumer.core import Consumer
 from bridge.consumer.sources.batches import NotARecord, parse_record
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
-from tests.fleetrecords import FleetRecords
 from tests.fuzz.strategies import DEEP_JSON, FUZZ, NASTY_TEXT, as_json_bytes, json_values, mutations
+from tests.support.fleetrecords import FleetRecords
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

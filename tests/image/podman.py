@@ -22,7 +22,7 @@ from typing import IO
 
 import pytest
 
-from tests.e2e.harness import Proc, Processes
+from tests.support.processes import Proc, Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".cache" / "image"

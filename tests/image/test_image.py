@@ -15,17 +15,17 @@ import requests
 
 from bridge import __version__
 from bridge.localhub import LocalHub
-from tests.e2e.harness import (
+from tests.image import podman
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import (
     PROBES,
     Processes,
     Record,
     agent_reporting_a_freeze,
     assert_all_valid,
     read_records,
-    wait_until,
 )
-from tests.fleetrecords import FleetRecords
-from tests.image import podman
+from tests.support.wait import eventually
 
 pytestmark = [
     pytest.mark.image,
@@ -87,15 +87,15 @@ def test_the_consumer_in_the_image_answers_its_probes_and_consumes_a_local_hub(
         records = read_records(tmp_path / "state" / "decisions.jsonl")
         return [r for r in records if r.get("EventId") == EVENT]
 
-    found = wait_until(decided, "the consumer's Decision", details=consumer.output)
+    found = eventually(decided, what="the consumer's Decision", details=consumer.output)
     assert [d["DecisionAction"] for d in found] == ["Approve"]
-    sent = wait_until(lambda: list((tmp_path / "commands" / vm_id.lower()).glob("*.json")),
-                      "the approval command", details=consumer.output)  # fmt: skip
+    sent = eventually(lambda: list((tmp_path / "commands" / vm_id.lower()).glob("*.json")),
+                      what="the approval command", details=consumer.output)  # fmt: skip
     assert len(sent) == 1
-    address = wait_until(lambda: PROBES.search(consumer.stderr()), "the probes' address",
+    address = eventually(lambda: PROBES.search(consumer.stderr()), what="the probes' address",
                          details=consumer.output).group(1)  # fmt: skip
     assert probe(f"{address}/healthz") == 200
-    wait_until(lambda: probe(f"{address}/readyz") == 200, "/readyz to answer 200",
+    eventually(lambda: probe(f"{address}/readyz") == 200, what="/readyz to answer 200",
                details=consumer.output)  # fmt: skip
     assert consumer.stop() == 0
 

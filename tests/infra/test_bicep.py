@@ -16,7 +16,7 @@ import pytest
 
 from bridge import config
 from bridge.channels.storagequeue import queue_account, queue_name
-from tests.infra import bicep_support as bicep
+from tests.support import bicep
 
 INFRA = bicep.INFRA
 

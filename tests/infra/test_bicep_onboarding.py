@@ -20,8 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 import bridge
 from bridge import config, extras
 from bridge.commands import signing
-from tests import lock_support as lock
-from tests.infra import bicep_support as bicep
+from tests.support import bicep, lock
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.infra import bicep_support as bicep
+from tests.support import bicep
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from bridge import schema
-from tests.infra.kql_support import BAD, PARAMETERS, REQUIRED, T, session
+from tests.support.kql import BAD, PARAMETERS, REQUIRED, T, session
 from tools import kql_check
 
 INFRA_NAMES = [t.name for t in kql_check.collect()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bridge import schema
-from tests.infra.kql_support import DCR_PROBES, session
+from tests.support.kql import DCR_PROBES, session
 from tools import kql_check
 from tools.kql_check import DCR_TRANSFORM
 

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from tests.infra.kql_support import session
+from tests.support.kql import session
 from tools.kql import workbook
 
 NAME = "infra/workbook/se-bridge.workbook.json"

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from bridge import schema
-from tests.infra import bicep_support as bicep
+from tests.support import bicep
 from tools import gen_infra
 
 GENERATED = bicep.INFRA / "generated" / "schema.json"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import markers
 from tools import lockfile
 
 ROOT = lockfile.ROOT
@@ -47,11 +48,17 @@ class Run:
         return [c.removeprefix(prefix) for c in self.calls if c.startswith(prefix)]
 
 
-def _dev(tmp_path: Path, *args: str) -> Run:
+def _dev(tmp_path: Path, *args: str, tools: tuple[str, ...] = ()) -> Run:
+    """Run ./dev ARGS in a copy; `tools` are .venv/bin programs that record their calls too."""
     tree = tmp_path / "tree"
     for name in INPUTS:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, tree / name)
+    for name in tools:
+        (tree / "node_modules").mkdir(exist_ok=True)  # what the fake npm would have made
+        (tree / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
+        (tree / ".venv" / "bin" / name).write_text(FAKE_PYTHON, encoding="utf-8")
+        (tree / ".venv" / "bin" / name).chmod(0o755)
     fake = tmp_path / "bin"
     fake.mkdir()
     for name in ("python3.13", "npm"):
@@ -109,6 +116,35 @@ def test_generate_rewrites_the_generated_docs_infra_and_workbook(tmp_path: Path)
         ".venv/bin/python -m tools.kql.workbook",
     ]
     assert not any(call.startswith("npm") for call in run.calls)
+
+
+TEST_TOOLS = ("ruff", "mypy", "lint-imports", "pytest")
+LINTS = [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."]
+PYTEST = ".venv/bin/pytest -n auto --dist loadgroup --durations=15"
+
+
+def _test_checks(tmp_path: Path, *args: str) -> list[str]:
+    """What `./dev test ARGS` runs of the test command's tools, in order."""
+    run = _dev(tmp_path, "test", *args, tools=TEST_TOOLS)
+    assert run.result.returncode == 0, run.result.stderr
+    tools = {f".venv/bin/{t}" for t in TEST_TOOLS}
+    return [c.strip() for c in run.calls if c.split()[0] in tools]
+
+
+def test_test_runs_every_check_and_the_whole_suite_on_every_core(tmp_path: Path) -> None:
+    assert _test_checks(tmp_path, "-k", "normalise") == [
+        *LINTS,
+        ".venv/bin/mypy",
+        ".venv/bin/lint-imports --no-cache",
+        f"{PYTEST} -k normalise",
+    ]
+
+
+def test_test_fast_leaves_out_the_heavy_markers_and_the_slow_checks(tmp_path: Path) -> None:
+    assert _test_checks(tmp_path, "--fast", "tests/unit") == [
+        *LINTS,
+        f"{PYTEST} -m {markers.FAST} tests/unit",
+    ]
 
 
 def test_the_usage_names_every_command(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
-from tests import lock_support as lock
+from tests.support import lock
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = "/opt/se-bridge"  # the image's virtual environment, first on PATH

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
-from tests import lock_support as lock
+from tests.support import lock
 from tools import release
 
 pytestmark = pytest.mark.release

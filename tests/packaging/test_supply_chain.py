@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
-from tests import lock_support as lock
+from tests.support import lock
 from tools import functionapp, lockfile, sbom
 
 if sys.version_info >= (3, 11):

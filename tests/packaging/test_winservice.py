@@ -22,7 +22,7 @@ import pytest
 from bridge import cli
 from bridge.agent import winservice
 from bridge.simulator import SimulatorServer
-from tests.e2e.harness import wait_until
+from tests.support.wait import eventually
 
 
 class FakeScm:
@@ -195,7 +195,7 @@ def test_stop_control_flushes_the_agent_and_ends_the_run(
     thread = threading.Thread(target=run)
     thread.start()
     try:
-        wait_until(lambda: "Start" in heartbeats(tmp_path), "the agent's Start heartbeat")
+        eventually(lambda: "Start" in heartbeats(tmp_path), what="the agent's Start heartbeat")
     finally:
         service.SvcStop()
     thread.join(timeout=30)

@@ -23,5 +23,5 @@ consumers made of it.
   (issue 27; `python -m tests.benchmarks.loadgen.lagging`).
 
 It is a benchmark, never collected by pytest (tests/benchmarks/conftest.py); its own check on
-a tiny fleet is tests/component/test_loadgen.py.
+a tiny fleet is tests/benchmarks/test_loadgen.py.
 """

@@ -2,7 +2,7 @@
 (issue 27, item 5): the release rule must not take what it has not read for silence.
 
 `python -m tests.benchmarks.loadgen.lagging --help` says how to run it; its check on a small
-fleet is tests/component/test_loadgen.py.
+fleet is tests/benchmarks/test_loadgen.py.
 
 A wave of the load generator (`sim`, `waves`) is played in fleet time into two real
 consumer cores, each with its own SQLite state, that share nothing but the stream: the
@@ -56,7 +56,7 @@ from tests.benchmarks.loadgen.play import revision
 from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import FleetClock, Sim
 from tests.benchmarks.rig import ROOT, say
-from tests.support import Sender
+from tests.support.records import Sender
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 ALIVE_WITHIN = 660.0  # consumer.alive_within's default

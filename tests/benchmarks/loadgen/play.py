@@ -75,7 +75,6 @@ from bridge import sqlitewal
 from bridge.commands.message import Command, CommandError, parse
 from bridge.consumer.state.tables import collection_of, unescape_key
 from bridge.localhub import PARTITIONS, LocalHub, partition_for
-from tests.azurite import Azurite
 from tests.benchmarks import procstat
 from tests.benchmarks.loadgen import waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
@@ -84,7 +83,8 @@ from tests.benchmarks.loadgen.policy import POLICY_YAML
 from tests.benchmarks.loadgen.sim import Emitted, Sim, WallClock
 from tests.benchmarks.rig import ROOT, say
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Proc, Processes, scrape
+from tests.support.azurite import Azurite
+from tests.support.processes import Proc, Processes, scrape
 
 CONSUMER_GROUP = "$Default"
 RESULT = "result.pickle"  # in a kept work directory: what the run recorded

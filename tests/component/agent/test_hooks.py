@@ -19,7 +19,8 @@ import pytest
 from bridge.agent.hookproc import Command, HookOutcome, run_hook
 from bridge.agent.hooks import HookJob, HookRunner, plan
 from bridge.records import Origin, VmIdentity
-from tests.support import event_record
+from tests.support.records import event_record
+from tests.support.wait import eventually
 
 PY = sys.executable
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -89,15 +90,6 @@ def alive(pid: int) -> bool:
     except (ProcessLookupError, PermissionError):
         return False
     return True
-
-
-def wait_dead(pid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.02)
-    return False
 
 
 # --- one hook ------------------------------------------------------------------------------
@@ -222,7 +214,7 @@ def test_timeout_kills_the_whole_process_tree() -> None:
     assert outcome.error is None
     assert 900 <= outcome.duration_ms < 8000
     child = int(outcome.output.split()[0])
-    assert wait_dead(child), "the hook's child outlived the timeout"
+    eventually(lambda: not alive(child), 5.0, "the hook's child to die with the hook's timeout")
 
 
 def test_background_child_holding_the_pipe_does_not_hold_the_hook() -> None:
@@ -276,19 +268,12 @@ def test_phase_without_a_command_is_reported() -> None:
 # --- the runner -------------------------------------------------------------------------------
 
 
-def wait_for(path: Path) -> None:
-    deadline = time.monotonic() + WAIT
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert path.exists(), f"the hook never started: {path}"
-
-
 def test_submit_never_blocks_and_refuses_beyond_the_bound(tmp_path: Path) -> None:
     flag = tmp_path / "started"
     sleeper = py(f"import time; open({str(flag)!r}, 'w').close(); time.sleep(30)")
     with runner(prepare=sleeper, max_concurrent=1, max_pending=2, stop_timeout=0) as (r, done):
         assert r.submit(job(rid="r0", event_id="e0"))
-        wait_for(flag)
+        eventually(flag.exists, WAIT, "the hook to start")
         started = time.monotonic()
         accepted = [r.submit(job(rid=f"r{i}", event_id=f"e{i}")) for i in range(1, 5)]
         assert time.monotonic() - started < 0.5
@@ -331,10 +316,12 @@ def test_jobs_of_one_event_run_in_order_others_in_parallel(tmp_path: Path) -> No
     assert trace.read_text().split() == ["B-prepare", "A-prepare", "A-recover"]
 
 
-def test_stop_waits_for_running_hooks() -> None:
-    with runner(prepare=py("import time; time.sleep(0.4); print('done')")) as (r, done):
+def test_stop_waits_for_running_hooks(tmp_path: Path) -> None:
+    flag = tmp_path / "started"
+    code = f"import time; open({str(flag)!r}, 'w').close(); time.sleep(0.4); print('done')"
+    with runner(prepare=py(code)) as (r, done):
         assert r.submit(job())
-        time.sleep(0.1)
+        eventually(flag.exists, WAIT, "the hook to start")
         r.stop(5.0)
         assert r.active() == 0
         _, outcome = done.get_nowait()
@@ -347,7 +334,7 @@ def test_stop_kills_hooks_past_its_timeout(tmp_path: Path) -> None:
     code = f"import time; open({str(flag)!r}, 'w').close(); time.sleep(60)"
     with runner(prepare=py(code), timeout=60.0) as (r, done):
         assert r.submit(job())
-        wait_for(flag)
+        eventually(flag.exists, WAIT, "the hook to start")
         started = time.monotonic()
         r.stop(0.3)
         assert 0.3 <= time.monotonic() - started < 5.0
@@ -367,9 +354,7 @@ def test_a_failing_on_done_does_not_kill_the_worker() -> None:
         first, second = job(rid="a", event_id="A"), job(rid="b", event_id="B")
         assert r.submit(first)
         assert r.submit(second)
-        deadline = time.monotonic() + WAIT
-        while r.active() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        eventually(lambda: r.active() == 0, WAIT, "both hooks to finish")
         assert seen == [first.job_id, second.job_id]
     finally:
         r.stop(5.0)

@@ -24,6 +24,7 @@ from bridge.agent.approver import Request
 from bridge.agent.wiring import build_agent
 from bridge.config import AgentSettings, Config, ImdsSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
+from tests.support.wait import eventually
 
 DOC = b'{"DocumentIncarnation": 1, "Events": []}'
 
@@ -321,6 +322,7 @@ def test_a_body_dripped_byte_by_byte_hits_the_total_deadline() -> None:
         server.close()
 
 
+@pytest.mark.slow
 def test_an_approval_does_not_wait_behind_a_stalled_poll(
     server: ScriptedImds, tmp_path: Path
 ) -> None:
@@ -337,7 +339,7 @@ def test_an_approval_does_not_wait_behind_a_stalled_poll(
     poll = threading.Thread(target=agent.cycle, daemon=True)
     try:
         poll.start()
-        time.sleep(0.3)  # the poll's GET is in flight, held by the server
+        eventually(lambda: server.seen, what="the poll's GET to be held by the server")
         began = time.monotonic()
         attempt = agent.approver.attempt(
             Request("E1", "C1", "Local", "r", "test", datetime.now(timezone.utc))
@@ -349,6 +351,7 @@ def test_an_approval_does_not_wait_behind_a_stalled_poll(
         agent.shutdown()
 
 
+@pytest.mark.slow
 def test_heartbeats_go_on_while_a_poll_is_stalled(server: ScriptedImds, tmp_path: Path) -> None:
     """The poll's GET takes 4 s; every cycle of the loop still returns within about a second,
     so its housekeeping (the periodic heartbeat) never waits for IMDS."""

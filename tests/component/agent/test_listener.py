@@ -18,9 +18,10 @@ from bridge.records import utc_now
 from bridge.retry import PermanentError, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import FailingStart, FakeInbox, Harness, command, wait_for
-from tests.e2e.harness import run_bridge
+from tests.support.agentharness import VM
+from tests.support.approvals import FailingStart, FakeInbox, Harness, command
+from tests.support.processes import run_bridge
+from tests.support.wait import eventually
 
 Sim = tuple[Simulator, SimulatorServer]
 
@@ -45,7 +46,7 @@ def test_a_command_is_approved_recorded_and_deleted(sim: Sim, harness: Harness) 
     harness.poll()
     sent = command(vm_id(simulator), event)
     harness.inbox.put(sent.to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     assert posts(simulator, event) == [200]
     [record] = harness.records()
     assert record["ApprovalOutcome"] == "Approved"
@@ -87,7 +88,7 @@ def test_each_refusal_is_recorded_and_deleted(sim: Sim, harness: Harness, reason
     harness.poll()  # a Scheduled event: the listener reads
     text, phrase = cases[reason]
     harness.inbox.put(text)
-    wait_for(lambda: harness.inbox.deleted == [text])
+    eventually(lambda: harness.inbox.deleted == [text])
     [record] = harness.records()
     assert record["ApprovalOutcome"] == "Refused"
     assert phrase in record["ApprovalDetail"]
@@ -102,7 +103,7 @@ def test_the_event_is_checked_against_a_fresh_document(sim: Sim, harness: Harnes
     harness.poll()  # the agent's own state: Scheduled
     simulator.start_event(event)  # ... but IMDS has moved on, unseen by the agent
     harness.inbox.put(command(vm_id(simulator), event).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert (record["ApprovalOutcome"], record["EventType"]) == ("Refused", "Reboot")
     assert "has already Started" in record["ApprovalDetail"]
@@ -125,7 +126,7 @@ def test_a_command_binds_the_resources_it_was_decided_on(
     harness.start()
     harness.poll()
     harness.inbox.put(command(vm_id(simulator), event, resources=resources).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert record["ApprovalOutcome"] == outcome
     assert record["ApprovalDetail"].startswith(detail)
@@ -141,7 +142,7 @@ def test_a_retryable_imds_failure_leaves_the_command(
     harness.start(client=client)
     harness.poll()
     harness.inbox.put(command(vm_id(simulator), event).to_json())
-    wait_for(lambda: client.posts >= 2)  # read again: the message stayed
+    eventually(lambda: client.posts >= 2)  # read again: the message stayed
     assert harness.inbox.deleted == []
     assert harness.inbox.pending() == 1
     assert harness.records() == []
@@ -160,7 +161,7 @@ def test_an_imds_400_is_a_failed_approval(
     harness.start(client=client)
     harness.poll()
     harness.inbox.put(command(vm_id(simulator), event).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert record["ApprovalOutcome"] == "Failed"
     assert "IMDS answered 400" in record["ApprovalDetail"]
@@ -178,9 +179,9 @@ def test_duplicate_commands_post_once(sim: Sim, harness: Harness) -> None:
     sent = command(vm_id(simulator), event).to_json()
     harness.inbox.put(sent)
     harness.inbox.put(sent)
-    wait_for(lambda: len(harness.inbox.deleted) == 2)
+    eventually(lambda: len(harness.inbox.deleted) == 2)
     harness.inbox.put(sent)  # a late resend: a fresh message (dequeue count 1), so a replay
-    wait_for(lambda: len(harness.inbox.deleted) == 3)
+    eventually(lambda: len(harness.inbox.deleted) == 3)
     assert posts(simulator, event) == [200]
     outcomes = [(r["ApprovalOutcome"], r["ApprovalDetail"].split(":")[0])
                 for r in harness.records()]  # fmt: skip
@@ -197,7 +198,7 @@ def test_no_reads_while_nothing_is_scheduled(sim: Sim, harness: Harness) -> None
     assert harness.inbox.receives == 0
     event = user_reboot(simulator)
     harness.poll()
-    wait_for(lambda: harness.inbox.receives >= 3)  # repeated reads while it is Scheduled
+    eventually(lambda: harness.inbox.receives >= 3)  # repeated reads while it is Scheduled
     simulator.cancel_event(event)
     simulator.complete_event(started)
     harness.poll()
@@ -210,7 +211,7 @@ def test_no_reads_while_nothing_is_scheduled(sim: Sim, harness: Harness) -> None
 def test_idle_interval_reads_with_nothing_scheduled(harness: Harness) -> None:
     harness.start(idle_interval=0.2)
     harness.poll()
-    wait_for(lambda: harness.inbox.receives >= 2)
+    eventually(lambda: harness.inbox.receives >= 2)
 
 
 def test_read_failures_warn_once_and_back_off(
@@ -223,7 +224,7 @@ def test_read_failures_warn_once_and_back_off(
     harness.start()
     harness.poll()
     harness.inbox.put(command(vm_id(simulator), event).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])  # it recovered and acted
+    eventually(lambda: harness.inbox.deleted != [])  # it recovered and acted
     warnings = [r for r in caplog.records if "cannot read the command channel" in r.getMessage()]
     assert len(warnings) == 1
     assert posts(simulator, event) == [200]
@@ -237,7 +238,7 @@ def test_the_real_local_channel(sim: Sim, harness: Harness, tmp_path: Path) -> N
     harness.poll()
     LocalSender(channel).send(command(vm_id(simulator), event), time_to_live=600)
     folder = channel / vm_id(simulator).lower()
-    wait_for(lambda: posts(simulator, event) == [200] and not any(folder.iterdir()))
+    eventually(lambda: posts(simulator, event) == [200] and not any(folder.iterdir()))
     assert [r["ApprovalOutcome"] for r in harness.records()] == ["Approved"]
 
 

@@ -12,8 +12,9 @@ from bridge.config import CommandsSettings, ImdsSettings
 from bridge.records import utc_now
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import FakeInbox, Harness, command, wait_for
+from tests.support.agentharness import VM
+from tests.support.approvals import FakeInbox, Harness, command
+from tests.support.wait import eventually
 
 Sim = tuple[Simulator, SimulatorServer]
 NEIGHBOUR, AFFECTED = "db-1", "db-0"  # one availability set: db-1 sees db-0's events
@@ -41,7 +42,7 @@ def test_a_command_read_after_its_event_started_is_refused_as_late(
     simulator.start_event(event)
     sent = command(simulator.fleet.vm(VM).vm_id, event)
     harness.inbox.put(sent.to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert (record["ApprovalOutcome"], record["CommandId"]) == ("Refused", sent.command_id)
     assert record["ApprovalDetail"].startswith(f"Late: event {event} has already Started")
@@ -57,7 +58,7 @@ def test_a_command_for_an_event_that_ended_here_is_late(sim: Sim, harness: Harne
     harness.poll()  # the agent saw it Scheduled ...
     simulator.cancel_event(event)  # ... and IMDS dropped it before the command came
     harness.inbox.put(command(simulator.fleet.vm(VM).vm_id, event).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert record["ApprovalOutcome"] == "Refused"
     assert record["ApprovalDetail"].startswith(f"Late: event {event} has ended")
@@ -75,7 +76,7 @@ def test_an_expired_command_for_an_event_seen_started_is_late(sim: Sim, harness:
     harness.poll()
     expired = command(simulator.fleet.vm(VM).vm_id, event, expires=timedelta(seconds=-1))
     harness.inbox.put(expired.to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert record["ApprovalDetail"].startswith(f"Late: event {event} has already Started")
     assert record["CommandId"] == expired.command_id
@@ -93,7 +94,7 @@ def test_a_command_read_past_its_expiry_is_counted_late_and_says_how_late(
     harness.poll()
     expired = command(simulator.fleet.vm(VM).vm_id, event, expires=timedelta(seconds=-1))
     harness.inbox.put(expired.to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert record["ApprovalDetail"].startswith("Expired: it expired at ")
     assert "after the consumer issued it" in record["ApprovalDetail"]
@@ -108,7 +109,7 @@ def test_an_event_this_vm_never_saw_is_not_late(sim: Sim, harness: Harness) -> N
     harness.poll()
     unknown = "00000000-0000-0000-0000-000000000001"
     harness.inbox.put(command(simulator.fleet.vm(VM).vm_id, unknown).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     [record] = harness.records()
     assert record["ApprovalOutcome"] == "Refused"
     assert not record["ApprovalDetail"].startswith("Late")
@@ -137,11 +138,11 @@ def test_a_command_queued_before_the_last_event_started_is_still_read(
     try:
         harness.start()
         harness.poll()
-        wait_for(lambda: harness.inbox.receives == 1)  # the next read is 10 s away
+        eventually(lambda: harness.inbox.receives == 1)  # the next read is 10 s away
         harness.inbox.put(command(simulator.fleet.vm(NEIGHBOUR).vm_id, event).to_json())
         simulator.start_event(event)
         harness.poll()  # nothing Scheduled any more: one last read
-        wait_for(lambda: harness.inbox.deleted != [], timeout=5)
+        eventually(lambda: harness.inbox.deleted != [], timeout=5)
         [record] = harness.records()
         assert record["ApprovalDetail"].startswith(f"Late: event {event} has already Started")
         assert late_count(harness, "Started") == 1

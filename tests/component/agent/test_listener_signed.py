@@ -21,8 +21,9 @@ from bridge.config import CommandsSettings, Config
 from bridge.records import utc_now
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import FakeInbox, Harness, command, wait_for
+from tests.support.agentharness import VM
+from tests.support.approvals import FakeInbox, Harness, command
+from tests.support.wait import eventually
 
 Sim = tuple[Simulator, SimulatorServer]
 KEY = signing.Signer(Ed25519PrivateKey.generate())
@@ -86,7 +87,7 @@ def refusal(harness: Harness, text: str) -> dict[str, Any]:
     """Send `text`, wait until it is deleted: the one Approval record it made."""
     before = len(harness.inbox.deleted)
     harness.inbox.put(text)
-    wait_for(lambda: len(harness.inbox.deleted) > before)
+    eventually(lambda: len(harness.inbox.deleted) > before)
     (record,) = harness.records()
     assert record["ApprovalOutcome"] == "Refused"
     return record
@@ -99,7 +100,7 @@ def code(record: dict[str, Any]) -> str:
 def test_a_signed_command_is_approved(sim: Sim, harness: SignedHarness) -> None:
     simulator, event, vm = setup(sim, harness)
     harness.inbox.put(KEY.sign(command(vm, event)).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     assert posts(simulator, event) == [200]
     (record,) = harness.records()
     assert record["ApprovalOutcome"] == "Approved"
@@ -168,14 +169,14 @@ def test_a_replay_is_refused_and_recorded_a_redelivery_is_not(
     simulator, event, vm = setup(sim, harness)
     text = KEY.sign(command(vm, event)).to_json()
     inbox.put(text)
-    wait_for(lambda: len(inbox.deleted) == 1)
+    eventually(lambda: len(inbox.deleted) == 1)
     inbox.dequeue_count = 2  # the same message again after a crash before its delete
     inbox.put(text)
-    wait_for(lambda: len(inbox.deleted) == 2)
+    eventually(lambda: len(inbox.deleted) == 2)
     assert [r["ApprovalOutcome"] for r in harness.records()] == ["Approved"]
     inbox.dequeue_count = 1
     inbox.put(text)  # a fresh message with that CommandId: a replay
-    wait_for(lambda: len(inbox.deleted) == 3)
+    eventually(lambda: len(inbox.deleted) == 3)
     replayed = harness.records()[-1]
     assert code(replayed) == "Replayed"
     assert replayed["ApprovalOutcome"] == "Refused"
@@ -187,13 +188,13 @@ def test_a_refused_command_stays_refused_across_a_restart(sim: Sim, harness: Sig
     gone = "00000000-0000-0000-0000-000000000001"  # not in the document: refused by IMDS state
     text = KEY.sign(command(vm, gone)).to_json()
     harness.inbox.put(text)
-    wait_for(lambda: len(harness.inbox.deleted) == 1)
+    eventually(lambda: len(harness.inbox.deleted) == 1)
     harness.stop()
     harness.inbox = FakeInbox()
     harness.start_signed()
     harness.poll()
     harness.inbox.put(text)
-    wait_for(lambda: len(harness.inbox.deleted) == 1)
+    eventually(lambda: len(harness.inbox.deleted) == 1)
     first, again = harness.records()
     assert "is not in this VM's current Scheduled Events document" in first["ApprovalDetail"]
     assert code(again) == "Replayed"
@@ -213,7 +214,7 @@ def test_a_command_signed_with_another_key_on_the_real_local_channel(
     sender = SigningSender(LocalSender(channel), OTHER_KEY)
     sender.send(command(vm, event), time_to_live=600)
     folder = channel / vm.lower()
-    wait_for(lambda: bool(harness.records()) and not any(folder.iterdir()))
+    eventually(lambda: bool(harness.records()) and not any(folder.iterdir()))
     (record,) = harness.records()
     assert code(record) == "UnknownKey"
     assert record["ApprovalOutcome"] == "Refused"

@@ -21,9 +21,10 @@ from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import VmIdentity
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM
-from tests.component.approval_support import Harness, command, wait_for
-from tests.e2e.harness import run_bridge
+from tests.support.agentharness import VM
+from tests.support.approvals import Harness, command
+from tests.support.processes import run_bridge
+from tests.support.wait import eventually
 
 Sim = tuple[Simulator, SimulatorServer]
 
@@ -113,7 +114,7 @@ def test_approve_when_ready_waits_for_the_prepare_hook(sim: Sim, harness: Harnes
     harness.start(channel=None, policy=policy, hooks=HooksSettings(prepare=hook))
     harness.poll()
     assert posts(simulator, event) == []  # the hook is still running
-    wait_for(lambda: harness.records("Hook") != [])
+    eventually(lambda: harness.records("Hook") != [])
     harness.poll()
     assert posts(simulator, event) == [200]
 
@@ -151,7 +152,7 @@ def test_an_event_approved_locally_is_not_approved_again_by_a_command(
     harness.start(policy=DEFAULT_POLICY)
     harness.poll()
     harness.inbox.put(command(simulator.fleet.vm(VM).vm_id, event).to_json())
-    wait_for(lambda: harness.inbox.deleted != [])
+    eventually(lambda: harness.inbox.deleted != [])
     harness.poll(2)
     assert posts(simulator, event) == [200]
     assert [r["ApprovalSource"] for r in harness.records()] == ["Local"]

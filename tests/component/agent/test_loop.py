@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,8 @@ from bridge.agent.wiring import build_agent
 from bridge.config import Config, HooksSettings
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
-from tests.component.agentharness import VM, AgentHarness
+from tests.support.agentharness import VM, AgentHarness
+from tests.support.wait import eventually
 
 
 class Harness(AgentHarness):
@@ -40,13 +40,6 @@ def harness(sim: tuple[Simulator, SimulatorServer], tmp_path: Path) -> Iterator[
     h = Harness(sim[1], tmp_path)
     yield h
     h.stop()
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def transitions(records: list[dict[str, Any]]) -> list[tuple[str, str, bool]]:
@@ -216,7 +209,7 @@ def test_hooks_run_and_leave_hook_records(
     harness.poll()
     simulator.cancel_event(event)
     harness.poll()
-    wait_for(lambda: marker.exists() and len(marker.read_text().splitlines()) == 2)
+    eventually(lambda: marker.exists() and len(marker.read_text().splitlines()) == 2)
     harness.stop()
     assert marker.read_text().splitlines() == ["prepare Scheduled", "recover Canceled"]
     hook_records = harness.records("Hook")
@@ -246,7 +239,7 @@ def test_hook_queued_at_stop_runs_at_next_start(
     ran_before = marker.read_text().splitlines() if marker.exists() else []
     assert len(ran_before) <= 1
     harness.start(hooks=hooks)
-    wait_for(lambda: marker.exists() and len(marker.read_text().splitlines()) == 2)
+    eventually(lambda: marker.exists() and len(marker.read_text().splitlines()) == 2)
     harness.stop()
     assert sorted(marker.read_text().splitlines()) == sorted([first, second])
     assert len(harness.records("Hook")) == 2

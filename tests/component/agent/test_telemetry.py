@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -23,6 +22,7 @@ from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from bridge.sinks.base import BaseSink, SpooledRecord
 from bridge.sinks.jsonl import JsonlSink
+from tests.support.wait import eventually
 
 VM = "vm-0"
 
@@ -44,13 +44,6 @@ class FlakySink(BaseSink):
 
     def close(self) -> None:
         pass
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, f"{what} did not happen in {timeout} s"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -86,9 +79,11 @@ def test_readiness_fails_and_recovers_with_imds_and_a_sink(
     assert "IMDS has not answered" in answer.json()["why"]
     agent.cycle()
     # The Start heartbeat reached the sink, which refuses it for good.
-    wait_for(lambda: "flaky fails for good" in get(agent, "/readyz").json()["why"], "not ready")
+    eventually(
+        lambda: "flaky fails for good" in get(agent, "/readyz").json()["why"], what="not ready"
+    )
     sink.broken = False
-    wait_for(lambda: get(agent, "/readyz").status_code == 200, "ready again")
+    eventually(lambda: get(agent, "/readyz").status_code == 200, what="ready again")
     simulator.set_faults({"rate503": 1.0}, VM)
     clock[0] += timedelta(seconds=15)
     agent.cycle()
@@ -96,11 +91,14 @@ def test_readiness_fails_and_recovers_with_imds_and_a_sink(
     assert answer.status_code == 503
     assert "IMDS has not answered since" in answer.json()["why"]
     simulator.clear_faults()
-    wait_for(lambda: (agent.cycle(), get(agent, "/readyz").status_code)[1] == 200, "IMDS back")
+    eventually(
+        lambda: (agent.cycle(), get(agent, "/readyz").status_code)[1] == 200, what="IMDS back"
+    )
     assert get(agent, "/healthz").status_code == 200
     assert get(agent, "/nothing").status_code == 404
 
 
+@pytest.mark.slow
 def test_metrics_count_what_the_agent_did(
     sim: tuple[Simulator, SimulatorServer], made: tuple[Agent, FlakySink, list[datetime]]
 ) -> None:
@@ -110,8 +108,8 @@ def test_metrics_count_what_the_agent_did(
     event = simulator.add_event(EventSpec("Freeze", (VM,)))
     agent.cycle()
     agent.cycle()
-    wait_for(lambda: "se_bridge_delivery_failures_total{kind=\"permanent\"" in get(
-        agent, "/metrics").text, "the sink's failure counted")  # fmt: skip
+    eventually(lambda: "se_bridge_delivery_failures_total{kind=\"permanent\"" in get(
+        agent, "/metrics").text, what="the sink's failure counted")  # fmt: skip
     text = get(agent, "/metrics").text
     samples = dict(_samples(text))
     assert samples['se_bridge_imds_polls_total{outcome="ok"}'] >= 3

@@ -16,21 +16,29 @@ from bridge.channels import CommandInbox, CommandSender, Received
 from bridge.channels.local import TEMP_GRACE, LocalInbox, LocalSender
 from bridge.config import CommandsSettings, Config
 from bridge.retry import PermanentError
-from tests.channel_contract import ChannelContract, command, new_vm
+from tests.support.channel_contract import ChannelContract, command, new_vm
+from tests.support.wait import eventually
 
 
 class LocalHarness:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         self._open: list[CommandSender | CommandInbox] = []
+        self.now = time.time()  # the channel's clock, moved by pass_time
+
+    def clock(self) -> float:
+        return self.now
 
     def sender(self) -> CommandSender:
-        self._open.append(LocalSender(self.directory))
+        self._open.append(LocalSender(self.directory, clock=self.clock))
         return self._open[-1]  # type: ignore[return-value]
 
     def inbox(self, vm_id: str, visibility_timeout: float = 30.0) -> CommandInbox:
-        self._open.append(LocalInbox(self.directory, vm_id, visibility_timeout))
+        self._open.append(LocalInbox(self.directory, vm_id, visibility_timeout, clock=self.clock))
         return self._open[-1]  # type: ignore[return-value]
+
+    def pass_time(self, seconds: float) -> None:
+        self.now += seconds
 
     def send_raw(self, vm_id: str, text: str) -> None:
         folder = self.directory / vm_id.lower()
@@ -201,8 +209,8 @@ def test_the_builders_make_local_channels_from_the_spec(tmp_path: Path) -> None:
     inbox = channels.inbox(f"local:{tmp_path}", config, vm)
     assert isinstance(inbox, LocalInbox)
     [first] = inbox.receive(5)
-    time.sleep(1.2)  # the configured visibility timeout, not a default, applies
-    [again] = inbox.receive(5)
+    # Visible again after the configured visibility timeout, long before a default one.
+    [again] = eventually(lambda: inbox.receive(5), timeout=10, what="the message visible again")
     assert (first.dequeue_count, again.dequeue_count) == (1, 2)
 
 

@@ -22,7 +22,7 @@ from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.views import FleetCache
 from bridge.records import parse_time
 from bridge.retry import RetryableError
-from tests.fleetrecords import FleetRecords
+from tests.support.fleetrecords import FleetRecords
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 KEY_READS = "SELECT key, etag, value FROM docs WHERE collection = 'vm' AND key IN"

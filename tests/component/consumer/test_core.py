@@ -19,8 +19,8 @@ from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.views import FleetCache
 from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
 from bridge.retry import RetryableError
-from tests.fleetrecords import SUBSCRIPTION, FleetRecords
-from tests.support import Sender, assert_valid
+from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
+from tests.support.records import Sender, assert_valid
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

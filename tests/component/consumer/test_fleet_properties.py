@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ from bridge.consumer.reading import Position
 from bridge.consumer.state.memory import MemoryStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView, vm_matches
 from bridge.records import iso
-from tests.fleetrecords import SUBSCRIPTION, FleetRecords
+from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
 
 OTHER = "8d5f9c8e-0000-4000-8000-0000000000b2"  # a second subscription
 
@@ -518,6 +519,7 @@ STALL = {
 }  # fmt: skip
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(vms=fleets(), policy=policies(), steps=st.lists(STEPS, max_size=40))
 @example(**STALL)

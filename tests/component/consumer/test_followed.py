@@ -14,7 +14,7 @@ import pytest
 from bridge.cli import build_parser
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.component.consumer.test_core import E1, E2, Rig
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 
 def when_ready(on_deadline: Literal["approve", "hold"] = "hold") -> Policy:

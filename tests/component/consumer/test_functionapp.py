@@ -40,8 +40,8 @@ from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import BaseSink, SpooledRecord
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.fleetrecords import FleetRecords
-from tests.support import assert_valid
+from tests.support.fleetrecords import FleetRecords
+from tests.support.records import assert_valid
 
 ROOT = Path(__file__).resolve().parents[3]
 APP_DIR = ROOT / "functions"

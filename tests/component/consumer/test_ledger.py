@@ -27,8 +27,8 @@ from bridge.consumer.ledger import (
 from bridge.consumer.state import MAX_VALUE_CHARS, Conflict, Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView
-from tests.fleetrecords import FleetRecords
-from tests.support import Sender
+from tests.support.fleetrecords import FleetRecords
+from tests.support.records import Sender
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 APPROVE_ALL = Rule("all", Match(), Action("approve"))
@@ -44,6 +44,7 @@ def event_id(n: int) -> str:
     return str(uuid.UUID(int=n + 1)).upper()
 
 
+@pytest.mark.slow
 def test_thousands_of_open_approvals_fit_and_no_document_grows_with_them(tmp_path: Path) -> None:
     # The Spot eviction storm of the load generator: before the shards, the one ledger
     # document passed Table Storage's entity limit at about 1,500 open approvals, and every

@@ -20,7 +20,7 @@ from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, R
 from bridge.records import iso
 from tests.component.consumer.test_caches import CostlyFeed
 from tests.component.consumer.test_core import E1, E2, Rig
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 E3 = "B2C3D4E5-0000-4000-8000-000000000003"
 E4 = "C3D4E5F6-0000-4000-8000-000000000004"

@@ -56,8 +56,8 @@ from bridge.consumer.state import Doc, Store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from bridge.records import parse_time
-from tests.fleetrecords import FleetRecords
-from tests.state_support import DelegatingStore, touch_ledger
+from tests.support.fleetrecords import FleetRecords
+from tests.support.state import DelegatingStore, touch_ledger
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 SETTINGS = ConsumerSettings(alive_within=120.0, approval_timeout=30.0)
@@ -685,6 +685,7 @@ def finish(world: World) -> None:
         world.tick(index)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "store",
     # QueriedSqlite as on Table Storage: a batch decides on the ledger last read or written,

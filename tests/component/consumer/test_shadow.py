@@ -12,7 +12,7 @@ from typing import Any
 
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.component.consumer.test_core import Rig
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 POLICY = Policy(
     rules=(

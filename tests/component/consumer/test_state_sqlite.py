@@ -21,7 +21,7 @@ _INCREMENTS = """
 import sys
 from pathlib import Path
 from bridge.consumer.state.sqlite import SqliteStore
-from tests.state_support import increment
+from tests.support.state import increment
 
 store = SqliteStore(Path(sys.argv[1]))
 sys.stdin.readline()  # start together, so the two really contend

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bridge.outbox.delivery import Delivery
+from bridge.outbox.delivery import IDLE_WAIT, Delivery
 from bridge.outbox.inspect import inspect
 from bridge.outbox.spool import Spool, SpoolError, StateKey
 from bridge.records import parse_time
@@ -24,6 +24,7 @@ from bridge.retry import (
     ThrottledError,
 )
 from bridge.sinks import BaseSink, Sink, SpooledRecord
+from tests.support.wait import eventually
 
 
 class FakeSink(BaseSink):
@@ -84,31 +85,50 @@ class RecordingWait:
         stop.wait(0.001)  # a sink that stays down must not spin the CPU
 
 
+class WaitsSpool(Spool):
+    """A spool that keeps every wait a worker asks of it: ("records", timeout) when it has
+    nothing to send, ("change", timeout) when it holds what it read for the next send. A test
+    reads in them what a worker decided, instead of sleeping to see that it does nothing."""
+
+    def __init__(self, path: Path, sinks: list[str]) -> None:
+        super().__init__(path, sinks)
+        self.waits: list[tuple[str, float]] = []
+
+    def wait_for_records(
+        self, sink: str, timeout: float, *, cancel: threading.Event | None = None
+    ) -> bool:
+        self.waits.append(("records", timeout))
+        return super().wait_for_records(sink, timeout, cancel=cancel)
+
+    def wait_for_change(
+        self, since: int, timeout: float, *, cancel: threading.Event | None = None
+    ) -> None:
+        self.waits.append(("change", timeout))
+        super().wait_for_change(since, timeout, cancel=cancel)
+
+    def holds_since(self, mark: int) -> bool:
+        """Whether a worker held what it read (for its next send) after the first `mark` waits."""
+        return any(kind == "change" for kind, _ in self.waits[mark:])
+
+
 def rec(n: int, record_type: str = "Event") -> dict[str, Any]:
     return {"RecordId": f"r{n}", "RecordType": record_type, "N": n}
-
-
-def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.002)
 
 
 def fast_backoff() -> Backoff:
     return Backoff(initial=0.5, maximum=60.0, rng=random.Random(7))
 
 
-Run = Callable[..., tuple[Spool, Delivery]]
+Run = Callable[..., tuple[WaitsSpool, Delivery]]
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[Run]:
     """Open a spool for these sinks and start delivering to them; stopped at teardown."""
-    started: list[tuple[Spool, Delivery]] = []
+    started: list[tuple[WaitsSpool, Delivery]] = []
 
-    def run_(sinks: Sequence[FakeSink], **kwargs: Any) -> tuple[Spool, Delivery]:
-        spool = Spool(tmp_path / "spool.db", [sink.name for sink in sinks])
+    def run_(sinks: Sequence[FakeSink], **kwargs: Any) -> tuple[WaitsSpool, Delivery]:
+        spool = WaitsSpool(tmp_path / "spool.db", [sink.name for sink in sinks])
         kwargs.setdefault("backoff_factory", fast_backoff)
         kwargs.setdefault("wait", RecordingWait())
         delivery = Delivery(spool, sinks, **kwargs)
@@ -124,7 +144,7 @@ def run(tmp_path: Path) -> Iterator[Run]:
 
 def settled(delivery: Delivery, sink: str) -> None:
     """Wait for the worker's bookkeeping after its last ack (flush returns at the ack)."""
-    wait_until(lambda: delivery.status()[sink]["consecutive_failures"] == 0)
+    eventually(lambda: delivery.status()[sink]["consecutive_failures"] == 0)
 
 
 def warnings_and_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -323,9 +343,9 @@ def test_a_failing_sink_never_holds_the_others_back_and_catches_up_in_order(
     spool, delivery = run([down, healthy])
     spool.commit([rec(n) for n in range(5)])
 
-    wait_until(lambda: len(healthy.delivered) == 5)
+    eventually(lambda: len(healthy.delivered) == 5)
     spool.commit([rec(n) for n in range(5, 8)])
-    wait_until(lambda: len(healthy.delivered) == 8)
+    eventually(lambda: len(healthy.delivered) == 8)
     assert down.delivered == []
     assert spool.depth() == 8  # held for the sink that is down
     assert delivery.flush(0.01) is False
@@ -345,7 +365,7 @@ def test_undelivered_records_survive_a_restart(tmp_path: Path) -> None:
     delivery = Delivery(spool, [sink], wait=RecordingWait())
     delivery.start()
     spool.commit([rec(1), rec(2)])
-    wait_until(lambda: len(sink.batches) > 0)
+    eventually(lambda: len(sink.batches) > 0)
     delivery.stop(10)
     spool.close()
 
@@ -364,7 +384,7 @@ def test_undelivered_records_survive_a_restart(tmp_path: Path) -> None:
 def test_an_idle_worker_sleeps_until_records_arrive(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spool = Spool(tmp_path / "spool.db", ["s"])
+    spool = WaitsSpool(tmp_path / "spool.db", ["s"])
     reads: list[str] = []
     read_batch = spool.read_batch
 
@@ -377,11 +397,12 @@ def test_an_idle_worker_sleeps_until_records_arrive(
     delivery = Delivery(spool, [sink])  # the agent's default idle timeout
     delivery.start()
     try:
-        wait_until(lambda: len(reads) == 1)
-        time.sleep(2.5)  # a worker on a one-second timer would have read the spool again
+        eventually(lambda: spool.waits, what="the worker to wait for records")
+        # Not a one-second timer: one read, then a wait as long as the idle wait.
+        assert spool.waits == [("records", IDLE_WAIT)]
         assert len(reads) == 1
         spool.commit([rec(1)])
-        wait_until(lambda: sink.delivered == ["r1"])  # woken by the commit, not a timeout
+        eventually(lambda: sink.delivered == ["r1"])  # woken by the commit, not a timeout
     finally:
         delivery.stop(10)
         spool.close()
@@ -403,7 +424,7 @@ def test_stop_interrupts_a_long_backoff_and_an_idle_wait(tmp_path: Path) -> None
     delivery.start()
     try:
         spool.commit([rec(1)])
-        wait_until(lambda: idle.delivered == ["r1"] and len(throttled.batches) == 1)
+        eventually(lambda: idle.delivered == ["r1"] and len(throttled.batches) == 1)
         started = time.monotonic()
         delivery.stop(30)
         assert time.monotonic() - started < 10  # not an hour
@@ -421,7 +442,7 @@ def test_status_reports_progress_and_a_secret_free_last_error(run: Run) -> None:
     down.up.clear()
     spool, delivery = run([down])
     spool.commit([rec(1), rec(2)])
-    wait_until(lambda: delivery.status()["down"]["consecutive_failures"] >= 2)
+    eventually(lambda: delivery.status()["down"]["consecutive_failures"] >= 2)
 
     status = delivery.status()["down"]
     assert status["acked_seq"] == 0
@@ -448,7 +469,7 @@ def test_a_sinks_last_error_is_kept_in_the_spool_for_status_until_it_delivers(
     up = FakeSink("up")
     spool, delivery = run([down, up])
     spool.commit([rec(1)])
-    wait_until(lambda: delivery.status()["down"]["consecutive_failures"] >= 2)
+    eventually(lambda: delivery.status()["down"]["consecutive_failures"] >= 2)
     # Read as `se-bridge status` reads it: from the file, by another connection.
     kept = inspect(tmp_path / "spool.db").state[StateKey.DELIVERY]["sinks"]
     assert list(kept) == ["down"]
@@ -494,7 +515,7 @@ class IdlingSink(FakeSink):
 def test_a_sink_is_told_when_there_is_nothing_to_send(run: Run) -> None:
     sink = IdlingSink()
     spool, delivery = run([sink], idle_wait=0.05)
-    wait_until(lambda: sink.idles >= 3)  # a failing idle() stops nothing
+    eventually(lambda: sink.idles >= 3)  # a failing idle() stops nothing
     spool.commit([rec(1)])
     assert delivery.flush(10)
     assert sink.delivered == ["r1"]
@@ -518,8 +539,7 @@ def test_the_idle_look_comes_when_the_sink_asks_for_it_not_a_minute_later(run: R
     namespace's connection quota a fifth of the time."""
     sink = ClosingSink()
     spool, delivery = run([sink], idle_wait=60.0)
-    wait_until(lambda: len(sink.looks) >= 3, timeout=5.0)
-    time.sleep(0.3)
+    eventually(lambda: ("records", 60.0) in spool.waits, what="the loop's own idle wait")
     assert len(sink.looks) == 3  # then back to the loop's own wait: nothing more to let go
     spool.commit([rec(1)])
     assert delivery.flush(10)
@@ -541,18 +561,19 @@ def test_what_can_wait_goes_with_the_next_send_and_what_cannot_goes_at_once(run:
     sink = HoldingSink("holding", max_batch=5)
     spool, delivery = run([sink])
     spool.commit([rec(1)])
-    wait_until(lambda: sink.delivered == ["r1"])
+    eventually(lambda: sink.delivered == ["r1"])
+    mark = len(spool.waits)
     spool.commit([rec(2, "Heartbeat")])
     spool.commit([rec(3, "Heartbeat")])
-    time.sleep(0.3)
+    eventually(lambda: spool.holds_since(mark), what="the worker to hold the heartbeats")
     assert sink.delivered == ["r1"]  # held: one send a minute for these
     spool.commit([rec(4)])
-    wait_until(lambda: sink.delivered == ["r1", "r2", "r3", "r4"])
+    eventually(lambda: sink.delivered == ["r1", "r2", "r3", "r4"])
     assert sink.batches[-1] == [2, 3, 4]  # one request for all three
     # A full batch is a whole request already: it goes, and what is behind it too.
+    mark = len(spool.waits)
     spool.commit([rec(n, "Heartbeat") for n in range(5, 11)])
-    wait_until(lambda: len(sink.delivered) == 9)
-    time.sleep(0.3)
+    eventually(lambda: spool.holds_since(mark), what="the worker to hold the tenth")
     assert len(sink.delivered) == 9  # the tenth waits for the next
     # Flushing (a stopping agent) holds nothing back.
     assert delivery.flush(10)
@@ -584,10 +605,10 @@ def test_a_record_spooled_while_held_records_are_read_still_wakes_the_hold(
     delivery.start()
     try:
         spool.commit([rec(1)])
-        wait_until(lambda: sink.delivered == ["r1"])
+        eventually(lambda: sink.delivered == ["r1"])
         spool.late = [rec(3)]  # cannot wait: appended just after the heartbeat below is read
         spool.commit([rec(2, "Heartbeat")])
-        wait_until(lambda: sink.delivered == ["r1", "r2", "r3"], timeout=5.0)
+        eventually(lambda: sink.delivered == ["r1", "r2", "r3"], timeout=5.0)
     finally:
         delivery.stop(10)
         spool.close()

@@ -21,6 +21,7 @@ from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.faults import FaultPlan, Faults
 from bridge.simulator.fleet import Fleet, UnknownEventError
 from bridge.simulator.vms import demo_vms
+from tests.support.wait import eventually
 
 META = {"Metadata": "true"}
 LATEST = {"api-version": "2020-07-01"}
@@ -75,13 +76,6 @@ def document(http: requests.Session, base: str, version: str = "2020-07-01") -> 
 def approve(http: requests.Session, base: str, body: Any) -> requests.Response:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     return http.post(base + SCHEDULED_EVENTS, params=LATEST, headers=META, data=data)
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 # -- the rules every IMDS request follows ------------------------------------------------
@@ -171,7 +165,7 @@ def test_one_approval_starts_a_live_migration_for_every_vm_that_sees_it(
     assert approve(http, server.vm_url("web_0"), {"StartRequests": [{"EventId": event_id}]}).ok
     [started] = document(http, server.vm_url("web_1"))["Events"]
     assert (started["EventStatus"], started["NotBefore"]) == ("Started", "")
-    wait_until(lambda: document(http, server.vm_url("web_2"))["Events"] == [])
+    eventually(lambda: document(http, server.vm_url("web_2"))["Events"] == [])
     assert document(http, server.vm_url("web_2"))["DocumentIncarnation"] == start + 3
     assert [(a.vm, a.event_id, a.status) for a in sim.approvals()] == [("web_0", event_id, 200)]
 
@@ -185,7 +179,7 @@ def test_an_event_nobody_approves_starts_at_not_before(
     [event] = document(http, server.vm_url("vm-1"))["Events"]
     not_before = parsedate_to_datetime(event["NotBefore"]).timestamp()
     assert scheduled_at - 1 <= not_before <= scheduled_at + 0.2
-    wait_until(
+    eventually(
         lambda: document(http, server.vm_url("vm-1"))["Events"][0]["EventStatus"] == "Started"
     )
     assert time.time() >= not_before
@@ -269,7 +263,7 @@ def test_an_approval_delay_keeps_the_event_scheduled_for_a_while(
     [event_id] = sim.run_scenario("user-reboot", vms=["vm-0"], run_time=6000)
     approve(http, server.vm_url("vm-0"), {"StartRequests": [{"EventId": event_id}]})
     assert document(http, server.vm_url("vm-0"))["Events"][0]["EventStatus"] == "Scheduled"
-    wait_until(
+    eventually(
         lambda: document(http, server.vm_url("vm-0"))["Events"][0]["EventStatus"] == "Started"
     )
 
@@ -654,6 +648,17 @@ def test_the_cli_serves_prints_urls_and_exits_0_on_a_signal(
         _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 0
     assert "scheduled; 1 VM(s) see it" in stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_signal_as_soon_as_the_cli_announces_itself_stops_it_cleanly() -> None:
+    # The first line says the simulator is there: from then on a signal stops it with 0.
+    with _start_cli("--vms", "50", "--scenario", "user-reboot") as proc:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("IMDS simulator for 50 VMs at ")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    assert proc.returncode == 0
 
 
 @pytest.mark.parametrize(

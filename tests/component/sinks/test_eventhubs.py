@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import json
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +15,8 @@ from bridge.retry import PermanentError, PoisonRecords, RetryableError
 from bridge.sinks import SpooledRecord, eventhubs
 from bridge.sinks.eventhubs import EventHubsSink
 from tests.doubles.eventhubs_broker import SERVER_BUSY, UNAUTHORIZED, EventHubsBroker
-from tests.support import assert_valid, event_record
+from tests.support.records import assert_valid, event_record
+from tests.support.wait import eventually
 
 
 @pytest.fixture
@@ -187,9 +187,6 @@ def test_an_idle_producer_lets_its_connection_go_and_the_next_send_opens_one(
     assert broker.connection_count == 1
     monkeypatch.setattr(eventhubs, "IDLE_CLOSE", 0.0)
     assert sink.idle() is None
-    deadline = time.monotonic() + 10
-    while broker.connection_count and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert broker.connection_count == 0
+    eventually(lambda: broker.connection_count == 0, what="the idle sink to close its connection")
     sink.send(spooled(1, start=2))
     assert [json.loads(e.body)["RecordId"] for e in broker.events()] == ["r1", "r2"]

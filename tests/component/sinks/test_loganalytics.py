@@ -24,7 +24,7 @@ from bridge.simulator.vms import demo_vms
 from bridge.sinks import SpooledRecord
 from bridge.sinks.loganalytics import LogAnalyticsSink
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.support import assert_valid, event_record
+from tests.support.records import assert_valid, event_record
 
 RULE = "dcr-00000000000000000000000000000001"
 
@@ -167,6 +167,7 @@ def test_every_record_refused_means_the_dcr_does_not_match(
     assert "redeploy infra/" in str(info.value)
 
 
+@pytest.mark.slow
 def test_without_a_managed_identity_the_error_says_what_to_do(
     double: LogsIngestionDouble, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -26,8 +27,8 @@ from bridge.channels.storagequeue import (
 from bridge.cloud import identity
 from bridge.config import CommandsSettings, Config, StorageSettings
 from bridge.retry import PermanentError, RetryableError, ThrottledError
-from tests.azurite import ACCOUNT, KEY, Azurite
-from tests.channel_contract import ChannelContract, command, new_vm
+from tests.support.azurite import ACCOUNT, KEY, Azurite
+from tests.support.channel_contract import ChannelContract, command, new_vm
 
 
 def queue_sender(config: Config, *, cache_size: int = 1024) -> StorageQueueSender:
@@ -67,6 +68,9 @@ class QueueHarness:
             with contextlib.suppress(Exception):
                 client.create_queue()
             client.send_message(text)
+
+    def pass_time(self, seconds: float) -> None:
+        time.sleep(seconds)  # the queue's time is the server's
 
     def close(self) -> None:
         for end in self._open:

@@ -29,11 +29,9 @@ from bridge.consumer.state import Conflict, Doc
 from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.tables import TableStore
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Processes, Record
-from tests.fleetrecords import FleetRecords
-from tests.integration.consumer_cloud import (
+from tests.support.azurite import Azurite
+from tests.support.consumer_cloud import (
     CloudConsumers,
     PlannedEvent,
     assert_budget_held,
@@ -41,7 +39,9 @@ from tests.integration.consumer_cloud import (
     by_event,
     scale_set_of,
 )
-from tests.state_support import DelegatingStore, tables_config, unique_table
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import Processes, Record
+from tests.support.state import DelegatingStore, tables_config, unique_table
 
 EVENT_TYPES = ("Reboot", "Redeploy", "Freeze")
 

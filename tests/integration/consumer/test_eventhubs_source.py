@@ -26,8 +26,9 @@ from bridge.consumer.sources.eventhubs import checkpoint_store, run_eventhubs
 from bridge.retry import Backoff, RetryableError, ThrottledError
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
+from tests.support.azurite import Azurite
+from tests.support.wait import eventually
 
 HUB = "records"
 GROUP = "$Default"
@@ -141,20 +142,13 @@ class Consumer:
         self.stopped_in = time.monotonic() - started
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def test_every_record_is_handed_over_in_order_and_checkpointed(
     config: Config, broker: EventHubsBroker, store: BlobCheckpointStore
 ) -> None:
     sent = send(config, range(1, 41))
     with Consumer(config) as consumer:
-        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
-        wait_for(lambda: checkpoints(store, broker) == last_sequence_numbers(broker))
+        eventually(lambda: sorted(consumer.ids) == sorted(sent))
+        eventually(lambda: checkpoints(store, broker) == last_sequence_numbers(broker))
 
     assert len(last_sequence_numbers(broker)) == 4  # the records really used every partition
     handled = [record for batch in consumer.batches for record in batch]
@@ -179,8 +173,8 @@ def test_each_partition_is_said_read_to_its_end_once_its_last_event_is_handled(
         return found == newest.keys()
 
     with Consumer(config) as consumer:
-        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
-        wait_for(lambda: read_to_end(consumer))
+        eventually(lambda: sorted(consumer.ids) == sorted(sent))
+        eventually(lambda: read_to_end(consumer))
     now = datetime.now(timezone.utc)
     # A batch is read up to its newest event, no further.
     for position in consumer.positions:
@@ -193,8 +187,8 @@ def test_an_empty_partition_is_read_to_its_end(config: Config, broker: EventHubs
     busy = broker.events()[0].partition
     empty = {f"{namespace(broker)}/{HUB}/{p}" for p in broker.partition_ids if p != busy}
     with Consumer(config) as consumer:
-        wait_for(lambda: sorted(consumer.ids) == sorted(sent))
-        wait_for(lambda: empty <= {p.partition for p in consumer.positions if p.caught_up})
+        eventually(lambda: sorted(consumer.ids) == sorted(sent))
+        eventually(lambda: empty <= {p.partition for p in consumer.positions if p.caught_up})
 
 
 def test_a_partition_held_back_is_read_only_up_to_what_was_handled(
@@ -206,16 +200,16 @@ def test_a_partition_held_back_is_read_only_up_to_what_was_handled(
     partition = broker.events()[0].partition
     name = f"{namespace(broker)}/{HUB}/{partition}"
     with Consumer(config) as consumer:
-        wait_for(lambda: sorted(consumer.ids) == sorted(first))
+        eventually(lambda: sorted(consumer.ids) == sorted(first))
         broker.hold(partition)
         later = send(config, range(3, 5), vms=1)
         held_at, asked = datetime.now(timezone.utc), broker.partition_reads[partition]
-        wait_for(lambda: broker.partition_reads[partition] >= asked + 2)  # asked while held
+        eventually(lambda: broker.partition_reads[partition] >= asked + 2)  # asked while held
         ours = [p.caught_up for p in consumer.positions if p.partition == name and p.caught_up]
         assert max(ours) < held_at  # nothing vouched for past the hold
         broker.release(partition)
-        wait_for(lambda: sorted(consumer.ids) == sorted(first + later))
-        wait_for(lambda: any(p.partition == name and p.caught_up and p.caught_up > held_at
+        eventually(lambda: sorted(consumer.ids) == sorted(first + later))
+        eventually(lambda: any(p.partition == name and p.caught_up and p.caught_up > held_at
                              for p in consumer.positions))  # fmt: skip
 
 
@@ -224,11 +218,11 @@ def test_a_second_run_resumes_after_the_checkpoints(
 ) -> None:
     first_sent = send(config, range(1, 13))
     with Consumer(config) as first:
-        wait_for(lambda: sorted(first.ids) == sorted(first_sent))
-        wait_for(lambda: checkpoints(store, broker) == last_sequence_numbers(broker))
+        eventually(lambda: sorted(first.ids) == sorted(first_sent))
+        eventually(lambda: checkpoints(store, broker) == last_sequence_numbers(broker))
     second_sent = send(config, range(13, 19))
     with Consumer(config) as second:
-        wait_for(lambda: sorted(second.ids) == sorted(second_sent))
+        eventually(lambda: sorted(second.ids) == sorted(second_sent))
         time.sleep(1.5)  # anything handed over again would have arrived by now
     assert sorted(second.ids) == sorted(second_sent)
 
@@ -250,7 +244,7 @@ def test_a_failing_batch_is_retried_in_the_callback_and_checkpointed_after_succe
             raise (RetryableError if len(seen) == 1 else ThrottledError)("state store busy")
 
     with Consumer(config, fail_twice) as consumer:
-        wait_for(lambda: checkpoints(store, broker).get(partition) == 4)
+        eventually(lambda: checkpoints(store, broker).get(partition) == 4)
 
     assert [[r["RecordId"] for r in batch] for batch in consumer.batches] == [sent] * 3
     assert seen == [{}, {}, {}]
@@ -270,11 +264,11 @@ def test_a_stop_during_retries_checkpoints_nothing_and_the_next_run_gets_the_bat
         raise RetryableError("state store down")
 
     with Consumer(config, always_fails) as failing:
-        wait_for(lambda: len(failing.batches) >= 3)
+        eventually(lambda: len(failing.batches) >= 3)
     assert checkpoints(store, broker) == {}
     assert failing.stopped_in < 10
     with Consumer(config) as working:
-        wait_for(lambda: working.ids == sent)
+        eventually(lambda: working.ids == sent)
 
 
 def test_checkpoints_held_back_by_the_interval_are_written_at_shutdown(
@@ -283,13 +277,16 @@ def test_checkpoints_held_back_by_the_interval_are_written_at_shutdown(
     first = send(config, range(1, 4), vms=1)
     partition = broker.events()[0].partition
     with Consumer(config, checkpoint_interval=3600) as consumer:
-        wait_for(lambda: consumer.ids == first)
-        wait_for(lambda: checkpoints(store, broker) == {partition: 2})  # the first is written
+        eventually(lambda: consumer.ids == first)
+        eventually(lambda: checkpoints(store, broker) == {partition: 2})  # the first is written
         second = send(config, range(4, 7), vms=1)
-        wait_for(lambda: consumer.ids == first + second)
-        time.sleep(1.0)  # a checkpoint per batch would have been written by now
+        eventually(lambda: consumer.ids == first + second)
+        # The partition's batches are handed over one after the other: once a later one is,
+        # the second one's checkpoint, had it been written per batch, would be there.
+        later = send(config, range(7, 8), vms=1)
+        eventually(lambda: consumer.ids == first + second + later)
         assert checkpoints(store, broker) == {partition: 2}
-    assert checkpoints(store, broker) == {partition: 5}
+    assert checkpoints(store, broker) == {partition: 6}
 
 
 # Records as vm-1 sends them: the consumer refuses a VmId other than the partition key.
@@ -308,8 +305,8 @@ def test_an_event_that_is_not_a_record_goes_to_the_poison_callback(
         producer.send_batch(batch)
     events = broker.events()
     with Consumer(config) as consumer:
-        wait_for(lambda: consumer.ids == ["r1", "r2"])
-        wait_for(lambda: checkpoints(store, broker) == {events[0].partition: 3})
+        eventually(lambda: consumer.ids == ["r1", "r2"])
+        eventually(lambda: checkpoints(store, broker) == {events[0].partition: 3})
 
     partition = events[0].partition
     assert [p[:3] for p in consumer.poisoned] == [
@@ -338,9 +335,9 @@ def test_two_consumers_share_the_partitions_and_lose_nothing(
             owners = [o["owner_id"] for o in found if o["owner_id"]]
             return len(owners) == 4 and sorted(owners.count(o) for o in set(owners)) == [2, 2]
 
-        wait_for(balanced, timeout=60)
+        eventually(balanced, timeout=60)
         sent = send(config, range(1, 81), vms=16)
-        wait_for(lambda: set(one.ids) | set(two.ids) == set(sent))
+        eventually(lambda: set(one.ids) | set(two.ids) == set(sent))
 
     assert one.ids, "the first consumer took no part"
     assert two.ids, "the second consumer took no part"

@@ -24,8 +24,8 @@ from bridge.consumer.state.kinds import table_store
 from bridge.consumer.state.memory import MemoryStore
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import TableStore
-from tests.azurite import Azurite
-from tests.state_support import DelegatingStore, increment, tables_config, unique_table
+from tests.support.azurite import Azurite
+from tests.support.state import DelegatingStore, increment, tables_config, unique_table
 
 # Every character Table Storage refuses in a key, `%` (the escape character itself, and
 # a literal escape sequence that must not collide with "/"), and text beyond the BMP.
@@ -50,7 +50,17 @@ AWKWARD_KEYS = [
 SPREAD = {"vms": 4, "events": 3, "vm": 5}
 
 
-@pytest.fixture(params=["sqlite", "memory", "tables", "tables-spread"])
+AZURITE = pytest.mark.azurite
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        "memory",
+        pytest.param("tables", marks=AZURITE),
+        pytest.param("tables-spread", marks=AZURITE),
+    ]
+)
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     opened: Store
     if request.param == "sqlite":

@@ -26,8 +26,8 @@ from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.state.tables import CHUNK_CHARS, TableStore
 from bridge.consumer.wiring import build_store as build
 from bridge.retry import PermanentError, RetryableError, ThrottledError
-from tests.azurite import ACCOUNT, KEY, Azurite
-from tests.state_support import tables_config, unique_table
+from tests.support.azurite import ACCOUNT, KEY, Azurite
+from tests.support.state import tables_config, unique_table
 
 WRONG_KEY = "c2VjcmV0LWJ1dC13cm9uZy1rZXktMDEyMzQ1Njc4OWFiY2RlZg=="
 

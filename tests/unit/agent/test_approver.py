@@ -16,7 +16,7 @@ from bridge.commands import message as commands
 from bridge.outbox.spool import Spool, StateKey
 from bridge.records import ApprovalOutcome
 from bridge.retry import RetryableError
-from tests.support import ORIGIN
+from tests.support.records import ORIGIN
 
 T = TypeVar("T")
 NOW = datetime(2026, 11, 27, 5, 0, tzinfo=timezone.utc)

@@ -18,7 +18,7 @@ from bridge.agent.heartbeats import Heartbeats, PollHealth
 from bridge.agent.metrics import AgentMetrics
 from bridge.outbox.spool import Spool, StateKey
 from bridge.retry import PermanentError, RetryableError
-from tests.support import ORIGIN, assert_valid
+from tests.support.records import ORIGIN, assert_valid
 
 T0 = datetime(2026, 11, 27, 5, 0, tzinfo=timezone.utc)
 INTERVAL = 300.0

@@ -18,7 +18,7 @@ from bridge.agent import hookproc
 from bridge.agent.hookproc import HookOutcome, OutputTail
 from bridge.agent.hooks import HookJob, hook_environment, hook_record, plan
 from bridge.records import Origin, RecordView, VmIdentity, record_id
-from tests.support import event_record
+from tests.support.records import event_record
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

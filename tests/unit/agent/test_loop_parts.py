@@ -23,7 +23,7 @@ from bridge.agent.metrics import AgentMetrics
 from bridge.config import HooksSettings
 from bridge.outbox.spool import Spool
 from bridge.retry import RetryableError
-from tests.support import ORIGIN, event_record
+from tests.support.records import ORIGIN, event_record
 
 NOW = datetime(2026, 11, 27, 5, 0, tzinfo=timezone.utc)
 

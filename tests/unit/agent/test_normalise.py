@@ -11,7 +11,7 @@ import pytest
 from bridge import recordtypes as rt
 from bridge.agent.normalise import Context, NormaliserState, Result, empty_state, normalise
 from bridge.records import Origin, VmIdentity
-from tests.support import assert_valid, seed
+from tests.support.records import assert_valid, seed
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from bridge.agent.normalise import Context, normalise
 from bridge.records import Origin, VmIdentity
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),

@@ -108,6 +108,7 @@ def test_a_channel_without_a_key_needs_allow_unsigned() -> None:
         load_config(environ={**env, "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "maybe"})
 
 
+@pytest.mark.slow
 def test_a_bad_key_vault_url_names_the_setting() -> None:
     settings = CommandsSettings(signing_key="keyvault:https://v.vault.azure.net/keys/x")
     with pytest.raises(signing.SigningError, match=r"commands\.signing_key"):

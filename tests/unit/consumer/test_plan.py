@@ -32,7 +32,7 @@ from bridge.consumer.ledger import LedgerEntry, LedgerState, lock_of
 from bridge.consumer.state import Doc
 from bridge.policy.model import DEFAULT_POLICY, FleetView, group_key
 from bridge.records import iso
-from tests.fleetrecords import FleetRecords
+from tests.support.fleetrecords import FleetRecords
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"

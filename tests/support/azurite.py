@@ -2,7 +2,9 @@
 
 `./dev test` installs it (package.json). Each test session starts one instance on free
 ports, in memory, with telemetry off (otherwise it calls out, 169.254.169.254 included).
-Tests share it and keep apart by using their own table, queue and container names.
+Under pytest-xdist every worker is a session of its own, so each worker that runs a test
+needing Azurite starts its own, and none waits for another's. Tests share their worker's
+instance and keep apart by using their own table, queue and container names.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BINARY = ROOT / "node_modules" / ".bin" / "azurite"
 
 # Azurite's one well-known development account (public, documented by Microsoft).

@@ -14,14 +14,14 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
 
-from tests.support import assert_valid
+from tests.support.records import assert_valid
+from tests.support.wait import eventually
 
 PYTHON = sys.executable
 POLL_INTERVAL = "0.25"
@@ -31,24 +31,6 @@ INSTANCE_API_VERSION = "2021-02-01"
 
 T = TypeVar("T")
 Record = dict[str, Any]
-
-
-def wait_until(
-    predicate: Callable[[], T | None],
-    what: str,
-    timeout: float = WAIT,
-    details: Callable[[], str] = lambda: "",
-    interval: float = 0.05,
-) -> T:
-    """The first truthy value of `predicate`; AssertionError naming `what` after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}\n{details()}")
-        time.sleep(interval)
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -190,7 +172,7 @@ class Simulator:
             match = _ANNOUNCE.search(proc.stdout())
             return match.group(1) if match else None
 
-        url = wait_until(announced, "the simulator's announce line", details=proc.output)
+        url = eventually(announced, what="the simulator's announce line", details=proc.output)
         return cls(proc, url)
 
     def vm_url(self, vm: str) -> str:
@@ -252,7 +234,7 @@ class Simulator:
                 if counters[vm].get("GET scheduledevents", 0) < n
             }
 
-        wait_until(lambda: not short(), what, details=lambda: f"still short: {short()}")
+        eventually(lambda: not short(), what=what, details=lambda: f"still short: {short()}")
 
     def compute(self, vm: str) -> dict[str, Any]:
         """The VM's instance metadata, read the way the agent reads it (only without faults)."""
@@ -347,7 +329,9 @@ class Agent:
                 raise AssertionError(f"{self.name} exited while waiting for {what}")
             return None
 
-        return wait_until(check, f"{self.name}: {what}", timeout, self.describe)
+        return eventually(
+            check, what=f"{self.name}: {what}", timeout=timeout, details=self.describe
+        )
 
     def wait_transition(self, event_id: str, transition: str) -> Record:
         records = self.wait_for(
@@ -358,9 +342,9 @@ class Agent:
 
     def wait_polling(self) -> None:
         """Until the agent's loop runs: it logs this line just before its first poll."""
-        wait_until(
+        eventually(
             lambda: " polling http" in self.proc.stderr(),
-            f"{self.name} to start polling",
+            what=f"{self.name} to start polling",
             details=self.describe,
         )
 
@@ -413,8 +397,11 @@ PROBES = re.compile(r"metrics and health probes at (http://\S+)/metrics")
 
 def scrape(proc_output: Callable[[], str], timeout: float = WAIT) -> dict[str, float]:
     """The samples of a process's /metrics, found through the address its log names."""
-    found = wait_until(lambda: PROBES.search(proc_output()), "the telemetry endpoint's address",
-                       timeout)  # fmt: skip
+    found = eventually(
+        lambda: PROBES.search(proc_output()),
+        what="the telemetry endpoint's address",
+        timeout=timeout,
+    )
     text = requests.get(f"{found.group(1)}/metrics", timeout=min(timeout, 120)).text
     samples = {}
     for line in text.splitlines():

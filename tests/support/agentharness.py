@@ -10,7 +10,7 @@ from typing import Any
 from bridge.agent.loop import Agent
 from bridge.config import AgentSettings, ImdsSettings
 from bridge.simulator import SimulatorServer
-from tests.support import assert_valid
+from tests.support.records import assert_valid
 
 VM = "vm-0"
 

@@ -470,14 +470,5 @@ def _signature(path: Path) -> tuple[int, int] | None:
     return stat.st_mtime_ns, stat.st_size
 
 
-def wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def polls(sim: Simulator) -> int:
     return sim.counters()[AGENT_VM].get(SCHEDULED_EVENTS_GETS, 0)

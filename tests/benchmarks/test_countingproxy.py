@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from azure.data.tables import TableClient
 
-from tests.azurite import ACCOUNT, KEY, Azurite
 from tests.benchmarks.countingproxy import CountingProxy
-from tests.state_support import unique_table
+from tests.support.azurite import ACCOUNT, KEY, Azurite
+from tests.support.state import unique_table
 
 
 def test_requests_and_entities_are_counted_per_partition(azurite: Azurite) -> None:

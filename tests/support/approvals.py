@@ -4,7 +4,6 @@ command listener and local mode tests."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,7 +18,7 @@ from bridge.policy.model import Policy
 from bridge.records import utc_now
 from bridge.retry import DeliveryError, RetryableError
 from bridge.simulator import SimulatorServer
-from tests.component.agentharness import AgentHarness
+from tests.support.agentharness import AgentHarness
 
 
 class FakeInbox:
@@ -130,10 +129,3 @@ def command(
         reason="User-initiated Reboot: approve at once",
         resources=resources,
     )
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)

@@ -30,11 +30,12 @@ from bridge.consumer.ledger import read_ledger
 from bridge.consumer.state.kinds import table_store
 from bridge.sinks import SpooledRecord
 from bridge.sinks.eventhubs import EventHubsSink
-from tests.azurite import Azurite
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.e2e.harness import Proc, Processes, Record, read_records, tail, wait_until
-from tests.fleetrecords import FleetRecords
-from tests.state_support import tables_config
+from tests.support.azurite import Azurite
+from tests.support.fleetrecords import FleetRecords
+from tests.support.processes import Proc, Processes, Record, read_records, tail
+from tests.support.state import tables_config
+from tests.support.wait import eventually
 
 HUB = "records"
 GROUP = "$Default"
@@ -168,7 +169,7 @@ class CloudConsumers:
             self.check_alive()
             return predicate()
 
-        return wait_until(check, what, WAIT, self.describe, interval)
+        return eventually(check, what=what, timeout=WAIT, details=self.describe, interval=interval)
 
     def describe(self) -> str:
         parts = [f"--- ledger: {json.dumps(self.ledger_brief(), indent=1)}"]

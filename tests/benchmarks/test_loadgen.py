@@ -16,7 +16,6 @@ import pytest
 
 from bridge.commands.message import approve
 from bridge.localhub import PARTITIONS, LocalHub
-from tests.azurite import Azurite
 from tests.benchmarks.loadgen import lagging, measure, waves
 from tests.benchmarks.loadgen.fleet import Fleet, build
 from tests.benchmarks.loadgen.measure import Approval, BudgetCheck, wrong_approvals
@@ -25,7 +24,8 @@ from tests.benchmarks.loadgen.sim import FleetClock, Sim
 from tests.benchmarks.loadgen.summary import Summary, render, summarize
 from tests.benchmarks.loadgen.waves import SimEvent
 from tests.doubles.eventhubs_broker import EventHubsBroker
-from tests.support import assert_valid
+from tests.support.azurite import Azurite
+from tests.support.records import assert_valid
 
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 SEED = 3
@@ -210,7 +210,7 @@ def test_a_live_run_through_the_event_hubs_broker_breaks_no_budget(tmp_path: Pat
 
 @pytest.mark.skipif(
     not os.environ.get("SE_BRIDGE_LIVE_LAG"),
-    reason="a 55 s live run: SE_BRIDGE_LIVE_LAG=1 ./dev test tests/component/test_loadgen.py "
+    reason="a 55 s live run: SE_BRIDGE_LIVE_LAG=1 ./dev test tests/benchmarks/test_loadgen.py "
     "(the same rule runs in the suite through the consumer cores and the broker's source)",
 )
 def test_a_live_consumer_behind_on_a_broker_partition_releases_only_silent_vms(
@@ -333,6 +333,7 @@ def test_an_approval_no_rule_allows_is_found() -> None:
     assert "first rule that matches it is everything-else" in found[0]
 
 
+@pytest.mark.slow
 def test_a_consumer_held_back_on_one_partition_releases_no_slot_a_caught_up_one_keeps(
     tmp_path: Path,
 ) -> None:

@@ -27,6 +27,7 @@ from tests.doubles.eventhubs_broker import (
     UNAUTHORIZED,
     EventHubsBroker,
 )
+from tests.support.wait import eventually
 
 # Small retries: the SDK's defaults (3 retries, 0.8 s exponential backoff) make failures slow.
 FAST: dict[str, Any] = {"retry_total": 1, "retry_backoff_factor": 0.01, "retry_backoff_max": 0.05}
@@ -134,13 +135,6 @@ def in_threads(*calls: Any) -> list[Any]:
 # filterwarnings=error. A test that breaks connections ignores the warning while it runs and
 # collects before it ends, so that the warning cannot land in a later test.
 SDK_LEAKS_BROKEN_SOCKETS = pytest.mark.filterwarnings("ignore:unclosed <socket:ResourceWarning")
-
-
-def wait_for(condition: Any, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 # --- management and sending -----------------------------------------------------------------
@@ -425,4 +419,4 @@ def test_garbage_and_broken_clients_do_not_hurt_the_broker(
 
     send(producer, [record(0, "vm")])
     assert len(broker.events()) == 1
-    wait_for(lambda: broker.connection_count <= 1)  # the producer's own
+    eventually(lambda: broker.connection_count <= 1)  # the producer's own

@@ -14,7 +14,7 @@ from bridge.commands.message import Command
 from bridge.records import Origin, RecordView, VmIdentity
 from bridge.retry import RetryableError
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def seed(name: str) -> Any:

@@ -32,7 +32,8 @@ from azure.monitor.ingestion import LogsIngestionClient, LogsUploadError
 
 from bridge import schema
 from tests.doubles.logs_ingestion import API_VERSION, LogsIngestionDouble, value_problem
-from tests.support import event_record
+from tests.support.records import event_record
+from tests.support.wait import eventually
 
 RULE = "dcr-00000000000000000000000000000001"
 STREAM = schema.DCR_STREAM
@@ -492,9 +493,7 @@ def test_without_the_doubles_ca_the_sdk_refuses_the_certificate(
     assert "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
     assert double.requests == []
     # The double sees the client abort the handshake (in its own thread, so maybe a bit later).
-    deadline = time.monotonic() + 5
-    while not double.tls_errors and time.monotonic() < deadline:
-        time.sleep(0.01)
+    eventually(lambda: double.tls_errors, 5, "the double to see the handshake aborted")
     assert any("UNKNOWN_CA" in error.upper() for error in double.tls_errors), double.tls_errors
 
 

@@ -4,9 +4,12 @@ charges the ledger's table partition adds up."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.benchmarks.ledger_storm import render, run
 
 
+@pytest.mark.slow
 def test_two_consumers_in_a_small_storm_approve_once_and_their_reads_add_up() -> None:
     result = run(3000, 2, seed=1, say=lambda _: None)
     p = result.load

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from packaging.markers import Marker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # `name==version ; marker \` at the start of each requirement in a uv export.
 _PIN = re.compile(r"^([A-Za-z0-9._-]+)==(\S+)(?: ; (.*?))? \\$", re.MULTILINE)
 # The venv's own installer tools; nothing else may be there that the lock does not name.

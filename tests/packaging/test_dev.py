@@ -25,6 +25,7 @@ INPUTS = (
     "package-lock.json",
     "tools/requirements-scan.txt",
     "tools/requirements-sbom.txt",
+    "tools/requirements-image.txt",
     *(f"packaging/requirements/{target}.txt" for target in lockfile.TARGETS),
 )
 # Answers like a Python 3.13 that makes venvs: `-m venv DIR` copies it to DIR/bin/python,

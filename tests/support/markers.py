@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import PurePath
 from typing import Any
 
-HEAVY = ("azurite", "broker", "subprocess", "tools", "e2e", "slow")
+HEAVY = ("azurite", "broker", "subprocess", "tools", "e2e", "slow", "image", "release")
 FAST = "not (" + " or ".join(HEAVY) + ")"
 
 BY_FIXTURE = {"azurite": "azurite", "broker": "broker", "procs": "subprocess"}
@@ -27,6 +27,7 @@ BY_DIRECTORY = {
     "packaging": ("tools",),
     "docs": ("tools",),
     "fuzz": ("slow",),  # hypothesis, 200 examples of hostile input per parser
+    "image": ("image", "subprocess"),  # podman builds the image and runs it
 }
 
 

@@ -32,14 +32,10 @@ NEEDS: dict[object, str] = {
     run_chaos: "subprocess",
 }
 
-# pip builds the project's wheel from its source tree in ./build, and ./dev release its sdist
-# (with se_bridge.egg-info): two builds at once collide ("File exists: build/bdist..."), so
-# the modules that build it share one worker.
-SOURCE_TREE_BUILDS = {
-    "tests.packaging.test_supply_chain",
-    "tests.infra.test_bicep_onboarding",
-    "tests.packaging.test_release",
-}
+# pip builds the project's wheel from its source tree in ./build: two builds at once collide
+# ("File exists: build/bdist..."), so the modules that build it share one worker. (./dev
+# release builds from `git archive HEAD` in a folder of its own.)
+SOURCE_TREE_BUILDS = {"tests.packaging.test_supply_chain", "tests.infra.test_bicep_onboarding"}
 
 
 # First: pytest-xdist's own hook reads the xdist_group marks given here, and -m the markers.

@@ -5,7 +5,8 @@
                                # SHA256SUMS of them all
     ./dev release --out DIR
 
-The sdist and the wheel come from `uv build`, the wheel built from the sdist (so a file the
+The sdist and the wheel come from `uv build` of the commit's files (`git archive HEAD`: what
+was committed, never what the working tree adds), the wheel built from the sdist (so a file the
 sdist forgot breaks the build here, not on someone's VM), with the build backend pinned and
 checked against its hashes (tools/requirements-build.txt). SOURCE_DATE_EPOCH is the commit's
 time, so one commit builds the same bytes on any machine: the wheel honours it, and the sdist,
@@ -29,6 +30,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 from bridge import __version__
@@ -73,13 +75,16 @@ def _clear(out: Path) -> None:
 
 
 def _distributions(out: Path) -> None:
-    command = [
-        str(UV), "build", "--quiet", "--sdist", "--wheel", "--out-dir", str(out),
-        "--build-constraints", str(BUILD_CONSTRAINTS), "--require-build-hashes", str(ROOT),
-    ]  # fmt: skip
     epoch = _commit_time()
-    env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
-    done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    with tempfile.TemporaryDirectory(prefix="se-bridge-release-") as scratch:
+        source = _commit_files(Path(scratch) / "source")
+        # No --sdist/--wheel: uv builds the sdist, then the wheel from the sdist.
+        command = [
+            str(UV), "build", "--quiet", "--out-dir", str(out),
+            "--build-constraints", str(BUILD_CONSTRAINTS), "--require-build-hashes", str(source),
+        ]  # fmt: skip
+        env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
+        done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
         raise SystemExit(f"uv build failed:\n{done.stderr.strip()}")
     want = {f"se_bridge-{__version__}.tar.gz", f"se_bridge-{__version__}-py3-none-any.whl"}
@@ -88,6 +93,25 @@ def _distributions(out: Path) -> None:
         raise SystemExit(f"uv build made {sorted(got)}, not {sorted(want)}")
     _normalise_sdist(out / f"se_bridge-{__version__}.tar.gz", epoch)
     (out / ".gitignore").unlink(missing_ok=True)  # uv's, for a dist/ inside a checkout
+
+
+def _commit_files(into: Path) -> Path:
+    """The commit's files (`git archive HEAD`), so a release holds what was committed and
+    nothing the working tree adds, and the build never writes into the checkout (build/,
+    *.egg-info), where another build may be running."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        [_tool("git"), "-C", str(ROOT), "archive", "--format=tar", "HEAD"],
+        capture_output=True, check=False,
+    )  # fmt: skip
+    if archive.returncode != 0:
+        raise SystemExit(f"git archive failed: {archive.stderr.decode(errors='replace').strip()}")
+    subprocess.run([_tool("tar"), "-x", "-C", str(into)], input=archive.stdout, check=True)
+    return into
+
+
+def _tool(name: str) -> str:
+    return shutil.which(name) or name
 
 
 def _normalise_sdist(path: Path, epoch: int) -> None:
@@ -107,9 +131,8 @@ def _normalise_sdist(path: Path, epoch: int) -> None:
 
 
 def _commit_time() -> int:
-    git = shutil.which("git") or "git"
     done = subprocess.run(
-        [git, "-C", str(ROOT), "log", "-1", "--format=%ct"],
+        [_tool("git"), "-C", str(ROOT), "log", "-1", "--format=%ct"],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     if done.returncode != 0 or not done.stdout.strip():

@@ -73,6 +73,7 @@ def run_eventhubs(
     batch_size: int = 100,
     max_wait_time: float = BATCH_WAIT,
     load_balancing_interval: float = 10.0,
+    ownership_expiration: float | None = None,
     checkpoint_interval: float = 5.0,
     backoff_factory: Callable[[], Backoff] = Backoff,
     on_done: Callable[[str, list[dict[str, object]]], None] | None = None,
@@ -85,7 +86,7 @@ def run_eventhubs(
     store = checkpoint_store(config)
     if not _ensure_container(store, config, stop, backoff_factory()):
         return
-    client = _client(config, store, load_balancing_interval)
+    client = _client(config, store, load_balancing_interval, ownership_expiration)
     retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory(), on_done)
     on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval,
                         probe=client.get_partition_properties)  # fmt: skip
@@ -130,7 +131,10 @@ def checkpoint_store(config: Config) -> BlobCheckpointStore:
 
 
 def _client(
-    config: Config, store: BlobCheckpointStore, load_balancing_interval: float
+    config: Config,
+    store: BlobCheckpointStore,
+    load_balancing_interval: float,
+    ownership_expiration: float | None = None,
 ) -> EventHubConsumerClient:
     from azure.eventhub import EventHubConsumerClient  # noqa: PLC0415
 
@@ -145,6 +149,8 @@ def _client(
         "logging_enable": False,
         "socket_timeout": SOCKET_TIMEOUT,
     }
+    if ownership_expiration is not None:  # else the SDK's: 6 load-balancing intervals
+        options["partition_ownership_expiration_interval"] = ownership_expiration
     if hub.connection_string:
         return EventHubConsumerClient.from_connection_string(
             hub.connection_string, eventhub_name=hub.name or None, **options

@@ -18,6 +18,7 @@ import contextlib
 import http.client
 import json
 import logging
+import math
 import re
 import socket
 import threading
@@ -59,6 +60,10 @@ class _Watchdog:
         self._due: float | None = None
         self._fired = False
         self._thread: threading.Thread | None = None
+        # When the thread wakes of itself (inf: it waits to be told): an arm due no sooner
+        # needs no wake-up, since the thread looks again then. An agent polling every second
+        # with a 10 s deadline wakes it once in ten polls, not at every one.
+        self._waking = math.inf
 
     def arm(self, sock: socket.socket, seconds: float) -> None:
         with self._cond:
@@ -66,8 +71,11 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="se-bridge imds deadline",
                                                 daemon=True)  # fmt: skip
                 self._thread.start()
-            self._sock, self._due, self._fired = sock, time.monotonic() + seconds, False
-            self._cond.notify()
+            due = time.monotonic() + seconds
+            self._sock, self._due, self._fired = sock, due, False
+            if due < self._waking:
+                self._waking = due  # told now; the thread sets it again as it waits
+                self._cond.notify()
 
     def disarm(self) -> bool:
         """Stop watching; whether the deadline had passed and the socket was shut."""
@@ -79,10 +87,12 @@ class _Watchdog:
         with self._cond:
             while True:
                 if self._due is None:
+                    self._waking = math.inf
                     self._cond.wait()
                     continue
                 left = self._due - time.monotonic()
                 if left > 0:
+                    self._waking = self._due
                     self._cond.wait(left)
                     continue
                 if self._sock is not None:
@@ -172,6 +182,8 @@ class DirectTransport:
         self._host, self._port = parts.hostname, parts.port
         self._prefix = parts.path.rstrip("/")
         self._headers = {"Metadata": "true", "User-Agent": "se-bridge"}
+        self._post_headers = {**self._headers, "Content-Type": "application/json"}
+        self._targets: dict[tuple[str, str], str] = {}
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._watchdog = _Watchdog()
@@ -186,10 +198,11 @@ class DirectTransport:
         read_timeout: float,
         limit: int = MAX_OTHER_BODY,
     ) -> Answer:
-        target = f"{self._prefix}{path}?{urllib.parse.urlencode({'api-version': version})}"
-        headers = dict(self._headers)
-        if body is not None:
-            headers["Content-Type"] = "application/json"
+        target = self._targets.get((path, version))
+        if target is None:  # a handful of (path, version) pairs: made once each
+            target = f"{self._prefix}{path}?{urllib.parse.urlencode({'api-version': version})}"
+            self._targets[(path, version)] = target
+        headers = self._headers if body is None else self._post_headers
         with self._lock:
             reused = self._conn is not None and not _dropped(self._conn)
             exchange = (method, target, body, headers, read_timeout, limit)

@@ -10,9 +10,8 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from bridge import telemetry
 from bridge.retry import RetryableError
@@ -31,7 +30,7 @@ class ImdsCalls:
         self.polls = _Worker("imds")
         self.approvals = _Worker("imds approvals")
 
-    def result(self, future: Future[T], seconds: float = math.inf, alive_for: float = 0) -> T:
+    def result(self, future: Pending[T], seconds: float = math.inf, alive_for: float = 0) -> T:
         """`future`'s result; FutureTimeout when it is not ready within `seconds`, and
         RetryableError if the agent is told to stop meanwhile. For the first `alive_for`
         seconds of the wait systemd's watchdog hears that the loop is alive."""
@@ -61,6 +60,36 @@ class ImdsCalls:
         self.approvals.stop()
 
 
+class Pending(Generic[T]):
+    """A call handed to a worker, and its outcome once the worker has it: what a
+    concurrent.futures.Future gives here, at a fraction of its cost (a Future makes a
+    Condition and notifies through it in Python, at every poll of every second).
+
+    `result` is read by one thread, the caller's; the worker puts the outcome once.
+    """
+
+    __slots__ = ("_box", "_outcome")
+
+    def __init__(self) -> None:
+        self._box: queue.SimpleQueue[tuple[Any, BaseException | None]] = queue.SimpleQueue()
+        self._outcome: tuple[Any, BaseException | None] | None = None
+
+    def result(self, timeout: float | None = None) -> T:
+        """The call's value (or its exception, raised); FutureTimeout if not within `timeout`."""
+        if self._outcome is None:
+            try:
+                self._outcome = self._box.get(timeout=timeout)
+            except queue.Empty:
+                raise FutureTimeout from None
+        value, error = self._outcome
+        if error is not None:
+            raise error
+        return cast(T, value)
+
+    def settle(self, value: Any, error: BaseException | None) -> None:
+        self._box.put((value, error))
+
+
 class _Worker:
     """One daemon thread running calls in turn.
 
@@ -69,24 +98,25 @@ class _Worker:
     """
 
     def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+        self._calls: queue.SimpleQueue[tuple[Callable[[], Any], Pending[Any]] | None] = (
             queue.SimpleQueue()
         )
         threading.Thread(target=self._serve, name=name, daemon=True).start()
 
-    def submit(self, call: Callable[[], T]) -> Future[T]:
-        future: Future[T] = Future()
-        self._calls.put((call, future))
-        return future
+    def submit(self, call: Callable[[], T]) -> Pending[T]:
+        pending: Pending[T] = Pending()
+        self._calls.put((call, pending))
+        return pending
 
     def stop(self) -> None:
         self._calls.put(None)
 
     def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
-            call, future = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except BaseException as err:  # handed to the caller, who decides
-                    future.set_exception(err)
+            call, pending = item
+            try:
+                value = call()
+            except BaseException as err:  # handed to the caller, who decides
+                pending.settle(None, err)
+            else:
+                pending.settle(value, None)

@@ -12,7 +12,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -25,7 +24,7 @@ from bridge.agent.approver import Approver
 from bridge.agent.heartbeats import Heartbeats, PollHealth
 from bridge.agent.hookjobs import HookJobs
 from bridge.agent.imds import ImdsClient
-from bridge.agent.imdscalls import ImdsCalls
+from bridge.agent.imdscalls import ImdsCalls, Pending
 from bridge.agent.instance import InstanceMetadata
 from bridge.agent.listener import CommandListener
 from bridge.agent.localmode import LocalApprover
@@ -91,7 +90,7 @@ class Agent:
         self._last_commit = 0.0
         self._warned: set[str] = set()
         self._spool_failing = False
-        self._pending: Future[bytes] | None = None  # a poll IMDS has not answered yet
+        self._pending: Pending[bytes] | None = None  # a poll IMDS has not answered yet
 
     @property
     def origin(self) -> Origin:

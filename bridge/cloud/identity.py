@@ -1,9 +1,10 @@
 """Entra ID credentials for the cloud components; azure-identity loads only when one needs it.
 
-On a VM the managed identity (system-assigned, or user-assigned by `identity.client_id`);
-elsewhere DefaultAzureCredential (environment, workload identity, Azure CLI, ...). Never a
-shared key unless a connection string is configured explicitly. Tokens are cached by the
-SDK and never logged.
+On a VM the managed identity (system-assigned, or user-assigned by `identity.client_id`):
+`kind = "managed"` reads it from IMDS with bridge.cloud.managedidentity, or with
+azure-identity where the environment names another managed-identity host; elsewhere
+DefaultAzureCredential (environment, workload identity, Azure CLI, ...). Never a shared key
+unless a connection string is configured explicitly. Tokens are cached and never logged.
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ CREDENTIAL_ADVICE = (
 
 
 def credential(settings: Identity) -> TokenCredential:
+    if settings.kind == "managed":
+        from bridge.cloud import managedidentity  # noqa: PLC0415 - loads azure.core
+
+        if managedidentity.applies():
+            # The plain VM: ours, without the ~10 MB azure-identity, msal and cryptography cost.
+            return managedidentity.ImdsManagedIdentity(settings.client_id)
     from azure.identity import (  # noqa: PLC0415 - only when a cloud component is configured
         DefaultAzureCredential,
         ManagedIdentityCredential,

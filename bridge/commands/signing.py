@@ -29,17 +29,19 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from typing import TYPE_CHECKING
 
 from bridge.cloud.identity import CREDENTIAL_ADVICE, credential
 from bridge.commands.message import Command
 from bridge.config import CommandsSettings, IdentitySettings
+
+if TYPE_CHECKING:
+    # cryptography costs ~8 MB resident: it loads when a key is read, so an agent with no
+    # command channel (most VMs) never holds it.
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (
+        Ed25519PrivateKey,
+        Ed25519PublicKey,
+    )
 
 FILE = "file:"
 KEYVAULT = "keyvault:"
@@ -67,6 +69,8 @@ def key_id(public: Ed25519PublicKey) -> str:
 
 
 def raw_public(public: Ed25519PublicKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - see the imports
+
     return public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
@@ -114,6 +118,8 @@ class Verifier:
             return Refusal("UnknownKey", f"the command is signed with key {command.key_id}, "
                            f"this agent trusts key {trusted} (commands.verify_key): a key "
                            "rotation not yet done on both ends, or a forgery")  # fmt: skip
+        from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - see the imports
+
         try:
             signature = base64.b64decode(command.signature, validate=True)
             # A signature of another length is bad as it stands; verify would say so too.
@@ -139,6 +145,11 @@ def load_signer(settings: CommandsSettings, identity: IdentitySettings) -> Signe
         pem, where = _private_file(path), str(path)
     else:
         raise SigningError(f"commands.signing_key must be file:PATH or keyvault:URL, got {spec!r}")
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - see the imports
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PrivateKey,
+    )
+
     try:
         private = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as err:
@@ -161,6 +172,11 @@ def split_keys(text: str) -> list[str]:
 
 def parse_public(text: str) -> Ed25519PublicKey:
     """One `commands.verify_key` entry: base64 of the 32 raw bytes, or file:PATH of a PEM."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - see the imports
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PublicKey,
+    )
+
     if text.lower().startswith(FILE):
         path = Path(text[len(FILE) :].strip()).expanduser()
         try:
@@ -227,6 +243,11 @@ def _keyvault_secret(url: str, identity: IdentitySettings) -> bytes:
 
 def keygen(path: Path) -> str:
     """Write a new private key to `path` (mode 0600, never over a file); the text to print."""
+    from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - see the imports
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import (  # noqa: PLC0415
+        Ed25519PrivateKey,
+    )
+
     private = Ed25519PrivateKey.generate()
     pem = private.private_bytes(
         serialization.Encoding.PEM,

@@ -26,9 +26,9 @@ from tests.support.wait import eventually
 
 WARM_UP = 15.0  # the first token fetch and SDK imports are start-up, not idle cost
 RSS_EVERY = 5.0
-RSS_TARGET_MB = 60.0
+RSS_TARGET_MB = 50.0
 FLAT_KB_PER_MIN = 100.0  # "flat": under 1 MB of growth in 10 minutes
-RATIO_TARGET = 0.6
+RATIO_TARGET = 0.45
 SCRAPE_EVERY = 15.0  # Prometheus' default scrape interval
 
 

@@ -1,7 +1,7 @@
 """The package layout holds: the agent loads no consumer SDK, and no import hides in a function
-except a cloud SDK loaded on first use or a consumer program loaded by its sub-command; the
-extras table is pyproject.toml's. (The layering itself is import-linter's contracts in
-pyproject.toml, run by the test command.)"""
+except a cloud SDK or cryptography loaded on first use or a consumer program loaded by its
+sub-command; the extras table is pyproject.toml's. (The layering itself is import-linter's
+contracts in pyproject.toml, run by the test command.)"""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONSUMER_SDKS = ("azure.", "bridge.consumer.state.tables", "fastjsonschema")
 # Modules that load a cloud SDK when imported, and so may be imported on first use; and the
 # consumer's own third-party check (`se-bridge agent` loads the consumer's command module).
-SDK_LOADERS = ("bridge.consumer.state.tables", "fastjsonschema")
+SDK_LOADERS = ("bridge.consumer.state.tables", "bridge.cloud.managedidentity", "fastjsonschema")
 # The consumer's programs, which need the consumer extra: the command line loads them when
 # their sub-command runs (bridge/consumer/command.py, bridge/demo.py), so an agent-only install
 # starts and says what to install.
@@ -90,7 +90,7 @@ def test_no_import_hides_in_a_function_but_a_cloud_sdk_or_a_consumer_program() -
     hidden = []
     for path in sorted((ROOT / "bridge").rglob("*.py")):
         for line, module in function_imports(path):
-            if not module.startswith(("azure.", *SDK_LOADERS, *ON_DEMAND)):
+            if not module.startswith(("azure.", "cryptography.", *SDK_LOADERS, *ON_DEMAND)):
                 hidden.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert hidden == []
 
@@ -155,3 +155,30 @@ def test_the_agent_starts_without_requests() -> None:
     loaded = loaded_after("\n".join(f"import {name}" for name in agent_modules()))
     assert "bridge.agent.loop" in loaded
     assert [m for m in loaded if m == "requests" or m.startswith("requests.")] == []
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "\n".join(f"import {name}" for name in agent_modules()),
+        "import bridge.cli\nbridge.cli.build_parser()",
+    ],
+    ids=["agent packages", "command line"],
+)
+def test_the_agent_without_a_command_channel_does_not_load_cryptography(code: str) -> None:
+    # cryptography costs ~8 MB resident on every VM; only an agent with a command channel
+    # verifies a signature, and it loads cryptography when it reads its key (issue 31).
+    loaded = loaded_after(code)
+    assert "bridge.commands.signing" in loaded
+    assert [m for m in loaded if m == "cryptography" or m.startswith("cryptography.")] == []
+
+
+def test_a_managed_identity_on_a_vm_loads_neither_azure_identity_nor_cryptography() -> None:
+    # azure-identity and msal cost ~3.4 MB, and msal loads cryptography (issue 31).
+    loaded = loaded_after(
+        "from bridge.cloud.identity import credential\n"
+        "from bridge.config import IdentitySettings\n"
+        "credential(IdentitySettings(kind='managed', client_id='c'))"
+    )
+    heavy = ("azure.identity", "msal", "cryptography")
+    assert [m for m in loaded if m.split(".")[0] in heavy or m.startswith(heavy)] == []

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from bridge.cloud.managedidentity import ImdsManagedIdentity
 from bridge.config import Config, EventHubsSettings, IdentitySettings
 from bridge.retry import PermanentError, PoisonRecords, RetryableError
 from bridge.sinks import SpooledRecord, eventhubs
@@ -159,8 +160,6 @@ def test_a_record_larger_than_any_batch_is_poison(
 
 
 def test_namespace_and_name_use_an_entra_credential_not_a_key() -> None:
-    from azure.identity import ManagedIdentityCredential
-
     config = Config(
         eventhubs=EventHubsSettings(namespace="contoso.servicebus.windows.net", name="records"),
         identity=IdentitySettings(kind="managed", client_id="11111111-2222-3333-4444-555555555555"),
@@ -170,7 +169,9 @@ def test_namespace_and_name_use_an_entra_credential_not_a_key() -> None:
     try:
         assert producer.eventhub_name == "records"
         assert producer._address.hostname == "contoso.servicebus.windows.net"
-        assert isinstance(producer._credential, ManagedIdentityCredential)
+        # The VM's managed identity, read from IMDS (bridge.cloud.managedidentity).
+        assert isinstance(producer._credential, ImdsManagedIdentity)
+        assert producer._credential._client_id == "11111111-2222-3333-4444-555555555555"
     finally:
         sink.close()
 

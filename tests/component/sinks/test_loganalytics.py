@@ -1,7 +1,7 @@
 """The Log Analytics sink against the strict Logs Ingestion double, with a real MI token.
 
-The token comes from the IMDS simulator's identity endpoint through azure-identity's own
-ManagedIdentityCredential (AZURE_POD_IDENTITY_AUTHORITY_HOST), and TLS trust from
+The token comes from the IMDS simulator's identity endpoint through the agent's own
+managed-identity credential (AZURE_POD_IDENTITY_AUTHORITY_HOST), and TLS trust from
 REQUESTS_CA_BUNDLE: the production code runs unchanged.
 """
 

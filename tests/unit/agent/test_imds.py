@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any, cast
 
 import pytest
@@ -203,3 +204,18 @@ def test_instance_metadata_that_is_not_json_is_retryable() -> None:
 
 def test_excerpt_is_short_and_single_line() -> None:
     assert imds.excerpt(b"a\n  b" + b"x" * 500, 10) == "a bxxxxxxx…"
+
+
+def test_a_sooner_deadline_wakes_the_watchdog_that_waits_for_a_later_one() -> None:
+    # The watchdog is told of a new deadline only when it would look later than that: one
+    # armed for the first call's two minutes must still end a 10 s call at 10 s.
+    watchdog = imds._Watchdog()
+    first, _ = socket.socketpair()
+    watchdog.arm(first, 120.0)
+    assert not watchdog.disarm()
+    ours, theirs = socket.socketpair()
+    with ours, theirs, first, _:
+        ours.settimeout(5.0)  # far past the deadline: only a shut socket ends this recv
+        watchdog.arm(ours, 0.05)
+        assert ours.recv(1) == b""  # shut by the watchdog, not answered
+        assert watchdog.disarm()

@@ -16,7 +16,7 @@ from bridge.cloud.managedidentity import ImdsManagedIdentity
 from bridge.config import IdentitySettings
 from bridge.retry import Backoff
 from bridge.simulator import Simulator, SimulatorServer
-from tests.component.killtools import wait_until
+from tests.support.wait import eventually
 
 SCOPE = "https://monitor.azure.com//.default"  # the Logs Ingestion client's, as it asks
 QUICK = Backoff(initial=0.02, maximum=0.05)
@@ -79,7 +79,7 @@ def test_imds_transient_answers_are_retried_until_it_gives_a_token(
     simulator.faults.set({"retry_after": 0}, vm="vm-0")
     got: Future[str] = Future()
     threading.Thread(target=lambda: got.set_result(credential.get_token(SCOPE).token)).start()
-    assert wait_until(lambda: token_calls(simulator) >= 3, 10)
+    eventually(lambda: token_calls(simulator) >= 3, timeout=10, what="three faulty answers")
     assert not got.done()  # every answer so far was a fault
     simulator.faults.clear("vm-0")
     assert got.result(timeout=10)

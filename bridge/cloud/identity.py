@@ -27,13 +27,6 @@ class Identity(Protocol):
         """A user-assigned managed identity's client id; "" for the system-assigned one."""
 
 
-# What to do when no credential yields a token: said in every cloud component's error.
-CREDENTIAL_ADVICE = (
-    "on a VM enable its managed identity (set identity.client_id for a user-assigned one); "
-    "elsewhere sign in with `az login` or set AZURE_CLIENT_ID/AZURE_TENANT_ID/AZURE_CLIENT_SECRET"
-)
-
-
 def credential(settings: Identity) -> TokenCredential:
     if settings.kind == "managed":
         from bridge.cloud import managedidentity  # noqa: PLC0415 - loads azure.core

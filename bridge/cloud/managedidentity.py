@@ -36,7 +36,7 @@ from typing import Any, cast
 from azure.core.credentials import AccessToken, AccessTokenInfo, TokenRequestOptions
 from azure.core.exceptions import ClientAuthenticationError
 
-from bridge.cloud.identity import CREDENTIAL_ADVICE
+from bridge.cloud.advice import CREDENTIAL_ADVICE
 from bridge.retry import Backoff, RetryableError, ThrottledError, parse_retry_after
 
 # Where the environment names one of these, azure-identity picks a host other than IMDS.

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bridge.cloud import identity
+from bridge.cloud import advice
 from bridge.redact import describe
 from bridge.retry import (
     DeliveryError,
@@ -52,7 +52,7 @@ def classify(
     name = type(err).__name__
     if name in ("ClientAuthenticationError", "CredentialUnavailableError"):
         # No status: the credential itself gave no token.
-        return PermanentError(f"no token for {target}; {identity.CREDENTIAL_ADVICE}")
+        return PermanentError(f"no token for {target}; {advice.CREDENTIAL_ADVICE}")
     return RetryableError(f"cannot reach {target}: {describe(err, with_type=True)}")
 
 

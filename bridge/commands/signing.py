@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.cloud.identity import CREDENTIAL_ADVICE, credential
+from bridge.cloud.advice import CREDENTIAL_ADVICE
+from bridge.cloud.identity import credential
 from bridge.commands.message import Command
 from bridge.config import CommandsSettings, IdentitySettings
 

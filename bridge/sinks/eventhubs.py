@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bridge.cloud import identity
+from bridge.cloud import advice, identity
 from bridge.cloud.identity import Identity
 from bridge.recordtypes import RECORD_TYPE
 from bridge.redact import describe
@@ -189,7 +189,7 @@ class EventHubsSink(BaseSink):
             return PermanentError(f"{target} does not exist: check eventhubs.namespace and "
                                   f"eventhubs.name ({text})")  # fmt: skip
         if type(err).__name__ in ("CredentialUnavailableError", "ClientAuthenticationError"):
-            return PermanentError(f"no token for Event Hubs ({text}); {identity.CREDENTIAL_ADVICE}")
+            return PermanentError(f"no token for Event Hubs ({text}); {advice.CREDENTIAL_ADVICE}")
         return RetryableError(f"cannot reach or send to {target}: {text}")
 
     def _target(self) -> str:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge import schema
 from bridge.cloud import identity
+from bridge.cloud.advice import CREDENTIAL_ADVICE
 from bridge.cloud.identity import Identity
 from bridge.redact import describe
 from bridge.retry import (
@@ -215,7 +216,7 @@ class LogAnalyticsSink(BaseSink):
             return self._for_status(status, err, text)
         if type(err).__name__ in ("CredentialUnavailableError", "ClientAuthenticationError"):
             return PermanentError(
-                f"no token for the Logs Ingestion API ({text}); {identity.CREDENTIAL_ADVICE}"
+                f"no token for the Logs Ingestion API ({text}); {CREDENTIAL_ADVICE}"
             )
         return RetryableError(f"cannot reach the Logs Ingestion API at {self._target()}: {text}")
 
@@ -232,7 +233,7 @@ class LogAnalyticsSink(BaseSink):
                 [],
             )
         advice = {
-            401: f"the token was refused; {identity.CREDENTIAL_ADVICE}",
+            401: f"the token was refused; {CREDENTIAL_ADVICE}",
             403: f"grant {identity.describe(self._identity)} the Monitoring Metrics Publisher "
             f"role on the data collection rule {self._settings.rule_id}",
             404: "check loganalytics.endpoint, loganalytics.rule_id (the DCR's immutable id) and "

@@ -11,7 +11,7 @@ import pytest
 from azure.core.credentials import AccessTokenInfo, SupportsTokenInfo, TokenCredential
 from azure.core.exceptions import ClientAuthenticationError
 
-from bridge.cloud import identity, managedidentity
+from bridge.cloud import advice, identity, managedidentity
 from bridge.cloud.managedidentity import ImdsManagedIdentity
 from bridge.config import IdentitySettings
 from bridge.retry import Backoff
@@ -94,7 +94,7 @@ def test_no_token_within_the_deadline_is_an_error_that_says_what_to_do(
     with pytest.raises(ClientAuthenticationError) as info:
         credential.get_token(SCOPE)
     assert "gave no token within 0.5 s (last: RetryableError: HTTP 503)" in str(info.value)
-    assert identity.CREDENTIAL_ADVICE in str(info.value)
+    assert advice.CREDENTIAL_ADVICE in str(info.value)
     assert token_calls(sim[0], 503) >= 2
 
 
@@ -114,7 +114,7 @@ def test_an_answer_without_a_token_is_refused_without_quoting_it(
     with pytest.raises(ClientAuthenticationError) as info:
         credential.get_token(SCOPE)
     assert "answered 200 without a token and its expiry" in str(info.value)
-    assert identity.CREDENTIAL_ADVICE in str(info.value)
+    assert advice.CREDENTIAL_ADVICE in str(info.value)
 
 
 def test_an_error_answer_is_named_and_not_retried(

@@ -17,7 +17,7 @@ import pytest
 from azure.data.tables import TableClient
 from azure.identity import CredentialUnavailableError
 
-from bridge.cloud import identity
+from bridge.cloud import advice, identity
 from bridge.config import Config, ConsumerSettings, StorageSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc
@@ -200,7 +200,7 @@ def test_entra_id_without_a_token_is_permanent_with_advice(
     store = table_store(Config(storage=StorageSettings(account="acct")), unique_table())
     with pytest.raises(PermanentError, match="no token for table ") as caught:
         store.read("vms", "vm-1")
-    assert identity.CREDENTIAL_ADVICE in str(caught.value)
+    assert advice.CREDENTIAL_ADVICE in str(caught.value)
     store.close()
 
 

@@ -32,13 +32,8 @@ NEEDS: dict[object, str] = {
     run_chaos: "subprocess",
 }
 
-# pip builds the project's wheel from its source tree in ./build: two builds at once collide
-# ("File exists: build/bdist..."), so the modules that build it share one worker. (./dev
-# release builds from `git archive HEAD` in a folder of its own.)
-SOURCE_TREE_BUILDS = {"tests.packaging.test_supply_chain", "tests.infra.test_bicep_onboarding"}
 
-
-# First: pytest-xdist's own hook reads the xdist_group marks given here, and -m the markers.
+# First, so that -m reads the markers given here.
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
@@ -53,14 +48,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         needs |= markers.reached([d.func for d in definitions if d.params], NEEDS, by_name=False)
         for name in sorted(needs - {m.name for m in item.iter_markers()}):
             item.add_marker(name)
-        # A module-scoped fixture (a built venv, a checkov run) is built once per worker that
-        # runs one of its tests: its tests stay together on one worker (--dist loadgroup).
-        if not item.config.pluginmanager.hasplugin("xdist"):
-            continue
-        if item.module.__name__ in SOURCE_TREE_BUILDS:
-            item.add_marker(pytest.mark.xdist_group("source-tree-build"))
-        elif any(d.scope == "module" for d in definitions):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
 
 @pytest.fixture(autouse=True)

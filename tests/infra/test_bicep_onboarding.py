@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 import bridge
 from bridge import config, extras
 from bridge.commands import signing
-from tests.support import bicep, lock
+from tests.support import bicep, lock, sourcetree
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,21 +78,22 @@ def _calls(log: Path) -> list[str]:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The project's real wheel."""
     wheels = tmp_path_factory.mktemp("wheels")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "-q",
-            "-w",
-            str(wheels),
-            str(bicep.ROOT),
-        ],
-        check=True,
-        timeout=300,
-    )
+    with sourcetree.building():
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "-q",
+                "-w",
+                str(wheels),
+                str(bicep.ROOT),
+            ],
+            check=True,
+            timeout=300,
+        )
     (built,) = wheels.glob("se_bridge-*.whl")
     return built
 

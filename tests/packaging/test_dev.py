@@ -121,7 +121,8 @@ def test_generate_rewrites_the_generated_docs_infra_and_workbook(tmp_path: Path)
 
 TEST_TOOLS = ("ruff", "mypy", "lint-imports", "pytest")
 LINTS = [".venv/bin/ruff check .", ".venv/bin/ruff format --check ."]
-PYTEST = ".venv/bin/pytest -n auto --dist loadgroup --durations=15"
+# Two workers per core, each module on one worker.
+PYTEST = f".venv/bin/pytest -n {2 * (os.cpu_count() or 1)} --dist loadscope --durations=15"
 
 
 def _test_checks(tmp_path: Path, *args: str) -> list[str]:

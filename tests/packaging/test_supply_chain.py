@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
-from tests.support import lock
+from tests.support import lock, sourcetree
 from tools import functionapp, lockfile, sbom
 
 if sys.version_info >= (3, 11):
@@ -64,7 +64,8 @@ def test_the_agent_export_holds_nothing_of_the_consumer_extra() -> None:
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return functionapp.build(tmp_path_factory.mktemp("functionapp") / "app")
+    with sourcetree.building():
+        return functionapp.build(tmp_path_factory.mktemp("functionapp") / "app")
 
 
 def test_the_function_app_folder_names_every_file_with_its_hash(app: Path) -> None:
@@ -131,7 +132,7 @@ def test_a_wheel_that_is_not_the_built_one_is_refused(app: Path, tmp_path: Path)
 
 def test_a_folder_not_made_by_the_tool_is_never_emptied(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep me", encoding="utf-8")
-    with pytest.raises(SystemExit, match=r"not made by \./dev functionapp"):
+    with pytest.raises(SystemExit, match=r"not made by \./dev functionapp"), sourcetree.building():
         functionapp.build(tmp_path)
     assert (tmp_path / "precious.txt").read_text(encoding="utf-8") == "keep me"
 

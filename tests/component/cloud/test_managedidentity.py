@@ -3,6 +3,7 @@ over real HTTP; and which credential `identity.kind = "managed"` gets where."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -93,7 +94,9 @@ def test_no_token_within_the_deadline_is_an_error_that_says_what_to_do(
     credential = ImdsManagedIdentity(host=sim[1].vm_url("vm-0"), deadline=0.5, backoff=QUICK)
     with pytest.raises(ClientAuthenticationError) as info:
         credential.get_token(SCOPE)
-    assert "gave no token within 0.5 s (last: RetryableError: HTTP 503)" in str(info.value)
+    # What the last attempt met: a 503, or on a loaded machine the deadline cutting it short.
+    assert re.search(r"gave no token within 0\.5 s \(last: (RetryableError: HTTP 503|TimeoutError)",
+                     str(info.value)), str(info.value)  # fmt: skip
     assert advice.CREDENTIAL_ADVICE in str(info.value)
     assert token_calls(sim[0], 503) >= 2
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -129,3 +131,22 @@ def test_release_publishes_by_trusted_publishing_and_pushes_the_image_with_attes
 def test_dependabot_moves_the_action_pins_too() -> None:
     config = yaml.safe_load((ROOT / ".github" / "dependabot.yml").read_text())
     assert "github-actions" in {update["package-ecosystem"] for update in config["updates"]}
+
+
+def test_the_windows_job_selects_the_windows_service_and_log_file_tests() -> None:
+    # Run the job's own selection here: its paths and marker expression must take the tests of
+    # what runs on Windows (the service, the log file), not only unit and component tests.
+    windows = load("ci.yml")["jobs"]["windows"]
+    [command] = [s["run"] for s in windows["steps"] if "pytest" in s.get("run", "")]
+    args = shlex.split(command.split("-m pytest", 1)[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        capture_output=True, text=True, check=False, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr
+    selected = done.stdout
+    for module in ("tests/packaging/test_winservice.py", "tests/packaging/test_logfile.py"):
+        assert f"{module}::" in selected, f"the Windows job does not run {module}"
+    assert "tests/unit/" in selected
+    assert "tests/component/" in selected
+    assert "tests/image/" not in selected

@@ -108,13 +108,6 @@ class Origin:
             "AgentVersion": self.agent_version,
         }
 
-    def common_fields(
-        self, record_type: rt.RecordType, record_id: str, now: datetime
-    ) -> dict[str, Any]:
-        """`common` as a plain dict, for a record built field by field (a test's record, which
-        may be malformed on purpose); the product's builders return their TypedDict."""
-        return dict(self.common(record_type, record_id, now))
-
     def record_id(self, *parts: object) -> str:
         return record_id(self.identity.key(self.host_name), *parts)
 

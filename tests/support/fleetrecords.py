@@ -24,6 +24,7 @@ from bridge.records import (
 )
 from bridge.recordtypes import ApprovalOutcome as Outcome
 from bridge.recordtypes import HeartbeatReason
+from tests.support.records import common_fields
 
 SUBSCRIPTION = "8d5f9c8e-0000-4000-8000-000000000001"
 
@@ -91,7 +92,7 @@ class FleetRecords:
         )
         affected = resources if resources is not None else [str(origin.identity.vm_name)]
         rid = origin.record_id("Event", event_id, transition, iso(self.now))
-        record = origin.common_fields("Event", rid, self.now)
+        record = common_fields(origin, "Event", rid, self.now)
         nb = not_before or self.now + timedelta(minutes=15)
         record.update(
             DocumentIncarnation=3,
@@ -134,7 +135,7 @@ class FleetRecords:
 
     def hook_ready(self, name: str, event_id: str) -> dict[str, Any]:
         origin = self.origins[name]
-        record = origin.common_fields("Hook", origin.record_id("Hook", event_id), self.now)
+        record = common_fields(origin, "Hook", origin.record_id("Hook", event_id), self.now)
         record.update(
             EventId=event_id,
             EventType="Reboot",

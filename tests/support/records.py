@@ -9,6 +9,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, FormatChecker
 
+from bridge import recordtypes as rt
 from bridge import schema
 from bridge.commands.message import Command
 from bridge.records import Origin, RecordView, VmIdentity
@@ -38,6 +39,14 @@ ORIGIN = Origin(
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 
 
+def common_fields(
+    origin: Origin, record_type: rt.RecordType, record_id: str, now: datetime
+) -> dict[str, Any]:
+    """`Origin.common` as a plain dict, for a record built field by field (a test's record,
+    which may be malformed on purpose); the product's builders return their TypedDict."""
+    return dict(origin.common(record_type, record_id, now))
+
+
 def event_record(
     transition: str = "Scheduled",
     *,
@@ -52,7 +61,7 @@ def event_record(
     status = {"Scheduled": "Scheduled", "Started": "Started"}.get(transition, previous)
     if transition in ("Completed", "Canceled"):
         status = None
-    record = ORIGIN.common_fields("Event", rid, T0)
+    record = common_fields(ORIGIN, "Event", rid, T0)
     record.update(
         DocumentIncarnation=3,
         PreviousIncarnation=None if previous is None else 2,

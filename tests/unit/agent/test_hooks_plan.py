@@ -18,7 +18,7 @@ from bridge.agent import hookproc
 from bridge.agent.hookproc import HookOutcome, OutputTail
 from bridge.agent.hooks import HookJob, hook_environment, hook_record, plan
 from bridge.records import Origin, RecordView, VmIdentity, record_id
-from tests.support.records import event_record
+from tests.support.records import common_fields, event_record
 
 T0 = datetime(2022, 4, 11, 22, 10, 0, tzinfo=timezone.utc)
 EVENT_ID = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -115,7 +115,7 @@ def test_plan_only_configured_hooks(prepare: bool, recover: bool, expected: list
 
 
 def test_plan_ignores_other_record_types() -> None:
-    heartbeat = ORIGIN.common_fields("Heartbeat", "hb-1", T0)
+    heartbeat = common_fields(ORIGIN, "Heartbeat", "hb-1", T0)
     hook = {**event("Scheduled"), "RecordType": "Hook"}
     assert plan([heartbeat, hook, {}], prepare=True, recover=True) == []
 

@@ -48,6 +48,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         needs |= markers.reached([d.func for d in definitions if d.params], NEEDS, by_name=False)
         for name in sorted(needs - {m.name for m in item.iter_markers()}):
             item.add_marker(name)
+    # The modules of slow tests first: workers take modules in this order (--dist loadscope),
+    # so the longest runs start at once instead of running alone at the end.
+    slow = {getattr(item, "module", None) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: getattr(item, "module", None) not in slow)
 
 
 @pytest.fixture(autouse=True)

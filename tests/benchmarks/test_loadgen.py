@@ -154,6 +154,7 @@ def live_run(workdir: Path, state: str, source: str = "local",
     return result, summary
 
 
+@pytest.mark.slow
 def test_a_live_run_against_a_real_consumer_breaks_no_budget(tmp_path: Path) -> None:
     result, summary = live_run(tmp_path / "run", "sqlite")
     assert "1 consumer, SQLite |" in render("freeze", [summary], "test", "now")
@@ -169,6 +170,7 @@ def test_a_live_run_against_a_real_consumer_breaks_no_budget(tmp_path: Path) -> 
         last[record["VmId"]] = record["TimeGenerated"]
 
 
+@pytest.mark.slow
 def test_a_live_run_on_tables_in_azurite_breaks_no_budget(tmp_path: Path) -> None:
     result, summary = live_run(tmp_path / "run", "tables")
     # The state was read from the table, not from a file: every VM's document is there, and
@@ -186,6 +188,7 @@ def test_a_live_run_on_tables_in_azurite_breaks_no_budget(tmp_path: Path) -> Non
     assert "fleet state (Tables on Azurite)" in report
 
 
+@pytest.mark.slow
 def test_a_live_run_through_the_event_hubs_broker_breaks_no_budget(tmp_path: Path) -> None:
     # Two consumers share the broker's partitions through ownership blobs in Azurite; the lag
     # is read from the checkpoints they wrote there, so a drained run means every record sent

@@ -23,6 +23,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600 + 10 * CYCLES)
 def test_no_invariant_breaks_under_kills_faults_and_outages(
     tmp_path: Path, record_property: object

@@ -64,6 +64,7 @@ pytestmark = pytest.mark.skipif(
 RecordProperty = Callable[[str, object], None]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120 + 3 * KILL_CYCLES)
 def test_sigkill_at_random_moments_loses_no_observed_transition(
     tmp_path: Path, record_property: RecordProperty

@@ -37,6 +37,7 @@ def ids(records: list[Record]) -> set[str]:
     return {r["RecordId"] for r in records}
 
 
+@pytest.mark.slow
 def test_every_record_reaches_both_clouds_through_outage_throttling_and_restart(
     procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble
 ) -> None:

@@ -126,6 +126,7 @@ def approve_decisions(decisions: list[Record]) -> dict[str, set[str]]:
     return out
 
 
+@pytest.mark.slow
 def test_two_consumers_share_the_partitions_and_never_approve_twice_or_break_a_budget(
     rig: CloudConsumers,
 ) -> None:
@@ -170,6 +171,7 @@ def crash(rig: CloudConsumers, name: str, approvals: int) -> tuple[dict[str, Any
     return ledger, {k for k, e in ledger.items() if not e.get("sent") and k in queued}
 
 
+@pytest.mark.slow
 def test_consumers_killed_mid_batch_leave_no_double_approval_and_no_budget_leak(
     rig: CloudConsumers,
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,26 @@ def _sdk_sockets_collected_where_they_leak(request: pytest.FixtureRequest) -> It
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "unclosed <socket", ResourceWarning)
             gc.collect()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Undo what a program's setup_logging does to the root logger (its handlers, its level,
+    the azure logger's level), closing what it added. A handler left behind writes to the
+    stream of the test that made it, closed by then, and prints "--- Logging error ---" into
+    whichever later test logs on the same worker."""
+    root, azure = logging.getLogger(), logging.getLogger("azure")
+    handlers, level, azure_level = list(root.handlers), root.level, azure.level
+    yield
+    for handler in root.handlers:
+        if handler not in handlers:
+            root.removeHandler(handler)
+            handler.close()
+    for handler in handlers:
+        if handler not in root.handlers:
+            root.addHandler(handler)
+    root.setLevel(level)
+    azure.setLevel(azure_level)
 
 
 @pytest.fixture(scope="session")

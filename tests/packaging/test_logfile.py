@@ -63,7 +63,6 @@ def test_a_log_file_smaller_than_64_kib_is_refused() -> None:
         load(None, environ={"SE_BRIDGE_AGENT_LOG_MAX_BYTES": "100"})
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_the_agent_stops_with_a_message_when_its_log_file_cannot_open(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

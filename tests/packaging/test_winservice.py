@@ -178,7 +178,6 @@ def heartbeats(root: Path) -> list[str]:
     return [r["HeartbeatReason"] for r in records if r["RecordType"] == "Heartbeat"]
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_stop_control_flushes_the_agent_and_ends_the_run(
     tmp_path: Path, imds: SimulatorServer
 ) -> None:
@@ -217,7 +216,6 @@ def test_shutdown_takes_the_stop_path(tmp_path: Path) -> None:
     assert cls.SvcShutdown is cls.SvcStop
 
 
-@pytest.mark.usefixtures("root_logging")
 def test_a_bad_setting_fails_the_service_and_reaches_the_event_log(
     tmp_path: Path, imds: SimulatorServer
 ) -> None:

@@ -46,6 +46,8 @@ TARGETS: dict[str, tuple[str, ...]] = {
     # The standalone consumer, and the container image (agent and consumer in one).
     "consumer": ("--no-default-groups", "--extra", "consumer"),
     "functions": ("--no-default-groups", "--extra", "functions"),
+    # The agent on a Kubernetes node, which drains it ([kubernetes]).
+    "kubernetes": ("--no-default-groups", "--extra", "kubernetes"),
     # ./dev: everything above and the tools of the test command.
     "dev": ("--all-extras", "--group", "dev"),
     # ./dev docs: MkDocs and its theme, to read the docs without the test environment.

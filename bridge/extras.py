@@ -2,7 +2,8 @@
 
 The bare package is the agent: only what runs on every VM. `se-bridge[consumer]` adds what the
 consumer, `se-bridge policy` and the demo need; `se-bridge[functions]` adds the Azure Functions
-worker library to that (pyproject.toml's extras, which tests/unit/test_layout.py holds this
+worker library to that; `se-bridge[kubernetes]` adds the Kubernetes client an agent that
+drains its node uses (pyproject.toml's extras, which tests/unit/test_layout.py holds this
 table to).
 """
 
@@ -18,6 +19,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
         "fastjsonschema",
         "azure-keyvault-secrets",
     ),
+    # The agent on a Kubernetes node ([kubernetes]: drains before maintenance).
+    "kubernetes": ("lightkube",),
 }
 
 

@@ -182,6 +182,11 @@ def heartbeat_record(
         "LastImdsSuccess": iso(health.last_imds_success) if health.last_imds_success else None,
         "Tags": dict(origin.identity.tags) if origin.identity.known else None,
         "HasPrepareHook": bool(health.prepare_hook),
+        # Set by an agent whose [kubernetes] section is on (docs/kubernetes.md).
+        "NodeName": None,
+        "NodePool": None,
+        "NodeDraining": None,
+        "NodeCordoned": None,
     }
     if health.prepare_hook is None:  # left out, as agents before HasPrepareHook did
         del record["HasPrepareHook"]

@@ -15,11 +15,20 @@ RECORD_TYPE: Final = "RecordType"
 
 RecordType = Literal["Event", "Heartbeat", "Hook", "Approval", "Decision"]
 Transition = Literal["Scheduled", "Started", "Updated", "Completed", "Canceled"]
-HeartbeatReason = Literal["Start", "Periodic", "Stop"]
+HeartbeatReason = Literal["Start", "Periodic", "Stop", "Node"]
 HookPhase = Literal["prepare", "recover"]
+DrainStatus = Literal[
+    "Draining",
+    "Blocked",
+    "Drained",
+    "GaveUp",
+    "Failed",
+    "Uncordoned",
+    "LeftCordoned",
+]
 ApprovalSource = Literal["Central", "Local"]
 ApprovalOutcome = Literal["Approved", "Refused", "Failed"]
-DecisionAction = Literal["Approve", "Defer", "Hold", "Release"]
+DecisionAction = Literal["Approve", "Defer", "Hold", "Release", "Ask", "Pause", "Resume"]
 DecisionMode = Literal["normal", "shadow"]
 
 
@@ -87,13 +96,19 @@ class _HeartbeatRequired(_Shared):
 
 
 class Heartbeat(_HeartbeatRequired, total=False):
-    """A record of RecordType "Heartbeat". Older agents leave out HasPrepareHook."""
+    """A record of RecordType "Heartbeat". Older producers leave out HasPrepareHook, NodeName,
+    NodePool, NodeDraining, NodeCordoned.
+    """
 
     HasPrepareHook: bool
+    NodeName: str | None
+    NodePool: str | None
+    NodeDraining: str | None
+    NodeCordoned: bool | None
 
 
-class Hook(_Shared):
-    """A record of RecordType "Hook"."""
+class _HookRequired(_Shared):
+    """The fields every Hook record has."""
 
     RecordType: Literal["Hook"]
     EventId: str
@@ -106,6 +121,16 @@ class Hook(_Shared):
     HookDurationMs: int
     HookOutput: str
     HookError: str | None
+
+
+class Hook(_HookRequired, total=False):
+    """A record of RecordType "Hook". Older producers leave out HookName, DrainStatus,
+    DrainBlockers.
+    """
+
+    HookName: str | None
+    DrainStatus: DrainStatus | None
+    DrainBlockers: list[dict[str, str | None]] | None
 
 
 class Approval(_Shared):
@@ -124,8 +149,8 @@ class Approval(_Shared):
     ApprovalLatencyMs: int | None
 
 
-class Decision(_Shared):
-    """A record of RecordType "Decision"."""
+class _DecisionRequired(_Shared):
+    """The fields every Decision record has."""
 
     RecordType: Literal["Decision"]
     EventId: str
@@ -145,6 +170,22 @@ class Decision(_Shared):
     PolicySource: str
     DecisionMode: DecisionMode
     DecisionExplanation: str | None
+
+
+class Decision(_DecisionRequired, total=False):
+    """A record of RecordType "Decision". Older producers leave out DecidedBy, DecidedByName,
+    OperatorReason, BudgetOverride, AskedTarget, AskDeadline, NotifyFailing, PauseScope, PauseUntil.
+    """
+
+    DecidedBy: str | None
+    DecidedByName: str | None
+    OperatorReason: str | None
+    BudgetOverride: bool
+    AskedTarget: str | None
+    AskDeadline: str | None
+    NotifyFailing: list[str] | None
+    PauseScope: str | None
+    PauseUntil: str | None
 
 
 Record = Event | Heartbeat | Hook | Approval | Decision

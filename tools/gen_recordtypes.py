@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,9 @@ def python_type(name: str, prop: dict[str, Any], narrower: dict[str, Any] | None
         text = _literal([prop["const"]])
     elif "enum" in prop:
         text = name
+    elif kind == "array" and prop["items"]["type"] == "object":
+        # A list of small objects of text (DrainBlockers): their keys are in the schema.
+        text = "list[dict[str, str | None]]"
     elif kind == "array":
         text = f"list[{_SCALARS[prop['items']['type']]}]"
     elif kind == "object":
@@ -91,7 +95,12 @@ def _fields(names: list[str], narrower: dict[str, Any]) -> list[str]:
 
 
 def _typed_dict(name: str, doc: str, fields: list[str], base: str = "TypedDict") -> list[str]:
-    return ["", "", f"class {name}({base}):", f'    """{doc}"""', "", *fields]
+    said = textwrap.wrap(f'"""{doc}', LINE_LENGTH - 4)
+    if len(said) == 1:
+        said[0] += '"""'
+    else:
+        said.append('"""')
+    return ["", "", f"class {name}({base}):", *(f"    {line}" for line in said), "", *fields]
 
 
 def _record_type(name: str, clause: dict[str, Any]) -> list[str]:
@@ -109,7 +118,7 @@ def _record_type(name: str, clause: dict[str, Any]) -> list[str]:
     base = f"_{name}Required"
     return [
         *_typed_dict(base, f"The fields every {name} record has.", fields, "_Shared"),
-        *_typed_dict(name, f"{doc} Older agents leave out {', '.join(optional)}.",
+        *_typed_dict(name, f"{doc} Older producers leave out {', '.join(optional)}.",
                      _fields(optional, narrower), f"{base}, total=False"),
     ]  # fmt: skip
 

@@ -145,6 +145,10 @@ def hook_record(origin: Origin, job: HookJob, outcome: HookOutcome, now: datetim
         "HookDurationMs": int(outcome.duration_ms),
         "HookOutput": outcome.output,
         "HookError": outcome.error,
+        # A hooks.prepare or hooks.recover command: not the built-in drain.
+        "HookName": None,
+        "DrainStatus": None,
+        "DrainBlockers": None,
     }
 
 

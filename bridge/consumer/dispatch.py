@@ -417,6 +417,16 @@ def decision_record(
         "PolicySource": policy_source,
         "DecisionMode": "shadow" if shadow else "normal",
         "DecisionExplanation": "\n".join(verdict.explanation) or None,
+        # A person's decision, an ask and a pause say more (docs/people.md).
+        "DecidedBy": None,
+        "DecidedByName": None,
+        "OperatorReason": None,
+        "BudgetOverride": False,
+        "AskedTarget": None,
+        "AskDeadline": None,
+        "NotifyFailing": None,
+        "PauseScope": None,
+        "PauseUntil": None,
     }
 
 

@@ -97,7 +97,14 @@ def test_no_import_hides_in_a_function_but_a_cloud_sdk_or_a_consumer_program() -
 
 def test_the_command_line_loads_no_distribution_of_the_consumer_extra() -> None:
     loaded = loaded_after("import bridge.cli\nbridge.cli.build_parser()")
-    modules = {"azure.data.tables", "azure.eventhub.extensions", "fastjsonschema", "azure.keyvault"}
+    modules = {
+        "azure.data.tables",
+        "azure.eventhub.extensions",
+        "fastjsonschema",
+        "azure.keyvault",
+        "jwt",
+        "lightkube",
+    }
     assert [m for m in loaded if m.startswith(tuple(modules))] == []
     assert [m for m in loaded if m.startswith(ON_DEMAND)] == []
 

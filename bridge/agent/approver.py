@@ -181,6 +181,8 @@ class Approver:
         if self.approved(command.event_id):
             # Another command (or the local policy) approved the event: no news.
             return Attempt("Duplicate", f"event {command.event_id} was approved already")
+        if command.type == "Prepare":
+            return self._not_draining(command)
         request = request_for(command)
         if command.expired(self._now()):
             return self._expired(command, request)
@@ -196,6 +198,25 @@ class Approver:
         outcome = untrusted(command, "Replayed", why + "; a replay is never acted on")
         self.record(outcome)
         return Attempt("Replayed", outcome.detail, outcome)
+
+    def _not_draining(self, command: Command) -> Attempt:
+        """A Prepare grants a drain; an agent with no node to drain refuses it, so that the
+        consumer stops waiting for a drain that never comes."""
+        why = ("Prepare: this agent drains no Kubernetes node (its [kubernetes] section is "
+               "off), so it has nothing to prepare; it approves nothing on a Prepare")  # fmt: skip
+        outcome = ApprovalOutcome(
+            event_id=command.event_id,
+            event_type=None,
+            incarnation=command.document_incarnation,
+            command_id=command.command_id,
+            source="Central",
+            outcome="Refused",
+            detail=why,
+            rule=command.rule,
+            issued_at=command.issued_at,
+        )
+        self.record(outcome)
+        return Attempt("Refused", why, outcome)
 
     def _expired(self, command: Command, request: Request) -> Attempt:
         """It expires at the event's NotBefore, when the platform starts the event: the

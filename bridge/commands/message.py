@@ -30,11 +30,14 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Literal
 
 from bridge.records import SCHEMA_VERSION, RecordView, iso, record_id, vm_key
 
-COMMAND_TYPES = ("Approve",)
+# Approve: POST the event's StartRequests. Prepare: the consumer granted this VM's drain (it took
+# the event's budget slot); the agent drains its Kubernetes node and approves nothing.
+CommandType = Literal["Approve", "Prepare"]
+_KINDS: dict[str, CommandType] = {"Approve": "Approve", "Prepare": "Prepare"}
 # The code an agent's refusal starts its ApprovalDetail with when the command came after its
 # event Started or left the VM's document: the event went ahead unapproved, and no other VM
 # can approve it any more (docs/contracts.md#command).
@@ -61,7 +64,7 @@ class Command:
     expires_at: datetime
     rule: str
     reason: str
-    type: str = "Approve"
+    type: CommandType = "Approve"
     resources_digest: str | None = None
     key_id: str | None = None
     signature: str | None = None
@@ -127,8 +130,11 @@ def resources_digest(names: Iterable[str]) -> str:
     return hashlib.sha256(text).hexdigest()[:16]
 
 
-def command_id(event_id: str, vm_id: str) -> str:
-    """Deterministic per event and target VM, so a resent command is recognisably the same."""
+def command_id(event_id: str, vm_id: str, kind: CommandType = "Approve") -> str:
+    """Deterministic per event, target VM and type, so a resent command is recognisably the
+    same and a Prepare never shares its id with the Approve that follows it."""
+    if kind == "Prepare":
+        return record_id("Command", event_id.lower(), vm_id.lower(), "prepare")
     return record_id("Command", event_id.lower(), vm_id.lower())
 
 
@@ -142,9 +148,12 @@ def approve(
     rule: str,
     reason: str,
     resources: Iterable[str] | None = None,
+    kind: CommandType = "Approve",
 ) -> Command:
+    """A command of `kind` (an Approve unless told) for `event_id` to `vm_id`."""
     return Command(
-        command_id=command_id(event_id, vm_id),
+        command_id=command_id(event_id, vm_id, kind),
+        type=kind,
         vm_id=vm_id,
         event_id=event_id,
         document_incarnation=document_incarnation,
@@ -168,9 +177,10 @@ def parse(text: str | bytes) -> Command:
         raise CommandError("command is not a JSON object")
     if body.get("SchemaVersion") != SCHEMA_VERSION:
         raise CommandError(f"unsupported SchemaVersion {body.get('SchemaVersion')!r}")
-    kind = _text(body, "Type")
-    if kind not in COMMAND_TYPES:
-        raise CommandError(f"unknown command Type {kind!r}")
+    named = _text(body, "Type")
+    kind = _KINDS.get(named)
+    if kind is None:
+        raise CommandError(f"unknown command Type {named!r}")
     incarnation = body.get("DocumentIncarnation")
     if incarnation is not None and (type(incarnation) is not int or incarnation < 0):
         raise CommandError("DocumentIncarnation must be a non-negative integer or null")

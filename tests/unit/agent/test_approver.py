@@ -160,3 +160,15 @@ def test_the_record_goes_to_the_spool_for_the_sinks(rig: Rig) -> None:
     rig.approver.consider(command())
     records = [json.loads(r.body) for r in rig.spool.read_batch("jsonl", 10)]
     assert [(r["RecordType"], r["ApprovalOutcome"]) for r in records] == [("Approval", "Approved")]
+
+
+def test_a_prepare_command_is_never_taken_for_an_approval(rig: Rig) -> None:
+    prepare = commands.approve(vm_id=VM_ID, event_id=EVENT, document_incarnation=2,
+                               issued_at=NOW, expires_at=NOW + timedelta(minutes=5), rule="ops",
+                               reason="drain granted", kind="Prepare")  # fmt: skip
+    attempt = rig.approver.consider(prepare)
+    assert attempt.kind == "Refused"
+    assert attempt.detail.startswith("Prepare: ")
+    assert (rig.imds.reads, rig.imds.posts) == (0, [])
+    assert rig.outcomes == [attempt.outcome]
+    assert not rig.approver.approved(EVENT)

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# se-bridge: one image for the agent (a Kubernetes DaemonSet, packaging/kubernetes/daemonset.yaml)
-# and the standalone consumer (packaging/kubernetes/consumer-deployment.yaml).
+# se-bridge: one image for the agent (a Kubernetes DaemonSet, packaging/kubernetes/overlays/agent
+# and agent-drain) and the standalone consumer (packaging/kubernetes/overlays/consumer).
 #   docker build -t se-bridge:0.1.0 .
 #   docker run --rm se-bridge:0.1.0 --version
 #   docker run -d -v /etc/se-bridge:/etc/se-bridge:ro se-bridge:0.1.0 consume --config /etc/se-bridge/consumer.toml

@@ -11,8 +11,9 @@
 # bytes until the pin is moved on purpose (Dependabot's docker ecosystem, .github/dependabot.yml).
 ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
-# Build stage: the locked wheels (packaging/requirements/consumer.txt, exported from uv.lock:
-# the image runs the agent and the consumer), each checked against its sha256, installed with
+# Build stage: the locked wheels (packaging/requirements/image.txt, exported from uv.lock: the
+# image runs the consumer and the agent, which drains its node with the kubernetes extra's
+# client when [kubernetes] is on), each checked against its sha256, installed with
 # the project's own wheel into /opt/se-bridge, a virtual environment: the same steps work on
 # the slim image and on a base of Debian's packages (tests/image), whose python3 has no `pip`
 # on PATH and refuses installs into the system (PEP 668, externally managed). The locked
@@ -20,7 +21,7 @@ ARG PYTHON_IMAGE=python:3.11-slim@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src
 RUN python3 -m venv /opt/se-bridge
-COPY packaging/requirements/consumer.txt ./requirements.txt
+COPY packaging/requirements/image.txt ./requirements.txt
 RUN /opt/se-bridge/bin/pip download --no-cache-dir --require-hashes --only-binary :all: \
       --dest /wheels -r requirements.txt \
  && /opt/se-bridge/bin/pip install --no-cache-dir --no-index --find-links /wheels \

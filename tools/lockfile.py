@@ -43,11 +43,13 @@ EXPORTS = ROOT / "packaging" / "requirements"
 TARGETS: dict[str, tuple[str, ...]] = {
     # The bare package: what runs on every VM.
     "agent": ("--no-default-groups",),
-    # The standalone consumer, and the container image (agent and consumer in one).
+    # The standalone consumer.
     "consumer": ("--no-default-groups", "--extra", "consumer"),
     "functions": ("--no-default-groups", "--extra", "functions"),
     # The agent on a Kubernetes node, which drains it ([kubernetes]).
     "kubernetes": ("--no-default-groups", "--extra", "kubernetes"),
+    # The container image (Dockerfile): the consumer, and the agent that drains its node.
+    "image": ("--no-default-groups", "--extra", "consumer", "--extra", "kubernetes"),
     # ./dev: everything above and the tools of the test command.
     "dev": ("--all-extras", "--group", "dev"),
     # ./dev docs: MkDocs and its theme, to read the docs without the test environment.

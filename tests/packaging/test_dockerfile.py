@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from bridge import __version__
+from bridge.extras import EXTRAS
 from tests.support import lock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,7 +132,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     wheels = work / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     # The build stage: the locked wheels, each checked against its hash, then the project's.
-    requirements = context / "packaging" / "requirements" / "consumer.txt"
+    [export] = [name for name in copied_paths() if name.startswith("packaging/requirements/")]
+    requirements = context / export
     run([*pip, "download", "--require-hashes", "--only-binary", ":all:", "--dest", str(wheels),
          "-r", str(requirements)])  # fmt: skip
     run([*pip, "wheel", "--no-deps", "--wheel-dir", str(wheels), str(context)])
@@ -165,7 +167,13 @@ def test_the_installed_agent_has_its_options(installed: Path) -> None:
 
 def test_the_image_holds_exactly_the_locked_packages(installed: Path) -> None:
     got = lock.installed(installed / "python")
-    assert got == lock.locked("consumer") | {"se-bridge": __version__}
+    assert got == lock.locked("image") | {"se-bridge": __version__}
+    assert "packaging/requirements/image.txt" in copied_paths()
+
+
+def test_the_image_runs_the_consumer_and_the_agent_that_drains_its_node(installed: Path) -> None:
+    code = "from bridge import extras; print([extras.missing(e) for e in extras.EXTRAS])"
+    assert run([str(installed / "python"), "-c", code]).strip() == str([[]] * len(EXTRAS))
 
 
 def test_the_wheel_carries_the_schema_and_type_marker(installed: Path) -> None:

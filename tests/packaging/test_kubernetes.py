@@ -130,6 +130,21 @@ def test_the_drain_is_granted_exactly_what_it_needs_and_only_to_the_agent() -> N
     assert spec["automountServiceAccountToken"] is True  # the in-cluster client's token
 
 
+def test_the_docs_say_what_the_drain_is_granted() -> None:
+    page = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    rows = [
+        line.split("|")[1:4]
+        for line in page.splitlines()
+        if line.startswith(("| core ", "| policy "))
+    ]
+    said = {
+        ("" if group.strip() == "core" else group.strip(), resource.strip(" `"), verb.strip())
+        for group, resource, verbs in rows
+        for verb in verbs.split(",")
+    }
+    assert said == DRAIN_GRANTS
+
+
 @pytest.mark.parametrize("overlay", ["agent", "consumer"])
 def test_the_other_overlays_grant_nothing_and_mount_no_token(overlay: str) -> None:
     rbac = [o for o in rendered(overlay) if o["apiVersion"].startswith("rbac.")]

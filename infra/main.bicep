@@ -126,6 +126,15 @@ param spoolBacklogThreshold int = 1000
 @description('Alert when at least this many Preempt events appear in one region within an hour.')
 param preemptThreshold int = 5
 
+@description('Alert when a person asked about an event (the policy\'s ask action) has not answered for this many minutes.')
+param askPendingMinutes int = 30
+
+@description('Alert when a Kubernetes node\'s drain has been blocked for this many minutes.')
+param drainBlockedMinutes int = 15
+
+@description('Alert when early approvals have been paused for this many hours.')
+param pauseActiveHours int = 8
+
 @description('Deploy the workbook.')
 param deployWorkbook bool = true
 
@@ -272,6 +281,9 @@ module alerts 'modules/alerts.bicep' = if (deployAlerts) {
     heartbeatMissingMinutes: heartbeatMissingMinutes
     spoolBacklogThreshold: spoolBacklogThreshold
     preemptThreshold: preemptThreshold
+    askPendingMinutes: askPendingMinutes
+    drainBlockedMinutes: drainBlockedMinutes
+    pauseActiveHours: pauseActiveHours
     tags: tags
   }
   dependsOn: [

@@ -105,6 +105,30 @@ param signingKeySecretName string = 'se-bridge-signing-key'
 @secure()
 param signingKeyPem string
 
+@description('Client id of the Entra ID app registration people sign in to for the approval page and API, with the SeBridge.Decide app role (infra/people/decide-app.sh creates it). Empty: no page, no App Service Authentication.')
+param peopleClientId string = ''
+
+@description('Entra ID tenant (directory) id whose people may sign in.')
+param peopleTenantId string = tenant().tenantId
+
+@description('URL of the webhook the consumer notifies people through (a Microsoft Teams workflow, Slack, or a generic receiver): stored in the Key Vault, never output. Empty: no notifications.')
+@secure()
+param notifyWebhookUrl string = ''
+
+@description('Name of that notification target, as a policy\'s ask.target names it.')
+param notifyTargetName string = 'people'
+
+@description('What the webhook takes: generic, teams or slack.')
+@allowed([
+  'generic'
+  'teams'
+  'slack'
+])
+param notifyTargetKind string = 'generic'
+
+@description('Name of the Key Vault secret holding the webhook URL.')
+param notifyWebhookSecretName string = 'se-bridge-notify-webhook'
+
 @description('Deploy the alert rules.')
 param deployAlerts bool = true
 
@@ -220,6 +244,8 @@ module keyVault 'modules/keyvault.bicep' = {
     publicNetworkAccess: keyVaultPublicNetworkAccess
     secretName: signingKeySecretName
     signingKeyPem: signingKeyPem
+    webhookSecretName: notifyWebhookSecretName
+    webhookUrl: notifyWebhookUrl
     tags: tags
     diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
@@ -244,6 +270,11 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     queuePrefix: queuePrefix
     queueAccountNames: queueAccountNames
     consumerPolicy: consumerPolicy
+    peopleClientId: peopleClientId
+    peopleTenantId: peopleTenantId
+    webhookSecretUri: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretUri
+    notifyTargetName: notifyTargetName
+    notifyTargetKind: notifyTargetKind
     workspaceId: workspace.outputs.workspaceId
     tags: tags
     diagnosticsWorkspaceId: diagnosticsWorkspaceId
@@ -261,6 +292,7 @@ module consumerRoles 'modules/consumer-roles.bicep' = [for i in range(0, eventHu
     dataCollectionRuleName: ingestion.outputs.ruleName
     keyVaultName: keyVault.outputs.vaultName
     signingKeySecretName: keyVault.outputs.secretName
+    webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
     insightsName: functionApp[i].outputs.insightsName
     consumerCreatesQueues: consumerCreatesQueues
   }

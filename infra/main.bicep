@@ -272,7 +272,8 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     consumerPolicy: consumerPolicy
     peopleClientId: peopleClientId
     peopleTenantId: peopleTenantId
-    webhookSecretUri: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretUri
+    webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
+    keyVaultUri: keyVault.outputs.vaultUri
     notifyTargetName: notifyTargetName
     notifyTargetKind: notifyTargetKind
     workspaceId: workspace.outputs.workspaceId

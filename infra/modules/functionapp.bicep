@@ -63,8 +63,11 @@ param peopleClientId string = ''
 @description('Entra ID tenant (directory) id whose people may sign in.')
 param peopleTenantId string = tenant().tenantId
 
-@description('URI of the Key Vault secret holding the notification webhook\'s URL (https://VAULT.vault.azure.net/secrets/NAME); empty: no notification target.')
-param webhookSecretUri string = ''
+@description('Name of the Key Vault secret holding the notification webhook\'s URL; empty: no notification target.')
+param webhookSecretName string = ''
+
+@description('The Key Vault holding it (https://VAULT.vault.azure.net/).')
+param keyVaultUri string = ''
 
 @description('Name of that notification target, as a policy\'s ask.target names it.')
 param notifyTargetName string = 'people'
@@ -160,16 +163,17 @@ var peopleSettings = empty(peopleClientId) ? {} : {
 }
 
 // Notifications ([notify]): one target whose URL the consumer reads from Key Vault with its
-// identity (as it reads the signing key), so the URL is in no app setting; notices link to the
-// approval page when there is one.
-var notifySettings = empty(webhookSecretUri) ? {} : {
+// identity at start (as it reads the signing key), so the URL is in no app setting; notices link
+// to the approval page when there is one.
+var notifySettings = empty(webhookSecretName) ? {} : {
   SE_BRIDGE_NOTIFY_TARGETS: string([
     {
       name: notifyTargetName
       kind: notifyTargetKind
-      url_secret: 'keyvault:${webhookSecretUri}'
+      url_secret: webhookSecretName
     }
   ])
+  SE_BRIDGE_NOTIFY_KEY_VAULT: keyVaultUri
   SE_BRIDGE_NOTIFY_PAGE_URL: empty(peopleClientId) ? '' : 'https://${app.properties.defaultHostName}/'
 }
 

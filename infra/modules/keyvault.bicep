@@ -114,7 +114,6 @@ output vaultName string = vault.name
 output vaultUri string = vault.properties.vaultUri
 output secretName string = secret.name
 output secretUri string = '${vault.properties.vaultUri}secrets/${secret.name}'
-// The webhook secret's name and URI, never its value; they name nothing when no webhookUrl was
-// given (an output that so much as tests a secure parameter is what the linter refuses).
+// The webhook secret's name, never its value; it names nothing when no webhookUrl was given
+// (an output that so much as tests a secure parameter is what the linter refuses).
 output webhookSecretName string = webhookSecretName
-output webhookSecretUri string = '${vault.properties.vaultUri}secrets/${webhookSecretName}'

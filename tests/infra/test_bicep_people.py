@@ -84,15 +84,16 @@ def test_the_consumer_accepts_the_same_tenant_and_audiences_as_app_service_authe
 
 
 def test_the_webhook_url_reaches_the_consumer_only_through_key_vault() -> None:
-    settings = _settings("notifySettings", "webhookSecretUri")
+    settings = _settings("notifySettings", "webhookSecretName")
     targets = settings["SE_BRIDGE_NOTIFY_TARGETS"]["function"]
-    assert targets["type"] == "string"
+    assert targets["type"] == "string"  # JSON, as notify.targets takes from the environment
     (target,) = targets["parameters"]["value_to_convert"]
     assert target == {
         "name": "notifyTargetName",
         "kind": "notifyTargetKind",
-        "url_secret": "keyvault:${webhookSecretUri}",
+        "url_secret": "webhookSecretName",
     }
+    assert settings["SE_BRIDGE_NOTIFY_KEY_VAULT"] == "keyVaultUri"
     page = settings["SE_BRIDGE_NOTIFY_PAGE_URL"]["operator"]["operands"]
     assert (page["true_value"], page["false_value"]) == (
         "",
@@ -143,17 +144,14 @@ def test_main_passes_the_webhook_secret_on_only_when_a_webhook_url_was_given() -
         return found
 
     assert params("keyVault")["webhookUrl"] == "notifyWebhookUrl"
-    for module, param, output in (
-        ("functionApp", "webhookSecretUri", "webhookSecretUri"),
-        ("consumerRoles", "webhookSecretName", "webhookSecretName"),
-    ):
-        operands = params(module)[param]["operator"]["operands"]
+    for module in ("functionApp", "consumerRoles"):
+        operands = params(module)["webhookSecretName"]["operator"]["operands"]
         assert operands["condition"]["function"]["parameters"] == {
             "item_to_test": "notifyWebhookUrl"
         }
         assert operands["true_value"] == ""
         accessor = operands["false_value"]["operator"]["operands"]
-        assert accessor["operand_2"]["operator"]["operands"]["operand_2"] == output
+        assert accessor["operand_2"]["operator"]["operands"]["operand_2"] == "webhookSecretName"
     assert params("functionApp")["peopleClientId"] == "peopleClientId"
     assert params("functionApp")["peopleTenantId"] == "peopleTenantId"
 

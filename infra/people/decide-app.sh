@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Creates or updates the Entra ID app registration people sign in to for se-bridge's approval
 # page and API: the app role SeBridge.Decide (app-roles.json), the Application ID URI
-# api://<client id>, a delegated scope the Azure CLI may use without a consent prompt (so
-# `se-bridge approve` gets a token with the person's own `az login`), the sign-in redirect of each
-# Function App, and an enterprise application that lets in only the people given the role.
+# api://<client id>, a delegated scope the Azure CLI and Azure PowerShell may use without a
+# consent prompt (so `se-bridge approve` gets a token with the person's own `az login`), the
+# sign-in redirect of each Function App, and an enterprise application that lets in only the
+# people given the role.
 # Safe to run again: it finds the registration by its display name and changes only what differs.
 #
 #   infra/people/decide-app.sh [--name NAME] [--host HOST]... [--assign OBJECT_ID]...

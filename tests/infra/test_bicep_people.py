@@ -22,7 +22,9 @@ MAIN = bicep.INFRA / "main.bicep"
 PEOPLE = bicep.INFRA / "people"
 SCRIPT = PEOPLE / "decide-app.sh"
 ROLE = "SeBridge.Decide"
-AZURE_CLI = "04b07795-8ddb-461a-bbee-02f9e1bf7b46"  # the Azure CLI's well-known client id
+# The well-known client ids of the Azure CLI (and the Azure Developer CLI) and Azure PowerShell,
+# whose sign-ins `se-bridge approve` takes a token from (DefaultAzureCredential).
+AZURE_TOOLS = ("04b07795-8ddb-461a-bbee-02f9e1bf7b46", "1950a258-227b-4e31-a9cf-717495945fc2")
 
 
 def _not_empty(parameter: str) -> dict[str, Any]:
@@ -165,7 +167,7 @@ def test_the_app_role_is_sebridge_decide_for_people() -> None:
     (permission,) = scope["oauth2PermissionScopes"]
     preauthorized = json.loads((PEOPLE / "api-preauthorized.json").read_text(encoding="utf-8"))
     assert preauthorized["api"]["preAuthorizedApplications"] == [
-        {"appId": AZURE_CLI, "delegatedPermissionIds": [permission["id"]]}
+        {"appId": tool, "delegatedPermissionIds": [permission["id"]]} for tool in AZURE_TOOLS
     ]
     assert scope["requestedAccessTokenVersion"] == 2
 

@@ -118,6 +118,11 @@ class Notifier:
         """The targets whose last notice was given up, none having reached them since."""
         return tuple(sorted(name for name, line in self._lines.items() if line.failing))
 
+    def alive(self) -> tuple[str, ...]:
+        """The targets whose thread still runs: all until `close`, then those still in a post
+        (a hanging webhook holds one until notify.timeout)."""
+        return tuple(name for name, line in self._lines.items() if line.alive)
+
     def close(self, timeout: float) -> None:
         """Post what is queued for at most `timeout` seconds in all; what is left is given up."""
         for line in self._lines.values():
@@ -187,6 +192,10 @@ class _Line:
                             len(self._queue) + 1, dropped.kind, dropped.event_id)  # fmt: skip
             self._queue.append(notice)
             self._ready.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def close(self) -> None:
         with self._ready:

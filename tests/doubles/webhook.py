@@ -3,8 +3,8 @@
 Each path is a webhook of its own (`url(path)`), as a Teams workflow's or Slack's URL is: the
 bodies it got are in `bodies(path)`. `script(path, 500, 429, ...)` answers its next posts with
 those statuses, in order, then 200 again. `hang(path)` holds every post to that path without
-an answer until the receiver closes; `holding(path)` is set once one is held, so a test can act
-*while* a webhook hangs instead of sleeping.
+an answer until `release()` or the receiver closes; `holding(path)` is set once one is held, so
+a test can act *while* a webhook hangs instead of sleeping.
 """
 
 from __future__ import annotations
@@ -69,6 +69,10 @@ class WebhookReceiver:
 
     def holding(self, path: str) -> threading.Event:
         return self._hanging[path]
+
+    def release(self) -> None:
+        """Answer the held posts (503), and every later one to a hanging path at once."""
+        self._release.set()
 
     def _answer(self, path: str, body: bytes) -> int:
         with self._lock:

@@ -11,9 +11,11 @@ from dataclasses import replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from bridge.notify import formats
+from bridge.config import load
+from bridge.notify import formats, kinds
 from bridge.notify.formats import SAMPLE
 from bridge.notify.notifier import Delivery, Notifier, Target
+from tests.doubles.keyvault import fake_key_vault
 from tests.doubles.webhook import WebhookReceiver
 from tests.support.wait import eventually
 
@@ -132,6 +134,9 @@ def test_a_hanging_target_holds_up_neither_the_caller_nor_another_target(
     assert eventually(lambda: receiver.bodies("/hooks/ops")) == [formats.slack(SAMPLE)]
     assert receiver.posts("/hooks/stuck") == 1, "still the first post, held"
     notifier.close(0)  # gives up what is left, without waiting for the held post
+    assert "stuck" in notifier.alive(), "the held post still holds its thread"
+    receiver.release()
+    eventually(lambda: not notifier.alive())
 
 
 def test_a_full_queue_drops_its_oldest_notice_with_a_warning(
@@ -150,6 +155,8 @@ def test_a_full_queue_drops_its_oldest_notice_with_a_warning(
     assert "dropped the oldest (asked, event first)" in caplog.text
     notifier.close(0)
     assert "2 notices to notify target stuck were not sent" in caplog.text
+    receiver.release()
+    eventually(lambda: not notifier.alive())
 
 
 def test_a_notice_for_a_target_nobody_configured_is_counted_and_said_once(
@@ -176,7 +183,7 @@ def test_a_webhook_url_is_in_no_log_error_repr_or_metric(
     notifier = Notifier(targets, FAST, registry)
     notifier.notify(replace(SAMPLE, target="bad"))
     notifier.notify(replace(SAMPLE, target="closed"))
-    assert eventually(notifier.failing) == ("bad", "closed")
+    eventually(lambda: notifier.failing() == ("bad", "closed"))
     notifier.close(5)
     shown = [caplog.text, repr(targets), generate_latest(registry).decode()]
     shown += [str(r.exc_info[1]) for r in caplog.records if r.exc_info and r.exc_info[1]]
@@ -184,3 +191,20 @@ def test_a_webhook_url_is_in_no_log_error_repr_or_metric(
     for text in shown:
         assert SECRET not in text
         assert "/hooks/" not in text
+
+
+def test_a_target_whose_url_is_in_key_vault_gets_its_notices(
+    receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vault = "https://contoso.vault.azure.net"
+    fake_key_vault(monkeypatch, {vault: {"dba-webhook": hook(receiver, "dba")}})
+    env = {"SE_BRIDGE_NOTIFY_KEY_VAULT": vault,
+           "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.contoso.com/approvals",
+           "SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "dba", "kind": "teams", '
+                                       '"url_secret": "dba-webhook"}]'}  # fmt: skip
+    notifier = kinds.build(load(environ=env))
+    notifier.notify(replace(SAMPLE, target="dba", link=None))
+    [card] = eventually(lambda: receiver.bodies("/hooks/dba"))
+    [action] = card["attachments"][0]["content"]["actions"]
+    assert action["url"] == f"https://bridge.contoso.com/approvals/events/{SAMPLE.event_id}"
+    notifier.close(5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,3 +125,17 @@ def test_every_body_is_json() -> None:
     for notice in NOTICES:
         for make in (formats.generic, formats.teams, formats.slack):
             assert json.loads(json.dumps(make(notice))) == make(notice)
+
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "notifications.md"
+
+
+@pytest.mark.parametrize(
+    ("heading", "make"),
+    [("Generic JSON", formats.generic), ("Microsoft Teams", formats.teams),
+     ("Slack", formats.slack)],
+)  # fmt: skip
+def test_the_docs_show_each_body_as_it_is_posted(heading: str, make: formats.Format) -> None:
+    section = DOCS.read_text(encoding="utf-8").split(f"\n### {heading}\n", 1)[1]
+    example = section.split("```json\n", 1)[1].split("\n```", 1)[0]
+    assert json.loads(example) == make(SAMPLE), f"docs/notifications.md: {heading} is stale"

@@ -5,53 +5,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
-from azure.core.exceptions import ClientAuthenticationError, ResourceNotFoundError
+from azure.core.exceptions import ClientAuthenticationError
 
 from bridge import config
 from bridge.config import ConfigError, NotifyTarget, load
 from bridge.notify import kinds
+from tests.doubles.keyvault import FakeSecretClient, fake_key_vault
 
 SECRET_URL = "https://prod-01.westeurope.logic.azure.com/workflows/1/invoke?sig=c2VjcmV0LXNpZw"
 VAULT = "https://contoso.vault.azure.net"
 
 
-class FakeSecretClient:
-    """azure.keyvault.secrets.SecretClient's double: the secrets of each vault, by name.
-
-    `read` lists (vault, name, version) per read, so a test sees what was asked and where."""
-
-    vaults: ClassVar[dict[str, dict[str, str]]] = {}
-    read: ClassVar[list[tuple[str, str, str | None]]] = []
-    refuse: ClassVar[BaseException | None] = None
-
-    def __init__(self, vault_url: str, credential: Any) -> None:
-        self.vault_url = vault_url
-        assert credential is not None, "Key Vault is read with the process's identity"
-
-    def get_secret(self, name: str, version: str | None = None) -> Any:
-        self.read.append((self.vault_url, name, version))
-        if self.refuse is not None:
-            raise self.refuse
-        value = self.vaults.get(self.vault_url, {}).get(name)
-        if value is None:
-            raise ResourceNotFoundError(f"A secret with (name/id) {name} was not found")
-        return SimpleNamespace(value=value)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.fixture
 def key_vault(monkeypatch: pytest.MonkeyPatch) -> type[FakeSecretClient]:
-    monkeypatch.setattr("azure.keyvault.secrets.SecretClient", FakeSecretClient)
-    FakeSecretClient.vaults = {VAULT: {"ops-webhook": SECRET_URL}}
-    FakeSecretClient.read = []
-    FakeSecretClient.refuse = None
-    return FakeSecretClient
+    return fake_key_vault(monkeypatch, {VAULT: {"ops-webhook": SECRET_URL}})
 
 
 def write(tmp_path: Path, text: str) -> Path:

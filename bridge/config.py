@@ -510,12 +510,20 @@ def warn_if_secrets_readable(path: Path | None) -> None:
         for section in dataclasses.fields(Config)
         for f in dataclasses.fields(get_type_hints(Config)[section.name])
         if f.metadata.get("secret") and isinstance(data.get(section.name), dict)
-        and data[section.name].get(f.name)
+        and _holds_secret(data[section.name].get(f.name))
     ]  # fmt: skip
     if held:
         log.warning("the config file %s holds %s and every user of this machine can read it: "
                     "chmod 600 %s (or 640 with the agent's group)", path, ", ".join(held),
                     path)  # fmt: skip
+
+
+def _holds_secret(value: Any) -> bool:
+    """Whether a secret setting's value in the file is one: notify.targets only with a `url`
+    (a `url_secret` is a name in Key Vault)."""
+    if isinstance(value, list):
+        return any(isinstance(table, dict) and table.get("url") for table in value)
+    return bool(value)
 
 
 def _read_file(path: Path) -> dict[str, Any]:

@@ -184,6 +184,12 @@ class _Line:
 
     def put(self, notice: Notice) -> None:
         with self._ready:
+            if self._closing:
+                self._metrics.notices.labels(self._target.name, "given_up").inc()
+                log.error("a notice (%s, event %s) to notify target %s came after the notifier "
+                          "stopped: not sent", notice.kind, notice.event_id,
+                          self._target.name)  # fmt: skip
+                return
             if len(self._queue) >= self._delivery.queue_size:
                 dropped = self._queue.popleft()
                 self._metrics.notices.labels(self._target.name, "dropped").inc()

@@ -208,3 +208,15 @@ def test_a_target_whose_url_is_in_key_vault_gets_its_notices(
     [action] = card["attachments"][0]["content"]["actions"]
     assert action["url"] == f"https://bridge.contoso.com/approvals/events/{SAMPLE.event_id}"
     notifier.close(5)
+
+
+def test_a_notice_after_the_stop_is_an_error_not_a_silent_loss(
+    receiver: WebhookReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    registry = CollectorRegistry()
+    notifier = Notifier([Target("any", formats.generic, hook(receiver, "any"))], FAST, registry)
+    notifier.close(5)
+    notifier.notify(replace(SAMPLE, target="any"))
+    assert sample(1, registry, "any", "given_up")
+    assert "notice (asked, event C7061BAC" in caplog.text
+    assert "after the notifier stopped" in caplog.text

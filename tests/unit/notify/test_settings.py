@@ -4,6 +4,7 @@ never quoting a URL; a target's URL read from Key Vault with the consumer's iden
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -138,3 +139,16 @@ def test_a_secret_that_holds_no_url_is_refused_without_quoting_it(
     with pytest.raises(ConfigError, match="holds no http") as caught:
         kinds.build(load(environ=env))
     assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+@pytest.mark.parametrize(
+    ("key", "value", "warned"), [("url", SECRET_URL, True), ("url_secret", "ops-webhook", False)]
+)
+def test_a_readable_config_file_is_a_warning_only_when_it_holds_a_url(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, key: str, value: str, warned: bool
+) -> None:
+    path = write(tmp_path, f'[[notify.targets]]\nname = "a"\nkind = "teams"\n{key} = "{value}"\n')
+    path.chmod(0o644)
+    config.warn_if_secrets_readable(path)
+    assert ("holds notify.targets and every user" in caplog.text) is warned

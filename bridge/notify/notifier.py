@@ -106,7 +106,7 @@ class Notifier:
             self._metrics.notices.labels(notice.target, "unknown_target").inc()
             if notice.target not in self._unknown:
                 self._unknown.add(notice.target)
-                log.warning("no notify.targets entry is named %r: its notices (the first about "
+                log.error("no notify.targets entry is named %r: its notices (the first about "
                             "event %s) go nowhere; add it or name another target in the "
                             "policy", notice.target, notice.event_id)  # fmt: skip
             return
@@ -263,10 +263,10 @@ class _Line:
         self.failing = True
         self._metrics.failing.labels(self._target.name).set(1)
         self._metrics.notices.labels(self._target.name, "given_up").inc()
-        log.error("gave up a notice (%s, event %s) to notify target %s after %d posts: %s; "
+        log.error("gave up a notice (%s, event %s) to notify target %s after %d post%s: %s; "
                   "check the target's URL and that the webhook accepts posts",
                   notice.kind, notice.event_id, self._target.name, attempts,
-                  describe(err))  # fmt: skip
+                  "" if attempts == 1 else "s", describe(err))  # fmt: skip
 
     def _post(self, body: bytes) -> None:
         """One POST; a DeliveryError that never quotes the URL (requests' own errors do)."""

@@ -117,7 +117,8 @@ def teams(notice: Notice) -> Body:
                                       for title, value in _facts(notice)]},
     ]  # fmt: skip
     if notice.explanation:
-        # Adaptive Card TextBlocks take a Markdown subset: a list, one line each.
+        # TextBlocks take a Markdown subset whose list lines end in \r
+        # (https://learn.microsoft.com/adaptive-cards/authoring-cards/text-features).
         lines = "\r".join(f"- {_cut(line)}" for line in notice.explanation)
         body.append({"type": "TextBlock", "wrap": True, "isSubtle": True, "text": lines})
     card: Body = {

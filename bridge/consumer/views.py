@@ -293,7 +293,8 @@ class FleetCache:
 def _placement(vm: VmView) -> tuple[object, ...]:
     """What puts a VM in its budget groups (policy.model.group_key)."""
     return (vm.subscription_id, vm.resource_group, vm.scale_set, vm.location, vm.zone,
-            vm.fault_domain, vm.update_domain, tuple(sorted(vm.tags.items())))  # fmt: skip
+            vm.fault_domain, vm.update_domain, tuple(sorted(vm.tags.items())),
+            vm.node_pool)  # fmt: skip
 
 
 NameIndex = tuple[fs.Names, dict[str, list[str]]]

@@ -27,7 +27,17 @@ VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore", "Release"]
 # this soon after the event was first seen: past it, a VM that still has not reported it is
 # most likely not running an agent that would (choose_target).
 UNREPORTED_CARRIER_WITHIN = timedelta(minutes=2)
-GROUP_KINDS = ("fleet", "scale_set", "zone", "fault_domain", "update_domain", "resource_group")
+GROUP_KINDS = (
+    "fleet",
+    "scale_set",
+    "zone",
+    "fault_domain",
+    "update_domain",
+    "resource_group",
+    "node_pool",
+)
+# A node cordoned by someone else counts in every budget as impacted by this pseudo event.
+CORDONED = "cordoned:"
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,18 @@ class VmView:
     # The partition its records come on (bridge.consumer.reading): its silence is measured
     # against how far that partition has been read. None: read from no partition.
     partition: str | None = None
+    # The Kubernetes node its agent runs on, and the node's pool, as its last heartbeat said
+    # (None: not a node, or an agent from before issue 30).
+    node_name: str | None = None
+    node_pool: str | None = None
+    # Its heartbeat says someone other than se-bridge made the node unschedulable.
+    cordoned: bool = False
+
+    @property
+    def drains_on_grant(self) -> bool:
+        """Its agent drains the node as its prepare step, when the consumer grants it (a
+        Prepare command): only an agent that names its node knows the command."""
+        return self.node_name is not None and self.prepare_hook is True
 
 
 Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)
@@ -150,6 +172,30 @@ def scope_of(vm: VmView) -> Scope:
     does not name the availability set."""
     lower = (vm.resource_group or "").lower() or None, (vm.scale_set or "").lower() or None
     return (vm.subscription_id, *lower)
+
+
+@dataclass(frozen=True)
+class Blocker:
+    """A pod that holds a drain up: `reason` as the agent gives it, and the
+    PodDisruptionBudget that refused its eviction (None: no PDB did)."""
+
+    namespace: str
+    pod: str
+    reason: str
+    pdb: str | None = None
+
+
+@dataclass(frozen=True)
+class DrainView:
+    """The latest drain record of one VM for an event: its DrainStatus, when it was written,
+    since when the drain has been blocked (None: it is not), what blocks it, and whether it
+    ended without the node being ready (GaveUp with hold, Failed)."""
+
+    status: str
+    at: datetime
+    blocked_since: datetime | None = None
+    blockers: tuple[Blocker, ...] = ()
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,6 +221,9 @@ class EventView:
     resources: tuple[str, ...] = ()  # Resources as the VMs that can see it give them
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
+    drains: Mapping[str, DrainView] = field(default_factory=dict)  # VmId -> its drain
+    granted: frozenset[str] = frozenset()  # VmIds the consumer sent a Prepare (a drain grant)
+    no_drain: frozenset[str] = frozenset()  # VmIds whose agents refused the Prepare
 
     @property
     def counted(self) -> list[str]:

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc, Mutation, Store, read_many, update_many
-from bridge.policy.model import Scope, VmView, group_index, scope_of
+from bridge.policy.model import Scope, VmView, cordoned_impact, group_index, scope_of
 from bridge.records import utc_now, vm_key
 
 # Where a look costs a query (Table Storage), the events are read in full this often, and
@@ -93,6 +93,7 @@ class VmSnapshot:
         # The last `by_vm_id` answer, for the ledger version and the VMs it was made from.
         self._generation = 0  # changes whenever `vms` does
         self._resolved: tuple[object, int, dict[str, frozenset[str]]] | None = None
+        self._cordoned_at: tuple[int, dict[str, frozenset[str]]] | None = None
         self._scan()
 
     def _scan(self) -> None:
@@ -152,9 +153,19 @@ class VmSnapshot:
             else frozenset(v for vm in vms for v in self._resolve(vm, where.get(key)))
             for key, vms in impacted.items()
         }
+        # After the entries: a node cordoned by someone else counts whatever they say.
+        resolved.update(self._cordoned())
         if version is not None:
             self._resolved = (version, self._generation, resolved)
         return resolved
+
+    def _cordoned(self) -> dict[str, frozenset[str]]:
+        """The nodes cordoned by someone else as impact (policy.model.cordoned_impact),
+        made once for the VMs as they are now."""
+        held = self._cordoned_at
+        if held is None or held[0] != self._generation:
+            held = self._cordoned_at = (self._generation, cordoned_impact(self.vms.values()))
+        return held[1]
 
     def _resolve(self, vm: str, scopes: frozenset[Scope] | None) -> list[str]:
         if vm in self.vms:

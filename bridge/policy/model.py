@@ -533,9 +533,14 @@ def group_key(group: str, vm: VmView) -> str | None:
         # IMDS does not name the availability set, so a domain is scoped by group and scale set.
         scope = f"{sub}/{vm.resource_group}/{vm.scale_set or 'availability set'}"
         return None if number is None else f"{scope}/{group.replace('_', ' ')} {number}"
+    scale_set = f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None
+    if group == "node_pool":
+        # A pool's name repeats across clusters (nodepool1 in each); a cluster's nodes share
+        # a resource group (AKS: its MC_ group). A VM that names no pool is in its scale set's.
+        return f"{sub}/{vm.resource_group}/pool {vm.node_pool}" if vm.node_pool else scale_set
     keys = {
         "fleet": "fleet",
-        "scale_set": f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None,
+        "scale_set": scale_set,
         "zone": f"{sub}/{vm.location}/zone {vm.zone}" if vm.zone else None,
         "resource_group": f"{sub}/{vm.resource_group}" if vm.resource_group else None,
     }
@@ -599,18 +604,36 @@ def check_budgets(
                 for name in names
             }
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
+            cordoned = _cordoned(fleet, busy)
             if len(busy | mine) > limit:
                 why = (
-                    f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "
-                    f"{len(mine)} more would exceed {limit}"
+                    f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted"
+                    f"{cordoned}; {len(mine)} more would exceed {limit}"
                 )
                 _note(notes, why)
                 return "Defer", why
             _note(notes, f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs "
-                         f"impacted; {len(mine)} more fit the limit of {limit}")  # fmt: skip
+                         f"impacted{cordoned}; {len(mine)} more fit the limit of "
+                         f"{limit}")  # fmt: skip
     if not budgets:
         _note(notes, "no budget applies")
     return None
+
+
+def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
+    """Which of the impacted VMs `busy` count because their nodes were cordoned by someone
+    else (`cordoned_impact`), said in a budget's explanation; "" when none."""
+    nodes = [v for v in busy if v in fleet.impacted.get(CORDONED + v, ())]
+    if not nodes:
+        return ""
+    said = _listed("{names} cordoned by someone else", sorted(nodes), fleet)
+    return f" ({said[0]})"
+
+
+def cordoned_impact(vms: Iterable[VmView]) -> dict[str, frozenset[str]]:
+    """What the nodes cordoned by someone else impact, as pseudo events of FleetView.impacted
+    (`cordoned:<VmId>`): a node nobody may schedule on is capacity gone, in every budget."""
+    return {CORDONED + vm.vm_id: frozenset((vm.vm_id,)) for vm in vms if vm.cordoned}
 
 
 def _others(
@@ -634,15 +657,17 @@ def can_hold(kind: str, vm: VmView, scopes: Iterable[Scope]) -> bool:
     whose zone, domains and tags are not known (no scope given: a VM of any scope).
 
     Every VM of a group but a `fleet` or `tag:NAME` one shares its subscription (the key
-    starts with it, `group_key`); a resource group's also its resource group; a scale set's
-    and a domain's the whole scope (a domain outside scale sets is the resource group's
-    availability-set VMs). Of a zone only the subscription is known. A scope missing its
-    subscription or resource group (a VM whose identity is not known yet) may be anywhere.
+    starts with it, `group_key`); a resource group's and a node pool's also its resource
+    group; a scale set's and a domain's the whole scope (a domain outside scale sets is the
+    resource group's availability-set VMs). Of a zone only the subscription is known. A scope
+    missing its subscription or resource group (a VM whose identity is not known yet) may be
+    anywhere.
     """
     given = tuple(scopes)
     if not given or kind == "fleet" or kind.startswith("tag:"):
         return True
-    width = {"zone": 1, "resource_group": 2}.get(kind, 3)
+    # A node pool may hold VMs of more than one scale set of its resource group.
+    width = {"zone": 1, "resource_group": 2, "node_pool": 2}.get(kind, 3)
     mine = scope_of(vm)[:width]
     return any(None in scope[:2] or scope[:width] == mine for scope in given)
 

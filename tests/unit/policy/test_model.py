@@ -25,6 +25,7 @@ from bridge.policy.model import (
     Window,
     can_hold,
     evaluate,
+    group_key,
 )
 
 UTC = timezone.utc
@@ -410,6 +411,7 @@ def test_evaluate_is_pure() -> None:
         ("resource_group", {}),
         ("zone", {"zone": "1"}),
         ("fault_domain", {"scale_set": "web", "fault_domain": 0}),
+        ("node_pool", {"node_pool": "nodepool1"}),
     ],
 )
 def test_a_group_of_the_same_name_in_another_subscription_is_another_group(
@@ -464,3 +466,11 @@ def test_a_group_holds_a_name_no_vm_is_known_by_only_from_the_scopes_it_can_be_i
 ) -> None:
     assert can_hold(kind, member, [scope]) is holds
     assert can_hold(kind, member, []) is True  # no reporter known: anywhere
+
+
+def test_a_node_pool_is_named_by_its_nodes_or_else_is_its_scale_set() -> None:
+    pooled = vm(0, subscription_id="s", scale_set="aks-pool1-vmss", node_pool="pool1")
+    assert group_key("node_pool", pooled) == "s/rg/pool pool1"
+    bare = vm(1, subscription_id="s", scale_set="aks-pool1-vmss")
+    assert group_key("node_pool", bare) == group_key("scale_set", bare) == "s/rg/aks-pool1-vmss"
+    assert group_key("node_pool", vm(2, subscription_id="s")) is None

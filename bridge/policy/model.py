@@ -262,6 +262,9 @@ class Verdict:
     recheck_at: datetime | None = None
     # Why, a line a step: each rule tried in order, then the gate and each budget (`explain`).
     explanation: tuple[str, ...] = ()
+    # A Defer that grants the drains of these VMs (a Prepare command to each): the budgets
+    # let the event through, and its approval waits for their nodes to be drained.
+    grant: tuple[str, ...] = ()
 
 
 NO_RULE = "(no rule)"
@@ -299,7 +302,12 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
                      notes)  # fmt: skip
     gate = _gate(rule, fleet, event, now, notes)
     if gate is not None:
-        return _with(gate, [*notes, f"{rule.action.kind.replace('_', ' ')}: {gate.reason}"])
+        notes.append(f"{rule.action.kind.replace('_', ' ')}: {gate.reason}")
+        return (
+            _granting(policy, rule, fleet, event, now, gate, notes)
+            if gate.grant
+            else _with(gate, notes)
+        )
     blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
     if blocked is not None:
         kind, why = blocked
@@ -316,6 +324,26 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
             "it is alive, so it sees the event at its next poll and reads its queue at once)"
         )
     return _with(verdict, [*notes, through])
+
+
+def _granting(  # noqa: PLR0917 - the evaluation's state, handed on
+    policy: Policy,
+    rule: Rule,
+    fleet: FleetView,
+    event: EventView,
+    now: datetime,
+    gate: Verdict,
+    notes: list[str],
+) -> Verdict:
+    """`gate` waits for drains not granted yet (`gate.grant`): granted now if the budgets let
+    the event through, as an approval would be (the drain takes the capacity away)."""
+    blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
+    if blocked is not None:
+        kind, why = blocked
+        return _with(Verdict(kind, rule.name, why, recheck_at=gate.recheck_at), notes)
+    nodes = _listed("drain granted on {names}; waiting for it", _nodes(fleet, gate.grant))[0]
+    notes.append(nodes)
+    return _with(replace(gate, reason=nodes), notes)
 
 
 def _with(verdict: Verdict, notes: list[str]) -> Verdict:
@@ -394,8 +422,98 @@ def _gate(
     if action.kind == "approve_when_ready":
         return _ready_gate(rule, fleet, event, now, notes)
     if action.kind == "approve_in_window":
-        return _window_gate(rule, event, now)
-    return None
+        closed = _window_gate(rule, event, now)
+        if closed is not None:
+            return closed
+    return _drain_gate(rule, fleet, event, now, notes)
+
+
+def drains(fleet: FleetView, event: EventView, vm_id: str, now: datetime) -> bool:
+    """Whether `vm_id`'s node is drained for `event` before the event is approved: its live
+    agent drains on a grant and did not refuse this event's (`EventView.no_drain`). Not
+    for a Spot eviction: its agent drains at once (30 s notice), with no grant to wait for."""
+    vm = fleet.vms.get(vm_id)
+    return (
+        vm is not None
+        and vm.drains_on_grant
+        and vm_id not in event.no_drain
+        and event.event_type.lower() != "preempt"
+        and fleet.alive(vm_id, now)
+    )
+
+
+def _drain_gate(
+    rule: Rule, fleet: FleetView, event: EventView, now: datetime, notes: list[str]
+) -> Verdict | None:
+    """An approving action waits for the drains of the event's nodes, with no deadline of its
+    own: the agent's (kubernetes.give_up_before) decides, and says so in its records."""
+    waiting = [v for v in event.affected if v not in event.ready and drains(fleet, event, v, now)]
+    if not waiting:
+        return None
+    notes.extend(_drain_lines(fleet, event, waiting, now))
+    failed = _failed_drains(fleet, event, waiting)
+    if failed is not None:
+        return Verdict("Hold", rule.name, failed)
+    why = f"waiting for drains: {'; '.join(_drain_parts(fleet, event, waiting))}"
+    return Verdict("Defer", rule.name, why, grant=_ungranted(event, waiting))
+
+
+def _ungranted(event: EventView, waiting: Iterable[str]) -> tuple[str, ...]:
+    return tuple(v for v in waiting if v not in event.granted)
+
+
+def _failed_drains(fleet: FleetView, event: EventView, waiting: Iterable[str]) -> str | None:
+    """Why the event is held when a drain of `waiting` ended without its node ready (it gave
+    up with on_deadline hold, or failed); None when none did."""
+    failed = [v for v in waiting if (d := event.drains.get(v)) is not None and d.failed]
+    said = _listed("the drain on {names} ended without the node ready", _nodes(fleet, failed))
+    return f"{said[0]} (see its Hook record): the event starts at NotBefore" if said else None
+
+
+def _drain_parts(fleet: FleetView, event: EventView, waiting: Iterable[str]) -> list[str]:
+    blocked = [v for v in waiting if (d := event.drains.get(v)) and d.status == "Blocked"]
+    rest = [v for v in waiting if v not in blocked and v in event.granted]
+    ungranted = [v for v in waiting if v not in blocked and v not in event.granted]
+    return [
+        *_listed("drain blocked on {names}", _nodes(fleet, blocked)),
+        *_listed("drain not finished on {names}", _nodes(fleet, rest)),
+        *_listed("drain not granted yet on {names}", _nodes(fleet, ungranted)),
+    ]
+
+
+def _nodes(fleet: FleetView, vm_ids: Iterable[str]) -> list[str]:
+    """The node names of VMs (their VM names where their agents name no node)."""
+    found = (fleet.vms.get(v) for v in vm_ids)
+    return [vm.node_name or vm.name for vm in found if vm is not None]
+
+
+def _drain_lines(
+    fleet: FleetView, event: EventView, waiting: Iterable[str], now: datetime
+) -> list[str]:
+    """A line for each blocked drain of `waiting`: its node, for how long, and each pod that
+    holds it up with the PodDisruptionBudget that refused its eviction."""
+    lines = []
+    for vm_id in waiting:
+        drain = event.drains.get(vm_id)
+        if drain is None or drain.status != "Blocked":
+            continue
+        node = _nodes(fleet, [vm_id])[0]
+        since = f" {_took(now - drain.blocked_since)}" if drain.blocked_since else ""
+        pods = [_pod(b) for b in drain.blockers]
+        if len(pods) > LISTED_NAMES:
+            pods[LISTED_NAMES:] = [f"and {len(pods) - LISTED_NAMES} more"]
+        lines.append(f"drain on {node} blocked{since}: {', '.join(pods) or 'no pod named'}")
+    return lines
+
+
+def _took(span: timedelta) -> str:
+    seconds = max(0, int(span.total_seconds()))
+    return f"{seconds // 60} min" if seconds >= 60 else f"{seconds} s"
+
+
+def _pod(blocker: Blocker) -> str:
+    why = f"PDB {blocker.pdb} refused eviction" if blocker.pdb else blocker.reason or "no reason"
+    return f"pod {blocker.namespace}/{blocker.pod} ({why})"
 
 
 def _ready_gate(
@@ -412,33 +530,59 @@ def _ready_gate(
     if not waiting and not event.unresolved:
         return None
     hooks = {v: fleet.vms[v].prepare_hook if v in fleet.vms else None for v in waiting}
-    none = [v for v in waiting if hooks[v] is False]
-    blocking = [v for v in waiting if hooks[v] is not False]
+    # An agent that refused the drain's grant (Prepare) drains nothing for the event: as if it
+    # had no prepare hook, so the event is not waited on for ever.
+    refused = [v for v in waiting if v in event.no_drain and hooks[v] is not False]
+    none = [v for v in waiting if hooks[v] is False or v in refused]
+    blocking = [v for v in waiting if v not in none]
+    draining = [v for v in blocking if drains(fleet, event, v, now)]
+    notes.extend(_drain_lines(fleet, event, draining, now))
+    failed = _failed_drains(fleet, event, draining)
+    if failed is not None:
+        return Verdict("Hold", rule.name, failed)
     parts = [
+        *_drain_parts(fleet, event, draining),
         *_listed("prepare hook not yet succeeded on {names}",
-                 [v for v in blocking if hooks[v]], fleet),
+                 [v for v in blocking if hooks[v] and v not in draining], fleet),
         *_listed("{VM} {names} {has} not said whether {it} {has} a prepare hook",
                  [v for v in blocking if hooks[v] is None], fleet),
         *_listed("{names} not resolved to one known VM", event.unresolved),
     ]  # fmt: skip
-    no_hook = _listed("no prepare hook on {VM} {names}", none, fleet)
+    no_hook = [
+        *_listed("no prepare hook on {VM} {names}", [v for v in none if v not in refused], fleet),
+        *_listed("{names} refused the drain (Prepare)", refused, fleet),
+    ]
     total = len(event.affected) + len(event.unresolved)
     if none and rule.action.on_deadline == "hold":
-        why = f"{no_hook[0]}: never ready, so the event starts at NotBefore"
+        why = f"{'; '.join(no_hook)}: never ready, so the event starts at NotBefore"
         if parts:
             why += f" ({'; '.join(parts)})"
         return Verdict("Hold", rule.name, why)
     if none:
-        notes.append(f"{no_hook[0]}: not waited for (on_deadline approve)")
+        notes.append(f"{'; '.join(no_hook)}: not waited for (on_deadline approve)")
     if not parts:
         return None
     count = len(blocking) + len(event.unresolved)
     state = f"{count} of {total} VMs not ready: {'; '.join([*parts, *no_hook])}"
+    grant = _ungranted(event, draining)
     # Without a deadline the rule waits for the hooks until NotBefore makes it moot.
     deadline = event.first_seen + rule.action.deadline if rule.action.deadline else None
     if deadline is None or now < deadline:
         return Verdict("Defer", rule.name, f"waiting for prepare hooks: {state}",
-                       recheck_at=deadline)  # fmt: skip
+                       recheck_at=deadline, grant=grant)  # fmt: skip
+    return _past_deadline(rule, state, grant if draining else None, notes)
+
+
+def _past_deadline(
+    rule: Rule, state: str, grant: tuple[str, ...] | None, notes: list[str]
+) -> Verdict | None:
+    """approve_when_ready past its deadline with VMs not ready (`state`); `grant`: the drains
+    not granted yet when some VM drains (None: none does)."""
+    if rule.action.on_deadline == "approve" and grant is not None:
+        # A node is not approved with its pods on it: the drain's own deadline decides.
+        why = (f"prepare deadline passed with {state}: the drains are waited for (their own "
+               "deadline, kubernetes.give_up_before, decides)")  # fmt: skip
+        return Verdict("Defer", rule.name, why, grant=grant)
     if rule.action.on_deadline == "approve":
         notes.append(f"prepare deadline passed with {state}: approved anyway (on_deadline approve)")
         return None

@@ -5,6 +5,7 @@ not stall its event."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -12,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from bridge.commands.message import Command
-from bridge.consumer.explain import render
 from bridge.consumer.ledger import read_ledger
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from bridge.retry import RetryableError
 from tests.component.consumer.test_core import E1, E2, Rig
+from tests.component.consumer.test_followed import explain
 from tests.support.records import assert_valid
 
 POOL = "aks-pool1-vmss"
@@ -116,27 +118,49 @@ def test_a_node_cordoned_by_someone_else_fills_its_pools_budget(tmp_path: Path) 
     assert names(rig, sent(rig, "Prepare")) == [N0]
 
 
-def test_a_blocked_drain_shows_in_policy_explain_and_the_decision(pool: Rig) -> None:
+def test_a_blocked_drain_shows_in_policy_explain_and_the_decision(
+    pool: Rig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     rig = pool
+    records = [rig.fleet.node(n, "pool1") for n in (N0, N1)]
     rig.consumer.process([rig.fleet.event(N0, E1)])
+    records.append(rig.fleet.event(N0, E1))
     blocker: dict[str, str | None] = {
         "Namespace": "shop",
         "Pod": "web-1",
         "Reason": "EvictionRefused",
         "PodDisruptionBudget": "web-pdb",
     }
-    rig.fleet.advance(10)
-    rig.consumer.process([rig.fleet.drain(N0, E1, "Blocked", blockers=[blocker])])
-    rig.fleet.advance(240)
-    rig.consumer.process([rig.fleet.drain(N0, E1, "Blocked", blockers=[blocker])])
+    for seconds in (10, 240):
+        rig.fleet.advance(seconds)
+        records.append(rig.fleet.drain(N0, E1, "Blocked", blockers=[blocker]))
+        rig.consumer.process(records[-1:])
+    line = f"drain on {N0} blocked 4 min: pod shop/web-1 (PDB web-pdb refused eviction)"
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nbudgets: [{name: one-node-per-pool, group: node_pool, "
+                      "max_vms: 1}]\nrules: [{name: nodes, action: {approve_when_ready: "
+                      "{deadline: 30m}}}]\n", encoding="utf-8")  # fmt: skip
     found = rig.consumer.explain(E1)
     assert found is not None
-    shown = render(found, rig.consumer.policy, as_json=False)
-    assert f"drain on {N0} blocked 4 min: pod shop/web-1 (PDB web-pdb refused eviction)" in shown
-    said = rig.decisions[-1]
-    assert said["DecisionAction"] == "Defer"
-    assert "blocked" in said["DecisionReason"]
-    assert "pod shop/web-1 (PDB web-pdb refused eviction)" in str(said["DecisionExplanation"])
+    assert found.verdict is not None
+    assert line in found.verdict.explanation
+    # From the fleet state (on this machine's clock: only what does not depend on it).
+    state = f"sqlite:{tmp_path / 'fleet.db'}"
+    said = json.loads(explain("--policy", str(policy), "--state", state, "--event", E1, "--json",
+                              capsys=capsys))  # fmt: skip
+    assert said["Drains"][0]["DrainStatus"] == "Blocked"
+    assert said["Drains"][0]["DrainBlockers"] == [blocker]
+    # From the agent's own records (its jsonl sink), as of the newest.
+    sink = tmp_path / "records.jsonl"
+    sink.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    assert line in explain("--policy", str(policy), "--records", str(sink), capsys=capsys)
+    decision = rig.decisions[-1]
+    assert decision["DecisionAction"] == "Defer"
+    assert "blocked" in decision["DecisionReason"]
+    # Said as the drain got blocked.
+    assert f"drain on {N0} blocked 0 s: pod shop/web-1 (PDB web-pdb refused eviction)" in str(
+        decision["DecisionExplanation"]
+    )
     assert sent(rig, "Approve") == []
 
 
@@ -153,3 +177,22 @@ def test_an_agent_that_refuses_prepare_does_not_stall_its_event(tmp_path: Path) 
         rig.consumer.tick()
     assert names(rig, sent(rig, "Approve")) == [N0]
     assert len(sent(rig, "Prepare")) == 1
+
+
+def test_a_grant_whose_prepare_failed_to_send_is_sent_again_without_a_second_slot(
+    pool: Rig,
+) -> None:
+    rig = pool
+    rig.sender.failures = 1
+    with pytest.raises(RetryableError):
+        rig.consumer.process([rig.fleet.event(N0, E1)])
+    assert read_ledger(rig.store).events[E1.lower()].get("prepared") is False
+    rig.fleet.advance(5)
+    rig.consumer.tick()
+    assert names(rig, sent(rig, "Prepare")) == [N0]
+    entry = read_ledger(rig.store).events[E1.lower()]
+    assert (entry["origin"], entry.get("prepared")) == ("granted", True)
+    rig.consumer.tick()
+    assert len(sent(rig, "Prepare")) == 1
+    granted = [d for d in rig.decisions if "drain granted" in d["DecisionReason"]]
+    assert len(granted) == 1

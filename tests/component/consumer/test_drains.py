@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 
 from bridge.commands.message import Command
+from bridge.config import ConsumerSettings
+from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import read_ledger
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from bridge.retry import RetryableError
-from tests.component.consumer.test_core import E1, E2, Rig
+from tests.component.consumer.test_core import E1, E2, InterleavingStore, Rig
 from tests.component.consumer.test_followed import explain
 from tests.support.records import assert_valid
 
@@ -196,3 +198,17 @@ def test_a_grant_whose_prepare_failed_to_send_is_sent_again_without_a_second_slo
     assert len(sent(rig, "Prepare")) == 1
     granted = [d for d in rig.decisions if "drain granted" in d["DecisionReason"]]
     assert len(granted) == 1
+
+
+def test_a_grant_by_another_consumer_fills_the_pool_for_this_one(tmp_path: Path) -> None:
+    rig = nodes_rig(tmp_path / "fleet.db", Action("approve"), ONE_PER_POOL)
+    store = InterleavingStore(tmp_path / "fleet.db")
+    late = Consumer(store, rig.sender, rig.consumer.policy, rig.decisions.extend,
+                    ConsumerSettings(), now=lambda: rig.fleet.now)  # fmt: skip
+    rig.fleet.advance(1)
+    store.between.append(lambda: rig.consumer.process([rig.fleet.event(N0, E1)]))
+    late.process([rig.fleet.event(N1, E2)])
+    assert names(rig, sent(rig, "Prepare")) == [N0]
+    assert [d["DecisionAction"] for d in rig.decisions] == ["Defer", "Defer"]
+    assert "would exceed 1" in rig.decisions[-1]["DecisionReason"]
+    store.close()

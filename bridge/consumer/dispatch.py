@@ -332,8 +332,12 @@ def _changes(
                        "known VM")  # fmt: skip
     if added:
         changes.append(f"the event now also names {names(added)}")
-    if ready:
-        changes.append(f"the prepare hook succeeded on {names(ready)}")
+    drained = [v for v in ready if v in view.drains]
+    hooked_ready = [v for v in ready if v not in view.drains]
+    if hooked_ready:
+        changes.append(f"the prepare hook succeeded on {names(hooked_ready)}")
+    if drained:
+        changes.append(f"the drain finished on {names(drained)}")
     for vm_ids, when in ((hooked, "no longer"), (unhooked, "now")):
         if vm_ids:
             says = _s(len(vm_ids), "says it has", "say they have")

@@ -69,6 +69,8 @@ def test_the_second_node_of_a_pool_is_not_granted_until_the_first_is_back(pool: 
     rig.fleet.advance(20)
     rig.consumer.process([rig.fleet.drain(N0, E1, "Drained", exit_code=0)])
     assert names(rig, sent(rig, "Approve")) == [N0]
+    approved = rig.decisions[-1]
+    assert f"the drain finished on {N0}" in str(approved["DecisionExplanation"])
     rig.consumer.process([rig.fleet.approval(sent(rig, "Approve")[0])])
     rig.fleet.advance(5)
     rig.consumer.process([rig.fleet.event(N0, E1, transition="Started")])
@@ -212,3 +214,21 @@ def test_a_grant_by_another_consumer_fills_the_pool_for_this_one(tmp_path: Path)
     assert [d["DecisionAction"] for d in rig.decisions] == ["Defer", "Defer"]
     assert "would exceed 1" in rig.decisions[-1]["DecisionReason"]
     store.close()
+
+
+def test_a_drain_that_gave_up_with_hold_holds_its_event_and_keeps_the_slot(pool: Rig) -> None:
+    rig = pool
+    rig.consumer.process([rig.fleet.event(N0, E1)])
+    rig.fleet.advance(600)
+    rig.consumer.process([rig.fleet.drain(N0, E1, "GaveUp", exit_code=1),
+                          *(rig.fleet.node(n, "pool1") for n in (N0, N1))])  # fmt: skip
+    assert sent(rig, "Approve") == []
+    held = rig.decisions[-1]
+    assert held["DecisionAction"] == "Hold"
+    assert held["DecisionReason"].startswith(f"the drain on {N0} ended without the node ready")
+    # The node was drained and stays cordoned until its event ends: the pool's slot is taken.
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event(N1, E2)])
+    rig.consumer.tick()
+    assert names(rig, sent(rig, "Prepare")) == [N0]
+    assert E1.lower() in read_ledger(rig.store).events

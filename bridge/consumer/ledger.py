@@ -214,10 +214,29 @@ def _prepares(entry: LedgerEntry) -> dict[tuple[str, str], str]:
     }
 
 
+def _answered_by(record: RecordView) -> tuple[str, str]:
+    """The (CommandId, VmId) an Approval record answers."""
+    return str(record.get("CommandId")), str(record.get("VmId")).lower()
+
+
+# The refusals of a Prepare that say the agent drains nothing (docs/contracts.md#command): it
+# has no node to drain, or is older than Prepare. Any other (a Replayed resend of a Prepare it
+# is acting on, a signature it cannot verify, one too late) leaves the drain waited for.
+_NO_DRAIN = ("Prepare", "Malformed")
+
+
+def _drains_nothing(record: RecordView) -> bool:
+    detail = record.get("ApprovalDetail")
+    return (
+        record.get("ApprovalOutcome") == "Refused"
+        and isinstance(detail, str)
+        and detail.startswith(_NO_DRAIN)
+    )
+
+
 def _refused_prepares(entry: LedgerEntry, answers: Collection[tuple[str, str]]) -> bool:
-    """Note the VMs whose agents answered their Prepare in `answers` as draining nothing for
-    the event (an accepted Prepare writes no Approval record: any answer is a refusal); True
-    when the entry changed."""
+    """Note the VMs whose agents answered their Prepare with one of `answers`, refusals that
+    say they drain nothing (`_drains_nothing`); True when the entry changed."""
     refused = [vm for answer, vm in _prepares(entry).items() if answer in answers]
     added = sorted(set(refused) - set(entry.get("no_drain", ())))
     if added:
@@ -512,20 +531,20 @@ class ApprovalLedger:
         """Fold Approval records into the ledger; the events whose approval they answer."""
         # Keyed by (CommandId, VmId): only the VM the command went to can answer it, so a VM
         # cannot mark another VM's command refused or done by sending records in its name.
+        approvals = [r for r in records
+                     if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")]  # fmt: skip
         outcomes = {
-            (str(r.get("CommandId")), str(r.get("VmId")).lower()): (
-                LATE if is_late(r) else str(r.get("ApprovalOutcome"))
-            )
-            for r in records
-            if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")
+            _answered_by(r): LATE if is_late(r) else str(r.get("ApprovalOutcome"))
+            for r in approvals
         }
         if not outcomes:
             return set()
+        no_drain = {_answered_by(r) for r in approvals if _drains_nothing(r)}
 
         def fold(events: dict[str, LedgerEntry]) -> set[str]:
             touched = set()
             for key, entry in events.items():
-                if _refused_prepares(entry, outcomes.keys()):
+                if _refused_prepares(entry, no_drain):
                     touched.add(key)
                 answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
                 outcome = outcomes.get(answer)

@@ -174,6 +174,12 @@ def test_an_agent_that_refuses_prepare_does_not_stall_its_event(tmp_path: Path) 
     prepare = sent(rig, "Prepare")
     assert names(rig, prepare) == [N0]
     rig.fleet.advance(2)
+    # A resent Prepare the agent is already acting on is refused as a replay: still drained.
+    replayed = rig.fleet.approval(prepare[0], "Refused", detail="Replayed: command was ...")
+    rig.consumer.process([{**replayed, "RecordId": "replayed"}])
+    rig.consumer.tick()
+    assert sent(rig, "Approve") == []
+    rig.fleet.advance(2)
     refused = rig.fleet.approval(prepare[0], "Refused", detail="Prepare: this agent does not drain")
     rig.consumer.process([refused])
     for _ in range(3):

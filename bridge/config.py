@@ -17,9 +17,11 @@ Example file (all keys optional):
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -373,6 +375,55 @@ class ConsumerSettings:
     )
 
 
+NOTIFY_KINDS = ("generic", "teams", "slack")
+_TARGET_KEYS = ("name", "kind", "url", "url_secret")
+
+
+@dataclass(frozen=True)
+class NotifyTarget:
+    """One webhook notices go to. Its URL is a secret: it is in no repr, log line or error."""
+
+    name: str
+    kind: str
+    url: str = field(default="", repr=False)
+    url_secret: str = ""
+
+
+@dataclass(frozen=True)
+class NotifySettings:
+    targets: list[NotifyTarget] = _setting(
+        [],
+        "Webhooks the consumer posts notices to (docs/people.md#webhook-formats): a list of "
+        "tables with `name` (what policies and metrics call it), `kind` (generic, teams or "
+        "slack) and either `url` or `url_secret` (the name of a Key Vault secret in "
+        "notify.key_vault holding the URL, read with the consumer's identity). In the "
+        'environment, JSON: `[{"name": "ops", "kind": "teams", "url_secret": "ops-webhook"}]`. '
+        "The URLs are secrets: never logged.",
+        secret=True,
+    )
+    page_url: str = _setting(
+        "", "The approval page's address, for the links in notices; empty: notices carry none."
+    )
+    key_vault: str = _setting(
+        "", "Key Vault of the targets' url_secret, e.g. https://contoso.vault.azure.net."
+    )
+    timeout: float = _setting(
+        10.0, "Seconds to connect, and then between bytes of the answer, per post.", low=1, high=120
+    )
+    attempts: int = _setting(
+        6, "Posts of one notice to one target before it is given up (ERROR).", low=1, high=100
+    )
+    max_backoff: float = _setting(
+        60.0, "Longest wait, in seconds, between two posts of one notice.", low=0.1, high=3600
+    )
+    queue_size: int = _setting(
+        1000,
+        "Notices waiting per target; when full the oldest is dropped (WARNING).",
+        low=1,
+        high=100_000,
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     agent: AgentSettings = field(default_factory=AgentSettings)
@@ -385,6 +436,7 @@ class Config:
     storage: StorageSettings = field(default_factory=StorageSettings)
     commands: CommandsSettings = field(default_factory=CommandsSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
+    notify: NotifySettings = field(default_factory=NotifySettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]
@@ -458,12 +510,20 @@ def warn_if_secrets_readable(path: Path | None) -> None:
         for section in dataclasses.fields(Config)
         for f in dataclasses.fields(get_type_hints(Config)[section.name])
         if f.metadata.get("secret") and isinstance(data.get(section.name), dict)
-        and data[section.name].get(f.name)
+        and _holds_secret(data[section.name].get(f.name))
     ]  # fmt: skip
     if held:
         log.warning("the config file %s holds %s and every user of this machine can read it: "
                     "chmod 600 %s (or 640 with the agent's group)", path, ", ".join(held),
                     path)  # fmt: skip
+
+
+def _holds_secret(value: Any) -> bool:
+    """Whether a secret setting's value in the file is one: notify.targets only with a `url`
+    (a `url_secret` is a name in Key Vault)."""
+    if isinstance(value, list):
+        return any(isinstance(table, dict) and table.get("url") for table in value)
+    return bool(value)
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -570,11 +630,47 @@ def _coerce(raw: Any, kind: Any) -> Any:
                 raise ValueError("expected a path")
             return None
         return Path(os.path.expanduser(text))
-    if kind == list[str]:
-        return _string_list(raw)
+    if kind in (list[str], list[NotifyTarget]):
+        return _string_list(raw) if kind == list[str] else _notify_targets(raw)
     if not isinstance(raw, str):
         raise TypeError("expected a string")
     return raw.strip()
+
+
+def _notify_targets(raw: Any) -> list[NotifyTarget]:
+    """notify.targets from TOML tables, or their JSON text from the environment or a flag.
+
+    No message quotes a value: a target's URL is a secret."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw) if raw.strip() else []
+        except ValueError:
+            raise ValueError("expected a JSON list of tables") from None
+    if not isinstance(raw, list):
+        raise TypeError("expected a list of tables")
+    targets: list[NotifyTarget] = []
+    for index, table in enumerate(raw):
+        if not isinstance(table, dict):
+            raise TypeError(f"target {index + 1} is not a table")
+        name = table.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise ValueError(f"target {index + 1} needs a name of letters, digits, _ . or -")
+        unknown = sorted(set(table) - set(_TARGET_KEYS))
+        if unknown or not all(isinstance(table.get(k, ""), str) for k in _TARGET_KEYS):
+            raise ValueError(f"target {name}: the keys are strings {', '.join(_TARGET_KEYS)}"
+                             + (f", not {', '.join(unknown)}" if unknown else ""))  # fmt: skip
+        kind = table.get("kind", "").strip().lower()
+        if kind not in NOTIFY_KINDS:
+            raise ValueError(f"target {name}: kind must be one of {', '.join(NOTIFY_KINDS)}")
+        url, url_secret = table.get("url", "").strip(), table.get("url_secret", "").strip()
+        if bool(url) == bool(url_secret):
+            raise ValueError(f"target {name}: give url or url_secret, one of them")
+        if url and not url.lower().startswith(("https://", "http://")):
+            raise ValueError(f"target {name}: url must be an http(s) address")
+        if name in {t.name for t in targets}:
+            raise ValueError(f"two targets are named {name}")
+        targets.append(NotifyTarget(name, kind, url, url_secret))
+    return targets
 
 
 def _boolean(raw: Any) -> bool:

@@ -105,6 +105,30 @@ param signingKeySecretName string = 'se-bridge-signing-key'
 @secure()
 param signingKeyPem string
 
+@description('Client id of the Entra ID app registration people sign in to for the approval page and API, with the SeBridge.Decide app role (infra/people/decide-app.sh creates it). Empty: no page, no App Service Authentication.')
+param peopleClientId string = ''
+
+@description('Entra ID tenant (directory) id whose people may sign in.')
+param peopleTenantId string = tenant().tenantId
+
+@description('URL of the webhook the consumer notifies people through (a Microsoft Teams workflow, Slack, or a generic receiver): stored in the Key Vault, never output. Empty: no notifications.')
+@secure()
+param notifyWebhookUrl string = ''
+
+@description('Name of that notification target, as a policy\'s ask.target names it.')
+param notifyTargetName string = 'people'
+
+@description('What the webhook takes: generic, teams or slack.')
+@allowed([
+  'generic'
+  'teams'
+  'slack'
+])
+param notifyTargetKind string = 'generic'
+
+@description('Name of the Key Vault secret holding the webhook URL.')
+param notifyWebhookSecretName string = 'se-bridge-notify-webhook'
+
 @description('Deploy the alert rules.')
 param deployAlerts bool = true
 
@@ -125,6 +149,15 @@ param spoolBacklogThreshold int = 1000
 
 @description('Alert when at least this many Preempt events appear in one region within an hour.')
 param preemptThreshold int = 5
+
+@description('Alert when a person asked about an event (the policy\'s ask action) has not answered for this many minutes.')
+param askPendingMinutes int = 30
+
+@description('Alert when a Kubernetes node\'s drain has been blocked for this many minutes.')
+param drainBlockedMinutes int = 15
+
+@description('Alert when early approvals have been paused for this many hours.')
+param pauseActiveHours int = 8
 
 @description('Deploy the workbook.')
 param deployWorkbook bool = true
@@ -211,6 +244,8 @@ module keyVault 'modules/keyvault.bicep' = {
     publicNetworkAccess: keyVaultPublicNetworkAccess
     secretName: signingKeySecretName
     signingKeyPem: signingKeyPem
+    webhookSecretName: notifyWebhookSecretName
+    webhookUrl: notifyWebhookUrl
     tags: tags
     diagnosticsWorkspaceId: diagnosticsWorkspaceId
   }
@@ -235,6 +270,12 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     queuePrefix: queuePrefix
     queueAccountNames: queueAccountNames
     consumerPolicy: consumerPolicy
+    peopleClientId: peopleClientId
+    peopleTenantId: peopleTenantId
+    webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
+    keyVaultUri: keyVault.outputs.vaultUri
+    notifyTargetName: notifyTargetName
+    notifyTargetKind: notifyTargetKind
     workspaceId: workspace.outputs.workspaceId
     tags: tags
     diagnosticsWorkspaceId: diagnosticsWorkspaceId
@@ -252,6 +293,7 @@ module consumerRoles 'modules/consumer-roles.bicep' = [for i in range(0, eventHu
     dataCollectionRuleName: ingestion.outputs.ruleName
     keyVaultName: keyVault.outputs.vaultName
     signingKeySecretName: keyVault.outputs.secretName
+    webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
     insightsName: functionApp[i].outputs.insightsName
     consumerCreatesQueues: consumerCreatesQueues
   }
@@ -272,6 +314,9 @@ module alerts 'modules/alerts.bicep' = if (deployAlerts) {
     heartbeatMissingMinutes: heartbeatMissingMinutes
     spoolBacklogThreshold: spoolBacklogThreshold
     preemptThreshold: preemptThreshold
+    askPendingMinutes: askPendingMinutes
+    drainBlockedMinutes: drainBlockedMinutes
+    pauseActiveHours: pauseActiveHours
     tags: tags
   }
   dependsOn: [

@@ -18,3 +18,9 @@ param consumerCreatesQueues = true
 param keyVaultPublicNetworkAccess = 'Enabled'
 param deployAlerts = true
 param signingKeyPem = readEnvironmentVariable('SE_BRIDGE_SIGNING_KEY_PEM')
+// People in the loop (docs/people.md): the client id infra/people/decide-app.sh prints turns on
+// the approval page behind Entra ID sign-in; the webhook URL is a secret, read from the
+// environment into the Key Vault (empty: no notifications).
+param peopleClientId = ''
+param notifyWebhookUrl = readEnvironmentVariable('SE_BRIDGE_NOTIFY_WEBHOOK_URL', '')
+param notifyTargetKind = 'generic'

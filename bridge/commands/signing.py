@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bridge.cloud.advice import CREDENTIAL_ADVICE
-from bridge.cloud.identity import credential
+from bridge.cloud import keyvault
 from bridge.commands.message import Command
 from bridge.config import CommandsSettings, IdentitySettings
 
@@ -214,29 +213,10 @@ def _private_file(path: Path) -> bytes:
 
 
 def _keyvault_secret(url: str, identity: IdentitySettings) -> bytes:
-    from azure.core.exceptions import AzureError  # noqa: PLC0415 - only with Key Vault
-    from azure.keyvault.secrets import KeyVaultSecretIdentifier, SecretClient  # noqa: PLC0415
-
     try:
-        secret_id = KeyVaultSecretIdentifier(url)
-    except ValueError as err:
-        raise SigningError(f"commands.signing_key: {url!r} is not a Key Vault secret URL such "
-                           "as https://NAME.vault.azure.net/secrets/NAME") from err  # fmt: skip
-    if not secret_id.vault_url.lower().startswith("https://"):
-        raise SigningError(f"commands.signing_key: the Key Vault URL must be https://, got {url!r}")
-    client = SecretClient(secret_id.vault_url, credential(identity))
-    try:
-        value = client.get_secret(secret_id.name, secret_id.version).value
-    except AzureError as err:
-        raise SigningError(f"commands.signing_key: cannot read secret {secret_id.name} from "
-                           f"{secret_id.vault_url} ({type(err).__name__}: {err}); the identity "
-                           f"needs the Key Vault Secrets User role; {CREDENTIAL_ADVICE}"
-                           ) from None  # fmt: skip
-    finally:
-        client.close()
-    if not value:
-        raise SigningError(f"commands.signing_key: secret {secret_id.name} is empty")
-    return value.encode("utf-8")
+        return keyvault.read_secret(url, identity).encode("utf-8")
+    except keyvault.KeyVaultError as err:
+        raise SigningError(f"commands.signing_key: {err}") from None
 
 
 # --- keygen -----------------------------------------------------------------------------------

@@ -31,6 +31,21 @@ param spoolBacklogThreshold int = 1000
 @minValue(1)
 param preemptThreshold int = 5
 
+@description('Alert when a person asked about an event (the policy\'s ask action) has not answered for this many minutes.')
+@minValue(5)
+@maxValue(720)
+param askPendingMinutes int = 30
+
+@description('Alert when a Kubernetes node\'s drain has been blocked (a PodDisruptionBudget, a pod waited for) for this many minutes.')
+@minValue(2)
+@maxValue(720)
+param drainBlockedMinutes int = 15
+
+@description('Alert when early approvals have been paused (fleet-wide or in a budget group) for this many hours.')
+@minValue(1)
+@maxValue(24)
+param pauseActiveHours int = 8
+
 param tags object = {}
 
 var actions = empty(actionGroupId) ? [] : [
@@ -46,6 +61,12 @@ var spoolText = loadTextContent('../kql/alerts/spool-backlog-growing.kql')
 var spoolQuery = 'let BacklogThreshold = ${spoolBacklogThreshold};\n${join(skip(split(spoolText, '\n'), 1), '\n')}'
 var preemptText = loadTextContent('../kql/alerts/preempt-spike.kql')
 var preemptQuery = 'let PreemptThreshold = ${preemptThreshold};\n${join(skip(split(preemptText, '\n'), 1), '\n')}'
+var askText = loadTextContent('../kql/alerts/ask-pending.kql')
+var askQuery = 'let AskPendingFor = ${askPendingMinutes}m;\n${join(skip(split(askText, '\n'), 1), '\n')}'
+var drainText = loadTextContent('../kql/alerts/drain-blocked.kql')
+var drainQuery = 'let BlockedFor = ${drainBlockedMinutes}m;\n${join(skip(split(drainText, '\n'), 1), '\n')}'
+var pauseText = loadTextContent('../kql/alerts/pause-long.kql')
+var pauseQuery = 'let PausedFor = ${pauseActiveHours}h;\n${join(skip(split(pauseText, '\n'), 1), '\n')}'
 
 // windowSize bounds TimeGenerated for the query. Event-like rules look back an hour, so that
 // records ingested late are still seen, and keep only what was first ingested in the last
@@ -105,6 +126,43 @@ var rules = [
     frequency: 'PT5M'
     window: 'PT1H'
     query: loadTextContent('../kql/alerts/approval-failed.kql')
+  }
+  {
+    name: 'ask-pending'
+    title: 'se-bridge: a person asked has not answered'
+    description: 'The policy asked a person about an event ${askPendingMinutes} minutes ago and nobody has approved or held it; the event is still ahead.'
+    severity: 2
+    frequency: 'PT5M'
+    window: 'P1D'
+    query: askQuery
+  }
+  {
+    name: 'budget-override'
+    title: 'se-bridge: approval over a full budget'
+    description: 'A person approved an event over a full budget (break-glass, with their reason).'
+    severity: 1
+    frequency: 'PT5M'
+    window: 'PT1H'
+    query: loadTextContent('../kql/alerts/budget-override.kql')
+  }
+  {
+    name: 'drain-blocked'
+    title: 'se-bridge: Kubernetes node drain blocked'
+    description: 'A node\'s drain has been blocked for ${drainBlockedMinutes} minutes (an eviction refused by a PodDisruptionBudget, or a pod waited for); the blockers are in the result.'
+    severity: 2
+    frequency: 'PT5M'
+    window: 'P1D'
+    query: drainQuery
+  }
+  {
+    // Two days, the longest window a log alert takes: a pause older than that drops out.
+    name: 'pause-long'
+    title: 'se-bridge: approvals paused for long'
+    description: 'Early approvals have been paused for ${pauseActiveHours} hours or more (fleet-wide or in a budget group).'
+    severity: 3
+    frequency: 'PT15M'
+    window: 'P2D'
+    query: pauseQuery
   }
 ]
 

@@ -15,6 +15,9 @@ param queueAccountNames array
 param dataCollectionRuleName string
 param keyVaultName string
 param signingKeySecretName string
+
+@description('Name of the secret that holds the notification webhook\'s URL; empty: no webhook, no role.')
+param webhookSecretName string = ''
 param insightsName string
 
 @description('True: Storage Queue Data Contributor, so the consumer creates a VM\'s queue with its first command. False: Message Sender only; every VM must then be onboarded with infra/onboarding/vm.bicep, which creates its queue.')
@@ -59,6 +62,11 @@ resource vault 'Microsoft.KeyVault/vaults@2026-02-01' existing = {
 resource secret 'Microsoft.KeyVault/vaults/secrets@2026-02-01' existing = {
   parent: vault
   name: signingKeySecretName
+}
+
+resource webhookSecret 'Microsoft.KeyVault/vaults/secrets@2026-02-01' existing = if (!empty(webhookSecretName)) {
+  parent: vault
+  name: webhookSecretName
 }
 
 resource insights 'Microsoft.Insights/components@2020-02-02' existing = {
@@ -137,6 +145,17 @@ resource insightsPublisher 'Microsoft.Authorization/roleAssignments@2022-04-01' 
 resource secretUser 'Microsoft.Authorization/roleAssignments@2022-04-01' = {
   name: guid(secret.id, principalId, keyVaultSecretsUser)
   scope: secret
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
+    principalId: principalId
+    principalType: 'ServicePrincipal'
+  }
+}
+
+// Read the notification webhook's URL ([notify]): that one secret too, when there is one.
+resource webhookSecretUser 'Microsoft.Authorization/roleAssignments@2022-04-01' = if (!empty(webhookSecretName)) {
+  name: guid(webhookSecret.id, principalId, keyVaultSecretsUser)
+  scope: webhookSecret
   properties: {
     roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', keyVaultSecretsUser)
     principalId: principalId

@@ -3,7 +3,9 @@
 // identity so its roles exist before the host first starts. Host storage
 // (AzureWebJobsStorage) and the deployment package use that identity: the storage account has
 // shared-key access off. App settings are exactly those of docs/approvals.md ("Running the
-// consumer in Azure Functions") plus the Application Insights connection.
+// consumer in Azure Functions") plus the Application Insights connection. With an Entra ID app
+// registration (peopleClientId, docs/people.md), its HTTP functions (the approval page and API)
+// sit behind App Service Authentication, and with a webhook secret it notifies people.
 
 @description('Function App name (globally unique).')
 param appName string
@@ -54,6 +56,29 @@ param maximumInstanceCount int = 40
   4096
 ])
 param instanceMemoryMB int = 2048
+
+@description('Client id of the Entra ID app registration people sign in to for the approval page and API (infra/people/decide-app.sh creates it, with the SeBridge.Decide app role). Empty: no App Service Authentication and no people settings.')
+param peopleClientId string = ''
+
+@description('Entra ID tenant (directory) id whose people may sign in.')
+param peopleTenantId string = tenant().tenantId
+
+@description('Name of the Key Vault secret holding the notification webhook\'s URL; empty: no notification target.')
+param webhookSecretName string = ''
+
+@description('The Key Vault holding it (https://VAULT.vault.azure.net/).')
+param keyVaultUri string = ''
+
+@description('Name of that notification target, as a policy\'s ask.target names it.')
+param notifyTargetName string = 'people'
+
+@description('What the webhook takes: generic JSON, a Microsoft Teams workflow (Adaptive Card) or Slack.')
+@allowed([
+  'generic'
+  'teams'
+  'slack'
+])
+param notifyTargetKind string = 'generic'
 
 param tags object = {}
 
@@ -129,12 +154,35 @@ var queueSettings = (length(queueAccountNames) > 1) ? {
   SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS: join(queueAccountNames, ',')
 } : {}
 
+// People in the loop ([consumer.people]): the approval API accepts Entra ID tokens of this tenant
+// issued for the app registration, by its Application ID URI or its client id (the audiences App
+// Service Authentication allows below).
+var peopleSettings = empty(peopleClientId) ? {} : {
+  SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID: peopleTenantId
+  SE_BRIDGE_CONSUMER_PEOPLE_AUDIENCE: 'api://${peopleClientId},${peopleClientId}'
+}
+
+// Notifications ([notify]): one target whose URL the consumer reads from Key Vault with its
+// identity at start (as it reads the signing key), so the URL is in no app setting; notices link
+// to the approval page when there is one.
+var notifySettings = empty(webhookSecretName) ? {} : {
+  SE_BRIDGE_NOTIFY_TARGETS: string([
+    {
+      name: notifyTargetName
+      kind: notifyTargetKind
+      url_secret: webhookSecretName
+    }
+  ])
+  SE_BRIDGE_NOTIFY_KEY_VAULT: keyVaultUri
+  SE_BRIDGE_NOTIFY_PAGE_URL: empty(peopleClientId) ? '' : 'https://${app.properties.defaultHostName}/'
+}
+
 resource app 'Microsoft.Web/sites@2025-03-01' = {
   // checkov:skip=CKV_AZURE_67:Flex Consumption pins the runtime through functionAppConfig.runtime (python 3.11), not siteConfig.
-  // checkov:skip=CKV_AZURE_222:The app serves no HTTP functions (Event Hubs trigger and timer); public access stays on for code deployment without a VNet.
-  // checkov:skip=CKV_AZURE_17:No HTTP functions, so no client to present a certificate.
+  // checkov:skip=CKV_AZURE_222:Its only HTTP functions, the approval page and API, sit behind App Service Authentication with Entra ID (authsettingsV2 below); public access stays on for people and for code deployment without a VNet.
+  // checkov:skip=CKV_AZURE_17:People sign in with Entra ID (App Service Authentication), not client certificates; the other functions are an Event Hubs trigger and a timer.
   // checkov:skip=CKV_AZURE_212:Flex Consumption scales by itself (maximumInstanceCount); it has no minimum instance count to set.
-  // checkov:skip=CKV_AZURE_213:No HTTP endpoint to probe: the functions are an Event Hubs trigger and a timer.
+  // checkov:skip=CKV_AZURE_213:Nothing to probe: the work is an Event Hubs trigger and a timer, and the only HTTP functions require a signed-in person.
   name: appName
   location: location
   tags: tags
@@ -179,16 +227,69 @@ resource app 'Microsoft.Web/sites@2025-03-01' = {
 
 resource settings 'Microsoft.Web/sites/config@2025-03-01' = {
   // checkov reads this app-settings resource as a web config; none of these apply to it:
-  // checkov:skip=CKV_AZURE_66:Failed request tracing is for HTTP requests; the app serves none.
+  // checkov:skip=CKV_AZURE_66:Failed request tracing is a site setting, not an app setting; the functions, the page included, log to Application Insights.
   // checkov:skip=CKV_AZURE_63:HTTP logging likewise; the functions log to Application Insights.
   // checkov:skip=CKV_AZURE_65:Detailed HTTP error pages likewise.
   // checkov:skip=CKV_AZURE_222:Public network access is a site property; see the site above.
   // checkov:skip=CKV_AZURE_80:A Python app: no .NET Framework.
-  // checkov:skip=CKV_AZURE_13:App Service authentication protects HTTP endpoints; the app has none.
+  // checkov:skip=CKV_AZURE_13:App Service Authentication is its own resource (authsettingsV2 below), on whenever the app serves the approval page.
   // checkov:skip=CKV_AZURE_88:Azure Files is not used: Flex Consumption deploys from blob storage and shared keys are off.
   parent: app
   name: 'appsettings'
-  properties: union(baseSettings, policySettings, queueSettings)
+  properties: union(baseSettings, policySettings, queueSettings, peopleSettings, notifySettings)
+}
+
+// App Service Authentication ("Easy Auth") with Entra ID in front of every HTTP request: a
+// person signs in to the page (the browser is sent to Entra ID), and the CLI brings a bearer token
+// for the API. Only people with the app role reach the app at all (the app registration requires
+// an assignment); the consumer checks the token and its SeBridge.Decide role again itself. The
+// Event Hubs trigger and the timer are not HTTP and are not affected. The token store keeps the
+// signed-in person's token for the page, which reads it from the X-MS-TOKEN-AAD-ID-TOKEN header.
+resource auth 'Microsoft.Web/sites/config@2025-03-01' = if (!empty(peopleClientId)) {
+  // checkov reads this authentication resource as a web config, under a condition it does not
+  // look into; it is App Service Authentication itself, and none of the web config checks apply:
+  // checkov:skip=CKV_AZURE_13:This resource is App Service Authentication (Entra ID, authentication required).
+  // checkov:skip=CKV_AZURE_66:Failed request tracing is a site setting, not an authentication one; the functions log to Application Insights.
+  // checkov:skip=CKV_AZURE_63:HTTP logging is a site setting, not an authentication one; the functions log to Application Insights.
+  // checkov:skip=CKV_AZURE_65:Detailed error pages are a site setting, not an authentication one.
+  // checkov:skip=CKV_AZURE_222:Public network access is a site property; see the site above.
+  // checkov:skip=CKV_AZURE_80:A Python app: no .NET Framework.
+  // checkov:skip=CKV_AZURE_88:Azure Files is not used: Flex Consumption deploys from blob storage and shared keys are off.
+  parent: app
+  name: 'authsettingsV2'
+  properties: {
+    platform: {
+      enabled: true
+    }
+    globalValidation: {
+      requireAuthentication: true
+      unauthenticatedClientAction: 'RedirectToLoginPage'
+      redirectToProvider: 'azureactivedirectory'
+    }
+    identityProviders: {
+      azureActiveDirectory: {
+        enabled: true
+        registration: {
+          clientId: peopleClientId
+          openIdIssuer: '${environment().authentication.loginEndpoint}${peopleTenantId}/v2.0'
+        }
+        validation: {
+          allowedAudiences: [
+            'api://${peopleClientId}'
+            peopleClientId
+          ]
+        }
+      }
+    }
+    login: {
+      tokenStore: {
+        enabled: true
+      }
+    }
+    httpSettings: {
+      requireHttps: true
+    }
+  }
 }
 
 // Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)

@@ -1,6 +1,8 @@
 // The Key Vault holding the consumer's Ed25519 command-signing key (PEM), read by the Function
 // App through SE_BRIDGE_COMMANDS_SIGNING_KEY = keyvault:https://VAULT.vault.azure.net/secrets/NAME.
 // RBAC mode: the consumer's identity gets Key Vault Secrets User on this one secret only.
+// Optionally it also holds the URL of the webhook the consumer notifies people through
+// ([notify]): a URL with its token is a secret, given as a secure parameter and never output.
 
 @description('Key Vault name (3-24 characters, globally unique).')
 @minLength(3)
@@ -22,6 +24,13 @@ param secretName string
 @description('The Ed25519 private key, PEM (PKCS#8), from `se-bridge keygen`.')
 @secure()
 param signingKeyPem string
+
+@description('Name of the secret that holds the notification webhook\'s URL.')
+param webhookSecretName string = 'se-bridge-notify-webhook'
+
+@description('The URL of the webhook the consumer notifies people through (a Teams workflow, Slack or a generic receiver); it carries its own token, so it is a secret. Empty: no secret.')
+@secure()
+param webhookUrl string = ''
 
 param tags object = {}
 
@@ -65,6 +74,20 @@ resource secret 'Microsoft.KeyVault/vaults/secrets@2026-02-01' = {
   }
 }
 
+resource webhookSecret 'Microsoft.KeyVault/vaults/secrets@2026-02-01' = if (!empty(webhookUrl)) {
+  // checkov:skip=CKV_AZURE_41:No expiry: the URL lasts until its owner rotates it in the chat tool; an expiry date here would silently stop notifications.
+  // checkov:skip=CKV_AZURE_114:contentType is set (text/uri-list) below; checkov does not read the properties of a resource deployed under a condition.
+  parent: vault
+  name: webhookSecretName
+  properties: {
+    value: webhookUrl
+    contentType: 'text/uri-list'
+    attributes: {
+      enabled: true
+    }
+  }
+}
+
 // Diagnostic settings stay on 2021-05-01-preview, the newest version: the only GA one (2016-09-01)
 // has no categoryGroup or metric category, and wants a location, a metric timeGrain and the name 'service'.
 resource diagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-preview' = if (!empty(diagnosticsWorkspaceId)) {
@@ -91,3 +114,6 @@ output vaultName string = vault.name
 output vaultUri string = vault.properties.vaultUri
 output secretName string = secret.name
 output secretUri string = '${vault.properties.vaultUri}secrets/${secret.name}'
+// The webhook secret's name, never its value; it names nothing when no webhookUrl was given
+// (an output that so much as tests a secure parameter is what the linter refuses).
+output webhookSecretName string = webhookSecretName

@@ -96,3 +96,55 @@ def test_kql_written_inline_in_bicep_is_found_and_checked() -> None:
     found = {n: r for n, r in session().results.items() if n.startswith("bicep:")}
     assert list(found) == ["bicep:infra/modules/alerts.bicep:4"]
     assert "VmNmae" in found["bicep:infra/modules/alerts.bicep:4"].errors[0].message
+
+
+# What a person acting on each alert of issues 29 and 30 needs in front of them.
+ALERT_COLUMNS = {
+    "infra/kql/alerts/ask-pending.kql": {
+        "EventId": "string",
+        "AskedAt": "datetime",
+        "MinutesPending": "real",
+        "AskedTarget": "string",
+        "AskDeadline": "datetime",
+        "NotBefore": "datetime",
+        "NotifyFailing": "dynamic",
+    },
+    "infra/kql/alerts/budget-override.kql": {
+        "EventId": "string",
+        "OverriddenAt": "datetime",
+        "DecidedByName": "string",
+        "DecidedBy": "string",
+        "OperatorReason": "string",
+    },
+    "infra/kql/alerts/drain-blocked.kql": {
+        "NodeName": "string",
+        "NodePool": "string",
+        "EventId": "string",
+        "BlockedSince": "datetime",
+        "MinutesBlocked": "real",
+        "Blockers": "dynamic",
+    },
+    "infra/kql/alerts/pause-long.kql": {
+        "Scope": "string",
+        "PausedSince": "datetime",
+        "HoursPaused": "real",
+        "PausedBy": "string",
+        "OperatorReason": "string",
+        "PauseUntil": "datetime",
+    },
+}
+
+
+@pytest.mark.parametrize(("path", "expected"), ALERT_COLUMNS.items())
+def test_people_and_drain_alerts_say_who_what_and_since_when(
+    path: str, expected: dict[str, str]
+) -> None:
+    columns = dict(c.split(":", 1) for c in session().result(path).columns)
+    assert {name: columns.get(name) for name in expected} == expected
+
+
+def test_drain_blocked_reads_only_the_drains_hook_records_and_expands_their_blockers() -> None:
+    text = (kql_check.ROOT / "infra/kql/alerts/drain-blocked.kql").read_text(encoding="utf-8")
+    assert 'HookName == "drain"' in text
+    assert 'DrainStatus == "Blocked"' in text
+    assert "mv-apply" in session().result("infra/kql/alerts/drain-blocked.kql").operators

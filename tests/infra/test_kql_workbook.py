@@ -91,3 +91,48 @@ def test_approvals_that_never_reached_imds_have_tiles_and_a_grid_saying_why() ->
     tiles = _kql_items()["approvals-missed-tiles"]["query"]
     for name in ("Reached IMDS", "Came too late", "Never answered"):
         assert f'"{name}"' in tiles
+
+
+def _headings() -> str:
+    return " ".join(i["content"]["json"] for i in _content()["items"] if i["type"] == 1)
+
+
+def test_people_section_shows_pending_asks_decisions_by_person_overrides_and_pauses() -> None:
+    assert "## People in the loop" in _headings()
+    asks = _columns("people-asks-grid")
+    for column in ("EventId", "AskedTarget", "AskedAt", "AskDeadline", "NotifyFailing"):
+        assert column in asks
+    assert asks["MinutesPending"] == "real"
+    chart = _columns("people-decisions-chart")
+    assert (chart["Person"], chart["Decisions"], chart["TimeGenerated"]) == (
+        "string",
+        "long",
+        "datetime",
+    )
+    by_person = _columns("people-decisions-grid")
+    for column in ("Person", "Approved", "Overrides", "Held", "Pauses", "LastReason"):
+        assert column in by_person
+    overrides = _columns("people-overrides-grid")
+    for column in ("OverriddenAt", "EventId", "Person", "OperatorReason"):
+        assert column in overrides
+    pauses = _columns("people-pauses-grid")
+    assert pauses["ActiveNow"] == "bool"
+    for column in ("At", "Action", "Scope", "Person", "OperatorReason", "PauseUntil"):
+        assert column in pauses
+
+
+def test_kubernetes_section_shows_drains_now_their_blockers_durations_and_pools() -> None:
+    assert "## Kubernetes drains" in _headings()
+    now = _columns("drains-now-grid")
+    for column in ("NodeName", "NodePool", "EventId", "DrainStatus", "DrainStartedAt"):
+        assert column in now
+    blocked = _columns("drains-blocked-grid")
+    for column in ("NodeName", "Namespace", "Pod", "PodDisruptionBudget", "Reason"):
+        assert blocked[column] == "string", column
+    assert "mv-expand" in session().result(f"{NAME}#drains-blocked-grid").operators
+    durations = _columns("drains-duration-grid")
+    assert durations["MinutesToDrain"] == "real"
+    assert {"DrainingAt", "EndedAt", "Outcome", "NodePool"} <= set(durations)
+    pools = _columns("node-pools-grid")
+    for column in ("Pool", "Nodes", "DrainingNow", "CordonedByOthers", "P95MinutesToDrain"):
+        assert column in pools

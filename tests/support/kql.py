@@ -23,6 +23,10 @@ REQUIRED = (
     "infra/kql/alerts/spool-backlog-growing.kql",
     "infra/kql/alerts/preempt-spike.kql",
     "infra/kql/alerts/approval-failed.kql",
+    "infra/kql/alerts/ask-pending.kql",
+    "infra/kql/alerts/budget-override.kql",
+    "infra/kql/alerts/drain-blocked.kql",
+    "infra/kql/alerts/pause-long.kql",
     "infra/kql/queries/open-events.kql",
     "infra/kql/queries/maintenance-next-24h.kql",
     "infra/kql/queries/vm-history.kql",
@@ -36,6 +40,9 @@ PARAMETERS = {
     "infra/kql/alerts/heartbeat-missing.kql": ("let MissingFor = 10m;", "1h"),
     "infra/kql/alerts/spool-backlog-growing.kql": ("let BacklogThreshold = 1000;", "50000"),
     "infra/kql/alerts/preempt-spike.kql": ("let PreemptThreshold = 5;", "20"),
+    "infra/kql/alerts/ask-pending.kql": ("let AskPendingFor = 30m;", "2h"),
+    "infra/kql/alerts/drain-blocked.kql": ("let BlockedFor = 15m;", "45m"),
+    "infra/kql/alerts/pause-long.kql": ("let PausedFor = 8h;", "20h"),
 }
 
 T = "SeBridgeRecords_CL"

@@ -139,7 +139,9 @@ def test_a_component_reading_the_configuration_outside_its_kinds_breaks_a_contra
     skip = shutil.ignore_patterns("__pycache__")
     shutil.copytree(ROOT / "bridge", tmp_path / "bridge", ignore=skip)
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
-    for planted in ("sinks/jsonl.py", "cloud/storage.py", "consumer/state/tables.py"):
+    planted_in = ("sinks/jsonl.py", "cloud/storage.py", "consumer/state/tables.py",
+                  "notify/notifier.py")  # fmt: skip
+    for planted in planted_in:
         path = tmp_path / "bridge" / planted
         path.write_text(path.read_text(encoding="utf-8") + "\nimport bridge.config\n", "utf-8")
     lint_imports = Path(sys.executable).with_name("lint-imports")
@@ -149,10 +151,11 @@ def test_a_component_reading_the_configuration_outside_its_kinds_breaks_a_contra
     )  # fmt: skip
     said = done.stdout
     assert done.returncode == 1, said + done.stderr
-    assert "Contracts: 4 kept, 1 broken." in said
+    assert re.search(r"Contracts: \d+ kept, 1 broken\.", said), said
     broken = said[said.index("Broken contracts") :]
     assert "Components read the configuration only in their kinds" in broken
-    for importer in ("bridge.sinks.jsonl", "bridge.cloud.storage", "bridge.consumer.state.tables"):
+    for planted in planted_in:
+        importer = "bridge." + planted.removesuffix(".py").replace("/", ".")
         assert f"{importer} -> bridge.config" in broken
     assert "kinds -> bridge.config" not in broken
 

@@ -29,6 +29,9 @@ DAY_MS = 86_400_000
 # Open events can have been scheduled long before the chosen range (hardware failures are
 # announced days ahead), so the "now" section looks back a fixed two weeks.
 OPEN_EVENTS_MS = 14 * DAY_MS
+# What runs on the nodes now: heartbeats come every 5 minutes and a blocked drain is reported
+# every minute, so a day back sees every node and every drain still running.
+NODES_NOW_MS = DAY_MS
 
 Item = dict[str, Any]
 
@@ -125,6 +128,34 @@ def items() -> list[Item]:
         ),
         _query("agents-tiles", "Agents", "tiles"),
         _query("agents-grid", "Heartbeat age, IMDS, spool depth and dropped records", "table"),
+        _text(
+            "people-heading",
+            "## People in the loop\n"
+            "Events the policy asked a person about (`action: ask`) and nobody has answered yet "
+            "(looks back 14 days, whatever the time range), what each person decided, approvals "
+            "over a full budget, and pauses of early approvals.",
+        ),
+        _query("people-asks-grid", "Asks pending, oldest first", "table", fixed_ms=OPEN_EVENTS_MS),
+        _query("people-decisions-chart", "Decisions by person per hour", "timechart"),
+        _query("people-decisions-grid", "Decisions by person", "table"),
+        _query("people-overrides-grid", "Approvals over a full budget (overrides)", "table"),
+        _query("people-pauses-grid", "Pauses and resumes, newest first", "table"),
+        _text(
+            "drains-heading",
+            "## Kubernetes drains\n"
+            "Nodes whose agent drains them before maintenance (`[kubernetes]`): drains running "
+            "now and what blocks them (the last day, whatever the time range), how long drains "
+            "took, and each node pool.",
+        ),
+        _query("drains-now-grid", "Nodes draining now", "table", fixed_ms=NODES_NOW_MS),
+        _query(
+            "drains-blocked-grid",
+            "Blocked drains: the pods and PodDisruptionBudgets in the way",
+            "table",
+            fixed_ms=NODES_NOW_MS,
+        ),
+        _query("drains-duration-grid", "Drain durations, from Draining to its outcome", "table"),
+        _query("node-pools-grid", "Node pools", "table"),
     ]
 
 

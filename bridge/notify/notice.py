@@ -1,0 +1,32 @@
+"""What a notification says, whatever the target's format."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+NoticeKind = Literal["asked", "approved", "held", "timed_out", "override", "paused", "resumed"]
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One thing a person should hear about, for the target named `target`.
+
+    `event_id` and `event_type` are None for a pause or resume of the fleet; `explanation` is
+    the policy's, a line each; `by` the person who decided (their name), None when the policy
+    did; `link` the approval page's address for the event (the Notifier fills it from
+    notify.page_url when None).
+    """
+
+    kind: NoticeKind
+    target: str
+    event_id: str | None
+    event_type: str | None
+    vms: tuple[str, ...]
+    not_before: datetime | None
+    explanation: tuple[str, ...]
+    by: str | None
+    reason: str | None
+    link: str | None
+    at: datetime

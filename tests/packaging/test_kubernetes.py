@@ -5,6 +5,7 @@ settings the agent and the consumer load, tolerations and probes."""
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 from functools import cache
@@ -17,6 +18,7 @@ import yaml
 
 from bridge import __version__
 from bridge.config import Config, load
+from bridge.policy.file import loads
 
 ROOT = Path(__file__).resolve().parents[2]
 OVERLAYS = ROOT / "packaging" / "kubernetes" / "overlays"
@@ -165,6 +167,15 @@ def test_the_docs_say_what_the_drain_is_granted() -> None:
         for verb in verbs.split(",")
     }
     assert said == DRAIN_GRANTS
+
+
+def test_the_docs_aks_example_is_a_valid_policy_of_one_node_per_pool() -> None:
+    page = (ROOT / "docs" / "kubernetes.md").read_text(encoding="utf-8")
+    [text] = re.findall(r"```yaml\n(version: 1\n.*?)```", page, re.DOTALL)
+    policy = loads(text, "docs/kubernetes.md")  # PolicyError names the line
+    [budget] = policy.budgets
+    assert (budget.group, budget.max_vms) == ("node_pool", 1)
+    assert "approve_when_ready" in {rule.action.kind for rule in policy.rules}
 
 
 @pytest.mark.parametrize("overlay", ["agent", "consumer"])

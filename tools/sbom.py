@@ -8,7 +8,7 @@ cyclonedx-py runs from an environment of its own (.venv-sbom, tools/requirements
 which `./dev sbom` makes (and `./dev setup`).
 
     ./dev sbom                           # build/sbom/se-bridge-TARGET-VERSION.cdx.json
-    ./dev sbom --target agent --out DIR  # targets: agent, consumer, functions
+    ./dev sbom --target agent --out DIR  # targets: agent, kubernetes, consumer, functions
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from bridge import __version__
 from tools.lockfile import EXPORTS, ROOT
 
-TARGETS = ("agent", "consumer", "functions")
+TARGETS = ("agent", "kubernetes", "consumer", "functions")
 TOOLS_PYTHON = ROOT / ".venv-sbom" / "bin" / "python"
 
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.release
 ROOT = Path(__file__).resolve().parents[2]
 WHEEL = f"se_bridge-{__version__}-py3-none-any.whl"
 SDIST = f"se_bridge-{__version__}.tar.gz"
-TARGETS = ("agent", "consumer", "functions")
+TARGETS = ("agent", "kubernetes", "consumer", "functions")
 
 
 @pytest.fixture(scope="module")

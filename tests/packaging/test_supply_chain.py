@@ -34,7 +34,7 @@ def test_uv_lock_matches_pyproject_and_every_export_is_the_locks() -> None:
 def test_runtime_dependencies_are_ranges_not_pins() -> None:
     project = PYPROJECT["project"]
     runtime = [*project["dependencies"]]
-    for extra in ("agent", "consumer", "functions"):
+    for extra in ("agent", "kubernetes", "consumer", "functions"):
         runtime += project["optional-dependencies"][extra]
     assert runtime
     assert [d for d in runtime if "==" in d.split(";")[0]] == []

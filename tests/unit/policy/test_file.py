@@ -42,6 +42,11 @@ def test_example_policy_loads_to_the_model_it_documents() -> None:
                 Action("approve"),
             ),
             Rule(
+                "primary-db",
+                Match(tags=(("role", "primary"),)),
+                Action("ask", deadline=timedelta(minutes=30), target="dba-oncall"),
+            ),
+            Rule(
                 "db-after-drain",
                 Match(
                     event_types=frozenset({"reboot", "redeploy"}),
@@ -147,6 +152,11 @@ def test_window_time_zone_is_kept() -> None:
             Action("approve_when_ready", timedelta(seconds=45)),
         ),
         ("{approve_when_ready: {deadline: 2h}}", Action("approve_when_ready", timedelta(hours=2))),
+        ("{ask: {target: dba}}", Action("ask", target="dba")),
+        (
+            "{ask: {target: ops, deadline: 15m, on_deadline: approve}}",
+            Action("ask", timedelta(minutes=15), "approve", target="ops"),
+        ),
     ],
 )
 def test_actions(action: str, expected: Action) -> None:
@@ -238,6 +248,14 @@ BAD += [
      "rules[0].action.approve_when_ready.deadline", "longer than 0s"),
     ("missing deadline", RULES + "    action:\n      approve_when_ready: {on_deadline: hold}\n", 5,
      "rules[0].action.approve_when_ready.deadline", "missing (required)"),
+    ("ask without settings", RULES + "    action: ask\n", 4, "rules[0].action",
+     "ask needs settings"),
+    ("ask without target", RULES + "    action:\n      ask: {deadline: 5m}\n", 5,
+     "rules[0].action.ask.target", "missing (required)"),
+    ("ask empty target", RULES + "    action: {ask: {target: ' '}}\n", 4,
+     "rules[0].action.ask.target", "empty"),
+    ("ask bad on_deadline", RULES + "    action: {ask: {target: a, on_deadline: later}}\n", 4,
+     "rules[0].action.ask.on_deadline", "expected approve or hold, got 'later'"),
     ("bad on_deadline",
      RULES + "    action: {approve_when_ready: {deadline: 1m, on_deadline: wait}}\n",
      4, "rules[0].action.approve_when_ready.on_deadline", "expected approve or hold, got 'wait'"),
@@ -381,10 +399,11 @@ def test_check_command_summarises_a_valid_file(
     path.write_text(policyfile.EXAMPLE_POLICY_YAML, encoding="utf-8")
     assert policyfile.main([str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{path}: valid policy, 5 rules, 2 budgets (first matching rule wins)"
+    assert lines[0] == f"{path}: valid policy, 6 rules, 2 budgets (first matching rule wins)"
     assert lines[1:] == [
         "  rule user-initiated: event_source user -> approve",
         "  rule short-freeze: event_type freeze, 0 <= duration < 9 -> approve",
+        "  rule primary-db: vm tags role=primary -> ask dba-oncall (deadline 30m, then hold)",
         "  rule db-after-drain: event_type reboot|redeploy, vm tags tier=db, vm name db-* -> "
         "approve when ready (deadline 10m, then hold)",
         "  rule web-nights: vm scale_set web -> approve in window (Europe/Istanbul: weekend "

@@ -110,7 +110,7 @@ def build_consumer(
     if signer is not None:
         sender = channels.SigningSender(sender, signer)
     return Consumer(store, sender, policy, emit, config.consumer, now=now,
-                    host_name=host.host_name())  # fmt: skip
+                    host_name=host.host_name(), signer=signer)  # fmt: skip
 
 
 def load_signer(config: Config) -> signing.Signer | None:

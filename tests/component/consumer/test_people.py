@@ -1,0 +1,293 @@
+"""People in the loop on the real consumer over SQLite: asks, a person's approve or hold,
+overrides, pauses, and the signed operator actions (issue 29, docs/people.md)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bridge.commands.message import resources_digest
+from bridge.commands.signing import Signer
+from bridge.config import ConsumerSettings
+from bridge.consumer.core import Consumer
+from bridge.consumer.operators import (
+    OPERATOR,
+    Notice,
+    OperatorAction,
+    OperatorLog,
+    Person,
+    action_body,
+)
+from bridge.consumer.state import Doc
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from tests.component.consumer.test_core import E1, E2, T0
+from tests.support.fleetrecords import FleetRecords
+from tests.support.records import Sender, assert_valid
+
+ALICE = Person("oid-alice", "Alice")
+BOB = Person("oid-bob", "Bob")
+HOLD_ALL = Rule("everything-else", Match(), Action("hold"))
+APPROVE_ALL = Rule("approve-all", Match(), Action("approve"))
+ONE_AT_A_TIME = (Budget("one", "fleet", max_vms=1),)
+
+
+def asking(on_deadline: str = "hold") -> Policy:
+    ask = Action("ask", timedelta(minutes=10), on_deadline, target="dba")  # type: ignore[arg-type]
+    return Policy((Rule("primary", Match(), ask),))
+
+
+class Notices:
+    """A notifier that keeps what it is told; `broken` targets say they keep failing."""
+
+    def __init__(self) -> None:
+        self.told: list[Notice] = []
+        self.broken: tuple[str, ...] = ()
+
+    def notify(self, notice: Notice) -> None:
+        self.told.append(notice)
+
+    def failing(self) -> tuple[str, ...]:
+        return self.broken
+
+    def kinds(self) -> list[tuple[str, str | None]]:
+        return [(n.kind, n.event_id) for n in self.told]
+
+
+class People:
+    """A consumer with a signing key and a notifier, over a real SQLite fleet state."""
+
+    def __init__(self, path: Path, policy: Policy) -> None:
+        self.fleet = FleetRecords(T0)
+        self.store = SqliteStore(path)
+        self.sender = Sender()
+        self.decisions: list[Mapping[str, Any]] = []
+        self.notices = Notices()
+        self.signer = Signer(Ed25519PrivateKey.generate())
+        self.consumer = Consumer(self.store, self.sender, policy, self.decisions.extend,
+                                 ConsumerSettings(), now=lambda: self.fleet.now,
+                                 signer=self.signer, notifier=self.notices)  # fmt: skip
+        for name in ("web_0", "web_1"):
+            self.fleet.vm(name, scale_set="web")
+        self.fleet.vm("db_0", scale_set="db")
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        return [self.fleet.heartbeat(name) for name in ("web_0", "web_1", "db_0")]
+
+    def event(self, name: str, event_id: str, **fields: Any) -> None:
+        not_before = self.fleet.now + timedelta(hours=1)
+        record = self.fleet.event(name, event_id, source="Platform", not_before=not_before,
+                                  **fields)  # fmt: skip
+        self.consumer.process([*self.heartbeats(), record])
+
+    def later(self, seconds: float) -> None:
+        self.fleet.advance(seconds)
+        self.consumer.process(self.heartbeats())
+        self.consumer.tick()
+
+    def decide(self, kind: str, event_id: str, by: Person = ALICE, **fields: Any) -> Any:
+        digest = fields.pop("digest", None) or self.digest(event_id)
+        action = OperatorAction(kind, by, fields.pop("reason", "because"), self.fleet.now,  # type: ignore[arg-type]
+                                event_id=event_id, resources_digest=digest, **fields)  # fmt: skip
+        return self.consumer.operate(action)
+
+    def pause(self, kind: str = "pause", **fields: Any) -> Any:
+        action = OperatorAction(kind, BOB, fields.pop("reason", "launch week"), self.fleet.now,  # type: ignore[arg-type]
+                                **fields)  # fmt: skip
+        return self.consumer.operate(action)
+
+    def digest(self, event_id: str) -> str:
+        found = {e.event_id: e for e in self.consumer.open_events(self.fleet.now)}
+        return found[event_id].resources_digest if event_id in found else "-"
+
+    def last(self, event_id: str) -> Mapping[str, Any]:
+        return [d for d in self.decisions if d["EventId"] == event_id][-1]
+
+    def approved(self) -> list[str]:
+        return [c.event_id for c in self.sender.sent]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    made: list[People] = []
+
+    def build(policy: Policy) -> People:
+        made.append(People(tmp_path / f"fleet{len(made)}.db", policy))
+        return made[-1]
+
+    yield build
+    for rig in made:
+        for decision in rig.decisions:
+            assert_valid(decision)
+        rig.store.close()
+
+
+@pytest.mark.parametrize("on_deadline", ["hold", "approve"])
+def test_an_ask_is_said_notified_and_times_out(make: Any, on_deadline: str) -> None:
+    rig = make(asking(on_deadline))
+    rig.event("db_0", E1)
+    asked = rig.last(E1)
+    assert (asked["DecisionAction"], asked["AskedTarget"]) == ("Ask", "dba")
+    assert asked["AskDeadline"] == "2026-11-21T10:10:00.000Z"
+    assert rig.notices.kinds() == [("asked", E1)]
+    (open_event,) = rig.consumer.open_events(rig.fleet.now)
+    assert open_event.ask is not None
+    assert open_event.ask.since == T0
+    rig.later(300)  # still waiting: said once
+    assert [d["DecisionAction"] for d in rig.decisions] == ["Ask"]
+    rig.later(301)
+    timed_out = rig.last(E1)
+    assert timed_out["DecisionAction"] == ("Hold" if on_deadline == "hold" else "Approve")
+    assert timed_out["AskedTarget"] == "dba"
+    assert rig.approved() == ([] if on_deadline == "hold" else [E1])
+    assert rig.notices.kinds() == [("asked", E1), ("timed_out", E1)]
+
+
+def test_a_persons_approval_waits_on_a_full_budget_and_an_override_goes_over_it(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.event("web_0", E1)
+    rig.event("web_1", E2)
+    first = rig.decide("approve", E1, reason="patch window")
+    assert (first.accepted, first.code) == (True, "Accepted")
+    assert rig.approved() == [E1]
+    record = rig.last(E1)
+    assert (record["DecisionAction"], record["DecisionRule"]) == ("Approve", "(person)")
+    assert (record["DecidedBy"], record["DecidedByName"]) == ("oid-alice", "Alice")
+    assert (record["OperatorReason"], record["BudgetOverride"]) == ("patch window", False)
+    waiting = rig.decide("approve", E2, by=BOB)
+    assert waiting.accepted
+    assert "budget one" in waiting.detail
+    assert rig.approved() == [E1]
+    record = rig.last(E2)
+    assert (record["DecisionAction"], record["DecidedBy"]) == ("Defer", "oid-bob")
+    # Break-glass: a reason, recorded as an override, told and logged as a warning.
+    assert rig.decide("approve", E2, by=BOB, override_budget=True, reason="").code == "NoReason"
+    with caplog.at_level(logging.WARNING):
+        over = rig.decide("approve", E2, by=BOB, override_budget=True, reason="3 a.m. fix")
+    assert over.accepted
+    assert rig.approved() == [E1, E2]
+    record = rig.last(E2)
+    assert (record["DecisionAction"], record["BudgetOverride"]) == ("Approve", True)
+    assert ("override", E2) in rig.notices.kinds()
+    assert any("OVER A FULL BUDGET" in r.getMessage() for r in caplog.records)
+
+
+def test_a_persons_hold_holds_what_the_policy_approves(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    assert rig.decide("hold", E1, reason="incident").accepted
+    record = rig.last(E1)
+    assert (record["DecisionAction"], record["DecisionRule"]) == ("Hold", "(person)")
+    assert record["OperatorReason"] == "incident"
+    assert ("held", E1) in rig.notices.kinds()
+
+
+def test_a_pause_stops_the_policy_and_the_people_until_its_time(make: Any) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    rig.consumer.process(rig.heartbeats())
+    assert rig.pause(reason="").code == "NoReason"
+    until = T0 + timedelta(minutes=10)
+    assert rig.pause(until=until).accepted
+    pause = rig.decisions[-1]
+    assert (pause["DecisionAction"], pause["EventId"], pause["PauseScope"]) == (
+        "Pause", "(fleet)", "fleet")  # fmt: skip
+    assert pause["PauseUntil"] == "2026-11-21T10:10:00.000Z"
+    assert [p.by for p in rig.consumer.pauses(rig.fleet.now)] == ["oid-bob"]
+    rig.event("web_0", E1)
+    deferred = rig.last(E1)
+    assert (deferred["DecisionAction"], deferred["PauseScope"]) == ("Defer", "fleet")
+    refused = rig.decide("approve", E1)
+    assert (refused.accepted, refused.code) == (False, "Paused")
+    assert rig.approved() == []
+    rig.later(600)
+    assert rig.approved() == [E1]
+    assert rig.consumer.pauses(rig.fleet.now) == []
+
+
+def test_a_scoped_pause_lifts_on_resume(make: Any) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    rig.consumer.process(rig.heartbeats())
+    assert rig.pause(scope="scale_set:nosuchkind:x").code == "BadScope"
+    assert rig.pause(kind="resume", scope="scale_set:web").code == "NotPaused"
+    assert rig.pause(scope="scale_set:web").accepted
+    rig.event("web_0", E1)
+    rig.event("db_0", E2)
+    assert rig.approved() == [E2]
+    assert rig.last(E1)["PauseScope"] == "scale_set:web"
+    resumed = rig.pause(kind="resume", scope="scale_set:web", reason="launched")
+    assert resumed.accepted
+    assert [d["DecisionAction"] for d in rig.decisions if d["EventId"] == "(scale_set:web)"] == [
+        "Pause", "Resume"]  # fmt: skip
+    assert rig.approved() == [E2, E1]
+    assert ("resumed", None) in rig.notices.kinds()
+
+
+def test_a_decision_on_changed_resources_or_a_closed_event_is_refused(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1, resources=["web_0"])
+    shown = rig.digest(E1)
+    rig.event("web_1", E1, resources=["web_0", "web_1"])
+    refused = rig.decide("approve", E1, digest=shown)
+    assert (refused.accepted, refused.code) == (False, "ResourcesChanged")
+    assert shown != resources_digest(["web_0", "web_1"])
+    assert rig.decide("approve", E2, digest="0" * 16).code == "NotOpen"
+    assert rig.approved() == []
+
+
+def test_operate_without_a_signing_key_is_refused(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "fleet.db")
+    consumer = Consumer(store, Sender(), Policy((HOLD_ALL,)), lambda _: None, ConsumerSettings())
+    answer = consumer.operate(OperatorAction("pause", ALICE, "why", T0))
+    assert (answer.accepted, answer.code) == (False, "NoSigningKey")
+    store.close()
+
+
+def test_a_forged_operator_action_in_the_state_is_ignored(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    digest = rig.digest(E1)
+    approve = OperatorAction("approve", ALICE, "", T0, event_id=E1, resources_digest=digest)
+    # Written straight into the state: unsigned, and signed with another key.
+    rig.store.write(OPERATOR, Doc("forged-unsigned", {"Action": action_body(approve)}))
+    OperatorLog(rig.store, Signer(Ed25519PrivateKey.generate())).record(
+        replace(approve, at=T0 + timedelta(seconds=1))
+    )
+    with caplog.at_level(logging.ERROR):
+        rig.later(5)
+    assert rig.approved() == []
+    assert rig.consumer.forged == 2
+    assert rig.last(E1)["DecisionRule"] == "everything-else"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("forged-unsigned" in e and "not signed" in e for e in errors)
+    assert any("does not verify" in e for e in errors)
+
+
+def test_decisions_name_the_failing_notification_targets(make: Any) -> None:
+    rig = make(asking())
+    rig.notices.broken = ("teams",)
+    rig.event("db_0", E1)
+    assert rig.last(E1)["NotifyFailing"] == ["teams"]
+
+
+def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    other = Consumer(rig.store, rig.sender, Policy((HOLD_ALL,)), rig.decisions.extend,
+                     ConsumerSettings(), now=lambda: rig.fleet.now,
+                     signer=rig.signer)  # fmt: skip
+    assert rig.decide("approve", E1).accepted
+    other.tick()
+    assert [e.person.by if e.person else None for e in other.open_events(rig.fleet.now)] == [
+        "oid-alice"
+    ]

@@ -47,6 +47,7 @@ from bridge.consumer.operators import (
     OperatorAction,
     OperatorLog,
     Pause,
+    PeopleCounts,
     scope_error,
     scope_key,
 )
@@ -174,6 +175,7 @@ class Consumer:
             doc = self.fleet.event(fs.event_key(event_id))
             if doc is None or doc.value.get("event_type") is None:
                 return None
+            self.operators.refresh()
             s = self.decider.situation(self.ledger.read(), doc, self.fleet.snapshot(), now)
             if s.view.status != "Scheduled":
                 return Explained(s.view, taken=fs.event_document(doc).get("decision"))
@@ -349,6 +351,12 @@ class Consumer:
         with self._lock:
             self.operators.refresh(now)
             return list(self.operators.pauses(now))
+
+    def people_counts(self) -> PeopleCounts:
+        """For the metrics: no read of the fleet state (what the last pass and tick saw)."""
+        with self._lock:
+            pauses = len(self.operators.pauses(self._now()))
+            return PeopleCounts(self.asks_pending, pauses, dict(self.operated), self.forged)
 
     def _forged(self) -> None:
         self.forged += 1

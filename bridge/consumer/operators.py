@@ -142,6 +142,16 @@ class Notice:
     at: datetime
 
 
+@dataclass(frozen=True)
+class PeopleCounts:
+    """What the metrics say of people (bridge.consumer.metrics)."""
+
+    asks_pending: int  # open events waiting for a person's answer, as of the last tick
+    pauses_active: int
+    operated: Mapping[str, int]  # actions people made that were accepted, by kind
+    forged: int  # operator documents in the state that did not verify, ignored
+
+
 class Notifier(Protocol):
     """What the consumer needs of bridge.notify's Notifier: it never blocks."""
 
@@ -268,6 +278,8 @@ class OperatorLog:
         """Take in the actions stored since the last look (by any consumer of this state);
         with `now`, only when the store's feed_interval has passed since (a look at Table
         Storage is a query, and every batch decides)."""
+        if self.signer is None:
+            return  # nothing can be verified, so nothing applies (operate refuses, too)
         pace = self.store.feed_interval
         if now is not None:
             if self._looked is not None and (now - self._looked).total_seconds() < pace:

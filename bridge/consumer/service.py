@@ -85,6 +85,7 @@ class ConsumerService:
         self.metrics.watch_ledger(lambda: (ledger.reads, ledger.conflicts, ledger.fetched))
         self.metrics.watch_missed(lambda: dict(ledger.missed))
         self.metrics.watch_pending(lambda: self.consumer.pending)
+        self.metrics.watch_people(self.consumer.people_counts)
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)

@@ -3,6 +3,7 @@ overrides, pauses, and the signed operator actions (issue 29, docs/people.md).""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
@@ -17,6 +18,7 @@ from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer
 from bridge.config import ConsumerSettings
 from bridge.consumer.core import Consumer
+from bridge.consumer.explain import render
 from bridge.consumer.operators import (
     OPERATOR,
     Notice,
@@ -142,6 +144,7 @@ def test_an_ask_is_said_notified_and_times_out(make: Any, on_deadline: str) -> N
     assert open_event.ask.since == T0
     rig.later(300)  # still waiting: said once
     assert [d["DecisionAction"] for d in rig.decisions] == ["Ask"]
+    assert rig.consumer.people_counts().asks_pending == 1
     rig.later(301)
     timed_out = rig.last(E1)
     assert timed_out["DecisionAction"] == ("Hold" if on_deadline == "hold" else "Approve")
@@ -266,7 +269,7 @@ def test_a_forged_operator_action_in_the_state_is_ignored(
     with caplog.at_level(logging.ERROR):
         rig.later(5)
     assert rig.approved() == []
-    assert rig.consumer.forged == 2
+    assert rig.consumer.people_counts().forged == 2
     assert rig.last(E1)["DecisionRule"] == "everything-else"
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("forged-unsigned" in e and "not signed" in e for e in errors)
@@ -291,3 +294,35 @@ def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> 
     assert [e.person.by if e.person else None for e in other.open_events(rig.fleet.now)] == [
         "oid-alice"
     ]
+
+
+def test_policy_explain_shows_the_ask_the_persons_decision_and_the_pause(make: Any) -> None:
+    rig = make(asking())
+    rig.event("db_0", E1)
+    found = rig.consumer.explain(E1)
+    assert found is not None
+    said = json.loads(render(found, rig.consumer.policy, as_json=True))
+    assert (said["AskedTarget"], said["AskedSince"], said["AskDeadline"]) == (
+        "dba", "2026-11-21T10:00:00.000Z", "2026-11-21T10:10:00.000Z")  # fmt: skip
+    assert rig.decide("hold", E1, reason="primary failed over").accepted
+    assert rig.pause(until=T0 + timedelta(minutes=5)).accepted
+    found = rig.consumer.explain(E1)
+    assert found is not None
+    said = json.loads(render(found, rig.consumer.policy, as_json=True))
+    assert said["PersonDecision"]["DecidedByName"] == "Alice"
+    assert said["DecisionAction"] == "Hold"
+    text = render(found, rig.consumer.policy, as_json=False)
+    assert "person: hold by Alice (oid-alice)" in text
+    # Alice changes her mind while the fleet is paused: the pause stops her approval.
+    assert rig.decide("approve", E1).code == "Paused"
+    rig.fleet.advance(1)
+    rig.consumer.operators.record(
+        OperatorAction("approve", ALICE, "", rig.fleet.now, E1, rig.digest(E1))
+    )
+    found = rig.consumer.explain(E1)
+    assert found is not None
+    said = json.loads(render(found, rig.consumer.policy, as_json=True))
+    assert said["Pause"]["PauseUntil"] == "2026-11-21T10:05:00.000Z"
+    assert said["DecisionAction"] == "Defer"
+    text = render(found, rig.consumer.policy, as_json=False)
+    assert "paused: fleet by Bob (oid-bob) until 2026-11-21T10:05:00.000Z: launch week" in text

@@ -296,33 +296,33 @@ def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> 
     ]
 
 
+def explained(rig: People) -> tuple[dict[str, Any], str]:
+    """`policy explain --json` and its text, of E1 on the rig's consumer."""
+    found = rig.consumer.explain(E1)
+    assert found is not None
+    said = json.loads(render(found, rig.consumer.policy, as_json=True))
+    return said, render(found, rig.consumer.policy, as_json=False)
+
+
 def test_policy_explain_shows_the_ask_the_persons_decision_and_the_pause(make: Any) -> None:
     rig = make(asking())
     rig.event("db_0", E1)
-    found = rig.consumer.explain(E1)
-    assert found is not None
-    said = json.loads(render(found, rig.consumer.policy, as_json=True))
+    said, text = explained(rig)
     assert (said["AskedTarget"], said["AskedSince"], said["AskDeadline"]) == (
         "dba", "2026-11-21T10:00:00.000Z", "2026-11-21T10:10:00.000Z")  # fmt: skip
+    assert "asked: dba since 2026-11-21T10:00:00.000Z" in text
     assert rig.decide("hold", E1, reason="primary failed over").accepted
     assert rig.pause(until=T0 + timedelta(minutes=5)).accepted
-    found = rig.consumer.explain(E1)
-    assert found is not None
-    said = json.loads(render(found, rig.consumer.policy, as_json=True))
-    assert said["PersonDecision"]["DecidedByName"] == "Alice"
-    assert said["DecisionAction"] == "Hold"
-    text = render(found, rig.consumer.policy, as_json=False)
+    said, text = explained(rig)
+    assert (said["DecisionAction"], said["PersonDecision"]["DecidedByName"]) == ("Hold", "Alice")
     assert "person: hold by Alice (oid-alice)" in text
-    # Alice changes her mind while the fleet is paused: the pause stops her approval.
     assert rig.decide("approve", E1).code == "Paused"
+    # An approval recorded before the pause was seen (by another consumer) waits for it.
     rig.fleet.advance(1)
     rig.consumer.operators.record(
         OperatorAction("approve", ALICE, "", rig.fleet.now, E1, rig.digest(E1))
     )
-    found = rig.consumer.explain(E1)
-    assert found is not None
-    said = json.loads(render(found, rig.consumer.policy, as_json=True))
-    assert said["Pause"]["PauseUntil"] == "2026-11-21T10:05:00.000Z"
-    assert said["DecisionAction"] == "Defer"
-    text = render(found, rig.consumer.policy, as_json=False)
+    said, text = explained(rig)
+    assert (said["DecisionAction"], said["Pause"]["PauseUntil"]) == (
+        "Defer", "2026-11-21T10:05:00.000Z")  # fmt: skip
     assert "paused: fleet by Bob (oid-bob) until 2026-11-21T10:05:00.000Z: launch week" in text

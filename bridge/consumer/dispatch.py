@@ -394,7 +394,9 @@ def _changes(
     if reporters > 0:
         changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} "
                        "the event")  # fmt: skip
-    if verdict.rule != before.get("rule"):
+    if verdict.person is not None and before.get("rule") != PERSON_RULE:
+        changes.append(f"{verdict.person.who} decided: {verdict.person.kind}")
+    elif verdict.rule != before.get("rule"):
         changes.append(f"rule {verdict.rule} matches now, {before.get('rule')} did then")
     return changes
 

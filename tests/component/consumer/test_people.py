@@ -191,6 +191,8 @@ def test_a_persons_hold_holds_what_the_policy_approves(make: Any) -> None:
     record = rig.last(E1)
     assert (record["DecisionAction"], record["DecisionRule"]) == ("Hold", "(person)")
     assert record["OperatorReason"] == "incident"
+    assert "changed from Hold by everything-else" in record["DecisionExplanation"]
+    assert "Alice (oid-alice) decided: hold" in record["DecisionExplanation"]
     assert ("held", E1) in rig.notices.kinds()
 
 

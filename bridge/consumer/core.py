@@ -70,6 +70,10 @@ from bridge.retry import RetryableError
 log = logging.getLogger(__name__)
 
 
+# A person's reason goes into Decision records and notices: a paragraph, not a document.
+MAX_REASON = 1000
+
+
 class Consumer:
     def __init__(
         self,
@@ -260,6 +264,10 @@ class Consumer:
 
         if not action.by.object_id.strip():
             return no("Invalid", "who decided is not known (no object id)")
+        if action.at.tzinfo is None or (action.until is not None and action.until.tzinfo is None):
+            return no("Invalid", "times must say their time zone (UTC)")
+        if len(action.reason) > MAX_REASON:
+            return no("Invalid", f"the reason is longer than {MAX_REASON} characters")
         if not self.operators.can_sign:
             return no("NoSigningKey", "this consumer has no command signing key "
                       "(commands.signing_key) to sign what a person decides with")  # fmt: skip

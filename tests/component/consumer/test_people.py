@@ -7,7 +7,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -236,7 +236,7 @@ def test_a_scoped_pause_lifts_on_resume(make: Any) -> None:
     assert ("resumed", None) in rig.notices.kinds()
 
 
-def test_a_decision_on_changed_resources_or_a_closed_event_is_refused(make: Any) -> None:
+def test_a_decision_on_changed_resources_a_closed_event_or_bad_input_is_refused(make: Any) -> None:
     rig = make(Policy((HOLD_ALL,)))
     rig.event("web_0", E1, resources=["web_0"])
     shown = rig.digest(E1)
@@ -245,6 +245,9 @@ def test_a_decision_on_changed_resources_or_a_closed_event_is_refused(make: Any)
     assert (refused.accepted, refused.code) == (False, "ResourcesChanged")
     assert shown != resources_digest(["web_0", "web_1"])
     assert rig.decide("approve", E2, digest="0" * 16).code == "NotOpen"
+    assert rig.decide("hold", E1, reason="x" * 1001).code == "Invalid"
+    assert rig.pause(until=datetime(2026, 11, 21, 11)).code == "Invalid"
+    assert rig.pause(until=T0).code == "Invalid"  # passed
     assert rig.approved() == []
 
 

@@ -146,9 +146,19 @@ def load_setting(setting: str, path: Path) -> Policy:
     """The policy file that `setting` (agent.policy, consumer.policy) names, read at start;
     ConfigError naming the setting, the file, the line and the field when it is bad."""
     try:
-        return load(path)
+        policy = load(path)
     except PolicyError as err:
         raise ConfigError(f"{setting}: {err}") from err
+    asking = next((r for r in policy.rules if r.action.kind == "ask"), None)
+    if setting.startswith("agent.") and asking is not None:
+        # An agent deciding alone (local mode) has nobody to ask and no page to answer on:
+        # its ask would wait until NotBefore whatever on_deadline says.
+        raise ConfigError(
+            f"{setting}: {path}: rule {asking.name} asks a person (ask), which only the central "
+            "consumer can do (consumer.policy); an agent's own policy has nobody to ask: use "
+            "hold, or approve_when_ready with a prepare hook"
+        )
+    return policy
 
 
 def loads(text: str, source: str = "<string>") -> Policy:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import ConfigError
 from bridge.policy import file as policyfile
 from bridge.policy import model as policy
 from bridge.policy.file import PolicyError, load, loads
@@ -440,3 +441,11 @@ def test_check_command_runs_as_a_module(tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 2
     assert "cannot read the policy file" in missing.stderr
+
+
+def test_only_the_consumers_policy_may_ask_a_person(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(policyfile.EXAMPLE_POLICY_YAML, encoding="utf-8")
+    assert policyfile.load_setting("consumer.policy", path).rules[2].action.kind == "ask"
+    with pytest.raises(ConfigError, match=r"agent.policy: .*rule primary-db asks a person"):
+        policyfile.load_setting("agent.policy", path)

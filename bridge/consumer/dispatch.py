@@ -196,7 +196,8 @@ class Dispatch:
     def notify(self, notice: Notice) -> None:
         """Hand `notice` to the notifier, which never blocks; a notifier that breaks does
         not stop a decision."""
-        if self.notifier is None:
+        # A shadow consumer tells nobody: people answer the live one, which asks them too.
+        if self.notifier is None or self.shadow:
             return
         try:
             self.notifier.notify(notice)

@@ -331,3 +331,17 @@ def test_policy_explain_shows_the_ask_the_persons_decision_and_the_pause(make: A
     assert (said["DecisionAction"], said["Pause"]["PauseUntil"]) == (
         "Defer", "2026-11-21T10:05:00.000Z")  # fmt: skip
     assert "paused: fleet by Bob (oid-bob) until 2026-11-21T10:05:00.000Z: launch week" in text
+
+
+def test_a_shadow_consumer_asks_nobody(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "fleet.db")
+    fleet, notices = FleetRecords(T0), Notices()
+    decisions: list[Mapping[str, Any]] = []
+    fleet.vm("db_0")
+    shadow = Consumer(store, Sender(), asking(), decisions.extend,
+                      ConsumerSettings(mode="shadow"), now=lambda: fleet.now,
+                      notifier=notices)  # fmt: skip
+    shadow.process([fleet.heartbeat("db_0"), fleet.event("db_0", E1, source="Platform")])
+    assert [d["DecisionAction"] for d in decisions] == ["Ask"]
+    assert notices.told == []
+    store.close()

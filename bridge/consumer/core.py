@@ -72,6 +72,7 @@ log = logging.getLogger(__name__)
 
 # A person's reason goes into Decision records and notices: a paragraph, not a document.
 MAX_REASON = 1000
+NOTIFY_CLOSE_SECONDS = 5.0
 
 
 class Consumer:
@@ -215,6 +216,9 @@ class Consumer:
 
     def close(self) -> None:
         self.sender.close()
+        if self.dispatch.notifier is not None:
+            # What is queued gets a few seconds to go out; a hanging webhook holds no stop.
+            self.dispatch.notifier.close(NOTIFY_CLOSE_SECONDS)
         self.store.close()
 
     # --- people ----------------------------------------------------------------------------
@@ -295,7 +299,7 @@ class Consumer:
                       f"digest {digest}): look again and decide on what it is now")  # fmt: skip
         pause = active_pause(s.fleet, s.view, now) if action.kind == "approve" else None
         if pause is not None:
-            return no("Paused", f"{pause.where} is paused by {pause.by_name} ({pause.reason}): "
+            return no("Paused", f"{pause.where} is paused by {pause.by.name} ({pause.reason}): "
                       "no early approval while it lasts; resume it first")  # fmt: skip
         return None
 
@@ -349,7 +353,8 @@ class Consumer:
             rule=verdict.rule,
             reason=verdict.reason,
             explanation=verdict.explanation,
-            ask=ask,
+            ask=str(ask) if ask else None,
+            asked=ask,
             person=view.person,
             pause=verdict.pause or active_pause(fleet, view, now),
         )

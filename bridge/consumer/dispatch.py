@@ -18,15 +18,9 @@ from bridge.commands import message as commands
 from bridge.consumer import documents as fs
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.ledger import Emit, LedgerEntry, impact_of
-from bridge.consumer.operators import (
-    EVERY_TARGET,
-    Notice,
-    NoticeKind,
-    Notifier,
-    OperatorAction,
-    pause_of,
-)
+from bridge.consumer.operators import EVERY_TARGET, Notifier, OperatorAction, pause_of
 from bridge.consumer.state import Doc
+from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.model import PERSON_RULE, EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_key
 from bridge.redact import describe
@@ -199,8 +193,10 @@ class Dispatch:
         # A shadow consumer tells nobody: people answer the live one, which asks them too.
         if self.notifier is None or self.shadow:
             return
+        every = notice.target == EVERY_TARGET
         try:
-            self.notifier.notify(notice)
+            for target in self.notifier.targets if every else (notice.target,):
+                self.notifier.notify(replace(notice, target=target))
         except Exception as err:
             log.error("the %s notice about %s to %s could not be queued: %s", notice.kind,
                       notice.event_id or "the fleet", notice.target,
@@ -216,7 +212,7 @@ class Dispatch:
                     action.by.name, action.by.object_id, record["DecisionReason"])  # fmt: skip
         self.notify(Notice("paused" if action.kind == "pause" else "resumed", EVERY_TARGET,
                            None, None, (), None, (record["DecisionReason"],),
-                           f"{action.by.name} ({action.by.object_id})", action.reason, None,
+                           action.by.name, action.reason, None,
                            now))  # fmt: skip
 
     def _told(self, view: EventView, verdict: Verdict, before: fs.EventDocument | None,
@@ -237,12 +233,12 @@ class Dispatch:
             target = asked or EVERY_TARGET
         if verdict.override and person is not None:
             log.warning("event %s (%s) approved by %s OVER A FULL BUDGET (break-glass): %s",
-                        view.event_id, view.event_type, person.who, person.reason)  # fmt: skip
+                        view.event_id, view.event_type, person.by.who, person.reason)  # fmt: skip
         if kind is None:
             return
         self.notify(Notice(kind, target or EVERY_TARGET, view.event_id, view.event_type,
                            tuple(view.resources), view.not_before, verdict.explanation,
-                           person.who if person else None, person.reason if person else None,
+                           person.by.name if person else None, person.reason if person else None,
                            None, at))  # fmt: skip
 
     def failed(self, event: fs.EventDocument, err: Exception, now: datetime) -> None:
@@ -396,7 +392,7 @@ def _changes(
         changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} "
                        "the event")  # fmt: skip
     if verdict.person is not None and before.get("rule") != PERSON_RULE:
-        changes.append(f"{verdict.person.who} decided: {verdict.person.kind}")
+        changes.append(f"{verdict.person.by.who} decided: {verdict.person.kind}")
     elif verdict.rule != before.get("rule"):
         changes.append(f"rule {verdict.rule} matches now, {before.get('rule')} did then")
     return changes
@@ -495,8 +491,8 @@ def decision_record(
         "DecisionMode": "shadow" if shadow else "normal",
         "DecisionExplanation": "\n".join(verdict.explanation) or None,
         # A person's decision, an ask and a pause say more (docs/people.md).
-        "DecidedBy": person.by if person else None,
-        "DecidedByName": person.by_name if person else None,
+        "DecidedBy": person.by.object_id if person else None,
+        "DecidedByName": person.by.name if person else None,
         "OperatorReason": person.reason if person else None,
         "BudgetOverride": verdict.override,
         "AskedTarget": verdict.asked,

@@ -279,14 +279,14 @@ def _people(found: Explained) -> dict[str, Any]:
         "AskDeadline": iso(verdict.ask_deadline) if asked and verdict and verdict.ask_deadline
         else None,
         "PersonDecision": None if person is None else {
-            "Kind": person.kind, "DecidedBy": person.by, "DecidedByName": person.by_name,
+            "Kind": person.kind, "DecidedBy": person.by.object_id, "DecidedByName": person.by.name,
             "OperatorReason": person.reason, "At": iso(person.at),
             "OverrideBudget": person.override_budget,
         },
         "BudgetOverride": bool(verdict and verdict.override),
         "Pause": None if pause is None else {
             "PauseScope": pause.where, "PauseUntil": iso(pause.until) if pause.until else None,
-            "DecidedBy": pause.by, "DecidedByName": pause.by_name,
+            "DecidedBy": pause.by.object_id, "DecidedByName": pause.by.name,
             "OperatorReason": pause.reason, "At": iso(pause.at),
         },
     }  # fmt: skip

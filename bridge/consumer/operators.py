@@ -30,7 +30,8 @@ from typing import Any, Literal, Protocol, get_args
 
 from bridge.commands.signing import Signer, key_id, verifies
 from bridge.consumer.state import Conflict, Doc, Store, layout
-from bridge.policy.model import GROUP_KINDS, Pause, PersonDecision
+from bridge.notify.notice import Notice
+from bridge.policy.model import GROUP_KINDS, Pause, Person, PersonDecision
 from bridge.records import iso, parse_time
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,6 @@ FLEET = "fleet"
 __all__ = [
     "Answer",
     "AskState",
-    "Notice",
     "Notifier",
     "OpenEvent",
     "OperatorAction",
@@ -56,14 +56,6 @@ __all__ = [
     "Person",
     "PersonDecision",
 ]
-
-
-@dataclass(frozen=True)
-class Person:
-    """Who decides, as the API or the loopback page proved it."""
-
-    object_id: str  # Entra oid, or "local:<os user>" on the standalone loopback page
-    name: str  # display name / UPN
 
 
 @dataclass(frozen=True)
@@ -101,6 +93,11 @@ class AskState:
     since: datetime | None  # None: the ask is decided but not said yet
     deadline: datetime | None  # None: until NotBefore, which is not known
 
+    def __str__(self) -> str:
+        since = f" since {iso(self.since)}" if self.since else ""
+        until = f"until {iso(self.deadline)}" if self.deadline else "until NotBefore"
+        return f"{self.target}{since}, waiting {until}"
+
 
 @dataclass(frozen=True)
 class OpenEvent:
@@ -117,29 +114,10 @@ class OpenEvent:
     rule: str
     reason: str
     explanation: tuple[str, ...]
-    ask: AskState | None
+    ask: str | None  # who is asked, since and until when, in a sentence; None: nobody
+    asked: AskState | None  # the same, as values
     person: PersonDecision | None  # the last decision a person made about it
     pause: Pause | None  # the pause that stops its approval now
-
-
-NoticeKind = Literal["asked", "approved", "held", "timed_out", "override", "paused", "resumed"]
-
-
-@dataclass(frozen=True)
-class Notice:
-    """What a notification says (the shape bridge.notify sends; the same fields)."""
-
-    kind: NoticeKind
-    target: str  # the notification target; "*" for every target
-    event_id: str | None
-    event_type: str | None
-    vms: tuple[str, ...]
-    not_before: datetime | None
-    explanation: tuple[str, ...]
-    by: str | None
-    reason: str | None
-    link: str | None  # None: the notifier links its page_url
-    at: datetime
 
 
 @dataclass(frozen=True)
@@ -155,12 +133,17 @@ class PeopleCounts:
 class Notifier(Protocol):
     """What the consumer needs of bridge.notify's Notifier: it never blocks."""
 
+    @property
+    def targets(self) -> tuple[str, ...]: ...
+
     def notify(self, notice: Notice) -> None: ...
 
     def failing(self) -> tuple[str, ...]: ...
 
+    def close(self, timeout: float) -> None: ...
 
-EVERY_TARGET = "*"
+
+EVERY_TARGET = "*"  # a notice for every target (a pause, a person's decision on no ask)
 
 
 # --- the signed documents ------------------------------------------------------------------
@@ -334,8 +317,9 @@ class OperatorLog:
             return None
         action = held[1]
         kind: Literal["approve", "hold"] = "approve" if action.kind == "approve" else "hold"
-        return PersonDecision(kind, action.by.object_id, action.by.name, action.reason,
-                              action.at, override_budget=action.override_budget)  # fmt: skip
+        return PersonDecision(
+            kind, action.by, action.reason, action.at, override_budget=action.override_budget
+        )
 
     def action_for(self, event_id: str) -> OperatorAction | None:
         held = self._decisions.get(event_id.upper())
@@ -355,5 +339,4 @@ class OperatorLog:
 
 def pause_of(action: OperatorAction) -> Pause:
     scope = None if scope_key(action.scope) == FLEET else (action.scope or "").strip()
-    return Pause(scope, action.until, action.by.object_id, action.by.name, action.reason,
-                 action.at)  # fmt: skip
+    return Pause(scope, action.until, action.by, action.reason, action.at)

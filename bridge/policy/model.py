@@ -157,20 +157,27 @@ def scope_of(vm: VmView) -> Scope:
 
 
 @dataclass(frozen=True)
+class Person:
+    """Who decides, as the API or the loopback page proved it (bridge.consumer.operators)."""
+
+    object_id: str  # Entra oid, or "local:<os user>" on the standalone loopback page
+    name: str  # display name / UPN
+
+    @property
+    def who(self) -> str:
+        return f"{self.name} ({self.object_id})"
+
+
+@dataclass(frozen=True)
 class PersonDecision:
     """A person's decision about one event, as the policy sees it: proven by the consumer's
     signature (bridge.consumer.operators), never taken from a record."""
 
     kind: Literal["approve", "hold"]
-    by: str  # Entra ID object id, or local:USER on the loopback page
-    by_name: str
+    by: Person
     reason: str
     at: datetime
     override_budget: bool = False
-
-    @property
-    def who(self) -> str:
-        return f"{self.by_name} ({self.by})"
 
 
 @dataclass(frozen=True)
@@ -181,8 +188,7 @@ class Pause:
 
     scope: str | None
     until: datetime | None
-    by: str
-    by_name: str
+    by: Person
     reason: str
     at: datetime
 
@@ -362,10 +368,10 @@ def _person(  # noqa: PLR0917 - evaluate's arguments and the decision
     """What a person decided, whatever the rules say: a hold holds; an approval goes through
     the pauses and the budgets like the policy's, unless it overrides the budgets."""
     said = f"{person.reason}" if person.reason else "no reason given"
-    notes.append(f"{person.kind} by {person.who} at {person.at:%Y-%m-%d %H:%M:%S}Z: {said}; "
+    notes.append(f"{person.kind} by {person.by.who} at {person.at:%Y-%m-%d %H:%M:%S}Z: {said}; "
                  "a person's decision comes before the rules")  # fmt: skip
     if person.kind == "hold":
-        why = f"held by {person.by_name}: the event starts at NotBefore ({said})"
+        why = f"held by {person.by.name}: the event starts at NotBefore ({said})"
         return _with(Verdict("Hold", PERSON_RULE, why, person=person), notes)
     paused = _paused(fleet, event, now, PERSON_RULE, notes)
     if paused is not None:
@@ -374,18 +380,18 @@ def _person(  # noqa: PLR0917 - evaluate's arguments and the decision
     blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
     if blocked is not None and not person.override_budget:
         kind, why = blocked
-        why = f"approved by {person.by_name}, and the budgets still apply: {why}"
+        why = f"approved by {person.by.name}, and the budgets still apply: {why}"
         return _with(Verdict(kind, PERSON_RULE, why, person=person), notes)
     if blocked is not None:
         override = True
-        notes.append(f"budget overridden by {person.who} (break-glass): {said}")
+        notes.append(f"budget overridden by {person.by.who} (break-glass): {said}")
     target = choose_target(fleet, event, now)
     if target is None:
         why = "no live VM reports the event to carry the approval"
         return _with(Verdict("Defer", PERSON_RULE, why, person=person), [*notes, why])
     over = " over the budget" if override else ""
     name = fleet.vms[target].name
-    why = f"approved by {person.by_name}{over} ({said}); approval sent through {name}"
+    why = f"approved by {person.by.name}{over} ({said}); approval sent through {name}"
     notes.append(f"approval sent through {name}")
     return _with(Verdict("Approve", PERSON_RULE, why, target, person=person, override=override),
                  notes)  # fmt: skip
@@ -409,7 +415,7 @@ def _paused(
     if pause is None:
         return None
     until = f"until {pause.until:%Y-%m-%d %H:%M:%S}Z" if pause.until else "until resumed"
-    why = (f"paused ({pause.where}) by {pause.by_name} {until}: {pause.reason}; no early "
+    why = (f"paused ({pause.where}) by {pause.by.name} {until}: {pause.reason}; no early "
            "approval, by the policy or a person, while it lasts")  # fmt: skip
     return _with(Verdict("Defer", rule, why, recheck_at=pause.until, pause=pause), [*notes, why])
 

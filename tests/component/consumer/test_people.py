@@ -16,12 +16,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer
-from bridge.config import ConsumerSettings
+from bridge.config import ConsumerSettings, load
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import render
 from bridge.consumer.operators import (
     OPERATOR,
-    Notice,
     OperatorAction,
     OperatorLog,
     Person,
@@ -29,10 +28,14 @@ from bridge.consumer.operators import (
 )
 from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
+from bridge.notify import kinds as notify_kinds
+from bridge.notify.notice import Notice
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.component.consumer.test_core import E1, E2, T0
+from tests.doubles.webhook import WebhookReceiver
 from tests.support.fleetrecords import FleetRecords
 from tests.support.records import Sender, assert_valid
+from tests.support.wait import eventually
 
 ALICE = Person("oid-alice", "Alice")
 BOB = Person("oid-bob", "Bob")
@@ -52,12 +55,20 @@ class Notices:
     def __init__(self) -> None:
         self.told: list[Notice] = []
         self.broken: tuple[str, ...] = ()
+        self.closed: float | None = None
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return ("dba", "ops")
 
     def notify(self, notice: Notice) -> None:
         self.told.append(notice)
 
     def failing(self) -> tuple[str, ...]:
         return self.broken
+
+    def close(self, timeout: float) -> None:
+        self.closed = timeout
 
     def kinds(self) -> list[tuple[str, str | None]]:
         return [(n.kind, n.event_id) for n in self.told]
@@ -140,8 +151,12 @@ def test_an_ask_is_said_notified_and_times_out(make: Any, on_deadline: str) -> N
     assert asked["AskDeadline"] == "2026-11-21T10:10:00.000Z"
     assert rig.notices.kinds() == [("asked", E1)]
     (open_event,) = rig.consumer.open_events(rig.fleet.now)
-    assert open_event.ask is not None
-    assert open_event.ask.since == T0
+    assert open_event.asked is not None
+    assert open_event.asked.since == T0
+    assert (
+        open_event.ask
+        == "dba since 2026-11-21T10:00:00.000Z, waiting until 2026-11-21T10:10:00.000Z"
+    )
     rig.later(300)  # still waiting: said once
     assert [d["DecisionAction"] for d in rig.decisions] == ["Ask"]
     assert rig.consumer.people_counts().asks_pending == 1
@@ -206,7 +221,7 @@ def test_a_pause_stops_the_policy_and_the_people_until_its_time(make: Any) -> No
     assert (pause["DecisionAction"], pause["EventId"], pause["PauseScope"]) == (
         "Pause", "(fleet)", "fleet")  # fmt: skip
     assert pause["PauseUntil"] == "2026-11-21T10:10:00.000Z"
-    assert [p.by for p in rig.consumer.pauses(rig.fleet.now)] == ["oid-bob"]
+    assert [p.by for p in rig.consumer.pauses(rig.fleet.now)] == [BOB]
     rig.event("web_0", E1)
     deferred = rig.last(E1)
     assert (deferred["DecisionAction"], deferred["PauseScope"]) == ("Defer", "fleet")
@@ -296,9 +311,9 @@ def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> 
                      signer=rig.signer)  # fmt: skip
     assert rig.decide("approve", E1).accepted
     other.tick()
-    assert [e.person.by if e.person else None for e in other.open_events(rig.fleet.now)] == [
-        "oid-alice"
-    ]
+    (listed,) = other.open_events(rig.fleet.now)
+    assert listed.person is not None
+    assert listed.person.by == ALICE
 
 
 def explained(rig: People) -> tuple[dict[str, Any], str]:
@@ -345,3 +360,32 @@ def test_a_shadow_consumer_asks_nobody(tmp_path: Path) -> None:
     assert [d["DecisionAction"] for d in decisions] == ["Ask"]
     assert notices.told == []
     store.close()
+
+
+def test_an_ask_and_a_pause_reach_the_webhooks_of_the_configured_notifier(tmp_path: Path) -> None:
+    with WebhookReceiver() as receiver:
+        config = load(environ={
+            "SE_BRIDGE_NOTIFY_TARGETS": json.dumps([
+                {"name": "dba", "kind": "generic", "url": receiver.url("/dba")},
+                {"name": "ops", "kind": "generic", "url": receiver.url("/ops")},
+            ]),
+            "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.example/approvals",
+        })  # fmt: skip
+        store = SqliteStore(tmp_path / "fleet.db")
+        fleet = FleetRecords(T0)
+        fleet.vm("db_0")
+        consumer = Consumer(store, Sender(), asking(), lambda _: None, ConsumerSettings(),
+                            now=lambda: fleet.now, signer=Signer(Ed25519PrivateKey.generate()),
+                            notifier=notify_kinds.build(config))  # fmt: skip
+        consumer.process([fleet.heartbeat("db_0"), fleet.event("db_0", E1, source="Platform")])
+        assert consumer.operate(OperatorAction("pause", BOB, "incident", fleet.now)).accepted
+        (asked,) = eventually(lambda: receiver.bodies("/dba")[:1], what="the ask's notice")
+        assert (asked["Kind"], asked["EventId"], asked["Vms"]) == ("asked", E1, ["db_0"])
+        assert asked["Link"].startswith("https://bridge.example/approvals")
+
+        # A pause concerns every target.
+        def paused(path: str) -> list[Any]:
+            return [b for b in receiver.bodies(path) if b["Kind"] == "paused"]
+
+        assert eventually(lambda: paused("/dba") and paused("/ops"), what="the pause's notices")
+        consumer.close()

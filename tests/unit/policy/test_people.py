@@ -11,6 +11,7 @@ from bridge.policy.model import (
     Budget,
     Match,
     Pause,
+    Person,
     PersonDecision,
     Rule,
     evaluate,
@@ -20,7 +21,8 @@ from tests.unit.policy.test_model import APPROVE_ALL, NOW, event, fleet, vm, wit
 ASK = Rule("primary", Match(), Action("ask", timedelta(minutes=30), target="dba"))
 ASK_OR_APPROVE = replace(ASK, action=replace(ASK.action, on_deadline="approve"))
 ONE_AT_A_TIME = (Budget("one", "fleet", max_vms=1),)
-ALICE = PersonDecision("approve", "oid-alice", "Alice", "failover done", NOW)
+ALICE = PersonDecision("approve", Person("oid-alice", "Alice"), "failover done", NOW)
+BOB = Person("oid-bob", "Bob")
 
 
 def test_an_ask_waits_for_a_person_until_its_deadline_from_the_first_ask() -> None:
@@ -94,7 +96,7 @@ def test_a_persons_hold_holds_what_the_policy_would_approve() -> None:
 
 def test_a_pause_stops_the_policys_approvals_and_the_peoples_until_its_time() -> None:
     until = NOW + timedelta(minutes=5)
-    pause = Pause(None, until, "oid-bob", "Bob", "launch week", NOW)
+    pause = Pause(None, until, BOB, "launch week", NOW)
     paused = replace(fleet(vm(0)), pauses=(pause,))
     by_policy = evaluate(with_rules(APPROVE_ALL), paused, event(), NOW)
     assert (by_policy.kind, by_policy.recheck_at, by_policy.pause) == ("Defer", until, pause)
@@ -107,10 +109,10 @@ def test_a_pause_stops_the_policys_approvals_and_the_peoples_until_its_time() ->
 
 def test_a_scoped_pause_covers_only_its_budget_group() -> None:
     web, db = vm(0, scale_set="web"), vm(1, scale_set="db")
-    pause = Pause("scale_set:web", None, "oid-bob", "Bob", "web release", NOW)
+    pause = Pause("scale_set:web", None, BOB, "web release", NOW)
     paused = replace(fleet(web, db), pauses=(pause,))
     assert evaluate(with_rules(APPROVE_ALL), paused, event("id0"), NOW).kind == "Defer"
     assert evaluate(with_rules(APPROVE_ALL), paused, event("id1"), NOW).kind == "Approve"
     tagged = replace(fleet(vm(2, tags={"tier": "db"})),
-                     pauses=(Pause("tag:tier:db", None, "b", "Bob", "r", NOW),))  # fmt: skip
+                     pauses=(Pause("tag:tier:db", None, BOB, "r", NOW),))  # fmt: skip
     assert evaluate(with_rules(APPROVE_ALL), tagged, event("id2"), NOW).kind == "Defer"

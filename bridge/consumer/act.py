@@ -23,6 +23,7 @@ from bridge.consumer.decide import (
     NEXT,
     Apply,
     Ended,
+    Grant,
     Grow,
     NoteStarted,
     Outcome,
@@ -36,16 +37,18 @@ from bridge.consumer.decide import (
     ended,
     locks_first,
     plan,
+    with_grants,
 )
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Once
-from bridge.consumer.ledger import ApprovalLedger, LedgerState
+from bridge.consumer.ledger import ApprovalLedger, LedgerState, impact_of
 from bridge.consumer.operators import OperatorLog
 from bridge.consumer.reading import ReadMarks
 from bridge.consumer.state import Conflict, Doc
 from bridge.consumer.views import VmSnapshot
 from bridge.policy.model import FleetView, VmView
+from bridge.records import iso
 from bridge.redact import describe
 from bridge.retry import RetryableError
 
@@ -108,6 +111,7 @@ class Decider:
         unknown_for = timedelta(seconds=self.rules.settings.unknown_names_for)
         view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now,
                              unknown_for=unknown_for)  # fmt: skip
+        view = with_grants(view, entry)
         groups = known_vms.groups(self.rules.kinds)
         alive_within = self.rules.alive_within
         pauses = self.people.pauses(now) if self.people else ()
@@ -275,6 +279,8 @@ class Decider:
                 return self._resend(step, on)
             case Apply():
                 return self._apply(step, on)
+            case Grant():
+                return self._grant(step, on)
 
     def _ended(self, step: Ended) -> Outcome:
         self.ledger.release(step.key, "the event completed or was canceled")
@@ -326,6 +332,12 @@ class Decider:
         # With the locks of its VMs' budget groups: a racing approval in one of them
         # conflicts here (bridge.consumer.ledger).
         locks = self.ledger.locks(approval.entry["vms"], on.vms)
+        granted = on.state.events.get(approval.key)
+        # The slot its drains were granted becomes the approval's: the event counts once,
+        # and what was granted and refused stays known if the approval is refused.
+        for kept in ("granted", "prepared", "no_drain"):
+            if granted is not None and kept in granted:
+                approval.entry[kept] = granted[kept]
         on.state.events[approval.key] = approval.entry
         try:
             self.ledger.commit(on.state, [approval.key], locks)
@@ -333,6 +345,33 @@ class Decider:
             return AGAIN
         self.dispatch.announce(approval, on.doc, on.vms)
         self._deliver(approval.key, approval.command, on.now, written=on.state)
+        return DONE
+
+    def _grant(self, step: Grant, on: Acting) -> Outcome:
+        """The slot first (as an approval's, under the same locks), then the Decision record,
+        then a Prepare to each VM, then the entry marked prepared: a crash in between sends
+        the Prepares again at the next pass (same CommandIds), never takes a second slot."""
+        key = fs.event_key(step.view.event_id)
+        if step.again and not on.fresh:
+            return AGAIN  # as `_resend`: another consumer may have sent them meanwhile
+        if not step.again:
+            entry = on.state.events.get(key)
+            if entry is None:
+                entry = {**impact_of(step.view), "origin": "granted", "rule": step.verdict.rule,
+                         "issued_at": iso(on.now)}  # fmt: skip
+            entry["granted"] = sorted({*entry.get("granted", ()), *step.verdict.grant})
+            entry["vms"] = sorted({*entry["vms"], *step.view.counted})
+            entry["prepared"] = False
+            on.state.events[key] = entry
+            try:
+                self.ledger.commit(on.state, [key], step.locks)
+            except Conflict:
+                return AGAIN
+            self.dispatch.prepare(on.doc, step.view, step.verdict, on.vms, on.now)
+        for command in self.dispatch.prepares(on.doc, step.view, step.verdict, on.now):
+            self.dispatch.send(command, on.now)
+            self.dispatch.granted(command)
+        self.ledger.mark_prepared(key, written=None if step.again else on.state)
         return DONE
 
     def _deliver(

@@ -11,7 +11,7 @@ plan says nothing is left.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -107,7 +107,20 @@ class Apply:
     locks: frozenset[str] | None
 
 
-Step = Ended | Release | Unrelease | Shrink | Grow | NoteStarted | Resend | Apply
+@dataclass(frozen=True)
+class Grant:
+    """Grant the drains of `verdict.grant` (a Defer whose budgets let the event through): the
+    event's slot is taken as an approval takes it (its entry, origin "granted", under
+    `locks`), then a Prepare goes to each of those VMs. `again`: the entry was written and
+    its Prepares not sent (a failure in between): only the sends."""
+
+    view: EventView
+    verdict: Verdict
+    locks: frozenset[str]
+    again: bool = False
+
+
+Step = Ended | Release | Unrelease | Shrink | Grow | NoteStarted | Resend | Apply | Grant
 # After a Step: the event is decided (DONE), the plan goes on from the same reads (NEXT), or
 # the ledger changed under us and the event is read and decided again (AGAIN).
 Outcome = Literal["done", "next", "again"]
@@ -118,7 +131,7 @@ AGAIN: Outcome = "again"
 
 def locks_first(step: Step) -> frozenset[str] | None:
     """The locks the Step's write adds impact under, where it adds any."""
-    if isinstance(step, NoteStarted):
+    if isinstance(step, NoteStarted | Grant):
         return step.locks
     if isinstance(step, Apply) and step.verdict.kind == "Approve":
         return step.locks
@@ -171,6 +184,14 @@ class _Settled:
 
 SETTLED = _Settled()
 _Check = Callable[[Situation, Rules, datetime], "Step | _Settled | None"]
+
+
+def with_grants(view: EventView, entry: LedgerEntry | None) -> EventView:
+    """`view` with the drains its ledger entry granted, and those its agents refused."""
+    if entry is None or not entry.get("granted"):
+        return view
+    return replace(view, granted=frozenset(entry.get("granted", ())),
+                   no_drain=frozenset(entry.get("no_drain", ())))  # fmt: skip
 
 
 def ended(doc: Doc, state: LedgerState) -> Ended | None:
@@ -275,13 +296,25 @@ def _unsent(s: Situation, rules: Rules, now: datetime) -> Step | _Settled | None
     """An entry that needs no new decision: settled once sent, else its approval is sent."""
     entry = s.entry
     timeout = rules.settings.approval_timeout
+    if entry is not None and entry["origin"] == "granted":
+        # The drains were granted: the approval is decided once they are done.
+        return None if entry.get("prepared") else _regrant(s, entry)
     if entry is None or needs_decision(entry, now, s.view.reporters, timeout):
         return None
     return SETTLED if entry.get("sent") else Resend(s.key, entry)
 
 
+def _regrant(s: Situation, entry: LedgerEntry) -> Grant:
+    """The Prepares of a granted entry written but not sent, to send again."""
+    why = f"drain granted by rule {entry.get('rule')}"
+    verdict = Verdict("Defer", str(entry.get("rule")), why, grant=tuple(entry.get("granted", ())))
+    return Grant(s.view, verdict, frozenset(), again=True)
+
+
 def _decision(s: Situation, rules: Rules, now: datetime) -> Step | None:
     verdict = evaluate(rules.policy, s.fleet, s.view, now)
+    if verdict.grant:
+        return Grant(s.view, verdict, locks_of(rules.kinds, s.view.counted, s.fleet.vms))
     if not Dispatch.would_act(s.doc, verdict):
         return None
     approving = verdict.kind == "Approve"

@@ -142,13 +142,32 @@ class Dispatch:
                  "shadow mode: did not send" if self.shadow else "sent", command.event_id,
                  command.vm_id, command.reason)  # fmt: skip
 
+    def prepares(
+        self, event_doc: Doc, view: EventView, verdict: Verdict, now: datetime
+    ) -> list[commands.Command]:
+        """The Prepare commands that grant the drains of `verdict.grant`, one a VM."""
+        return [self._command(event_doc, view, replace(verdict, target=vm), now, kind="Prepare")
+                for vm in verdict.grant]  # fmt: skip
+
+    def granted(self, command: commands.Command) -> None:
+        """`command`, a Prepare, was sent."""
+        log.info("%s the drain of event %s to VM %s (Prepare: %s)",
+                 "shadow mode: did not grant" if self.shadow else "granted", command.event_id,
+                 command.vm_id, command.reason)  # fmt: skip
+
     @staticmethod
     def _command(
-        event_doc: Doc, view: EventView, verdict: Verdict, now: datetime
+        event_doc: Doc,
+        view: EventView,
+        verdict: Verdict,
+        now: datetime,
+        *,
+        kind: commands.CommandType = "Approve",
     ) -> commands.Command:
         assert verdict.target is not None
         expires = view.not_before if view.not_before and view.not_before > now else None
         return commands.approve(
+            kind=kind,
             vm_id=verdict.target,
             event_id=view.event_id,
             document_incarnation=event_doc.value.get("incarnation"),
@@ -382,8 +401,12 @@ def _changes(
                        "known VM")  # fmt: skip
     if added:
         changes.append(f"the event now also names {names(added)}")
-    if ready:
-        changes.append(f"the prepare hook succeeded on {names(ready)}")
+    drained = [v for v in ready if v in view.drains]
+    hooked_ready = [v for v in ready if v not in view.drains]
+    if hooked_ready:
+        changes.append(f"the prepare hook succeeded on {names(hooked_ready)}")
+    if drained:
+        changes.append(f"the drain finished on {names(drained)}")
     for vm_ids, when in ((hooked, "no longer"), (unhooked, "now")):
         if vm_ids:
             says = _s(len(vm_ids), "says it has", "say they have")

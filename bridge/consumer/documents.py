@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
 from bridge.consumer.state import Doc, layout
-from bridge.policy.model import EventView, Scope, VmView, scope_of
+from bridge.policy.model import Blocker, DrainView, EventView, Scope, VmView, scope_of
 from bridge.records import RecordView, parse_time, vm_key
 from bridge.recordtypes import RECORD_TYPE
 
@@ -57,6 +57,11 @@ class VmDocument(TypedDict, total=False):
     tags: dict[str, str]
     stopped: str
     prepare_hook: bool  # as its agent's last heartbeat said; absent when it did not say
+    # Its Kubernetes node as its agent's last heartbeat said (issue 30); absent: not said.
+    node_name: str
+    node_pool: str
+    node_draining: str  # the EventId whose drain runs on or holds the node
+    node_cordoned: bool  # someone other than se-bridge made the node unschedulable
 
 
 class _Reported(TypedDict):
@@ -117,6 +122,25 @@ class Told(TypedDict, total=False):
     incarnation: int | None
 
 
+class DrainNote(TypedDict, total=False):
+    """An event document's drain of one VM, from its latest drain Hook record (HookName
+    "drain", HookPhase prepare). A sample:
+
+    {"status": "Blocked", "at": "2026-11-21T10:04:00.000Z", "since": "2026-11-21T10:00:00.000Z",
+     "blockers": [{"Namespace": "shop", "Pod": "web-1", "Reason": "EvictionRefused",
+                   "PodDisruptionBudget": "web-pdb"}]}
+
+    `since`: the TimeGenerated of the first Blocked record of the run that still lasts;
+    `failed`: the drain ended and the node is not ready (GaveUp with hold, Failed).
+    """
+
+    status: str
+    at: str
+    since: str
+    blockers: list[dict[str, str | None]]
+    failed: bool
+
+
 class EventDocument(Told, total=False):
     """`event/<eventid>`: an event as the VMs report it. A sample:
 
@@ -136,6 +160,7 @@ class EventDocument(Told, total=False):
     # that can see it say (event_view).
     told: dict[str, Told]
     ready: list[str]  # VmIds whose prepare hook succeeded
+    drains: dict[str, DrainNote]  # by VmId: its drain for the event, as last reported
     decision: StandingDecision  # the standing decision, said once
     heard: str  # the consumer's clock when a record last changed the event (staleness)
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
@@ -240,11 +265,32 @@ def merge_vm(
             value["prepare_hook"] = hook
         else:
             value.pop("prepare_hook", None)
+    if heartbeat:
+        _merge_node(fields, record)
     if heartbeat and record.get("HeartbeatReason") == "Stop":
         value["stopped"] = seen
     elif value.get("stopped"):
         value.pop("stopped")
     return True
+
+
+_NODE = (
+    ("node_name", "NodeName", str),
+    ("node_pool", "NodePool", str),
+    ("node_draining", "NodeDraining", str),
+    ("node_cordoned", "NodeCordoned", bool),
+)
+
+
+def _merge_node(fields: dict[str, Any], record: RecordView) -> None:
+    """The node fields as the heartbeat says them: a field it leaves out or says null (an
+    agent without [kubernetes], or from before it) no longer holds."""
+    for key, field, kind in _NODE:
+        given = record.get(field)
+        if isinstance(given, kind) and given != "":
+            fields[key] = given
+        else:
+            fields.pop(key, None)
 
 
 def vm_view(vm_id: str, value: VmDocument) -> VmView:
@@ -266,6 +312,9 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         last_seen=last_seen,
         prepare_hook=value.get("prepare_hook"),
         partition=value.get("partition"),
+        node_name=value.get("node_name"),
+        node_pool=value.get("node_pool"),
+        cordoned=value.get("node_cordoned") is True,
     )
 
 
@@ -354,12 +403,74 @@ def _record_scope(record: RecordView) -> Scope:
 
 def _merge_hook_record(value: EventDocument, record: RecordView) -> None:
     vm_id = record.get("VmId")
-    succeeded = record.get("HookExitCode") == 0 and not record.get("HookTimedOut")
-    if record.get("HookPhase") == "prepare" and succeeded and isinstance(vm_id, str):
+    drain = record.get("HookName") == "drain"
+    # A drain that gave up with on_deadline approve timed out and is ready all the same: the
+    # agent says so with exit code 0 (docs/contracts.md).
+    succeeded = record.get("HookExitCode") == 0 and (drain or not record.get("HookTimedOut"))
+    prepare = record.get("HookPhase") == "prepare"
+    if prepare and succeeded and isinstance(vm_id, str):
         ready = set(value.get("ready", []))
         ready.add(vm_id)
         value["ready"] = sorted(ready)
+    if prepare and drain and isinstance(vm_id, str):
+        _merge_drain(value, vm_id, record)
     value.setdefault("event_id", field_of(record, "EventId"))
+
+
+_DRAIN_OVER = frozenset({"Drained", "GaveUp", "Failed"})
+MAX_BLOCKERS = 20  # as many as the schema lets a record name
+
+
+def _merge_drain(value: EventDocument, vm_id: str, record: RecordView) -> None:
+    """Keep the newest drain record of `vm_id`: Draining and Blocked are progress, never a
+    failed prepare; a Blocked run keeps the time it began (how long it has been blocked)."""
+    status, seen = field_of(record, "DrainStatus"), field_of(record, "TimeGenerated")
+    if status is None or seen is None:
+        return
+    drains = value.setdefault("drains", {})
+    held = drains.get(vm_id)
+    if held is not None and seen < held.get("at", ""):
+        return
+    note: DrainNote = {"status": status, "at": seen}
+    if status == "Blocked":
+        was_blocked = held is not None and held.get("status") == "Blocked"
+        note["since"] = str(held.get("since") or seen) if was_blocked and held else seen
+    blockers = record.get("DrainBlockers")
+    if isinstance(blockers, list):
+        note["blockers"] = [_blocker(b) for b in blockers[:MAX_BLOCKERS] if isinstance(b, dict)]
+    if status in _DRAIN_OVER and record.get("HookExitCode") != 0:
+        note["failed"] = True
+    drains[vm_id] = note
+
+
+def _blocker(given: Mapping[str, Any]) -> dict[str, str | None]:
+    def text(key: str) -> str | None:
+        found = given.get(key)
+        return found if isinstance(found, str) else None
+
+    return {
+        "Namespace": text("Namespace") or "",
+        "Pod": text("Pod") or "",
+        "Reason": text("Reason") or "",
+        "PodDisruptionBudget": text("PodDisruptionBudget"),
+    }
+
+
+def drain_views(value: EventDocument) -> dict[str, DrainView]:
+    """The event's drains as the policy sees them, by VmId."""
+    found = {}
+    for vm_id, note in (value.get("drains") or {}).items():
+        at = parse_time(note.get("at"))
+        if at is None:
+            continue
+        blockers = tuple(
+            Blocker(str(b.get("Namespace") or ""), str(b.get("Pod") or ""),
+                    str(b.get("Reason") or ""), b.get("PodDisruptionBudget"))
+            for b in note.get("blockers") or ()
+        )  # fmt: skip
+        found[vm_id] = DrainView(str(note.get("status")), at, parse_time(note.get("since")),
+                                 blockers, note.get("failed") is True)  # fmt: skip
+    return found
 
 
 def status(value: EventDocument, among: Collection[str] | None = None) -> str:
@@ -533,6 +644,7 @@ def event_view(
         ready=frozenset(value.get("ready", [])),
         tried=tried,
         asked_at=parse_time(value.get("asked", {}).get("at")),
+        drains=drain_views(value),
     )
 
 

@@ -39,7 +39,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer import validation, wiring
 from bridge.consumer.core import Consumer, Explained
 from bridge.consumer.state.memory import MemoryStore
-from bridge.policy.model import Policy
+from bridge.policy.model import EventView, Policy
 from bridge.records import RecordView, is_decision, is_event, iso, parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import DeliveryError
@@ -249,6 +249,7 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
                 "EventStatus": status,
                 **decided,
                 **people,
+                "Drains": _drains(view),
                 "PolicySource": policy.source,
             },
             indent=2,
@@ -258,6 +259,7 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
         f", {status or 'over (completed or canceled)'}, NotBefore {view.not_before or 'none'}",
         f"  VMs it names: {', '.join(view.affected) or 'none resolved'}"
         + (f"; unresolved: {', '.join(view.unresolved)}" if view.unresolved else ""),
+        *_drain_lines(view),
         *_decision_lines(found),
         *_people_lines(people),
         f"policy: {policy.source}",
@@ -310,6 +312,41 @@ def _people_lines(people: dict[str, Any]) -> list[str]:
         lines.append(f"paused: {pause['PauseScope']} by {pause['DecidedByName']} "
                      f"({pause['DecidedBy']}) {until}: {pause['OperatorReason']}")  # fmt: skip
     return lines
+
+
+def _drains(view: EventView) -> list[dict[str, Any]]:
+    """The drain of each VM of the event, as its latest drain record says (issue 30)."""
+    return [
+        {
+            "VmId": vm_id,
+            "DrainStatus": drain.status,
+            "At": iso(drain.at),
+            "BlockedSince": iso(drain.blocked_since) if drain.blocked_since else None,
+            "DrainBlockers": [
+                {
+                    "Namespace": b.namespace,
+                    "Pod": b.pod,
+                    "Reason": b.reason,
+                    "PodDisruptionBudget": b.pdb,
+                }
+                for b in drain.blockers
+            ],
+        }
+        for vm_id, drain in sorted(view.drains.items())
+    ]
+
+
+def _drain_lines(view: EventView) -> list[str]:
+    said = []
+    for vm_id, drain in sorted(view.drains.items()):
+        line = f"{vm_id} {drain.status}"
+        if drain.blocked_since:
+            line += f" since {iso(drain.blocked_since)}"
+        if drain.blockers:
+            count = len(drain.blockers)
+            line += f" ({count} {'pod' if count == 1 else 'pods'} in the way)"
+        said.append(line)
+    return [f"  drains: {'; '.join(said)}"] if said else []
 
 
 def _decision_lines(found: Explained) -> list[str]:

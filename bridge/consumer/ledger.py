@@ -59,7 +59,7 @@ from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
 
 from bridge import recordtypes as rt
-from bridge.commands.message import LATE, is_late
+from bridge.commands.message import LATE, command_id, is_late
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.state import (
@@ -83,7 +83,9 @@ Emit = Callable[[Sequence[rt.Decision]], None]
 
 class _ImpactEntry(TypedDict):
     event_id: str
-    origin: str  # "approved" (by us) or "started" (by the platform, approved or not)
+    # "approved" (by us), "granted" (we granted its drains: approved once they are done) or
+    # "started" (by the platform, approved or not)
+    origin: str
     vms: list[str]  # VmIds, and names not yet resolved to one: what the budgets count
 
 
@@ -108,6 +110,13 @@ class LedgerEntry(_ImpactEntry, total=False):
     confirmed: bool
     refused: bool
     late: bool  # refused as Late: the event Started or ended first; no other VM is asked
+
+    # The drains granted (issue 30): the VMs sent a Prepare, whether those were sent, and the
+    # VMs whose agents refused theirs (they drain nothing for the event). Kept by the
+    # approval that follows.
+    granted: list[str]
+    prepared: bool
+    no_drain: list[str]
 
 
 SHARDS = 32
@@ -189,6 +198,53 @@ def reach_of(entry: LedgerEntry) -> frozenset[Scope]:
             sub, group, scale_set = (s if isinstance(s, str) else None for s in scope)
             found.add((sub, group, scale_set))
     return frozenset(found)
+
+
+def _answer(entry: LedgerEntry) -> tuple[str, str]:
+    """The (CommandId, VmId) an Approval record answering the entry's approval has."""
+    return str(entry.get("command_id")), str(entry.get("target")).lower()
+
+
+def _prepares(entry: LedgerEntry) -> dict[tuple[str, str], str]:
+    """The (CommandId, VmId) of an Approval record answering each Prepare the entry's drains
+    were granted with, to the VmId."""
+    event_id = str(entry["event_id"])
+    return {
+        (command_id(event_id, vm, "Prepare"), vm.lower()): vm for vm in entry.get("granted", ())
+    }
+
+
+def _answered_by(record: RecordView) -> tuple[str, str]:
+    """The (CommandId, VmId) an Approval record answers."""
+    return str(record.get("CommandId")), str(record.get("VmId")).lower()
+
+
+# The refusals of a Prepare that say the agent drains nothing (docs/contracts.md#command): it
+# has no node to drain, or is older than Prepare. Any other (a Replayed resend of a Prepare it
+# is acting on, a signature it cannot verify, one too late) leaves the drain waited for.
+_NO_DRAIN = ("Prepare", "Malformed")
+
+
+def _drains_nothing(record: RecordView) -> bool:
+    detail = record.get("ApprovalDetail")
+    return (
+        record.get("ApprovalOutcome") == "Refused"
+        and isinstance(detail, str)
+        and detail.startswith(_NO_DRAIN)
+    )
+
+
+def _refused_prepares(entry: LedgerEntry, answers: Collection[tuple[str, str]]) -> bool:
+    """Note the VMs whose agents answered their Prepare with one of `answers`, refusals that
+    say they drain nothing (`_drains_nothing`); True when the entry changed."""
+    refused = [vm for answer, vm in _prepares(entry).items() if answer in answers]
+    added = sorted(set(refused) - set(entry.get("no_drain", ())))
+    if added:
+        entry["no_drain"] = sorted({*entry.get("no_drain", ()), *added})
+        log.warning("the agents of %s refused the drain of event %s (Prepare; see their Approval "
+                    "records): the event is decided without draining them", ", ".join(added),
+                    entry["event_id"])  # fmt: skip
+    return bool(added)
 
 
 def _count(lock: Doc | None) -> int:
@@ -475,19 +531,21 @@ class ApprovalLedger:
         """Fold Approval records into the ledger; the events whose approval they answer."""
         # Keyed by (CommandId, VmId): only the VM the command went to can answer it, so a VM
         # cannot mark another VM's command refused or done by sending records in its name.
+        approvals = [r for r in records
+                     if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")]  # fmt: skip
         outcomes = {
-            (str(r.get("CommandId")), str(r.get("VmId")).lower()): (
-                LATE if is_late(r) else str(r.get("ApprovalOutcome"))
-            )
-            for r in records
-            if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")
+            _answered_by(r): LATE if is_late(r) else str(r.get("ApprovalOutcome"))
+            for r in approvals
         }
         if not outcomes:
             return set()
+        no_drain = {_answered_by(r) for r in approvals if _drains_nothing(r)}
 
         def fold(events: dict[str, LedgerEntry]) -> set[str]:
             touched = set()
             for key, entry in events.items():
+                if _refused_prepares(entry, no_drain):
+                    touched.add(key)
                 answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
                 outcome = outcomes.get(answer)
                 if outcome is None or entry.get("confirmed"):
@@ -512,10 +570,22 @@ class ApprovalLedger:
             return None
         found = {}
         for key, entry in self._state.events.items():
-            answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
-            if answer in answers:
-                found[answer] = key
+            for answer in (_answer(entry), *_prepares(entry)):
+                if answer in answers:
+                    found[answer] = key
         return sorted(found.values()) if len(found) == len(answers) else None
+
+    def mark_prepared(self, key: str, *, written: LedgerState | None = None) -> None:
+        """Mark the Prepares of the entry's drains sent (`written`: as `mark_sent`)."""
+
+        def sent(events: dict[str, LedgerEntry]) -> set[str]:
+            entry = events.get(key)
+            if entry is None or entry.get("prepared") or not entry.get("granted"):
+                return set()
+            entry["prepared"] = True
+            return {key}
+
+        self._settle(sent, key, written)
 
     def note_started(
         self, state: LedgerState, key: str, view: EventView, known: Mapping[str, VmView]
@@ -596,11 +666,21 @@ class ApprovalLedger:
             entry.pop("decision", None)
             return {key}
 
-        if written is not None and sent(written.events):
+        self._settle(sent, key, written)
+
+    def _settle(
+        self,
+        mutate: Callable[[dict[str, LedgerEntry]], set[str]],
+        key: str,
+        written: LedgerState | None,
+    ) -> None:
+        """`mutate` the entry `key` from `written` without reading the ledger again; if
+        another consumer wrote its shard since, the write conflicts and the newest is read."""
+        if written is not None and mutate(written.events):
             try:
                 self.commit(written, [key])
             except Conflict:
                 pass
             else:
                 return
-        self._update(sent, [key])
+        self._update(mutate, [key])

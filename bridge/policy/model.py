@@ -29,7 +29,17 @@ PERSON_RULE = "(person)"
 # this soon after the event was first seen: past it, a VM that still has not reported it is
 # most likely not running an agent that would (choose_target).
 UNREPORTED_CARRIER_WITHIN = timedelta(minutes=2)
-GROUP_KINDS = ("fleet", "scale_set", "zone", "fault_domain", "update_domain", "resource_group")
+GROUP_KINDS = (
+    "fleet",
+    "scale_set",
+    "zone",
+    "fault_domain",
+    "update_domain",
+    "resource_group",
+    "node_pool",
+)
+# A node cordoned by someone else counts in every budget as impacted by this pseudo event.
+CORDONED = "cordoned:"
 
 
 @dataclass(frozen=True)
@@ -141,6 +151,18 @@ class VmView:
     # The partition its records come on (bridge.consumer.reading): its silence is measured
     # against how far that partition has been read. None: read from no partition.
     partition: str | None = None
+    # The Kubernetes node its agent runs on, and the node's pool, as its last heartbeat said
+    # (None: not a node, or an agent from before issue 30).
+    node_name: str | None = None
+    node_pool: str | None = None
+    # Its heartbeat says someone other than se-bridge made the node unschedulable.
+    cordoned: bool = False
+
+    @property
+    def drains_on_grant(self) -> bool:
+        """Its agent drains the node as its prepare step, when the consumer grants it (a
+        Prepare command): only an agent that names its node knows the command."""
+        return self.node_name is not None and self.prepare_hook is True
 
 
 Scope = tuple[str | None, str | None, str | None]  # (subscription, resource group, scale set)
@@ -220,6 +242,30 @@ def scope_value_matches(value: str, key: str | None) -> bool:
 
 
 @dataclass(frozen=True)
+class Blocker:
+    """A pod that holds a drain up: `reason` as the agent gives it, and the
+    PodDisruptionBudget that refused its eviction (None: no PDB did)."""
+
+    namespace: str
+    pod: str
+    reason: str
+    pdb: str | None = None
+
+
+@dataclass(frozen=True)
+class DrainView:
+    """The latest drain record of one VM for an event: its DrainStatus, when it was written,
+    since when the drain has been blocked (None: it is not), what blocks it, and whether it
+    ended without the node being ready (GaveUp with hold, Failed)."""
+
+    status: str
+    at: datetime
+    blocked_since: datetime | None = None
+    blockers: tuple[Blocker, ...] = ()
+    failed: bool = False
+
+
+@dataclass(frozen=True)
 class EventView:
     event_id: str
     event_type: str
@@ -246,6 +292,9 @@ class EventView:
     asked_at: datetime | None = None
     # The last decision a person made about it, signed and verified (bridge.consumer.operators).
     person: PersonDecision | None = None
+    drains: Mapping[str, DrainView] = field(default_factory=dict)  # VmId -> its drain
+    granted: frozenset[str] = frozenset()  # VmIds the consumer sent a Prepare (a drain grant)
+    no_drain: frozenset[str] = frozenset()  # VmIds whose agents refused the Prepare
 
     @property
     def counted(self) -> list[str]:
@@ -293,9 +342,14 @@ class Verdict:
     person: PersonDecision | None = None  # the person who decided, when one did
     override: bool = False  # a person approved it over a full budget
     pause: Pause | None = None  # the pause that stops its approval
+    # A Defer that grants the drains of these VMs (a Prepare command to each): the budgets
+    # let the event through, and its approval waits for their nodes to be drained.
+    grant: tuple[str, ...] = ()
 
 
 NO_RULE = "(no rule)"
+# What a person's approval is checked as where a rule's would be (the drain gate).
+PERSON = Rule(PERSON_RULE, Match(), Action("approve"))
 
 # The seeds' sample: approve what a user asked for and freezes too short to notice.
 DEFAULT_POLICY = Policy(
@@ -331,13 +385,18 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
         return _with(Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore"),
                      notes)  # fmt: skip
     gate = _gate(rule, fleet, event, now, notes)
-    if gate is not None:
-        return _with(gate, [*notes, f"{rule.action.kind.replace('_', ' ')}: {gate.reason}"])
+    if gate is not None and not gate.grant:
+        notes.append(f"{rule.action.kind.replace('_', ' ')}: {gate.reason}")
+        return _with(gate, notes)
     # An ask its deadline let through (nobody answered, on_deadline approve) says so.
     asked = rule.action.target if rule.action.kind == "ask" else None
+    # A pause stops a drain's grant as it stops an approval: both start taking VMs down early.
     paused = _paused(fleet, event, now, rule.name, notes)
     if paused is not None:
         return replace(paused, asked=asked, ask_deadline=_ask_deadline(rule.action, event, now))
+    if gate is not None:
+        notes.append(f"{rule.action.kind.replace('_', ' ')}: {gate.reason}")
+        return replace(_granting(policy, rule, fleet, event, now, gate, notes), asked=asked)
     blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
     if blocked is not None:
         kind, why = blocked
@@ -385,6 +444,16 @@ def _person(  # noqa: PLR0917 - evaluate's arguments and the decision
     if blocked is not None:
         override = True
         notes.append(f"budget overridden by {person.by.who} (break-glass): {said}")
+    # A node is drained before it is approved, whoever approves (the budgets were checked:
+    # a grant takes the slot as an approval does).
+    gate = _drain_gate(PERSON, fleet, event, now, notes)
+    if gate is not None:
+        if gate.grant:
+            granted = _listed("drain granted on {names}; waiting for it",
+                              _nodes(fleet, gate.grant))[0]  # fmt: skip
+            notes.append(granted)
+            gate = replace(gate, reason=granted)
+        return _with(replace(gate, person=person, override=override), notes)
     target = choose_target(fleet, event, now)
     if target is None:
         why = "no live VM reports the event to carry the approval"
@@ -446,6 +515,26 @@ def _ask_gate(rule: Rule, event: EventView, now: datetime, notes: list[str]) -> 
         return None
     why = f"nobody answered {action.target} by {until}: the event starts at NotBefore"
     return Verdict("Hold", rule.name, why, asked=action.target, ask_deadline=deadline)
+
+
+def _granting(  # noqa: PLR0917 - the evaluation's state, handed on
+    policy: Policy,
+    rule: Rule,
+    fleet: FleetView,
+    event: EventView,
+    now: datetime,
+    gate: Verdict,
+    notes: list[str],
+) -> Verdict:
+    """`gate` waits for drains not granted yet (`gate.grant`): granted now if the budgets let
+    the event through, as an approval would be (the drain takes the capacity away)."""
+    blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
+    if blocked is not None:
+        kind, why = blocked
+        return _with(Verdict(kind, rule.name, why, recheck_at=gate.recheck_at), notes)
+    nodes = _listed("drain granted on {names}; waiting for it", _nodes(fleet, gate.grant))[0]
+    notes.append(nodes)
+    return _with(replace(gate, reason=nodes), notes)
 
 
 def _with(verdict: Verdict, notes: list[str]) -> Verdict:
@@ -531,10 +620,102 @@ def _gate(
     if action.kind == "approve_when_ready":
         return _ready_gate(rule, fleet, event, now, notes)
     if action.kind == "approve_in_window":
-        return _window_gate(rule, event, now)
+        closed = _window_gate(rule, event, now)
+        if closed is not None:
+            return closed
     if action.kind == "ask":
-        return _ask_gate(rule, event, now, notes)
-    return None
+        unanswered = _ask_gate(rule, event, now, notes)
+        if unanswered is not None:
+            return unanswered
+    return _drain_gate(rule, fleet, event, now, notes)
+
+
+def drains(fleet: FleetView, event: EventView, vm_id: str, now: datetime) -> bool:
+    """Whether `vm_id`'s node is drained for `event` before the event is approved: its live
+    agent drains on a grant and did not refuse this event's (`EventView.no_drain`). Not
+    for a Spot eviction: its agent drains at once (30 s notice), with no grant to wait for."""
+    vm = fleet.vms.get(vm_id)
+    return (
+        vm is not None
+        and vm.drains_on_grant
+        and vm_id not in event.no_drain
+        and event.event_type.lower() != "preempt"
+        and fleet.alive(vm_id, now)
+    )
+
+
+def _drain_gate(
+    rule: Rule, fleet: FleetView, event: EventView, now: datetime, notes: list[str]
+) -> Verdict | None:
+    """An approving action waits for the drains of the event's nodes, with no deadline of its
+    own: the agent's (kubernetes.give_up_before) decides, and says so in its records."""
+    waiting = [v for v in event.affected if v not in event.ready and drains(fleet, event, v, now)]
+    if not waiting:
+        return None
+    notes.extend(_drain_lines(fleet, event, waiting, now))
+    failed = _failed_drains(fleet, event, waiting)
+    if failed is not None:
+        return Verdict("Hold", rule.name, failed)
+    why = f"waiting for drains: {'; '.join(_drain_parts(fleet, event, waiting))}"
+    return Verdict("Defer", rule.name, why, grant=_ungranted(event, waiting))
+
+
+def _ungranted(event: EventView, waiting: Iterable[str]) -> tuple[str, ...]:
+    return tuple(v for v in waiting if v not in event.granted)
+
+
+def _failed_drains(fleet: FleetView, event: EventView, waiting: Iterable[str]) -> str | None:
+    """Why the event is held when a drain of `waiting` ended without its node ready (it gave
+    up with on_deadline hold, or failed); None when none did."""
+    failed = [v for v in waiting if (d := event.drains.get(v)) is not None and d.failed]
+    said = _listed("the drain on {names} ended without the node ready", _nodes(fleet, failed))
+    return f"{said[0]} (see its Hook record): the event starts at NotBefore" if said else None
+
+
+def _drain_parts(fleet: FleetView, event: EventView, waiting: Iterable[str]) -> list[str]:
+    blocked = [v for v in waiting if (d := event.drains.get(v)) and d.status == "Blocked"]
+    rest = [v for v in waiting if v not in blocked and v in event.granted]
+    ungranted = [v for v in waiting if v not in blocked and v not in event.granted]
+    return [
+        *_listed("drain blocked on {names}", _nodes(fleet, blocked)),
+        *_listed("drain not finished on {names}", _nodes(fleet, rest)),
+        *_listed("drain not granted yet on {names}", _nodes(fleet, ungranted)),
+    ]
+
+
+def _nodes(fleet: FleetView, vm_ids: Iterable[str]) -> list[str]:
+    """The node names of VMs (their VM names where their agents name no node)."""
+    found = (fleet.vms.get(v) for v in vm_ids)
+    return [vm.node_name or vm.name for vm in found if vm is not None]
+
+
+def _drain_lines(
+    fleet: FleetView, event: EventView, waiting: Iterable[str], now: datetime
+) -> list[str]:
+    """A line for each blocked drain of `waiting`: its node, for how long, and each pod that
+    holds it up with the PodDisruptionBudget that refused its eviction."""
+    lines = []
+    for vm_id in waiting:
+        drain = event.drains.get(vm_id)
+        if drain is None or drain.status != "Blocked":
+            continue
+        node = _nodes(fleet, [vm_id])[0]
+        since = f" {_took(now - drain.blocked_since)}" if drain.blocked_since else ""
+        pods = [_pod(b) for b in drain.blockers]
+        if len(pods) > LISTED_NAMES:
+            pods[LISTED_NAMES:] = [f"and {len(pods) - LISTED_NAMES} more"]
+        lines.append(f"drain on {node} blocked{since}: {', '.join(pods) or 'no pod named'}")
+    return lines
+
+
+def _took(span: timedelta) -> str:
+    seconds = max(0, int(span.total_seconds()))
+    return f"{seconds // 60} min" if seconds >= 60 else f"{seconds} s"
+
+
+def _pod(blocker: Blocker) -> str:
+    why = f"PDB {blocker.pdb} refused eviction" if blocker.pdb else blocker.reason or "no reason"
+    return f"pod {blocker.namespace}/{blocker.pod} ({why})"
 
 
 def _ready_gate(
@@ -551,33 +732,59 @@ def _ready_gate(
     if not waiting and not event.unresolved:
         return None
     hooks = {v: fleet.vms[v].prepare_hook if v in fleet.vms else None for v in waiting}
-    none = [v for v in waiting if hooks[v] is False]
-    blocking = [v for v in waiting if hooks[v] is not False]
+    # An agent that refused the drain's grant (Prepare) drains nothing for the event: as if it
+    # had no prepare hook, so the event is not waited on for ever.
+    refused = [v for v in waiting if v in event.no_drain and hooks[v] is not False]
+    none = [v for v in waiting if hooks[v] is False or v in refused]
+    blocking = [v for v in waiting if v not in none]
+    draining = [v for v in blocking if drains(fleet, event, v, now)]
+    notes.extend(_drain_lines(fleet, event, draining, now))
+    failed = _failed_drains(fleet, event, draining)
+    if failed is not None:
+        return Verdict("Hold", rule.name, failed)
     parts = [
+        *_drain_parts(fleet, event, draining),
         *_listed("prepare hook not yet succeeded on {names}",
-                 [v for v in blocking if hooks[v]], fleet),
+                 [v for v in blocking if hooks[v] and v not in draining], fleet),
         *_listed("{VM} {names} {has} not said whether {it} {has} a prepare hook",
                  [v for v in blocking if hooks[v] is None], fleet),
         *_listed("{names} not resolved to one known VM", event.unresolved),
     ]  # fmt: skip
-    no_hook = _listed("no prepare hook on {VM} {names}", none, fleet)
+    no_hook = [
+        *_listed("no prepare hook on {VM} {names}", [v for v in none if v not in refused], fleet),
+        *_listed("{names} refused the drain (Prepare)", refused, fleet),
+    ]
     total = len(event.affected) + len(event.unresolved)
     if none and rule.action.on_deadline == "hold":
-        why = f"{no_hook[0]}: never ready, so the event starts at NotBefore"
+        why = f"{'; '.join(no_hook)}: never ready, so the event starts at NotBefore"
         if parts:
             why += f" ({'; '.join(parts)})"
         return Verdict("Hold", rule.name, why)
     if none:
-        notes.append(f"{no_hook[0]}: not waited for (on_deadline approve)")
+        notes.append(f"{'; '.join(no_hook)}: not waited for (on_deadline approve)")
     if not parts:
         return None
     count = len(blocking) + len(event.unresolved)
     state = f"{count} of {total} VMs not ready: {'; '.join([*parts, *no_hook])}"
+    grant = _ungranted(event, draining)
     # Without a deadline the rule waits for the hooks until NotBefore makes it moot.
     deadline = event.first_seen + rule.action.deadline if rule.action.deadline else None
     if deadline is None or now < deadline:
         return Verdict("Defer", rule.name, f"waiting for prepare hooks: {state}",
-                       recheck_at=deadline)  # fmt: skip
+                       recheck_at=deadline, grant=grant)  # fmt: skip
+    return _past_deadline(rule, state, grant if draining else None, notes)
+
+
+def _past_deadline(
+    rule: Rule, state: str, grant: tuple[str, ...] | None, notes: list[str]
+) -> Verdict | None:
+    """approve_when_ready past its deadline with VMs not ready (`state`); `grant`: the drains
+    not granted yet when some VM drains (None: none does)."""
+    if rule.action.on_deadline == "approve" and grant is not None:
+        # A node is not approved with its pods on it: the drain's own deadline decides.
+        why = (f"prepare deadline passed with {state}: the drains are waited for (their own "
+               "deadline, kubernetes.give_up_before, decides)")  # fmt: skip
+        return Verdict("Defer", rule.name, why, grant=grant)
     if rule.action.on_deadline == "approve":
         notes.append(f"prepare deadline passed with {state}: approved anyway (on_deadline approve)")
         return None
@@ -672,9 +879,14 @@ def group_key(group: str, vm: VmView) -> str | None:
         # IMDS does not name the availability set, so a domain is scoped by group and scale set.
         scope = f"{sub}/{vm.resource_group}/{vm.scale_set or 'availability set'}"
         return None if number is None else f"{scope}/{group.replace('_', ' ')} {number}"
+    scale_set = f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None
+    if group == "node_pool":
+        # A pool's name repeats across clusters (nodepool1 in each); a cluster's nodes share
+        # a resource group (AKS: its MC_ group). A VM that names no pool is in its scale set's.
+        return f"{sub}/{vm.resource_group}/pool {vm.node_pool}" if vm.node_pool else scale_set
     keys = {
         "fleet": "fleet",
-        "scale_set": f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None,
+        "scale_set": scale_set,
         "zone": f"{sub}/{vm.location}/zone {vm.zone}" if vm.zone else None,
         "resource_group": f"{sub}/{vm.resource_group}" if vm.resource_group else None,
     }
@@ -738,18 +950,36 @@ def check_budgets(
                 for name in names
             }
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
+            cordoned = _cordoned(fleet, busy)
             if len(busy | mine) > limit:
                 why = (
-                    f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "
-                    f"{len(mine)} more would exceed {limit}"
+                    f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted"
+                    f"{cordoned}; {len(mine)} more would exceed {limit}"
                 )
                 _note(notes, why)
                 return "Defer", why
             _note(notes, f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs "
-                         f"impacted; {len(mine)} more fit the limit of {limit}")  # fmt: skip
+                         f"impacted{cordoned}; {len(mine)} more fit the limit of "
+                         f"{limit}")  # fmt: skip
     if not budgets:
         _note(notes, "no budget applies")
     return None
+
+
+def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
+    """Which of the impacted VMs `busy` count because their nodes were cordoned by someone
+    else (`cordoned_impact`), said in a budget's explanation; "" when none."""
+    nodes = [v for v in busy if v in fleet.impacted.get(CORDONED + v, ())]
+    if not nodes:
+        return ""
+    said = _listed("{names} cordoned by someone else", sorted(nodes), fleet)
+    return f" ({said[0]})"
+
+
+def cordoned_impact(vms: Iterable[VmView]) -> dict[str, frozenset[str]]:
+    """What the nodes cordoned by someone else impact, as pseudo events of FleetView.impacted
+    (`cordoned:<VmId>`): a node nobody may schedule on is capacity gone, in every budget."""
+    return {CORDONED + vm.vm_id: frozenset((vm.vm_id,)) for vm in vms if vm.cordoned}
 
 
 def _others(
@@ -773,15 +1003,17 @@ def can_hold(kind: str, vm: VmView, scopes: Iterable[Scope]) -> bool:
     whose zone, domains and tags are not known (no scope given: a VM of any scope).
 
     Every VM of a group but a `fleet` or `tag:NAME` one shares its subscription (the key
-    starts with it, `group_key`); a resource group's also its resource group; a scale set's
-    and a domain's the whole scope (a domain outside scale sets is the resource group's
-    availability-set VMs). Of a zone only the subscription is known. A scope missing its
-    subscription or resource group (a VM whose identity is not known yet) may be anywhere.
+    starts with it, `group_key`); a resource group's and a node pool's also its resource
+    group; a scale set's and a domain's the whole scope (a domain outside scale sets is the
+    resource group's availability-set VMs). Of a zone only the subscription is known. A scope
+    missing its subscription or resource group (a VM whose identity is not known yet) may be
+    anywhere.
     """
     given = tuple(scopes)
     if not given or kind == "fleet" or kind.startswith("tag:"):
         return True
-    width = {"zone": 1, "resource_group": 2}.get(kind, 3)
+    # A node pool may hold VMs of more than one scale set of its resource group.
+    width = {"zone": 1, "resource_group": 2, "node_pool": 2}.get(kind, 3)
     mine = scope_of(vm)[:width]
     return any(None in scope[:2] or scope[:width] == mine for scope in given)
 

@@ -23,7 +23,7 @@ from bridge.records import (
     record_id,
 )
 from bridge.recordtypes import ApprovalOutcome as Outcome
-from bridge.recordtypes import HeartbeatReason
+from bridge.recordtypes import DrainStatus, HeartbeatReason
 from tests.support.records import common_fields
 
 SUBSCRIPTION = "8d5f9c8e-0000-4000-8000-000000000001"
@@ -67,12 +67,50 @@ class FleetRecords:
         return self.now
 
     def heartbeat(
-        self, name: str, reason: HeartbeatReason = "Periodic", *, prepare_hook: bool | None = None
+        self,
+        name: str,
+        reason: HeartbeatReason = "Periodic",
+        *,
+        prepare_hook: bool | None = None,
+        node: str | None = None,
+        pool: str | None = None,
+        cordoned: bool | None = None,
+        draining: str | None = None,
     ) -> dict[str, Any]:
-        """`prepare_hook` None: a heartbeat of an agent from before HasPrepareHook."""
+        """`prepare_hook` None: a heartbeat of an agent from before HasPrepareHook; `node`
+        and the rest: an agent with [kubernetes] on that node."""
         health = Health(3, 0, 0, 0, imds_healthy=True, last_imds_success=self.now,
                         prepare_hook=prepare_hook)  # fmt: skip
-        return dict(heartbeat_record(self.origins[name], reason, health, self.now))
+        record = dict(heartbeat_record(self.origins[name], reason, health, self.now))
+        record.update(NodeName=node, NodePool=pool, NodeCordoned=cordoned, NodeDraining=draining)
+        return record
+
+    def node(self, name: str, pool: str, *, cordoned: bool | None = False) -> dict[str, Any]:
+        """The heartbeat of an agent that drains its node `name` (of pool `pool`) on a grant."""
+        return self.heartbeat(name, prepare_hook=True, node=name, pool=pool, cordoned=cordoned)
+
+    def drain(
+        self,
+        name: str,
+        event_id: str,
+        status: DrainStatus,
+        *,
+        blockers: list[dict[str, str | None]] | None = None,
+        exit_code: int | None = None,
+    ) -> dict[str, Any]:
+        """A drain's Hook record (HookName "drain") as the agent writes it for `status`."""
+        record = self.hook_ready(name, event_id)
+        timed_out = status == "GaveUp"
+        record.update(
+            RecordId=self.origins[name].record_id("Drain", event_id, status, iso(self.now)),
+            HookName="drain",
+            DrainStatus=status,
+            DrainBlockers=blockers,
+            HookExitCode=exit_code,
+            HookTimedOut=timed_out,
+            HookOutput=f"drain {status}",
+        )
+        return record
 
     def event(
         self,

@@ -88,3 +88,55 @@ def test_two_scopes_that_each_have_the_vm_and_tell_the_event_otherwise_fail_clos
     assert view.not_before == datetime(2026, 11, 21, 10, 5, tzinfo=timezone.utc)
     assert view.possible == ("prod", "stage")
     assert set(view.reporters) == {"prod", "stage"}
+
+
+# --- Kubernetes nodes (issue 30) -------------------------------------------------------------
+
+
+def test_a_heartbeat_names_the_node_and_its_pool_until_one_does_not() -> None:
+    value: fs.VmDocument = {}
+    fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", HasPrepareHook=True, NodeName="aks-0",
+                                 NodePool="pool1", NodeCordoned=True))  # fmt: skip
+    view = fs.vm_view("vm-0", value)
+    assert (view.node_name, view.node_pool, view.cordoned) == ("aks-0", "pool1", True)
+    assert view.drains_on_grant
+    # An agent without [kubernetes] (or one from before it) says nothing of a node.
+    fs.merge_vm(value, heartbeat("2026-11-21T10:00:06Z", HasPrepareHook=True, NodeName=None))
+    view = fs.vm_view("vm-0", value)
+    assert (view.node_name, view.node_pool, view.cordoned) == (None, None, False)
+    assert not view.drains_on_grant
+
+
+def drain(status: str, at: str, *, code: int | None = None, **fields: Any) -> dict[str, Any]:
+    return {"RecordType": "Hook", "EventId": E1, "VmId": "vm-0", "TimeGenerated": at,
+            "HookPhase": "prepare", "HookName": "drain", "DrainStatus": status,
+            "HookExitCode": code, "HookTimedOut": status == "GaveUp", **fields}  # fmt: skip
+
+
+BLOCKER = {"Namespace": "shop", "Pod": "web-1", "Reason": "EvictionRefused",
+           "PodDisruptionBudget": "web-pdb"}  # fmt: skip
+
+
+def test_a_drain_in_progress_is_not_a_failed_prepare_and_keeps_when_it_got_blocked() -> None:
+    value = fold(
+        drain("Draining", "2026-11-21T10:00:00Z"),
+        drain("Blocked", "2026-11-21T10:01:00Z", DrainBlockers=[BLOCKER]),
+        drain("Blocked", "2026-11-21T10:02:00Z", DrainBlockers=[BLOCKER]),
+        drain("Draining", "2026-11-21T10:00:30Z"),  # older, read late: changes nothing
+    )
+    assert value.get("ready", []) == []
+    found = fs.drain_views(value)["vm-0"]
+    assert (found.status, found.failed) == ("Blocked", False)
+    assert found.blocked_since == datetime(2026, 11, 21, 10, 1, tzinfo=timezone.utc)
+    assert [(b.namespace, b.pod, b.pdb) for b in found.blockers] == [("shop", "web-1", "web-pdb")]
+    fs.merge_event(value, drain("Drained", "2026-11-21T10:03:00Z", code=0))
+    assert value["ready"] == ["vm-0"]
+    assert fs.drain_views(value)["vm-0"].blocked_since is None
+
+
+def test_a_drain_that_gave_up_is_ready_with_approve_and_failed_with_hold() -> None:
+    approve = fold(drain("GaveUp", "2026-11-21T10:00:00Z", code=0))
+    assert approve["ready"] == ["vm-0"]
+    hold = fold(drain("GaveUp", "2026-11-21T10:00:00Z", code=1))
+    assert hold.get("ready", []) == []
+    assert fs.drain_views(hold)["vm-0"].failed

@@ -15,6 +15,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer.decide import (
     Apply,
     Ended,
+    Grant,
     Grow,
     NoteStarted,
     Release,
@@ -27,6 +28,7 @@ from bridge.consumer.decide import (
     ended,
     locks_first,
     plan,
+    with_grants,
 )
 from bridge.consumer.ledger import LedgerEntry, LedgerState, lock_of
 from bridge.consumer.state import Doc
@@ -69,6 +71,22 @@ class Scene:
     def later(self, seconds: float) -> None:
         self.records.advance(seconds)
 
+    def node(self, name: str) -> None:
+        """`name`'s agent drains its node on a grant."""
+        value = self.vms.setdefault(self.id(name), {})
+        fs.merge_vm(value, self.records.node(name, "pool1"), iso(self.records.now))
+
+    def granted(self, *names: str, prepared: bool = True) -> None:
+        self.entry = {
+            "event_id": E1,
+            "origin": "granted",
+            "vms": [self.id(n) for n in names],
+            "rule": "user-initiated",
+            "issued_at": iso(self.records.now),
+            "granted": [self.id(n) for n in names],
+            "prepared": prepared,
+        }
+
     def approved(self, *names: str, sent: bool = True) -> None:
         target = self.id(names[0])
         self.entry = {
@@ -93,6 +111,7 @@ class Scene:
         view = fs.event_view(
             self.event, vms, fs.Names.of(vms.values()), tried, now, unknown_for=unknown_for
         )
+        view = with_grants(view, self.entry)
         impacted = {KEY: frozenset(self.entry["vms"])} if self.entry else {}
         fleet = FleetView(vms, impacted, ALIVE_WITHIN)
         doc = Doc(KEY, dict(self.event), "etag-1")
@@ -235,6 +254,38 @@ def counts_web_1_too(scene: Scene, step: Step) -> bool:
     return step.vms == both and step.locks == web_lock()
 
 
+def node_reboot(scene: Scene) -> None:
+    scene.later(1)
+    scene.node("web_0")
+    scene.told("web_0")
+
+
+def granted_not_sent(scene: Scene) -> None:
+    node_reboot(scene)
+    scene.granted("web_0", prepared=False)
+
+
+def granted_and_drained(scene: Scene) -> None:
+    node_reboot(scene)
+    scene.granted("web_0")
+    scene.later(30)
+    drained = scene.records.drain("web_0", E1, "Drained", exit_code=0)
+    fs.merge_event(scene.event, drained, iso(scene.records.now))
+
+
+def grants_web_0(scene: Scene, step: Step) -> bool:
+    return (
+        isinstance(step, Grant)
+        and step.verdict.grant == (scene.id("web_0"),)
+        and not step.again
+        and step.locks == web_lock()
+    )
+
+
+def sends_the_grant_again(scene: Scene, step: Step) -> bool:
+    return isinstance(step, Grant) and step.again and step.verdict.grant == (scene.id("web_0"),)
+
+
 ROWS = [
     Row("a user's reboot is approved", user_reboot, Apply, approves_web_0),
     Row("a platform reboot is held, said once", platform_reboot, Apply, holds),
@@ -269,6 +320,9 @@ ROWS = [
         keeps_only_web_0,
     ),
     Row("an approved event that grew counts its new VM", grown, Grow, counts_web_1_too),
+    Row("a node's drain is granted before any approval", node_reboot, Grant, grants_web_0),
+    Row("a grant written but not sent is sent", granted_not_sent, Grant, sends_the_grant_again),
+    Row("a granted node once drained is approved", granted_and_drained, Apply, approves_web_0),
 ]
 
 

@@ -176,6 +176,7 @@ def test_actions(action: str, expected: Action) -> None:
         ("{name: b, group: fault_domain, max_vms: 1}", Budget("b", "fault_domain", max_vms=1)),
         ("{name: b, group: update_domain, max_vms: 3}", Budget("b", "update_domain", max_vms=3)),
         ("{name: b, group: resource_group, max_vms: 1}", Budget("b", "resource_group", max_vms=1)),
+        ("{name: b, group: node_pool, max_vms: 1}", Budget("b", "node_pool", max_vms=1)),
     ],
 )
 def test_budgets(budget: str, expected: Budget) -> None:

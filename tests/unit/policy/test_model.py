@@ -13,7 +13,9 @@ from bridge.policy.model import (
     DEFAULT_POLICY,
     UNREPORTED_CARRIER_WITHIN,
     Action,
+    Blocker,
     Budget,
+    DrainView,
     EventView,
     FleetView,
     Match,
@@ -25,6 +27,7 @@ from bridge.policy.model import (
     Window,
     can_hold,
     evaluate,
+    group_key,
 )
 
 UTC = timezone.utc
@@ -410,6 +413,7 @@ def test_evaluate_is_pure() -> None:
         ("resource_group", {}),
         ("zone", {"zone": "1"}),
         ("fault_domain", {"scale_set": "web", "fault_domain": 0}),
+        ("node_pool", {"node_pool": "nodepool1"}),
     ],
 )
 def test_a_group_of_the_same_name_in_another_subscription_is_another_group(
@@ -464,3 +468,85 @@ def test_a_group_holds_a_name_no_vm_is_known_by_only_from_the_scopes_it_can_be_i
 ) -> None:
     assert can_hold(kind, member, [scope]) is holds
     assert can_hold(kind, member, []) is True  # no reporter known: anywhere
+
+
+def test_a_node_pool_is_named_by_its_nodes_or_else_is_its_scale_set() -> None:
+    pooled = vm(0, subscription_id="s", scale_set="aks-pool1-vmss", node_pool="pool1")
+    assert group_key("node_pool", pooled) == "s/rg/pool pool1"
+    bare = vm(1, subscription_id="s", scale_set="aks-pool1-vmss")
+    assert group_key("node_pool", bare) == group_key("scale_set", bare) == "s/rg/aks-pool1-vmss"
+    assert group_key("node_pool", vm(2, subscription_id="s")) is None
+
+
+# --- drains (issue 30) -----------------------------------------------------------------------
+
+
+def node(n: int, **fields: object) -> VmView:
+    """A VM whose agent drains its node `aks-n` on a grant."""
+    return vm(n, node_name=f"aks-{n}", node_pool="pool1", prepare_hook=True, **fields)
+
+
+WHEN_READY_THEN_APPROVE = Rule(
+    "when-ready",
+    Match(),
+    Action("approve_when_ready", deadline=timedelta(minutes=5), on_deadline="approve"),
+)
+
+
+@pytest.mark.parametrize("rule", [APPROVE_ALL, WHEN_READY_THEN_APPROVE])
+def test_every_approving_action_waits_for_a_drain_granted_first(rule: Rule) -> None:
+    nodes = fleet(node(0), vm(1, prepare_hook=False))
+    policy = with_rules(rule)
+    first = evaluate(policy, nodes, event("id0", "id1"), NOW)
+    assert (first.kind, first.grant) == ("Defer", ("id0",))
+    assert first.reason == "drain granted on aks-0; waiting for it"
+    granted = event("id0", "id1", granted=frozenset({"id0"}))
+    later = evaluate(policy, nodes, granted, NOW + timedelta(minutes=10))  # past the deadline
+    assert (later.kind, later.grant) == ("Defer", ())
+    assert "drain not finished on aks-0" in later.reason
+    drained = replace(granted, ready=frozenset({"id0"}))
+    assert evaluate(policy, nodes, drained, NOW).kind == "Approve"
+
+
+def test_a_drain_is_not_granted_outside_the_window_nor_past_a_full_budget() -> None:
+    closed = Rule("nights", Match(), Action("approve_in_window", windows=(
+        Window(frozenset(range(7)), time(1, 0), time(2, 0)),)))  # fmt: skip
+    nodes = fleet(node(0), node(1), impacted={"other": frozenset({"id1"})})
+    assert evaluate(with_rules(closed), nodes, event("id0"), NOW).grant == ()
+    pool = Budget("one-per-pool", "node_pool", max_vms=1)
+    full = evaluate(with_rules(APPROVE_ALL, budgets=(pool,)), nodes, event("id0"), NOW)
+    assert (full.kind, full.grant) == ("Defer", ())
+    assert "drain not granted yet on aks-0" in "\n".join(full.explanation)
+
+
+def test_a_spot_eviction_and_a_refused_grant_wait_for_no_drain() -> None:
+    nodes = fleet(node(0))
+    assert evaluate(with_rules(APPROVE_ALL), nodes, event(event_type="Preempt"), NOW).kind == (
+        "Approve"
+    )
+    refused = event(granted=frozenset({"id0"}), no_drain=frozenset({"id0"}))
+    assert evaluate(with_rules(APPROVE_ALL), nodes, refused, NOW).kind == "Approve"
+    # approve_when_ready takes it as a VM without a prepare hook: held with on_deadline hold.
+    hold = with_rules(Rule("ready", Match(), Action("approve_when_ready")))
+    verdict = evaluate(hold, nodes, refused, NOW)
+    assert verdict.kind == "Hold"
+    assert "vm0 refused the drain (Prepare)" in verdict.reason
+
+
+def test_a_drain_that_ended_without_the_node_ready_holds_the_event() -> None:
+    gave_up = DrainView("GaveUp", NOW, failed=True)
+    held = event(granted=frozenset({"id0"}), drains={"id0": gave_up})
+    verdict = evaluate(with_rules(APPROVE_ALL), fleet(node(0)), held, NOW)
+    assert verdict.kind == "Hold"
+    assert verdict.reason.startswith("the drain on aks-0 ended without the node ready")
+
+
+def test_a_blocked_drain_names_its_node_time_pods_and_pdbs() -> None:
+    blockers = (Blocker("shop", "web-1", "EvictionRefused", "web-pdb"),
+                Blocker("shop", "batch-7", "WaitingForCompletion"))  # fmt: skip
+    blocked = DrainView("Blocked", NOW, NOW - timedelta(minutes=4), blockers)
+    view = event(granted=frozenset({"id0"}), drains={"id0": blocked})
+    verdict = evaluate(with_rules(APPROVE_ALL), fleet(node(0)), view, NOW)
+    assert verdict.reason == "waiting for drains: drain blocked on aks-0"
+    assert ("drain on aks-0 blocked 4 min: pod shop/web-1 (PDB web-pdb refused eviction), "
+            "pod shop/batch-7 (WaitingForCompletion)") in verdict.explanation  # fmt: skip

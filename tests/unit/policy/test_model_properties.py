@@ -50,6 +50,7 @@ placements = st.fixed_dictionaries(
         "fault_domain": st.sampled_from([None, 0, 1]),
         "update_domain": st.sampled_from([None, 0, 1, 2]),
         "tags": st.sampled_from([{}, {"tier": "db"}, {"Tier": "web"}, {"owner": "db"}]),
+        "node_pool": st.sampled_from([None, "pool1", "pool2"]),
     }
 )
 
@@ -92,6 +93,7 @@ def group_of(group: str, vm: VmView) -> Key | None:
     """Which group of `group` the VM is in, spelled out independently of policy.group_key."""
     tags = {k.lower(): v for k, v in vm.tags.items()}
     where = (vm.subscription_id, vm.resource_group, vm.scale_set)
+    keys_scale_set = where if vm.scale_set else None
     keys: dict[str, Key | None] = {
         "fleet": ("fleet",),
         "scale_set": where if vm.scale_set else None,
@@ -99,6 +101,10 @@ def group_of(group: str, vm: VmView) -> Key | None:
         "fault_domain": (*where, "fd", vm.fault_domain) if vm.fault_domain is not None else None,
         "update_domain": (*where, "ud", vm.update_domain) if vm.update_domain is not None else None,
         "resource_group": (vm.subscription_id, vm.resource_group) if vm.resource_group else None,
+        # A node pool's nodes, or else its scale set.
+        "node_pool": (vm.subscription_id, vm.resource_group, "pool", vm.node_pool)
+        if vm.node_pool
+        else keys_scale_set,
         "tag:tier": ("tier", tags["tier"]) if "tier" in tags else None,
     }
     return keys[group]

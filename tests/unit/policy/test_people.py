@@ -16,7 +16,7 @@ from bridge.policy.model import (
     Rule,
     evaluate,
 )
-from tests.unit.policy.test_model import APPROVE_ALL, NOW, event, fleet, vm, with_rules
+from tests.unit.policy.test_model import APPROVE_ALL, NOW, event, fleet, node, vm, with_rules
 
 ASK = Rule("primary", Match(), Action("ask", timedelta(minutes=30), target="dba"))
 ASK_OR_APPROVE = replace(ASK, action=replace(ASK.action, on_deadline="approve"))
@@ -116,3 +116,32 @@ def test_a_scoped_pause_covers_only_its_budget_group() -> None:
     tagged = replace(fleet(vm(2, tags={"tier": "db"})),
                      pauses=(Pause("tag:tier:db", None, BOB, "r", NOW),))  # fmt: skip
     assert evaluate(with_rules(APPROVE_ALL), tagged, event("id2"), NOW).kind == "Defer"
+
+
+# --- with drains (issue 30): a node is drained before any approval, a person's too --------
+
+
+def test_a_persons_approval_of_a_node_grants_its_drain_first_within_the_budgets() -> None:
+    nodes = fleet(node(0), node(1))
+    mine = event("id0", person=ALICE)
+    first = evaluate(with_rules(budgets=ONE_AT_A_TIME), nodes, mine, NOW)
+    assert (first.kind, first.rule, first.grant) == ("Defer", PERSON_RULE, ("id0",))
+    assert first.reason == "drain granted on aks-0; waiting for it"
+    drained = replace(mine, granted=frozenset({"id0"}), ready=frozenset({"id0"}))
+    assert evaluate(with_rules(budgets=ONE_AT_A_TIME), nodes, drained, NOW).kind == "Approve"
+    busy = replace(nodes, impacted={"other": frozenset({"id1"})})
+    full = evaluate(with_rules(budgets=ONE_AT_A_TIME), busy, mine, NOW)
+    assert (full.kind, full.grant) == ("Defer", ())
+    over = replace(mine, person=replace(ALICE, override_budget=True))
+    forced = evaluate(with_rules(budgets=ONE_AT_A_TIME), busy, over, NOW)
+    assert (forced.kind, forced.grant, forced.override) == ("Defer", ("id0",), True)
+
+
+def test_a_pause_stops_a_drains_grant_and_an_ask_timed_out_to_approve_grants_it() -> None:
+    nodes = fleet(node(0))
+    paused = replace(nodes, pauses=(Pause(None, None, BOB, "incident", NOW),))
+    stopped = evaluate(with_rules(APPROVE_ALL), paused, event(), NOW)
+    assert (stopped.kind, stopped.grant, stopped.pause is not None) == ("Defer", (), True)
+    asked = event(asked_at=NOW - timedelta(minutes=31), not_before=NOW + timedelta(hours=1))
+    granted = evaluate(with_rules(ASK_OR_APPROVE), nodes, asked, NOW)
+    assert (granted.kind, granted.grant, granted.asked) == ("Defer", ("id0",), "dba")

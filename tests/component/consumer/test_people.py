@@ -389,3 +389,21 @@ def test_an_ask_and_a_pause_reach_the_webhooks_of_the_configured_notifier(tmp_pa
 
         assert eventually(lambda: paused("/dba") and paused("/ops"), what="the pause's notices")
         consumer.close()
+
+
+def test_a_persons_approval_of_a_kubernetes_node_grants_its_drain_first(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.fleet.vm("aks-0", scale_set="aks-pool1")
+    node = rig.fleet.node("aks-0", "pool1")
+    rig.consumer.process([node, rig.fleet.event("aks-0", E1, source="Platform")])
+    assert rig.decide("approve", E1, reason="node first").accepted
+    assert [c.type for c in rig.sender.sent] == ["Prepare"]
+    granted = rig.last(E1)
+    assert (granted["DecisionAction"], granted["DecisionRule"]) == ("Defer", "(person)")
+    assert "drain granted on aks-0" in granted["DecisionReason"]
+    assert granted["DecidedBy"] == "oid-alice"
+    rig.fleet.advance(20)
+    drained = rig.fleet.drain("aks-0", E1, "Drained", exit_code=0)
+    rig.consumer.process([rig.fleet.node("aks-0", "pool1"), drained])
+    assert [c.type for c in rig.sender.sent] == ["Prepare", "Approve"]
+    assert (rig.last(E1)["DecisionAction"], rig.last(E1)["DecisionRule"]) == ("Approve", "(person)")

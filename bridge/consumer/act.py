@@ -116,7 +116,7 @@ class Decider:
         alive_within = self.rules.alive_within
         pauses = self.people.pauses(now) if self.people else ()
         if self.people is not None:
-            view = replace(view, person=self.people.decision_for(view.event_id))
+            view = replace(view, person=self.people.decision_for(view.event_id, view.resources))
         fleet = FleetView(known_vms.vms, impacted, alive_within, groups, state.reach,
                           pauses=pauses)  # fmt: skip
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))

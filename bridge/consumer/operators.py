@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, Protocol, get_args
 
+from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer, key_id, verifies
 from bridge.consumer.state import Conflict, Doc, Store, layout
 from bridge.notify.notice import Notice
@@ -229,6 +230,7 @@ class OperatorLog:
         self._mark: int | None = None
         self._looked: datetime | None = None
         self._recorded = 0
+        self._lapsed: set[tuple[str, str | None]] = set()  # approvals said to have lapsed
         self._docs: dict[str, Doc] = {}
         # EventId (upper case) -> (its action's order, the decision).
         self._decisions: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
@@ -311,11 +313,22 @@ class OperatorLog:
             if held is None or held[0] < order:
                 self._scopes[scope] = (order, action)
 
-    def decision_for(self, event_id: str) -> PersonDecision | None:
+    def decision_for(self, event_id: str, resources: Sequence[str]) -> PersonDecision | None:
+        """The last decision a person made about the event, if it still applies to the event's
+        `resources`: an approval was made for the VMs the person was shown (its digest) and
+        lapses when they change; a hold stands (it only lets NotBefore come)."""
         held = self._decisions.get(event_id.upper())
         if held is None:
             return None
         action = held[1]
+        if action.kind == "approve" and action.resources_digest != resources_digest(resources):
+            if (event_id, action.resources_digest) not in self._lapsed:
+                self._lapsed.add((event_id, action.resources_digest))
+                log.info("the approval of event %s by %s (%s) no longer applies: the event's "
+                         "Resources changed since they were shown (now %s); the policy decides "
+                         "it again, and a person may approve it anew", event_id, action.by.name,
+                         action.by.object_id, ", ".join(resources) or "none")  # fmt: skip
+            return None
         kind: Literal["approve", "hold"] = "approve" if action.kind == "approve" else "hold"
         return PersonDecision(
             kind, action.by, action.reason, action.at, override_budget=action.override_budget

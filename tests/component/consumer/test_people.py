@@ -407,3 +407,29 @@ def test_a_persons_approval_of_a_kubernetes_node_grants_its_drain_first(make: An
     rig.consumer.process([rig.fleet.node("aks-0", "pool1"), drained])
     assert [c.type for c in rig.sender.sent] == ["Prepare", "Approve"]
     assert (rig.last(E1)["DecisionAction"], rig.last(E1)["DecisionRule"]) == ("Approve", "(person)")
+
+
+def test_a_waiting_approval_lapses_when_the_events_resources_change(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.event("web_0", E1)
+    rig.event("db_0", E2)
+    assert rig.decide("approve", E1).accepted
+    assert rig.decide("approve", E2, by=BOB).accepted  # waits: the budget is E1's
+    assert rig.last(E2)["DecisionAction"] == "Defer"
+    # E2 grows to a VM Bob was not shown: his approval no longer applies when a slot frees.
+    with caplog.at_level(logging.INFO):
+        rig.event("web_1", E2, resources=["db_0", "web_1"])
+        rig.event("web_0", E1, transition="Completed")
+        rig.later(5)
+    assert rig.approved() == [E1]
+    assert (rig.last(E2)["DecisionAction"], rig.last(E2)["DecisionRule"]) == (
+        "Hold", "everything-else")  # fmt: skip
+    assert any("Bob" in r.getMessage() and "Resources changed" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    # A hold stands whatever the Resources become: it only lets NotBefore come.
+    assert rig.decide("hold", E2, by=BOB).accepted
+    rig.event("web_0", E2, resources=["db_0", "web_1", "web_0"])
+    rig.later(5)
+    assert (rig.last(E2)["DecisionAction"], rig.last(E2)["DecisionRule"]) == ("Hold", "(person)")

@@ -94,6 +94,23 @@ class Signer:
         signature = self._private.sign(unsigned.signed_bytes())
         return dataclasses.replace(unsigned, signature=base64.b64encode(signature).decode())
 
+    def sign_data(self, data: bytes) -> str:
+        """The base64 signature of `data`. `data` must begin with a signing context of its
+        own (not message.SIGNING_CONTEXT): what is signed for another purpose (a person's
+        decision, bridge.consumer.operators) can then never pass for a command."""
+        return base64.b64encode(self._private.sign(data)).decode("ascii")
+
+
+def verifies(public: Ed25519PublicKey, data: bytes, signature: str) -> bool:
+    """Whether `signature` (base64) is `public`'s signature of `data`."""
+    from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - see the imports
+
+    try:
+        public.verify(base64.b64decode(signature, validate=True), data)
+    except (binascii.Error, InvalidSignature, ValueError):
+        return False
+    return True
+
 
 class Verifier:
     """An agent's end: accepts a command signed by one of the trusted keys, nothing else."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from bridge.commands.message import Command
@@ -43,6 +43,7 @@ from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Once
 from bridge.consumer.ledger import ApprovalLedger, LedgerState, impact_of
+from bridge.consumer.operators import OperatorLog
 from bridge.consumer.reading import ReadMarks
 from bridge.consumer.state import Conflict, Doc
 from bridge.consumer.views import VmSnapshot
@@ -79,8 +80,10 @@ class Decider:
         rules: Rules,
         *,
         now: Callable[[], datetime],
+        people: OperatorLog | None = None,
     ) -> None:
         self.fleet = fleet
+        self.people = people  # what people decided (bridge.consumer.operators)
         self.ledger = ledger
         self.dispatch = dispatch
         self.marks = marks
@@ -111,7 +114,11 @@ class Decider:
         view = with_grants(view, entry)
         groups = known_vms.groups(self.rules.kinds)
         alive_within = self.rules.alive_within
-        fleet = FleetView(known_vms.vms, impacted, alive_within, groups, state.reach)
+        pauses = self.people.pauses(now) if self.people else ()
+        if self.people is not None:
+            view = replace(view, person=self.people.decision_for(view.event_id, view.resources))
+        fleet = FleetView(known_vms.vms, impacted, alive_within, groups, state.reach,
+                          pauses=pauses)  # fmt: skip
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))
         return Situation(doc, view, fleet, entry, vouched)
 

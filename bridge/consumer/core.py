@@ -21,12 +21,16 @@ only moves forward.
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from bridge.channels import CommandSender
+from bridge.commands.message import resources_digest
+from bridge.commands.signing import Signer
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.act import Decider
@@ -35,11 +39,40 @@ from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Intake, event_mutations, vm_mutations
 from bridge.consumer.ledger import ApprovalLedger, Emit
+from bridge.consumer.operators import (
+    Answer,
+    AskState,
+    Notifier,
+    OpenEvent,
+    OperatorAction,
+    OperatorLog,
+    Pause,
+    PeopleCounts,
+    scope_error,
+    scope_key,
+)
 from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.release import Housekeeping, Pending, pending
 from bridge.consumer.state import Doc, Store
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, budget_use, evaluate
-from bridge.records import RecordView, iso, utc_now
+from bridge.policy.model import (
+    EventView,
+    FleetView,
+    Policy,
+    Verdict,
+    active_pause,
+    budget_use,
+    evaluate,
+)
+from bridge.records import RecordView, iso, parse_time, utc_now
+from bridge.redact import describe
+from bridge.retry import RetryableError
+
+log = logging.getLogger(__name__)
+
+
+# A person's reason goes into Decision records and notices: a paragraph, not a document.
+MAX_REASON = 1000
+NOTIFY_CLOSE_SECONDS = 5.0
 
 
 class Consumer:
@@ -53,7 +86,12 @@ class Consumer:
         *,
         now: Callable[[], datetime] = utc_now,
         host_name: str = "consumer",
+        signer: Signer | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
+        """`signer`: the command signing key, which also signs what people decide (without
+        it nobody can decide: `operate` refuses). `notifier`: where asks and people's
+        decisions are told (bridge.notify); None tells nobody."""
         self.store = store
         self.policy = policy
         self.settings = settings
@@ -66,10 +104,16 @@ class Consumer:
         kinds = tuple(sorted({b.group for b in policy.budgets}))
         self.ledger = ApprovalLedger(store, settings, kinds)
         self.fleet = Fleet(store, now=now)
-        self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode)
+        self.forged = 0  # operator actions in the state that did not verify (the metrics)
+        self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
+        self.asks_pending = 0  # as of the last tick
+        self.operators = OperatorLog(store, signer, forged=self._forged)
+        self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
+                                 notifier=notifier)  # fmt: skip
         self.marks = ReadMarks(store, now=now, host_name=host_name)
         rules = Rules(policy, settings, kinds, listening_since=now())
-        self.decider = Decider(self.fleet, self.ledger, self.dispatch, self.marks, rules, now=now)
+        self.decider = Decider(self.fleet, self.ledger, self.dispatch, self.marks, rules, now=now,
+                               people=self.operators)  # fmt: skip
         self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after)
         self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
         # What a batch merges is replayed from Event Hubs if lost, as long as it is on disk
@@ -92,6 +136,7 @@ class Consumer:
                 self.marks.note(position)  # after the fold: the mark vouches for what is stored
             touched = set(stored) | self.ledger.note_approvals(fresh)
             if touched:
+                self.operators.refresh(self._now())
                 self.decider.decide(sorted(touched), stored)
             self.fleet.flush()
             self._intake.remember(fresh)
@@ -135,6 +180,7 @@ class Consumer:
             doc = self.fleet.event(fs.event_key(event_id))
             if doc is None or doc.value.get("event_type") is None:
                 return None
+            self.operators.refresh()
             s = self.decider.situation(self.ledger.read(), doc, self.fleet.snapshot(), now)
             if s.view.status != "Scheduled":
                 return Explained(s.view, taken=fs.event_document(doc).get("decision"))
@@ -157,6 +203,12 @@ class Consumer:
             # Every event the ledger counts, even one the kept documents miss (read before it
             # was written): the pass reads it.
             keys = sorted(open_events.keys() | held.keys())
+            self.operators.refresh(now)
+            self.asks_pending = sum(
+                1
+                for d in open_events.values()
+                if d and d.value.get("decision", {}).get("kind") == "Ask"
+            )
             if keys:
                 self.decider.revisit(keys, open_events)  # on the ledger read just now
             self._housekeeping.sweep(now, held)
@@ -164,7 +216,163 @@ class Consumer:
 
     def close(self) -> None:
         self.sender.close()
+        if self.dispatch.notifier is not None:
+            # What is queued gets a few seconds to go out; a hanging webhook holds no stop.
+            self.dispatch.notifier.close(NOTIFY_CLOSE_SECONDS)
         self.store.close()
+
+    # --- people ----------------------------------------------------------------------------
+
+    def operate(self, action: OperatorAction) -> Answer:
+        """A person's decision, from a path that proved who they are (the API, the loopback
+        page): checked, signed and stored, and acted on at once. Refused with a code and a
+        sentence when the event is no longer open, its Resources are not the ones shown to
+        the person, a reason is missing, or a pause stops it (docs/people.md)."""
+        with self._lock:
+            now = self._now()
+            self.operators.refresh()
+            refused = self._refusal(action, now)
+            if refused is not None:
+                log.info("%s by %s (%s) refused: %s: %s", action.kind, action.by.name,
+                         action.by.object_id, refused.code, refused.detail)  # fmt: skip
+                return refused
+            self.operators.record(action)
+            self.operated[action.kind] += 1
+            what = action.event_id or f"({scope_key(action.scope)})"
+            log.info("%s of %s by %s (%s) recorded: %s", action.kind, what, action.by.name,
+                     action.by.object_id, action.reason or "no reason given")  # fmt: skip
+            if action.kind in ("pause", "resume"):
+                self.dispatch.operated(action, now)
+                detail = self._pass_now(None)
+            else:
+                detail = self._pass_now(fs.event_key(str(action.event_id)))
+            return Answer(True, "Accepted", detail)
+
+    def _pass_now(self, key: str | None) -> str:
+        """Decide the event `key` (None: every open event) on what was just recorded."""
+        try:
+            if key is None:
+                self.tick()
+                return "recorded; every open event was decided again"
+            self.decider.decide([key], {})
+            self.fleet.flush()
+        except RetryableError as err:
+            return f"recorded; the next pass applies it ({describe(err)})"
+        doc = self.fleet.event(key)
+        decision = fs.event_document(doc).get("decision", {}) if doc else {}
+        return f"recorded; the event now: {decision.get('kind')}: {decision.get('reason')}"
+
+    def _refusal(self, action: OperatorAction, now: datetime) -> Answer | None:  # noqa: PLR0911
+        def no(code: str, detail: str) -> Answer:
+            return Answer(False, code, detail)
+
+        if not action.by.object_id.strip():
+            return no("Invalid", "who decided is not known (no object id)")
+        if action.at.tzinfo is None or (action.until is not None and action.until.tzinfo is None):
+            return no("Invalid", "times must say their time zone (UTC)")
+        if len(action.reason) > MAX_REASON:
+            return no("Invalid", f"the reason is longer than {MAX_REASON} characters")
+        if not self.operators.can_sign:
+            return no("NoSigningKey", "this consumer has no command signing key "
+                      "(commands.signing_key) to sign what a person decides with")  # fmt: skip
+        override = action.kind == "approve" and action.override_budget
+        if (action.kind in ("pause", "resume") or override) and not action.reason.strip():
+            what = "an override of the budgets" if override else f"a {action.kind}"
+            return no("NoReason", f"{what} needs a reason (--reason): it is audited")
+        if action.kind in ("pause", "resume"):
+            return self._scope_refusal(action, now)
+        if action.event_id is None or action.kind not in ("approve", "hold"):
+            return no("Invalid", f"{action.kind} of no event: name the event")
+        if action.override_budget and action.kind != "approve":
+            return no("Invalid", "only an approval can override the budgets")
+        doc = self.fleet.event(fs.event_key(action.event_id))
+        if doc is None or doc.value.get("event_type") is None:
+            return no("NotOpen", f"no event {action.event_id} is known")
+        s = self.decider.situation(self.ledger.read(), doc, self.fleet.snapshot(), now)
+        if s.view.status != "Scheduled":
+            return no("NotOpen", f"event {action.event_id} is {s.view.status}: there is "
+                      "nothing left to decide")  # fmt: skip
+        digest = resources_digest(s.view.resources)
+        if action.resources_digest != digest:
+            return no("ResourcesChanged", f"the VMs of event {action.event_id} changed since "
+                      f"they were shown to you (now {', '.join(s.view.resources) or 'none'}, "
+                      f"digest {digest}): look again and decide on what it is now")  # fmt: skip
+        pause = active_pause(s.fleet, s.view, now) if action.kind == "approve" else None
+        if pause is not None:
+            return no("Paused", f"{pause.where} is paused by {pause.by.name} ({pause.reason}): "
+                      "no early approval while it lasts; resume it first")  # fmt: skip
+        return None
+
+    def _scope_refusal(self, action: OperatorAction, now: datetime) -> Answer | None:
+        bad = scope_error(action.scope)
+        if bad is not None:
+            return Answer(False, "BadScope", bad)
+        if action.kind == "pause":
+            if action.until is not None and action.until <= now:
+                return Answer(False, "Invalid", f"--until {iso(action.until)} has passed")
+            return None
+        if not any(scope_key(p.scope) == scope_key(action.scope) for p in self.pauses(now)):
+            return Answer(False, "NotPaused", f"{scope_key(action.scope)} is not paused")
+        return None
+
+    def open_events(self, now: datetime) -> list[OpenEvent]:
+        """The Scheduled events as the approval page lists them, the soonest first, each with
+        what the policy decides now and why (nothing is written)."""
+        with self._lock:
+            self.operators.refresh(now)
+            state, known = self.ledger.read(), self.fleet.snapshot()
+            found = []
+            for doc in sorted(self.fleet.events.scan(), key=fs.urgency):
+                if (
+                    doc.value.get("event_type") is None
+                    or fs.status(fs.event_document(doc)) != "Scheduled"
+                ):
+                    continue
+                s = self.decider.situation(state, doc, known, now)
+                if s.view.status == "Scheduled":
+                    found.append(self._open_event(s.view, s.fleet, doc, now))
+            return found
+
+    def _open_event(self, view: EventView, fleet: FleetView, doc: Doc, now: datetime) -> OpenEvent:
+        verdict = evaluate(self.policy, fleet, view, now)
+        asked = fs.event_document(doc).get("asked")
+        ask = None
+        if verdict.asked is not None and verdict.kind == "Ask":
+            since = parse_time(asked["at"]) if asked else None
+            ask = AskState(verdict.asked, since, verdict.ask_deadline)
+        names = [fleet.vms[v].name if v in fleet.vms else v for v in view.affected]
+        return OpenEvent(
+            event_id=view.event_id,
+            event_type=view.event_type,
+            event_source=view.event_source,
+            not_before=view.not_before,
+            vms=(*names, *view.unresolved),
+            resources=view.resources,
+            resources_digest=resources_digest(view.resources),
+            action=verdict.kind,
+            rule=verdict.rule,
+            reason=verdict.reason,
+            explanation=verdict.explanation,
+            ask=str(ask) if ask else None,
+            asked=ask,
+            person=view.person,
+            pause=verdict.pause or active_pause(fleet, view, now),
+        )
+
+    def pauses(self, now: datetime) -> list[Pause]:
+        """The pauses in force at `now`, fleet-wide first."""
+        with self._lock:
+            self.operators.refresh(now)
+            return list(self.operators.pauses(now))
+
+    def people_counts(self) -> PeopleCounts:
+        """For the metrics: no read of the fleet state (what the last pass and tick saw)."""
+        with self._lock:
+            pauses = len(self.operators.pauses(self._now()))
+            return PeopleCounts(self.asks_pending, pauses, dict(self.operated), self.forged)
+
+    def _forged(self) -> None:
+        self.forged += 1
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,10 @@ from bridge.commands import message as commands
 from bridge.consumer import documents as fs
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.ledger import Emit, LedgerEntry, impact_of
+from bridge.consumer.operators import EVERY_TARGET, Notifier, OperatorAction, pause_of
 from bridge.consumer.state import Doc
-from bridge.policy.model import EventView, Policy, Verdict, VmView
+from bridge.notify.notice import Notice, NoticeKind
+from bridge.policy.model import PERSON_RULE, EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_key
 from bridge.redact import describe
 
@@ -59,8 +61,10 @@ class Dispatch:
         host_name: str,
         *,
         mode: str = "normal",
+        notifier: Notifier | None = None,
     ) -> None:
         self.fleet = fleet
+        self.notifier = notifier  # None: nobody is notified (an ask still waits for a person)
         self.sender = sender
         self.emit = emit
         self.policy = policy
@@ -195,7 +199,66 @@ class Dispatch:
             host_name=self.host_name,
             now=now,
             shadow=self.shadow,
+            notify_failing=self.failing(),
         )
+
+    def failing(self) -> list[str] | None:
+        """The notification targets failing for good now (NotifyFailing); None when none."""
+        return list(self.notifier.failing()) or None if self.notifier is not None else None
+
+    def notify(self, notice: Notice) -> None:
+        """Hand `notice` to the notifier, which never blocks; a notifier that breaks does
+        not stop a decision."""
+        # A shadow consumer tells nobody: people answer the live one, which asks them too.
+        if self.notifier is None or self.shadow:
+            return
+        every = notice.target == EVERY_TARGET
+        try:
+            for target in self.notifier.targets if every else (notice.target,):
+                self.notifier.notify(replace(notice, target=target))
+        except Exception as err:
+            log.error("the %s notice about %s to %s could not be queued: %s", notice.kind,
+                      notice.event_id or "the fleet", notice.target,
+                      describe(err, with_type=True))  # fmt: skip
+
+    def operated(self, action: OperatorAction, now: datetime) -> None:
+        """Say a pause or a resume a person made: a Decision record and a notice."""
+        record = operator_record(action, policy_source=self.policy.source,
+                                 host_name=self.host_name, now=now, shadow=self.shadow,
+                                 notify_failing=self.failing())  # fmt: skip
+        self.emit([record])
+        log.warning("%s: %s by %s (%s): %s", record["EventId"], record["DecisionAction"],
+                    action.by.name, action.by.object_id, record["DecisionReason"])  # fmt: skip
+        self.notify(Notice("paused" if action.kind == "pause" else "resumed", EVERY_TARGET,
+                           None, None, (), None, (record["DecisionReason"],),
+                           action.by.name, action.reason, None,
+                           now))  # fmt: skip
+
+    def _told(self, view: EventView, verdict: Verdict, before: fs.EventDocument | None,
+              at: datetime) -> None:  # fmt: skip
+        """The notice a decision gives, if any: an ask, its time out, a person's decision."""
+        was = (before or {}).get("decision", {}).get("kind")
+        asked = (before or {}).get("asked", {}).get("target")
+        person = verdict.person
+        kind: NoticeKind | None = None
+        target = None
+        if verdict.kind == "Ask" and was != "Ask":
+            kind, target = "asked", verdict.asked
+        elif verdict.asked and was == "Ask" and person is None:
+            kind, target = "timed_out", verdict.asked
+        elif person is not None and verdict.kind in ("Approve", "Hold"):
+            kind = "held" if verdict.kind == "Hold" else "override" if verdict.override else (
+                "approved")  # fmt: skip
+            target = asked or EVERY_TARGET
+        if verdict.override and person is not None:
+            log.warning("event %s (%s) approved by %s OVER A FULL BUDGET (break-glass): %s",
+                        view.event_id, view.event_type, person.by.who, person.reason)  # fmt: skip
+        if kind is None:
+            return
+        self.notify(Notice(kind, target or EVERY_TARGET, view.event_id, view.event_type,
+                           tuple(view.resources), view.not_before, verdict.explanation,
+                           person.by.name if person else None, person.reason if person else None,
+                           None, at))  # fmt: skip
 
     def failed(self, event: fs.EventDocument, err: Exception, now: datetime) -> None:
         """Say (once while it lasts) that deciding `event` failed: a Defer by rule (error)."""
@@ -256,13 +319,19 @@ class Dispatch:
             said["no_hook"] = _without_hook(view, vms)
 
         def remember(value: dict[str, Any]) -> bool:
+            # The first ask is when its deadline counts from (EventView.asked_at).
+            asks = verdict.kind == "Ask" and verdict.asked and "asked" not in value
+            if asks:
+                value["asked"] = {"at": record["TimeGenerated"], "target": verdict.asked}
             if fs.standing(cast(fs.EventDocument, value)) == _said(verdict):
-                return False
+                return bool(asks)
             value["decision"] = said
             return True
 
+        before = fs.event_document(event_doc) if event_doc is not None else None
         self.emit([record])
         self.fleet.remember(fs.event_key(view.event_id), remember, event_doc)
+        self._told(view, verdict, before, parse_time(record["TimeGenerated"]) or view.first_seen)
         log.info("event %s (%s): %s by rule %s: %s", view.event_id, view.event_type,
                  verdict.kind, verdict.rule, verdict.reason)  # fmt: skip
 
@@ -345,7 +414,9 @@ def _changes(
     if reporters > 0:
         changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} "
                        "the event")  # fmt: skip
-    if verdict.rule != before.get("rule"):
+    if verdict.person is not None and before.get("rule") != PERSON_RULE:
+        changes.append(f"{verdict.person.by.who} decided: {verdict.person.kind}")
+    elif verdict.rule != before.get("rule"):
         changes.append(f"rule {verdict.rule} matches now, {before.get('rule')} did then")
     return changes
 
@@ -414,9 +485,11 @@ def decision_record(
     host_name: str,
     now: datetime,
     shadow: bool = False,
+    notify_failing: list[str] | None = None,
 ) -> rt.Decision:
     """The audit trail of one decision (`verdict`, said as `action`); its common fields
     describe the target VM, if any."""
+    person, pause = verdict.person, verdict.pause
     attempt = len(view.tried) + 1 if command is not None else 0
     rid = record_id("Decision", fs.event_key(view.event_id), action, verdict.rule,
                     verdict.reason, verdict.target, attempt)  # fmt: skip
@@ -441,15 +514,69 @@ def decision_record(
         "DecisionMode": "shadow" if shadow else "normal",
         "DecisionExplanation": "\n".join(verdict.explanation) or None,
         # A person's decision, an ask and a pause say more (docs/people.md).
-        "DecidedBy": None,
-        "DecidedByName": None,
-        "OperatorReason": None,
+        "DecidedBy": person.by.object_id if person else None,
+        "DecidedByName": person.by.name if person else None,
+        "OperatorReason": person.reason if person else None,
+        "BudgetOverride": verdict.override,
+        "AskedTarget": verdict.asked,
+        "AskDeadline": iso(verdict.ask_deadline) if verdict.ask_deadline else None,
+        "NotifyFailing": notify_failing,
+        "PauseScope": pause.where if pause else None,
+        "PauseUntil": iso(pause.until) if pause and pause.until else None,
+    }
+
+
+def operator_record(
+    action: OperatorAction,
+    *,
+    policy_source: str,
+    host_name: str,
+    now: datetime,
+    shadow: bool = False,
+    notify_failing: list[str] | None = None,
+) -> rt.Decision:
+    """The Decision record of a pause or a resume. Its EventId names what it covers, in
+    parentheses: `(fleet)` or `(KIND:VALUE)` (docs/contracts.md#decision)."""
+    pause = pause_of(action)
+    verb = "paused" if action.kind == "pause" else "resumed"
+    until = ""
+    if action.kind == "pause":
+        until = f" until {iso(pause.until)}" if pause.until else " until resumed"
+    reason = (f"{pause.where} {verb} by {action.by.name}{until}: {action.reason}; "
+              + ("no early approval, by the policy or a person, while it lasts"
+                 if action.kind == "pause" else "early approvals go on"))  # fmt: skip
+    action_name: rt.DecisionAction = "Pause" if action.kind == "pause" else "Resume"
+    rid = record_id("Decision", f"({pause.where})", action_name, iso(action.at),
+                    action.by.object_id, reason)  # fmt: skip
+    return {
+        **Origin(VmIdentity(), host_name).common("Decision", rid, now),
+        rt.RECORD_TYPE: "Decision",
+        "EventId": f"({pause.where})",
+        "EventType": None,
+        "EventSource": None,
+        "DurationInSeconds": None,
+        "Resources": [],
+        "NotBefore": None,
+        "EventStatus": None,
+        "DecisionAction": action_name,
+        "DecisionRule": PERSON_RULE,
+        "DecisionReason": reason,
+        "TargetVmId": None,
+        "TargetVmName": None,
+        "CommandId": None,
+        "Attempt": 0,
+        "PolicySource": policy_source,
+        "DecisionMode": "shadow" if shadow else "normal",
+        "DecisionExplanation": None,
+        "DecidedBy": action.by.object_id,
+        "DecidedByName": action.by.name,
+        "OperatorReason": action.reason,
         "BudgetOverride": False,
         "AskedTarget": None,
         "AskDeadline": None,
-        "NotifyFailing": None,
-        "PauseScope": None,
-        "PauseUntil": None,
+        "NotifyFailing": notify_failing,
+        "PauseScope": pause.where,
+        "PauseUntil": iso(pause.until) if action.kind == "pause" and pause.until else None,
     }
 
 

@@ -164,6 +164,14 @@ class EventDocument(Told, total=False):
     decision: StandingDecision  # the standing decision, said once
     heard: str  # the consumer's clock when a record last changed the event (staleness)
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
+    asked: Asked  # when the consumer first asked a person about it (an `ask` rule)
+
+
+class Asked(TypedDict):
+    """An event document's `asked`: {"at": "2026-11-21T10:00:00.000Z", "target": "dba"}."""
+
+    at: str
+    target: str
 
 
 def vm_document(doc: Doc) -> VmDocument:
@@ -635,6 +643,7 @@ def event_view(
         reporters=active_reporters(value, seen_by),
         ready=frozenset(value.get("ready", [])),
         tried=tried,
+        asked_at=parse_time(value.get("asked", {}).get("at")),
         drains=drain_views(value),
     )
 

@@ -163,7 +163,13 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
     if not event:
         raise ConfigError("--event EVENTID: which event of the fleet state to explain")
     store = wiring.build_store(wiring.state_spec(config), config)
-    consumer = Consumer(store, _NoCommands(), policy, _ignore, config.consumer)
+    # The key verifies what people decided (bridge.consumer.operators); without it their
+    # decisions and pauses cannot be told from forgeries, and are left out.
+    try:
+        signer = wiring.load_signer(config)
+    except ConfigError:
+        signer = None
+    consumer = Consumer(store, _NoCommands(), policy, _ignore, config.consumer, signer=signer)
     try:
         return event, consumer.explain(event)
     finally:
@@ -233,6 +239,7 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
         }
     # Records say null of the status of an event that is gone; Gone is no EventStatus.
     status = None if view.status == fs.GONE else view.status
+    people = _people(found)
     if as_json:
         return json.dumps(
             {
@@ -241,6 +248,7 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
                 "EventSource": view.event_source,
                 "EventStatus": status,
                 **decided,
+                **people,
                 "Drains": _drains(view),
                 "PolicySource": policy.source,
             },
@@ -253,11 +261,57 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
         + (f"; unresolved: {', '.join(view.unresolved)}" if view.unresolved else ""),
         *_drain_lines(view),
         *_decision_lines(found),
+        *_people_lines(people),
         f"policy: {policy.source}",
         "why:",
         *(f"  {line}" for line in decided["DecisionExplanation"]),
     ]
     return "\n".join(lines)
+
+
+def _people(found: Explained) -> dict[str, Any]:
+    """What people have to do with the decision: the ask (who, since, until), the last
+    decision a person made, the pause that stops it (the Decision record's names)."""
+    verdict, person = found.verdict, found.view.person
+    pause = verdict.pause if verdict else None
+    asked = verdict.asked if verdict and verdict.kind == "Ask" else None
+    return {
+        "AskedTarget": asked,
+        "AskedSince": iso(found.view.asked_at) if asked and found.view.asked_at else None,
+        "AskDeadline": iso(verdict.ask_deadline) if asked and verdict and verdict.ask_deadline
+        else None,
+        "PersonDecision": None if person is None else {
+            "Kind": person.kind, "DecidedBy": person.by.object_id, "DecidedByName": person.by.name,
+            "OperatorReason": person.reason, "At": iso(person.at),
+            "OverrideBudget": person.override_budget,
+        },
+        "BudgetOverride": bool(verdict and verdict.override),
+        "Pause": None if pause is None else {
+            "PauseScope": pause.where, "PauseUntil": iso(pause.until) if pause.until else None,
+            "DecidedBy": pause.by.object_id, "DecidedByName": pause.by.name,
+            "OperatorReason": pause.reason, "At": iso(pause.at),
+        },
+    }  # fmt: skip
+
+
+def _people_lines(people: dict[str, Any]) -> list[str]:
+    lines = []
+    if people["AskedTarget"]:
+        since = people["AskedSince"] or "this pass (not asked yet)"
+        until = people["AskDeadline"] or "NotBefore"
+        lines.append(f"asked: {people['AskedTarget']} since {since}, waiting until {until}")
+    person = people["PersonDecision"]
+    if person:
+        over = " over the budgets (break-glass)" if person["OverrideBudget"] else ""
+        lines.append(f"person: {person['Kind']}{over} by {person['DecidedByName']} "
+                     f"({person['DecidedBy']}) at {person['At']}: "
+                     f"{person['OperatorReason'] or 'no reason given'}")  # fmt: skip
+    pause = people["Pause"]
+    if pause:
+        until = f"until {pause['PauseUntil']}" if pause["PauseUntil"] else "until resumed"
+        lines.append(f"paused: {pause['PauseScope']} by {pause['DecidedByName']} "
+                     f"({pause['DecidedBy']}) {until}: {pause['OperatorReason']}")  # fmt: skip
+    return lines
 
 
 def _drains(view: EventView) -> list[dict[str, Any]]:

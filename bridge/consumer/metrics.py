@@ -17,6 +17,11 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_events_pending{status="Scheduled"} 3.0
     se_bridge_consumer_events_pending{status="Started"} 1.0
     se_bridge_consumer_next_event_start_timestamp_seconds 1.7957592e+09
+    se_bridge_consumer_asks_pending 1.0
+    se_bridge_consumer_pauses_active 0.0
+    se_bridge_consumer_operator_actions_total{kind="approve"} 2.0
+    se_bridge_consumer_operator_actions_forged_total 0.0
+    se_bridge_consumer_budget_overrides_total 1.0
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
+from bridge.consumer.operators import KINDS, PeopleCounts
 from bridge.consumer.release import Pending
 from bridge.records import RecordView, parse_time
 from bridge.recordtypes import RECORD_TYPE
@@ -66,6 +72,12 @@ class ConsumerMetrics:
             registry=registry,
         )
 
+        self.overrides = Counter(
+            "se_bridge_consumer_budget_overrides",
+            "Approvals a person made over a full budget (break-glass; Decision BudgetOverride).",
+            registry=registry,
+        )
+
     def batch(self, partition: str, records: Sequence[RecordView]) -> None:
         self.records.inc(len(records))
         newest = max((str(r.get("TimeGenerated") or "") for r in records), default="")
@@ -95,6 +107,8 @@ class ConsumerMetrics:
                 self.decisions.labels(str(record.get("DecisionAction")),
                                       str(record.get("DecisionRule")),
                                       str(record.get("DecisionMode"))).inc()  # fmt: skip
+                if record.get("BudgetOverride") is True:
+                    self.overrides.inc()
 
     def watch_budgets(self, use: Callable[[], Mapping[str, float]]) -> None:
         """Ask `use` how full each budget is at each scrape (it reads the fleet state: done
@@ -115,6 +129,44 @@ class ConsumerMetrics:
         """Ask `counts` for the approvals sent that never reached IMDS, by reason, at each
         scrape (bridge.consumer.ledger.ApprovalLedger.missed)."""
         self.registry.register(_MissedCollector(counts))
+
+    def watch_people(self, counts: Callable[[], PeopleCounts]) -> None:
+        """Ask `counts` at each scrape for the asks, pauses and people's actions
+        (Consumer.people_counts: no read of the fleet state at a scrape)."""
+        self.registry.register(_PeopleCollector(counts))
+
+
+class _PeopleCollector(Collector):
+    def __init__(self, counts: Callable[[], PeopleCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._counts()
+        yield GaugeMetricFamily(
+            "se_bridge_consumer_asks_pending",
+            "Open events waiting for a person's answer (an ask rule), as of the last tick.",
+            value=now.asks_pending,
+        )
+        yield GaugeMetricFamily(
+            "se_bridge_consumer_pauses_active",
+            "Pauses of early approvals in force (fleet-wide or of a budget group).",
+            value=now.pauses_active,
+        )
+        actions = CounterMetricFamily(
+            "se_bridge_consumer_operator_actions",
+            "What people decided through the API, the page or the CLI and the consumer "
+            "accepted, by kind: approve, hold, pause, resume.",
+            labels=["kind"],
+        )
+        for kind in KINDS:
+            actions.add_metric([kind], now.operated.get(kind, 0))
+        yield actions
+        yield CounterMetricFamily(
+            "se_bridge_consumer_operator_actions_forged",
+            "Operator actions found in the fleet state whose signature did not verify with "
+            "this consumer's key: ignored (someone wrote the state by hand, or the key changed).",
+            value=now.forged,
+        )
 
 
 class _PendingCollector(Collector):

@@ -79,12 +79,13 @@ class ConsumerService:
         self.spool = Spool(state_dir / "decisions-spool.db", [s.name for s in self.sinks])
         self.delivery = Delivery(self.spool, self.sinks)
         self.metrics = ConsumerMetrics(telemetry.new_registry())
-        self.consumer = wiring.build_consumer(config, self._emit)
+        self.consumer = wiring.build_consumer(config, self._emit, registry=self.metrics.registry)
         self.metrics.watch_budgets(self.consumer.budget_use)
         ledger = self.consumer.ledger
         self.metrics.watch_ledger(lambda: (ledger.reads, ledger.conflicts, ledger.fetched))
         self.metrics.watch_missed(lambda: dict(ledger.missed))
         self.metrics.watch_pending(lambda: self.consumer.pending)
+        self.metrics.watch_people(self.consumer.people_counts)
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)

@@ -1,6 +1,6 @@
-"""Building a consumer from the configuration: its policy, fleet state store, command channel
-and signing key. The standalone worker (`service`), the Functions app and the demo all
-start a consumer this way, so each refuses the same bad settings with the same words.
+"""Building a consumer from the configuration: its policy, fleet state store, command channel,
+signing key and notification targets. The standalone worker (`service`), the Functions app and
+the demo all start a consumer this way, so each refuses the same bad settings with the same words.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from bridge import channels, host, sinks, telemetry
 from bridge.channels import CommandSender
 from bridge.commands import signing
@@ -19,6 +21,7 @@ from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
 from bridge.consumer.state import Store
 from bridge.consumer.state.kinds import KINDS as STORES
+from bridge.notify import kinds as notify_kinds
 from bridge.policy import file as policyfile
 from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import utc_now
@@ -36,6 +39,7 @@ def load_config(
     config = load(path, environ, flags)
     channels.check_config(config)
     sinks.check_config(config, decision_sinks(config), "consumer.sinks")
+    notify_kinds.check_config(config)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:
@@ -95,9 +99,14 @@ def decision_sinks(config: Config) -> list[str]:
 
 
 def build_consumer(
-    config: Config, emit: Emit, *, now: Callable[[], datetime] = utc_now
+    config: Config,
+    emit: Emit,
+    *,
+    now: Callable[[], datetime] = utc_now,
+    registry: CollectorRegistry | None = None,
 ) -> Consumer:
-    """The consumer core wired to the configured state store, channel and policy."""
+    """The consumer core wired to the configured state store, channel, policy and notification
+    targets (`registry`: where the notifier's metrics go)."""
     if not config.commands.channel:
         raise ConfigError(
             "the consumer needs commands.channel (local:DIR or storagequeue) to send approvals "
@@ -109,8 +118,10 @@ def build_consumer(
     sender: CommandSender = channels.sender(config.commands.channel, config)
     if signer is not None:
         sender = channels.SigningSender(sender, signer)
+    # Its threads start here: built last, so that a bad setting above starts none.
+    notifier = notify_kinds.build(config, registry) if config.notify.targets else None
     return Consumer(store, sender, policy, emit, config.consumer, now=now,
-                    host_name=host.host_name())  # fmt: skip
+                    host_name=host.host_name(), signer=signer, notifier=notifier)  # fmt: skip
 
 
 def load_signer(config: Config) -> signing.Signer | None:

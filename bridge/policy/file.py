@@ -17,7 +17,10 @@ The format (EXAMPLE_POLICY_YAML below uses every part of it):
 - `action`: `approve`, `hold`, `{approve_when_ready: {deadline: 10m, on_deadline: hold}}`
   (on_deadline: approve or hold, default hold) or `{approve_in_window: {timezone: IANA name
   (default UTC), windows: [{days, start, end}, ...]}}`. Durations: `30s`, `10m`, `2h`, `1h30m`
-  or seconds. Days: Mon..Sun or full names, weekdays, weekend, daily. Times: "HH:MM"; an end
+  or seconds. `{ask: {target: NAME, deadline: 30m, on_deadline: hold}}` asks a person
+  through the notification target NAME (`[[notify.targets]]`); deadline (optional: until
+  NotBefore) counts from when the consumer first asked; on_deadline approve or hold (default).
+  Days: Mon..Sun or full names, weekdays, weekend, daily. Times: "HH:MM"; an end
   at or before the start wraps past midnight and belongs to the day it opened.
 
 Errors name the file, line and field (`policy.yaml:14: rules[2].action.approve_when_ready.
@@ -50,7 +53,7 @@ from bridge.policy.yamlnodes import Names, YamlNode, suggest
 EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
 EVENT_SOURCES = ("User", "Platform")
 STATUSES = ("Scheduled", "Started")
-ACTIONS = ("approve", "approve_when_ready", "approve_in_window", "hold")
+ACTIONS = ("approve", "approve_when_ready", "approve_in_window", "hold", "ask")
 DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 DAY_WORDS: dict[str, frozenset[int]] = {
     **{day: frozenset({i}) for i, day in enumerate(DAYS)},
@@ -103,6 +106,9 @@ rules:                          # first match wins
       event_type: Freeze        # a string or a list
       duration_seconds: {at_least: 0, below: 9}
     action: approve
+  - name: primary-db            # a person decides; nobody in 30 minutes: NotBefore
+    match: {vm: {tags: {role: primary}}}
+    action: {ask: {target: dba-oncall, deadline: 30m, on_deadline: hold}}
   - name: db-after-drain
     match:
       event_type: [Reboot, Redeploy]
@@ -140,9 +146,19 @@ def load_setting(setting: str, path: Path) -> Policy:
     """The policy file that `setting` (agent.policy, consumer.policy) names, read at start;
     ConfigError naming the setting, the file, the line and the field when it is bad."""
     try:
-        return load(path)
+        policy = load(path)
     except PolicyError as err:
         raise ConfigError(f"{setting}: {err}") from err
+    asking = next((r for r in policy.rules if r.action.kind == "ask"), None)
+    if setting.startswith("agent.") and asking is not None:
+        # An agent deciding alone (local mode) has nobody to ask and no page to answer on:
+        # its ask would wait until NotBefore whatever on_deadline says.
+        raise ConfigError(
+            f"{setting}: {path}: rule {asking.name} asks a person (ask), which only the central "
+            "consumer can do (consumer.policy); an agent's own policy has nobody to ask: use "
+            "hold, or approve_when_ready with a prepare hook"
+        )
+    return policy
 
 
 def loads(text: str, source: str = "<string>") -> Policy:
@@ -293,12 +309,14 @@ def _action(node: YamlNode) -> Action:
     ((kind, body),) = fields.items()
     if kind in ("approve", "hold"):
         body.fail(f"{kind} takes no settings: write `action: {kind}`")
+    if kind == "ask":
+        return _ask(body)
     return _when_ready(body) if kind == "approve_when_ready" else _in_window(body)
 
 
 def _plain_action(node: YamlNode) -> Action:
     word = node.text("an action").strip().lower()
-    if word in ("approve_when_ready", "approve_in_window"):
+    if word in ("approve_when_ready", "approve_in_window", "ask"):
         node.fail(f"{word} needs settings, such as {{{word}: {{...}}}}")
     if word not in ("approve", "hold"):
         hint = suggest(word, ACTIONS)
@@ -308,14 +326,26 @@ def _plain_action(node: YamlNode) -> Action:
 
 def _when_ready(node: YamlNode) -> Action:
     fields = node.mapping(("deadline", "on_deadline"), required=("deadline",))
-    on_deadline: Literal["approve", "hold"] = "hold"
-    if "on_deadline" in fields:
-        word = fields["on_deadline"].text("approve or hold").strip().lower()
-        if word not in ("approve", "hold"):
-            fields["on_deadline"].fail(f"expected approve or hold, got {word!r}")
-        on_deadline = "approve" if word == "approve" else "hold"
     deadline = _duration(fields["deadline"])
-    return Action("approve_when_ready", deadline=deadline, on_deadline=on_deadline)
+    return Action("approve_when_ready", deadline=deadline, on_deadline=_on_deadline(fields))
+
+
+def _on_deadline(fields: dict[str, YamlNode]) -> Literal["approve", "hold"]:
+    if "on_deadline" not in fields:
+        return "hold"
+    word = fields["on_deadline"].text("approve or hold").strip().lower()
+    if word not in ("approve", "hold"):
+        fields["on_deadline"].fail(f"expected approve or hold, got {word!r}")
+    return "approve" if word == "approve" else "hold"
+
+
+def _ask(node: YamlNode) -> Action:
+    fields = node.mapping(("target", "deadline", "on_deadline"), required=("target",))
+    target = fields["target"].text("a notification target's name").strip()
+    if not target:
+        fields["target"].fail("empty: name a notification target of [[notify.targets]]")
+    deadline = _duration(fields["deadline"]) if "deadline" in fields else None
+    return Action("ask", deadline=deadline, on_deadline=_on_deadline(fields), target=target)
 
 
 def _duration(node: YamlNode) -> timedelta:
@@ -452,6 +482,9 @@ def describe_action(action: Action) -> str:
     if action.kind == "approve_when_ready":
         deadline = _span(action.deadline or timedelta(0))
         return f"approve when ready (deadline {deadline}, then {action.on_deadline})"
+    if action.kind == "ask":
+        until = f"deadline {_span(action.deadline)}" if action.deadline else "until NotBefore"
+        return f"ask {action.target} ({until}, then {action.on_deadline})"
     if action.kind == "approve_in_window":
         spans = "; ".join(
             f"{_describe_days(w.days)} {w.start:%H:%M}-{w.end:%H:%M}" for w in action.windows

@@ -19,10 +19,12 @@ from datetime import datetime, time, timedelta, timezone
 from typing import Literal
 from zoneinfo import ZoneInfo
 
-ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold"]
+ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold", "ask"]
 # Release is the consumer's, never evaluate's: a budget slot freed though no VM said the
-# event ended (its VMs are gone).
-VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore", "Release"]
+# event ended (its VMs are gone). Ask: a person is asked and has not answered yet.
+VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore", "Release", "Ask"]
+# The DecisionRule of what a person decided (bridge.consumer.operators), not a rule.
+PERSON_RULE = "(person)"
 # A live VM the event names is asked to carry the approval before its own report is read only
 # this soon after the event was first seen: past it, a VM that still has not reported it is
 # most likely not running an agent that would (choose_target).
@@ -97,6 +99,8 @@ class Action:
     on_deadline: Literal["approve", "hold"] = "hold"
     windows: tuple[Window, ...] = ()
     timezone: str = "UTC"
+    # ask: the notification target asked (bridge.notify); `deadline` counts from the ask.
+    target: str | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +179,69 @@ def scope_of(vm: VmView) -> Scope:
 
 
 @dataclass(frozen=True)
+class Person:
+    """Who decides, as the API or the loopback page proved it (bridge.consumer.operators)."""
+
+    object_id: str  # Entra oid, or "local:<os user>" on the standalone loopback page
+    name: str  # display name / UPN
+
+    @property
+    def who(self) -> str:
+        return f"{self.name} ({self.object_id})"
+
+
+@dataclass(frozen=True)
+class PersonDecision:
+    """A person's decision about one event, as the policy sees it: proven by the consumer's
+    signature (bridge.consumer.operators), never taken from a record."""
+
+    kind: Literal["approve", "hold"]
+    by: Person
+    reason: str
+    at: datetime
+    override_budget: bool = False
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A person stopped early approvals: fleet-wide (`scope` None) or in one budget group
+    (`scope` "KIND:VALUE", KIND one of GROUP_KINDS or tag:NAME), until `until` (None: until
+    resumed)."""
+
+    scope: str | None
+    until: datetime | None
+    by: Person
+    reason: str
+    at: datetime
+
+    @property
+    def where(self) -> str:
+        return self.scope or "fleet"
+
+    def active(self, now: datetime) -> bool:
+        return self.until is None or now < self.until
+
+    def covers(self, vms: Iterable[VmView]) -> bool:
+        """Whether the pause covers an event of `vms` (a fleet-wide one covers every event)."""
+        if self.scope is None:
+            return True
+        kind, _, value = self.scope.rpartition(":")
+        return any(scope_value_matches(value, group_key(kind, vm)) for vm in vms)
+
+
+def scope_value_matches(value: str, key: str | None) -> bool:
+    """Whether a pause's VALUE names the group `key` (`group_key`): the whole key, or its last
+    part a person reads (the scale set, resource group or zone name, a tag's value), case-blind.
+    A name shared by two subscriptions pauses both: a pause errs on the side of stopping."""
+    if key is None:
+        return False
+    wanted = value.strip().lower()
+    key = key.lower()
+    last = key.rsplit("/", 1)[-1]
+    return wanted in (key, last, last.rsplit(" ", 1)[-1], key.split("=", 1)[-1])
+
+
+@dataclass(frozen=True)
 class Blocker:
     """A pod that holds a drain up: `reason` as the agent gives it, and the
     PodDisruptionBudget that refused its eviction (None: no PDB did)."""
@@ -221,6 +288,10 @@ class EventView:
     resources: tuple[str, ...] = ()  # Resources as the VMs that can see it give them
     ready: frozenset[str] = frozenset()  # VmIds whose prepare hook succeeded for it
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
+    # When the consumer first asked a person about it (an `ask` rule); None: not asked yet.
+    asked_at: datetime | None = None
+    # The last decision a person made about it, signed and verified (bridge.consumer.operators).
+    person: PersonDecision | None = None
     drains: Mapping[str, DrainView] = field(default_factory=dict)  # VmId -> its drain
     granted: frozenset[str] = frozenset()  # VmIds the consumer sent a Prepare (a drain grant)
     no_drain: frozenset[str] = frozenset()  # VmIds whose agents refused the Prepare
@@ -245,6 +316,8 @@ class FleetView:
     # EventId (as in `impacted`) -> where the names it counts that no VM of `vms` has may be
     # (EventView.scopes when it was counted); an event missing here: anywhere.
     reach: Mapping[str, frozenset[Scope]] = field(default_factory=dict)
+    # The pauses people set that have not been lifted (each may have lifted by its `until`).
+    pauses: tuple[Pause, ...] = ()
 
     def alive(self, vm_id: str, now: datetime) -> bool:
         vm = self.vms.get(vm_id)
@@ -262,12 +335,21 @@ class Verdict:
     recheck_at: datetime | None = None
     # Why, a line a step: each rule tried in order, then the gate and each budget (`explain`).
     explanation: tuple[str, ...] = ()
+    # An ask: the target asked and until when it waits (also on the verdict its deadline
+    # gave: AskedTarget set on a Hold or Approve means nobody answered in time).
+    asked: str | None = None
+    ask_deadline: datetime | None = None
+    person: PersonDecision | None = None  # the person who decided, when one did
+    override: bool = False  # a person approved it over a full budget
+    pause: Pause | None = None  # the pause that stops its approval
     # A Defer that grants the drains of these VMs (a Prepare command to each): the budgets
     # let the event through, and its approval waits for their nodes to be drained.
     grant: tuple[str, ...] = ()
 
 
 NO_RULE = "(no rule)"
+# What a person's approval is checked as where a rule's would be (the drain gate).
+PERSON = Rule(PERSON_RULE, Match(), Action("approve"))
 
 # The seeds' sample: approve what a user asked for and freezes too short to notice.
 DEFAULT_POLICY = Policy(
@@ -283,7 +365,7 @@ DEFAULT_POLICY = Policy(
 )
 
 
-def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) -> Verdict:
+def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) -> Verdict:  # noqa: PLR0911
     """The decision for `event` now, with its explanation; pure."""
     if event.status.lower() != "scheduled":
         why = f"the event is {event.status}: nothing to approve"
@@ -297,26 +379,34 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
             notes.append(f"rule {candidate.name}: matches; its action is {_action(candidate)}")
             break
         notes.append(f"rule {candidate.name}: does not match: {miss}")
+    if event.person is not None:
+        return _person(policy, fleet, event, event.person, now, notes)
     if rule is None:
         return _with(Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore"),
                      notes)  # fmt: skip
     gate = _gate(rule, fleet, event, now, notes)
+    if gate is not None and not gate.grant:
+        notes.append(f"{rule.action.kind.replace('_', ' ')}: {gate.reason}")
+        return _with(gate, notes)
+    # An ask its deadline let through (nobody answered, on_deadline approve) says so.
+    asked = rule.action.target if rule.action.kind == "ask" else None
+    # A pause stops a drain's grant as it stops an approval: both start taking VMs down early.
+    paused = _paused(fleet, event, now, rule.name, notes)
+    if paused is not None:
+        return replace(paused, asked=asked, ask_deadline=_ask_deadline(rule.action, event, now))
     if gate is not None:
         notes.append(f"{rule.action.kind.replace('_', ' ')}: {gate.reason}")
-        return (
-            _granting(policy, rule, fleet, event, now, gate, notes)
-            if gate.grant
-            else _with(gate, notes)
-        )
+        return replace(_granting(policy, rule, fleet, event, now, gate, notes), asked=asked)
     blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
     if blocked is not None:
         kind, why = blocked
-        return _with(Verdict(kind, rule.name, why), notes)
+        return _with(Verdict(kind, rule.name, why, asked=asked), notes)
     target = choose_target(fleet, event, now)
     if target is None:
         why = "no live VM reports the event to carry the approval"
-        return _with(Verdict("Defer", rule.name, why), [*notes, why])
-    verdict = Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target)
+        return _with(Verdict("Defer", rule.name, why, asked=asked), [*notes, why])
+    verdict = Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target,
+                      asked=asked)  # fmt: skip
     through = f"approval sent through {fleet.vms[target].name}"
     if target not in event.reporters:
         through += (
@@ -324,6 +414,107 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
             "it is alive, so it sees the event at its next poll and reads its queue at once)"
         )
     return _with(verdict, [*notes, through])
+
+
+def _person(  # noqa: PLR0917 - evaluate's arguments and the decision
+    policy: Policy,
+    fleet: FleetView,
+    event: EventView,
+    person: PersonDecision,
+    now: datetime,
+    notes: list[str],
+) -> Verdict:
+    """What a person decided, whatever the rules say: a hold holds; an approval goes through
+    the pauses and the budgets like the policy's, unless it overrides the budgets."""
+    said = f"{person.reason}" if person.reason else "no reason given"
+    notes.append(f"{person.kind} by {person.by.who} at {person.at:%Y-%m-%d %H:%M:%S}Z: {said}; "
+                 "a person's decision comes before the rules")  # fmt: skip
+    if person.kind == "hold":
+        why = f"held by {person.by.name}: the event starts at NotBefore ({said})"
+        return _with(Verdict("Hold", PERSON_RULE, why, person=person), notes)
+    paused = _paused(fleet, event, now, PERSON_RULE, notes)
+    if paused is not None:
+        return replace(paused, person=person)
+    override = False
+    blocked = check_budgets(policy.budgets, fleet, event, now, notes=notes)
+    if blocked is not None and not person.override_budget:
+        kind, why = blocked
+        why = f"approved by {person.by.name}, and the budgets still apply: {why}"
+        return _with(Verdict(kind, PERSON_RULE, why, person=person), notes)
+    if blocked is not None:
+        override = True
+        notes.append(f"budget overridden by {person.by.who} (break-glass): {said}")
+    # A node is drained before it is approved, whoever approves (the budgets were checked:
+    # a grant takes the slot as an approval does).
+    gate = _drain_gate(PERSON, fleet, event, now, notes)
+    if gate is not None:
+        if gate.grant:
+            granted = _listed("drain granted on {names}; waiting for it",
+                              _nodes(fleet, gate.grant))[0]  # fmt: skip
+            notes.append(granted)
+            gate = replace(gate, reason=granted)
+        return _with(replace(gate, person=person, override=override), notes)
+    target = choose_target(fleet, event, now)
+    if target is None:
+        why = "no live VM reports the event to carry the approval"
+        return _with(Verdict("Defer", PERSON_RULE, why, person=person), [*notes, why])
+    over = " over the budget" if override else ""
+    name = fleet.vms[target].name
+    why = f"approved by {person.by.name}{over} ({said}); approval sent through {name}"
+    notes.append(f"approval sent through {name}")
+    return _with(Verdict("Approve", PERSON_RULE, why, target, person=person, override=override),
+                 notes)  # fmt: skip
+
+
+def active_pause(fleet: FleetView, event: EventView, now: datetime) -> Pause | None:
+    """The pause that stops approving `event` now, if any (a fleet-wide one first, then the
+    one that lasts longest)."""
+    vms = [fleet.vms[v] for v in (*event.affected, *event.possible) if v in fleet.vms]
+    covering = [p for p in fleet.pauses if p.active(now) and p.covers(vms)]
+    if not covering:
+        return None
+    return min(covering, key=lambda p: (p.scope is not None, p.until is not None,
+                                        p.until or now))  # fmt: skip
+
+
+def _paused(
+    fleet: FleetView, event: EventView, now: datetime, rule: str, notes: list[str]
+) -> Verdict | None:
+    pause = active_pause(fleet, event, now)
+    if pause is None:
+        return None
+    until = f"until {pause.until:%Y-%m-%d %H:%M:%S}Z" if pause.until else "until resumed"
+    why = (f"paused ({pause.where}) by {pause.by.name} {until}: {pause.reason}; no early "
+           "approval, by the policy or a person, while it lasts")  # fmt: skip
+    return _with(Verdict("Defer", rule, why, recheck_at=pause.until, pause=pause), [*notes, why])
+
+
+def _ask_deadline(action: Action, event: EventView, now: datetime) -> datetime | None:
+    """Until when an ask waits: its deadline from when it was first asked (`now` when it has
+    not been yet), never past NotBefore, when the platform starts the event anyway."""
+    if action.kind != "ask":
+        return None
+    ends = [event.not_before] if event.not_before is not None else []
+    if action.deadline is not None:
+        ends.append((event.asked_at or now) + action.deadline)
+    return min(ends, default=None)
+
+
+def _ask_gate(rule: Rule, event: EventView, now: datetime, notes: list[str]) -> Verdict | None:
+    action = rule.action
+    deadline = _ask_deadline(action, event, now)
+    until = f"{deadline:%Y-%m-%d %H:%M:%S}Z" if deadline else "NotBefore"
+    if deadline is None or now < deadline:
+        why = f"asked {action.target}; waiting for a person's answer until {until}, then " + (
+            action.on_deadline if deadline != event.not_before else "the event starts"
+        )
+        return Verdict("Ask", rule.name, why, recheck_at=deadline, asked=action.target,
+                       ask_deadline=deadline)  # fmt: skip
+    if action.on_deadline == "approve" and deadline != event.not_before:
+        notes.append(f"nobody answered {action.target} by {until}: approved (on_deadline approve)")
+        return None
+    why = f"nobody answered {action.target} by {until}: the event starts at NotBefore"
+    return Verdict("Hold", rule.name, why, asked=action.target, ask_deadline=deadline)
 
 
 def _granting(  # noqa: PLR0917 - the evaluation's state, handed on
@@ -354,6 +545,13 @@ def _action(rule: Rule) -> str:
     action = rule.action
     if action.kind == "approve_when_ready" and action.deadline is not None:
         return f"approve when ready (deadline {action.deadline}, then {action.on_deadline})"
+    if action.kind == "ask":
+        deadline = (
+            f"deadline {action.deadline}, then {action.on_deadline}"
+            if action.deadline
+            else "until NotBefore"
+        )
+        return f"ask {action.target} ({deadline})"
     return action.kind.replace("_", " ")
 
 
@@ -425,6 +623,10 @@ def _gate(
         closed = _window_gate(rule, event, now)
         if closed is not None:
             return closed
+    if action.kind == "ask":
+        unanswered = _ask_gate(rule, event, now, notes)
+        if unanswered is not None:
+            return unanswered
     return _drain_gate(rule, fleet, event, now, notes)
 
 

@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bridge.consumer.metrics import ConsumerMetrics
+from bridge.consumer.operators import PeopleCounts
 from bridge.consumer.release import Pending
 
 
@@ -49,3 +50,24 @@ def test_open_events_and_the_next_start_are_read_at_each_scrape() -> None:
     text = generate_latest(registry).decode()
     assert 'se_bridge_consumer_events_pending{status="Scheduled"} 0.0' in text
     assert "next_event_start" not in text  # absent when nothing is scheduled
+
+
+def test_asks_pauses_and_peoples_actions_are_read_at_each_scrape() -> None:
+    registry = CollectorRegistry()
+    counts = [PeopleCounts(1, 2, {"approve": 3}, 4)]
+    metrics = ConsumerMetrics(registry)
+    metrics.watch_people(lambda: counts[0])
+    metrics.decided([{"RecordType": "Decision", "DecisionAction": "Approve",
+                      "DecisionRule": "(person)", "DecisionMode": "normal",
+                      "BudgetOverride": True}])  # fmt: skip
+    text = generate_latest(registry).decode()
+    assert "se_bridge_consumer_asks_pending 1.0" in text
+    assert "se_bridge_consumer_pauses_active 2.0" in text
+    assert 'se_bridge_consumer_operator_actions_total{kind="approve"} 3.0' in text
+    assert 'se_bridge_consumer_operator_actions_total{kind="pause"} 0.0' in text
+    assert "se_bridge_consumer_operator_actions_forged_total 4.0" in text
+    assert "se_bridge_consumer_budget_overrides_total 1.0" in text
+    counts[0] = PeopleCounts(0, 0, {}, 5)
+    text = generate_latest(registry).decode()
+    assert "se_bridge_consumer_asks_pending 0.0" in text
+    assert "se_bridge_consumer_operator_actions_forged_total 5.0" in text

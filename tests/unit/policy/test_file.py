@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bridge.config import ConfigError
 from bridge.policy import file as policyfile
 from bridge.policy import model as policy
 from bridge.policy.file import PolicyError, load, loads
@@ -40,6 +41,11 @@ def test_example_policy_loads_to_the_model_it_documents() -> None:
                 "short-freeze",
                 Match(event_types=frozenset({"freeze"}), duration=Range(0, 9)),
                 Action("approve"),
+            ),
+            Rule(
+                "primary-db",
+                Match(tags=(("role", "primary"),)),
+                Action("ask", deadline=timedelta(minutes=30), target="dba-oncall"),
             ),
             Rule(
                 "db-after-drain",
@@ -147,6 +153,11 @@ def test_window_time_zone_is_kept() -> None:
             Action("approve_when_ready", timedelta(seconds=45)),
         ),
         ("{approve_when_ready: {deadline: 2h}}", Action("approve_when_ready", timedelta(hours=2))),
+        ("{ask: {target: dba}}", Action("ask", target="dba")),
+        (
+            "{ask: {target: ops, deadline: 15m, on_deadline: approve}}",
+            Action("ask", timedelta(minutes=15), "approve", target="ops"),
+        ),
     ],
 )
 def test_actions(action: str, expected: Action) -> None:
@@ -239,6 +250,14 @@ BAD += [
      "rules[0].action.approve_when_ready.deadline", "longer than 0s"),
     ("missing deadline", RULES + "    action:\n      approve_when_ready: {on_deadline: hold}\n", 5,
      "rules[0].action.approve_when_ready.deadline", "missing (required)"),
+    ("ask without settings", RULES + "    action: ask\n", 4, "rules[0].action",
+     "ask needs settings"),
+    ("ask without target", RULES + "    action:\n      ask: {deadline: 5m}\n", 5,
+     "rules[0].action.ask.target", "missing (required)"),
+    ("ask empty target", RULES + "    action: {ask: {target: ' '}}\n", 4,
+     "rules[0].action.ask.target", "empty"),
+    ("ask bad on_deadline", RULES + "    action: {ask: {target: a, on_deadline: later}}\n", 4,
+     "rules[0].action.ask.on_deadline", "expected approve or hold, got 'later'"),
     ("bad on_deadline",
      RULES + "    action: {approve_when_ready: {deadline: 1m, on_deadline: wait}}\n",
      4, "rules[0].action.approve_when_ready.on_deadline", "expected approve or hold, got 'wait'"),
@@ -382,10 +401,11 @@ def test_check_command_summarises_a_valid_file(
     path.write_text(policyfile.EXAMPLE_POLICY_YAML, encoding="utf-8")
     assert policyfile.main([str(path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"{path}: valid policy, 5 rules, 2 budgets (first matching rule wins)"
+    assert lines[0] == f"{path}: valid policy, 6 rules, 2 budgets (first matching rule wins)"
     assert lines[1:] == [
         "  rule user-initiated: event_source user -> approve",
         "  rule short-freeze: event_type freeze, 0 <= duration < 9 -> approve",
+        "  rule primary-db: vm tags role=primary -> ask dba-oncall (deadline 30m, then hold)",
         "  rule db-after-drain: event_type reboot|redeploy, vm tags tier=db, vm name db-* -> "
         "approve when ready (deadline 10m, then hold)",
         "  rule web-nights: vm scale_set web -> approve in window (Europe/Istanbul: weekend "
@@ -422,3 +442,11 @@ def test_check_command_runs_as_a_module(tmp_path: Path) -> None:
     )  # fmt: skip
     assert missing.returncode == 2
     assert "cannot read the policy file" in missing.stderr
+
+
+def test_only_the_consumers_policy_may_ask_a_person(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(policyfile.EXAMPLE_POLICY_YAML, encoding="utf-8")
+    assert policyfile.load_setting("consumer.policy", path).rules[2].action.kind == "ask"
+    with pytest.raises(ConfigError, match=r"agent.policy: .*rule primary-db asks a person"):
+        policyfile.load_setting("agent.policy", path)

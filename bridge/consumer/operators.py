@@ -1,0 +1,355 @@
+"""People in the loop: what a person decides (approve or hold an event, pause or resume early
+approvals), kept in the fleet state signed by the consumer, and what the page lists.
+
+Who decided is proven, never claimed. A decision reaches the consumer only through a path
+that authenticated the person (the API checks an Entra ID token; the loopback page its local
+operator), which calls `Consumer.operate`. The consumer signs the action with its own command
+signing key (under a context of its own, so it can never pass for a command) and stores it in
+the collection `operator`; the decision pass applies only actions whose signature verifies
+with the consumer's own public key. Someone who can write the fleet state or a queue, but
+does not hold the key, cannot record a decision in another person's name: such a document is
+ignored, with an ERROR and `se_bridge_consumer_operator_actions_forged_total`.
+
+A sample document (`operator/20261121T100500.000000-000001-1f2e3d4c5b6a`):
+
+    {"Action": {"Kind": "approve", "By": "0b5e...", "ByName": "Alice", "Reason": "failover
+     done", "At": "2026-11-21T10:05:00.000Z", "EventId": "C7061BAC-...", "ResourcesDigest":
+     "9f86d081884c7d65", "OverrideBudget": false, "Scope": null, "Until": null},
+     "KeyId": "3b7a1c0d9e8f2a4b", "Signature": "base64..."}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal, Protocol, get_args
+
+from bridge.commands.message import resources_digest
+from bridge.commands.signing import Signer, key_id, verifies
+from bridge.consumer.state import Conflict, Doc, Store, layout
+from bridge.notify.notice import Notice
+from bridge.policy.model import GROUP_KINDS, Pause, Person, PersonDecision
+from bridge.records import iso, parse_time
+
+log = logging.getLogger(__name__)
+
+OPERATOR = layout.OPERATOR
+# What an operator action's signature covers starts with this, a command's with
+# "se-bridge command v1\n": one can never be taken for the other.
+SIGNING_CONTEXT = b"se-bridge operator v1\n"
+OperatorKind = Literal["approve", "hold", "pause", "resume"]
+KINDS: tuple[str, ...] = get_args(OperatorKind)
+# A Decision record's EventId must be a string: a pause or resume names what it covers.
+FLEET = "fleet"
+
+__all__ = [
+    "Answer",
+    "AskState",
+    "Notifier",
+    "OpenEvent",
+    "OperatorAction",
+    "OperatorLog",
+    "Pause",
+    "Person",
+    "PersonDecision",
+]
+
+
+@dataclass(frozen=True)
+class OperatorAction:
+    kind: OperatorKind
+    by: Person
+    reason: str  # required non-empty for pause, resume, override; may be "" otherwise
+    at: datetime
+    event_id: str | None = None  # approve / hold
+    resources_digest: str | None = None  # approve / hold: the Resources shown to the person
+    override_budget: bool = False  # approve only
+    scope: str | None = None  # pause/resume: None = fleet, else "KIND:VALUE" (a budget group)
+    until: datetime | None = None  # pause: None = until resumed
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What `Consumer.operate` says to the person: accepted, or refused and why."""
+
+    accepted: bool
+    code: str  # Accepted, NotOpen, ResourcesChanged, NoReason, Paused, ... (see REFUSALS)
+    detail: str  # a sentence for the person
+
+
+# Every code `operate` refuses with (docs/people.md#refusals).
+REFUSALS = ("Invalid", "NoReason", "NotOpen", "ResourcesChanged", "Paused", "BadScope",
+            "NotPaused", "NoSigningKey")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AskState:
+    """An event a person is asked about: who, since when, until when."""
+
+    target: str
+    since: datetime | None  # None: the ask is decided but not said yet
+    deadline: datetime | None  # None: until NotBefore, which is not known
+
+    def __str__(self) -> str:
+        since = f" since {iso(self.since)}" if self.since else ""
+        until = f"until {iso(self.deadline)}" if self.deadline else "until NotBefore"
+        return f"{self.target}{since}, waiting {until}"
+
+
+@dataclass(frozen=True)
+class OpenEvent:
+    """One open (Scheduled) event as the page lists it."""
+
+    event_id: str
+    event_type: str
+    event_source: str | None
+    not_before: datetime | None
+    vms: tuple[str, ...]  # the names of the VMs it affects (and the names not resolved)
+    resources: tuple[str, ...]
+    resources_digest: str  # what an approve or hold must carry (OperatorAction)
+    action: str  # what the policy decides now: Approve, Defer, Hold, Ask
+    rule: str
+    reason: str
+    explanation: tuple[str, ...]
+    ask: str | None  # who is asked, since and until when, in a sentence; None: nobody
+    asked: AskState | None  # the same, as values
+    person: PersonDecision | None  # the last decision a person made about it
+    pause: Pause | None  # the pause that stops its approval now
+
+
+@dataclass(frozen=True)
+class PeopleCounts:
+    """What the metrics say of people (bridge.consumer.metrics)."""
+
+    asks_pending: int  # open events waiting for a person's answer, as of the last tick
+    pauses_active: int
+    operated: Mapping[str, int]  # actions people made that were accepted, by kind
+    forged: int  # operator documents in the state that did not verify, ignored
+
+
+class Notifier(Protocol):
+    """What the consumer needs of bridge.notify's Notifier: it never blocks."""
+
+    @property
+    def targets(self) -> tuple[str, ...]: ...
+
+    def notify(self, notice: Notice) -> None: ...
+
+    def failing(self) -> tuple[str, ...]: ...
+
+    def close(self, timeout: float) -> None: ...
+
+
+EVERY_TARGET = "*"  # a notice for every target (a pause, a person's decision on no ask)
+
+
+# --- the signed documents ------------------------------------------------------------------
+
+
+def action_body(action: OperatorAction) -> dict[str, Any]:
+    return {
+        "Kind": action.kind,
+        "By": action.by.object_id,
+        "ByName": action.by.name,
+        "Reason": action.reason,
+        "At": iso(action.at),
+        "EventId": action.event_id,
+        "ResourcesDigest": action.resources_digest,
+        "OverrideBudget": action.override_budget,
+        "Scope": action.scope,
+        "Until": iso(action.until) if action.until else None,
+    }
+
+
+def parse_body(body: Mapping[str, Any]) -> OperatorAction:
+    """The action a stored body holds; ValueError when it is not one."""
+    kind = body.get("Kind")
+    at = parse_time(body.get("At"))
+    if kind not in KINDS or at is None:
+        raise ValueError(f"not an operator action (Kind {kind!r}, At {body.get('At')!r})")
+    texts = ("By", "ByName", "Reason")
+    if not all(isinstance(body.get(k), str) for k in texts):
+        raise ValueError(f"By, ByName and Reason must be strings: {', '.join(texts)}")
+    return OperatorAction(
+        kind=kind,
+        by=Person(body["By"], body["ByName"]),
+        reason=body["Reason"],
+        at=at,
+        event_id=_text_or_none(body, "EventId"),
+        resources_digest=_text_or_none(body, "ResourcesDigest"),
+        override_budget=body.get("OverrideBudget") is True,
+        scope=_text_or_none(body, "Scope"),
+        until=parse_time(body.get("Until")),
+    )
+
+
+def _text_or_none(body: Mapping[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{key} must be a string or null, got {type(value).__name__}")
+    return value
+
+
+def signed_bytes(body: Mapping[str, Any]) -> bytes:
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return SIGNING_CONTEXT + text.encode("utf-8", errors="surrogatepass")
+
+
+def scope_key(scope: str | None) -> str:
+    """What tells one pause's scope from another's: case-blind, `fleet` for the fleet."""
+    return (scope or FLEET).strip().lower()
+
+
+def scope_error(scope: str | None) -> str | None:
+    """Why `scope` names no budget group (KIND:VALUE); None when it does, or is the fleet."""
+    if scope is None or scope_key(scope) == FLEET:
+        return None
+    kind, _, value = scope.strip().rpartition(":")
+    known = kind in GROUP_KINDS or (kind.startswith("tag:") and len(kind) > 4)
+    if not known or not value.strip():
+        kinds = ", ".join(k for k in GROUP_KINDS if k != FLEET)
+        return (f"scope {scope!r} is not KIND:VALUE with KIND one of {kinds} or tag:NAME "
+                "(for example scale_set:web or tag:tier:db), or fleet")  # fmt: skip
+    return None
+
+
+class OperatorLog:
+    """The operator actions of the fleet state that this consumer signed, as they stand: each
+    event's last decision by a person, and the pauses in force."""
+
+    def __init__(
+        self, store: Store, signer: Signer | None, *, forged: Callable[[], None] | None = None
+    ) -> None:
+        self.store = store
+        self.signer = signer
+        self._forged = forged or (lambda: None)
+        self._mark: int | None = None
+        self._looked: datetime | None = None
+        self._recorded = 0
+        self._lapsed: set[tuple[str, str | None]] = set()  # approvals said to have lapsed
+        self._docs: dict[str, Doc] = {}
+        # EventId (upper case) -> (its action's order, the decision).
+        self._decisions: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
+        # scope_key -> (order, the last pause or resume of that scope).
+        self._scopes: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
+
+    @property
+    def can_sign(self) -> bool:
+        return self.signer is not None
+
+    def record(self, action: OperatorAction) -> None:
+        """Sign `action` and store it; it applies from now on (RuntimeError without a key)."""
+        if self.signer is None:
+            raise RuntimeError("no commands.signing_key: operator actions cannot be signed")
+        body = action_body(action)
+        value = {"Action": body, "KeyId": self.signer.key_id,
+                 "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
+        # In time order, then in the order this consumer recorded them (two in the same
+        # microsecond: the later one stands); unique across consumers.
+        self._recorded += 1
+        key = f"{action.at:%Y%m%dT%H%M%S.%f}-{self._recorded:06d}-{uuid.uuid4().hex[:12]}"
+        try:
+            stored = self.store.write(OPERATOR, Doc(key, value))
+        except Conflict:  # a random key already taken: not worth a second try's code
+            raise RuntimeError(f"operator/{key} already exists") from None
+        self._docs[key] = stored
+        self._take(key, action)
+
+    def refresh(self, now: datetime | None = None) -> None:
+        """Take in the actions stored since the last look (by any consumer of this state);
+        with `now`, only when the store's feed_interval has passed since (a look at Table
+        Storage is a query, and every batch decides)."""
+        if self.signer is None:
+            return  # nothing can be verified, so nothing applies (operate refuses, too)
+        pace = self.store.feed_interval
+        if now is not None:
+            if self._looked is not None and (now - self._looked).total_seconds() < pace:
+                return
+            self._looked = now
+        docs, self._mark = self.store.scan_changes(OPERATOR, self._mark, known=self._docs)
+        for doc in docs:
+            self._docs[doc.key] = doc
+            action = self._verified(doc)
+            if action is not None:
+                self._take(doc.key, action)
+
+    def _verified(self, doc: Doc) -> OperatorAction | None:
+        body, signature = doc.value.get("Action"), doc.value.get("Signature")
+        why = None
+        if self.signer is None:
+            why = "this consumer has no signing key to verify it with (commands.signing_key)"
+        elif not isinstance(body, dict) or not isinstance(signature, str):
+            why = "it is not signed"
+        elif not verifies(self.signer.public_key(), signed_bytes(body), signature):
+            mine = key_id(self.signer.public_key())
+            why = (f"its signature (key {doc.value.get('KeyId')}) does not verify with this "
+                   f"consumer's key {mine}")  # fmt: skip
+        if why is None:
+            try:
+                return parse_body(body)  # type: ignore[arg-type]  # a dict, checked above
+            except ValueError as err:
+                why = f"it does not hold an operator action ({err})"
+        self._forged()
+        log.error("operator action %s in the fleet state is ignored: %s; only what a person "
+                  "decided through the API or the page, signed by this consumer, applies (was "
+                  "the state written by hand, or the signing key rotated?)", doc.key,
+                  why)  # fmt: skip
+        return None
+
+    def _take(self, key: str, action: OperatorAction) -> None:
+        order = (iso(action.at), key)
+        if action.kind in ("approve", "hold"):
+            event = (action.event_id or "").upper()
+            held = self._decisions.get(event)
+            if held is None or held[0] < order:
+                self._decisions[event] = (order, action)
+        else:
+            scope = scope_key(action.scope)
+            held = self._scopes.get(scope)
+            if held is None or held[0] < order:
+                self._scopes[scope] = (order, action)
+
+    def decision_for(self, event_id: str, resources: Sequence[str]) -> PersonDecision | None:
+        """The last decision a person made about the event, if it still applies to the event's
+        `resources`: an approval was made for the VMs the person was shown (its digest) and
+        lapses when they change; a hold stands (it only lets NotBefore come)."""
+        held = self._decisions.get(event_id.upper())
+        if held is None:
+            return None
+        action = held[1]
+        if action.kind == "approve" and action.resources_digest != resources_digest(resources):
+            if (event_id, action.resources_digest) not in self._lapsed:
+                self._lapsed.add((event_id, action.resources_digest))
+                log.info("the approval of event %s by %s (%s) no longer applies: the event's "
+                         "Resources changed since they were shown (now %s); the policy decides "
+                         "it again, and a person may approve it anew", event_id, action.by.name,
+                         action.by.object_id, ", ".join(resources) or "none")  # fmt: skip
+            return None
+        kind: Literal["approve", "hold"] = "approve" if action.kind == "approve" else "hold"
+        return PersonDecision(
+            kind, action.by, action.reason, action.at, override_budget=action.override_budget
+        )
+
+    def action_for(self, event_id: str) -> OperatorAction | None:
+        held = self._decisions.get(event_id.upper())
+        return None if held is None else held[1]
+
+    def pauses(self, now: datetime) -> tuple[Pause, ...]:
+        """The pauses in force at `now`, fleet-wide first."""
+        found = []
+        for _, action in self._scopes.values():
+            if action.kind != "pause":
+                continue
+            pause = pause_of(action)
+            if pause.active(now):
+                found.append(pause)
+        return tuple(sorted(found, key=lambda p: (p.scope is not None, scope_key(p.scope))))
+
+
+def pause_of(action: OperatorAction) -> Pause:
+    scope = None if scope_key(action.scope) == FLEET else (action.scope or "").strip()
+    return Pause(scope, action.until, action.by, action.reason, action.at)

@@ -1,0 +1,435 @@
+"""People in the loop on the real consumer over SQLite: asks, a person's approve or hold,
+overrides, pauses, and the signed operator actions (issue 29, docs/people.md)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bridge.commands.message import resources_digest
+from bridge.commands.signing import Signer
+from bridge.config import ConsumerSettings, load
+from bridge.consumer.core import Consumer
+from bridge.consumer.explain import render
+from bridge.consumer.operators import (
+    OPERATOR,
+    OperatorAction,
+    OperatorLog,
+    Person,
+    action_body,
+)
+from bridge.consumer.state import Doc
+from bridge.consumer.state.sqlite import SqliteStore
+from bridge.notify import kinds as notify_kinds
+from bridge.notify.notice import Notice
+from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from tests.component.consumer.test_core import E1, E2, T0
+from tests.doubles.webhook import WebhookReceiver
+from tests.support.fleetrecords import FleetRecords
+from tests.support.records import Sender, assert_valid
+from tests.support.wait import eventually
+
+ALICE = Person("oid-alice", "Alice")
+BOB = Person("oid-bob", "Bob")
+HOLD_ALL = Rule("everything-else", Match(), Action("hold"))
+APPROVE_ALL = Rule("approve-all", Match(), Action("approve"))
+ONE_AT_A_TIME = (Budget("one", "fleet", max_vms=1),)
+
+
+def asking(on_deadline: str = "hold") -> Policy:
+    ask = Action("ask", timedelta(minutes=10), on_deadline, target="dba")  # type: ignore[arg-type]
+    return Policy((Rule("primary", Match(), ask),))
+
+
+class Notices:
+    """A notifier that keeps what it is told; `broken` targets say they keep failing."""
+
+    def __init__(self) -> None:
+        self.told: list[Notice] = []
+        self.broken: tuple[str, ...] = ()
+        self.closed: float | None = None
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        return ("dba", "ops")
+
+    def notify(self, notice: Notice) -> None:
+        self.told.append(notice)
+
+    def failing(self) -> tuple[str, ...]:
+        return self.broken
+
+    def close(self, timeout: float) -> None:
+        self.closed = timeout
+
+    def kinds(self) -> list[tuple[str, str | None]]:
+        return [(n.kind, n.event_id) for n in self.told]
+
+
+class People:
+    """A consumer with a signing key and a notifier, over a real SQLite fleet state."""
+
+    def __init__(self, path: Path, policy: Policy) -> None:
+        self.fleet = FleetRecords(T0)
+        self.store = SqliteStore(path)
+        self.sender = Sender()
+        self.decisions: list[Mapping[str, Any]] = []
+        self.notices = Notices()
+        self.signer = Signer(Ed25519PrivateKey.generate())
+        self.consumer = Consumer(self.store, self.sender, policy, self.decisions.extend,
+                                 ConsumerSettings(), now=lambda: self.fleet.now,
+                                 signer=self.signer, notifier=self.notices)  # fmt: skip
+        for name in ("web_0", "web_1"):
+            self.fleet.vm(name, scale_set="web")
+        self.fleet.vm("db_0", scale_set="db")
+
+    def heartbeats(self) -> list[dict[str, Any]]:
+        return [self.fleet.heartbeat(name) for name in ("web_0", "web_1", "db_0")]
+
+    def event(self, name: str, event_id: str, **fields: Any) -> None:
+        not_before = self.fleet.now + timedelta(hours=1)
+        record = self.fleet.event(name, event_id, source="Platform", not_before=not_before,
+                                  **fields)  # fmt: skip
+        self.consumer.process([*self.heartbeats(), record])
+
+    def later(self, seconds: float) -> None:
+        self.fleet.advance(seconds)
+        self.consumer.process(self.heartbeats())
+        self.consumer.tick()
+
+    def decide(self, kind: str, event_id: str, by: Person = ALICE, **fields: Any) -> Any:
+        digest = fields.pop("digest", None) or self.digest(event_id)
+        action = OperatorAction(kind, by, fields.pop("reason", "because"), self.fleet.now,  # type: ignore[arg-type]
+                                event_id=event_id, resources_digest=digest, **fields)  # fmt: skip
+        return self.consumer.operate(action)
+
+    def pause(self, kind: str = "pause", **fields: Any) -> Any:
+        action = OperatorAction(kind, BOB, fields.pop("reason", "launch week"), self.fleet.now,  # type: ignore[arg-type]
+                                **fields)  # fmt: skip
+        return self.consumer.operate(action)
+
+    def digest(self, event_id: str) -> str:
+        found = {e.event_id: e for e in self.consumer.open_events(self.fleet.now)}
+        return found[event_id].resources_digest if event_id in found else "-"
+
+    def last(self, event_id: str) -> Mapping[str, Any]:
+        return [d for d in self.decisions if d["EventId"] == event_id][-1]
+
+    def approved(self) -> list[str]:
+        return [c.event_id for c in self.sender.sent]
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    made: list[People] = []
+
+    def build(policy: Policy) -> People:
+        made.append(People(tmp_path / f"fleet{len(made)}.db", policy))
+        return made[-1]
+
+    yield build
+    for rig in made:
+        for decision in rig.decisions:
+            assert_valid(decision)
+        rig.store.close()
+
+
+@pytest.mark.parametrize("on_deadline", ["hold", "approve"])
+def test_an_ask_is_said_notified_and_times_out(make: Any, on_deadline: str) -> None:
+    rig = make(asking(on_deadline))
+    rig.event("db_0", E1)
+    asked = rig.last(E1)
+    assert (asked["DecisionAction"], asked["AskedTarget"]) == ("Ask", "dba")
+    assert asked["AskDeadline"] == "2026-11-21T10:10:00.000Z"
+    assert rig.notices.kinds() == [("asked", E1)]
+    (open_event,) = rig.consumer.open_events(rig.fleet.now)
+    assert open_event.asked is not None
+    assert open_event.asked.since == T0
+    assert (
+        open_event.ask
+        == "dba since 2026-11-21T10:00:00.000Z, waiting until 2026-11-21T10:10:00.000Z"
+    )
+    rig.later(300)  # still waiting: said once
+    assert [d["DecisionAction"] for d in rig.decisions] == ["Ask"]
+    assert rig.consumer.people_counts().asks_pending == 1
+    rig.later(301)
+    timed_out = rig.last(E1)
+    assert timed_out["DecisionAction"] == ("Hold" if on_deadline == "hold" else "Approve")
+    assert timed_out["AskedTarget"] == "dba"
+    assert rig.approved() == ([] if on_deadline == "hold" else [E1])
+    assert rig.notices.kinds() == [("asked", E1), ("timed_out", E1)]
+
+
+def test_a_persons_approval_waits_on_a_full_budget_and_an_override_goes_over_it(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.event("web_0", E1)
+    rig.event("web_1", E2)
+    first = rig.decide("approve", E1, reason="patch window")
+    assert (first.accepted, first.code) == (True, "Accepted")
+    assert rig.approved() == [E1]
+    record = rig.last(E1)
+    assert (record["DecisionAction"], record["DecisionRule"]) == ("Approve", "(person)")
+    assert (record["DecidedBy"], record["DecidedByName"]) == ("oid-alice", "Alice")
+    assert (record["OperatorReason"], record["BudgetOverride"]) == ("patch window", False)
+    waiting = rig.decide("approve", E2, by=BOB)
+    assert waiting.accepted
+    assert "budget one" in waiting.detail
+    assert rig.approved() == [E1]
+    record = rig.last(E2)
+    assert (record["DecisionAction"], record["DecidedBy"]) == ("Defer", "oid-bob")
+    # Break-glass: a reason, recorded as an override, told and logged as a warning.
+    assert rig.decide("approve", E2, by=BOB, override_budget=True, reason="").code == "NoReason"
+    with caplog.at_level(logging.WARNING):
+        over = rig.decide("approve", E2, by=BOB, override_budget=True, reason="3 a.m. fix")
+    assert over.accepted
+    assert rig.approved() == [E1, E2]
+    record = rig.last(E2)
+    assert (record["DecisionAction"], record["BudgetOverride"]) == ("Approve", True)
+    assert ("override", E2) in rig.notices.kinds()
+    assert any("OVER A FULL BUDGET" in r.getMessage() for r in caplog.records)
+
+
+def test_a_persons_hold_holds_what_the_policy_approves(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    assert rig.decide("hold", E1, reason="incident").accepted
+    record = rig.last(E1)
+    assert (record["DecisionAction"], record["DecisionRule"]) == ("Hold", "(person)")
+    assert record["OperatorReason"] == "incident"
+    assert "changed from Hold by everything-else" in record["DecisionExplanation"]
+    assert "Alice (oid-alice) decided: hold" in record["DecisionExplanation"]
+    assert ("held", E1) in rig.notices.kinds()
+
+
+def test_a_pause_stops_the_policy_and_the_people_until_its_time(make: Any) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    rig.consumer.process(rig.heartbeats())
+    assert rig.pause(reason="").code == "NoReason"
+    until = T0 + timedelta(minutes=10)
+    assert rig.pause(until=until).accepted
+    pause = rig.decisions[-1]
+    assert (pause["DecisionAction"], pause["EventId"], pause["PauseScope"]) == (
+        "Pause", "(fleet)", "fleet")  # fmt: skip
+    assert pause["PauseUntil"] == "2026-11-21T10:10:00.000Z"
+    assert [p.by for p in rig.consumer.pauses(rig.fleet.now)] == [BOB]
+    rig.event("web_0", E1)
+    deferred = rig.last(E1)
+    assert (deferred["DecisionAction"], deferred["PauseScope"]) == ("Defer", "fleet")
+    refused = rig.decide("approve", E1)
+    assert (refused.accepted, refused.code) == (False, "Paused")
+    assert rig.approved() == []
+    rig.later(600)
+    assert rig.approved() == [E1]
+    assert rig.consumer.pauses(rig.fleet.now) == []
+
+
+def test_a_scoped_pause_lifts_on_resume(make: Any) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    rig.consumer.process(rig.heartbeats())
+    assert rig.pause(scope="scale_set:nosuchkind:x").code == "BadScope"
+    assert rig.pause(kind="resume", scope="scale_set:web").code == "NotPaused"
+    assert rig.pause(scope="scale_set:web").accepted
+    rig.event("web_0", E1)
+    rig.event("db_0", E2)
+    assert rig.approved() == [E2]
+    assert rig.last(E1)["PauseScope"] == "scale_set:web"
+    resumed = rig.pause(kind="resume", scope="scale_set:web", reason="launched")
+    assert resumed.accepted
+    assert [d["DecisionAction"] for d in rig.decisions if d["EventId"] == "(scale_set:web)"] == [
+        "Pause", "Resume"]  # fmt: skip
+    assert rig.approved() == [E2, E1]
+    assert ("resumed", None) in rig.notices.kinds()
+
+
+def test_a_decision_on_changed_resources_a_closed_event_or_bad_input_is_refused(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1, resources=["web_0"])
+    shown = rig.digest(E1)
+    rig.event("web_1", E1, resources=["web_0", "web_1"])
+    refused = rig.decide("approve", E1, digest=shown)
+    assert (refused.accepted, refused.code) == (False, "ResourcesChanged")
+    assert shown != resources_digest(["web_0", "web_1"])
+    assert rig.decide("approve", E2, digest="0" * 16).code == "NotOpen"
+    assert rig.decide("hold", E1, reason="x" * 1001).code == "Invalid"
+    assert rig.pause(until=datetime(2026, 11, 21, 11)).code == "Invalid"
+    assert rig.pause(until=T0).code == "Invalid"  # passed
+    assert rig.approved() == []
+
+
+def test_operate_without_a_signing_key_is_refused(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "fleet.db")
+    consumer = Consumer(store, Sender(), Policy((HOLD_ALL,)), lambda _: None, ConsumerSettings())
+    answer = consumer.operate(OperatorAction("pause", ALICE, "why", T0))
+    assert (answer.accepted, answer.code) == (False, "NoSigningKey")
+    store.close()
+
+
+def test_a_forged_operator_action_in_the_state_is_ignored(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    digest = rig.digest(E1)
+    approve = OperatorAction("approve", ALICE, "", T0, event_id=E1, resources_digest=digest)
+    # Written straight into the state: unsigned, and signed with another key.
+    rig.store.write(OPERATOR, Doc("forged-unsigned", {"Action": action_body(approve)}))
+    OperatorLog(rig.store, Signer(Ed25519PrivateKey.generate())).record(
+        replace(approve, at=T0 + timedelta(seconds=1))
+    )
+    with caplog.at_level(logging.ERROR):
+        rig.later(5)
+    assert rig.approved() == []
+    assert rig.consumer.people_counts().forged == 2
+    assert rig.last(E1)["DecisionRule"] == "everything-else"
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert any("forged-unsigned" in e and "not signed" in e for e in errors)
+    assert any("does not verify" in e for e in errors)
+
+
+def test_decisions_name_the_failing_notification_targets(make: Any) -> None:
+    rig = make(asking())
+    rig.notices.broken = ("teams",)
+    rig.event("db_0", E1)
+    assert rig.last(E1)["NotifyFailing"] == ["teams"]
+
+
+def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    other = Consumer(rig.store, rig.sender, Policy((HOLD_ALL,)), rig.decisions.extend,
+                     ConsumerSettings(), now=lambda: rig.fleet.now,
+                     signer=rig.signer)  # fmt: skip
+    assert rig.decide("approve", E1).accepted
+    other.tick()
+    (listed,) = other.open_events(rig.fleet.now)
+    assert listed.person is not None
+    assert listed.person.by == ALICE
+
+
+def explained(rig: People) -> tuple[dict[str, Any], str]:
+    """`policy explain --json` and its text, of E1 on the rig's consumer."""
+    found = rig.consumer.explain(E1)
+    assert found is not None
+    said = json.loads(render(found, rig.consumer.policy, as_json=True))
+    return said, render(found, rig.consumer.policy, as_json=False)
+
+
+def test_policy_explain_shows_the_ask_the_persons_decision_and_the_pause(make: Any) -> None:
+    rig = make(asking())
+    rig.event("db_0", E1)
+    said, text = explained(rig)
+    assert (said["AskedTarget"], said["AskedSince"], said["AskDeadline"]) == (
+        "dba", "2026-11-21T10:00:00.000Z", "2026-11-21T10:10:00.000Z")  # fmt: skip
+    assert "asked: dba since 2026-11-21T10:00:00.000Z" in text
+    assert rig.decide("hold", E1, reason="primary failed over").accepted
+    assert rig.pause(until=T0 + timedelta(minutes=5)).accepted
+    said, text = explained(rig)
+    assert (said["DecisionAction"], said["PersonDecision"]["DecidedByName"]) == ("Hold", "Alice")
+    assert "person: hold by Alice (oid-alice)" in text
+    assert rig.decide("approve", E1).code == "Paused"
+    # An approval recorded before the pause was seen (by another consumer) waits for it.
+    rig.fleet.advance(1)
+    rig.consumer.operators.record(
+        OperatorAction("approve", ALICE, "", rig.fleet.now, E1, rig.digest(E1))
+    )
+    said, text = explained(rig)
+    assert (said["DecisionAction"], said["Pause"]["PauseUntil"]) == (
+        "Defer", "2026-11-21T10:05:00.000Z")  # fmt: skip
+    assert "paused: fleet by Bob (oid-bob) until 2026-11-21T10:05:00.000Z: launch week" in text
+
+
+def test_a_shadow_consumer_asks_nobody(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "fleet.db")
+    fleet, notices = FleetRecords(T0), Notices()
+    decisions: list[Mapping[str, Any]] = []
+    fleet.vm("db_0")
+    shadow = Consumer(store, Sender(), asking(), decisions.extend,
+                      ConsumerSettings(mode="shadow"), now=lambda: fleet.now,
+                      notifier=notices)  # fmt: skip
+    shadow.process([fleet.heartbeat("db_0"), fleet.event("db_0", E1, source="Platform")])
+    assert [d["DecisionAction"] for d in decisions] == ["Ask"]
+    assert notices.told == []
+    store.close()
+
+
+def test_an_ask_and_a_pause_reach_the_webhooks_of_the_configured_notifier(tmp_path: Path) -> None:
+    with WebhookReceiver() as receiver:
+        config = load(environ={
+            "SE_BRIDGE_NOTIFY_TARGETS": json.dumps([
+                {"name": "dba", "kind": "generic", "url": receiver.url("/dba")},
+                {"name": "ops", "kind": "generic", "url": receiver.url("/ops")},
+            ]),
+            "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.example/approvals",
+        })  # fmt: skip
+        store = SqliteStore(tmp_path / "fleet.db")
+        fleet = FleetRecords(T0)
+        fleet.vm("db_0")
+        consumer = Consumer(store, Sender(), asking(), lambda _: None, ConsumerSettings(),
+                            now=lambda: fleet.now, signer=Signer(Ed25519PrivateKey.generate()),
+                            notifier=notify_kinds.build(config))  # fmt: skip
+        consumer.process([fleet.heartbeat("db_0"), fleet.event("db_0", E1, source="Platform")])
+        assert consumer.operate(OperatorAction("pause", BOB, "incident", fleet.now)).accepted
+        (asked,) = eventually(lambda: receiver.bodies("/dba")[:1], what="the ask's notice")
+        assert (asked["Kind"], asked["EventId"], asked["Vms"]) == ("asked", E1, ["db_0"])
+        assert asked["Link"].startswith("https://bridge.example/approvals")
+
+        # A pause concerns every target.
+        def paused(path: str) -> list[Any]:
+            return [b for b in receiver.bodies(path) if b["Kind"] == "paused"]
+
+        assert eventually(lambda: paused("/dba") and paused("/ops"), what="the pause's notices")
+        consumer.close()
+
+
+def test_a_persons_approval_of_a_kubernetes_node_grants_its_drain_first(make: Any) -> None:
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.fleet.vm("aks-0", scale_set="aks-pool1")
+    node = rig.fleet.node("aks-0", "pool1")
+    rig.consumer.process([node, rig.fleet.event("aks-0", E1, source="Platform")])
+    assert rig.decide("approve", E1, reason="node first").accepted
+    assert [c.type for c in rig.sender.sent] == ["Prepare"]
+    granted = rig.last(E1)
+    assert (granted["DecisionAction"], granted["DecisionRule"]) == ("Defer", "(person)")
+    assert "drain granted on aks-0" in granted["DecisionReason"]
+    assert granted["DecidedBy"] == "oid-alice"
+    rig.fleet.advance(20)
+    drained = rig.fleet.drain("aks-0", E1, "Drained", exit_code=0)
+    rig.consumer.process([rig.fleet.node("aks-0", "pool1"), drained])
+    assert [c.type for c in rig.sender.sent] == ["Prepare", "Approve"]
+    assert (rig.last(E1)["DecisionAction"], rig.last(E1)["DecisionRule"]) == ("Approve", "(person)")
+
+
+def test_a_waiting_approval_lapses_when_the_events_resources_change(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.event("web_0", E1)
+    rig.event("db_0", E2)
+    assert rig.decide("approve", E1).accepted
+    assert rig.decide("approve", E2, by=BOB).accepted  # waits: the budget is E1's
+    assert rig.last(E2)["DecisionAction"] == "Defer"
+    # E2 grows to a VM Bob was not shown: his approval no longer applies when a slot frees.
+    with caplog.at_level(logging.INFO):
+        rig.event("web_1", E2, resources=["db_0", "web_1"])
+        rig.event("web_0", E1, transition="Completed")
+        rig.later(5)
+    assert rig.approved() == [E1]
+    assert (rig.last(E2)["DecisionAction"], rig.last(E2)["DecisionRule"]) == (
+        "Hold", "everything-else")  # fmt: skip
+    assert any("Bob" in r.getMessage() and "Resources changed" in r.getMessage()
+               for r in caplog.records)  # fmt: skip
+    # A hold stands whatever the Resources become: it only lets NotBefore come.
+    assert rig.decide("hold", E2, by=BOB).accepted
+    rig.event("web_0", E2, resources=["db_0", "web_1", "web_0"])
+    rig.later(5)
+    assert (rig.last(E2)["DecisionAction"], rig.last(E2)["DecisionRule"]) == ("Hold", "(person)")

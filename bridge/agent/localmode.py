@@ -228,5 +228,7 @@ def build(
             return None
         policy = policyfile.load_setting("agent.policy", config.agent.policy)
     log.info("local mode: approving with the policy %s", policy.source)
+    # A drain of the node ([kubernetes]) is a prepare step: approve_when_ready waits for it.
+    prepare = config.hooks.prepare is not None or config.kubernetes.enabled
     return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS,
-                         prepare_hook=config.hooks.prepare is not None)  # fmt: skip
+                         prepare_hook=prepare)  # fmt: skip

@@ -243,3 +243,22 @@ def test_an_unreachable_api_server_blocks_nothing_and_the_node_is_uncordoned_aft
     node = kube.node(NODE)
     assert node["spec"]["unschedulable"] is False
     assert node["spec"]["taints"] == []
+
+
+@pytest.mark.parametrize("on_deadline", ["hold", "approve"])
+def test_the_deadline_before_not_before_ends_a_blocked_drain(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path, on_deadline: str
+) -> None:
+    simulator, _ = sim
+    kube.add_budget("shop", "web-pdb", {"app": "web"}, allowed=0)
+    # NotBefore 62 s away, and the drain stops 60 s before it.
+    event = simulator.add_event(EventSpec("Reboot", (VM,), notice=62))
+    harness.start(channel=None, policy=WHEN_READY,
+                  kubernetes=settings(kube, tmp_path, on_deadline=on_deadline))  # fmt: skip
+    [gave_up] = until(harness, lambda: hooks(harness, "GaveUp"), "the drain giving up")
+    exit_code = 0 if on_deadline == "approve" else 1  # ready anyway, or not ready
+    assert (gave_up["HookExitCode"], gave_up["HookTimedOut"]) == (exit_code, True)
+    assert gave_up["DrainBlockers"][0]["PodDisruptionBudget"] == "web-pdb"
+    assert f"kubernetes.on_deadline = {on_deadline}" in gave_up["HookOutput"]
+    if on_deadline == "approve":
+        until(harness, lambda: posts(simulator, event) == [200], "the approval anyway")

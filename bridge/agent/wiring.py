@@ -48,6 +48,7 @@ def build_agent(
     ConfigError when a setting cannot be used (a verify key that cannot be loaded), SpoolError
     or OSError when the spool cannot be opened.
     """
+    kube = kube_api(config, kube)
     poll_imds = client or imds_client(config.imds)
     # Approvals have their own connection and thread: one never waits behind a poll that
     # IMDS is slow to answer (each is bounded by its own deadline).
@@ -72,8 +73,10 @@ def build_agent(
                         on_record=metrics.approval)  # fmt: skip
     commands = listener.build(config, approver, now, open_inbox)
     local = localmode.build(config, approver, now, policy)
-    drain_jobs = drains(config, kube, spool, metrics, local, origin=origin, now=now,
-                        on_sight=local is not None or commands is None)  # fmt: skip
+    # Drains start on their own in local mode or with no command channel, else on a Prepare.
+    drain_jobs = None if kube is None else DrainJobs(
+        config.kubernetes, kube, spool, metrics, local, origin=origin, now=now,
+        on_sight=local is not None or commands is None)  # fmt: skip
     # A drain of the node is a prepare step (HasPrepareHook), and heartbeats name the node.
     heartbeats = Heartbeats(spool, poll, metrics, now, interval=config.agent.heartbeat_interval,
                             prepare_hook=config.hooks.prepare is not None or drain_jobs is not None,
@@ -100,19 +103,10 @@ def build_agent(
     return Agent(config, parts, now=now, boot_id=host.boot_id() if boot_id is None else boot_id)
 
 
-def drains(
-    config: Config,
-    kube: KubeApi | None,
-    spool: Spool,
-    metrics: AgentMetrics,
-    local: localmode.LocalApprover | None,
-    *,
-    origin: Callable[[], Origin],
-    now: Callable[[], datetime],
-    on_sight: bool,
-) -> DrainJobs | None:
-    """The drains of this VM's Kubernetes node when [kubernetes] is on; ConfigError when its
-    settings or the kubernetes extra do not allow it."""
+def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:
+    """The Kubernetes API of [kubernetes] when it is on (`given`, else the lightkube client its
+    settings describe); ConfigError when its settings or the kubernetes extra do not allow it.
+    Made before anything else of the agent, so a bad setting leaves nothing open."""
     settings = config.kubernetes
     if not settings.enabled:
         return None
@@ -120,19 +114,18 @@ def drains(
     if unknown:
         raise ConfigError(f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
                           f"known: {', '.join(DRAINED_EVENT_TYPES)}")  # fmt: skip
-    if kube is None:
-        missing = extras.missing_message("kubernetes", "[kubernetes] enabled")
-        if missing:
-            raise ConfigError(missing)
-        # Loaded here only: an agent without [kubernetes] imports no Kubernetes client.
-        from bridge.kubernetes.client import LightkubeApi  # noqa: PLC0415 - on demand
+    if given is not None:
+        return given
+    missing = extras.missing_message("kubernetes", "[kubernetes] enabled")
+    if missing:
+        raise ConfigError(missing)
+    # Loaded here only: an agent without [kubernetes] imports no Kubernetes client.
+    from bridge.kubernetes.client import LightkubeApi  # noqa: PLC0415 - on demand
 
-        try:
-            kube = LightkubeApi(settings.kubeconfig)
-        except KubeError as err:
-            raise ConfigError(f"[kubernetes]: {err}") from err
-    return DrainJobs(settings, kube, spool, metrics, local, origin=origin, now=now,
-                     on_sight=on_sight)  # fmt: skip
+    try:
+        return LightkubeApi(settings.kubeconfig)
+    except KubeError as err:
+        raise ConfigError(f"[kubernetes]: {err}") from err
 
 
 def imds_client(settings: ImdsSettings, limiter: imds.RateLimiter | None = None) -> imds.ImdsClient:

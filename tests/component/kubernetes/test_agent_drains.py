@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bridge.commands import message as commands
-from bridge.config import KubernetesSettings
+from bridge.config import ConfigError, KubernetesSettings
 from bridge.kubernetes.drain import CORDONED_FOR, TAINT_KEY
 from bridge.policy.file import loads
 from bridge.simulator import Simulator, SimulatorServer
@@ -262,3 +262,28 @@ def test_the_deadline_before_not_before_ends_a_blocked_drain(
     assert f"kubernetes.on_deadline = {on_deadline}" in gave_up["HookOutput"]
     if on_deadline == "approve":
         until(harness, lambda: posts(simulator, event) == [200], "the approval anyway")
+
+
+def test_a_prepare_delivered_again_is_a_replay(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    simulator, _ = sim
+    event = central(simulator, harness, kube, tmp_path)
+    text = prepare(simulator, event)
+    harness.inbox.put(text)
+    until(harness, lambda: hooks(harness, "Drained"), "the drain the Prepare granted")
+    harness.inbox.put(text)
+    [replayed] = until(harness, lambda: harness.records("Approval"), "the replay's refusal")
+    assert replayed["ApprovalDetail"].startswith("Replayed:")
+    assert "prepared here already" in replayed["ApprovalDetail"]
+    assert len(hooks(harness, "Drained")) == 1
+
+
+def test_settings_the_agent_cannot_drain_with_stop_it_at_start(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    with pytest.raises(ConfigError, match=r"kubernetes.event_types: Reboots is no event type"):
+        harness.start(kubernetes=settings(kube, tmp_path, event_types=["Reboots"]))
+    missing = KubernetesSettings(enabled=True, kubeconfig=tmp_path / "absent")
+    with pytest.raises(ConfigError, match=r"cannot read the Kubernetes client configuration"):
+        harness.start(kubernetes=missing)

@@ -230,3 +230,13 @@ def test_a_stray_mark_is_found(kube: KubeApiDouble, run: Run) -> None:
     )
     assert run.drainer.strays(lambda e: e == "OPEN") == ["OLD"]
     assert run.drainer.strays(lambda e: e == "OLD") == []
+
+
+def test_a_node_missing_from_the_cluster_fails_the_drain(tmp_path: Path) -> None:
+    with KubeApiDouble() as empty:
+        run = Run(empty, tmp_path)
+        outcome = run.drain()
+        run.api.close()
+    assert outcome is not None
+    assert (outcome.status, outcome.exit_code) == ("Failed", 1)
+    assert f"node {NODE} is not in the cluster" in outcome.detail

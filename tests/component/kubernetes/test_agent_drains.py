@@ -16,6 +16,7 @@ from bridge.commands import message as commands
 from bridge.config import ConfigError, KubernetesSettings
 from bridge.kubernetes.drain import CORDONED_FOR, TAINT_KEY
 from bridge.policy.file import loads
+from bridge.policy.model import DEFAULT_POLICY
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import EventSpec
 from tests.doubles.kubeapi import KubeApiDouble
@@ -287,3 +288,20 @@ def test_settings_the_agent_cannot_drain_with_stop_it_at_start(
     missing = KubernetesSettings(enabled=True, kubeconfig=tmp_path / "absent")
     with pytest.raises(ConfigError, match=r"cannot read the Kubernetes client configuration"):
         harness.start(kubernetes=missing)
+
+
+def test_in_local_mode_no_rule_approves_before_the_drain(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    simulator, _ = sim
+    kube.add_budget("shop", "web-pdb", {"app": "web"}, allowed=0)
+    # The default policy approves a user's reboot at once: with a drain, once it is drained.
+    event = simulator.add_event(EventSpec("Reboot", (VM,), event_source="User"))
+    harness.start(channel=None, policy=DEFAULT_POLICY, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: hooks(harness, "Blocked"), "the blocked drain")
+    harness.poll(3)
+    assert posts(simulator, event) == []
+    kube.allow("web-pdb", 1)
+    until(harness, lambda: posts(simulator, event) == [200], "the approval after the drain")
+    [approval] = harness.records("Approval")
+    assert approval["DecisionRule"] == "user-initiated"

@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from bridge import recordtypes as rt
+from bridge.agent.document import is_started
 from bridge.agent.hooks import phase_for
 from bridge.agent.localmode import LocalApprover
 from bridge.agent.metrics import AgentMetrics
@@ -194,6 +195,8 @@ class DrainJobs:
             preempt = event.get("EventType") == "Preempt"
             if phase is None or (phase == "prepare" and not (self._on_sight or preempt)):
                 continue
+            if phase == "prepare" and is_started(event.get("EventStatus")):
+                continue  # the platform has begun: a drain now only cordons for nothing
             job = DrainJob.make(phase, event["EventId"], event.get("EventType"),
                                 event.get("NotBefore"), transition=event["Transition"],
                                 trigger=str(event.get("RecordId") or ""))  # fmt: skip

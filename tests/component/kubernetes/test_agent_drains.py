@@ -305,3 +305,17 @@ def test_in_local_mode_no_rule_approves_before_the_drain(
     until(harness, lambda: posts(simulator, event) == [200], "the approval after the drain")
     [approval] = harness.records("Approval")
     assert approval["DecisionRule"] == "user-initiated"
+
+
+def test_an_event_first_seen_started_drains_nothing(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    simulator, _ = sim
+    started = simulator.add_event(EventSpec("Freeze", (VM,), status="Started"))
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: [e for e in harness.records("Event") if e["EventId"] == started],
+          "the Started event")  # fmt: skip
+    # A drain would have been planned with that record: the node's look at start is all.
+    until(harness, lambda: kube.calls("GET", f"/nodes/{NODE}"), "the node's first look")
+    assert kube.calls("PATCH") == []
+    assert hooks(harness) == []

@@ -99,6 +99,12 @@ def test_local_mode_drains_then_approves_when_drained(
     drained = hooks(harness, "Drained")
     assert [(h["HookExitCode"], h["EventId"]) for h in drained] == [(0, event)]
     assert kube.pods(NODE) == ["kube-system/proxy"]
+    assert harness.agent is not None
+    metric = harness.agent.metrics.registry.get_sample_value
+    assert metric("se_bridge_agent_drains_total", {"outcome": "started"}) == 1
+    assert metric("se_bridge_agent_drains_total", {"outcome": "drained"}) == 1
+    assert (metric("se_bridge_agent_evictions_refused_total") or 0) >= 1
+    assert (metric("se_bridge_agent_drain_blocked_total") or 0) >= 1
     beat = harness.records("Heartbeat")[0]
     assert (beat["HasPrepareHook"], beat["NodeName"]) == (True, NODE)
 

@@ -424,6 +424,70 @@ class NotifySettings:
     )
 
 
+DRAINED_EVENT_TYPES = ["Freeze", "Reboot", "Redeploy", "Preempt", "Terminate"]
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    enabled: bool = _setting(
+        False,
+        "Cordon and drain this VM's Kubernetes node before maintenance, and uncordon it after "
+        "(docs/kubernetes.md); needs the kubernetes extra.",
+    )
+    node_name: str = _setting(
+        "",
+        "This VM's node name. Empty: the environment variable NODE_NAME (the DaemonSet sets "
+        "it from the downward API), else the VM's name.",
+    )
+    kubeconfig: Path | None = _setting(
+        None, "A kubeconfig file; none: the pod's service account (in-cluster)."
+    )
+    skip_label: str = _setting(
+        "se-bridge.io/drain-skip", "Pods with this label are left on the node."
+    )
+    wait_label: str = _setting(
+        "se-bridge.io/drain-wait-for-completion",
+        "Pods with this label are not evicted: the drain waits until they finish.",
+    )
+    order_label: str = _setting(
+        "se-bridge.io/drain-order",
+        "An integer label: pods with a lower value are evicted first (none: 0); then those "
+        "of a lower priority.",
+    )
+    pool_label: str = _setting(
+        "kubernetes.azure.com/agentpool",
+        "The node label naming its node pool (heartbeats' NodePool, the node_pool budget).",
+    )
+    give_up_before: float = _setting(
+        60.0,
+        "Seconds before the event's NotBefore at which the drain stops trying.",
+        low=0,
+        high=86400,
+    )
+    on_deadline: str = _setting(
+        "hold",
+        "What a drain that reaches its deadline does: hold (not ready: the platform starts "
+        "the event at NotBefore) or approve (ready anyway; the Hook record says why).",
+        choices=("hold", "approve"),
+    )
+    eviction_retry: float = _setting(
+        5.0,
+        "Seconds between attempts to evict a pod whose eviction was refused.",
+        low=0.1,
+        high=600,
+    )
+    blocked_report_interval: float = _setting(
+        60.0,
+        "Seconds between Hook records (DrainStatus Blocked) while a drain stays blocked.",
+        low=1,
+        high=86400,
+    )
+    event_types: list[str] = _setting(
+        DRAINED_EVENT_TYPES,
+        "The event types that drain the node; others are ready at once, undrained.",
+    )
+
+
 @dataclass(frozen=True)
 class Config:
     agent: AgentSettings = field(default_factory=AgentSettings)
@@ -437,6 +501,7 @@ class Config:
     commands: CommandsSettings = field(default_factory=CommandsSettings)
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]

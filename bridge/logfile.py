@@ -82,4 +82,6 @@ def setup_logging(
     target.setFormatter(JsonFormatter(program) if fmt == "json" else logging.Formatter(LOG_FORMAT))
     logging.basicConfig(level=level, handlers=[target], force=True)
     # The Azure SDKs narrate every retry and request at INFO; the sinks report what matters.
-    logging.getLogger("azure").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    # So does the Kubernetes client's HTTP library (httpx2): the drains report what matters.
+    for chatty in ("azure", "httpx2"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLevelName(level)))

@@ -161,6 +161,17 @@ class Health:
     last_imds_success: datetime | None
     # Whether hooks.prepare is set; None leaves HasPrepareHook out, as agents before it did.
     prepare_hook: bool | None = None
+    node: NodeHealth | None = None  # [kubernetes] on: this VM's node
+
+
+@dataclass(frozen=True)
+class NodeHealth:
+    """This VM's Kubernetes node as a Heartbeat reports it (docs/contracts.md)."""
+
+    name: str
+    pool: str | None = None
+    draining: str | None = None  # the EventId whose drain runs or holds the node
+    cordoned: bool | None = None  # unschedulable, and not by se-bridge
 
 
 def heartbeat_record(
@@ -183,10 +194,10 @@ def heartbeat_record(
         "Tags": dict(origin.identity.tags) if origin.identity.known else None,
         "HasPrepareHook": bool(health.prepare_hook),
         # Set by an agent whose [kubernetes] section is on (docs/kubernetes.md).
-        "NodeName": None,
-        "NodePool": None,
-        "NodeDraining": None,
-        "NodeCordoned": None,
+        "NodeName": health.node.name if health.node else None,
+        "NodePool": health.node.pool if health.node else None,
+        "NodeDraining": health.node.draining if health.node else None,
+        "NodeCordoned": health.node.cordoned if health.node else None,
     }
     if health.prepare_hook is None:  # left out, as agents before HasPrepareHook did
         del record["HasPrepareHook"]

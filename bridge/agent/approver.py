@@ -50,10 +50,12 @@ SEEN_GRACE = timedelta(minutes=5)
 # Approved/Refused/Failed carry an outcome; Duplicate: approved before, do nothing;
 # Busy: the other path is approving it right now; Retry: IMDS did not answer, try later.
 # For a command only (`consider`): Replayed, refused as a replay (its outcome names no ids);
-# Redelivered, handled here before and handed over again: nothing new to record.
+# Redelivered, handled here before and handed over again: nothing new to record;
+# Prepared, a Prepare accepted: the drain started (its Hook records follow, no Approval).
 Kind = Literal[
-    "Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry", "Replayed", "Redelivered"
-]
+    "Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry", "Replayed", "Redelivered",
+    "Prepared",
+]  # fmt: skip
 
 
 class Runner(Protocol):
@@ -105,6 +107,8 @@ class Approver:
         self._imds, self._run, self._spool = imds, run, spool
         self._origin, self._now = origin, now
         self._on_record = on_record  # the metrics' count of approvals by source and outcome
+        # [kubernetes] on: starts the drain a verified Prepare grants (EventId, CommandId).
+        self.prepare: Callable[[str, str], None] | None = None
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
@@ -182,7 +186,7 @@ class Approver:
             # Another command (or the local policy) approved the event: no news.
             return Attempt("Duplicate", f"event {command.event_id} was approved already")
         if command.type == "Prepare":
-            return self._not_draining(command)
+            return self._not_draining(command) if self.prepare is None else self._drain(command)
         request = request_for(command)
         if command.expired(self._now()):
             return self._expired(command, request)
@@ -217,6 +221,36 @@ class Approver:
         )
         self.record(outcome)
         return Attempt("Refused", why, outcome)
+
+    def _drain(self, command: Command) -> Attempt:
+        """A Prepare grants a drain: checked as an approval is (expiry, then a fresh document
+        in which the event is Scheduled, for the same VMs), then the drain starts; no POST."""
+        request = request_for(command)
+        if command.expired(self._now()):
+            return self._expired(command, request)
+        look = self._look(request)
+        if isinstance(look, Attempt):
+            return look
+        document, event, base, went = look
+        # A late one keeps the detail the consumer reads as Late (it starts "Late:").
+        why = (f"{self._late_detail(request, went)} (a Prepare)" if went is not None
+               else _prepare_refusal(document, event, request))  # fmt: skip
+        if why is not None:
+            refused = replace(base, detail=why, late=went)
+            self.record(refused, seen_until=command.expires_at)
+            return Attempt("Refused", refused.detail, refused)
+        assert self.prepare is not None  # only called with it set
+        self.prepare(command.event_id, command.command_id)
+        with self._save_lock:
+            seen = self._see(command.command_id, "Prepared", command.expires_at)
+            try:
+                self._spool.commit([], state={StateKey.SEEN_COMMANDS: seen})
+            except SPOOL_ERRORS as err:
+                log.warning("could not save that command %s was handled (%s): a replay "
+                            "starts the same drain again, which finds it done", command.command_id,
+                            err)  # fmt: skip
+        return Attempt("Prepared", f"Prepare accepted: the drain of this node for event "
+                       f"{command.event_id} started")  # fmt: skip
 
     def _expired(self, command: Command, request: Request) -> Attempt:
         """It expires at the event's NotBefore, when the platform starts the event: the
@@ -287,14 +321,23 @@ class Approver:
                           "spool %s: %s", outcome.event_id, outcome.outcome, self._spool.path,
                           err)  # fmt: skip
 
-    def _attempt(self, request: Request) -> Attempt:
+    def _look(
+        self, request: Request
+    ) -> Attempt | tuple[ParsedDocument, ParsedEvent | None, ApprovalOutcome, str | None]:
+        """The fresh document, the request's event in it, the outcome to fill in, and whether
+        the event went ahead (Started, Ended); a Retry when IMDS does not answer."""
         try:
             document = self._document()
         except DeliveryError as err:
             return Attempt("Retry", f"cannot read the current Scheduled Events document: {err}")
         event = _find(document, request.event_id)
-        base = _outcome(request, document, event)
-        went = self._late(event, request)
+        return document, event, _outcome(request, document, event), self._late(event, request)
+
+    def _attempt(self, request: Request) -> Attempt:
+        look = self._look(request)
+        if isinstance(look, Attempt):
+            return look
+        document, event, base, went = look
         if went is not None:
             detail = self._late_detail(request, went)
             return Attempt("Refused", detail, replace(base, detail=detail, late=went))
@@ -400,6 +443,13 @@ def _refusal(document: ParsedDocument, event: ParsedEvent | None, event_id: str)
     if not (isinstance(status, str) and status.strip().lower() == "scheduled"):
         return f"event {event_id} is {status!r}, not Scheduled"
     return None
+
+
+def _prepare_refusal(
+    document: ParsedDocument, event: ParsedEvent | None, request: Request
+) -> str | None:
+    why = _refusal(document, event, request.event_id) or _changed(event, request)
+    return None if why is None else f"Prepare: {why}"
 
 
 def _changed(event: ParsedEvent | None, request: Request) -> str | None:

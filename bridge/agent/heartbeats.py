@@ -1,7 +1,8 @@
 """The agent's health: whether IMDS answers its polls, and the Heartbeat records that say so.
 
-A heartbeat goes to the spool at start (Start), every agent.heartbeat_interval (Periodic)
-and at stop (Stop), with what `se-bridge status` reads kept in the spool's state beside it.
+A heartbeat goes to the spool at start (Start), every agent.heartbeat_interval (Periodic),
+at stop (Stop), and when what it says of the Kubernetes node changes (Node), with what
+`se-bridge status` reads kept in the spool's state beside it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from bridge import recordtypes as rt
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState, empty_state, pending_events
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
-from bridge.records import Health, Origin, heartbeat_record, iso
+from bridge.records import Health, NodeHealth, Origin, heartbeat_record, iso
 from bridge.retry import Backoff, DeliveryError, FailureStreak, PermanentError
 
 # The poll loop's lines, whichever of its collaborators says them.
@@ -60,8 +61,10 @@ class Heartbeats:
         interval: float,
         prepare_hook: bool,
         clock: Callable[[], float] = time.monotonic,
+        node: Callable[[], NodeHealth | None] = lambda: None,
     ) -> None:
         self._spool, self._poll, self._metrics, self._now = spool, poll, metrics, now
+        self._node = node  # [kubernetes] on: what the drains know of this VM's node
         self._interval, self._prepare_hook, self._clock = interval, prepare_hook, clock
         self._run = uuid.uuid4().hex  # this process, in heartbeat ids
         self._next = 0.0
@@ -74,7 +77,7 @@ class Heartbeats:
     def beat(
         self, reason: rt.HeartbeatReason, origin: Origin, state: NormaliserState | None
     ) -> None:
-        """A heartbeat (Start, Periodic, Stop) to the spool; a WARNING when it cannot."""
+        """A heartbeat (Start, Periodic, Stop, Node) to the spool; a WARNING when it cannot."""
         self._next = self._clock() + self._interval
         state = state or empty_state()
         health = Health(
@@ -85,6 +88,7 @@ class Heartbeats:
             imds_healthy=self._poll.healthy,
             last_imds_success=self._poll.last_success,
             prepare_hook=self._prepare_hook,
+            node=self._node(),
         )
         try:
             beat = heartbeat_record(origin, reason, health, self._now(), run=self._run)

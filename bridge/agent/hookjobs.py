@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from bridge import recordtypes as rt
+from bridge.agent.drains import is_drain_job
 from bridge.agent.hookproc import HookOutcome
 from bridge.agent.hooks import HookJob, HookRunner, hook_record, plan
 from bridge.agent.localmode import LocalApprover
@@ -71,7 +72,7 @@ class HookJobs:
     def resume(self) -> None:
         """Hooks that were due when the agent last stopped run now: hooks are at-least-once."""
         for _job_id, payload in self._spool.pending_jobs():
-            if self.runner is not None:
+            if self.runner is not None and not is_drain_job(payload):  # drains resume theirs
                 self.submit(HookJob.from_payload(payload))
 
     def stop(self, timeout: float) -> None:

@@ -254,6 +254,8 @@ def _log_attempt(command: Command, attempt: Attempt) -> None:
         log.info("approved event %s (%s) for the fleet: rule %s, %s ms after the consumer "
                  "issued it", command.event_id, outcome.event_type, command.rule or "(none)",
                  outcome.latency_ms)  # fmt: skip
+    elif attempt.kind == "Prepared":
+        log.info("command %s: %s", command.command_id, attempt.detail)
     elif attempt.kind == "Failed":
         log.error("could not approve event %s for command %s: %s; the event starts at its "
                   "NotBefore", command.event_id, command.command_id, attempt.detail)  # fmt: skip

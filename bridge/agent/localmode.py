@@ -42,9 +42,13 @@ class LocalApprover:
         recheck: float = RECHECK_SECONDS,
         *,
         prepare_hook: bool | None = None,
+        drained: frozenset[str] = frozenset(),
     ) -> None:
         self.policy, self._approver, self._now, self._recheck = policy, approver, now, recheck
         self._prepare_hook = prepare_hook  # hooks.prepare is set: approve_when_ready waits
+        # [kubernetes] on: the event types whose drain every approval waits for, whatever the
+        # rule (the node is ready once drained, or once the drain gave up with approve).
+        self._drained = drained
         self._lock = threading.Lock()
         self._ready: set[str] = set()  # events whose prepare hook succeeded on this VM
         self._given_up: set[str] = set()  # IMDS refused the approval (400): not asked again
@@ -93,6 +97,9 @@ class LocalApprover:
         return verdict.kind == "Defer"
 
     def _approve(self, event: EventView, verdict: Verdict, vm_id: str) -> bool:
+        if event.event_type in self._drained and vm_id not in event.ready:
+            self._say(event, f"approve by rule {verdict.rule} once the node is drained")
+            return True
         request = Request(
             event_id=event.event_id,
             command_id=command_id(event.event_id, vm_id),
@@ -228,5 +235,9 @@ def build(
             return None
         policy = policyfile.load_setting("agent.policy", config.agent.policy)
     log.info("local mode: approving with the policy %s", policy.source)
+    # A drain of the node ([kubernetes]) is a prepare step that every approval waits for.
+    kube = config.kubernetes
+    prepare = config.hooks.prepare is not None or kube.enabled
+    drained = frozenset(kube.event_types) if kube.enabled else frozenset()
     return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS,
-                         prepare_hook=config.hooks.prepare is not None)  # fmt: skip
+                         prepare_hook=prepare, drained=drained)  # fmt: skip

@@ -21,6 +21,7 @@ from bridge import recordtypes as rt
 from bridge import telemetry
 from bridge.agent import imds, listener
 from bridge.agent.approver import Approver
+from bridge.agent.drains import DrainJobs
 from bridge.agent.heartbeats import Heartbeats, PollHealth
 from bridge.agent.hookjobs import HookJobs
 from bridge.agent.imds import ImdsClient
@@ -62,6 +63,7 @@ class Parts:
     approver: Approver
     listener: CommandListener | None
     local: LocalApprover | None
+    drains: DrainJobs | None = None  # [kubernetes] on: the drains of this VM's node
 
 
 class Agent:
@@ -80,6 +82,9 @@ class Agent:
         # Central commands and the local policy approve through the one Approver, so an event
         # approved by either is never approved again by the other.
         self.listener, self.local = parts.listener, parts.local
+        self.drains = parts.drains
+        if self.drains is not None:
+            self.approver.prepare = self._grant_drain
         self.state, dropped = restore(self.spool.load_state(StateKey.NORMALISER))
         for problem in dropped:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
@@ -157,6 +162,9 @@ class Agent:
     def start(self) -> None:
         self.delivery.start()
         self.hooks.resume()
+        if self.drains is not None:
+            self.drains.resume()
+            self.drains.start()
         # Ready before instance metadata, which may take imds.first_call_timeout (2 min) to
         # answer after IMDS idled, longer than systemd's default start timeout (90 s): the
         # agent is up, records carry null VM fields until it answers, and STATUS= says why.
@@ -186,6 +194,8 @@ class Agent:
         if self._heartbeats.due(started):
             self._heartbeats.beat("Periodic", self.origin, self.state)
         self.hooks.resubmit()
+        if self.drains is not None and self.drains.take_change():
+            self._heartbeats.beat("Node", self.origin, self.state)
         if self.local is not None:
             self.local.tick(self.state, self.origin)
         return max(0.0, delay - (time.monotonic() - started))
@@ -193,6 +203,8 @@ class Agent:
     def shutdown(self) -> None:
         log.info("stopping: flushing the spool to every sink")
         self.hooks.stop(timeout=10.0)
+        if self.drains is not None:
+            self.drains.stop(timeout=5.0)
         if self.listener is not None:
             self.listener.stop()
         self._heartbeats.beat("Stop", self.origin, self.state)
@@ -255,12 +267,12 @@ class Agent:
 
     def _commit(self, records: list[rt.Event], state: NormaliserState) -> None:
         jobs = self.hooks.plan(records)
+        drains = self.drains.plan(records) if self.drains is not None else []
+        saved = [(j.job_id, j.to_payload()) for j in jobs] + [
+            (d.job_id, d.to_payload()) for d in drains
+        ]
         try:
-            self.spool.commit(
-                records,
-                state={StateKey.NORMALISER: state},
-                jobs=[(job.job_id, job.to_payload()) for job in jobs],
-            )
+            self.spool.commit(records, state={StateKey.NORMALISER: state}, jobs=saved)
         except SPOOL_ERRORS as err:
             # The state did not advance either, so the next poll observes the same change
             # again and makes the same records, with the same RecordIds.
@@ -281,16 +293,26 @@ class Agent:
         for job in jobs:
             self.hooks.submit(job)
         self._notify_approvers()
+        for drain in drains:
+            assert self.drains is not None
+            self.drains.submit(drain)
 
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
         self.approver.observe(self.state)
+        if self.drains is not None:
+            self.drains.observe(self.state, polled=self._poll.last_success is not None)
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
             own = listener.own_events(self.state)
             self.listener.update(self.origin.identity.vm_id, scheduled, affects, own)
         if self.local is not None:
             self.local.observe(self.state, self.origin)
+
+    def _grant_drain(self, event_id: str, command_id: str) -> None:
+        """A verified Prepare (on the listener's thread) starts the drain of `event_id`."""
+        if self.drains is not None:
+            self.drains.grant(event_id, command_id, self.state)
 
     def _gap(self) -> timedelta:
         return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))

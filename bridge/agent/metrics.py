@@ -16,6 +16,8 @@ A sample of what `/metrics` shows (besides the process_*, python_gc_* and python
     se_bridge_commands_total{outcome="Approved",source="Central"} 1.0
     se_bridge_commands_late_total{reason="Started"} 1.0
     se_bridge_approval_latency_seconds_bucket{le="1.0"} 1.0
+    se_bridge_agent_drains_total{outcome="drained"} 1.0
+    se_bridge_agent_evictions_refused_total 3.0
     se_bridge_events_pending 1.0
     se_bridge_next_event_start_timestamp_seconds 1.7641410e+09
     se_bridge_build_info{version="0.1.0"} 1.0
@@ -80,6 +82,22 @@ class AgentMetrics:
             "(refused as Late: it went ahead unapproved), or the command had Expired.",
             ["reason"], registry=registry,
         )  # fmt: skip
+        self.drains = Counter(
+            "se_bridge_agent_drains",
+            "Drains of this VM's Kubernetes node ([kubernetes]), by outcome: started, drained, "
+            "gave_up (the deadline came), failed.",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
+        self.drain_blocked = Counter(
+            "se_bridge_agent_drain_blocked",
+            "Times a drain reported itself blocked (a Hook record with DrainStatus Blocked).",
+            registry=registry,
+        )
+        self.evictions_refused = Counter(
+            "se_bridge_agent_evictions_refused",
+            "Evictions the API server refused (429: a PodDisruptionBudget forbids it now).",
+            registry=registry,
+        )
         self.approval_latency = Histogram(
             "se_bridge_approval_latency_seconds",
             "From a command's IssuedAt (or the local decision) to IMDS accepting the approval.",

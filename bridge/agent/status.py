@@ -2,16 +2,17 @@
 
 What an operator asks first: who the agent reports as, the last Scheduled Events document
 it acted on and its events, how IMDS answered at the last heartbeat, what each sink still
-has to take (and since when), dead letters and shed records, hooks still running, and the
-approvals it remembers. `--json` prints the same as one object for a script.
+has to take (and since when), dead letters and shed records, hooks still running, the drains
+of its Kubernetes node (running, and blocked by what), and the approvals it remembers.
+`--json` prints the same as one object for a script.
 
 The exit code follows the monitoring-plugin convention (Nagios, Icinga, Sensu, a Zabbix
 external check), so `se-bridge status` is a ready-made check:
 
 - 0 OK;
 - 1 WARNING: dead letters, shed records, a sink whose oldest waiting record is older
-  than `--backlog-age`, a sink failing for good (its last error is shown), or IMDS not yet
-  answered since the agent started;
+  than `--backlog-age`, a sink failing for good (its last error is shown), IMDS not yet
+  answered since the agent started, or a drain of the node blocked now;
 - 2 CRITICAL: no heartbeat for two heartbeat intervals and a minute (the agent is not
   running, or stuck), the agent stopped, or IMDS unanswered at the last heartbeat for longer
   than `--imds-age`;
@@ -35,6 +36,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bridge.agent.drains import is_drain_job
 from bridge.config import ConfigError, load
 from bridge.outbox.inspect import SpoolStatus, inspect
 from bridge.outbox.spool import SpoolError, StateKey
@@ -95,6 +97,7 @@ class Report:
     document: dict[str, Any] = field(default_factory=dict)
     spool: dict[str, Any] = field(default_factory=dict)
     hooks: list[dict[str, Any]] = field(default_factory=list)
+    drain: dict[str, Any] = field(default_factory=dict)  # [kubernetes]: the node's drains
     approvals: dict[str, Any] = field(default_factory=dict)
 
     def flag(self, level: int, problem: str) -> None:
@@ -151,8 +154,9 @@ def assess(
     report.hooks = [
         {"job": job_id, "phase": payload.get("phase"),
          "event": (payload.get("trigger") or {}).get("EventId")}
-        for job_id, payload in status.jobs
+        for job_id, payload in status.jobs if not is_drain_job(payload)
     ]  # fmt: skip
+    _drain(report, status)
     approved = (status.state.get(StateKey.APPROVALS) or {}).get("events") or {}
     seen = (status.state.get(StateKey.SEEN_COMMANDS) or {}).get("seen") or {}
     report.approvals = {"approved_events": approved, "commands": seen}
@@ -183,6 +187,23 @@ def _heartbeat(
     elif at is not None and at - success > imds_age:
         report.flag(CRITICAL, f"IMDS had not answered since {health.get('last_imds_success')} "
                               f"at the last heartbeat")  # fmt: skip
+
+
+def _drain(report: Report, status: SpoolStatus) -> None:
+    """The drains of the node that are running (a job in the spool) and the last news of one;
+    a drain that is blocked right now is a WARNING, naming what blocks it."""
+    running = [{"phase": p.get("phase"), "event": p.get("event_id")}
+               for _, p in status.jobs if is_drain_job(p)]  # fmt: skip
+    last = status.state.get(StateKey.DRAIN)
+    if not running and not last:
+        return
+    report.drain = {"running": running, "last": last or {}}
+    if not last or last.get("status") != "Blocked":
+        return
+    if {"phase": "prepare", "event": last.get("event")} in running:
+        report.flag(WARNING, f"the drain of node {last.get('node')} for event "
+                             f"{last.get('event')} is blocked (at {last.get('at')}): "
+                             f"{last.get('detail')}")  # fmt: skip
 
 
 EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "NotBefore", "Resources", "EventSource",
@@ -259,6 +280,18 @@ def render(report: Report) -> str:
                      f"{sink['dead_letters']} dead letters{failing}")  # fmt: skip
     lines.append(f"hooks running: {len(report.hooks)}")
     lines += [f"  {h['phase']} for {h['event']}" for h in report.hooks]
+    if report.drain:
+        last = report.drain["last"]
+        lines.append(f"node drains running: {len(report.drain['running'])}")
+        lines += [f"  {'drain' if d['phase'] == 'prepare' else 'uncordon'} for {d['event']}"
+                  for d in report.drain["running"]]  # fmt: skip
+        if last:
+            lines.append(f"  last: node {last.get('node')}, event {last.get('event')}: "
+                         f"{last.get('status')} at {last.get('at')}")  # fmt: skip
+            lines += [f"    pod {b.get('Namespace')}/{b.get('Pod')}: {b.get('Reason')}"
+                      + (f" (PodDisruptionBudget {b['PodDisruptionBudget']})"
+                         if b.get("PodDisruptionBudget") else "")
+                      for b in last.get("blockers") or []]  # fmt: skip
     approvals = report.approvals
     lines.append(f"approvals remembered: {len(approvals['approved_events'])} events, "
                  f"{len(approvals['commands'])} commands")  # fmt: skip

@@ -9,16 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from datetime import datetime
 
-from bridge import host, telemetry
+from bridge import extras, host, telemetry
 from bridge.agent import imds, listener, localmode
 from bridge.agent.approver import Approver
+from bridge.agent.drains import DrainJobs
 from bridge.agent.heartbeats import Heartbeats, PollHealth
 from bridge.agent.hookjobs import HookJobs
 from bridge.agent.imdscalls import ImdsCalls
 from bridge.agent.instance import InstanceMetadata
 from bridge.agent.loop import Agent, Parts
 from bridge.agent.metrics import AgentMetrics
-from bridge.config import Config, ImdsSettings
+from bridge.config import DRAINED_EVENT_TYPES, Config, ConfigError, ImdsSettings
+from bridge.kubernetes.api import KubeApi, KubeError
 from bridge.outbox.delivery import Delivery
 from bridge.outbox.spool import Spool
 from bridge.policy.model import Policy
@@ -37,13 +39,16 @@ def build_agent(
     client: imds.ImdsClient | None = None,
     open_inbox: listener.Opener | None = None,
     delivery_backoff: Callable[[], Backoff] = Backoff,
+    kube: KubeApi | None = None,
 ) -> Agent:
     """The agent `config` describes. `policy`: local mode's, already loaded (else
-    agent.policy's); `client`: one IMDS client for polls and approvals alike.
+    agent.policy's); `client`: one IMDS client for polls and approvals alike; `kube`: the
+    Kubernetes API of [kubernetes] (else the lightkube client its settings describe).
 
     ConfigError when a setting cannot be used (a verify key that cannot be loaded), SpoolError
     or OSError when the spool cannot be opened.
     """
+    kube = kube_api(config, kube)
     poll_imds = client or imds_client(config.imds)
     # Approvals have their own connection and thread: one never waits behind a poll that
     # IMDS is slow to answer (each is bounded by its own deadline).
@@ -60,8 +65,6 @@ def build_agent(
                                 refresh_every=config.imds.instance_refresh,
                                 stopping=calls.stopping)  # fmt: skip
     poll = PollHealth()
-    heartbeats = Heartbeats(spool, poll, metrics, now, interval=config.agent.heartbeat_interval,
-                            prepare_hook=config.hooks.prepare is not None)  # fmt: skip
 
     def origin() -> Origin:  # read at each use: a refresh of instance metadata replaces it
         return instance.origin
@@ -70,6 +73,15 @@ def build_agent(
                         on_record=metrics.approval)  # fmt: skip
     commands = listener.build(config, approver, now, open_inbox)
     local = localmode.build(config, approver, now, policy)
+    # Drains start on their own in local mode or with no command channel, else on a Prepare.
+    drain_jobs = None if kube is None else DrainJobs(
+        config.kubernetes, kube, spool, metrics, local, origin=origin, now=now,
+        on_sight=local is not None or commands is None)  # fmt: skip
+    # A drain of the node is a prepare step (HasPrepareHook), and heartbeats name the node.
+    heartbeats = Heartbeats(spool, poll, metrics, now, interval=config.agent.heartbeat_interval,
+                            prepare_hook=config.hooks.prepare is not None or drain_jobs is not None,
+                            node=drain_jobs.node_health if drain_jobs is not None
+                            else lambda: None)  # fmt: skip
     parts = Parts(
         imds=poll_imds,
         approval_imds=approval_imds,
@@ -86,8 +98,34 @@ def build_agent(
         approver=approver,
         listener=commands,
         local=local,
+        drains=drain_jobs,
     )
     return Agent(config, parts, now=now, boot_id=host.boot_id() if boot_id is None else boot_id)
+
+
+def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:
+    """The Kubernetes API of [kubernetes] when it is on (`given`, else the lightkube client its
+    settings describe); ConfigError when its settings or the kubernetes extra do not allow it.
+    Made before anything else of the agent, so a bad setting leaves nothing open."""
+    settings = config.kubernetes
+    if not settings.enabled:
+        return None
+    unknown = sorted(set(settings.event_types) - set(DRAINED_EVENT_TYPES))
+    if unknown:
+        raise ConfigError(f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
+                          f"known: {', '.join(DRAINED_EVENT_TYPES)}")  # fmt: skip
+    if given is not None:
+        return given
+    missing = extras.missing_message("kubernetes", "[kubernetes] enabled")
+    if missing:
+        raise ConfigError(missing)
+    # Loaded here only: an agent without [kubernetes] imports no Kubernetes client.
+    from bridge.kubernetes.client import LightkubeApi  # noqa: PLC0415 - on demand
+
+    try:
+        return LightkubeApi(settings.kubeconfig)
+    except KubeError as err:
+        raise ConfigError(f"[kubernetes]: {err}") from err
 
 
 def imds_client(settings: ImdsSettings, limiter: imds.RateLimiter | None = None) -> imds.ImdsClient:

@@ -52,6 +52,7 @@ class StateKey:
     SEEN_COMMANDS: Final = "commands"  # bridge.agent.approver: {"seen": {CommandId: {...}}}
     HEALTH: Final = "health"  # bridge.agent.loop, at each heartbeat: {"at": ..., "reason": ...}
     DELIVERY: Final = "delivery"  # bridge.outbox.delivery: {"sinks": {name: SinkTrouble}}
+    DRAIN: Final = "drain"  # bridge.agent.drains: the node's drain now, for `se-bridge status`
     WAL_RESERVE: Final = "wal-reserve"  # this module: the blob that keeps the WAL's size
     WAL_RESTART: Final = "wal-restart"  # this module: the acks' write that restarts the WAL
 

@@ -22,6 +22,7 @@ from tests.benchmarks import (
     bench_drain,
     bench_fleet,
     bench_footprint,
+    bench_node_drain,
     bench_quota,
 )
 from tests.benchmarks.report import render_table
@@ -36,6 +37,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "6": bench_cost.run,
     "7": bench_fleet.run,
     "8": bench_quota.run,
+    "9": bench_node_drain.run,
 }
 
 

@@ -56,6 +56,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from bridge.simulator.server import ClosingHTTPServer
+from tests.doubles.listening import Listener
 from tests.doubles.tls import make_server_certificate
 
 logger = logging.getLogger("tests.doubles.logs_ingestion")
@@ -350,9 +351,9 @@ class LogsIngestionDouble:
         except BaseException:
             self._tempdir.cleanup()
             raise
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
-        self._port = 0
+        self._listener = Listener(
+            lambda address: _Server(address, self), host, "logs-ingestion-double"
+        )
         self._started = False
 
     # --- configuration -------------------------------------------------------------------
@@ -401,32 +402,11 @@ class LogsIngestionDouble:
 
     def up(self) -> None:
         """Listen (again, on the same port once one was chosen)."""
-        with self._lock:
-            if self._server is not None:
-                return
-            server = _Server((self._host, self._port), self)
-            self._port = server.server_address[1]
-            self._server = server
-            self._thread = threading.Thread(
-                target=server.serve_forever,
-                kwargs={"poll_interval": 0.05},
-                name="logs-ingestion-double",
-                daemon=True,
-            )
-            self._thread.start()
+        self._listener.up()
 
     def down(self) -> None:
         """Close the listener and every open connection: clients get "connection refused"."""
-        with self._lock:
-            server, thread = self._server, self._thread
-            self._server, self._thread = None, None
-        if server is None:
-            return
-        server.shutdown()
-        server.close_connections()
-        server.server_close()  # joins the handler threads
-        if thread is not None:
-            thread.join(timeout=5)
+        self._listener.down()
 
     def stop(self) -> None:
         self.down()
@@ -447,9 +427,9 @@ class LogsIngestionDouble:
 
     @property
     def endpoint(self) -> str:
-        if not self._port:
+        if not self._listener.port:
             raise RuntimeError("the double is not started")
-        return f"https://{self._host}:{self._port}"
+        return f"https://{self._host}:{self._listener.port}"
 
     @property
     def ca_bundle(self) -> Path:

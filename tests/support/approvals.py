@@ -13,7 +13,8 @@ from bridge.agent.loop import Agent
 from bridge.agent.wiring import build_agent
 from bridge.channels import Received
 from bridge.commands import message as commands
-from bridge.config import CommandsSettings, Config, HooksSettings
+from bridge.config import CommandsSettings, Config, HooksSettings, KubernetesSettings
+from bridge.kubernetes.api import KubeApi
 from bridge.policy.model import Policy
 from bridge.records import utc_now
 from bridge.retry import DeliveryError, RetryableError
@@ -88,6 +89,8 @@ class Harness(AgentHarness):
         hooks: HooksSettings | None = None,
         now: Callable[[], datetime] | None = None,
         fake_inbox: bool = True,
+        kubernetes: KubernetesSettings | None = None,
+        kube: KubeApi | None = None,
     ) -> Agent:
         config = Config(
             agent=self.agent_settings(),
@@ -96,6 +99,7 @@ class Harness(AgentHarness):
             commands=CommandsSettings(
                 channel=channel or "", poll_interval=0.2, idle_interval=idle_interval
             ),
+            kubernetes=kubernetes or KubernetesSettings(),
         )
         self.agent = build_agent(
             config,
@@ -104,6 +108,7 @@ class Harness(AgentHarness):
             policy=policy,
             open_inbox=(lambda _vm_id: self.inbox) if fake_inbox else None,
             now=now or utc_now,
+            kube=kube,
         )
         self.agent.start()
         return self.agent

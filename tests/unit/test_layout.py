@@ -30,7 +30,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CONSUMER_SDKS = ("azure.", "bridge.consumer.state.tables", "fastjsonschema")
 # Modules that load a cloud SDK when imported, and so may be imported on first use; and the
 # consumer's own third-party check (`se-bridge agent` loads the consumer's command module).
-SDK_LOADERS = ("bridge.consumer.state.tables", "bridge.cloud.managedidentity", "fastjsonschema")
+SDK_LOADERS = (
+    "bridge.consumer.state.tables",
+    "bridge.cloud.managedidentity",
+    "fastjsonschema",
+    "bridge.kubernetes.client",  # lightkube: only when [kubernetes] is on
+)
 # The consumer's programs, which need the consumer extra: the command line loads them when
 # their sub-command runs (bridge/consumer/command.py, bridge/demo.py), so an agent-only install
 # starts and says what to install.
@@ -63,6 +68,14 @@ def test_the_agent_loads_none_of_the_consumers_sdks(code: str) -> None:
     loaded = loaded_after(code)
     assert "bridge.agent.loop" in loaded
     assert [m for m in loaded if m.startswith(CONSUMER_SDKS)] == []
+
+
+def test_the_agent_without_kubernetes_loads_no_kubernetes_client() -> None:
+    loaded = loaded_after("\n".join(f"import {name}" for name in agent_modules()))
+    assert "bridge.agent.drains" in loaded
+    assert [
+        m for m in loaded if m.startswith(("lightkube", "httpx2", "bridge.kubernetes.client"))
+    ] == []
 
 
 def test_the_agent_packages_import_nothing_of_the_consumer_or_simulator() -> None:

@@ -17,6 +17,7 @@ from bridge import telemetry
 from bridge.agent.heartbeats import Heartbeats, PollHealth
 from bridge.agent.metrics import AgentMetrics
 from bridge.outbox.spool import Spool, StateKey
+from bridge.records import NodeHealth
 from bridge.retry import PermanentError, RetryableError
 from tests.support.records import ORIGIN, assert_valid
 
@@ -132,3 +133,17 @@ def test_a_permanent_failure_of_the_poll_is_an_error(caplog: pytest.LogCaptureFi
         poll.failed(PermanentError("IMDS answered 400"), 1.0)
     assert [r.levelname for r in caplog.records] == ["ERROR"]
     assert not poll.healthy
+
+
+def test_a_heartbeat_names_the_node_of_an_agent_that_drains_it(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "node.db", ["jsonl"])
+    node = NodeHealth("aks-pool1-0", pool="pool1", draining="E1", cordoned=False)
+    beats = Heartbeats(spool, PollHealth(), AgentMetrics(telemetry.new_registry()), lambda: T0,
+                       interval=INTERVAL, prepare_hook=True, node=lambda: node)  # fmt: skip
+    beats.beat("Node", ORIGIN, None)
+    [beat] = [json.loads(r.body) for r in spool.read_batch("jsonl", 10)]
+    spool.close()
+    assert_valid(beat)
+    assert (beat["HeartbeatReason"], beat["NodeName"], beat["NodePool"]) == (
+        "Node", "aks-pool1-0", "pool1")  # fmt: skip
+    assert (beat["NodeDraining"], beat["NodeCordoned"]) == ("E1", False)

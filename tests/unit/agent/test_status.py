@@ -106,3 +106,32 @@ def test_text_from_the_spool_cannot_drive_the_terminal() -> None:
     assert not [ch for ch in text if unicodedata.category(ch) in ("Cc", "Cf") and ch != "\n"]
     assert "vm\\x1b]0;owned\\x07\\x1b[2J\\nOK: all well\\u202e" in text
     assert not [line for line in text.splitlines() if line.startswith("OK: all well")]
+
+
+def drain_status(status: str, jobs: tuple[tuple[str, dict[str, Any]], ...]) -> SpoolStatus:
+    blocker = {"Namespace": "shop", "Pod": "web-1", "Reason": "eviction refused",
+               "PodDisruptionBudget": "web-pdb"}  # fmt: skip
+    last = {"node": "aks-pool1-0", "event": "E1", "phase": "prepare", "status": status,
+            "at": "2026-11-26T06:58:00.000Z", "detail": "drain ... is blocked",
+            "blockers": [blocker]}  # fmt: skip
+    base = spool(health(NOW, NOW), state={StateKey.DRAIN: last})
+    return SpoolStatus(base.path, 0, 0, 0, base.sinks, base.state, jobs)
+
+
+def test_a_drain_blocked_now_warns_and_names_its_blockers() -> None:
+    job = ("j1", {"kind": "drain", "job_id": "j1", "phase": "prepare", "event_id": "E1",
+                  "transition": "Scheduled", "trigger": "c1"})  # fmt: skip
+    report = assess(drain_status("Blocked", (job,)), NOW, AGE, AGE)
+    assert report.level == WARNING
+    assert "the drain of node aks-pool1-0 for event E1 is blocked" in report.problems[0]
+    text = render(report)
+    assert "node drains running: 1" in text
+    assert "  drain for E1" in text
+    assert "pod shop/web-1: eviction refused (PodDisruptionBudget web-pdb)" in text
+    assert report.hooks == []  # a drain is no hooks.prepare command
+
+
+def test_a_drain_that_ended_is_shown_but_is_ok() -> None:
+    report = assess(drain_status("Blocked", ()), NOW, AGE, AGE)
+    assert report.level == OK
+    assert "last: node aks-pool1-0, event E1: Blocked" in render(report)

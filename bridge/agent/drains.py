@@ -1,0 +1,441 @@
+"""The drain of this VM's Kubernetes node as a prepare step, and its uncordon as the recover
+step ([kubernetes], docs/kubernetes.md; the drain itself is bridge.kubernetes.drain).
+
+When a drain starts: in local mode (and with no command channel) when an event that affects
+this VM appears; under a central policy when a verified Prepare command grants it (the
+Approver calls `grant`); a Spot Preempt at once, with no grant, on the fast path. When the
+event Completes or is Canceled, or this VM leaves its Resources, the node is uncordoned (only
+what a drain set). Each is a job saved in the spool with the Event records that call for it,
+or with the grant, and dropped with its outcome's Hook record, so a drain or an uncordon a
+restart interrupts runs again. Each job runs on a thread of its own: a drain that waits for
+its deadline, or an API server that does not answer, holds up neither the poll loop nor
+another event. At start, once IMDS has answered, marks of a drain whose event is no longer
+open (a stray taint) are removed the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any, cast
+
+from bridge import recordtypes as rt
+from bridge.agent.document import is_started
+from bridge.agent.hooks import phase_for
+from bridge.agent.localmode import LocalApprover
+from bridge.agent.metrics import AgentMetrics
+from bridge.agent.normalise import NormaliserState
+from bridge.config import KubernetesSettings
+from bridge.kubernetes.api import KubeApi, KubeError
+from bridge.kubernetes.drain import Drainer, DrainSettings, Report
+from bridge.kubernetes.plan import Rules
+from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
+from bridge.records import NodeHealth, Origin, is_event, iso, parse_time, record_id
+from bridge.retry import Backoff
+
+log = logging.getLogger(__name__)
+
+KIND = "drain"  # a drain job's payload says so: the hook runner leaves it alone
+HOOK_NAME = "drain"
+MAX_OUTPUT = 4096
+WATCH_INTERVAL = 60.0  # seconds between looks at the node (its pool, someone else's cordon)
+OUTCOMES = {"Drained": "drained", "GaveUp": "gave_up", "Failed": "failed"}
+
+
+@dataclass(frozen=True)
+class DrainJob:
+    """A drain (prepare) or an uncordon (recover) of this node for one event."""
+
+    job_id: str
+    phase: rt.HookPhase
+    event_id: str
+    event_type: str | None
+    not_before: str | None
+    transition: rt.Transition
+    trigger: str  # TriggerRecordId: the Event record, or the Prepare command, that called for it
+
+    @classmethod
+    def make(cls, phase: rt.HookPhase, event_id: str, event_type: Any, not_before: Any, *,
+             transition: rt.Transition, trigger: str) -> DrainJob:  # fmt: skip
+        return cls(record_id(KIND, event_id.lower(), phase), phase, event_id,
+                   event_type if isinstance(event_type, str) else None,
+                   not_before if isinstance(not_before, str) else None, transition,
+                   trigger)  # fmt: skip
+
+    @property
+    def preempt(self) -> bool:
+        return self.event_type == "Preempt"
+
+    def to_payload(self) -> dict[str, Any]:
+        return {"kind": KIND, "job_id": self.job_id, "phase": self.phase,
+                "event_id": self.event_id, "event_type": self.event_type,
+                "not_before": self.not_before, "transition": self.transition,
+                "trigger": self.trigger}  # fmt: skip
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any]) -> DrainJob:
+        try:
+            return cls(str(payload["job_id"]), payload["phase"], str(payload["event_id"]),
+                       payload.get("event_type"), payload.get("not_before"),
+                       payload["transition"], str(payload["trigger"]))  # fmt: skip
+        except KeyError as err:
+            raise ValueError(f"not a drain job payload: {err} missing") from err
+
+
+def is_drain_job(payload: Mapping[str, Any]) -> bool:
+    return payload.get("kind") == KIND
+
+
+def drain_record(
+    origin: Origin, job: DrainJob, report: Report, now: datetime, duration_ms: int
+) -> rt.Hook:
+    """The Hook record of a drain's progress or outcome; an outcome replayed after a crash
+    keeps its RecordId, as a hook's does."""
+    outcome = report.exit_code is not None
+    rid = (record_id(job.job_id, "Hook") if outcome
+           else record_id(job.job_id, report.status, iso(now)))  # fmt: skip
+    blockers = [b.to_record() for b in report.blockers]
+    return {
+        **origin.common("Hook", rid, now),
+        rt.RECORD_TYPE: "Hook",
+        "EventId": job.event_id,
+        "EventType": job.event_type,
+        "Transition": job.transition,
+        "HookPhase": job.phase,
+        "TriggerRecordId": job.trigger,
+        "HookExitCode": report.exit_code,
+        "HookTimedOut": report.timed_out,
+        "HookDurationMs": max(0, duration_ms),
+        "HookOutput": report.detail[:MAX_OUTPUT],
+        "HookError": report.error,
+        "HookName": HOOK_NAME,
+        "DrainStatus": report.status,
+        "DrainBlockers": blockers or None,
+    }
+
+
+class DrainJobs:
+    """The drain and uncordon jobs of this VM's node; `on_sight`: drain when an event appears
+    (local mode, or no command channel), else only when a Prepare grants it."""
+
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        api: KubeApi,
+        spool: Spool,
+        metrics: AgentMetrics,
+        local: LocalApprover | None,
+        *,
+        origin: Callable[[], Origin],
+        now: Callable[[], datetime],
+        on_sight: bool,
+        clock: Callable[[], float] = time.monotonic,
+        environ: Mapping[str, str] | None = None,
+        watch_interval: float = WATCH_INTERVAL,
+    ) -> None:
+        self.settings, self.api, self._spool, self._metrics = settings, api, spool, metrics
+        self._local, self._origin, self._now, self._on_sight = local, origin, now, on_sight
+        self._clock, self._watch_interval = clock, watch_interval
+        self._environ = os.environ if environ is None else environ
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[DrainJob, threading.Thread]] = {}  # by job id
+        self._ended: set[str] = set()  # events (lower case) whose uncordon is due
+        self._open: frozenset[str] | None = None  # events of the last observation
+        self._polled = False  # IMDS answered since start: the open events are current
+        self._health = NodeHealth(name="")
+        self._changed = False
+        self._watcher: threading.Thread | None = None
+        rules = Rules(settings.skip_label, settings.wait_label, settings.order_label)
+        drain = DrainSettings(rules, on_deadline=cast(Any, settings.on_deadline),
+                              eviction_retry=settings.eviction_retry,
+                              blocked_report_interval=settings.blocked_report_interval)  # fmt: skip
+        self.drainer = Drainer(api, "", drain, wait=self._stop.wait, clock=clock,
+                               on_refused=metrics.evictions_refused.inc)  # fmt: skip
+
+    # --- what the node is ---------------------------------------------------------------
+
+    def node_name(self) -> str:
+        """kubernetes.node_name, else NODE_NAME (the downward API), else the VM's name."""
+        origin = self._origin()
+        return (self.settings.node_name or self._environ.get("NODE_NAME", "").strip()
+                or origin.identity.vm_name or origin.host_name)  # fmt: skip
+
+    def node_health(self) -> NodeHealth:
+        with self._lock:
+            return replace(self._health, name=self.node_name())
+
+    def take_change(self) -> bool:
+        """True once after what a heartbeat says of the node changed (a Node heartbeat)."""
+        with self._lock:
+            changed, self._changed = self._changed, False
+            return changed
+
+    def _set_health(self, **change: Any) -> None:
+        with self._lock:
+            new = replace(self._health, **change)
+            if new != self._health:
+                self._health, self._changed = new, True
+
+    # --- planning -------------------------------------------------------------------------
+
+    def plan(self, records: Sequence[Mapping[str, Any]]) -> list[DrainJob]:
+        """The jobs these new Event records call for (saved in the spool with them)."""
+        jobs: dict[str, DrainJob] = {}
+        for record in records:
+            if not is_event(record):
+                continue
+            event = record
+            phase = phase_for(event)
+            preempt = event.get("EventType") == "Preempt"
+            if phase is None or (phase == "prepare" and not (self._on_sight or preempt)):
+                continue
+            if phase == "prepare" and is_started(event.get("EventStatus")):
+                continue  # the platform has begun: a drain now only cordons for nothing
+            job = DrainJob.make(phase, event["EventId"], event.get("EventType"),
+                                event.get("NotBefore"), transition=event["Transition"],
+                                trigger=str(event.get("RecordId") or ""))  # fmt: skip
+            jobs.setdefault(job.job_id, job)
+        return list(jobs.values())
+
+    def grant(self, event_id: str, command_id: str, state: NormaliserState | None) -> None:
+        """A verified Prepare granted the drain of `event_id` (from the command listener)."""
+        saved = state["events"].get(event_id.lower()) if state is not None else None
+        event: Mapping[str, Any] = saved or {}
+        job = DrainJob.make("prepare", event_id, event.get("EventType"), event.get("NotBefore"),
+                            transition="Scheduled", trigger=command_id)  # fmt: skip
+        try:
+            self._spool.commit([], jobs=[(job.job_id, job.to_payload())])
+        except SPOOL_ERRORS as err:
+            log.error("the drain granted for event %s could not be saved in the spool (%s); it "
+                      "runs, but a restart will not resume it", event_id, err)  # fmt: skip
+        self.submit(job)
+
+    # --- running ---------------------------------------------------------------------------
+
+    def submit(self, job: DrainJob) -> None:
+        with self._lock:
+            if self._stop.is_set() or job.job_id in self._running:
+                return
+            if job.phase == "recover":
+                self._ended.add(job.event_id.lower())
+            thread = threading.Thread(target=self._run, args=(job,), daemon=True,
+                                      name=f"drain-{job.phase}-{job.event_id[:8]}")  # fmt: skip
+            self._running[job.job_id] = (job, thread)
+        thread.start()
+
+    def resume(self) -> None:
+        """Drains and uncordons that were due when the agent last stopped run now."""
+        for _job_id, payload in self._spool.pending_jobs():
+            if is_drain_job(payload):
+                try:
+                    self.submit(DrainJob.from_payload(payload))
+                except ValueError as err:
+                    log.warning("a saved drain job could not be read (%s): skipped", err)
+
+    def start(self) -> None:
+        """Watch the node: its pool, someone else's cordon, and stray marks once IMDS answered."""
+        self._watcher = threading.Thread(target=self._watch, name="drain-watch", daemon=True)
+        self._watcher.start()
+
+    def observe(self, state: NormaliserState | None, polled: bool) -> None:
+        """The agent's last observation: which events are open (from the poll loop)."""
+        events = state["events"] if state is not None else {}
+        with self._lock:
+            self._open = frozenset(str(k).lower() for k in events)
+            self._polled = self._polled or polled
+
+    def stop(self, timeout: float) -> None:
+        """Stop every job where it stands: it stays in the spool and runs again at start."""
+        self._stop.set()
+        deadline = self._clock() + timeout
+        with self._lock:
+            threads = [thread for _, thread in self._running.values()]
+        for thread in [*threads, self._watcher]:
+            if thread is not None:
+                thread.join(max(0.0, deadline - self._clock()))
+        self.api.close()
+
+    def active(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+    def _run(self, job: DrainJob) -> None:
+        started = self._clock()
+        try:
+            report = self._prepare(job) if job.phase == "prepare" else self._recover(job)
+        except Exception as exc:
+            log.exception("the %s of node %s for event %s failed", _what(job),
+                          self.drainer.node_name, job.event_id)  # fmt: skip
+            report = Report("Failed", f"the {_what(job)} failed: {exc}", exit_code=1,
+                            error=str(exc))  # fmt: skip
+        finally:
+            with self._lock:
+                self._running.pop(job.job_id, None)
+        if report is None and self._stop.is_set():
+            return  # stopped: the job stays in the spool
+        self._finish(job, report, started)
+
+    def _prepare(self, job: DrainJob) -> Report | None:
+        self.drainer.node_name = self.node_name()
+        if job.event_type not in self.settings.event_types:
+            return Report("Drained", f"event type {job.event_type} does not drain the node "
+                          f"(kubernetes.event_types): ready at once", exit_code=0)  # fmt: skip
+        self._metrics.drains.labels("started").inc()
+        self._set_health(draining=job.event_id)
+        started = self._clock()
+        report = self.drainer.drain(
+            job.event_id, self._remaining(job), preempt=job.preempt,
+            report=lambda progress: self._progress(job, progress, started),
+            ended=lambda: self._has_ended(job.event_id),
+        )  # fmt: skip
+        if report is not None:
+            self._metrics.drains.labels(OUTCOMES.get(report.status, "failed")).inc()
+            if report.others_cordon:
+                self._set_health(cordoned=True)
+            if self._local is not None:
+                self._local.hook_done(job.event_id, "prepare", report.ready)
+        return report
+
+    def _remaining(self, job: DrainJob) -> float:
+        """Seconds until the drain must stop: NotBefore less give_up_before (a Preempt: its
+        NotBefore, 30 s away at most); none when the event has no NotBefore."""
+        not_before = parse_time(job.not_before)
+        if not_before is None:
+            return 0.0
+        margin = 0.0 if job.preempt else self.settings.give_up_before
+        return (not_before - self._now()).total_seconds() - margin
+
+    def _has_ended(self, event_id: str) -> bool:
+        key = event_id.lower()
+        with self._lock:
+            return key in self._ended or (self._polled and self._open is not None
+                                          and key not in self._open)  # fmt: skip
+
+    def _recover(self, job: DrainJob) -> Report | None:
+        self.drainer.node_name = self.node_name()
+        self._wait_for_prepare(job.event_id)
+        backoff = Backoff(initial=1.0, maximum=30.0)
+        said = False
+        while True:
+            try:
+                report = self.drainer.uncordon(job.event_id)
+                break
+            except KubeError as err:
+                if not said:
+                    log.warning("cannot uncordon node %s after event %s yet (%s); trying again "
+                                "until it answers", self.drainer.node_name, job.event_id,
+                                err)  # fmt: skip
+                    said = True
+                if self._stop.wait(backoff.next_delay()):
+                    return None
+        if said:
+            log.info("node %s: the marks of event %s were removed once the API answered",
+                     self.drainer.node_name, job.event_id)  # fmt: skip
+        with self._lock:
+            self._ended.discard(job.event_id.lower())
+        if self.node_health().draining == job.event_id:
+            self._set_health(draining=None)
+        if report is not None:
+            self._set_health(cordoned=report.others_cordon)
+        return report
+
+    def _wait_for_prepare(self, event_id: str) -> None:
+        """A recover never overtakes its event's drain: the drain sees the event ended and
+        stops, then the node is uncordoned."""
+        prepare = record_id(KIND, event_id.lower(), "prepare")
+        with self._lock:
+            thread = self._running[prepare][1] if prepare in self._running else None
+        while thread is not None and thread.is_alive() and not self._stop.is_set():
+            thread.join(0.2)
+
+    def _progress(self, job: DrainJob, report: Report, started: float) -> None:
+        if report.status == "Blocked":
+            self._metrics.drain_blocked.inc()
+        if report.others_cordon:
+            self._set_health(cordoned=True)
+        self._write(job, report, started, finish=False)
+
+    def _finish(self, job: DrainJob, report: Report | None, started: float) -> None:
+        if report is None:  # nothing of a drain was on the node: no record
+            self._drop(job)
+            return
+        self._write(job, report, started, finish=True)
+
+    def _write(self, job: DrainJob, report: Report, started: float, *, finish: bool) -> None:
+        now = self._now()
+        record = drain_record(self._origin(), job, report, now,
+                              int((self._clock() - started) * 1000))  # fmt: skip
+        shown = {"node": self.drainer.node_name, "event": job.event_id, "phase": job.phase,
+                 "status": report.status, "at": iso(now), "detail": record["HookOutput"],
+                 "blockers": record["DrainBlockers"] or []}  # fmt: skip
+        try:
+            if finish:
+                self._spool.finish_job(job.job_id, [record])
+            self._spool.commit([] if finish else [record], state={StateKey.DRAIN: shown})
+            self._metrics.made([record])
+        except SPOOL_ERRORS as err:
+            log.error("the %s record of the %s for event %s could not be saved (%s)%s",
+                      report.status, _what(job), job.event_id, err,
+                      "; it runs again at the next start" if finish else "")  # fmt: skip
+            return
+        level = logging.WARNING if report.status in ("Blocked", "GaveUp", "Failed") else (
+            logging.INFO)  # fmt: skip
+        log.log(level, "%s", report.detail)
+
+    def _drop(self, job: DrainJob) -> None:
+        try:
+            self._spool.finish_job(job.job_id, [])
+        except SPOOL_ERRORS as err:
+            log.warning("the %s job for event %s stays in the spool (%s)", _what(job),
+                        job.event_id, err)  # fmt: skip
+
+    # --- watching the node ----------------------------------------------------------------
+
+    def _watch(self) -> None:
+        cleaned = False
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.drainer.node_name = self.node_name()
+                node = self.api.node(self.drainer.node_name)
+                pool = node.labels.get(self.settings.pool_label)
+                self._set_health(pool=pool, cordoned=self.drainer.cordoned_by_others())
+                if not cleaned and self._polled:
+                    self._clean_strays()
+                    cleaned = True
+                failing = False
+            except KubeError as err:
+                if not failing:
+                    log.warning("cannot read node %s (%s); the agent keeps polling and looks "
+                                "again", self.drainer.node_name, err)  # fmt: skip
+                failing = True
+            wait = 1.0 if (failing or not cleaned) else self._watch_interval
+            self._stop.wait(min(wait, self._watch_interval))
+
+    def _clean_strays(self) -> None:
+        def held(event_id: str) -> bool:
+            key = event_id.lower()
+            with self._lock:
+                running = {job.event_id.lower() for job, _ in self._running.values()}
+                return key in running or (self._open is not None and key in self._open)
+
+        for event_id in self.drainer.strays(held):
+            log.warning("node %s carries the marks of a drain for event %s, which is no longer "
+                        "open: removing them", self.drainer.node_name, event_id)  # fmt: skip
+            job = DrainJob.make("recover", event_id, None, None, transition="Completed",
+                                trigger=record_id(KIND, event_id.lower(), "stray"))  # fmt: skip
+            try:
+                self._spool.commit([], jobs=[(job.job_id, job.to_payload())])
+            except SPOOL_ERRORS as err:
+                log.warning("the uncordon of a stray mark could not be saved (%s)", err)
+            self.submit(job)
+
+
+def _what(job: DrainJob) -> str:
+    return "drain" if job.phase == "prepare" else "uncordon"

@@ -164,7 +164,7 @@ def test_every_settings_variable_is_applied() -> None:
 
 def test_every_se_bridge_app_setting_is_a_real_setting() -> None:
     known = {
-        f"SE_BRIDGE_{section.name.upper()}_{field.name.upper()}"
+        config.env_name(section.name, field.name)
         for section in dataclasses.fields(config.Config)
         for field in dataclasses.fields(getattr(config.Config(), section.name))
     }

@@ -27,6 +27,7 @@ from typing import Any
 
 import jwt
 
+from bridge.config import PeopleSettings
 from bridge.consumer.operators import Person
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,15 @@ class EntraVerifier:
             raise Refused(403, f"{name} does not have the app role {self.role}: ask an owner of "
                           "the se-bridge app registration to assign it")  # fmt: skip
         return Person(object_id=oid, name=name)
+
+
+def verifier_for(settings: PeopleSettings) -> EntraVerifier | None:
+    """The verifier `[consumer.people]` sets up; None without its tenant and audience."""
+    if not (settings.tenant_id and settings.audience):
+        return None
+    return EntraVerifier(
+        settings.tenant_id, settings.audience, role=settings.role, jwks_url=settings.jwks_url
+    )
 
 
 class LocalOperator:

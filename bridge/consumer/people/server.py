@@ -22,7 +22,7 @@ from typing import Any
 from bridge.config import PeopleSettings
 from bridge.consumer.people.app import MAX_BODY, Decider, EntraSignIn, LocalSignIn, PeopleApp
 from bridge.consumer.people.app import Request as AppRequest
-from bridge.consumer.people.auth import EntraVerifier, LocalOperator
+from bridge.consumer.people.auth import LocalOperator, verifier_for
 from bridge.records import utc_now
 from bridge.telemetry import parse_address
 
@@ -44,10 +44,6 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def entra_configured(settings: PeopleSettings) -> bool:
-    return bool(settings.tenant_id and settings.audience)
-
-
 def build_app(
     settings: PeopleSettings,
     decider: Decider,
@@ -60,10 +56,8 @@ def build_app(
         host, _ = parse_address(settings.page_address)
     except ValueError as err:
         raise PageError(f"consumer.people.page_address: {err}") from err
-    if entra_configured(settings):
-        verifier = EntraVerifier(
-            settings.tenant_id, settings.audience, role=settings.role, jwks_url=settings.jwks_url
-        )
+    verifier = verifier_for(settings)
+    if verifier is not None:
         return PeopleApp(decider, EntraSignIn(verifier), clock)
     if not is_loopback(host):
         raise PageError(

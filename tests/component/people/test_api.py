@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from bridge import cli
+from bridge.commands import signing
 from bridge.config import PeopleSettings
 from bridge.consumer.people.app import CSP, MAX_BODY
 from bridge.consumer.people.auth import read_token
@@ -286,4 +288,18 @@ def test_the_local_page_refuses_a_non_loopback_address(
 ) -> None:
     with pytest.raises(PageError, match="not a loopback address"):
         build_app(PeopleSettings(page_address="0.0.0.0:8089"), decider, tmp_path)
+    assert not (tmp_path / "operator-token").exists()
+
+
+def test_the_consumer_will_not_start_the_local_page_beyond_loopback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = tmp_path / "signing.pem"
+    signing.keygen(key)
+    monkeypatch.setenv("SE_BRIDGE_COMMANDS_SIGNING_KEY", f"file:{key}")
+    args = ["consume", "--hub", str(tmp_path / "hub"), "--state-dir", str(tmp_path),
+            "--commands", f"local:{tmp_path / 'cmds'}", "--page-address", "0.0.0.0:0"]  # fmt: skip
+    code = cli.main(args)
+    assert code == 2
+    assert "is not a loopback address" in capsys.readouterr().err
     assert not (tmp_path / "operator-token").exists()

@@ -399,6 +399,11 @@ class PeopleSettings:
         "a bare port listens on 127.0.0.1. Only a loopback address unless tenant_id and "
         "audience are set. Empty: no page.",
     )
+    api_url: str = _setting(
+        "",
+        "Where `se-bridge approve`, `hold`, `pause` and `resume` send a decision: the approval "
+        "page's base URL (https://APP.azurewebsites.net); empty: http://<page_address>.",
+    )
 
 
 # Sections that live in another's table: [consumer.people] is Config.people, and its

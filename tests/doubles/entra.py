@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -69,15 +69,27 @@ class Tenant:
 def serving(tenant: Tenant) -> Iterator[Tenant]:
     """The tenant's JWKS on a free loopback port, for as long as the block runs."""
 
+    def keys() -> bytes:
+        tenant.fetches += 1
+        return json.dumps(tenant.jwks()).encode()
+
+    with answering(keys, "application/json") as url:
+        tenant.jwks_url = f"{url}/{tenant.tenant_id}/keys"
+        yield tenant
+
+
+@contextmanager
+def answering(body: Callable[[], bytes], content_type: str) -> Iterator[str]:
+    """A loopback HTTP server answering every GET with `body()`; its base URL."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            tenant.fetches += 1
-            body = json.dumps(tenant.jwks()).encode()
+            sent = body()
             self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(sent)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.write(sent)
 
         def log_message(self, format: str, *args: object) -> None:
             pass
@@ -85,9 +97,8 @@ def serving(tenant: Tenant) -> Iterator[Tenant]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    tenant.jwks_url = f"http://127.0.0.1:{server.server_port}/{tenant.tenant_id}/keys"
     try:
-        yield tenant
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
         server.server_close()

@@ -49,12 +49,12 @@ def render(view: View) -> str:
         state = "accepted" if view.answer.accepted else "refused"
         parts.append(f'<p class="answer {state}" id="answer" role="status">'
                      f"{_e(view.answer.code)}: {_e(view.answer.detail)}</p>")  # fmt: skip
-    parts += _pauses(view)
-    parts += _budgets(view.budgets)
     parts.append(f"<h2>Open events ({len(view.events)})</h2>")
     if not view.events:
         parts.append('<p class="note">No event is open.</p>')
     parts += [_event(e, view.csrf) for e in view.events]
+    parts += _budgets(view.budgets)
+    parts += _pauses(view)
     parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
     return _document("se-bridge approvals", "".join(parts))
 

@@ -101,15 +101,6 @@ def entra(tenant: Tenant, decider: RecordingDecider, tmp_path: Path) -> Iterator
     server.close()
 
 
-@pytest.fixture
-def local(decider: RecordingDecider, tmp_path: Path) -> Iterator[PageServer]:
-    settings = PeopleSettings(page_address="127.0.0.1:0")
-    server = PageServer(build_app(settings, decider, tmp_path, clock=lambda: NOW), "127.0.0.1:0")
-    server.start()
-    yield server
-    server.close()
-
-
 DIGEST = open_event("ev-1", "db-0", "db-1").resources_digest
 
 

@@ -29,14 +29,6 @@ def decider() -> RecordingDecider:
     return decider
 
 
-@pytest.fixture
-def local(decider: RecordingDecider, tmp_path: Path) -> Iterator[PageServer]:
-    app = build_app(PeopleSettings(page_address="127.0.0.1:0"), decider, tmp_path, lambda: NOW)
-    server = PageServer(app, "127.0.0.1:0").start()
-    yield server
-    server.close()
-
-
 @dataclass
 class FakeCredential:
     """A person's credential as azure-identity gives it: a token for the scope asked."""

@@ -148,7 +148,14 @@ class EntraSignIn:
         return self.verifier.person(request.bearer())
 
     def page(self, request: Request) -> Caller:
-        token = request.headers.get(EASY_AUTH_ID_HEADER, "").strip() or request.bearer()
+        token = request.headers.get(EASY_AUTH_ID_HEADER, "").strip()
+        if not token and not request.headers.get("authorization"):
+            raise Refused(
+                401,
+                "not signed in: the page is served behind App Service Authentication, which "
+                "adds your ID token (is its token store on?)",
+            )
+        token = token or request.bearer()
         person = self.verifier.person(token)
         return Caller(person, person.object_id)
 

@@ -145,6 +145,9 @@ def test_an_identity_without_the_role_is_refused(
 
 def test_no_token_or_a_forged_one_is_refused(entra: PageServer, tenant: Tenant) -> None:
     assert call(entra, "GET", "/api/v1/events").status == 401
+    page = call(entra, "GET", "/")
+    assert page.status == 401
+    assert "App Service Authentication" in page.text
     header, _, signature = tenant.token(roles=()).split(".")
     _, granted, _ = tenant.token().split(".")
     assert api(entra, "/api/v1/events", f"{header}.{granted}.{signature}").status == 401

@@ -184,3 +184,15 @@ def test_the_persons_credential_is_never_a_machines() -> None:
     for machine in ("ManagedIdentityCredential", "WorkloadIdentityCredential",
                     "EnvironmentCredential"):  # fmt: skip
         assert machine not in chain
+
+
+def test_the_api_is_found_from_the_page_address_setting(
+    local: PageServer,
+    decider: RecordingDecider,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SE_BRIDGE_CONSUMER_PEOPLE_PAGE_ADDRESS", str(local.port))
+    monkeypatch.setenv("SE_BRIDGE_CONSUMER_STATE_DIR", str(tmp_path))
+    assert run("pause", "--reason", "launch week") == 0
+    assert [(p.scope, p.until, p.reason) for p in decider.paused] == [(None, None, "launch week")]

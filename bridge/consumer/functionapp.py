@@ -39,6 +39,8 @@ are the usual SE_BRIDGE_<SECTION>_<KEY> environment variables (app settings).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -58,7 +60,7 @@ from bridge import recordtypes as rt
 from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
-from bridge.consumer.people.app import Decider, EntraSignIn, PeopleApp, Request
+from bridge.consumer.people.app import Csrf, Decider, EntraSignIn, PeopleApp, Request
 from bridge.consumer.people.auth import verifier_for
 from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
@@ -88,6 +90,8 @@ RETRY_MIN = "00:00:01"
 RETRY_MAX = "00:01:00"
 # Set on every App Service / Functions instance in Azure, absent under Core Tools and tests.
 IN_AZURE = "WEBSITE_INSTANCE_ID"
+# Set by App Service Authentication, the same on every instance of the app.
+EASY_AUTH_KEY = "WEBSITE_AUTH_ENCRYPTION_KEY"
 
 
 class DecisionOutlet:
@@ -278,7 +282,8 @@ class ConsumerApp:
                 # Until Consumer.operate, open_events and pauses are merged (issue 29, helper
                 # P1): then this cast is redundant and goes.
                 decider = cast("Decider", consumer)
-                self._people = PeopleApp(decider, EntraSignIn(verifier))
+                csrf = Csrf(csrf_secret(environ))
+                self._people = PeopleApp(decider, EntraSignIn(verifier), csrf=csrf)
             return self._people
 
     def reevaluate(self, timer: func.TimerRequest) -> None:
@@ -295,6 +300,17 @@ class ConsumerApp:
             if self._outlet is not None:
                 self._outlet.close()
                 self._outlet = None
+
+
+def csrf_secret(environ: Mapping[str, str]) -> bytes | None:
+    """The page's CSRF secret, the same on every instance of the app: derived from the key
+    App Service Authentication encrypts its own session cookies with (an app setting it adds,
+    shared by the instances), so that a form rendered by one instance is good on another.
+    None without it: each process makes its own."""
+    key = environ.get(EASY_AUTH_KEY, "")
+    if not key:
+        return None
+    return hmac.new(key.encode(), b"se-bridge approval page CSRF", hashlib.sha256).digest()
 
 
 def _log_levels(config: Config) -> None:

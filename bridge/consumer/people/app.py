@@ -178,9 +178,9 @@ class LocalSignIn:
 
 
 class Csrf:
-    """Tokens `<unix time>.<HMAC-SHA256(secret, binding|time)>`: good for CSRF_MAX_AGE, only
-    for the session (or person) they were made for, and only in this process (the secret is
-    new at each start: a form rendered before a restart is refused, and reloading mends it)."""
+    """Tokens `<unix time>.<HMAC-SHA256(secret, binding|time)>`: good for CSRF_MAX_AGE and only
+    for the session (or person) they were made for. Without a secret given, one of this
+    process's own: a form rendered before a restart is refused, and reloading mends it."""
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret or secrets.token_bytes(32)

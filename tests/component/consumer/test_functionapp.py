@@ -34,6 +34,7 @@ from bridge.commands import signing
 from bridge.config import ConfigError, load
 from bridge.consumer import functionapp
 from bridge.consumer.functionapp import ConsumerApp, DecisionOutlet, build_app, load_config
+from bridge.consumer.people.app import Csrf
 from bridge.consumer.reading import Position
 from bridge.retry import PoisonRecords, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
@@ -612,3 +613,15 @@ def test_the_page_validates_the_token_itself(tmp_path: Path) -> None:
             assert http(rig, "/", no_role).status_code == 403
         finally:
             rig.backend.close()
+
+
+def test_every_instance_takes_the_forms_of_the_others() -> None:
+    """Scaled out, the page's forms are rendered by one instance and posted to another."""
+    shared = {"WEBSITE_AUTH_ENCRYPTION_KEY": "0123abcd" * 8}
+    one, two = (Csrf(functionapp.csrf_secret(shared)) for _ in range(2))
+    now = datetime.now(timezone.utc)
+    assert two.good(one.make("oid-dana", now), "oid-dana", now)
+    assert not two.good(one.make("oid-dana", now), "oid-eve", now)
+    assert functionapp.csrf_secret({}) is None
+    alone = Csrf(functionapp.csrf_secret({}))
+    assert not alone.good(one.make("oid-dana", now), "oid-dana", now)

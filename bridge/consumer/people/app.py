@@ -230,13 +230,19 @@ class PeopleApp:
         try:
             return self._route(request)
         except Refused as err:
-            if request.path.startswith("/api/"):
-                return _json(
-                    err.status, {"Accepted": False, "Code": "Refused", "Detail": err.reason}
-                )
-            if err.status == 401 and self.sign_in.local and request.method == "GET":
-                return _html(401, page.login(err.reason))
-            return _html(err.status, page.refused(err.reason))
+            return self._refused(request, err.status, "Refused", err.reason)
+        except Exception as err:  # the state did not answer: say so, keep serving
+            log.warning("answering %s %s failed: %s", request.method, request.path,
+                        describe(err, with_type=True), exc_info=True)  # fmt: skip
+            said = f"the consumer could not answer: {describe(err)}; try again"
+            return self._refused(request, 500, "Failed", said)
+
+    def _refused(self, request: Request, status: int, code: str, reason: str) -> Response:
+        if request.path.startswith("/api/"):
+            return _json(status, {"Accepted": False, "Code": code, "Detail": reason})
+        if status == 401 and self.sign_in.local and request.method == "GET":
+            return _html(401, page.login(reason))
+        return _html(status, page.refused(reason))
 
     def _route(self, request: Request) -> Response:
         path = request.path.rstrip("/") or "/"

@@ -297,3 +297,18 @@ def test_the_consumer_will_not_start_the_local_page_beyond_loopback(
     assert code == 2
     assert "is not a loopback address" in capsys.readouterr().err
     assert not (tmp_path / "operator-token").exists()
+
+
+def test_a_state_that_does_not_answer_is_a_500_that_says_so(
+    entra: PageServer, tenant: Tenant, decider: RecordingDecider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(now: object) -> list[object]:
+        raise TimeoutError("the fleet state did not answer")
+
+    monkeypatch.setattr(decider, "open_events", broken)
+    page = call(entra, "GET", "/", headers={"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()})
+    assert page.status == 500
+    assert "the fleet state did not answer" in page.text
+    assert page.headers["content-security-policy"] == CSP
+    listed = api(entra, "/api/v1/events", tenant.token())
+    assert (listed.status, listed.json()["Code"]) == (500, "Failed")

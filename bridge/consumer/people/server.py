@@ -28,7 +28,8 @@ from bridge.telemetry import parse_address
 
 log = logging.getLogger(__name__)
 
-REQUEST_DEADLINE = 10.0  # seconds a client has for its whole request
+REQUEST_DEADLINE = 10.0  # seconds a client may stay silent while it sends its request
+MAX_CONNECTIONS = 16  # clients served at once: one operator, or a few people and their CLIs
 
 
 class PageError(ValueError):
@@ -106,8 +107,34 @@ class PageServer:
 
 
 class _Server(ThreadingHTTPServer):
+    """A thread per client, at most MAX_CONNECTIONS at once: past that a new client is turned
+    away at once, so that slow or idle clients cannot hold every thread of the process."""
+
     daemon_threads = True
     block_on_close = False
+    slots = threading.BoundedSemaphore(1)  # replaced per server in __init__
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            log.debug("page: turned %s away: %d clients are served", client_address[0],
+                      MAX_CONNECTIONS)  # fmt: skip
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("page: answering %s failed", client_address[0], exc_info=True)

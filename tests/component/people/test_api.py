@@ -6,6 +6,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,9 +19,10 @@ from bridge.commands import signing
 from bridge.config import PeopleSettings
 from bridge.consumer.people.app import CSP, MAX_BODY
 from bridge.consumer.people.auth import read_token
-from bridge.consumer.people.server import PageError, PageServer, build_app
+from bridge.consumer.people.server import MAX_CONNECTIONS, PageError, PageServer, build_app
 from tests.doubles.entra import AUDIENCE, Tenant, serving
 from tests.support.people import NOW, RecordingDecider, open_event
+from tests.support.wait import eventually
 
 
 @dataclass(frozen=True)
@@ -312,3 +314,23 @@ def test_a_state_that_does_not_answer_is_a_500_that_says_so(
     assert page.headers["content-security-policy"] == CSP
     listed = api(entra, "/api/v1/events", tenant.token())
     assert (listed.status, listed.json()["Code"]) == (500, "Failed")
+
+
+def test_idle_clients_cannot_hold_every_thread(entra: PageServer) -> None:
+    idle = [socket.create_connection((entra.host, entra.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        # Each idle client holds a slot once the server has accepted it (and the next is turned
+        # away at once): wait until one more is turned away, then every slot is taken.
+        eventually(lambda: turned_away(entra), what="a client past the limit turned away")
+    finally:
+        for client in idle:
+            client.close()
+    eventually(lambda: call(entra, "GET", "/nowhere").status == 404)
+
+
+def turned_away(server: PageServer) -> bool:
+    try:
+        call(server, "GET", "/nowhere")
+    except ConnectionError:  # closed at once: reset, or no answer at all
+        return True
+    return False

@@ -5,8 +5,9 @@ need a reason; every accepted action is kept with who took it."""
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from bridge.commands.message import resources_digest
 from bridge.consumer.operators import Answer, OpenEvent, OperatorAction, Pause
@@ -15,15 +16,25 @@ NOW = datetime(2026, 11, 27, 9, 0, tzinfo=timezone.utc)
 
 
 def open_event(event_id: str, *vms: str, ask: str | None = None) -> OpenEvent:
-    return OpenEvent(
-        event_id=event_id,
-        event_type="Reboot",
-        vms=vms,
-        not_before=NOW + timedelta(minutes=15),
-        explanation=(f"rule <ask db owners>: ask {ask or 'nobody'}", "budget zones: 1 of 2 used"),
-        ask=ask,
-        resources_digest=resources_digest(vms),
-    )
+    shown: dict[str, Any] = {
+        "event_id": event_id,
+        "event_type": "Reboot",
+        "vms": vms,
+        "not_before": NOW + timedelta(minutes=15),
+        "explanation": (
+            f"rule <ask db owners>: ask {ask or 'nobody'}",
+            "budget zones: 1 of 2 used",
+        ),
+        "ask": ask,
+        "resources_digest": resources_digest(vms),
+    }
+    # What the consumer's OpenEvent says besides (the policy's action and rule, the ask as
+    # values, a person's last decision, the pause that stops it): the page shows none of it.
+    besides: dict[str, Any] = {"event_source": None, "resources": vms, "action": "Ask",
+                               "rule": "ask db owners", "reason": "asked", "asked": None,
+                               "person": None, "pause": None}  # fmt: skip
+    names = {f.name for f in fields(OpenEvent)}
+    return OpenEvent(**shown, **{k: v for k, v in besides.items() if k in names})
 
 
 @dataclass

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from selenium.webdriver.common.by import By
 
+from bridge.config import PeopleSettings
 from bridge.consumer.people.app import LocalSignIn
-from bridge.consumer.people.server import PageServer
-from tests.doubles.entra import answering
+from bridge.consumer.people.server import PageServer, build_app
+from tests.doubles.entra import AUDIENCE, Tenant, answering, serving
 from tests.support.browser import Chromium
-from tests.support.people import RecordingDecider, open_event
+from tests.support.people import NOW, RecordingDecider, open_event
 
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 
@@ -102,3 +103,48 @@ def test_a_form_from_another_page_is_refused(
         assert "not made by this page" in driver.find_element(By.ID, "answer").text
         chromium.shot("forged-form-refused")
     assert decider.taken == []
+
+
+@pytest.fixture
+def entra(decider: RecordingDecider, tmp_path: Path) -> Iterator[tuple[PageServer, Tenant]]:
+    with serving(Tenant()) as tenant:
+        settings = PeopleSettings(tenant_id=tenant.tenant_id, audience=[AUDIENCE],
+                                  jwks_url=tenant.jwks_url, page_address="127.0.0.1:0")  # fmt: skip
+        server = PageServer(build_app(settings, decider, tmp_path, lambda: NOW), "127.0.0.1:0")
+        yield server.start(), tenant
+        server.close()
+
+
+def signed_in(chromium: Chromium, token: str) -> None:
+    """What App Service Authentication does for a signed-in person: every request the browser
+    sends carries their ID token in X-MS-TOKEN-AAD-ID-TOKEN (set here through DevTools, which
+    needs no script in the page)."""
+    chromium.driver.execute_cdp_cmd("Network.enable", {})
+    headers = {"X-MS-TOKEN-AAD-ID-TOKEN": token}
+    chromium.driver.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": headers})
+
+
+def test_behind_app_service_authentication_the_role_decides_who_may_use_the_page(
+    entra: tuple[PageServer, Tenant], chromium: Chromium, decider: RecordingDecider
+) -> None:
+    server, tenant = entra
+    signed_in(chromium, tenant.token(oid="oid-eve", name="Eve", roles=()))
+    chromium.driver.get(server.url + "/")
+    said = chromium.driver.find_element(By.ID, "answer").text
+    assert "Eve does not have the app role SeBridge.Decide" in said
+    chromium.shot("no-role")
+    signed_in(chromium, tenant.token(oid="oid-dana", name="Dana"))
+    chromium.driver.get(server.url + "/")
+    form = chromium.driver.find_element(By.XPATH, "//form[.//button[@value='pause']]")
+    form.find_element(By.NAME, "scope").send_keys("zone:2")
+    form.find_element(By.NAME, "until").send_keys("2h")
+    form.find_element(By.NAME, "reason").send_keys("incident 4711")
+    form.find_element(By.TAG_NAME, "button").click()
+    assert chromium.driver.find_element(By.ID, "answer").text == "Accepted: pause of zone:2"
+    assert (
+        "Paused: zone:2, until 2026-11-27T11:00:00.000Z, by Dana"
+        in chromium.driver.find_element(By.TAG_NAME, "body").text
+    )
+    chromium.shot("paused")
+    [action] = decider.taken
+    assert (action.kind, action.by.object_id, action.scope) == ("pause", "oid-dana", "zone:2")

@@ -15,6 +15,7 @@ from bridge.agent import status, winservice
 from bridge.commands import signing
 from bridge.config import ENV_PREFIX, LOG_FORMATS, LOG_LEVELS
 from bridge.consumer import command as consumer_command
+from bridge.consumer.people import command as people_command
 from bridge.logfile import setup_logging
 from bridge.simulator import command as simulator_command
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     agent_command.add_parser(subparsers)  # agent and check
     status.add_parser(subparsers)
     consumer_command.add_parser(subparsers)  # consume and policy
+    people_command.add_parsers(subparsers)  # approve, hold, pause and resume
     simulator_command.add_parser(subparsers)
     demo.add_parser(subparsers)
     signing.add_parser(subparsers)

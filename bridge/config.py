@@ -489,6 +489,44 @@ class KubernetesSettings:
 
 
 @dataclass(frozen=True)
+class PeopleSettings:
+    tenant_id: str = _setting(
+        "",
+        "Entra ID tenant (directory) id whose tokens the approval API accepts; empty: no Entra "
+        "ID sign-in (the standalone consumer's page is then for one operator on loopback).",
+    )
+    audience: list[str] = _setting(
+        [],
+        "The API app registration's Application ID URI and/or client id a token must be issued "
+        "for (comma-separated); the CLI asks for a token for the first one's /.default.",
+    )
+    jwks_url: str = _setting(
+        "",
+        "Where the tenant's token signing keys are; empty: "
+        "https://login.microsoftonline.com/<tenant_id>/discovery/v2.0/keys.",
+    )
+    role: str = _setting(
+        "SeBridge.Decide", "The app role (its value) a person needs to approve, hold or pause."
+    )
+    page_address: str = _setting(
+        "",
+        "PORT or HOST:PORT where the standalone consumer serves the approval page and its API; "
+        "a bare port listens on 127.0.0.1. Only a loopback address unless tenant_id and "
+        "audience are set. Empty: no page.",
+    )
+    api_url: str = _setting(
+        "",
+        "Where `se-bridge approve`, `hold`, `pause` and `resume` send a decision: the approval "
+        "page's base URL (https://APP.azurewebsites.net); empty: http://<page_address>.",
+    )
+
+
+# Sections that live in another's table: [consumer.people] is Config.people, and its
+# environment variables are SE_BRIDGE_CONSUMER_PEOPLE_<KEY>.
+NESTED = {"people": "consumer"}
+
+
+@dataclass(frozen=True)
 class Config:
     agent: AgentSettings = field(default_factory=AgentSettings)
     imds: ImdsSettings = field(default_factory=ImdsSettings)
@@ -502,6 +540,7 @@ class Config:
     consumer: ConsumerSettings = field(default_factory=ConsumerSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    people: PeopleSettings = field(default_factory=PeopleSettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]
@@ -528,7 +567,7 @@ def load(
 ) -> Config:
     """Build the Config; `flags` maps "section.key" to values given on the command line."""
     layers = [
-        ("file " + str(path), _read_file(path)) if path else ("file", {}),
+        ("file " + str(path), _lift(_read_file(path))) if path else ("file", {}),
         ("environment", _from_env(os.environ if environ is None else environ)),
         ("command line", _nest(flags or {})),
     ]
@@ -569,7 +608,7 @@ def warn_if_secrets_readable(path: Path | None) -> None:
     """Say (WARNING) when the config file holds a secret and every user may read it."""
     if path is None or not host.readable_by_others(path):
         return
-    data = _read_file(path)
+    data = _lift(_read_file(path))
     held = [
         f"{section.name}.{f.name}"
         for section in dataclasses.fields(Config)
@@ -602,16 +641,36 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from err
 
 
+def _lift(data: dict[str, Any]) -> dict[str, Any]:
+    """The file's nested tables ([consumer.people]) as the sections they are."""
+    for name, parent in NESTED.items():
+        if name in data:
+            raise ConfigError(f"unknown section [{name}]; did you mean [{parent}.{name}]?")
+        table = data.get(parent)
+        if isinstance(table, dict) and name in table:
+            rest = dict(table)
+            data = {**data, parent: rest, name: rest.pop(name)}
+    return data
+
+
 def _from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    known = {f.name for f in dataclasses.fields(Config)}
+    known = {f.name for f in dataclasses.fields(Config)} - NESTED.keys()
     out: dict[str, dict[str, Any]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
         section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
-        if section in known and key:
+        for nested, parent in NESTED.items():
+            if section == parent and key.startswith(nested + "_"):
+                section, key = nested, key[len(nested) + 1 :]
+        if section in known | NESTED.keys() and key:
             out.setdefault(section, {})[key] = value
     return out
+
+
+def dotted(section: str) -> str:
+    """A section's name as the file and the docs spell it: consumer.people for people."""
+    return f"{NESTED[section]}.{section}" if section in NESTED else section
 
 
 def _nest(flags: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -630,13 +689,15 @@ def _section(name: str, cls: type[S], layers: list[tuple[str, dict[str, Any]]]) 
     for origin, data in layers:
         section = data.get(name, {})
         if not isinstance(section, dict):
-            raise ConfigError(f"[{name}] in the {origin} must be a table")
+            raise ConfigError(f"[{dotted(name)}] in the {origin} must be a table")
         for key, raw in section.items():
             if key not in fields:
                 if origin == "environment":
-                    log.warning("ignoring unknown setting %s.%s from the environment", name, key)
+                    log.warning(
+                        "ignoring unknown setting %s.%s from the environment", dotted(name), key
+                    )
                     continue
-                raise ConfigError(f"unknown setting {name}.{key} in the {origin}")
+                raise ConfigError(f"unknown setting {dotted(name)}.{key} in the {origin}")
             where = _where(name, key, origin)
             values[key] = _convert(raw, hints[key], fields[key].metadata, where)
     return cls(**values)
@@ -644,8 +705,13 @@ def _section(name: str, cls: type[S], layers: list[tuple[str, dict[str, Any]]]) 
 
 def _where(section: str, key: str, origin: str) -> str:
     if origin == "environment":
-        return f"{section}.{key} (from {ENV_PREFIX}{section.upper()}_{key.upper()})"
-    return f"{section}.{key} (from the {origin})"
+        return f"{dotted(section)}.{key} (from {env_name(section, key)})"
+    return f"{dotted(section)}.{key} (from the {origin})"
+
+
+def env_name(section: str, key: str) -> str:
+    """The environment variable of setting `key` of `section` (a Config field's name)."""
+    return f"{ENV_PREFIX}{dotted(section).replace('.', '_').upper()}_{key.upper()}"
 
 
 def _reject_unknown(file_data: dict[str, Any], flag_data: dict[str, Any]) -> None:
@@ -775,11 +841,12 @@ def markdown_table() -> str:
         for f in dataclasses.fields(getattr(defaults, section.name)):
             default = getattr(getattr(defaults, section.name), f.name)
             shown = "platform default" if f.name == "state_dir" else _show(default)
-            env = f"{ENV_PREFIX}{section.name.upper()}_{f.name.upper()}"
+            env = env_name(section.name, f.name)
             meaning = f.metadata["help"]
             if f.metadata["low"] is not None:
                 meaning += f" From {bound(f.metadata['low'])} to {bound(f.metadata['high'])}."
-            lines.append(f"| `{section.name}.{f.name}` | `{env}` | {shown} | {meaning} |")
+            name = f"{dotted(section.name)}.{f.name}"
+            lines.append(f"| `{name}` | `{env}` | {shown} | {meaning} |")
     return "\n".join(lines) + "\n"
 
 

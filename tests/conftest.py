@@ -15,6 +15,7 @@ from tests.chaos.run import run_chaos
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.support import killtools, markers, processes
 from tests.support.azurite import Azurite
+from tests.support.browser import Chromium
 from tests.support.processes import Processes
 
 TESTS = Path(__file__).resolve().parent
@@ -31,6 +32,7 @@ NEEDS: dict[object, str] = {
     killtools.AgentKiller: "subprocess",
     Rig: "subprocess",
     run_chaos: "subprocess",
+    Chromium: "browser",
 }
 
 

@@ -132,6 +132,13 @@ def add_consume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         help="serve /metrics, /healthz and /readyz here; a bare port listens on 127.0.0.1 "
         "(setting consumer.metrics_address, SE_BRIDGE_CONSUMER_METRICS_ADDRESS; default off)",
     )
+    p.add_argument(
+        "--page-address",
+        metavar="[HOST:]PORT",
+        help="serve the approval page and its API here; a bare port listens on 127.0.0.1, "
+        "and without Entra ID settings only loopback is allowed (setting "
+        "consumer.people.page_address, SE_BRIDGE_CONSUMER_PEOPLE_PAGE_ADDRESS; default off)",
+    )
     p.set_defaults(func=_consume)
 
 

@@ -17,6 +17,13 @@ so the logic is type-checked and tested with the package. Two functions:
   it again with exponential backoff, indefinitely, and the partition waits behind it, as the
   standalone consumer's partition does. Only a host restart during the retries hands the batch
   over afresh, from the last checkpoint. Processing is idempotent, so a re-run is harmless.
+- `page`: an HTTP trigger (every path, GET and POST, anonymous to the host: App Service
+  Authentication with Entra ID stands in front of it) serving the approval page and its API
+  (bridge/consumer/people/app.py). host.json's empty `routePrefix` puts the page at `/` and the
+  API at `/api/v1/...`. It validates the person's Entra ID token itself: the
+  `Authorization: Bearer` token of an API call (the CLI's), or, for the page, the ID token App
+  Service Authentication adds as `X-MS-TOKEN-AAD-ID-TOKEN` (its token store must be on). Without
+  `SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID` and `..._AUDIENCE` it answers 503.
 - `reevaluate`: a timer calling `Consumer.tick` (deferrals, fallbacks, unsent commands).
   Its schedule is SE_BRIDGE_FUNCTIONS_TIMER, read when the app is indexed, or every 10 s.
   A failed tick is not retried: the next one does the same work.
@@ -32,6 +39,8 @@ are the usual SE_BRIDGE_<SECTION>_<KEY> environment variables (app settings).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import json
 import logging
 import os
@@ -51,6 +60,8 @@ from bridge import recordtypes as rt
 from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
+from bridge.consumer.people.app import Csrf, EntraSignIn, PeopleApp, Request
+from bridge.consumer.people.auth import verifier_for
 from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
 from bridge.consumer.state.kinds import KINDS as STORES
@@ -79,6 +90,8 @@ RETRY_MIN = "00:00:01"
 RETRY_MAX = "00:01:00"
 # Set on every App Service / Functions instance in Azure, absent under Core Tools and tests.
 IN_AZURE = "WEBSITE_INSTANCE_ID"
+# Set by App Service Authentication, the same on every instance of the app.
+EASY_AUTH_KEY = "WEBSITE_AUTH_ENCRYPTION_KEY"
 
 
 class DecisionOutlet:
@@ -186,6 +199,7 @@ class ConsumerApp:
         self._lock = threading.Lock()
         self._consumer: Consumer | None = None
         self._outlet: DecisionOutlet | None = None
+        self._people: PeopleApp | None = None
 
     def consumer(self) -> Consumer:
         with self._lock:
@@ -239,6 +253,36 @@ class ConsumerApp:
                         describe(err, with_type=True))  # fmt: skip
             raise
 
+    def page(self, request: func.HttpRequest) -> func.HttpResponse:
+        """The approval page or its API (bridge/consumer/people/app.py) for one request."""
+        people = self._people_app()
+        if people is None:
+            return func.HttpResponse(
+                "the approval page needs Entra ID sign-in: set SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID "
+                "and SE_BRIDGE_CONSUMER_PEOPLE_AUDIENCE\n",
+                status_code=503,
+            )
+        headers = request.headers.items()
+        answer = people(Request.of(request.method, request.url, headers, request.get_body()))
+        return func.HttpResponse(
+            answer.body,
+            status_code=answer.status,
+            headers=dict(answer.all_headers()[1:]),
+            mimetype=answer.content_type.split(";")[0],
+        )
+
+    def _people_app(self) -> PeopleApp | None:
+        consumer = self.consumer()
+        with self._lock:
+            if self._people is None:
+                environ = os.environ if self._environ is None else self._environ
+                verifier = verifier_for(load_config(environ, self._app_dir).people)
+                if verifier is None:
+                    return None
+                csrf = Csrf(csrf_secret(environ))
+                self._people = PeopleApp(consumer, EntraSignIn(verifier), csrf=csrf)
+            return self._people
+
     def reevaluate(self, timer: func.TimerRequest) -> None:
         if timer.past_due:
             log.info("re-evaluation timer is past due; running it now")
@@ -253,6 +297,17 @@ class ConsumerApp:
             if self._outlet is not None:
                 self._outlet.close()
                 self._outlet = None
+
+
+def csrf_secret(environ: Mapping[str, str]) -> bytes | None:
+    """The page's CSRF secret, the same on every instance of the app: derived from the key
+    App Service Authentication encrypts its own session cookies with (an app setting it adds,
+    shared by the instances), so that a form rendered by one instance is good on another.
+    None without it: each process makes its own."""
+    key = environ.get(EASY_AUTH_KEY, "")
+    if not key:
+        return None
+    return hmac.new(key.encode(), b"se-bridge approval page CSRF", hashlib.sha256).digest()
 
 
 def _log_levels(config: Config) -> None:
@@ -342,6 +397,15 @@ def build_app(
     )
     def records(events: List[func.EventHubEvent]) -> None:  # noqa: UP006 - see the import
         backend.handle_events(events)
+
+    @app.function_name("page")
+    @app.route(
+        route="{*path}",
+        methods=[func.HttpMethod.GET, func.HttpMethod.POST],
+        auth_level=func.AuthLevel.ANONYMOUS,
+    )
+    def page(req: func.HttpRequest) -> func.HttpResponse:
+        return backend.page(req)
 
     @app.function_name("reevaluate")
     # use_monitor keeps schedule state in storage so that a missed run is made up: pointless

@@ -28,6 +28,8 @@ from bridge.config import (
 )
 from bridge.consumer import validation, wiring
 from bridge.consumer.metrics import ConsumerMetrics, CountingSender
+from bridge.consumer.people.server import PageError, PageServer
+from bridge.consumer.people.server import build_app as build_page
 from bridge.consumer.reading import Position
 from bridge.consumer.sources.eventhubs import run_eventhubs
 from bridge.consumer.sources.hub import run_local
@@ -90,6 +92,7 @@ class ConsumerService:
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
         self._telemetry: telemetry.Endpoint | None = None
+        self._page: PageServer | None = None
         self._notifier = telemetry.Notifier()
         self._last_tick = time.monotonic()
         self._tick_error: str | None = None
@@ -102,6 +105,14 @@ class ConsumerService:
             self._telemetry = telemetry.Endpoint(
                 address, self.metrics.registry, live=self.live, ready=self.ready
             ).start()
+
+    def serve_page(self) -> None:
+        """The approval page on consumer.people.page_address, when set (PageError when its
+        settings cannot work, OSError when it cannot listen)."""
+        settings = self.config.people
+        if settings.page_address:
+            app = build_page(settings, self.consumer, self.config.consumer_state_dir())
+            self._page = PageServer(app, settings.page_address).start()
 
     def live(self) -> tuple[bool, str]:
         """/healthz: the re-evaluation timer turns."""
@@ -200,6 +211,8 @@ class ConsumerService:
         return f"event hub {self.config.eventhubs.name or '(from the connection string)'}"
 
     def close(self) -> None:
+        if self._page is not None:
+            self._page.close()
         if self._telemetry is not None:
             self._telemetry.close()
         if not self.delivery.flush(timeout=10.0):
@@ -225,6 +238,7 @@ def run(args: argparse.Namespace) -> int:
         "consumer.log_format": args.log_format,
         "consumer.metrics_address": args.metrics_address,
         "consumer.mode": args.mode,
+        "people.page_address": args.page_address,
     }
     try:
         config = wiring.load_config(args.config, flags=flags)
@@ -252,5 +266,16 @@ def run(args: argparse.Namespace) -> int:
         address = config.consumer.metrics_address
         print(f"se-bridge: cannot listen on consumer.metrics_address {address}: "
               f"{err.strerror or err}", file=sys.stderr)  # fmt: skip
+        return 1
+    try:
+        service.serve_page()
+    except PageError as err:
+        service.close()
+        print(f"se-bridge: configuration error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        service.close()
+        print(f"se-bridge: cannot serve the approval page on consumer.people.page_address "
+              f"{config.people.page_address}: {err.strerror or err}", file=sys.stderr)  # fmt: skip
         return 1
     return service.run(stop)

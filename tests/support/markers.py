@@ -17,10 +17,15 @@ from functools import cache
 from pathlib import PurePath
 from typing import Any
 
-HEAVY = ("azurite", "broker", "subprocess", "tools", "e2e", "slow", "image", "release")
+HEAVY = ("azurite", "broker", "subprocess", "tools", "e2e", "slow", "image", "release", "browser")
 FAST = "not (" + " or ".join(HEAVY) + ")"
 
-BY_FIXTURE = {"azurite": "azurite", "broker": "broker", "procs": "subprocess"}
+BY_FIXTURE = {
+    "azurite": "azurite",
+    "broker": "broker",
+    "procs": "subprocess",
+    "chromium": "browser",
+}
 BY_DIRECTORY = {
     "e2e": ("e2e", "subprocess"),
     "infra": ("tools",),

@@ -8,7 +8,7 @@ import argparse
 import pytest
 
 from bridge.cli import build_parser
-from bridge.config import Config
+from bridge.config import Config, dotted
 from bridge.simulator.core import vm_path
 
 # Options that are no setting: the file of settings itself, and help.
@@ -34,7 +34,9 @@ def test_every_sub_command_has_a_description_and_examples(name: str) -> None:
 @pytest.mark.parametrize("name", SETTINGS_COMMANDS)
 def test_every_option_names_its_setting_and_environment_variable(name: str) -> None:
     known = {
-        f"{section}.{key}" for section, settings in vars(Config()).items() for key in vars(settings)
+        f"{dotted(section)}.{key}"
+        for section, settings in vars(Config()).items()
+        for key in vars(settings)
     }
     for action in commands()[name]._actions:
         options = set(action.option_strings)

@@ -225,3 +225,32 @@ def test_a_consumer_config_written_with_agent_settings_keeps_working_with_a_warn
     both = load(path, environ=env, flags={"consumer.state_dir": "/srv/flag"})
     assert (both.consumer_state_dir(), both.consumer_log_format()) == (Path("/srv/flag"), "text")
     assert consumer_settings_under_agent(both) == []
+
+
+# --- [consumer.people]: a section nested in another's table ----------------------------------
+
+
+def test_people_settings_come_from_their_nested_table(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text(
+        '[consumer]\nmode = "shadow"\n[consumer.people]\ntenant_id = "t1"\n'
+        'audience = ["api://se-bridge", "c1"]\n',
+        encoding="utf-8",
+    )
+    config = load(path, environ={"SE_BRIDGE_CONSUMER_PEOPLE_PAGE_ADDRESS": "8089"})
+    assert config.consumer.mode == "shadow"
+    assert config.people.tenant_id == "t1"
+    assert config.people.audience == ["api://se-bridge", "c1"]
+    assert config.people.page_address == "8089"
+
+
+def test_a_people_table_at_the_top_is_refused_with_the_right_name(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('[people]\ntenant_id = "t1"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"\[consumer\.people\]"):
+        load(path, environ={})
+
+
+def test_a_bad_people_setting_is_named_as_the_file_spells_it() -> None:
+    with pytest.raises(ConfigError, match=r"consumer\.people\.nope"):
+        load(environ={}, flags={"people.nope": "x"})

@@ -25,6 +25,7 @@ from azure.functions.decorators.eventhub import EventHubTrigger
 from azure.functions.decorators.function_app import Function
 from azure.functions.decorators.timer import TimerTrigger
 from azure.functions.eventhub import EventHubTriggerConverter
+from azure.functions.http import HttpRequestConverter
 from azure.functions.meta import Datum
 from azure.functions.timer import TimerRequest, TimerRequestConverter
 
@@ -33,12 +34,14 @@ from bridge.commands import signing
 from bridge.config import ConfigError, load
 from bridge.consumer import functionapp
 from bridge.consumer.functionapp import ConsumerApp, DecisionOutlet, build_app, load_config
+from bridge.consumer.people.app import Csrf
 from bridge.consumer.reading import Position
 from bridge.retry import PoisonRecords, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import BaseSink, SpooledRecord
+from tests.doubles.entra import AUDIENCE, Tenant, serving
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.support.fleetrecords import FleetRecords
 from tests.support.records import assert_valid
@@ -147,7 +150,7 @@ def decisions_logged(caplog: pytest.LogCaptureFixture) -> list[dict[str, Any]]:
 
 
 def test_the_event_hub_trigger_takes_batches_named_by_app_settings(rig: Rig) -> None:
-    assert sorted(rig.functions) == ["records", "reevaluate"]
+    assert sorted(rig.functions) == ["page", "records", "reevaluate"]
     records = rig.function("records")
     trigger = records.get_trigger()
     assert isinstance(trigger, EventHubTrigger)
@@ -215,17 +218,19 @@ def test_the_timer_runs_every_10_seconds_unless_an_app_setting_says_otherwise(
         build_app(rig.backend, environ={"SE_BRIDGE_FUNCTIONS_TIMER": "*/5 * * * *"})
 
 
-def test_the_worker_would_load_both_functions(rig: Rig) -> None:
+def test_the_worker_would_load_every_function(rig: Rig) -> None:
     """The checks the Python worker makes when it indexes the app (azure_functions_worker
     functions.Registry.add_indexed_function): annotations resolved with get_type_hints,
     parameters named as the bindings, and each annotation accepted by its converter."""
     converters = {"eventHubTrigger": EventHubTriggerConverter,
-                  "timerTrigger": TimerRequestConverter}  # fmt: skip
+                  "timerTrigger": TimerRequestConverter,
+                  "httpTrigger": HttpRequestConverter}  # fmt: skip
     for function in rig.functions.values():
         user = function.get_user_function()
         hints = typing.get_type_hints(user)
         params = [p for p in hints if p != "return"]
-        assert params == [b.name for b in function.get_bindings()]
+        # An HTTP function's answer is its return value, the binding "$return".
+        assert params == [b.name for b in function.get_bindings() if b.name != "$return"]
         trigger = function.get_trigger()
         assert trigger is not None
         assert converters[str(trigger.type)].check_input_type_annotation(hints[params[0]])
@@ -246,7 +251,7 @@ def test_function_app_py_defines_one_app_and_builds_nothing_when_imported(
     # The worker indexes the module's one FunctionRegister; a second one fails indexing.
     apps = [v for v in vars(module).values() if isinstance(v, FunctionRegister)]
     assert len(apps) == 1
-    assert sorted(by_name(apps[0])) == ["records", "reevaluate"]
+    assert sorted(by_name(apps[0])) == ["page", "records", "reevaluate"]
     assert list(tmp_path.iterdir()) == []  # the consumer is built at the first invocation
 
 
@@ -562,3 +567,61 @@ def test_a_past_due_timer_still_ticks(rig: Rig, caplog: pytest.LogCaptureFixture
     caplog.set_level(logging.INFO, logger="bridge")
     rig.function("reevaluate").get_user_function()(TimerRequest(past_due=True))
     assert any("past due" in r.getMessage() for r in caplog.records)
+
+
+# --- the approval page's HTTP trigger --------------------------------------------------------
+
+
+def test_the_page_answers_every_path_at_the_root_behind_app_service_authentication(
+    rig: Rig,
+) -> None:
+    page = rig.function("page")
+    (raw,) = [json.loads(b) for b in page.get_raw_bindings() if '"httpTrigger"' in b]
+    assert raw["route"] == "{*path}"
+    assert raw["authLevel"].lower() == "anonymous"  # App Service Authentication signs people in
+    assert sorted(m.lower() for m in raw["methods"]) == ["get", "post"]
+    host = json.loads((APP_DIR / "host.json").read_text(encoding="utf-8"))
+    assert host["extensions"]["http"]["routePrefix"] == ""
+
+
+def http(rig: Rig, path: str, headers: dict[str, str] | None = None) -> func.HttpResponse:
+    request = func.HttpRequest("GET", f"https://se-bridge.example{path}", headers=headers or {},
+                               body=b"")  # fmt: skip
+    answer = rig.function("page").get_user_function()(request)
+    assert isinstance(answer, func.HttpResponse)
+    return answer
+
+
+def test_the_page_needs_entra_id_settings(rig: Rig) -> None:
+    answer = http(rig, "/")
+    assert answer.status_code == 503
+    assert b"SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID" in answer.get_body()
+
+
+def test_the_page_validates_the_token_itself(tmp_path: Path) -> None:
+    with serving(Tenant()) as tenant:
+        env = {**local_env(tmp_path), "SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID": tenant.tenant_id,
+               "SE_BRIDGE_CONSUMER_PEOPLE_AUDIENCE": AUDIENCE,
+               "SE_BRIDGE_CONSUMER_PEOPLE_JWKS_URL": tenant.jwks_url}  # fmt: skip
+        rig = make_rig(env, tmp_path)
+        try:
+            unsigned = http(rig, "/api/v1/events")
+            assert unsigned.status_code == 401
+            assert unsigned.headers["Content-Security-Policy"].startswith("default-src 'none'")
+            assert unsigned.mimetype == "application/json"
+            no_role = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(roles=())}
+            assert http(rig, "/", no_role).status_code == 403
+        finally:
+            rig.backend.close()
+
+
+def test_every_instance_takes_the_forms_of_the_others() -> None:
+    """Scaled out, the page's forms are rendered by one instance and posted to another."""
+    shared = {"WEBSITE_AUTH_ENCRYPTION_KEY": "0123abcd" * 8}
+    one, two = (Csrf(functionapp.csrf_secret(shared)) for _ in range(2))
+    now = datetime.now(timezone.utc)
+    assert two.good(one.make("oid-dana", now), "oid-dana", now)
+    assert not two.good(one.make("oid-dana", now), "oid-eve", now)
+    assert functionapp.csrf_secret({}) is None
+    alone = Csrf(functionapp.csrf_secret({}))
+    assert not alone.good(one.make("oid-dana", now), "oid-dana", now)

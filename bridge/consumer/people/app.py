@@ -1,0 +1,442 @@
+"""The approval page and its API, as one function from a Request to a Response, so that the
+standalone consumer (bridge/consumer/people/server.py, http.server) and the Functions app
+(an HTTP trigger in bridge/consumer/functionapp.py) serve the same thing.
+
+Routes (docs/people.md#the-api):
+
+- `GET /`: the page: pauses, what each budget holds, the open events with their forms.
+- `POST /decide`: a form of the page (CSRF token checked first; 403 when it is forged or old).
+- `GET /api/v1/events`, `POST /api/v1/events/{id}/approve|hold`, `POST /api/v1/pause`,
+  `POST /api/v1/resume`: the JSON API of `se-bridge approve|hold|pause|resume`. Only a bearer
+  token signs a call in (never a cookie, nor the header App Service Authentication adds), and
+  a POST must say `Content-Type: application/json`: a page of another site cannot make a
+  browser send either, so the API needs no CSRF token.
+- `GET|POST /login`: the standalone consumer's loopback page only: the one-time code from the
+  log, or the operator token, for a session cookie.
+
+Every answer carries the strict Content-Security-Policy (no script at all: the page works
+with scripting off, forms only), nosniff, no referrer and no-store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import re
+import secrets
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from http.cookies import CookieError, SimpleCookie
+from typing import Any, Protocol
+from urllib.parse import parse_qsl, urlsplit
+
+from bridge.consumer.operators import (
+    Answer,
+    OpenEvent,
+    OperatorAction,
+    OperatorKind,
+    Pause,
+    Person,
+)
+from bridge.consumer.people import page
+from bridge.consumer.people.auth import EntraVerifier, LocalOperator, Refused
+from bridge.records import iso, parse_time, utc_now
+from bridge.redact import describe
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 16 * 1024  # bytes: a form or an API call is a few hundred
+CSRF_MAX_AGE = 12 * 3600.0  # seconds a rendered form stays good
+SESSION_COOKIE = "se_bridge_session"
+# App Service Authentication (Easy Auth) signs the browser in and adds the person's Entra ID
+# ID token to every request it lets through; the app validates it again all the same.
+EASY_AUTH_ID_HEADER = "x-ms-token-aad-id-token"
+CSP = "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'"
+SECURITY_HEADERS = (
+    ("Content-Security-Policy", CSP),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cache-Control", "no-store"),
+)
+HTML = "text/html; charset=utf-8"
+JSON = "application/json"
+_DURATION = re.compile(r"(\d{1,4})([mhd])")
+
+
+class Decider(Protocol):
+    """What the page needs of the consumer (bridge.consumer.core.Consumer provides it)."""
+
+    def operate(self, action: OperatorAction) -> Answer: ...
+
+    def open_events(self, now: datetime) -> list[OpenEvent]: ...
+
+    def pauses(self, now: datetime) -> list[Pause]: ...
+
+    def budget_use(self) -> dict[str, float]: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: Mapping[str, str]
+    headers: Mapping[str, str]  # names in lower case
+    body: bytes = b""
+
+    @classmethod
+    def of(
+        cls, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes = b""
+    ) -> Request:
+        parts = urlsplit(target)
+        return cls(
+            method.upper(),
+            parts.path or "/",
+            dict(parse_qsl(parts.query)),
+            {k.lower(): v for k, v in headers},
+            body,
+        )
+
+    def bearer(self) -> str:
+        scheme, _, token = self.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise Refused(401, "no bearer token: sign in (az login) and try again")
+        return token.strip()
+
+    def cookie(self, name: str) -> str:
+        try:
+            morsel = SimpleCookie(self.headers.get("cookie", "")).get(name)
+        except CookieError:
+            return ""
+        return morsel.value if morsel is not None else ""
+
+    def form(self) -> dict[str, str]:
+        return dict(parse_qsl(self.body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    content_type: str = HTML
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def all_headers(self) -> list[tuple[str, str]]:
+        return [("Content-Type", self.content_type), *SECURITY_HEADERS, *self.headers]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A signed-in person, and what the page's CSRF tokens are bound to (their session)."""
+
+    person: Person
+    binding: str
+
+
+class EntraSignIn:
+    """Entra ID: the API takes a bearer token, the page the ID token App Service
+    Authentication adds (or a bearer token); both are validated here."""
+
+    local = False
+
+    def __init__(self, verifier: EntraVerifier) -> None:
+        self.verifier = verifier
+
+    def api(self, request: Request) -> Person:
+        return self.verifier.person(request.bearer())
+
+    def page(self, request: Request) -> Caller:
+        token = request.headers.get(EASY_AUTH_ID_HEADER, "").strip()
+        if not token and not request.headers.get("authorization"):
+            raise Refused(
+                401,
+                "not signed in: the page is served behind App Service Authentication, which "
+                "adds your ID token (is its token store on?)",
+            )
+        token = token or request.bearer()
+        person = self.verifier.person(token)
+        return Caller(person, person.object_id)
+
+
+class LocalSignIn:
+    """The standalone consumer's one operator: the token file's bearer token for the API, a
+    session cookie for the page."""
+
+    local = True
+
+    def __init__(self, operator: LocalOperator) -> None:
+        self.operator = operator
+
+    def api(self, request: Request) -> Person:
+        return self.operator.bearer(request.bearer())
+
+    def page(self, request: Request) -> Caller:
+        session = request.cookie(SESSION_COOKIE)
+        return Caller(self.operator.session(session), session)
+
+
+class Csrf:
+    """Tokens `<unix time>.<HMAC-SHA256(secret, binding|time)>`: good for CSRF_MAX_AGE and only
+    for the session (or person) they were made for. Without a secret given, one of this
+    process's own: a form rendered before a restart is refused, and reloading mends it."""
+
+    def __init__(self, secret: bytes | None = None) -> None:
+        self._secret = secret or secrets.token_bytes(32)
+
+    def make(self, binding: str, now: datetime) -> str:
+        stamp = str(int(now.timestamp()))
+        return f"{stamp}.{self._mac(binding, stamp)}"
+
+    def good(self, token: str, binding: str, now: datetime) -> bool:
+        stamp, _, mac = token.partition(".")
+        if not stamp.isdigit() or not hmac.compare_digest(mac, self._mac(binding, stamp)):
+            return False
+        return 0 <= now.timestamp() - int(stamp) <= CSRF_MAX_AGE
+
+    def _mac(self, binding: str, stamp: str) -> str:
+        return hmac.new(self._secret, f"{binding}|{stamp}".encode(), hashlib.sha256).hexdigest()
+
+
+def parse_until(text: str, now: datetime) -> datetime | None:
+    """An ISO 8601 time (UTC when it names no zone) or a duration from now (30m, 2h, 1d);
+    None for an empty text. ValueError for anything else."""
+    text = text.strip()
+    if not text:
+        return None
+    found = _DURATION.fullmatch(text)
+    if found is not None:
+        unit = {"m": "minutes", "h": "hours", "d": "days"}[found.group(2)]
+        return now + timedelta(**{unit: int(found.group(1))})
+    moment = parse_time(text)
+    if moment is None:
+        raise ValueError(f"expected an ISO 8601 time or a duration such as 2h, got {text[:40]!r}")
+    return moment
+
+
+@dataclass
+class PeopleApp:
+    """The page and the API over a Decider, for the people `sign_in` proves."""
+
+    decider: Decider
+    sign_in: EntraSignIn | LocalSignIn
+    clock: Callable[[], datetime] = utc_now
+    csrf: Csrf = field(default_factory=Csrf)
+
+    def __call__(self, request: Request) -> Response:
+        if len(request.body) > MAX_BODY:
+            return _text(413, f"a request body may hold at most {MAX_BODY} bytes")
+        try:
+            return self._route(request)
+        except Refused as err:
+            return self._refused(request, err.status, "Refused", err.reason)
+        except Exception as err:  # the state did not answer: say so, keep serving
+            log.warning("answering %s %s failed: %s", request.method, request.path,
+                        describe(err, with_type=True), exc_info=True)  # fmt: skip
+            said = f"the consumer could not answer: {describe(err)}; try again"
+            return self._refused(request, 500, "Failed", said)
+
+    def _refused(self, request: Request, status: int, code: str, reason: str) -> Response:
+        if request.path.startswith("/api/"):
+            return _json(status, {"Accepted": False, "Code": code, "Detail": reason})
+        if status == 401 and self.sign_in.local and request.method == "GET":
+            return _html(401, page.login(reason))
+        return _html(status, page.refused(reason))
+
+    def _route(self, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        routes: dict[str, tuple[tuple[str, ...], Callable[[], Response]]] = {
+            "/style.css": (("GET",), lambda: Response(200, page.STYLE.encode(), "text/css")),
+            "/": (("GET",), lambda: self._page(self.sign_in.page(request), None, 200)),
+            "/decide": (("POST",), lambda: self._decide(request)),
+            "/api/v1/events": (("GET",), lambda: self._listing(self.sign_in.api(request))),
+            "/api/v1/pause": (("POST",), lambda: self._api_action(request, None)),
+            "/api/v1/resume": (("POST",), lambda: self._api_action(request, None)),
+        }
+        if isinstance(self.sign_in, LocalSignIn):
+            local = self.sign_in
+            routes["/login"] = (("GET", "POST"), lambda: self._log_in(local, request))
+        found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
+        if found is not None:
+            routes[path] = (("POST",), lambda: self._api_action(request, found))
+        if path not in routes:
+            return _text(404, "not found")
+        allowed, serve = routes[path]
+        return _only(request.method, *allowed) or serve()
+
+    # --- the page --------------------------------------------------------------------------
+
+    def _page(self, caller: Caller, answer: Answer | None, status: int) -> Response:
+        now = self.clock()
+        body = page.render(
+            page.View(
+                person=caller.person,
+                local=self.sign_in.local,
+                csrf=self.csrf.make(caller.binding, now),
+                events=self.decider.open_events(now),
+                pauses=self.decider.pauses(now),
+                budgets=self.decider.budget_use(),
+                answer=answer,
+                now=now,
+            )
+        )
+        return _html(status, body)
+
+    def _decide(self, request: Request) -> Response:
+        caller = self.sign_in.page(request)
+        form = request.form()
+        if not self.csrf.good(form.get("csrf", ""), caller.binding, self.clock()):
+            log.warning("refused a form from %s (%s): its CSRF token is forged or older than "
+                        "%g h", caller.person.name, caller.person.object_id,
+                        CSRF_MAX_AGE / 3600)  # fmt: skip
+            return _html(403, page.refused("this form is stale or was not made by this page: "
+                                           "reload the page and try again"))  # fmt: skip
+        kind = form.get("action", "")
+        if kind == "override":
+            form["override"], kind = "1", "approve"
+        answer = self._act(caller.person, kind, form.get("event") or None, form)
+        return self._page(caller, answer, 200 if answer.accepted else 409)
+
+    def _log_in(self, sign_in: LocalSignIn, request: Request) -> Response:
+        secret = request.query.get("code", "") if request.method == "GET" else ""
+        if request.method == "POST":
+            secret = request.form().get("token", "")
+        if not secret:
+            return _html(200, page.login(None))
+        session = sign_in.operator.log_in(secret)
+        cookie = f"{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
+        return Response(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
+
+    # --- the API ---------------------------------------------------------------------------
+
+    def _listing(self, person: Person) -> Response:
+        now = self.clock()
+        log.debug("%s (%s) listed the open events", person.name, person.object_id)
+        return _json(200, {
+            "Events": [_event_json(e) for e in self.decider.open_events(now)],
+            "Pauses": [_pause_json(p) for p in self.decider.pauses(now)],
+            "Budgets": self.decider.budget_use(),
+        })  # fmt: skip
+
+    def _api_action(self, request: Request, found: re.Match[str] | None) -> Response:
+        person = self.sign_in.api(request)
+        if request.headers.get("content-type", "").split(";")[0].strip() != JSON:
+            return _json(415, _answer_json(Answer(False, "BadRequest", "send JSON")))
+        try:
+            body = json.loads(request.body or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return _json(400, _answer_json(Answer(False, "BadRequest", "the body is no object")))
+        if found is not None:
+            kind, event = found.group(2), found.group(1)
+        else:
+            kind, event = request.path.rstrip("/").rsplit("/", 1)[1], None
+        fields = {
+            "reason": _str(body.get("Reason")),
+            "digest": _str(body.get("ResourcesDigest")),
+            "override": "1" if body.get("OverrideBudget") is True else "",
+            "scope": _str(body.get("Scope")),
+            "until": _str(body.get("Until")),
+        }
+        answer = self._act(person, kind, event, fields)
+        return _json(200 if answer.accepted else 409, _answer_json(answer))
+
+    # --- one path for both -----------------------------------------------------------------
+
+    def _act(
+        self, person: Person, kind: str, event: str | None, fields: Mapping[str, str]
+    ) -> Answer:
+        now = self.clock()
+        if kind not in ("approve", "hold", "pause", "resume"):
+            return Answer(False, "BadRequest", f"no such action {kind[:40]!r}")
+        try:
+            until = parse_until(fields.get("until", ""), now) if kind == "pause" else None
+        except ValueError as err:
+            return Answer(False, "BadTime", str(err))
+        action = OperatorAction(
+            kind=_kind(kind),
+            by=person,
+            reason=fields.get("reason", "").strip(),
+            at=now,
+            event_id=event if kind in ("approve", "hold") else None,
+            resources_digest=(fields.get("digest") or None)
+            if kind in ("approve", "hold")
+            else None,
+            override_budget=kind == "approve" and fields.get("override") == "1",
+            scope=(fields.get("scope", "").strip() or None)
+            if kind in ("pause", "resume")
+            else None,
+            until=until,
+        )
+        try:
+            answer = self.decider.operate(action)
+        except Exception as err:
+            log.error("the consumer could not take %s's %s of %s: %s", person.name, kind,
+                      event or action.scope or "the fleet", describe(err, with_type=True),
+                      exc_info=True)  # fmt: skip
+            return Answer(False, "Failed", f"the consumer could not take it: {describe(err)}")
+        log.info("%s (%s) asked to %s %s: %s, %s", person.name, person.object_id, kind,
+                 event or action.scope or "the fleet", answer.code, answer.detail)  # fmt: skip
+        return answer
+
+
+def _kind(kind: str) -> OperatorKind:
+    kinds: dict[str, OperatorKind] = {
+        "approve": "approve", "hold": "hold", "pause": "pause", "resume": "resume"
+    }  # fmt: skip
+    return kinds[kind]
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _only(method: str, *allowed: str) -> Response | None:
+    if method in allowed:
+        return None
+    return Response(405, b"method not allowed\n", "text/plain", (("Allow", ", ".join(allowed)),))
+
+
+def _html(status: int, body: str) -> Response:
+    return Response(status, body.encode())
+
+
+def _text(status: int, text: str) -> Response:
+    return Response(status, (text + "\n").encode(), "text/plain; charset=utf-8")
+
+
+def _json(status: int, body: Mapping[str, Any]) -> Response:
+    return Response(status, json.dumps(body, ensure_ascii=False).encode(), JSON)
+
+
+def _time(moment: datetime | None) -> str | None:
+    return iso(moment) if moment is not None else None
+
+
+def _event_json(event: OpenEvent) -> dict[str, Any]:
+    return {
+        "EventId": event.event_id,
+        "EventType": event.event_type,
+        "Vms": list(event.vms),
+        "NotBefore": _time(event.not_before),
+        "Explanation": list(event.explanation),
+        "Ask": event.ask,
+        "ResourcesDigest": event.resources_digest,
+    }
+
+
+def _pause_json(pause: Pause) -> dict[str, Any]:
+    return {
+        "Scope": pause.scope,
+        "Until": _time(pause.until),
+        "By": pause.by.name,
+        "ByObjectId": pause.by.object_id,
+        "Reason": pause.reason,
+        "At": _time(pause.at),
+    }
+
+
+def _answer_json(answer: Answer) -> dict[str, Any]:
+    return {"Accepted": answer.accepted, "Code": answer.code, "Detail": answer.detail}

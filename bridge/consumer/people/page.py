@@ -1,0 +1,163 @@
+"""The approval page's HTML: server-rendered, every value escaped, forms only (it works with
+scripting off, and the Content-Security-Policy allows no script), one style sheet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from html import escape
+
+from bridge.consumer.operators import Answer, OpenEvent, Pause, Person
+from bridge.records import iso
+
+STYLE = """\
+body { font-family: system-ui, sans-serif; margin: 1.5rem; max-width: 60rem; color: #1b1b1b; }
+h1 { font-size: 1.4rem; } h2 { font-size: 1.15rem; margin-top: 2rem; }
+.who, .note { color: #555; }
+.answer { padding: .6rem .8rem; border-radius: .3rem; font-weight: 600; }
+.accepted { background: #e3f4e1; border: 1px solid #3c8c34; }
+.refused { background: #fbe4e1; border: 1px solid #b3261e; }
+.event { border: 1px solid #ccc; border-radius: .3rem; padding: .4rem 1rem 1rem; margin: 1rem 0; }
+form { display: inline-block; margin: .3rem 1rem .3rem 0; vertical-align: top; }
+label { display: block; font-size: .9rem; }
+input[type=text] { width: 16rem; }
+table { border-collapse: collapse; } td, th { padding: .2rem .8rem .2rem 0; text-align: left; }
+"""
+
+
+@dataclass(frozen=True)
+class View:
+    person: Person
+    local: bool
+    csrf: str
+    events: list[OpenEvent]
+    pauses: list[Pause]
+    budgets: dict[str, float]
+    answer: Answer | None
+    now: datetime
+
+
+def render(view: View) -> str:
+    parts = [
+        f'<p class="who">Signed in as {_e(view.person.name)} ({_e(view.person.object_id)}).',
+        " This is the standalone consumer's page for one operator on this machine (loopback)."
+        if view.local
+        else "",
+        "</p>",
+    ]
+    if view.answer is not None:
+        state = "accepted" if view.answer.accepted else "refused"
+        parts.append(f'<p class="answer {state}" id="answer" role="status">'
+                     f"{_e(view.answer.code)}: {_e(view.answer.detail)}</p>")  # fmt: skip
+    parts.append(f"<h2>Open events ({len(view.events)})</h2>")
+    if not view.events:
+        parts.append('<p class="note">No event is open.</p>')
+    parts += [_event(e, view.csrf) for e in view.events]
+    parts += _budgets(view.budgets)
+    parts += _pauses(view)
+    parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
+    return _document("se-bridge approvals", "".join(parts))
+
+
+def login(reason: str | None) -> str:
+    said = f'<p class="answer refused">{_e(reason)}</p>' if reason else ""
+    return _document(
+        "se-bridge: sign in",
+        f"{said}<p>This page is for the one operator of this consumer. Open the login address "
+        "the consumer logged at its start, or give the operator token from the file "
+        "operator-token in its state directory.</p>"
+        '<form method="post" action="/login"><label for="token">Operator token</label>'
+        '<input type="password" id="token" name="token" autocomplete="off" required>'
+        '<button type="submit">Sign in</button></form>',
+    )
+
+
+def refused(reason: str) -> str:
+    return _document(
+        "se-bridge: refused",
+        f'<p class="answer refused" id="answer">{_e(reason)}</p><p><a href="/">Back</a></p>',
+    )
+
+
+def _document(title: str, body: str) -> str:
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<title>{_e(title)}</title><link rel="stylesheet" href="/style.css"></head>'
+        f"<body><h1>{_e(title)}</h1>{body}</body></html>"
+    )
+
+
+def _pauses(view: View) -> list[str]:
+    parts = ["<h2>Pauses</h2>"]
+    if not view.pauses:
+        parts.append('<p class="note">Nothing is paused: early approvals go ahead.</p>')
+    for pause in view.pauses:
+        until = f"until {iso(pause.until)}" if pause.until else "until resumed"
+        scope = pause.scope or "the whole fleet"
+        said = (
+            f"<p>Paused: <strong>{_e(scope)}</strong>, {_e(until)}, by {_e(pause.by.name)} "
+            f"at {_e(iso(pause.at))}: {_e(pause.reason)}</p>"
+        )
+        parts.append(
+            said + _form(view.csrf, "resume", f"Resume {scope}", {"scope": pause.scope or ""})
+        )
+    inputs = (
+        ("scope", "Scope (empty: the whole fleet; or KIND:VALUE, a budget group)"),
+        ("until", "Until (ISO time, UTC, or a duration such as 2h; empty: until resumed)"),
+    )
+    parts.append(_form(view.csrf, "pause", "Pause", {}, inputs=inputs))
+    return parts
+
+
+def _budgets(budgets: dict[str, float]) -> list[str]:
+    parts = ["<h2>Budgets</h2>"]
+    if not budgets:
+        return [*parts, '<p class="note">The policy has no budget.</p>']
+    rows = "".join(
+        f"<tr><td>{_e(name)}</td><td>{use:.0%} of its limit in its fullest group</td></tr>"
+        for name, use in sorted(budgets.items())
+    )
+    return [*parts, f"<table><tr><th>Budget</th><th>Holds</th></tr>{rows}</table>"]
+
+
+def _event(event: OpenEvent, csrf: str) -> str:
+    ident = {"event": event.event_id, "digest": event.resources_digest}
+    not_before = iso(event.not_before) if event.not_before else "none given (it may start now)"
+    ask = f"<p>Asked: {_e(event.ask)}</p>" if event.ask else ""
+    why = "".join(f"<li>{_e(line)}</li>" for line in event.explanation)
+    return (
+        f'<section class="event" id="event-{_e(event.event_id)}">'
+        f"<h3>{_e(event.event_type)} {_e(event.event_id)}</h3>"
+        f"<p>VMs: {_e(', '.join(event.vms))}<br>NotBefore: {_e(not_before)}</p>{ask}"
+        f"<ul>{why}</ul>"
+        + _form(csrf, "approve", "Approve now", ident, reason=False)
+        + _form(csrf, "override", "Approve over the budget", ident)
+        + _form(csrf, "hold", "Hold until NotBefore", ident, reason=False)
+        + "</section>"
+    )
+
+
+def _form(
+    csrf: str,
+    action: str,
+    label: str,
+    hidden: dict[str, str],
+    *,
+    reason: bool = True,
+    inputs: tuple[tuple[str, str], ...] = (),
+) -> str:
+    fields = [f'<input type="hidden" name="csrf" value="{_e(csrf)}">',
+              f'<input type="hidden" name="action" value="{_e(action)}">']  # fmt: skip
+    fields += [f'<input type="hidden" name="{_e(k)}" value="{_e(v)}">' for k, v in hidden.items()]
+    for name, text in inputs:
+        fields.append(f'<label>{_e(text)} <input type="text" name="{_e(name)}"></label>')
+    required = " required" if reason else ""
+    what = "Reason (required)" if reason else "Reason"
+    fields.append(f'<label>{what} <input type="text" name="reason"{required}></label>')
+    fields.append(f'<button type="submit" name="do" value="{_e(action)}">{_e(label)}</button>')
+    return f'<form method="post" action="/decide">{"".join(fields)}</form>'
+
+
+def _e(text: str) -> str:
+    return escape(text, quote=True)

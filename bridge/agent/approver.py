@@ -206,21 +206,9 @@ class Approver:
     def _not_draining(self, command: Command) -> Attempt:
         """A Prepare grants a drain; an agent with no node to drain refuses it, so that the
         consumer stops waiting for a drain that never comes."""
-        why = ("Prepare: this agent drains no Kubernetes node (its [kubernetes] section is "
-               "off), so it has nothing to prepare; it approves nothing on a Prepare")  # fmt: skip
-        outcome = ApprovalOutcome(
-            event_id=command.event_id,
-            event_type=None,
-            incarnation=command.document_incarnation,
-            command_id=command.command_id,
-            source="Central",
-            outcome="Refused",
-            detail=why,
-            rule=command.rule,
-            issued_at=command.issued_at,
-        )
-        self.record(outcome)
-        return Attempt("Refused", why, outcome)
+        return self._refuse(command, "Prepare: this agent drains no Kubernetes node (its "
+                            "[kubernetes] section is off), so it has nothing to prepare; it "
+                            "approves nothing on a Prepare")  # fmt: skip
 
     def _drain(self, command: Command) -> Attempt:
         """A Prepare grants a drain: checked as an approval is (expiry, then a fresh document
@@ -261,7 +249,10 @@ class Approver:
         else:
             came = self._came(request)
             why = f"Expired: it expired at {iso(command.expires_at)}; the approval came {came}"
-        # A refusal of a verified command for this VM: the consumer may trust its ids.
+        return self._refuse(command, why, late=went or "Expired")
+
+    def _refuse(self, command: Command, why: str, *, late: str | None = None) -> Attempt:
+        """A refusal of a verified command for this VM: the consumer may trust its ids."""
         outcome = ApprovalOutcome(
             event_id=command.event_id,
             event_type=None,
@@ -272,7 +263,7 @@ class Approver:
             detail=why,
             rule=command.rule,
             issued_at=command.issued_at,
-            late=went or "Expired",
+            late=late,
         )
         self.record(outcome)
         return Attempt("Refused", why, outcome)

@@ -5,6 +5,8 @@ standalone consumer (bridge/consumer/people/server.py, http.server) and the Func
 Routes (docs/people.md#the-api):
 
 - `GET /`: the page: pauses, what each budget holds, the open events with their forms.
+- `GET /events/{id}`: the same page with that one event alone (404 once it is no longer
+  open): where the links in notices lead (bridge.notify.notifier.event_link).
 - `POST /decide`: a form of the page (CSRF token checked first; 403 when it is forged or old).
 - `GET /api/v1/events`, `POST /api/v1/events/{id}/approve|hold`, `POST /api/v1/pause`,
   `POST /api/v1/resume`: the JSON API of `se-bridge approve|hold|pause|resume`. Only a bearer
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.cookies import CookieError, SimpleCookie
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from bridge.consumer.operators import (
     Answer,
@@ -257,6 +259,11 @@ class PeopleApp:
         if isinstance(self.sign_in, LocalSignIn):
             local = self.sign_in
             routes["/login"] = (("GET", "POST"), lambda: self._log_in(local, request))
+        shown = re.fullmatch(r"/events/([^/]{1,200})", path)
+        if shown is not None:
+            one = unquote(shown.group(1))
+            routes[path] = (("GET",), lambda: self._page(self.sign_in.page(request), None, 200,
+                                                         one))  # fmt: skip
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
             routes[path] = (("POST",), lambda: self._api_action(request, found))
@@ -267,18 +274,25 @@ class PeopleApp:
 
     # --- the page --------------------------------------------------------------------------
 
-    def _page(self, caller: Caller, answer: Answer | None, status: int) -> Response:
+    def _page(
+        self, caller: Caller, answer: Answer | None, status: int, only: str | None = None
+    ) -> Response:
         now = self.clock()
+        events = self.decider.open_events(now)
+        if only is not None:
+            events = [e for e in events if e.event_id == only]
+            status = status if events else 404
         body = page.render(
             page.View(
                 person=caller.person,
                 local=self.sign_in.local,
                 csrf=self.csrf.make(caller.binding, now),
-                events=self.decider.open_events(now),
+                events=events,
                 pauses=self.decider.pauses(now),
                 budgets=self.decider.budget_use(),
                 answer=answer,
                 now=now,
+                only=only,
             )
         )
         return _html(status, body)

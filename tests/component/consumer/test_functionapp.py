@@ -611,6 +611,11 @@ def test_the_page_validates_the_token_itself(tmp_path: Path) -> None:
             assert unsigned.mimetype == "application/json"
             no_role = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(roles=())}
             assert http(rig, "/", no_role).status_code == 403
+            # A notice's link: the event's own page, signed in as the page is.
+            assert http(rig, "/events/E1").status_code == 401
+            gone = http(rig, "/events/E1", {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()})
+            assert gone.status_code == 404
+            assert b"E1 is not open" in gone.get_body()
         finally:
             rig.backend.close()
 

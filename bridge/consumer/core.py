@@ -365,6 +365,13 @@ class Consumer:
             self.operators.refresh(now)
             return list(self.operators.pauses(now))
 
+    def operator_actions(self, since: datetime) -> list[OperatorAction]:
+        """What people decided at or after `since` (verified as the decision pass does),
+        oldest first."""
+        with self._lock:
+            self.operators.refresh()
+            return self.operators.actions(since)
+
     def people_counts(self) -> PeopleCounts:
         """For the metrics: no read of the fleet state (what the last pass and tick saw)."""
         with self._lock:

@@ -236,6 +236,8 @@ class OperatorLog:
         self._decisions: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
         # scope_key -> (order, the last pause or resume of that scope).
         self._scopes: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
+        # Every verified action by its document's key: what `status --consumer` lists.
+        self._actions: dict[str, OperatorAction] = {}
 
     @property
     def can_sign(self) -> bool:
@@ -301,6 +303,7 @@ class OperatorLog:
         return None
 
     def _take(self, key: str, action: OperatorAction) -> None:
+        self._actions[key] = action
         order = (iso(action.at), key)
         if action.kind in ("approve", "hold"):
             event = (action.event_id or "").upper()
@@ -337,6 +340,11 @@ class OperatorLog:
     def action_for(self, event_id: str) -> OperatorAction | None:
         held = self._decisions.get(event_id.upper())
         return None if held is None else held[1]
+
+    def actions(self, since: datetime) -> list[OperatorAction]:
+        """The verified actions taken at or after `since`, oldest first."""
+        found = [(iso(a.at), key, a) for key, a in self._actions.items() if a.at >= since]
+        return [action for _, _, action in sorted(found, key=lambda f: (f[0], f[1]))]
 
     def pauses(self, now: datetime) -> tuple[Pause, ...]:
         """The pauses in force at `now`, fleet-wide first."""

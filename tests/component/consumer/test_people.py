@@ -77,13 +77,13 @@ class Notices:
 class People:
     """A consumer with a signing key and a notifier, over a real SQLite fleet state."""
 
-    def __init__(self, path: Path, policy: Policy) -> None:
+    def __init__(self, path: Path, policy: Policy, signer: Signer | None = None) -> None:
         self.fleet = FleetRecords(T0)
         self.store = SqliteStore(path)
         self.sender = Sender()
         self.decisions: list[Mapping[str, Any]] = []
         self.notices = Notices()
-        self.signer = Signer(Ed25519PrivateKey.generate())
+        self.signer = signer or Signer(Ed25519PrivateKey.generate())
         self.consumer = Consumer(self.store, self.sender, policy, self.decisions.extend,
                                  ConsumerSettings(), now=lambda: self.fleet.now,
                                  signer=self.signer, notifier=self.notices)  # fmt: skip

@@ -243,7 +243,7 @@ class PeopleApp:
         if request.path.startswith("/api/"):
             return _json(status, {"Accepted": False, "Code": code, "Detail": reason})
         if status == 401 and self.sign_in.local and request.method == "GET":
-            return _html(401, page.login(reason))
+            return _html(401, page.login(reason, _local_path(request.path)))
         return _html(status, page.refused(reason))
 
     def _route(self, request: Request) -> Response:
@@ -313,14 +313,14 @@ class PeopleApp:
         return self._page(caller, answer, 200 if answer.accepted else 409)
 
     def _log_in(self, sign_in: LocalSignIn, request: Request) -> Response:
-        secret = request.query.get("code", "") if request.method == "GET" else ""
-        if request.method == "POST":
-            secret = request.form().get("token", "")
+        given = request.form() if request.method == "POST" else request.query
+        secret = given.get("token" if request.method == "POST" else "code", "")
+        then = _local_path(given.get("next", "/"))
         if not secret:
-            return _html(200, page.login(None))
+            return _html(200, page.login(None, then))
         session = sign_in.operator.log_in(secret)
         cookie = f"{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
-        return Response(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
+        return Response(303, b"", "text/plain", (("Location", then), ("Set-Cookie", cookie)))
 
     # --- the API ---------------------------------------------------------------------------
 
@@ -401,6 +401,18 @@ def _kind(kind: str) -> OperatorKind:
         "approve": "approve", "hold": "hold", "pause": "pause", "resume": "resume"
     }  # fmt: skip
     return kinds[kind]
+
+
+def _local_path(text: str) -> str:
+    """`text` when it is a path of this page (where a notice's link led before signing in),
+    else `/`: never another site (`//host`, `/\\host` and `https:` are refused), nor a line
+    break that would end the Location header."""
+    if not text.startswith("/") or text.startswith("//") or "\\" in text:
+        return "/"
+    if any(ch <= " " or ch == "\x7f" for ch in text):
+        return "/"
+    parts = urlsplit(text)
+    return "/" if parts.scheme or parts.netloc else text
 
 
 def _str(value: Any) -> str:

@@ -67,7 +67,8 @@ def render(view: View) -> str:
     return _document("se-bridge approvals", "".join(parts))
 
 
-def login(reason: str | None) -> str:
+def login(reason: str | None, then: str = "/") -> str:
+    """The local operator's sign-in form; `then` is the page's path to go on to."""
     said = f'<p class="answer refused">{_e(reason)}</p>' if reason else ""
     return _document(
         "se-bridge: sign in",
@@ -75,6 +76,7 @@ def login(reason: str | None) -> str:
         "the consumer logged at its start, or give the operator token from the file "
         "operator-token in its state directory.</p>"
         '<form method="post" action="/login"><label for="token">Operator token</label>'
+        f'<input type="hidden" name="next" value="{_e(then)}">'
         '<input type="password" id="token" name="token" autocomplete="off" required>'
         '<button type="submit">Sign in</button></form>',
     )

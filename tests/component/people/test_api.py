@@ -363,3 +363,32 @@ def test_an_events_own_address_shows_it_alone_to_a_signed_in_person(
     assert gone.status == 404
     assert "ev-9 is not open" in gone.text
     assert call(entra, "POST", "/events/ev-1", b"", signed_in).status == 405
+
+
+def test_the_local_operator_signs_in_from_a_notices_link_and_lands_on_its_event(
+    local: PageServer, decider: RecordingDecider
+) -> None:
+    code = local.app.sign_in.operator.login_code  # type: ignore[union-attr]
+    asked = call(local, "GET", "/events/ev-1")
+    assert asked.status == 401
+    assert 'name="next" value="/events/ev-1"' in asked.text
+    login = call(local, "GET", f"/login?code={code}&next=/events/ev-1")
+    assert (login.status, login.headers["location"]) == (303, "/events/ev-1")
+    session = {"Cookie": login.headers["set-cookie"].split(";")[0]}
+    assert 'id="event-ev-1"' in call(local, "GET", "/events/ev-1", headers=session).text
+    # Only a path of this page: never another site.
+    for elsewhere in (
+        "https://evil.example/",
+        "//evil.example/x",
+        "/\\evil.example",
+        "/x%0d%0aSet-Cookie:%20a=b",
+    ):
+        token = read_token_of(local)
+        body = f"token={token}&next={elsewhere}".encode()
+        posted = call(local, "POST", "/login", body,
+                      {"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        assert (posted.status, posted.headers["location"]) == (303, "/")
+
+
+def read_token_of(server: PageServer) -> str:
+    return str(server.app.sign_in.operator.token)  # type: ignore[union-attr]

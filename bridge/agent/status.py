@@ -54,12 +54,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "status",
         help="what an agent holds: identity, IMDS, spool per sink, hooks, approvals",
-        description="Read an agent's state directory (no IMDS call) and say what it holds. "
+        description="Read an agent's state directory (no IMDS call) and say what it holds; "
+        "with --consumer, a consumer's fleet state (what people paused, asked, overrode). "
         "Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, as a monitoring check expects.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, help="TOML settings file (the agent's)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="TOML settings file (the agent's; with --consumer, the consumer's)",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     agent_command.add_parser(subparsers)  # agent and check
     status.add_parser(subparsers)
+    consumer_command.add_status_options(subparsers.choices["status"])  # status --consumer
     consumer_command.add_parser(subparsers)  # consume and policy
     people_command.add_parsers(subparsers)  # approve, hold, pause and resume
     simulator_command.add_parser(subparsers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 MAX_ERROR_CHARS = 500
 
@@ -30,3 +31,14 @@ def redact(text: str) -> str:
     for pattern in _SECRETS:
         text = pattern.sub(r"\1\2***", text)
     return text
+
+
+def printable(text: str) -> str:
+    """`text` with control and format characters (escape sequences, line breaks, bidi
+    overrides) shown as escapes, so that it prints as it is and no more."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii")
+        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
+        else ch
+        for ch in text
+    )

@@ -27,10 +27,7 @@ format characters escaped, so none of it can drive the terminal or forge a line.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import unicodedata
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -38,19 +35,18 @@ from typing import Any
 
 from bridge.agent.drains import is_drain_job
 from bridge.config import ConfigError, load
+from bridge.monitoring import CRITICAL, LEVELS, UNKNOWN, WARNING, CheckReport, said, unknown
 from bridge.outbox.inspect import SpoolStatus, inspect
 from bridge.outbox.spool import SpoolError, StateKey
 from bridge.records import VmIdentity, parse_time, utc_now
-from bridge.redact import describe
-
-OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
-LEVELS = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
+from bridge.redact import describe, printable
 
 EXAMPLES = """\
 examples:
   se-bridge status                                   # the default state directory
   se-bridge status --state-dir /var/lib/se-bridge --json
   se-bridge status --backlog-age 300 --imds-age 600  # as a monitoring check: exit 0, 1, 2 or 3
+  se-bridge status --consumer --config consumer.toml --ask-age 900  # pauses, asks, overrides
 """
 
 
@@ -58,12 +54,17 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p = subparsers.add_parser(
         "status",
         help="what an agent holds: identity, IMDS, spool per sink, hooks, approvals",
-        description="Read an agent's state directory (no IMDS call) and say what it holds. "
+        description="Read an agent's state directory (no IMDS call) and say what it holds; "
+        "with --consumer, a consumer's fleet state (what people paused, asked, overrode). "
         "Exit 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN, as a monitoring check expects.",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, help="TOML settings file (the agent's)")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="TOML settings file (the agent's; with --consumer, the consumer's)",
+    )
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -88,10 +89,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
 
 @dataclass
-class Report:
-    state_dir: str
-    level: int = OK
-    problems: list[str] = field(default_factory=list)
+class Report(CheckReport):
+    state_dir: str = ""
     identity: dict[str, Any] = field(default_factory=dict)
     heartbeat: dict[str, Any] = field(default_factory=dict)
     document: dict[str, Any] = field(default_factory=dict)
@@ -99,10 +98,6 @@ class Report:
     hooks: list[dict[str, Any]] = field(default_factory=list)
     drain: dict[str, Any] = field(default_factory=dict)  # [kubernetes]: the node's drains
     approvals: dict[str, Any] = field(default_factory=dict)
-
-    def flag(self, level: int, problem: str) -> None:
-        self.level = max(self.level, level)
-        self.problems.append(f"{LEVELS[level]}: {problem}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,19 +121,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _unknown(args: argparse.Namespace, state_dir: Path | None, problem: str) -> int:
-    report = Report(state_dir=str(state_dir or ""))
-    report.flag(UNKNOWN, problem)
-    if args.json:
-        print(_said(args, report))
-    else:
-        print(printable(report.problems[0]), file=sys.stderr)
-    return UNKNOWN
+    return unknown(Report(state_dir=str(state_dir or "")), problem, args.json, render)
 
 
 def _said(args: argparse.Namespace, report: Report) -> str:
-    if args.json:
-        return json.dumps({"status": LEVELS[report.level], **asdict(report)}, indent=2)
-    return render(report)
+    return said(report, args.json, render)
 
 
 def assess(
@@ -298,14 +285,3 @@ def render(report: Report) -> str:
     for command, seen in approvals["commands"].items():
         lines.append(f"  command {command}: {seen.get('outcome')} (kept until {seen.get('until')})")
     return "\n".join(printable(line) for line in lines)
-
-
-def printable(text: str) -> str:
-    """`text` with control and format characters (escape sequences, line breaks, bidi
-    overrides) shown as escapes, so that it prints as it is and no more."""
-    return "".join(
-        ch.encode("unicode_escape").decode("ascii")
-        if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp")
-        else ch
-        for ch in text
-    )

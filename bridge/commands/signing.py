@@ -23,6 +23,7 @@ import base64
 import binascii
 import dataclasses
 import hashlib
+import hmac
 import os
 import stat
 import sys
@@ -99,6 +100,20 @@ class Signer:
         own (not message.SIGNING_CONTEXT): what is signed for another purpose (a person's
         decision, bridge.consumer.operators) can then never pass for a command."""
         return base64.b64encode(self._private.sign(data)).decode("ascii")
+
+    def derived_secret(self, purpose: str) -> bytes:
+        """A secret for `purpose` that every holder of this key derives alike and nobody
+        else can: HMAC-SHA256 keyed with the private key's 32 bytes (an HKDF extract), so the
+        key itself never leaves this object. For what the consumer's instances must share
+        (the approval page's CSRF key, bridge.consumer.functionapp.csrf_secret)."""
+        from cryptography.hazmat.primitives import serialization  # noqa: PLC0415 - see the imports
+
+        raw = self._private.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        return hmac.new(raw, f"se-bridge {purpose}".encode(), hashlib.sha256).digest()
 
 
 def verifies(public: Ed25519PublicKey, data: bytes, signature: str) -> bool:

@@ -24,6 +24,49 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_policy_parser(subparsers)
 
 
+def add_status_options(status: argparse.ArgumentParser) -> None:
+    """`status --consumer`: the consumer's side of `status` (bridge.consumer.status), on the
+    agent's `status` sub-command, so that a monitoring system calls one command with one set
+    of exit codes for both; without `--consumer` the agent's check runs as before."""
+    group = status.add_argument_group(
+        "the consumer's side (--consumer: people's pauses, asks and overrides in a fleet state)"
+    )
+    group.add_argument(
+        "--consumer",
+        action="store_true",
+        help="check a consumer's fleet state instead of an agent's state directory (--config "
+        "is then the consumer's settings file)",
+    )
+    group.add_argument(
+        "--state",
+        help="with --consumer: the fleet state, read only: sqlite:PATH or tables (setting "
+        "consumer.state, SE_BRIDGE_CONSUMER_STATE)",
+    )
+    group.add_argument(
+        "--policy", type=Path, help="with --consumer: the policy file (setting consumer.policy)"
+    )
+    group.add_argument(
+        "--ask-age",
+        type=float,
+        default=1800.0,
+        metavar="SECONDS",
+        help="with --consumer: WARNING when an ask has waited longer (default 1800)",
+    )
+    agent_check = status.get_default("func")
+
+    def check(args: argparse.Namespace) -> int:
+        if not args.consumer:
+            code: int = agent_check(args)
+            return code
+        if not _installed("status --consumer"):
+            return 3  # UNKNOWN: the check could not look
+        from bridge.consumer import status as consumer_status  # noqa: PLC0415 - checked above
+
+        return consumer_status.run(args)
+
+    status.set_defaults(func=check)
+
+
 def _installed(command: str) -> bool:
     message = extras.missing_message("consumer", command)
     if message:

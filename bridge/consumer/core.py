@@ -114,7 +114,8 @@ class Consumer:
         rules = Rules(policy, settings, kinds, listening_since=now())
         self.decider = Decider(self.fleet, self.ledger, self.dispatch, self.marks, rules, now=now,
                                people=self.operators)  # fmt: skip
-        self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after)
+        self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after,
+                                         self.operators)  # fmt: skip
         self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
         # What a batch merges is replayed from Event Hubs if lost, as long as it is on disk
         # before `process` returns (then the batch may be checkpointed): flushed there. The
@@ -364,6 +365,13 @@ class Consumer:
         with self._lock:
             self.operators.refresh(now)
             return list(self.operators.pauses(now))
+
+    def operator_actions(self, since: datetime) -> list[OperatorAction]:
+        """What people decided at or after `since` (verified as the decision pass does),
+        oldest first."""
+        with self._lock:
+            self.operators.refresh()
+            return self.operators.actions(since)
 
     def people_counts(self) -> PeopleCounts:
         """For the metrics: no read of the fleet state (what the last pass and tick saw)."""

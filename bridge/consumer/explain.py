@@ -45,11 +45,12 @@ from bridge.redact import describe
 from bridge.retry import DeliveryError
 
 
-class _NoCommands:
-    """Explaining sends nothing; a consumer built for it never gets this far."""
+class NoCommands:
+    """Explaining (or `status --consumer`) sends nothing; a consumer built for it never gets
+    this far."""
 
     def send(self, command: Command, time_to_live: float) -> None:
-        raise AssertionError("policy explain sends no command")
+        raise AssertionError("a consumer that only looks sends no command")
 
     def close(self) -> None:
         pass
@@ -86,7 +87,7 @@ def _from_records(
     records = read_records(path)
     event_id = event or last_event(records)
     at = newest(records)
-    consumer = Consumer(MemoryStore(), _NoCommands(), policy, _ignore, config.consumer,
+    consumer = Consumer(MemoryStore(), NoCommands(), policy, ignore_decisions, config.consumer,
                         now=lambda: at)  # fmt: skip
     try:
         consumer.fold(records)
@@ -128,7 +129,7 @@ def _replay(
     consumer: it decides and sends nothing)."""
     clock = [newest(records)]
     settings = replace(config.consumer, mode="shadow")
-    consumer = Consumer(MemoryStore(), _NoCommands(), policy, _ignore, settings,
+    consumer = Consumer(MemoryStore(), NoCommands(), policy, ignore_decisions, settings,
                         now=lambda: clock[0])  # fmt: skip
     try:
         with _quiet():
@@ -169,15 +170,17 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
         signer = wiring.load_signer(config)
     except ConfigError:
         signer = None
-    consumer = Consumer(store, _NoCommands(), policy, _ignore, config.consumer, signer=signer)
+    consumer = Consumer(
+        store, NoCommands(), policy, ignore_decisions, config.consumer, signer=signer
+    )
     try:
         return event, consumer.explain(event)
     finally:
         consumer.close()
 
 
-def _ignore(records: Sequence[RecordView]) -> None:
-    """Explaining decides nothing, so it emits no Decision record."""
+def ignore_decisions(records: Sequence[RecordView]) -> None:
+    """Explaining (or `status --consumer`) decides nothing, so it emits no Decision record."""
 
 
 # A records file as an agent's jsonl sink writes it (one record a line), for example:

@@ -39,8 +39,6 @@ are the usual SE_BRIDGE_<SECTION>_<KEY> environment variables (app settings).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import hmac
 import json
 import logging
 import os
@@ -57,6 +55,7 @@ from typing import Any, List  # noqa: UP035
 import azure.functions as func
 
 from bridge import recordtypes as rt
+from bridge.commands.signing import Signer
 from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
@@ -90,8 +89,6 @@ RETRY_MIN = "00:00:01"
 RETRY_MAX = "00:01:00"
 # Set on every App Service / Functions instance in Azure, absent under Core Tools and tests.
 IN_AZURE = "WEBSITE_INSTANCE_ID"
-# Set by App Service Authentication, the same on every instance of the app.
-EASY_AUTH_KEY = "WEBSITE_AUTH_ENCRYPTION_KEY"
 
 
 class DecisionOutlet:
@@ -279,7 +276,7 @@ class ConsumerApp:
                 verifier = verifier_for(load_config(environ, self._app_dir).people)
                 if verifier is None:
                     return None
-                csrf = Csrf(csrf_secret(environ))
+                csrf = Csrf(csrf_secret(consumer.operators.signer))
                 self._people = PeopleApp(consumer, EntraSignIn(verifier), csrf=csrf)
             return self._people
 
@@ -299,15 +296,15 @@ class ConsumerApp:
                 self._outlet = None
 
 
-def csrf_secret(environ: Mapping[str, str]) -> bytes | None:
-    """The page's CSRF secret, the same on every instance of the app: derived from the key
-    App Service Authentication encrypts its own session cookies with (an app setting it adds,
-    shared by the instances), so that a form rendered by one instance is good on another.
-    None without it: each process makes its own."""
-    key = environ.get(EASY_AUTH_KEY, "")
-    if not key:
-        return None
-    return hmac.new(key.encode(), b"se-bridge approval page CSRF", hashlib.sha256).digest()
+def csrf_secret(signer: Signer | None) -> bytes | None:
+    """The page's CSRF key, the same on every instance of the app: derived from the consumer's
+    signing key, which each instance loads (from Key Vault) anyway. Not App Service
+    Authentication's WEBSITE_AUTH_ENCRYPTION_KEY: App Service documents it as a key you may set
+    to override the generated one (learn.microsoft.com/azure/app-service/reference-app-settings),
+    not as one it puts in a Python worker's environment, least of all on Flex Consumption's
+    Linux instances. None without a key (nobody can decide then: operate refuses): each process
+    makes its own."""
+    return None if signer is None else signer.derived_secret("approval page CSRF")
 
 
 def _log_levels(config: Config) -> None:

@@ -25,7 +25,7 @@ import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, get_args
 
 from bridge.commands.message import resources_digest
@@ -45,6 +45,11 @@ OperatorKind = Literal["approve", "hold", "pause", "resume"]
 KINDS: tuple[str, ...] = get_args(OperatorKind)
 # A Decision record's EventId must be a string: a pause or resume names what it covers.
 FLEET = "fleet"
+# How long an operator document is kept once it is spent (its event ended, its pause lifted or
+# was superseded). The Decision records are the audit trail (Log Analytics keeps them for its
+# retention); the documents only decide, and a week leaves them to `status --consumer` (the
+# overrides of the last day) and to a look at the state itself after an incident.
+KEEP_OPERATOR_ACTIONS = timedelta(days=7)
 
 __all__ = [
     "Answer",
@@ -236,6 +241,8 @@ class OperatorLog:
         self._decisions: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
         # scope_key -> (order, the last pause or resume of that scope).
         self._scopes: dict[str, tuple[tuple[str, str], OperatorAction]] = {}
+        # Every verified action by its document's key: what `status --consumer` lists.
+        self._actions: dict[str, OperatorAction] = {}
 
     @property
     def can_sign(self) -> bool:
@@ -301,6 +308,7 @@ class OperatorLog:
         return None
 
     def _take(self, key: str, action: OperatorAction) -> None:
+        self._actions[key] = action
         order = (iso(action.at), key)
         if action.kind in ("approve", "hold"):
             event = (action.event_id or "").upper()
@@ -337,6 +345,50 @@ class OperatorLog:
     def action_for(self, event_id: str) -> OperatorAction | None:
         held = self._decisions.get(event_id.upper())
         return None if held is None else held[1]
+
+    def forget(self, now: datetime, is_open: Callable[[str], bool]) -> int:
+        """Delete the documents spent for longer than KEEP_OPERATOR_ACTIONS: a decision about
+        an event no longer open (`is_open(EventId)` False), a pause or resume superseded by a
+        later one of its scope, a resume, a pause whose time has passed. Oldest first, so that
+        what is left says the same at every step (a resume never goes before the pause it
+        lifted). Documents that did not verify stay, for whoever investigates them. The count
+        deleted."""
+        self.refresh()
+        horizon = now - KEEP_OPERATOR_ACTIONS
+        standing = {held[0][1] for held in self._scopes.values()}
+        spent = []
+        for key, action in sorted(self._actions.items(), key=lambda kv: (iso(kv[1].at), kv[0])):
+            if action.at >= horizon:
+                continue
+            if action.kind in ("approve", "hold"):
+                if is_open(action.event_id or ""):
+                    continue
+            elif key in standing and action.kind == "pause" and pause_of(action).active(now):
+                continue
+            spent.append(key)
+        for key in spent:
+            self.store.delete(OPERATOR, self._docs[key])  # nothing when another consumer did
+            self._drop(key)
+        if spent:
+            log.info("forgot %d operator documents of events that ended and pauses that lifted "
+                     "more than %d days ago; the Decision records keep what people decided",
+                     len(spent), KEEP_OPERATOR_ACTIONS.days)  # fmt: skip
+        return len(spent)
+
+    def _drop(self, key: str) -> None:
+        del self._docs[key]
+        action = self._actions.pop(key)
+        if action.kind in ("approve", "hold"):
+            held, which = self._decisions, (action.event_id or "").upper()
+        else:
+            held, which = self._scopes, scope_key(action.scope)
+        if which in held and held[which][0][1] == key:
+            del held[which]
+
+    def actions(self, since: datetime) -> list[OperatorAction]:
+        """The verified actions taken at or after `since`, oldest first."""
+        found = [(iso(a.at), key, a) for key, a in self._actions.items() if a.at >= since]
+        return [action for _, _, action in sorted(found, key=lambda f: (f[0], f[1]))]
 
     def pauses(self, now: datetime) -> tuple[Pause, ...]:
         """The pauses in force at `now`, fleet-wide first."""

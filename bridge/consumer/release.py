@@ -1,7 +1,8 @@
 """When an event stops counting against the budgets though no VM reported its end (the
 slot-release rule, docs/policy.md#when-a-slot-is-released), and the tick's housekeeping:
-events no VM has reported on for too long are forgotten, VMs not heard from are swept, and
-the events still open are counted for the metrics.
+events no VM has reported on for too long are forgotten, VMs not heard from are swept (and,
+as often, the operator documents spent a week ago), and the events still open are counted for
+the metrics.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Protocol
 from bridge.consumer import documents as fs
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.ledger import ApprovalLedger, LedgerEntry
+from bridge.consumer.operators import OperatorLog
 from bridge.consumer.state import Conflict, Doc
 from bridge.policy.model import EventView, Scope, VmView, scope_of
 from bridge.records import iso, parse_time
@@ -137,9 +139,16 @@ def unreleased(value: fs.EventDocument) -> bool:
 class Housekeeping:
     """The tick's forgetting of stale events and the hourly sweep of VMs gone."""
 
-    def __init__(self, fleet: Fleet, ledger: ApprovalLedger, forget_vms_after: float) -> None:
+    def __init__(
+        self,
+        fleet: Fleet,
+        ledger: ApprovalLedger,
+        forget_vms_after: float,
+        operators: OperatorLog | None = None,
+    ) -> None:
         self.fleet = fleet
         self.ledger = ledger
+        self.operators = operators
         self.forget_vms_after = timedelta(seconds=forget_vms_after)
         self._swept: datetime | None = None
 
@@ -195,6 +204,12 @@ class Housekeeping:
         present.update(self.fleet.vms_of(still))
         present.update(doc.key for doc in gone if self._stays(doc))
         self.fleet.vms.retain(present)
+        if self.operators is not None:
+            self.operators.forget(now, self._is_open)
+
+    def _is_open(self, event_id: str) -> bool:
+        doc = self.fleet.event(fs.event_key(event_id))
+        return doc is not None and fs.status(fs.event_document(doc)) != fs.GONE
 
     def _stays(self, doc: Doc) -> bool:
         """Remove a VM gone; True when it was heard from meanwhile (it stays)."""

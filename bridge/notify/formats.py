@@ -1,12 +1,13 @@
 """The bodies a notice is posted as, one pure function per target kind: Notice -> JSON object.
 
 bridge.notify.kinds names them for the settings (notify.targets' `kind`). Each function's
-docstring shows what it makes of `SAMPLE`; docs/people.md#webhook-formats shows
+docstring shows what it makes of `SAMPLE`; docs/notifications.md#webhook-formats shows
 the same bodies (tests/unit/notify/test_formats.py keeps the three in step).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -112,14 +113,14 @@ def teams(notice: Notice) -> Body:
     """
     body: list[Body] = [
         {"type": "TextBlock", "size": "Medium", "weight": "Bolder", "wrap": True,
-         "text": headline(notice)},
-        {"type": "FactSet", "facts": [{"title": title, "value": value}
+         "text": _teams_escape(headline(notice))},
+        {"type": "FactSet", "facts": [{"title": title, "value": _teams_escape(value)}
                                       for title, value in _facts(notice)]},
     ]  # fmt: skip
     if notice.explanation:
         # TextBlocks take a Markdown subset whose list lines end in \r
         # (https://learn.microsoft.com/adaptive-cards/authoring-cards/text-features).
-        lines = "\r".join(f"- {_cut(line)}" for line in notice.explanation)
+        lines = "\r".join(f"- {_teams_escape(_cut(line))}" for line in notice.explanation)
         body.append({"type": "TextBlock", "wrap": True, "isSubtle": True, "text": lines})
     card: Body = {
         "$schema": "http://adaptivecards.io/schemas/adaptive-card.json",
@@ -201,6 +202,18 @@ def _vm_list(vms: tuple[str, ...]) -> str:
 
 def _cut(text: str, limit: int = MAX_LINE) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _teams_escape(text: str) -> str:
+    """Teams reads Markdown in a TextBlock and in a fact's title and value
+    (https://learn.microsoft.com/microsoftteams/platform/task-modules-and-cards/cards/cards-format):
+    the characters of its subset (bold, italic, links) get a backslash, so that a name such as
+    web_1_db shows as written (Teams' desktop, web and, since 2024, mobile clients honour it:
+    microsoft/AdaptiveCards#5590, microsoft/Teams-AdaptiveCards-Mobile#83)."""
+    return _TEAMS_MARKDOWN.sub(r"\\\g<0>", text)
+
+
+_TEAMS_MARKDOWN = re.compile(r"[\\*_\[\]]")
 
 
 def _slack_escape(text: str) -> str:

@@ -39,7 +39,8 @@ SDK_LOADERS = (
 # The consumer's programs, which need the consumer extra: the command line loads them when
 # their sub-command runs (bridge/consumer/command.py, bridge/demo.py), so an agent-only install
 # starts and says what to install.
-ON_DEMAND = ("bridge.consumer.service", "bridge.consumer.explain", "bridge.consumer.people.client")
+ON_DEMAND = ("bridge.consumer.service", "bridge.consumer.explain", "bridge.consumer.people.client",
+             "bridge.consumer.status")  # fmt: skip
 
 
 def loaded_after(code: str) -> list[str]:

@@ -5,6 +5,8 @@ standalone consumer (bridge/consumer/people/server.py, http.server) and the Func
 Routes (docs/people.md#the-api):
 
 - `GET /`: the page: pauses, what each budget holds, the open events with their forms.
+- `GET /events/{id}`: the same page with that one event alone (404 once it is no longer
+  open): where the links in notices lead (bridge.notify.notifier.event_link).
 - `POST /decide`: a form of the page (CSRF token checked first; 403 when it is forged or old).
 - `GET /api/v1/events`, `POST /api/v1/events/{id}/approve|hold`, `POST /api/v1/pause`,
   `POST /api/v1/resume`: the JSON API of `se-bridge approve|hold|pause|resume`. Only a bearer
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.cookies import CookieError, SimpleCookie
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from bridge.consumer.operators import (
     Answer,
@@ -241,7 +243,7 @@ class PeopleApp:
         if request.path.startswith("/api/"):
             return _json(status, {"Accepted": False, "Code": code, "Detail": reason})
         if status == 401 and self.sign_in.local and request.method == "GET":
-            return _html(401, page.login(reason))
+            return _html(401, page.login(reason, _local_path(request.path)))
         return _html(status, page.refused(reason))
 
     def _route(self, request: Request) -> Response:
@@ -257,6 +259,11 @@ class PeopleApp:
         if isinstance(self.sign_in, LocalSignIn):
             local = self.sign_in
             routes["/login"] = (("GET", "POST"), lambda: self._log_in(local, request))
+        shown = re.fullmatch(r"/events/([^/]{1,200})", path)
+        if shown is not None:
+            one = unquote(shown.group(1))
+            routes[path] = (("GET",), lambda: self._page(self.sign_in.page(request), None, 200,
+                                                         one))  # fmt: skip
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
             routes[path] = (("POST",), lambda: self._api_action(request, found))
@@ -267,18 +274,25 @@ class PeopleApp:
 
     # --- the page --------------------------------------------------------------------------
 
-    def _page(self, caller: Caller, answer: Answer | None, status: int) -> Response:
+    def _page(
+        self, caller: Caller, answer: Answer | None, status: int, only: str | None = None
+    ) -> Response:
         now = self.clock()
+        events = self.decider.open_events(now)
+        if only is not None:
+            events = [e for e in events if e.event_id == only]
+            status = status if events else 404
         body = page.render(
             page.View(
                 person=caller.person,
                 local=self.sign_in.local,
                 csrf=self.csrf.make(caller.binding, now),
-                events=self.decider.open_events(now),
+                events=events,
                 pauses=self.decider.pauses(now),
                 budgets=self.decider.budget_use(),
                 answer=answer,
                 now=now,
+                only=only,
             )
         )
         return _html(status, body)
@@ -299,14 +313,14 @@ class PeopleApp:
         return self._page(caller, answer, 200 if answer.accepted else 409)
 
     def _log_in(self, sign_in: LocalSignIn, request: Request) -> Response:
-        secret = request.query.get("code", "") if request.method == "GET" else ""
-        if request.method == "POST":
-            secret = request.form().get("token", "")
+        given = request.form() if request.method == "POST" else request.query
+        secret = given.get("token" if request.method == "POST" else "code", "")
+        then = _local_path(given.get("next", "/"))
         if not secret:
-            return _html(200, page.login(None))
+            return _html(200, page.login(None, then))
         session = sign_in.operator.log_in(secret)
         cookie = f"{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
-        return Response(303, b"", "text/plain", (("Location", "/"), ("Set-Cookie", cookie)))
+        return Response(303, b"", "text/plain", (("Location", then), ("Set-Cookie", cookie)))
 
     # --- the API ---------------------------------------------------------------------------
 
@@ -387,6 +401,18 @@ def _kind(kind: str) -> OperatorKind:
         "approve": "approve", "hold": "hold", "pause": "pause", "resume": "resume"
     }  # fmt: skip
     return kinds[kind]
+
+
+def _local_path(text: str) -> str:
+    """`text` when it is a path of this page (where a notice's link led before signing in),
+    else `/`: never another site (`//host`, `/\\host` and `https:` are refused), nor a line
+    break that would end the Location header."""
+    if not text.startswith("/") or text.startswith("//") or "\\" in text:
+        return "/"
+    if any(ch <= " " or ch == "\x7f" for ch in text):
+        return "/"
+    parts = urlsplit(text)
+    return "/" if parts.scheme or parts.netloc else text
 
 
 def _str(value: Any) -> str:

@@ -35,6 +35,7 @@ class View:
     budgets: dict[str, float]
     answer: Answer | None
     now: datetime
+    only: str | None = None  # the one event asked for (a notice's link), else every open event
 
 
 def render(view: View) -> str:
@@ -49,9 +50,16 @@ def render(view: View) -> str:
         state = "accepted" if view.answer.accepted else "refused"
         parts.append(f'<p class="answer {state}" id="answer" role="status">'
                      f"{_e(view.answer.code)}: {_e(view.answer.detail)}</p>")  # fmt: skip
-    parts.append(f"<h2>Open events ({len(view.events)})</h2>")
-    if not view.events:
-        parts.append('<p class="note">No event is open.</p>')
+    if view.only is not None:
+        parts.append(f"<h2>Event {_e(view.only)}</h2>")
+        if not view.events:
+            parts.append(f'<p class="note">Event {_e(view.only)} is not open: it has started, '
+                         "ended or was canceled.</p>")  # fmt: skip
+        parts.append('<p><a href="/">All open events</a></p>')
+    else:
+        parts.append(f"<h2>Open events ({len(view.events)})</h2>")
+        if not view.events:
+            parts.append('<p class="note">No event is open.</p>')
     parts += [_event(e, view.csrf) for e in view.events]
     parts += _budgets(view.budgets)
     parts += _pauses(view)
@@ -59,7 +67,8 @@ def render(view: View) -> str:
     return _document("se-bridge approvals", "".join(parts))
 
 
-def login(reason: str | None) -> str:
+def login(reason: str | None, then: str = "/") -> str:
+    """The local operator's sign-in form; `then` is the page's path to go on to."""
     said = f'<p class="answer refused">{_e(reason)}</p>' if reason else ""
     return _document(
         "se-bridge: sign in",
@@ -67,6 +76,7 @@ def login(reason: str | None) -> str:
         "the consumer logged at its start, or give the operator token from the file "
         "operator-token in its state directory.</p>"
         '<form method="post" action="/login"><label for="token">Operator token</label>'
+        f'<input type="hidden" name="next" value="{_e(then)}">'
         '<input type="password" id="token" name="token" autocomplete="off" required>'
         '<button type="submit">Sign in</button></form>',
     )

@@ -611,17 +611,31 @@ def test_the_page_validates_the_token_itself(tmp_path: Path) -> None:
             assert unsigned.mimetype == "application/json"
             no_role = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(roles=())}
             assert http(rig, "/", no_role).status_code == 403
+            # A notice's link: the event's own page, signed in as the page is.
+            assert http(rig, "/events/E1").status_code == 401
+            gone = http(rig, "/events/E1", {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()})
+            assert gone.status_code == 404
+            assert b"E1 is not open" in gone.get_body()
         finally:
             rig.backend.close()
 
 
-def test_every_instance_takes_the_forms_of_the_others() -> None:
-    """Scaled out, the page's forms are rendered by one instance and posted to another."""
-    shared = {"WEBSITE_AUTH_ENCRYPTION_KEY": "0123abcd" * 8}
-    one, two = (Csrf(functionapp.csrf_secret(shared)) for _ in range(2))
+def test_every_instance_takes_the_forms_of_the_others(tmp_path: Path) -> None:
+    """Scaled out, the page's forms are rendered by one instance and posted to another: each
+    derives the CSRF key from the consumer's signing key, which every instance loads (no
+    platform setting needed; with none, Easy Auth's key is not relied on)."""
+    key, other = tmp_path / "signing.pem", tmp_path / "other.pem"
+    signing.keygen(key)
+    signing.keygen(other)
+
+    def signer(path: Path) -> signing.Signer:
+        config = load(environ={"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{path}"})
+        return signing.load_signer(config.commands, config.identity)
+
+    one, two = (Csrf(functionapp.csrf_secret(signer(key))) for _ in range(2))
     now = datetime.now(timezone.utc)
     assert two.good(one.make("oid-dana", now), "oid-dana", now)
     assert not two.good(one.make("oid-dana", now), "oid-eve", now)
-    assert functionapp.csrf_secret({}) is None
-    alone = Csrf(functionapp.csrf_secret({}))
-    assert not alone.good(one.make("oid-dana", now), "oid-dana", now)
+    elsewhere = Csrf(functionapp.csrf_secret(signer(other)))
+    assert not elsewhere.good(one.make("oid-dana", now), "oid-dana", now)
+    assert functionapp.csrf_secret(None) is None

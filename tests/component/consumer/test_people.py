@@ -20,6 +20,7 @@ from bridge.config import ConsumerSettings, load
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import render
 from bridge.consumer.operators import (
+    KEEP_OPERATOR_ACTIONS,
     OPERATOR,
     OperatorAction,
     OperatorLog,
@@ -77,13 +78,13 @@ class Notices:
 class People:
     """A consumer with a signing key and a notifier, over a real SQLite fleet state."""
 
-    def __init__(self, path: Path, policy: Policy) -> None:
+    def __init__(self, path: Path, policy: Policy, signer: Signer | None = None) -> None:
         self.fleet = FleetRecords(T0)
         self.store = SqliteStore(path)
         self.sender = Sender()
         self.decisions: list[Mapping[str, Any]] = []
         self.notices = Notices()
-        self.signer = Signer(Ed25519PrivateKey.generate())
+        self.signer = signer or Signer(Ed25519PrivateKey.generate())
         self.consumer = Consumer(self.store, self.sender, policy, self.decisions.extend,
                                  ConsumerSettings(), now=lambda: self.fleet.now,
                                  signer=self.signer, notifier=self.notices)  # fmt: skip
@@ -433,3 +434,45 @@ def test_a_waiting_approval_lapses_when_the_events_resources_change(
     rig.event("web_0", E2, resources=["db_0", "web_1", "web_0"])
     rig.later(5)
     assert (rig.last(E2)["DecisionAction"], rig.last(E2)["DecisionRule"]) == ("Hold", "(person)")
+
+
+def test_operator_documents_are_forgotten_once_spent_and_kept_for_a_week(make: Any) -> None:
+    """The Decision records are the audit trail; the operator documents only decide, so those
+    of events that ended and of pauses that lifted go after KEEP_OPERATOR_ACTIONS."""
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    rig.event("web_1", E2)
+    assert rig.decide("approve", E1, ALICE, reason="failover done").accepted
+    assert rig.decide("hold", E2, ALICE).accepted
+    assert rig.pause(scope="scale_set:db", until=rig.fleet.now + timedelta(hours=1)).accepted
+    assert rig.pause(scope="fleet").accepted
+    assert rig.pause(kind="resume", scope="fleet", reason="over").accepted
+    assert rig.pause(scope="zone:1").accepted  # until resumed: in force however old
+    rig.event("web_0", E1, transition="Completed")
+
+    def stored() -> list[tuple[str, str | None]]:
+        return [(d.value["Action"]["Kind"], d.value["Action"]["EventId"] or
+                 d.value["Action"]["Scope"]) for d in rig.store.scan(OPERATOR)]  # fmt: skip
+
+    everything = stored()
+    assert len(everything) == 6
+    rig.fleet.advance(KEEP_OPERATOR_ACTIONS.total_seconds() - 3600)
+    rig.event("web_1", E2, transition="Updated")  # E2 is still reported on: open
+    rig.later(60)
+    assert stored() == everything  # younger than KEEP_OPERATOR_ACTIONS: all kept
+
+    rig.fleet.advance(2 * 3600)
+    rig.event("web_1", E2, transition="Updated")
+    rig.later(60)
+    assert sorted(stored()) == [("hold", E2), ("pause", "zone:1")]
+    assert [p.scope for p in rig.consumer.pauses(rig.fleet.now)] == ["zone:1"]
+    assert rig.consumer.open_events(rig.fleet.now)[0].person is not None  # E2's hold stands
+    # A consumer that starts now reads the same: the fleet is not paused.
+    again = Consumer(rig.store, Sender(), rig.consumer.policy, lambda _: None, ConsumerSettings(),
+                     now=lambda: rig.fleet.now, signer=rig.signer)  # fmt: skip
+    assert [p.scope for p in again.pauses(rig.fleet.now)] == ["zone:1"]
+    assert again.people_counts().forged == 0
+    # The audit trail stays whole.
+    people = [(d["DecisionAction"], d["DecidedByName"]) for d in rig.decisions if d["DecidedBy"]]
+    assert ("Approve", "Alice") in people
+    assert ("Resume", "Bob") in people

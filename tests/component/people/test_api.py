@@ -334,3 +334,61 @@ def turned_away(server: PageServer) -> bool:
     except ConnectionError:  # closed at once: reset, or no answer at all
         return True
     return False
+
+
+def test_an_events_own_address_shows_it_alone_to_a_signed_in_person(
+    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+) -> None:
+    """A notice links to `{page_url}/events/{EventId}` (bridge.notify.notifier.event_link)."""
+    decider.events["ev-2"] = open_event("ev-2", "web-0")
+    decider.events["<b>x"] = open_event("<b>x", "<i>vm")
+    signed_in = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
+    assert call(entra, "GET", "/events/ev-1").status == 401
+    shown = call(entra, "GET", "/events/ev-1", headers=signed_in)
+    assert shown.status == 200, shown.text
+    assert shown.headers["content-security-policy"] == CSP
+    assert 'id="event-ev-1"' in shown.text
+    assert "event-ev-2" not in shown.text
+    assert 'href="/"' in shown.text  # the whole page is one link away
+    fields = {"csrf": csrf_of(shown.text), "action": "approve", "event": "ev-1", "digest": DIGEST}
+    assert form(entra, fields, signed_in).status == 200
+    assert [(a.kind, a.event_id) for a in decider.taken] == [("approve", "ev-1")]
+
+    odd = call(entra, "GET", "/events/%3Cb%3Ex", headers=signed_in)
+    assert odd.status == 200
+    assert "event-&lt;b&gt;x" in odd.text
+    assert "<b>x" not in odd.text
+    assert "<i>vm" not in odd.text
+    gone = call(entra, "GET", "/events/ev-9", headers=signed_in)
+    assert gone.status == 404
+    assert "ev-9 is not open" in gone.text
+    assert call(entra, "POST", "/events/ev-1", b"", signed_in).status == 405
+
+
+def test_the_local_operator_signs_in_from_a_notices_link_and_lands_on_its_event(
+    local: PageServer, decider: RecordingDecider
+) -> None:
+    code = local.app.sign_in.operator.login_code  # type: ignore[union-attr]
+    asked = call(local, "GET", "/events/ev-1")
+    assert asked.status == 401
+    assert 'name="next" value="/events/ev-1"' in asked.text
+    login = call(local, "GET", f"/login?code={code}&next=/events/ev-1")
+    assert (login.status, login.headers["location"]) == (303, "/events/ev-1")
+    session = {"Cookie": login.headers["set-cookie"].split(";")[0]}
+    assert 'id="event-ev-1"' in call(local, "GET", "/events/ev-1", headers=session).text
+    # Only a path of this page: never another site.
+    for elsewhere in (
+        "https://evil.example/",
+        "//evil.example/x",
+        "/\\evil.example",
+        "/x%0d%0aSet-Cookie:%20a=b",
+    ):
+        token = read_token_of(local)
+        body = f"token={token}&next={elsewhere}".encode()
+        posted = call(local, "POST", "/login", body,
+                      {"Content-Type": "application/x-www-form-urlencoded"})  # fmt: skip
+        assert (posted.status, posted.headers["location"]) == (303, "/")
+
+
+def read_token_of(server: PageServer) -> str:
+    return str(server.app.sign_in.operator.token)  # type: ignore[union-attr]

@@ -8,15 +8,20 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from bridge import cli
 from bridge.config import PeopleSettings
 from bridge.consumer.people.server import PageServer, build_app
+from bridge.notify import formats
+from bridge.notify.notifier import Delivery, Notifier, Target
 from tests.component.consumer.test_core import E1, E2
 from tests.component.consumer.test_people import People, asking
 from tests.component.people.test_api import call, csrf_of, form
+from tests.doubles.webhook import WebhookReceiver
+from tests.support.wait import eventually
 
 
 @pytest.fixture
@@ -62,3 +67,29 @@ def test_the_cli_and_the_page_decide_on_the_real_consumer(
     assert held.status == 200, held.text
     assert people.last(E2)["DecisionAction"] == "Hold"
     assert people.approved() == [E1]
+
+
+def test_the_link_a_notice_carries_opens_its_event_on_the_page(
+    people: People, served: PageServer
+) -> None:
+    with WebhookReceiver() as receiver:
+        # The page's address is known once it listens: the consumer's notifier is the real
+        # one, posting to a webhook with links to this page.
+        target = Target("dba", formats.generic, receiver.url("/dba"))
+        people.consumer.dispatch.notifier = Notifier([target], Delivery(page_url=served.url))
+        people.event("db_0", E1)
+        people.event("web_0", E2)
+        asked = eventually(lambda: [b for b in receiver.bodies("/dba") if b["EventId"] == E1],
+                           what="the ask's notice")  # fmt: skip
+        link = urlsplit(asked[0]["Link"])
+        assert f"{link.scheme}://{link.netloc}" == served.url
+
+        sign_in: Any = served.app.sign_in
+        login = call(served, "GET", f"/login?code={sign_in.operator.login_code}")
+        session = {"Cookie": login.headers["set-cookie"].split(";")[0]}
+        assert call(served, "GET", link.path).status == 401
+        shown = call(served, "GET", link.path, headers=session)
+        assert shown.status == 200, shown.text
+        assert f'id="event-{E1}"' in shown.text
+        assert f"event-{E2}" not in shown.text
+        people.consumer.close()

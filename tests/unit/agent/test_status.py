@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from bridge.agent.status import CRITICAL, OK, WARNING, assess, render
+from bridge.agent.status import assess, render
+from bridge.monitoring import CRITICAL, OK, WARNING
 from bridge.outbox.inspect import SinkStatus, SpoolStatus
 from bridge.outbox.spool import StateKey
 

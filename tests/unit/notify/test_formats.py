@@ -139,3 +139,18 @@ def test_the_docs_show_each_body_as_it_is_posted(heading: str, make: formats.For
     section = DOCS.read_text(encoding="utf-8").split(f"\n### {heading}\n", 1)[1]
     example = section.split("```json\n", 1)[1].split("\n```", 1)[0]
     assert json.loads(example) == make(SAMPLE), f"docs/notifications.md: {heading} is stale"
+
+
+def test_teams_shows_markdown_characters_in_names_as_written() -> None:
+    # Teams reads Markdown in a TextBlock and in a fact's value: web_1_db would lose its
+    # underscores to italics, *x* its asterisks to bold. A backslash shows each as written.
+    odd = replace(SAMPLE, vms=("web_1_db", "db*primary*"), by="ops_team", reason="fix [now]",
+                  explanation=("rule approve_when_ready_db: ask",))  # fmt: skip
+    card = formats.teams(odd)["attachments"][0]["content"]
+    facts = {f["title"]: f["value"] for f in card["body"][1]["facts"]}
+    assert facts["VMs"] == r"web\_1\_db, db\*primary\*"
+    assert facts["Decided by"] == r"ops\_team"
+    assert facts["Reason"] == r"fix \[now\]"
+    assert card["body"][0]["text"].endswith(r"web\_1\_db, db\*primary\*, by ops\_team")
+    assert card["body"][2]["text"] == r"- rule approve\_when\_ready\_db: ask"
+    assert formats.generic(odd)["Vms"] == ["web_1_db", "db*primary*"]  # JSON is not Markdown

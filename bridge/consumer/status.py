@@ -1,0 +1,173 @@
+"""`se-bridge status --consumer`: what people have done to the fleet, read from a consumer's
+fleet state (read only), as a monitoring check.
+
+It shows the pauses in force (scope, until when, by whom, why), the asks pending with how long
+each has waited, and the budget overrides of the last 24 hours. What people decided is in the
+state's `operator` documents, and only those signed with the consumer's own key count
+(bridge.consumer.operators): the check verifies them with the same key, from the same setting
+(commands.signing_key), so it shows exactly what the consumer applies; a document that does not
+verify is counted and left out. The asks are what the consumer's own code decides now of each
+open event (`Consumer.open_events`, as the approval page lists them).
+
+The exit code follows `se-bridge status` (the monitoring-plugin convention):
+
+- 0 OK;
+- 1 WARNING: a pause holds (early approvals wait), an ask has been pending longer than
+  `--ask-age`, or operator documents do not verify (written by hand, or the key rotated);
+- 3 UNKNOWN: whatever stops the check from looking (a bad setting or policy, no signing key to
+  verify with, a state that does not answer); with `--json` still one object.
+
+Nothing here is CRITICAL: a pause or an unanswered ask never stops maintenance, which starts at
+NotBefore (default-proceed, docs/people.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from bridge.commands.signing import Signer
+from bridge.config import Config, ConfigError
+from bridge.consumer import wiring
+from bridge.consumer.core import Consumer
+from bridge.consumer.explain import NoCommands, ignore_decisions
+from bridge.consumer.operators import OpenEvent, OperatorAction, Pause
+from bridge.monitoring import LEVELS, WARNING, CheckReport, said, unknown
+from bridge.records import iso, utc_now
+from bridge.redact import describe, printable
+
+OVERRIDES_WITHIN = timedelta(hours=24)  # the overrides listed: the last day's, as the issue asks
+
+
+@dataclass
+class Report(CheckReport):
+    state: str = ""
+    pauses: list[dict[str, Any]] = field(default_factory=list)
+    asks: list[dict[str, Any]] = field(default_factory=list)
+    overrides: list[dict[str, Any]] = field(default_factory=list)
+    forged: int = 0
+
+
+def run(args: argparse.Namespace) -> int:
+    flags = {"consumer.policy": args.policy, "consumer.state": args.state}
+    spec = args.state or ""
+    try:
+        config = wiring.load_config(args.config, flags=flags)
+        spec = wiring.state_spec(config)
+        report = _look(config, spec, timedelta(seconds=args.ask_age))
+    except ConfigError as err:
+        return _unknown(args, spec, str(err))
+    except Exception as err:  # a check that cannot look says UNKNOWN, never a traceback and 1
+        return _unknown(args, spec, f"cannot read the fleet state: {describe(err, with_type=True)}")
+    print(_said(args, report))
+    return report.level
+
+
+def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
+    policy = wiring.load_policy(config.consumer.policy)
+    signer = _verifier(config)
+    store = wiring.build_store(spec, config)
+    consumer = Consumer(store, NoCommands(), policy, ignore_decisions, config.consumer,
+                        signer=signer)  # fmt: skip
+    try:
+        now = utc_now()
+        return assess(
+            spec,
+            pauses=consumer.pauses(now),
+            events=consumer.open_events(now),
+            actions=consumer.operator_actions(now - OVERRIDES_WITHIN),
+            forged=consumer.forged,
+            now=now,
+            ask_age=ask_age,
+        )
+    finally:
+        consumer.close()
+
+
+def _verifier(config: Config) -> Signer:
+    signer = wiring.load_signer(config)
+    if signer is None:
+        raise ConfigError("what people decided is verified with the consumer's key: set "
+                          "commands.signing_key (SE_BRIDGE_COMMANDS_SIGNING_KEY)")  # fmt: skip
+    return signer
+
+
+def assess(
+    state: str,
+    *,
+    pauses: Sequence[Pause],
+    events: Sequence[OpenEvent],
+    actions: Sequence[OperatorAction],
+    forged: int,
+    now: datetime,
+    ask_age: timedelta,
+) -> Report:
+    """What people have done, and whether it warns; pure."""
+    report = Report(state=state)
+    for pause in pauses:
+        report.pauses.append({
+            "scope": pause.scope or "fleet", "until": iso(pause.until) if pause.until else None,
+            "by": pause.by.name, "by_object_id": pause.by.object_id, "reason": pause.reason,
+            "at": iso(pause.at),
+        })  # fmt: skip
+        until = f"until {iso(pause.until)}" if pause.until else "until resumed"
+        report.flag(WARNING, f"{pause.scope or 'the fleet'} is paused {until} by "
+                             f"{pause.by.name}: early approvals wait")  # fmt: skip
+    for event in events:
+        if event.asked is None:
+            continue
+        waited = (now - event.asked.since) if event.asked.since else timedelta(0)
+        report.asks.append({
+            "event_id": event.event_id, "event_type": event.event_type, "vms": list(event.vms),
+            "target": event.asked.target,
+            "since": iso(event.asked.since) if event.asked.since else None,
+            "age_seconds": int(waited.total_seconds()),
+            "deadline": iso(event.asked.deadline) if event.asked.deadline else None,
+            "not_before": iso(event.not_before) if event.not_before else None,
+        })  # fmt: skip
+        if waited > ask_age:
+            report.flag(WARNING, f"an ask about {event.event_id} ({event.asked.target}) is "
+                                 f"pending for {_age(waited)}")  # fmt: skip
+    report.overrides = [
+        {"event_id": a.event_id, "by": a.by.name, "by_object_id": a.by.object_id,
+         "reason": a.reason, "at": iso(a.at)}
+        for a in actions if a.kind == "approve" and a.override_budget
+    ]  # fmt: skip
+    report.forged = forged
+    if forged:
+        report.flag(WARNING, f"{forged} operator documents do not verify with the consumer's "
+                             "key and are ignored (written by hand? the key rotated?)")  # fmt: skip
+    return report
+
+
+def render(report: Report) -> str:
+    lines = [f"{LEVELS[report.level]}: se-bridge consumer state {report.state}"]
+    lines += [f"  {problem}" for problem in report.problems]
+    lines.append(f"pauses in force: {len(report.pauses)}")
+    lines += [f"  paused: {p['scope']} {'until ' + p['until'] if p['until'] else 'until resumed'}"
+              f" by {p['by']}: {p['reason']}" for p in report.pauses]  # fmt: skip
+    lines.append(f"asks pending: {len(report.asks)}")
+    lines += [f"  {a['event_id']} {a['event_type']} on {', '.join(a['vms'])}: asked {a['target']}"
+              f" {_age(timedelta(seconds=a['age_seconds']))} ago, NotBefore {a['not_before']}"
+              for a in report.asks]  # fmt: skip
+    lines.append(f"budget overrides in the last {OVERRIDES_WITHIN.total_seconds() / 3600:g} h: "
+                 f"{len(report.overrides)}")  # fmt: skip
+    lines += [f"  override: {o['event_id']} by {o['by']} ({o['by_object_id']}) at {o['at']}: "
+              f"{o['reason']}" for o in report.overrides]  # fmt: skip
+    return "\n".join(printable(line) for line in lines)
+
+
+def _age(waited: timedelta) -> str:
+    minutes = int(waited.total_seconds() // 60)
+    return f"{minutes} min" if minutes < 120 else f"{minutes // 60} h {minutes % 60} min"
+
+
+def _unknown(args: argparse.Namespace, state: str, problem: str) -> int:
+    return unknown(Report(state=state), problem, args.json, render)
+
+
+def _said(args: argparse.Namespace, report: Report) -> str:
+    return said(report, args.json, render)

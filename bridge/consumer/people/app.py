@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.cookies import CookieError, SimpleCookie
 from typing import Any, Protocol
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from bridge.consumer.operators import (
     Answer,
@@ -260,6 +260,13 @@ class PeopleApp:
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
             routes[path] = (("POST",), lambda: self._api_action(request, found))
+        linked = re.fullmatch(r"/events/([^/]{1,200})", path)
+        if linked is not None:
+            # The link a notice carries (bridge.notify event_link): the page, at that event;
+            # relative, so that it holds under whatever path the page is served.
+            anchor = quote(f"event-{unquote(linked.group(1))}", safe="-")
+            to = (("Location", f"../#{anchor}"),)
+            routes[path] = (("GET",), lambda: Response(303, b"", "text/plain", to))
         if path not in routes:
             return _text(404, "not found")
         allowed, serve = routes[path]

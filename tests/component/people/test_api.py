@@ -208,6 +208,14 @@ def test_the_page_through_app_service_authentication(
     assert [(a.kind, a.by.name) for a in decider.taken] == [("hold", "Dana")]
 
 
+def test_the_link_in_a_notice_opens_the_page_at_its_event(entra: PageServer) -> None:
+    # A notice links to <page_url>/events/<EventId> (bridge/notify/notifier.py event_link).
+    sent = call(entra, "GET", "/events/ev-1")
+    assert (sent.status, sent.headers["location"]) == (303, "../#event-ev-1")
+    odd = call(entra, "GET", "/events/a%22b%3Cc")
+    assert (odd.status, odd.headers["location"]) == (303, "../#event-a%22b%3Cc")
+
+
 def test_a_forged_or_borrowed_csrf_token_is_refused(
     entra: PageServer, tenant: Tenant, decider: RecordingDecider
 ) -> None:

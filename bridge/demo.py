@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import shlex
+import shutil
 import sys
 import tempfile
 import threading
@@ -83,9 +84,19 @@ class Answering:
             f"{self.url}/ (signed in already; else the token in {self.state_dir}/operator-token)"
         )  # fmt: skip
         vms = ", ".join(ask["Resources"]) or "its VMs"
-        approve = ["se-bridge", "approve", ask["EventId"], "--api", self.url,
+        approve = [*se_bridge(), "approve", ask["EventId"], "--api", self.url,
                    "--state-dir", str(self.state_dir), "--reason", f"checked {vms}"]  # fmt: skip
         return [f"    answer on the page: {page}", f"    or approve it: {shlex.join(approve)}"]
+
+
+def se_bridge() -> list[str]:
+    """How to run this se-bridge from a shell: by name when PATH finds this one (an activated
+    venv, an installed package), else by its path (`./dev demo` runs .venv/bin/se-bridge)."""
+    beside = Path(sys.executable).with_name("se-bridge")
+    found = shutil.which("se-bridge")
+    if found and Path(found).resolve() == beside.resolve():
+        return ["se-bridge"]
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "bridge"]
 
 
 class View:

@@ -13,7 +13,7 @@ import pytest
 
 from bridge import cli
 from bridge import recordtypes as rt
-from bridge.demo import ASKED, SCENARIOS, Demo, View
+from bridge.demo import ASKED, SCENARIOS, Demo, View, se_bridge
 from tests.support.processes import read_records
 from tests.support.wait import eventually
 
@@ -52,11 +52,13 @@ def test_the_live_view_shows_the_ask_and_its_command_approves_it(
     assert "http://127.0.0.1:" in page
     assert "/login?code=" in page
     command = next(line for line in waiting.splitlines() if "or approve it:" in line)
-    argv = shlex.split(command.split("or approve it: ", 1)[1])
-    assert argv[:3] == ["se-bridge", "approve", event_id]
+    shell = shlex.split(command.split("or approve it: ", 1)[1])
+    assert shell[: len(se_bridge())] == se_bridge()  # what runs this se-bridge from a shell
+    argv = shell[len(se_bridge()) :]
+    assert argv[:2] == ["approve", event_id]
     assert argv[argv.index("--state-dir") + 1] == str(tmp_path / "consumer")
 
-    assert cli.main(argv[1:]) == 0, capsys.readouterr()
+    assert cli.main(argv) == 0, capsys.readouterr()
     assert "Accepted: " in capsys.readouterr().out
 
     def approved() -> list[rt.Approval]:

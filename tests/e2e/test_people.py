@@ -174,6 +174,14 @@ def test_two_people_approve_asked_events_through_the_cli_and_the_page(
         [record] = eventually(approved, what=f"{vm}'s Approval record", details=loop.describe)
         assert (record["ApprovalOutcome"], record["ApprovalSource"]) == ("Approved", "Central")
 
+    def told() -> dict[str, Any] | None:
+        found = {b["EventId"]: b["DecidedBy"] for b in webhooks.bodies("/owners")
+                 if b["Kind"] == "approved"}  # fmt: skip
+        return found if len(found) == 2 else None
+
+    who = eventually(told, what="the owners to be told who approved", details=loop.describe)
+    assert who == {first: "Alice", second: "Bob"}
+
     decisions = read_records(loop.decisions)
     trail = {
         event_id: [d for d in decisions if d["EventId"] == event_id] for event_id in (first, second)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shlex
+import shutil
 import sys
 import tempfile
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -33,7 +36,9 @@ from bridge.config import (
     HooksSettings,
     IdentitySettings,
     ImdsSettings,
+    PeopleSettings,
 )
+from bridge.policy.file import DEFAULT_POLICY_YAML
 from bridge.records import parse_time
 from bridge.recordtypes import RECORD_TYPE
 from bridge.simulator import Simulator, SimulatorServer
@@ -45,16 +50,58 @@ if TYPE_CHECKING:
     from bridge.consumer.service import ConsumerService
 
 SCENARIOS = (
-    "live-migration", "user-reboot", "spot-preempt", "canceled", "hardware-failure",
-    "availability-set", "redeploy", "vmss-terminate", "platform-reboot", "reset-24h",
+    "live-migration", "user-reboot", "availability-set", "spot-preempt", "canceled",
+    "hardware-failure", "redeploy", "vmss-terminate", "platform-reboot", "reset-24h",
 )  # fmt: skip
 DEMO_NOTICE = 300.0  # simulated seconds
+# The scenario a person is asked about (the demo policy's ask rule names its VM, db-0): it
+# gives them a minute of real time before NotBefore, and the ask half of it.
+ASKED = "availability-set"
+ASKED_NOTICE = 60.0  # real seconds
+ASK_RULE = """\
+  - name: ask-the-db-owner      # a person decides; nobody in 30 s: it waits for NotBefore
+    match: {event_type: Reboot, vm: {name: "db-*"}}
+    action: {ask: {target: db-owner, deadline: 30s, on_deadline: hold}}
+"""
+HOLD_RULE = "  - name: everything-else"
+# The built-in policy, with the ask before its last rule.
+DEMO_POLICY_YAML = DEFAULT_POLICY_YAML.replace(HOLD_RULE, ASK_RULE + HOLD_RULE, 1)
 # The demo hooks print one line; real ones drain a load balancer or checkpoint work.
 HOOK = "import os; print('{0}: ' + os.environ['SE_BRIDGE_EVENT_TYPE'] + ' ' + os.environ['SE_BRIDGE_EVENT_ID'])"  # noqa: E501
 
 
+@dataclass(frozen=True)
+class Answering:
+    """How a person answers an ask in the demo: the consumer's loopback page and its API."""
+
+    url: str  # the page, http://127.0.0.1:PORT
+    state_dir: Path  # the consumer's, where its operator-token is
+    login_code: Callable[[], str | None]  # the page's one-time code; None once used
+
+    def lines(self, ask: rt.Decision) -> list[str]:
+        code = self.login_code()
+        page = f"{self.url}/login?code={code} (signs you in once)" if code else (
+            f"{self.url}/ (signed in already; else the token in {self.state_dir}/operator-token)"
+        )  # fmt: skip
+        vms = ", ".join(ask["Resources"]) or "its VMs"
+        approve = [*se_bridge(), "approve", ask["EventId"], "--api", self.url,
+                   "--state-dir", str(self.state_dir), "--reason", f"checked {vms}"]  # fmt: skip
+        return [f"    answer on the page: {page}", f"    or approve it: {shlex.join(approve)}"]
+
+
+def se_bridge() -> list[str]:
+    """How to run this se-bridge from a shell: by name when PATH finds this one (an activated
+    venv, an installed package), else by its path (`./dev demo` runs .venv/bin/se-bridge)."""
+    beside = Path(sys.executable).with_name("se-bridge")
+    found = shutil.which("se-bridge")
+    if found and Path(found).resolve() == beside.resolve():
+        return ["se-bridge"]
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "bridge"]
+
+
 class View:
-    """What the terminal shows: the latest record per VM and the most recent lines."""
+    """What the terminal shows: the latest record per VM, the asks waiting for a person and
+    how to answer them, and the most recent lines."""
 
     def __init__(self, out: TextIO, live: bool) -> None:
         self.out, self.live = out, live
@@ -68,6 +115,9 @@ class View:
         self.approves: dict[str, rt.Decision] = {}
         self.answers: dict[str, rt.Approval] = {}
         self.event_started: dict[str, str] = {}
+        # Asks waiting for a person, by EventId: the first Ask decision (since when).
+        self.asks: dict[str, rt.Decision] = {}
+        self.answering: Answering | None = None
         self.started = time.monotonic()
 
     def add(self, vm: str, record: rt.Record) -> None:
@@ -80,8 +130,41 @@ class View:
             if record[RECORD_TYPE] != "Heartbeat":
                 self.recent.append(line)
                 self.latest[vm] = summarise(record)
+            asked = self._ask(record)
         if not self.live and record[RECORD_TYPE] != "Heartbeat":
             print(line, file=self.out, flush=True)
+            for said in asked:
+                print(said, file=self.out, flush=True)
+
+    def _ask(self, record: rt.Record) -> list[str]:
+        """Follow the asks; what to print when `record` is a new one."""
+        if record[RECORD_TYPE] == "Event" and record["Transition"] != "Scheduled":
+            self.asks.pop(str(record["EventId"]).lower(), None)
+        if record[RECORD_TYPE] != "Decision" or not record["EventId"]:
+            return []
+        key = record["EventId"].lower()
+        if record["DecisionAction"] != "Ask":
+            self.asks.pop(key, None)
+            return []
+        if key in self.asks:
+            return []
+        self.asks[key] = record
+        return self._asked_lines([record])
+
+    def _asked_lines(self, asks: Sequence[rt.Decision]) -> list[str]:
+        lines = []
+        for ask in asks:
+            since = ask["TimeGenerated"][11:19]
+            deadline = (ask.get("AskDeadline") or "")[11:19] or "NotBefore"
+            not_before = (ask["NotBefore"] or "")[11:19] or "unknown"
+            lines.append(
+                f"  {ask['EventType']} {ask['EventId']} on {', '.join(ask['Resources'])}: "
+                f"asked {ask.get('AskedTarget')} at {since}, waits until {deadline} "
+                f"(NotBefore {not_before})"
+            )
+            if self.answering is not None:
+                lines += self.answering.lines(ask)
+        return lines
 
     def _follow(self, record: rt.Record) -> None:
         if record[RECORD_TYPE] == "Decision":
@@ -120,8 +203,12 @@ class View:
             elapsed = time.monotonic() - self.started
             rows = [f"  {vm:<7} {self.latest.get(vm, '-')}" for vm in vms]
             recent = list(self.recent)
+            asks = self._asked_lines(list(self.asks.values()))
         head = f"se-bridge demo: {len(vms)} VMs, time x{scale:g}, {elapsed:5.1f} s (Ctrl-C stops)"
-        return "\n".join([head, "", "Latest per VM", *rows, "", "Recent records", *recent])
+        waiting = ["", "Waiting for a person", *asks] if asks else []
+        return "\n".join(
+            [head, "", "Latest per VM", *rows, *waiting, "", "Recent records", *recent]
+        )
 
 
 def summarise(record: rt.Record) -> str:
@@ -244,7 +331,8 @@ def demo_keys(root: Path) -> tuple[str, str]:
 
 
 def consumer_config(root: Path, policy: Path | None, *, signing_key: str = "") -> Config:
-    """The central half, on local transports: the hub the agents write, their command dirs."""
+    """The central half, on local transports: the hub the agents write, their command dirs;
+    its approval page on a free loopback port."""
     return Config(
         commands=CommandsSettings(
             channel=f"local:{root / 'commands'}",
@@ -260,7 +348,16 @@ def consumer_config(root: Path, policy: Path | None, *, signing_key: str = "") -
             reevaluate_interval=1.0,
             approval_timeout=10.0,
         ),
+        people=PeopleSettings(page_address="127.0.0.1:0"),
     )
+
+
+def demo_policy(root: Path) -> Path:
+    """The demo's policy file: the built-in policy and a rule that asks a person."""
+    path = root / "policy.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    path.write_text(DEMO_POLICY_YAML, encoding="utf-8")
+    return path
 
 
 class Demo:
@@ -272,10 +369,11 @@ class Demo:
         # The consumer's libraries load here, not with the command line (bridge.extras).
         from bridge.consumer.service import ConsumerService  # noqa: PLC0415
 
+        config = consumer_config(root, policy or demo_policy(root), signing_key=signing_key)
         self.consumer: ConsumerService = ConsumerService(
-            consumer_config(root, policy, signing_key=signing_key),
-            extra_sinks=[ViewSink("central", view)],
+            config, extra_sinks=[ViewSink("central", view)]
         )
+        self.consumer_state_dir = config.consumer_state_dir()
         self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
         self.server = SimulatorServer(self.simulator)
         self.stops: list[threading.Event] = []
@@ -284,6 +382,14 @@ class Demo:
 
     def start(self) -> None:
         self.server.start()
+        from bridge.consumer.people.app import LocalSignIn  # noqa: PLC0415 - as above
+
+        page = self.consumer.serve_page()
+        if page is not None and isinstance(page.app.sign_in, LocalSignIn):
+            operator = page.app.sign_in.operator
+            self.view.answering = Answering(
+                page.url, self.consumer_state_dir, lambda: operator.login_code
+            )
         self._start_thread("consumer", self.consumer.run)
         for vm in self.simulator.vm_names:
             self._start_agent(vm)
@@ -314,6 +420,8 @@ class Demo:
         # a whole lifecycle fits in a short demo: 5 simulated minutes of notice (the minimum a
         # scale-set Terminate allows) except the Spot eviction, which keeps its 30 s.
         notice = None if name == "spot-preempt" else DEMO_NOTICE
+        if name == ASKED:
+            notice = ASKED_NOTICE * self.scale
         cancel_after = DEMO_NOTICE / 2 if name == "canceled" else None
         ids = self.simulator.run_scenario(
             name, notice=notice, run_time=4 * self.scale, cancel_after=cancel_after

@@ -185,6 +185,7 @@ class DirectTransport:
         self._post_headers = {**self._headers, "Content-Type": "application/json"}
         self._targets: dict[tuple[str, str], str] = {}
         self._conn: http.client.HTTPConnection | None = None
+        self._closed = False
         self._lock = threading.Lock()
         self._watchdog = _Watchdog()
 
@@ -232,12 +233,12 @@ class DirectTransport:
             content = _read_body(response, limit)
         except BaseException:
             late = self._watchdog.disarm()
-            self.close()  # a half-read exchange leaves the connection unusable
+            self._drop()  # a half-read exchange leaves the connection unusable
             if late:
                 raise _late(read_timeout) from None
             raise
         if self._watchdog.disarm():  # shut mid-body: what was read is not the whole answer
-            self.close()
+            self._drop()
             raise _late(read_timeout)
         # On "Connection: close" http.client has let the socket go; the next call reconnects.
         return Answer(response.status, response.getheader("Retry-After"), content)
@@ -245,15 +246,26 @@ class DirectTransport:
     def _connection(self, read_timeout: float) -> http.client.HTTPConnection:
         conn = self._conn
         if conn is None or conn.sock is None:
-            self.close()
+            self._drop()
+            if self._closed:
+                # A call that waited on a worker while the agent stopped: nobody would
+                # close a connection made now.
+                raise ConnectionAbortedError("the IMDS client is closed")
             kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
             conn = kind(self._host, self._port, timeout=min(CONNECT_TIMEOUT, read_timeout))
             conn.connect()
             self._conn = conn
+            if self._closed:  # closed from another thread meanwhile
+                self._drop()
+                raise ConnectionAbortedError("the IMDS client is closed")
         cast(socket.socket, conn.sock).settimeout(read_timeout)
         return conn
 
     def close(self) -> None:
+        self._closed = True
+        self._drop()
+
+    def _drop(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()

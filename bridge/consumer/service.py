@@ -106,13 +106,14 @@ class ConsumerService:
                 address, self.metrics.registry, live=self.live, ready=self.ready
             ).start()
 
-    def serve_page(self) -> None:
+    def serve_page(self) -> PageServer | None:
         """The approval page on consumer.people.page_address, when set (PageError when its
         settings cannot work, OSError when it cannot listen)."""
         settings = self.config.people
         if settings.page_address:
             app = build_page(settings, self.consumer, self.config.consumer_state_dir())
             self._page = PageServer(app, settings.page_address).start()
+        return self._page
 
     def live(self) -> tuple[bool, str]:
         """/healthz: the re-evaluation timer turns."""

@@ -96,7 +96,11 @@ def test_demo_runs_and_leaves_valid_records(tmp_path: Path) -> None:
     assert "\x1b[" not in done.stdout
     assert "Event " in done.stdout
     assert "\nSummary\n" in done.stdout
-    assert "scenarios played: live-migration, user-reboot" in done.stdout
+    assert "scenarios played: live-migration, user-reboot, availability-set" in done.stdout
+    # A person is asked about db-0's reboot: how to answer is printed with the ask.
+    assert "on db-0: asked db-owner at " in done.stdout
+    assert "answer on the page: http://127.0.0.1:" in done.stdout
+    assert " approve " in done.stdout
 
     kinds: Counter[str] = Counter()
     for vm in demo_vms():

@@ -245,6 +245,17 @@ def test_connection_close_is_honoured(server: ScriptedImds, client: imds.ImdsCli
     assert server.connections == 2
 
 
+def test_a_call_after_close_opens_no_connection(
+    server: ScriptedImds, client: imds.ImdsClient
+) -> None:
+    # A stopping agent closes its client while a call may still wait on its worker thread:
+    # that call must not open a connection nobody closes any more (an unclosed socket).
+    client.close()
+    with pytest.raises(RetryableError, match="closed"):
+        client.scheduled_events()
+    assert server.connections == 0
+
+
 def test_a_url_that_is_not_http_is_refused() -> None:
     with pytest.raises(ValueError, match="IMDS URL"):
         imds.ImdsClient("ftp://169.254.169.254")

@@ -122,13 +122,14 @@ class DrainChaos:
             "--sink", f"jsonl:{self.root / 'decisions.jsonl'}",
             env={"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}"},
         )  # fmt: skip
-        # The consumer grants drains only to agents whose heartbeat names their node.
+        # The consumer grants drains only to agents whose heartbeat names their node, and
+        # counts a node in its pool's budget once one names its pool.
         for node in NODES:
-            within(lambda n=node: self._heard(n), 60, f"{node}'s first heartbeat")  # type: ignore[misc]
+            within(lambda n=node: self._heard(n), 60, f"{node}'s pool in a heartbeat")  # type: ignore[misc]
         return self
 
     def _heard(self, node: str) -> bool:
-        return any(r.get("NodeName") == node for r in self.records(node))
+        return any(r.get("NodePool") == "pool1" for r in self.records(node))
 
     def close(self) -> None:
         self.procs.close()

@@ -101,11 +101,12 @@ def test_one_node_per_pool_drains_and_is_approved_only_once_drained(
 ) -> None:
     loop = node_loop(procs, kube)
     first, second = NODES
-    # The consumer grants drains only to agents whose heartbeat names their node.
+    # The consumer grants drains only to agents whose heartbeat names their node, and counts
+    # a node in its pool's budget once a heartbeat names the pool (after the agent read it).
     for node in NODES:
         loop.agents[node].wait_for(
-            lambda rs: any(r["RecordType"] == "Heartbeat" and r.get("NodeName") for r in rs),
-            "a heartbeat naming the node",
+            lambda rs: any(r["RecordType"] == "Heartbeat" and r.get("NodePool") for r in rs),
+            "a heartbeat naming the node's pool",
         )
     one = loop.sim.add_event(EventType="Reboot", Resources=[first], notice=3600.0, runTime=1.0)
 

@@ -150,12 +150,12 @@ class DrainChaos:
             self.kube.add_pod("shop", app, node, labels={"app": app}, owner="ReplicaSet",
                               linger=self.rng.choice((0.0, 0.3)))  # fmt: skip
             self.kube.add_pod("shop", f"cache-{number}-{node}", node, owner="ReplicaSet")
-            if self.rng.random() < 0.7:
+            # Alone in its cycle: a drain that waited for the other node's slot would give up
+            # before it even began. Guarded, so that it does give up.
+            short = len(nodes) == 1 and node == APPROVES_ON_DEADLINE and self.rng.random() < 0.4
+            if short or self.rng.random() < 0.7:
                 self.kube.add_budget("shop", f"pdb-{app}", {"app": app}, allowed=0)
                 guards.append(f"pdb-{app}")
-            # Alone in its cycle: a drain that waited for the other node's slot would give up
-            # before it even began.
-            short = len(nodes) == 1 and node == APPROVES_ON_DEADLINE and self.rng.random() < 0.3
             notice = SHORT_NOTICE if short else 3600.0
             event_id = self.sim.add_event(EventSpec("Reboot", (node,), notice=notice,
                                                     run_time=1.0))  # fmt: skip

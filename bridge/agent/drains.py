@@ -146,6 +146,9 @@ class DrainJobs:
         self._lock = threading.Lock()
         self._running: dict[str, tuple[DrainJob, threading.Thread]] = {}  # by job id
         self._ended: set[str] = set()  # events (lower case) whose uncordon is due
+        # Events whose drain began here and whose uncordon has not finished: the node's one
+        # taint names one of them, and the end of that one hands the marks to another.
+        self._holding: list[str] = []
         self._open: frozenset[str] | None = None  # events of the last observation
         self._polled = False  # IMDS answered since start: the open events are current
         self._health = NodeHealth(name="")
@@ -287,6 +290,9 @@ class DrainJobs:
             return Report("Drained", f"event type {job.event_type} does not drain the node "
                           f"(kubernetes.event_types): ready at once", exit_code=0)  # fmt: skip
         self._metrics.drains.labels("started").inc()
+        with self._lock:
+            if job.event_id.lower() not in map(str.lower, self._holding):
+                self._holding.append(job.event_id)
         self._set_health(draining=job.event_id)
         started = self._clock()
         report = self.drainer.drain(
@@ -322,9 +328,10 @@ class DrainJobs:
         self._wait_for_prepare(job.event_id)
         backoff = Backoff(initial=1.0, maximum=30.0)
         said = False
+        successor = self._successor(job.event_id)
         while True:
             try:
-                report = self.drainer.uncordon(job.event_id)
+                report = self.drainer.uncordon(job.event_id, successor)
                 break
             except KubeError as err:
                 if not said:
@@ -339,11 +346,20 @@ class DrainJobs:
                      self.drainer.node_name, job.event_id)  # fmt: skip
         with self._lock:
             self._ended.discard(job.event_id.lower())
+            self._holding = [e for e in self._holding if e.lower() != job.event_id.lower()]
         if self.node_health().draining == job.event_id:
-            self._set_health(draining=None)
+            self._set_health(draining=successor)
         if report is not None:
             self._set_health(cordoned=report.others_cordon)
         return report
+
+    def _successor(self, event_id: str) -> str | None:
+        """Another open event whose drain holds the node, if any: it keeps the node cordoned."""
+        key = event_id.lower()
+        with self._lock:
+            return next((e for e in self._holding if e.lower() != key
+                         and e.lower() not in self._ended
+                         and (self._open is None or e.lower() in self._open)), None)  # fmt: skip
 
     def _wait_for_prepare(self, event_id: str) -> None:
         """A recover never overtakes its event's drain: the drain sees the event ended and

@@ -282,14 +282,24 @@ _NODE = (
 )
 
 
+# What an agent says of its node only once it has read it: its first heartbeats after a start
+# name the node and leave these null. Dropped then, a restart would take the node out of its
+# pool's budget group (and forget someone else's cordon) until the agent reads the node.
+_READ_LATER = ("node_pool", "node_cordoned")
+
+
 def _merge_node(fields: dict[str, Any], record: RecordView) -> None:
     """The node fields as the heartbeat says them: a field it leaves out or says null (an
-    agent without [kubernetes], or from before it) no longer holds."""
+    agent without [kubernetes], or from before it) no longer holds, except the pool and the
+    cordon of the node it named before, which it has not read yet."""
+    same_node = fields.get("node_name") is not None and record.get("NodeName") == fields.get(
+        "node_name"
+    )
     for key, field, kind in _NODE:
         given = record.get(field)
         if isinstance(given, kind) and given != "":
             fields[key] = given
-        else:
+        elif not (same_node and key in _READ_LATER):
             fields.pop(key, None)
 
 

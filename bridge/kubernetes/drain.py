@@ -157,17 +157,30 @@ class Drainer:
 
     # --- undoing --------------------------------------------------------------------------
 
-    def uncordon(self, event_id: str) -> Report | None:
-        """Remove what a drain for `event_id` set; None when nothing of it is on the node."""
+    def uncordon(self, event_id: str, successor: str | None = None) -> Report | None:
+        """Remove what a drain for `event_id` set; None when nothing of it is on the node.
+
+        With a `successor` (another open event whose drain holds the node too) the node stays
+        cordoned and the marks name the successor instead: a node has one taint per key and
+        effect, so the successor's drain found the node marked already and set none of its own.
+        """
         for _ in range(5):
             node = self.api.node(self.node_name)
-            patch = _undo(node, event_id)
+            patch = _undo(node, event_id) if successor is None else _hand_over(
+                node, event_id, successor)  # fmt: skip
             if patch is None:
                 return None
             try:
                 self.api.patch_node(self.node_name, patch)
             except Conflict:
                 continue
+            if successor is not None:
+                return Report(
+                    "LeftCordoned",
+                    f"node {self.node_name} stays cordoned for event {successor}, whose drain "
+                    f"holds it too; the se-bridge marks of event {event_id} now name {successor}",
+                    exit_code=0,
+                )
             if node.annotations.get(CORDONED_FOR) == event_id or not node.unschedulable:
                 return Report(
                     "Uncordoned",
@@ -211,6 +224,22 @@ def _undo(node: Node, event_id: str) -> dict[str, Any] | None:
         return None
     metadata["resourceVersion"] = node.resource_version
     return {"metadata": metadata, "spec": spec}
+
+
+def _hand_over(node: Node, event_id: str, successor: str) -> dict[str, Any] | None:
+    """The patch that makes the marks of `event_id` name `successor`; None when none is on it."""
+    spec: dict[str, Any] = {}
+    metadata: dict[str, Any] = {}
+    ours = [t for t in node.taints if t.key == TAINT_KEY and t.value == event_id]
+    if ours:
+        spec["taints"] = [Taint(t.key, successor, t.effect).to_api() if t in ours else t.to_api()
+                          for t in node.taints]  # fmt: skip
+    if node.annotations.get(CORDONED_FOR) == event_id:
+        metadata["annotations"] = {CORDONED_FOR: successor}
+    if not spec and not metadata:
+        return None
+    metadata["resourceVersion"] = node.resource_version
+    return {"metadata": metadata, "spec": spec} if spec else {"metadata": metadata}
 
 
 class _Run:

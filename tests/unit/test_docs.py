@@ -77,3 +77,14 @@ def test_diagrams_fit_an_80_column_page(page: Path) -> None:
         if len(line) > 80
     ]
     assert not wide, f"{page.name}: diagram lines over 80 columns: {wide}"
+
+
+def test_the_pages_on_prepare_steps_say_the_kubernetes_drain_is_one() -> None:
+    """A reader of Hooks or of approve_when_ready learns that the agent's built-in drain
+    (issue 30) is a prepare step they wait for, and where it is described."""
+    hooks = (DOCS / "hooks.md").read_text(encoding="utf-8")
+    assert "](kubernetes.md)" in hooks, "docs/hooks.md does not link the Kubernetes page"
+    assert "built-in prepare step" in hooks
+    policy = (DOCS / "policy.md").read_text(encoding="utf-8")
+    [row] = [line for line in policy.splitlines() if line.startswith("| `approve_when_ready")]
+    assert "](kubernetes.md)" in row, "approve_when_ready's row does not name the drain"

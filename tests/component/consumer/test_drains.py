@@ -238,3 +238,22 @@ def test_a_drain_that_gave_up_with_hold_holds_its_event_and_keeps_the_slot(pool:
     rig.consumer.tick()
     assert names(rig, sent(rig, "Prepare")) == [N0]
     assert E1.lower() in read_ledger(rig.store).events
+
+
+def test_an_agent_restarted_before_it_read_its_node_keeps_its_pool(pool: Rig) -> None:
+    """Found by the drain chaos run: the heartbeat an agent sends at start names its node but
+    not yet its pool (it has not read the node) nor whether someone cordoned it. Taken as "no
+    pool", the node left its pool's budget group, the other node's drain was granted too, and
+    each drained node then waited for the other's slot until NotBefore."""
+    rig = pool
+    rig.consumer.process([rig.fleet.event(N0, E1)])
+    assert names(rig, sent(rig, "Prepare")) == [N0]
+    rig.fleet.advance(2)
+    restarted = rig.fleet.heartbeat(N0, prepare_hook=True, node=N0, pool=None, cordoned=None)
+    rig.consumer.process([restarted])
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.event(N1, E2)])
+    rig.consumer.tick()
+    assert names(rig, sent(rig, "Prepare")) == [N0]
+    waiting = [d for d in rig.decisions if d["EventId"] == E2][-1]
+    assert "budget one-node-per-pool" in str(waiting["DecisionExplanation"])

@@ -325,3 +325,46 @@ def test_an_event_first_seen_started_drains_nothing(
     until(harness, lambda: kube.calls("GET", f"/nodes/{NODE}"), "the node's first look")
     assert kube.calls("PATCH") == []
     assert hooks(harness) == []
+
+
+@pytest.mark.parametrize("first_to_end", [0, 1])
+def test_two_events_on_one_node_keep_it_cordoned_until_both_ended(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path, first_to_end: int
+) -> None:
+    """One taint key per node (Kubernetes allows one taint per key and effect), so the second
+    event's drain finds the node marked for the first: the end of either must not uncordon the
+    node while the other's drain holds it, and the end of both leaves none of their marks."""
+    simulator, _ = sim
+    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
+    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
+    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    events = (marked, second)
+    ending, staying = events[first_to_end], events[1 - first_to_end]
+    assert harness.agent is not None
+    assert harness.agent.drains is not None
+    drains = harness.agent.drains
+    simulator.cancel_event(ending)
+    until(harness, lambda: [e for e in harness.records("Event")
+                            if (e["EventId"], e["Transition"]) == (ending, "Canceled")],
+          "the first Canceled record")  # fmt: skip
+    until(harness, lambda: drains.active() == 0, "the first event's recover step")
+    node = kube.node(NODE)
+    assert node["spec"]["unschedulable"] is True, node
+    assert [(t["key"], t["value"]) for t in node["spec"]["taints"]] == [(TAINT_KEY, staying)]
+    assert node["metadata"]["annotations"][CORDONED_FOR] == staying
+    handed = [h for h in hooks(harness) if h["HookPhase"] == "recover"]
+    if ending == marked:  # its marks now name the other event, which its record says
+        [record] = handed
+        assert (record["DrainStatus"], record["HookExitCode"]) == ("LeftCordoned", 0)
+        assert f"stays cordoned for event {staying}" in record["HookOutput"]
+    else:  # nothing of it was on the node: no record
+        assert handed == []
+    simulator.cancel_event(staying)
+    until(harness, lambda: [h for h in hooks(harness, "Uncordoned") if h["EventId"] == staying],
+          "the uncordon once both ended")  # fmt: skip
+    node = kube.node(NODE)
+    assert node["spec"]["unschedulable"] is False
+    assert node["spec"]["taints"] == []
+    assert CORDONED_FOR not in node["metadata"]["annotations"]

@@ -107,6 +107,21 @@ def test_a_heartbeat_names_the_node_and_its_pool_until_one_does_not() -> None:
     assert not view.drains_on_grant
 
 
+def test_a_restarted_agent_that_has_not_read_its_node_yet_keeps_its_pool_and_cordon() -> None:
+    value: fs.VmDocument = {}
+    fs.merge_vm(value, heartbeat("2026-11-21T10:00:05Z", HasPrepareHook=True, NodeName="aks-0",
+                                 NodePool="pool1", NodeCordoned=True))  # fmt: skip
+    fs.merge_vm(value, heartbeat("2026-11-21T10:00:06Z", HasPrepareHook=True, NodeName="aks-0",
+                                 NodePool=None, NodeCordoned=None))  # fmt: skip
+    view = fs.vm_view("vm-0", value)
+    assert (view.node_name, view.node_pool, view.cordoned) == ("aks-0", "pool1", True)
+    # Once it has read the node, what it says holds.
+    fs.merge_vm(value, heartbeat("2026-11-21T10:00:07Z", HasPrepareHook=True, NodeName="aks-0",
+                                 NodePool="pool2", NodeCordoned=False))  # fmt: skip
+    view = fs.vm_view("vm-0", value)
+    assert (view.node_pool, view.cordoned) == ("pool2", False)
+
+
 def drain(status: str, at: str, *, code: int | None = None, **fields: Any) -> dict[str, Any]:
     return {"RecordType": "Hook", "EventId": E1, "VmId": "vm-0", "TimeGenerated": at,
             "HookPhase": "prepare", "HookName": "drain", "DrainStatus": status,

@@ -237,9 +237,15 @@ class DrainJobs:
         for _job_id, payload in self._spool.pending_jobs():
             if is_drain_job(payload):
                 try:
-                    self.submit(DrainJob.from_payload(payload))
+                    job = DrainJob.from_payload(payload)
                 except ValueError as err:
                     log.warning("a saved drain job could not be read (%s): skipped", err)
+                    continue
+                if job.phase == "recover" and self.node_health().draining is None:
+                    # The node is se-bridge's until this uncordon is done: the heartbeats
+                    # say so, and the consumer keeps its pool's slot until then.
+                    self._set_health(draining=job.event_id)
+                self.submit(job)
 
     def start(self) -> None:
         """Watch the node: its pool, someone else's cordon, and stray marks once IMDS answered."""

@@ -325,6 +325,7 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         node_name=value.get("node_name"),
         node_pool=value.get("node_pool"),
         cordoned=value.get("node_cordoned") is True,
+        held=value.get("node_draining") or None,
     )
 
 

@@ -93,7 +93,7 @@ class VmSnapshot:
         # The last `by_vm_id` answer, for the ledger version and the VMs it was made from.
         self._generation = 0  # changes whenever `vms` does
         self._resolved: tuple[object, int, dict[str, frozenset[str]]] | None = None
-        # The nodes cordoned by someone else, as impact (policy.model.cordoned_impact).
+        # The cordoned nodes, as impact (policy.model.cordoned_impact).
         self._cordoned: dict[str, frozenset[str]] = {}
         self._scan()
 
@@ -271,7 +271,7 @@ class FleetCache:
                 self._groups = {}  # a heartbeat moves no VM: the groups stay
             self._vms[doc.key] = view
             self._docs[doc.key] = doc
-            if view.cordoned:
+            if view.cordoned or view.held:
                 self._cordoned.add(doc.key)
             else:
                 self._cordoned.discard(doc.key)
@@ -291,7 +291,7 @@ class FleetCache:
             self._groups = {}
 
     def cordoned(self) -> dict[str, frozenset[str]]:
-        """The impact of the nodes cordoned by someone else among the VMs `load` returned last."""
+        """The impact of the cordoned nodes among the VMs `load` returned last."""
         return cordoned_impact(self._vms[key] for key in sorted(self._cordoned))
 
     def index(self) -> NameIndex:

@@ -40,6 +40,10 @@ GROUP_KINDS = (
 )
 # A node cordoned by someone else counts in every budget as impacted by this pseudo event.
 CORDONED = "cordoned:"
+# A node se-bridge's own drain still holds cordoned (heartbeat NodeDraining), its event over
+# or not: counted until its agent says it uncordoned it, so that the next node of its pool is
+# not drained before it is back. Only while its agent is alive: a deleted node holds nothing.
+HELD = "held:"
 
 
 @dataclass(frozen=True)
@@ -157,6 +161,8 @@ class VmView:
     node_pool: str | None = None
     # Its heartbeat says someone other than se-bridge made the node unschedulable.
     cordoned: bool = False
+    # The EventId whose drain holds the node cordoned now (heartbeat NodeDraining), or None.
+    held: str | None = None
 
     @property
     def drains_on_grant(self) -> bool:
@@ -908,7 +914,7 @@ def check_budgets(
     An ambiguous name counts as every VM it may be (`event.possible`); a name no VM is known
     by, in each group that can hold a VM of the scopes it may be in (`can_hold`).
     """
-    others, strays = _others(fleet, event)
+    others, strays = _others(fleet, event, now)
     counted = others | set(event.affected) | set(event.possible)
     unknown = set(event.unknown)
     for budget in budgets:
@@ -970,26 +976,38 @@ def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
     """Which of the impacted VMs `busy` count because their nodes were cordoned by someone
     else (`cordoned_impact`), said in a budget's explanation; "" when none."""
     nodes = [v for v in busy if v in fleet.impacted.get(CORDONED + v, ())]
-    if not nodes:
-        return ""
-    said = _listed("{names} cordoned by someone else", sorted(nodes), fleet)
-    return f" ({said[0]})"
+    held = [v for v in busy if v in fleet.impacted.get(HELD + v, ()) and v not in nodes]
+    said = [
+        *_listed("{names} cordoned by someone else", sorted(nodes), fleet),
+        *_listed("{names} still cordoned by se-bridge's drain until {it} {has} been "
+                 "uncordoned", sorted(held), fleet),
+    ]  # fmt: skip
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def cordoned_impact(vms: Iterable[VmView]) -> dict[str, frozenset[str]]:
-    """What the nodes cordoned by someone else impact, as pseudo events of FleetView.impacted
-    (`cordoned:<VmId>`): a node nobody may schedule on is capacity gone, in every budget."""
-    return {CORDONED + vm.vm_id: frozenset((vm.vm_id,)) for vm in vms if vm.cordoned}
+    """What cordoned nodes impact, as pseudo events of FleetView.impacted: a node nobody may
+    schedule on is capacity gone, in every budget. Cordoned by someone else
+    (`cordoned:<VmId>`), or still held by se-bridge's own drain (`held:<VmId>`, see HELD)."""
+    impact: dict[str, frozenset[str]] = {}
+    for vm in vms:
+        if vm.cordoned:
+            impact[CORDONED + vm.vm_id] = frozenset((vm.vm_id,))
+        if vm.held:
+            impact[HELD + vm.vm_id] = frozenset((vm.vm_id,))
+    return impact
 
 
 def _others(
-    fleet: FleetView, event: EventView
+    fleet: FleetView, event: EventView, now: datetime
 ) -> tuple[set[str], list[tuple[frozenset[str], frozenset[Scope]]]]:
     """What the other events impact, and per other event the names it counts that no VM is
     known by, with where they may be."""
     others: set[str] = set()
     strays: list[tuple[frozenset[str], frozenset[Scope]]] = []
     for event_id, vms in fleet.impacted.items():
+        if event_id.startswith(HELD) and not fleet.alive(event_id[len(HELD) :], now):
+            continue
         if event_id != event.event_id:
             others |= vms
             names = frozenset(v for v in vms if v not in fleet.vms)

@@ -257,3 +257,30 @@ def test_an_agent_restarted_before_it_read_its_node_keeps_its_pool(pool: Rig) ->
     assert names(rig, sent(rig, "Prepare")) == [N0]
     waiting = [d for d in rig.decisions if d["EventId"] == E2][-1]
     assert "budget one-node-per-pool" in str(waiting["DecisionExplanation"])
+
+
+def test_a_node_still_cordoned_after_its_event_holds_its_pools_slot(pool: Rig) -> None:
+    # The event's slot is freed when it completes; the node comes back only when its agent
+    # has uncordoned it, which its heartbeat says (NodeDraining cleared). Until then the
+    # next node of the pool waits.
+    rig = pool
+    held = {"node": N0, "pool": "pool1", "prepare_hook": True, "cordoned": False}
+    rig.consumer.process([rig.fleet.event(N0, E1)])
+    rig.fleet.advance(1)
+    rig.consumer.process([rig.fleet.heartbeat(N0, draining=E1, **held),  # type: ignore[arg-type]
+                          rig.fleet.drain(N0, E1, "Drained", exit_code=0)])  # fmt: skip
+    rig.consumer.process([rig.fleet.approval(sent(rig, "Approve")[0])])
+    rig.fleet.advance(300)
+    rig.consumer.process([rig.fleet.event(N0, E1, transition="Completed"),
+                          rig.fleet.event(N1, E2)])  # fmt: skip
+    rig.consumer.tick()
+    assert names(rig, sent(rig, "Prepare")) == [N0]
+    said = rig.consumer.explain(E2)
+    assert said is not None
+    assert said.verdict is not None
+    assert any(f"{N0} still cordoned by se-bridge" in line for line in said.verdict.explanation)
+
+    rig.fleet.advance(5)
+    rig.consumer.process([rig.fleet.heartbeat(N0, "Node", draining=None, **held)])  # type: ignore[arg-type]
+    rig.consumer.tick()
+    assert names(rig, sent(rig, "Prepare")) == [N0, N1]

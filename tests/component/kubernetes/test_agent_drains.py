@@ -65,6 +65,10 @@ def until(harness: Harness, condition: Any, what: str) -> Any:
     return eventually(polled, what=what)
 
 
+def beats(harness: Harness, reason: str) -> list[dict[str, Any]]:
+    return [b for b in harness.records("Heartbeat") if b["HeartbeatReason"] == reason]
+
+
 def posts(simulator: Simulator, event_id: str) -> list[int]:
     return [a.status for a in simulator.approvals() if a.event_id == event_id]
 
@@ -180,6 +184,29 @@ def test_the_node_is_uncordoned_when_the_event_completes(
     assert node["spec"]["unschedulable"] is False
     assert node["spec"]["taints"] == []
     assert CORDONED_FOR not in node["metadata"]["annotations"]
+
+
+def test_a_restarted_agent_says_its_node_is_held_until_it_uncordoned_it(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    # The consumer frees the pool's slot when the node is back (NodeDraining cleared), not when
+    # its event ended: an agent restarted before its uncordon must still say the node is held.
+    simulator, _ = sim
+    event = simulator.add_event(EventSpec("Reboot", (VM,)))
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: hooks(harness, "Drained"), "the drain")
+    kube.down()
+    simulator.cancel_event(event)
+    until(harness, lambda: any(e["Transition"] == "Canceled" for e in harness.records("Event")),
+          "the Canceled record")  # fmt: skip
+    harness.stop()
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    [start] = until(harness, lambda: beats(harness, "Start")[1:], "the restart")
+    assert start["NodeDraining"] == event
+    kube.up()
+    until(harness, lambda: hooks(harness, "Uncordoned"), "the uncordon once the API answers")
+    node = until(harness, lambda: beats(harness, "Node"), "a Node heartbeat")
+    assert node[-1]["NodeDraining"] is None
 
 
 def test_a_node_an_admin_cordoned_stays_cordoned(

@@ -1,11 +1,12 @@
 """A strict HTTP double of the few Kubernetes API calls a drain makes, for the real lightkube
 client (bridge.kubernetes.client) to talk to.
 
-Why not kmock 0.8 (locked in dev for this): its KubernetesEmulator stores objects by URL but
-filters no list by fieldSelector (a drain lists `pods?fieldSelector=spec.nodeName=N`), knows
-no eviction subresource nor PodDisruptionBudget arithmetic (the 429 is the point of these
-tests), applies no merge patch with resourceVersion checks, and serves from aiohttp, whose
-event loop would need a thread of its own beside its disabled pytest plugin. Each of those
+Why not kmock 0.8 (tried for this, and left out of the lock): its KubernetesEmulator stores
+objects by URL but filters no list by fieldSelector (a drain lists
+`pods?fieldSelector=spec.nodeName=N`), knows no eviction subresource nor PodDisruptionBudget
+arithmetic (the 429 is the point of these tests), applies no merge patch with resourceVersion
+checks, and serves from aiohttp, whose event loop would need a thread of its own beside its
+pytest plugin (which needs pytest-asyncio). Each of those
 would be a handler of ours on top of it; this double is those handlers alone, on the
 http.server base the other doubles share, and nothing is emulated that a drain does not use.
 

@@ -10,6 +10,7 @@ import pytest
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
+from tests.doubles.keyvault import KeyVaultDouble
 from tests.support.approvals import Harness
 
 
@@ -27,3 +28,15 @@ def harness(sim: tuple[Simulator, SimulatorServer], tmp_path: Path) -> Iterator[
     made = Harness(sim[1], tmp_path)
     yield made
     made.stop()
+
+
+@pytest.fixture
+def key_vault(
+    sim: tuple[Simulator, SimulatorServer], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[KeyVaultDouble]:
+    """An empty Key Vault double this process reaches, read as the managed identity of the
+    simulator's vm-0 (SE_BRIDGE_IDENTITY_KIND=managed; its token from the IMDS simulator)."""
+    with KeyVaultDouble() as vault:
+        vault.reachable(monkeypatch)
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", sim[1].vm_url("vm-0"))
+        yield vault

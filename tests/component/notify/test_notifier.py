@@ -15,7 +15,7 @@ from bridge.config import load
 from bridge.notify import formats, kinds
 from bridge.notify.formats import SAMPLE
 from bridge.notify.notifier import Delivery, Notifier, Target
-from tests.doubles.keyvault import fake_key_vault
+from tests.doubles.keyvault import KeyVaultDouble
 from tests.doubles.webhook import WebhookReceiver
 from tests.support.wait import eventually
 
@@ -194,11 +194,11 @@ def test_a_webhook_url_is_in_no_log_error_repr_or_metric(
 
 
 def test_a_target_whose_url_is_in_key_vault_gets_its_notices(
-    receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
+    receiver: WebhookReceiver, key_vault: KeyVaultDouble
 ) -> None:
-    vault = "https://contoso.vault.azure.net"
-    fake_key_vault(monkeypatch, {vault: {"dba-webhook": hook(receiver, "dba")}})
-    env = {"SE_BRIDGE_NOTIFY_KEY_VAULT": vault,
+    key_vault.put("dba-webhook", hook(receiver, "dba"))
+    env = {"SE_BRIDGE_IDENTITY_KIND": "managed",
+           "SE_BRIDGE_NOTIFY_KEY_VAULT": key_vault.vault_url,
            "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.contoso.com/approvals",
            "SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "dba", "kind": "teams", '
                                        '"url_secret": "dba-webhook"}]'}  # fmt: skip

@@ -8,7 +8,6 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from azure.core.exceptions import ClientAuthenticationError
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from bridge.agent.command import load_config
@@ -16,7 +15,6 @@ from bridge.agent.listener import verifier_for
 from bridge.commands import message as commands
 from bridge.commands import signing
 from bridge.config import CommandsSettings, ConfigError, IdentitySettings, load
-from tests.doubles.keyvault import fake_key_vault
 
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 
@@ -108,23 +106,6 @@ def test_a_channel_without_a_key_needs_allow_unsigned() -> None:
     assert load_config(environ=env).commands.allow_unsigned
     with pytest.raises(ConfigError, match="true or false"):
         load_config(environ={**env, "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "maybe"})
-
-
-def test_the_signing_key_is_read_from_key_vault(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    path = tmp_path / "k.pem"
-    signing.keygen(path)
-    vault = "https://contoso.vault.azure.net"
-    secrets = fake_key_vault(monkeypatch, {vault: {"key": path.read_text(encoding="utf-8")}})
-    who = IdentitySettings()
-    from_file = signing.load_signer(CommandsSettings(signing_key=f"file:{path}"), who)
-    settings = CommandsSettings(signing_key=f"keyvault:{vault}/secrets/key/v2")
-    assert signing.load_signer(settings, who).key_id == from_file.key_id
-    assert secrets.read == [(vault, "key", "v2")]
-    secrets.refuse = ClientAuthenticationError("no managed identity")
-    with pytest.raises(signing.SigningError, match=r"signing_key: cannot read secret key from"):
-        signing.load_signer(settings, who)
 
 
 @pytest.mark.slow

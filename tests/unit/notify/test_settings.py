@@ -1,5 +1,5 @@
 """[notify]: targets as tables (or JSON in the environment), refused naming the setting and
-never quoting a URL; a target's URL read from Key Vault with the consumer's identity."""
+never quoting a URL. A target's URL read from Key Vault: tests/component/notify/test_settings.py."""
 
 from __future__ import annotations
 
@@ -9,20 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from azure.core.exceptions import ClientAuthenticationError
 
 from bridge import config
 from bridge.config import ConfigError, NotifyTarget, load
 from bridge.notify import kinds
-from tests.doubles.keyvault import FakeSecretClient, fake_key_vault
 
 SECRET_URL = "https://prod-01.westeurope.logic.azure.com/workflows/1/invoke?sig=c2VjcmV0LXNpZw"
 VAULT = "https://contoso.vault.azure.net"
-
-
-@pytest.fixture
-def key_vault(monkeypatch: pytest.MonkeyPatch) -> type[FakeSecretClient]:
-    return fake_key_vault(monkeypatch, {VAULT: {"ops-webhook": SECRET_URL}})
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -94,51 +87,6 @@ def test_a_url_secret_needs_the_key_vault() -> None:
     env = {"SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "ops", "kind": "slack", "url_secret": "w"}]'}
     with pytest.raises(ConfigError, match=r"notify\.key_vault: targets ops"):
         kinds.check_config(load(environ=env))
-
-
-def test_a_url_secret_is_read_from_key_vault_with_the_consumer_s_identity(
-    key_vault: type[FakeSecretClient],
-) -> None:
-    env = {"SE_BRIDGE_NOTIFY_KEY_VAULT": VAULT + "/",
-           "SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "ops", "kind": "slack", '
-                                       '"url_secret": "ops-webhook"}]'}  # fmt: skip
-    notifier = kinds.build(load(environ=env))
-    try:
-        assert notifier.targets == ("ops",)
-        assert key_vault.read == [(VAULT, "ops-webhook", None)]
-    finally:
-        notifier.close(1)
-
-
-@pytest.mark.parametrize(
-    ("refusal", "said"),
-    [
-        (ClientAuthenticationError("no managed identity"), "Key Vault Secrets User"),
-        (None, "cannot read secret missing from https://contoso.vault.azure.net (ResourceNotFound"),
-    ],
-)
-def test_a_secret_that_cannot_be_read_stops_the_start_naming_the_target(
-    key_vault: type[FakeSecretClient], refusal: BaseException | None, said: str
-) -> None:
-    key_vault.refuse = refusal
-    env = {"SE_BRIDGE_NOTIFY_KEY_VAULT": VAULT,
-           "SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "ops", "kind": "slack", '
-                                       '"url_secret": "missing"}]'}  # fmt: skip
-    with pytest.raises(ConfigError, match=r"notify\.targets \(ops\): url_secret") as caught:
-        kinds.build(load(environ=env))
-    assert said in str(caught.value)
-
-
-def test_a_secret_that_holds_no_url_is_refused_without_quoting_it(
-    key_vault: type[FakeSecretClient],
-) -> None:
-    key_vault.vaults[VAULT]["ops-webhook"] = "hunter2"
-    env = {"SE_BRIDGE_NOTIFY_KEY_VAULT": VAULT,
-           "SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "ops", "kind": "slack", '
-                                       '"url_secret": "ops-webhook"}]'}  # fmt: skip
-    with pytest.raises(ConfigError, match="holds no http") as caught:
-        kinds.build(load(environ=env))
-    assert "hunter2" not in str(caught.value)
 
 
 @pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")

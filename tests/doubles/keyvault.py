@@ -19,7 +19,7 @@ a real-looking name, https://kv-XXXXXXXX.vault.azure.net (fresh per double, so t
 process-wide challenge cache never carries one test's challenge into another's first request):
 the client reaches it through `HTTPS_PROXY`, which this double also serves. It answers the
 client's `CONNECT kv-XXXXXXXX.vault.azure.net:443` itself, then speaks TLS on that connection
-with a certificate for the vault's name from a throwaway CA (`ca_bundle`, trusted through
+with a certificate for the vault's name from a throwaway CA (trusted through
 `REQUESTS_CA_BUNDLE`). `reachable(monkeypatch)` sets both, so bridge.cloud.keyvault runs
 unchanged, with no test switch. Any other CONNECT target is refused (403), so nothing leaves.
 
@@ -33,13 +33,11 @@ import json
 import logging
 import secrets
 import ssl
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
-from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -48,7 +46,7 @@ import pytest
 
 from bridge.simulator.server import ClosingHTTPServer
 from tests.doubles.listening import Listener
-from tests.doubles.tls import make_server_certificate
+from tests.doubles.tls import ThrowawayCertificate
 
 logger = logging.getLogger("tests.doubles.keyvault")
 
@@ -134,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         plain = self.connection
         try:
-            tls = double._tls_context.wrap_socket(plain, server_side=True)
+            tls = double._certificate.context.wrap_socket(plain, server_side=True)
         except (ssl.SSLError, OSError) as err:
             logger.debug("TLS handshake failed: %s", err)
             self.close_connection = True
@@ -187,13 +185,7 @@ class KeyVaultDouble:
         self._requests: list[SecretRequest] = []
         for name, value in (secrets_by_name or {}).items():
             self.put(name, value)
-        self._tempdir = tempfile.TemporaryDirectory(prefix="key-vault-double-")
-        try:
-            self._certificate = make_server_certificate(Path(self._tempdir.name), self.host)
-            self._tls_context = self._certificate.server_context()
-        except BaseException:
-            self._tempdir.cleanup()
-            raise
+        self._certificate = ThrowawayCertificate("key-vault-double-", self.host)
         self._listener = Listener(lambda a: _Server(a, self), "127.0.0.1", "key-vault-double")
 
     def put(self, name: str, value: str, version_id: str | None = None) -> str:
@@ -209,7 +201,7 @@ class KeyVaultDouble:
         try:
             self._listener.up()
         except BaseException:
-            self._tempdir.cleanup()
+            self._certificate.cleanup()
             raise
         return self
 
@@ -220,7 +212,7 @@ class KeyVaultDouble:
         traceback: TracebackType | None,
     ) -> None:
         self._listener.down()
-        self._tempdir.cleanup()
+        self._certificate.cleanup()
 
     # --- what tests use ------------------------------------------------------------------
 
@@ -230,17 +222,12 @@ class KeyVaultDouble:
             raise RuntimeError("the double is not started")
         return f"http://127.0.0.1:{self._listener.port}"
 
-    @property
-    def ca_bundle(self) -> Path:
-        """The PEM file holding the CA that signed the vault's certificate."""
-        return self._certificate.ca_bundle
-
     def reachable(self, monkeypatch: pytest.MonkeyPatch) -> None:
         """Set, for this test, what a process sets to reach this vault: the proxy, the CA to
         trust, and no proxy for loopback (the IMDS simulator, webhook receivers)."""
         for name in ("HTTPS_PROXY", "https_proxy"):
             monkeypatch.setenv(name, self.proxy_url)
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(self.ca_bundle))
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(self._certificate.ca_bundle))
         monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
         for name in ("NO_PROXY", "no_proxy"):
             monkeypatch.setenv(name, "127.0.0.1,localhost")

@@ -41,7 +41,6 @@ import json
 import logging
 import re
 import ssl
-import tempfile
 import threading
 import zlib
 from collections import deque
@@ -57,7 +56,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from bridge.simulator.server import ClosingHTTPServer
 from tests.doubles.listening import Listener
-from tests.doubles.tls import make_server_certificate
+from tests.doubles.tls import ThrowawayCertificate
 
 logger = logging.getLogger("tests.doubles.logs_ingestion")
 
@@ -344,13 +343,8 @@ class LogsIngestionDouble:
         self._tokens: list[str] = []
         self._tls_errors: list[str] = []
         self._script: deque[tuple[_Scripted, int | None]] = deque()
-        self._tempdir = tempfile.TemporaryDirectory(prefix="logs-ingestion-double-")
-        try:
-            self._certificate = make_server_certificate(Path(self._tempdir.name))
-            self._tls_context = self._certificate.server_context()
-        except BaseException:
-            self._tempdir.cleanup()
-            raise
+        self._certificate = ThrowawayCertificate("logs-ingestion-double-")
+        self._tls_context = self._certificate.context
         self._listener = Listener(
             lambda address: _Server(address, self), host, "logs-ingestion-double"
         )
@@ -410,7 +404,7 @@ class LogsIngestionDouble:
 
     def stop(self) -> None:
         self.down()
-        self._tempdir.cleanup()
+        self._certificate.cleanup()
 
     def __enter__(self) -> LogsIngestionDouble:
         return self.start()

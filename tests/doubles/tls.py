@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -31,6 +32,28 @@ class ServerCertificate:
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(self.cert_chain, self.key)
         return context
+
+
+class ThrowawayCertificate:
+    """`make_server_certificate` in a temporary directory that `cleanup()` removes, and the
+    server's TLS context: what an HTTPS double holds for its life."""
+
+    def __init__(self, prefix: str, host_name: str = "localhost") -> None:
+        self._tempdir = tempfile.TemporaryDirectory(prefix=prefix)
+        try:
+            self.files = make_server_certificate(Path(self._tempdir.name), host_name)
+            self.context = self.files.server_context()
+        except BaseException:
+            self._tempdir.cleanup()
+            raise
+
+    @property
+    def ca_bundle(self) -> Path:
+        """The PEM file holding the CA that signed the server certificate."""
+        return self.files.ca_bundle
+
+    def cleanup(self) -> None:
+        self._tempdir.cleanup()
 
 
 def _name(common_name: str) -> x509.Name:

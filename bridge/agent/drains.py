@@ -31,12 +31,12 @@ from bridge.agent.localmode import LocalApprover
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState
 from bridge.config import KubernetesSettings
-from bridge.kubernetes.api import KubeApi, KubeError
-from bridge.kubernetes.drain import Drainer, DrainSettings, Report
+from bridge.kubernetes.api import KubeApi, KubeError, Node
+from bridge.kubernetes.drain import Drainer, DrainSettings, Report, cordoned_by_others
 from bridge.kubernetes.plan import Rules
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import NodeHealth, Origin, is_event, iso, parse_time, record_id
-from bridge.retry import Backoff
+from bridge.retry import Backoff, FailureStreak
 
 log = logging.getLogger(__name__)
 
@@ -135,13 +135,10 @@ class DrainJobs:
         now: Callable[[], datetime],
         on_sight: bool,
         clock: Callable[[], float] = time.monotonic,
-        environ: Mapping[str, str] | None = None,
-        watch_interval: float = WATCH_INTERVAL,
     ) -> None:
         self.settings, self.api, self._spool, self._metrics = settings, api, spool, metrics
         self._local, self._origin, self._now, self._on_sight = local, origin, now, on_sight
-        self._clock, self._watch_interval = clock, watch_interval
-        self._environ = os.environ if environ is None else environ
+        self._clock = clock
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, tuple[DrainJob, threading.Thread]] = {}  # by job id
@@ -166,7 +163,7 @@ class DrainJobs:
     def node_name(self) -> str:
         """kubernetes.node_name, else NODE_NAME (the downward API), else the VM's name."""
         origin = self._origin()
-        return (self.settings.node_name or self._environ.get("NODE_NAME", "").strip()
+        return (self.settings.node_name or os.environ.get("NODE_NAME", "").strip()
                 or origin.identity.vm_name or origin.host_name)  # fmt: skip
 
     def node_health(self) -> NodeHealth:
@@ -212,11 +209,15 @@ class DrainJobs:
         event: Mapping[str, Any] = saved or {}
         job = DrainJob.make("prepare", event_id, event.get("EventType"), event.get("NotBefore"),
                             transition="Scheduled", trigger=command_id)  # fmt: skip
+        self._save_and_submit(job, f"the drain granted for event {event_id}")
+
+    def _save_and_submit(self, job: DrainJob, what: str) -> None:
+        """Save `job` in the spool (a restart resumes it), then run it, saved or not."""
         try:
             self._spool.commit([], jobs=[(job.job_id, job.to_payload())])
         except SPOOL_ERRORS as err:
-            log.error("the drain granted for event %s could not be saved in the spool (%s); it "
-                      "runs, but a restart will not resume it", event_id, err)  # fmt: skip
+            log.error("%s could not be saved in the spool (%s); it runs, but a restart will "
+                      "not resume it", what, err)  # fmt: skip
         self.submit(job)
 
     # --- running ---------------------------------------------------------------------------
@@ -332,22 +333,21 @@ class DrainJobs:
     def _recover(self, job: DrainJob) -> Report | None:
         self.drainer.node_name = self.node_name()
         self._wait_for_prepare(job.event_id)
-        backoff = Backoff(initial=1.0, maximum=30.0)
-        said = False
+        streak = FailureStreak(Backoff(initial=1.0, maximum=30.0))
         successor = self._successor(job.event_id)
         while True:
             try:
                 report = self.drainer.uncordon(job.event_id, successor)
                 break
             except KubeError as err:
-                if not said:
+                first, wait = streak.failed(err)
+                if first:
                     log.warning("cannot uncordon node %s after event %s yet (%s); trying again "
                                 "until it answers", self.drainer.node_name, job.event_id,
                                 err)  # fmt: skip
-                    said = True
-                if self._stop.wait(backoff.next_delay()):
+                if self._stop.wait(wait):
                     return None
-        if said:
+        if streak.succeeded():
             log.info("node %s: the marks of event %s were removed once the API answered",
                      self.drainer.node_name, job.event_id)  # fmt: skip
         with self._lock:
@@ -427,9 +427,9 @@ class DrainJobs:
                 self.drainer.node_name = self.node_name()
                 node = self.api.node(self.drainer.node_name)
                 pool = node.labels.get(self.settings.pool_label)
-                self._set_health(pool=pool, cordoned=self.drainer.cordoned_by_others())
+                self._set_health(pool=pool, cordoned=cordoned_by_others(node))
                 if not cleaned and self._polled:
-                    self._clean_strays()
+                    self._clean_strays(node)
                     cleaned = True
                 failing = False
             except KubeError as err:
@@ -437,26 +437,22 @@ class DrainJobs:
                     log.warning("cannot read node %s (%s); the agent keeps polling and looks "
                                 "again", self.drainer.node_name, err)  # fmt: skip
                 failing = True
-            wait = 1.0 if (failing or not cleaned) else self._watch_interval
-            self._stop.wait(min(wait, self._watch_interval))
+            wait = 1.0 if (failing or not cleaned) else WATCH_INTERVAL
+            self._stop.wait(min(wait, WATCH_INTERVAL))
 
-    def _clean_strays(self) -> None:
+    def _clean_strays(self, node: Node) -> None:
         def held(event_id: str) -> bool:
             key = event_id.lower()
             with self._lock:
                 running = {job.event_id.lower() for job, _ in self._running.values()}
                 return key in running or (self._open is not None and key in self._open)
 
-        for event_id in self.drainer.strays(held):
+        for event_id in self.drainer.strays(held, node):
             log.warning("node %s carries the marks of a drain for event %s, which is no longer "
                         "open: removing them", self.drainer.node_name, event_id)  # fmt: skip
             job = DrainJob.make("recover", event_id, None, None, transition="Completed",
                                 trigger=record_id(KIND, event_id.lower(), "stray"))  # fmt: skip
-            try:
-                self._spool.commit([], jobs=[(job.job_id, job.to_payload())])
-            except SPOOL_ERRORS as err:
-                log.warning("the uncordon of a stray mark could not be saved (%s)", err)
-            self.submit(job)
+            self._save_and_submit(job, "the uncordon of a stray mark")
 
 
 def _what(job: DrainJob) -> str:

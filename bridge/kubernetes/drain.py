@@ -135,7 +135,7 @@ class Drainer:
             node = self.api.node(self.node_name)
             patch: dict[str, Any] = {}
             spec: dict[str, Any] = {}
-            others = node.unschedulable and CORDONED_FOR not in node.annotations
+            others = cordoned_by_others(node)
             if not node.unschedulable:
                 spec["unschedulable"] = True
                 patch["metadata"] = {"annotations": {CORDONED_FOR: event_id}}
@@ -198,17 +198,19 @@ class Drainer:
             )
         raise Conflict(f"node {self.node_name} kept changing while it was being uncordoned")
 
-    def strays(self, open_events: Callable[[str], bool]) -> list[str]:
-        """EventIds whose marks (taint or annotation) are on the node with no open event."""
-        node = self.api.node(self.node_name)
+    def strays(self, open_events: Callable[[str], bool], node: Node | None = None) -> list[str]:
+        """EventIds whose marks (taint or annotation) are on the node (as read, or `node`
+        when the caller has just read it) with no open event."""
+        node = node or self.api.node(self.node_name)
         named = [t.value for t in node.taints if t.key == TAINT_KEY and t.value]
         if CORDONED_FOR in node.annotations:
             named.append(node.annotations[CORDONED_FOR])
         return sorted({e for e in named if not open_events(e)})
 
-    def cordoned_by_others(self) -> bool:
-        node = self.api.node(self.node_name)
-        return node.unschedulable and CORDONED_FOR not in node.annotations
+
+def cordoned_by_others(node: Node) -> bool:
+    """The node is unschedulable and se-bridge did not make it so."""
+    return node.unschedulable and CORDONED_FOR not in node.annotations
 
 
 def _undo(node: Node, event_id: str) -> dict[str, Any] | None:

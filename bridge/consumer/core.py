@@ -312,7 +312,9 @@ class Consumer:
             if action.until is not None and action.until <= now:
                 return Answer(False, "Invalid", f"--until {iso(action.until)} has passed")
             return None
-        if not any(scope_key(p.scope) == scope_key(action.scope) for p in self.pauses(now)):
+        # The operator log was read at the start of `operate`: not again (a query on Tables).
+        pauses = self.operators.pauses(now)
+        if not any(scope_key(p.scope) == scope_key(action.scope) for p in pauses):
             return Answer(False, "NotPaused", f"{scope_key(action.scope)} is not paused")
         return None
 

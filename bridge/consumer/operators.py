@@ -342,10 +342,6 @@ class OperatorLog:
             kind, action.by, action.reason, action.at, override_budget=action.override_budget
         )
 
-    def action_for(self, event_id: str) -> OperatorAction | None:
-        held = self._decisions.get(event_id.upper())
-        return None if held is None else held[1]
-
     def forget(self, now: datetime, is_open: Callable[[str], bool]) -> int:
         """Delete the documents spent for longer than KEEP_OPERATOR_ACTIONS: a decision about
         an event no longer open (`is_open(EventId)` False), a pause or resume superseded by a

@@ -181,7 +181,7 @@ class _Server(ThreadingHTTPServer):
             )
 
 
-class _DeadlineReader(io.RawIOBase):
+class DeadlineReader(io.RawIOBase):
     """A socket's reading end that ends (TimeoutError) at a deadline, however slowly the
     bytes come: a per-read timeout alone lets a client that drips a byte at a time stay."""
 
@@ -210,7 +210,7 @@ def _handler(
             super().setup()
             self._deadline = time.monotonic() + deadline
             self.rfile.close()  # the plain reader setup made: only its reference to the socket
-            self.rfile = io.BufferedReader(_DeadlineReader(self.connection, self._deadline))
+            self.rfile = io.BufferedReader(DeadlineReader(self.connection, self._deadline))
 
         def do_GET(self) -> None:
             self._respond(head=False)

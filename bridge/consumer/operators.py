@@ -214,7 +214,7 @@ def scope_error(scope: str | None) -> str | None:
     if scope is None or scope_key(scope) == FLEET:
         return None
     kind, _, value = scope.strip().rpartition(":")
-    known = kind in GROUP_KINDS or (kind.startswith("tag:") and len(kind) > 4)
+    known = (kind in GROUP_KINDS and kind != FLEET) or (kind.startswith("tag:") and len(kind) > 4)
     if not known or not value.strip():
         kinds = ", ".join(k for k in GROUP_KINDS if k != FLEET)
         return (f"scope {scope!r} is not KIND:VALUE with KIND one of {kinds} or tag:NAME "

@@ -9,10 +9,12 @@ API takes Entra ID tokens (the CLI's) on any address; put TLS in front of a non-
 
 from __future__ import annotations
 
+import io
 import ipaddress
 import logging
 import socket
 import threading
+import time
 from collections.abc import Callable
 from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -24,11 +26,11 @@ from bridge.consumer.people.app import MAX_BODY, Decider, EntraSignIn, LocalSign
 from bridge.consumer.people.app import Request as AppRequest
 from bridge.consumer.people.auth import LocalOperator, verifier_for
 from bridge.records import utc_now
-from bridge.telemetry import parse_address
+from bridge.telemetry import DeadlineReader, parse_address
 
 log = logging.getLogger(__name__)
 
-REQUEST_DEADLINE = 10.0  # seconds a client may stay silent while it sends its request
+REQUEST_DEADLINE = 10.0  # seconds a client has for its whole request, however it sends it
 MAX_CONNECTIONS = 16  # clients served at once: one operator, or a few people and their CLIs
 
 
@@ -144,6 +146,14 @@ def _handler(app: PeopleApp) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "se-bridge"
         timeout = REQUEST_DEADLINE
+
+        def setup(self) -> None:
+            # A per-read timeout lets a client that drips a byte at a time keep its slot: the
+            # whole request has a deadline, as the telemetry endpoint's has.
+            super().setup()
+            self.rfile.close()  # the plain reader setup made: only its reference to the socket
+            deadline = time.monotonic() + REQUEST_DEADLINE
+            self.rfile = io.BufferedReader(DeadlineReader(self.connection, deadline))
 
         def do_GET(self) -> None:
             self._serve()

@@ -238,6 +238,8 @@ def test_a_scoped_pause_lifts_on_resume(make: Any) -> None:
     rig = make(Policy((APPROVE_ALL,)))
     rig.consumer.process(rig.heartbeats())
     assert rig.pause(scope="scale_set:nosuchkind:x").code == "BadScope"
+    # fleet takes no value: "fleet:x" would be listed as in force and never cover an event.
+    assert rig.pause(scope="fleet:x").code == "BadScope"
     assert rig.pause(kind="resume", scope="scale_set:web").code == "NotPaused"
     assert rig.pause(scope="scale_set:web").accepted
     rig.event("web_0", E1)

@@ -17,6 +17,7 @@ import pytest
 from bridge import cli
 from bridge.commands import signing
 from bridge.config import PeopleSettings
+from bridge.consumer.people import server as server_module
 from bridge.consumer.people.app import CSP, MAX_BODY
 from bridge.consumer.people.auth import read_token
 from bridge.consumer.people.server import MAX_CONNECTIONS, PageError, PageServer, build_app
@@ -392,3 +393,27 @@ def test_the_local_operator_signs_in_from_a_notices_link_and_lands_on_its_event(
 
 def read_token_of(server: PageServer) -> str:
     return str(server.app.sign_in.operator.token)  # type: ignore[union-attr]
+
+
+def test_a_client_that_drips_its_request_is_cut_off_at_the_deadline(
+    entra: PageServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A byte every 0.2 s keeps a per-read timeout from ever firing: only a deadline for the
+    # whole request frees the slot. The guard is generous; the deadline is 1 s.
+    monkeypatch.setattr(server_module, "REQUEST_DEADLINE", 1.0)
+    client = socket.create_connection((entra.host, entra.port))
+    client.settimeout(0.2)
+    guard = 30.0
+    try:
+        while guard > 0:
+            try:
+                client.send(b"G")
+                if client.recv(1024) == b"":
+                    return
+            except TimeoutError:
+                guard -= 0.2
+            except OSError:  # reset by the server: cut off
+                return
+        pytest.fail("a client dripping its request held its slot for 30 s")
+    finally:
+        client.close()

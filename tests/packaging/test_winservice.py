@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import ntpath
 import sys
 import threading
@@ -22,6 +21,7 @@ import pytest
 from bridge import cli
 from bridge.agent import winservice
 from bridge.simulator import SimulatorServer
+from tests.support.processes import read_records
 from tests.support.wait import eventually
 
 
@@ -172,9 +172,7 @@ def write_config(root: Path, imds: SimulatorServer, extra: str = "") -> Path:
 
 
 def heartbeats(root: Path) -> list[str]:
-    path = root / "records.jsonl"
-    lines = path.read_text(encoding="utf-8").splitlines() if path.exists() else []
-    records = [json.loads(line) for line in lines]
+    records = read_records(root / "records.jsonl")
     return [r["HeartbeatReason"] for r in records if r["RecordType"] == "Heartbeat"]
 
 

@@ -3,13 +3,13 @@ jsonl output readable at any time. Test modules subclass it to start the agent t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from bridge.agent.loop import Agent
 from bridge.config import AgentSettings, ImdsSettings
 from bridge.simulator import SimulatorServer
+from tests.support.processes import read_records
 from tests.support.records import assert_valid
 
 VM = "vm-0"
@@ -44,8 +44,7 @@ class AgentHarness:
     def records(self, record_type: str | None = None) -> list[dict[str, Any]]:
         if self.agent is not None:
             assert self.agent.delivery.flush(5)
-        lines = self.out.read_text(encoding="utf-8").splitlines() if self.out.exists() else []
-        records = [json.loads(line) for line in lines]
+        records = read_records(self.out)
         for record in records:
             assert_valid(record)
         wanted = record_type or self.record_type

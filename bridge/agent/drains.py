@@ -141,6 +141,7 @@ class DrainJobs:
         self._clock = clock
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._saving = threading.Lock()
         self._running: dict[str, tuple[DrainJob, threading.Thread]] = {}  # by job id
         self._ended: set[str] = set()  # events (lower case) whose uncordon is due
         # Events whose drain began here and whose uncordon has not finished: the node's one
@@ -235,6 +236,15 @@ class DrainJobs:
 
     def resume(self) -> None:
         """Drains and uncordons that were due when the agent last stopped run now."""
+        try:
+            saved = self._spool.load_state(StateKey.DRAIN_HOLDS) or {}
+        except SPOOL_ERRORS as err:
+            log.warning("which events hold node %s could not be read (%s); the end of one of "
+                        "them may uncordon it early", self.node_name(), err)  # fmt: skip
+            saved = {}
+        events = saved.get("events")
+        with self._lock:
+            self._holding = [str(e) for e in events] if isinstance(events, list) else []
         for _job_id, payload in self._spool.pending_jobs():
             if is_drain_job(payload):
                 try:
@@ -297,9 +307,7 @@ class DrainJobs:
             return Report("Drained", f"event type {job.event_type} does not drain the node "
                           f"(kubernetes.event_types): ready at once", exit_code=0)  # fmt: skip
         self._metrics.drains.labels("started").inc()
-        with self._lock:
-            if job.event_id.lower() not in map(str.lower, self._holding):
-                self._holding.append(job.event_id)
+        self._hold(job.event_id, True)
         self._set_health(draining=job.event_id)
         started = self._clock()
         report = self.drainer.drain(
@@ -352,12 +360,31 @@ class DrainJobs:
                      self.drainer.node_name, job.event_id)  # fmt: skip
         with self._lock:
             self._ended.discard(job.event_id.lower())
-            self._holding = [e for e in self._holding if e.lower() != job.event_id.lower()]
+        self._hold(job.event_id, False)
         if self.node_health().draining == job.event_id:
             self._set_health(draining=successor)
         if report is not None:
             self._set_health(cordoned=report.others_cordon)
         return report
+
+    def _hold(self, event_id: str, holds: bool) -> None:
+        """Note that `event_id`'s drain holds the node (or no longer does), in the spool too:
+        once both drains have finished no job is left to say so, and after a restart the end
+        of one event must still hand the node to the other."""
+        key = event_id.lower()
+        with self._saving:  # saved in the order they were made; the poll loop never waits
+            with self._lock:
+                kept = [e for e in self._holding if e.lower() != key]
+                holding = [*kept, event_id] if holds else kept
+                if holding == self._holding:
+                    return
+                self._holding = holding
+            try:
+                self._spool.commit([], state={StateKey.DRAIN_HOLDS: {"events": holding}})
+            except SPOOL_ERRORS as err:
+                log.warning("which events hold node %s could not be saved (%s); after a "
+                            "restart the end of one of them may uncordon it early",
+                            self.drainer.node_name, err)  # fmt: skip
 
     def _successor(self, event_id: str) -> str | None:
         """Another open event whose drain holds the node, if any: it keeps the node cordoned."""

@@ -53,6 +53,7 @@ class StateKey:
     HEALTH: Final = "health"  # bridge.agent.loop, at each heartbeat: {"at": ..., "reason": ...}
     DELIVERY: Final = "delivery"  # bridge.outbox.delivery: {"sinks": {name: SinkTrouble}}
     DRAIN: Final = "drain"  # bridge.agent.drains: the node's drain now, for `se-bridge status`
+    DRAIN_HOLDS: Final = "drain-holds"  # bridge.agent.drains: {"events": [EventId, ...]}
     WAL_RESERVE: Final = "wal-reserve"  # this module: the blob that keeps the WAL's size
     WAL_RESTART: Final = "wal-restart"  # this module: the acks' write that restarts the WAL
 

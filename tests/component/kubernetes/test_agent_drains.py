@@ -395,3 +395,31 @@ def test_two_events_on_one_node_keep_it_cordoned_until_both_ended(
     assert node["spec"]["unschedulable"] is False
     assert node["spec"]["taints"] == []
     assert CORDONED_FOR not in node["metadata"]["annotations"]
+
+
+def test_after_a_restart_the_other_events_drain_still_holds_the_node(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    """Which events' drains hold the node outlives the agent: both drains finished before the
+    restart, so no job is left in the spool to say so, and the end of the event the marks name
+    must hand them to the other, not uncordon a node whose next maintenance was approved."""
+    simulator, _ = sim
+    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
+    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
+    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    harness.stop()
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: beats(harness, "Start")[1:], "the restart")
+    simulator.cancel_event(marked)
+    [record] = until(harness, lambda: [h for h in hooks(harness) if h["HookPhase"] == "recover"],
+                     "the recover step of the event the marks name")  # fmt: skip
+    assert (record["DrainStatus"], record["EventId"]) == ("LeftCordoned", marked)
+    node = kube.node(NODE)
+    assert node["spec"]["unschedulable"] is True, node
+    assert [(t["key"], t["value"]) for t in node["spec"]["taints"]] == [(TAINT_KEY, second)]
+    simulator.cancel_event(second)
+    until(harness, lambda: [h for h in hooks(harness, "Uncordoned") if h["EventId"] == second],
+          "the uncordon once both ended")  # fmt: skip
+    assert kube.node(NODE)["spec"]["unschedulable"] is False

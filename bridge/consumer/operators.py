@@ -32,7 +32,7 @@ from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer, key_id, verifies
 from bridge.consumer.state import Conflict, Doc, Store, layout
 from bridge.notify.notice import Notice
-from bridge.policy.model import GROUP_KINDS, Pause, Person, PersonDecision
+from bridge.policy.model import Pause, Person, PersonDecision, parse_scope
 from bridge.records import iso, parse_time
 
 log = logging.getLogger(__name__)
@@ -211,14 +211,10 @@ def scope_key(scope: str | None) -> str:
 
 def scope_error(scope: str | None) -> str | None:
     """Why `scope` names no budget group (KIND:VALUE); None when it does, or is the fleet."""
-    if scope is None or scope_key(scope) == FLEET:
-        return None
-    kind, _, value = scope.strip().rpartition(":")
-    known = (kind in GROUP_KINDS and kind != FLEET) or (kind.startswith("tag:") and len(kind) > 4)
-    if not known or not value.strip():
-        kinds = ", ".join(k for k in GROUP_KINDS if k != FLEET)
-        return (f"scope {scope!r} is not KIND:VALUE with KIND one of {kinds} or tag:NAME "
-                "(for example scale_set:web or tag:tier:db), or fleet")  # fmt: skip
+    try:
+        parse_scope(scope)
+    except ValueError as err:
+        return str(err)
     return None
 
 

@@ -47,7 +47,17 @@ from typing import Literal
 import yaml
 
 from bridge.config import ConfigError
-from bridge.policy.model import GROUP_KINDS, Action, Budget, Match, Policy, Range, Rule, Window
+from bridge.policy.model import (
+    GROUP_KINDS,
+    Action,
+    Budget,
+    Match,
+    Policy,
+    Range,
+    Rule,
+    Window,
+    group_kind,
+)
 from bridge.policy.yamlnodes import Names, YamlNode, suggest
 
 EVENT_TYPES = ("Freeze", "Reboot", "Redeploy", "Preempt", "Terminate")
@@ -435,14 +445,13 @@ def _budget(node: YamlNode, names: Names) -> Budget:
 
 def _group(node: YamlNode) -> str:
     text = node.text("a group such as scale_set or tag:tier").strip()
+    kind = group_kind(text)
+    if kind is not None:
+        return kind
     if text.lower().startswith("tag:"):
-        if not text[4:].strip():
-            node.fail("tag: needs a tag name, such as tag:tier")
-        return f"tag:{text[4:].strip()}"
-    if text.lower() not in GROUP_KINDS:
-        choices = [*GROUP_KINDS, "tag:NAME"]
-        node.fail(f"expected one of {', '.join(choices)}, got {text!r}{suggest(text, choices)}")
-    return text.lower()
+        node.fail("tag: needs a tag name, such as tag:tier")
+    choices = [*GROUP_KINDS, "tag:NAME"]
+    return node.fail(f"expected one of {', '.join(choices)}, got {text!r}{suggest(text, choices)}")
 
 
 def summary(policy: Policy) -> list[str]:

@@ -228,11 +228,43 @@ class Pause:
         return self.until is None or now < self.until
 
     def covers(self, vms: Iterable[VmView]) -> bool:
-        """Whether the pause covers an event of `vms` (a fleet-wide one covers every event)."""
-        if self.scope is None:
+        """Whether the pause covers an event of `vms` (a fleet-wide one covers every event,
+        and so does one whose scope cannot be read: a pause errs on the side of stopping)."""
+        try:
+            scope = parse_scope(self.scope)
+        except ValueError:
             return True
-        kind, _, value = self.scope.rpartition(":")
+        if scope is None:
+            return True
+        kind, value = scope
         return any(scope_value_matches(value, group_key(kind, vm)) for vm in vms)
+
+
+def group_kind(text: str) -> str | None:
+    """A budget group's kind as a person writes it, in a policy's budget or a pause's scope:
+    one of GROUP_KINDS or tag:NAME, case-blind (a tag's name keeps its case; tags are matched
+    case-blind anyway). None when it is neither."""
+    text = text.strip()
+    if text.lower().startswith("tag:"):
+        name = text[4:].strip()
+        return f"tag:{name}" if name else None
+    return text.lower() if text.lower() in GROUP_KINDS else None
+
+
+def parse_scope(scope: str | None) -> tuple[str, str] | None:
+    """A pause's scope as (kind, value), the kind as `group_kind` makes it; None for the whole
+    fleet (no scope, or `fleet`). ValueError, saying what is allowed, when it names no group."""
+    if scope is None or scope.strip().lower() == "fleet":
+        return None
+    text, _, value = scope.strip().rpartition(":")
+    kind = group_kind(text)
+    if kind is None or kind == "fleet" or not value.strip():
+        kinds = ", ".join(k for k in GROUP_KINDS if k != "fleet")
+        raise ValueError(
+            f"scope {scope!r} is not KIND:VALUE with KIND one of {kinds} or tag:NAME "
+            "(for example scale_set:web or tag:tier:db), or fleet"
+        )
+    return kind, value.strip()
 
 
 def scope_value_matches(value: str, key: str | None) -> bool:

@@ -254,6 +254,17 @@ def test_a_scoped_pause_lifts_on_resume(make: Any) -> None:
     assert ("resumed", None) in rig.notices.kinds()
 
 
+def test_a_scope_reads_its_kind_case_blind_as_a_policy_reads_a_budget_group(make: Any) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    rig.consumer.process(rig.heartbeats())
+    assert rig.pause(scope="Scale_Set:web").accepted
+    rig.event("web_0", E1)
+    rig.event("db_0", E2)
+    assert rig.approved() == [E2]
+    assert rig.pause(kind="resume", scope="scale_set:WEB", reason="launched").accepted
+    assert rig.approved() == [E2, E1]
+
+
 def test_a_decision_on_changed_resources_a_closed_event_or_bad_input_is_refused(make: Any) -> None:
     rig = make(Policy((HOLD_ALL,)))
     rig.event("web_0", E1, resources=["web_0"])

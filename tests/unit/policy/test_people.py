@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
+import pytest
+
 from bridge.policy.model import (
     PERSON_RULE,
     Action,
@@ -15,6 +17,8 @@ from bridge.policy.model import (
     PersonDecision,
     Rule,
     evaluate,
+    group_kind,
+    parse_scope,
 )
 from tests.unit.policy.test_model import APPROVE_ALL, NOW, event, fleet, node, vm, with_rules
 
@@ -145,3 +149,35 @@ def test_a_pause_stops_a_drains_grant_and_an_ask_timed_out_to_approve_grants_it(
     asked = event(asked_at=NOW - timedelta(minutes=31), not_before=NOW + timedelta(hours=1))
     granted = evaluate(with_rules(ASK_OR_APPROVE), nodes, asked, NOW)
     assert (granted.kind, granted.grant, granted.asked) == ("Defer", ("id0",), "dba")
+
+
+@pytest.mark.parametrize(
+    ("scope", "parsed"),
+    [
+        (None, None),
+        ("fleet", None),
+        (" FLEET ", None),
+        ("scale_set:web", ("scale_set", "web")),
+        ("Scale_Set:web", ("scale_set", "web")),
+        ("ZONE:2", ("zone", "2")),
+        ("tag:tier:db", ("tag:tier", "db")),
+        ("TAG:Tier:db", ("tag:Tier", "db")),
+    ],
+)
+def test_a_scope_reads_its_kind_as_a_policy_reads_a_budget_group(
+    scope: str | None, parsed: tuple[str, str] | None
+) -> None:
+    assert parse_scope(scope) == parsed
+    if parsed is not None:
+        assert group_kind(parsed[0]) == parsed[0]
+
+
+@pytest.mark.parametrize("scope", ["fleet:x", "scale_set", "scale_set:", "pool:x", "tag::db", ":x"])
+def test_a_scope_that_names_no_group_says_what_would(scope: str) -> None:
+    with pytest.raises(ValueError, match=r"is not KIND:VALUE with KIND one of scale_set, zone"):
+        parse_scope(scope)
+
+
+def test_a_pause_whose_scope_cannot_be_read_covers_every_event() -> None:
+    pause = Pause("pool:x", None, BOB, "incident", NOW)
+    assert pause.covers([vm(0)])

@@ -272,7 +272,8 @@ class CommandsSettings:
     verify_key: str = _setting(
         "",
         "Agent: public key(s) commands must be signed with: base64 (`se-bridge keygen` prints "
-        "it) or file:PATH of a PEM; comma-separated while rotating.",
+        "it) or file:PATH of a PEM; comma-separated while rotating. Consumer: the previous "
+        "signing key(s) while rotating, so that what people decided under them still applies.",
     )
     allow_unsigned: bool = _setting(
         False, "Accept (agent) or send (consumer) unsigned commands. Never in production."

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from bridge.channels import CommandSender
 from bridge.commands.message import resources_digest
@@ -67,6 +68,9 @@ from bridge.records import RecordView, iso, parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import RetryableError
 
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
 log = logging.getLogger(__name__)
 
 
@@ -88,10 +92,12 @@ class Consumer:
         host_name: str = "consumer",
         signer: Signer | None = None,
         notifier: Notifier | None = None,
+        trusted: Sequence[Ed25519PublicKey] = (),
     ) -> None:
         """`signer`: the command signing key, which also signs what people decide (without
         it nobody can decide: `operate` refuses). `notifier`: where asks and people's
-        decisions are told (bridge.notify); None tells nobody."""
+        decisions are told (bridge.notify); None tells nobody. `trusted`: the previous
+        signing keys while they rotate (what people decided under them still applies)."""
         self.store = store
         self.policy = policy
         self.settings = settings
@@ -107,7 +113,7 @@ class Consumer:
         self.forged = 0  # operator actions in the state that did not verify (the metrics)
         self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
         self.asks_pending = 0  # as of the last tick
-        self.operators = OperatorLog(store, signer, forged=self._forged)
+        self.operators = OperatorLog(store, signer, forged=self._forged, trusted=trusted)
         self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
                                  notifier=notifier)  # fmt: skip
         self.marks = ReadMarks(store, now=now, host_name=host_name)

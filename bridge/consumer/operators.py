@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
 from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer, key_id, verifies
@@ -34,6 +34,11 @@ from bridge.consumer.state import Conflict, Doc, Store, layout
 from bridge.notify.notice import Notice
 from bridge.policy.model import Pause, Person, PersonDecision, parse_scope
 from bridge.records import iso, parse_time
+from bridge.redact import describe
+from bridge.retry import RetryableError
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 log = logging.getLogger(__name__)
 
@@ -223,10 +228,18 @@ class OperatorLog:
     event's last decision by a person, and the pauses in force."""
 
     def __init__(
-        self, store: Store, signer: Signer | None, *, forged: Callable[[], None] | None = None
+        self,
+        store: Store,
+        signer: Signer | None,
+        *,
+        forged: Callable[[], None] | None = None,
+        trusted: Sequence[Ed25519PublicKey] = (),
     ) -> None:
         self.store = store
         self.signer = signer
+        # The previous signing keys while they rotate: an action signed with one applies and
+        # is signed again, in place, with `signer`, so it outlives the old key.
+        self._trusted = tuple(trusted)
         self._forged = forged or (lambda: None)
         self._mark: int | None = None
         self._looked: datetime | None = None
@@ -288,9 +301,15 @@ class OperatorLog:
         elif not isinstance(body, dict) or not isinstance(signature, str):
             why = "it is not signed"
         elif not verifies(self.signer.public_key(), signed_bytes(body), signature):
-            mine = key_id(self.signer.public_key())
-            why = (f"its signature (key {doc.value.get('KeyId')}) does not verify with this "
-                   f"consumer's key {mine}")  # fmt: skip
+            previous = next((k for k in self._trusted
+                             if verifies(k, signed_bytes(body), signature)), None)  # fmt: skip
+            if previous is not None:
+                self._sign_again(doc, body, key_id(previous))
+            else:
+                mine = key_id(self.signer.public_key())
+                why = (f"its signature (key {doc.value.get('KeyId')}) does not verify with "
+                       f"this consumer's key {mine} nor a previous one "
+                       "(commands.verify_key)")  # fmt: skip
         if why is None:
             try:
                 return parse_body(body)  # type: ignore[arg-type]  # a dict, checked above
@@ -302,6 +321,24 @@ class OperatorLog:
                   "the state written by hand, or the signing key rotated?)", doc.key,
                   why)  # fmt: skip
         return None
+
+    def _sign_again(self, doc: Doc, body: Mapping[str, Any], previous: str) -> None:
+        """Sign `doc`'s action with the current key, in place (its key, so its order, stays)."""
+        assert self.signer is not None
+        value = {"Action": dict(body), "KeyId": self.signer.key_id,
+                 "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
+        try:
+            self._docs[doc.key] = self.store.write(OPERATOR, Doc(doc.key, value, doc.etag))
+        except Conflict:
+            return  # another consumer signed it again first, or it changed: read at the next look
+        except RetryableError as err:
+            log.warning("operator action %s, signed with the previous key %s, applies but could "
+                        "not be re-signed (%s); it is tried again at the next start", doc.key,
+                        previous, describe(err))  # fmt: skip
+            return
+        log.info("operator action %s was signed with the previous key %s: re-signed with key %s, "
+                 "so it still applies once that key is gone", doc.key, previous,
+                 self.signer.key_id)  # fmt: skip
 
     def _take(self, key: str, action: OperatorAction) -> None:
         self._actions[key] = action

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry
 
@@ -25,6 +25,9 @@ from bridge.notify import kinds as notify_kinds
 from bridge.policy import file as policyfile
 from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import utc_now
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +117,7 @@ def build_consumer(
         )
     policy = load_policy(config.consumer.policy)
     signer = load_signer(config)
+    trusted = load_previous_keys(config)
     store = build_store(state_spec(config), config)
     sender: CommandSender = channels.sender(config.commands.channel, config)
     if signer is not None:
@@ -121,7 +125,8 @@ def build_consumer(
     # Its threads start here: built last, so that a bad setting above starts none.
     notifier = notify_kinds.build(config, registry) if config.notify.targets else None
     return Consumer(store, sender, policy, emit, config.consumer, now=now,
-                    host_name=host.host_name(), signer=signer, notifier=notifier)  # fmt: skip
+                    host_name=host.host_name(), signer=signer, notifier=notifier,
+                    trusted=trusted)  # fmt: skip
 
 
 def load_signer(config: Config) -> signing.Signer | None:
@@ -156,6 +161,17 @@ def load_signer(config: Config) -> signing.Signer | None:
     else:
         log.info("signing commands with key %s", signer.key_id)
     return signer
+
+
+def load_previous_keys(config: Config) -> list[Ed25519PublicKey]:
+    """On the consumer, `commands.verify_key` names the previous signing key(s) while they
+    rotate: what people decided under them still applies, re-signed with the new key when read
+    (bridge.consumer.operators). ConfigError when one cannot be read."""
+    try:
+        keys = signing.split_keys(config.commands.verify_key)
+        return [signing.parse_public(part) for part in keys]
+    except signing.SigningError as err:
+        raise ConfigError(str(err)) from err
 
 
 def build_store(spec: str, config: Config) -> Store:

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from bridge.commands import signing
 from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer
-from bridge.config import ConsumerSettings, load
+from bridge.config import ConfigError, ConsumerSettings, load
+from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import render
 from bridge.consumer.operators import (
@@ -308,6 +310,58 @@ def test_a_forged_operator_action_in_the_state_is_ignored(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("forged-unsigned" in e and "not signed" in e for e in errors)
     assert any("does not verify" in e for e in errors)
+
+
+def test_after_the_signing_key_rotates_a_pause_signed_with_the_old_key_still_applies(
+    make: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    rig.consumer.process(rig.heartbeats())
+    assert rig.pause().accepted
+    new = Signer(Ed25519PrivateKey.generate())
+
+    def consumer(**trust: Any) -> Consumer:
+        return Consumer(rig.store, rig.sender, Policy((APPROVE_ALL,)), rig.decisions.extend,
+                        ConsumerSettings(), now=lambda: rig.fleet.now, signer=new,
+                        **trust)  # fmt: skip
+
+    # While it rotates, the consumer on the new key is told the old public key.
+    rotated = consumer(trusted=[rig.signer.public_key()])
+    with caplog.at_level(logging.INFO):
+        assert [p.by for p in rotated.pauses(rig.fleet.now)] == [BOB]
+    assert rotated.people_counts().forged == 0
+    assert any("re-signed with key " + new.key_id in r.getMessage() for r in caplog.records)
+    # Re-signed in place: once the old key is gone the pause still stands, in its place.
+    after = consumer()
+    assert [p.by for p in after.pauses(rig.fleet.now)] == [BOB]
+    assert after.people_counts().forged == 0
+    after.process([*rig.heartbeats(), rig.fleet.event("web_0", E1, source="Platform")])
+    assert rig.approved() == []
+    assert [p.reason for p in after.pauses(rig.fleet.now)] == ["launch week"]
+
+
+def test_the_consumer_is_told_its_previous_key_by_commands_verify_key(
+    make: Any, tmp_path: Path
+) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    assert rig.pause().accepted
+    rig.store.close()
+    new = tmp_path / "new.pem"
+    signing.keygen(new)
+    environ = {
+        "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'queues'}",
+        "SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{new}",
+        "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{rig.store.path}",
+        "SE_BRIDGE_COMMANDS_VERIFY_KEY": signing.verify_key_text(rig.signer.public_key()),
+    }
+    consumer = wiring.build_consumer(load(environ=environ), lambda _: None)
+    try:
+        assert [p.by for p in consumer.pauses(rig.fleet.now)] == [BOB]
+    finally:
+        consumer.close()
+    with pytest.raises(ConfigError, match="not base64"):
+        wiring.build_consumer(load(environ={**environ, "SE_BRIDGE_COMMANDS_VERIFY_KEY": "no!"}),
+                              lambda _: None)  # fmt: skip
 
 
 def test_decisions_name_the_failing_notification_targets(make: Any) -> None:

@@ -403,7 +403,9 @@ class NotifySettings:
         secret=True,
     )
     page_url: str = _setting(
-        "", "The approval page's address, for the links in notices; empty: notices carry none."
+        "",
+        "The approval page's address, its host's root (https://HOST/; the page has no path of "
+        "its own), for the links in notices; empty: notices carry none.",
     )
     key_vault: str = _setting(
         "", "Key Vault of the targets' url_secret, e.g. https://contoso.vault.azure.net."

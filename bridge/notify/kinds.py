@@ -9,6 +9,7 @@ signing key is. A new kind is a function in bridge.notify.formats and one line i
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry
 
@@ -37,11 +38,23 @@ def check_config(config: Config) -> None:
         raise ConfigError(f"notify.key_vault: targets {', '.join(secret_targets)} read their "
                           "URL from Key Vault (url_secret): set notify.key_vault to the vault's "
                           "https:// address")  # fmt: skip
-    if settings.page_url and not settings.page_url.lower().startswith(("https://", "http://")):
-        raise ConfigError(f"notify.page_url: expected an http(s) address, "
-                          f"got {settings.page_url!r}")  # fmt: skip
+    if settings.page_url:
+        _check_page_url(settings.page_url)
     for target in settings.targets:
         KINDS.check(target.kind, config, f"notify.targets ({target.name})")
+
+
+def _check_page_url(url: str) -> None:
+    """The page's links and forms lead from its root (`/events/...`, `/decide`, `/style.css`),
+    as the Functions app serves it (host.json's empty routePrefix): under a path they would
+    lead off the page, so such an address is refused rather than sent in every notice."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() not in ("https", "http") or not parts.netloc:
+        raise ConfigError(f"notify.page_url: expected an http(s) address, got {url!r}")
+    if parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ConfigError(f"notify.page_url: the approval page is served at the root of its host, "
+                          f"so give its address without a path: "
+                          f"{parts.scheme}://{parts.netloc}/, not {url!r}")  # fmt: skip
 
 
 def build(

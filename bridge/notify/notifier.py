@@ -163,7 +163,7 @@ logging.getLogger("urllib3.connectionpool").addFilter(_HIDDEN)
 def event_link(page_url: str, event_id: str | None) -> str:
     """The approval page's address for `event_id` (the page itself for the whole fleet)."""
     base = page_url.rstrip("/")
-    return base if event_id is None else f"{base}/events/{quote(event_id, safe='')}"
+    return f"{base}/" if event_id is None else f"{base}/events/{quote(event_id, safe='')}"
 
 
 class _Line:

@@ -437,7 +437,7 @@ def test_an_ask_and_a_pause_reach_the_webhooks_of_the_configured_notifier(tmp_pa
                 {"name": "dba", "kind": "generic", "url": receiver.url("/dba")},
                 {"name": "ops", "kind": "generic", "url": receiver.url("/ops")},
             ]),
-            "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.example/approvals",
+            "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.example/",
         })  # fmt: skip
         store = SqliteStore(tmp_path / "fleet.db")
         fleet = FleetRecords(T0)
@@ -449,7 +449,7 @@ def test_an_ask_and_a_pause_reach_the_webhooks_of_the_configured_notifier(tmp_pa
         assert consumer.operate(OperatorAction("pause", BOB, "incident", fleet.now)).accepted
         (asked,) = eventually(lambda: receiver.bodies("/dba")[:1], what="the ask's notice")
         assert (asked["Kind"], asked["EventId"], asked["Vms"]) == ("asked", E1, ["db_0"])
-        assert asked["Link"].startswith("https://bridge.example/approvals")
+        assert asked["Link"] == f"https://bridge.example/events/{E1}"
 
         # A pause concerns every target.
         def paused(path: str) -> list[Any]:

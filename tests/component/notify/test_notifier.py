@@ -53,14 +53,14 @@ def test_each_format_reaches_its_webhook(receiver: WebhookReceiver) -> None:
 
 
 def test_a_notice_without_a_link_gets_the_page_s(receiver: WebhookReceiver) -> None:
-    page = Delivery(page_url="https://bridge.contoso.com/approvals/")
+    page = Delivery(page_url="https://bridge.contoso.com/")
     notifier = Notifier([Target("any", formats.generic, hook(receiver, "any"))], page)
     notifier.notify(replace(SAMPLE, target="any", link=None, event_id="a/b"))
     notifier.notify(replace(SAMPLE, target="any", link=None, event_id=None, kind="paused"))
     bodies = eventually(lambda: receiver.bodies("/hooks/any")[1:] and receiver.bodies("/hooks/any"))
     assert [body["Link"] for body in bodies] == [
-        "https://bridge.contoso.com/approvals/events/a%2Fb",
-        "https://bridge.contoso.com/approvals",
+        "https://bridge.contoso.com/events/a%2Fb",
+        "https://bridge.contoso.com/",
     ]
     notifier.close(5)
 
@@ -199,14 +199,14 @@ def test_a_target_whose_url_is_in_key_vault_gets_its_notices(
     key_vault.put("dba-webhook", hook(receiver, "dba"))
     env = {"SE_BRIDGE_IDENTITY_KIND": "managed",
            "SE_BRIDGE_NOTIFY_KEY_VAULT": key_vault.vault_url,
-           "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.contoso.com/approvals",
+           "SE_BRIDGE_NOTIFY_PAGE_URL": "https://bridge.contoso.com/",
            "SE_BRIDGE_NOTIFY_TARGETS": '[{"name": "dba", "kind": "teams", '
                                        '"url_secret": "dba-webhook"}]'}  # fmt: skip
     notifier = kinds.build(load(environ=env))
     notifier.notify(replace(SAMPLE, target="dba", link=None))
     [card] = eventually(lambda: receiver.bodies("/hooks/dba"))
     [action] = card["attachments"][0]["content"]["actions"]
-    assert action["url"] == f"https://bridge.contoso.com/approvals/events/{SAMPLE.event_id}"
+    assert action["url"] == f"https://bridge.contoso.com/events/{SAMPLE.event_id}"
     notifier.close(5)
 
 

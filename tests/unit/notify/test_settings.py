@@ -27,7 +27,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_targets_are_tables_in_the_file_and_json_in_the_environment(tmp_path: Path) -> None:
     path = write(tmp_path, f"""
 [notify]
-page_url = "https://bridge.contoso.com/approvals"
+page_url = "https://bridge.contoso.com/"
 key_vault = "{VAULT}"
 
 [[notify.targets]]
@@ -100,3 +100,22 @@ def test_a_readable_config_file_is_a_warning_only_when_it_holds_a_url(
     path.chmod(0o644)
     config.warn_if_secrets_readable(path)
     assert ("holds notify.targets and every user" in caplog.text) is warned
+
+
+@pytest.mark.parametrize(
+    "page_url", ["https://bridge.contoso.com/approvals", "http://[::1]:8787/x/"]
+)
+def test_a_page_url_under_a_path_is_refused(page_url: str) -> None:
+    """The page's links and forms are from its root (`/events/...`, `/decide`): under a path
+    they would lead off the page."""
+    env = {"SE_BRIDGE_NOTIFY_PAGE_URL": page_url}
+    with pytest.raises(ConfigError, match=r"notify\.page_url: .* at the root of its host"):
+        kinds.check_config(load(environ=env))
+
+
+@pytest.mark.parametrize(
+    "page_url",
+    ["https://app.azurewebsites.net/", "https://app.azurewebsites.net", "http://127.0.0.1:8787/"],
+)
+def test_a_page_url_at_its_hosts_root_is_taken(page_url: str) -> None:
+    kinds.check_config(load(environ={"SE_BRIDGE_NOTIFY_PAGE_URL": page_url}))

@@ -114,6 +114,14 @@ def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:
     if unknown:
         raise ConfigError(f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
                           f"known: {', '.join(DRAINED_EVENT_TYPES)}")  # fmt: skip
+    if config.hooks.prepare:
+        # Either prepare step's success counts the VM ready (a Hook record with exit code 0, or
+        # LocalApprover.hook_done): the first to finish would let the event be approved while
+        # the other still ran.
+        raise ConfigError("hooks.prepare and [kubernetes] are both prepare steps, and the VM is "
+                          "counted ready when the first of them succeeds, so the event could be "
+                          "approved while the other still runs: use one (the drain is the "
+                          "prepare step of a node; hooks.recover may stay)")  # fmt: skip
     if given is not None:
         return given
     missing = extras.missing_message("kubernetes", "[kubernetes] enabled")

@@ -6,6 +6,7 @@ a stray taint, and an API server that does not answer."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 
 from bridge.commands import message as commands
-from bridge.config import ConfigError, KubernetesSettings
+from bridge.config import ConfigError, HooksSettings, KubernetesSettings
 from bridge.kubernetes.drain import CORDONED_FOR, TAINT_KEY
 from bridge.policy.file import loads
 from bridge.policy.model import DEFAULT_POLICY
@@ -321,6 +322,18 @@ def test_settings_the_agent_cannot_drain_with_stop_it_at_start(
     missing = KubernetesSettings(enabled=True, kubeconfig=tmp_path / "absent")
     with pytest.raises(ConfigError, match=r"cannot read the Kubernetes client configuration"):
         harness.start(kubernetes=missing)
+
+
+def test_a_prepare_hook_beside_the_drain_stops_it_at_start(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    """A VM is counted ready when a prepare step succeeds (a Hook record with exit code 0):
+    with a hook beside the drain, the first of them to succeed would let the event be approved
+    while the other still ran, the node's pods still on it."""
+    hooks = HooksSettings(prepare=["/bin/true"], recover=["/bin/true"])
+    with pytest.raises(ConfigError, match=r"hooks\.prepare and \[kubernetes\]"):
+        harness.start(kubernetes=settings(kube, tmp_path), hooks=hooks)
+    harness.start(kubernetes=settings(kube, tmp_path), hooks=replace(hooks, prepare=None))
 
 
 def test_in_local_mode_no_rule_approves_before_the_drain(

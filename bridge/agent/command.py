@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge import channels, host, sinks, telemetry
-from bridge.agent.wiring import build_agent
+from bridge.agent.wiring import build_agent, check_kubernetes
 from bridge.config import Config, ConfigError, load, warn_if_secrets_readable
 from bridge.logfile import handler, setup_logging
 from bridge.outbox.spool import SpoolError
@@ -128,6 +128,7 @@ def load_config(
     config = load(path, environ, flags)
     sinks.check_config(config, config.sink_specs())
     channels.check_config(config)
+    check_kubernetes(config)
     try:
         telemetry.check_address("agent.metrics_address", config.agent.metrics_address)
     except ValueError as err:

@@ -103,13 +103,12 @@ def build_agent(
     return Agent(config, parts, now=now, boot_id=host.boot_id() if boot_id is None else boot_id)
 
 
-def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:
-    """The Kubernetes API of [kubernetes] when it is on (`given`, else the lightkube client its
-    settings describe); ConfigError when its settings or the kubernetes extra do not allow it.
-    Made before anything else of the agent, so a bad setting leaves nothing open."""
+def check_kubernetes(config: Config) -> None:
+    """ConfigError when [kubernetes] is on with settings it cannot drain with (at start, and
+    in `se-bridge check`); nothing is opened or read."""
     settings = config.kubernetes
     if not settings.enabled:
-        return None
+        return
     unknown = sorted(set(settings.event_types) - set(DRAINED_EVENT_TYPES))
     if unknown:
         raise ConfigError(f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
@@ -122,6 +121,16 @@ def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:
                           "counted ready when the first of them succeeds, so the event could be "
                           "approved while the other still runs: use one (the drain is the "
                           "prepare step of a node; hooks.recover may stay)")  # fmt: skip
+
+
+def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:
+    """The Kubernetes API of [kubernetes] when it is on (`given`, else the lightkube client its
+    settings describe); ConfigError when its settings or the kubernetes extra do not allow it.
+    Made before anything else of the agent, so a bad setting leaves nothing open."""
+    check_kubernetes(config)
+    settings = config.kubernetes
+    if not settings.enabled:
+        return None
     if given is not None:
         return given
     missing = extras.missing_message("kubernetes", "[kubernetes] enabled")

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from bridge import cli
 from bridge.commands import message as commands
 from bridge.config import ConfigError, HooksSettings, KubernetesSettings
 from bridge.kubernetes.drain import CORDONED_FOR, TAINT_KEY
@@ -334,6 +335,19 @@ def test_a_prepare_hook_beside_the_drain_stops_it_at_start(
     with pytest.raises(ConfigError, match=r"hooks\.prepare and \[kubernetes\]"):
         harness.start(kubernetes=settings(kube, tmp_path), hooks=hooks)
     harness.start(kubernetes=settings(kube, tmp_path), hooks=replace(hooks, prepare=None))
+
+
+def test_se_bridge_check_finds_what_would_stop_the_start(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "agent.toml"
+    base = (f'[agent]\nstate_dir = "{tmp_path / "state"}"\nsinks = ["jsonl:{tmp_path / "o"}"]\n'
+            '[kubernetes]\nenabled = true\nnode_name = "n1"\n')  # fmt: skip
+    for extra, said in [('event_types = ["Reboots"]\n', "Reboots is no event type"),
+                        ('[hooks]\nprepare = ["/bin/true"]\n', "both prepare steps")]:  # fmt: skip
+        config.write_text(base + extra, encoding="utf-8")
+        assert cli.main(["check", "--config", str(config)]) == 2
+        assert said in capsys.readouterr().err
 
 
 def test_in_local_mode_no_rule_approves_before_the_drain(

@@ -26,7 +26,7 @@ from typing import Any, cast
 
 from bridge import recordtypes as rt
 from bridge.agent.document import is_started
-from bridge.agent.hooks import phase_for
+from bridge.agent.hooks import hook_fields, phase_for
 from bridge.agent.localmode import LocalApprover
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState
@@ -99,24 +99,21 @@ def drain_record(
     outcome = report.exit_code is not None
     rid = (record_id(job.job_id, "Hook") if outcome
            else record_id(job.job_id, report.status, iso(now)))  # fmt: skip
-    blockers = [b.to_record() for b in report.blockers]
-    return {
-        **origin.common("Hook", rid, now),
-        rt.RECORD_TYPE: "Hook",
-        "EventId": job.event_id,
-        "EventType": job.event_type,
-        "Transition": job.transition,
-        "HookPhase": job.phase,
-        "TriggerRecordId": job.trigger,
-        "HookExitCode": report.exit_code,
-        "HookTimedOut": report.timed_out,
-        "HookDurationMs": max(0, duration_ms),
-        "HookOutput": report.detail[:MAX_OUTPUT],
-        "HookError": report.error,
-        "HookName": HOOK_NAME,
-        "DrainStatus": report.status,
-        "DrainBlockers": blockers or None,
-    }
+    blockers: list[dict[str, str | None]] = [b.to_record() for b in report.blockers]
+    return hook_fields(
+        origin.common("Hook", rid, now),
+        event=(job.event_id, job.event_type, job.transition),
+        phase=job.phase,
+        trigger=job.trigger,
+        exit_code=report.exit_code,
+        timed_out=report.timed_out,
+        duration_ms=max(0, duration_ms),
+        output=report.detail[:MAX_OUTPUT],
+        error=report.error,
+        name=HOOK_NAME,
+        drain_status=report.status,
+        blockers=blockers or None,
+    )
 
 
 class DrainJobs:

@@ -132,23 +132,53 @@ def hook_record_id(job: HookJob) -> str:
 def hook_record(origin: Origin, job: HookJob, outcome: HookOutcome, now: datetime) -> rt.Hook:
     """The Hook record of a finished job; a replay of the job after a crash keeps its RecordId."""
     trigger = job.trigger
+    return hook_fields(
+        origin.common("Hook", hook_record_id(job), now),
+        event=(trigger.get("EventId"), trigger.get("EventType"), trigger.get("Transition")),
+        phase=job.phase,
+        trigger=trigger.get("RecordId"),
+        exit_code=outcome.exit_code,
+        timed_out=outcome.timed_out,
+        duration_ms=int(outcome.duration_ms),
+        output=outcome.output,
+        error=outcome.error,
+    )
+
+
+def hook_fields(
+    common: rt.Common,
+    *,
+    event: tuple[Any, Any, Any],
+    phase: rt.HookPhase,
+    trigger: Any,
+    exit_code: int | None,
+    timed_out: bool,
+    duration_ms: int,
+    output: str,
+    error: str | None,
+    name: str | None = None,
+    drain_status: rt.DrainStatus | None = None,
+    blockers: list[dict[str, str | None]] | None = None,
+) -> rt.Hook:
+    """A Hook record: of a hooks.prepare or hooks.recover command (`name` None), or of the
+    built-in drain (bridge.agent.drains). `event`: its EventId, EventType and Transition."""
+    event_id, event_type, transition = event
     return {
-        **origin.common("Hook", hook_record_id(job), now),
+        **common,
         rt.RECORD_TYPE: "Hook",
-        "EventId": trigger.get("EventId"),
-        "EventType": trigger.get("EventType"),
-        "Transition": trigger.get("Transition"),
-        "HookPhase": job.phase,
-        "TriggerRecordId": trigger.get("RecordId"),
-        "HookExitCode": outcome.exit_code,
-        "HookTimedOut": outcome.timed_out,
-        "HookDurationMs": int(outcome.duration_ms),
-        "HookOutput": outcome.output,
-        "HookError": outcome.error,
-        # A hooks.prepare or hooks.recover command: not the built-in drain.
-        "HookName": None,
-        "DrainStatus": None,
-        "DrainBlockers": None,
+        "EventId": event_id,
+        "EventType": event_type,
+        "Transition": transition,
+        "HookPhase": phase,
+        "TriggerRecordId": trigger,
+        "HookExitCode": exit_code,
+        "HookTimedOut": timed_out,
+        "HookDurationMs": duration_ms,
+        "HookOutput": output,
+        "HookError": error,
+        "HookName": name,
+        "DrainStatus": drain_status,
+        "DrainBlockers": blockers,
     }
 
 

@@ -93,11 +93,13 @@ class Consumer:
         signer: Signer | None = None,
         notifier: Notifier | None = None,
         trusted: Sequence[Ed25519PublicKey] = (),
+        sign_again: bool = True,
     ) -> None:
         """`signer`: the command signing key, which also signs what people decide (without
         it nobody can decide: `operate` refuses). `notifier`: where asks and people's
         decisions are told (bridge.notify); None tells nobody. `trusted`: the previous
-        signing keys while they rotate (what people decided under them still applies)."""
+        signing keys while they rotate (what people decided under them still applies, and is
+        signed again with `signer` unless `sign_again` is off: a read-only look)."""
         self.store = store
         self.policy = policy
         self.settings = settings
@@ -113,7 +115,8 @@ class Consumer:
         self.forged = 0  # operator actions in the state that did not verify (the metrics)
         self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
         self.asks_pending = 0  # as of the last tick
-        self.operators = OperatorLog(store, signer, forged=self._forged, trusted=trusted)
+        self.operators = OperatorLog(store, signer, forged=self._forged, trusted=trusted,
+                                     sign_again=sign_again)  # fmt: skip
         self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
                                  notifier=notifier)  # fmt: skip
         self.marks = ReadMarks(store, now=now, host_name=host_name)
@@ -385,7 +388,8 @@ class Consumer:
         """For the metrics: no read of the fleet state (what the last pass and tick saw)."""
         with self._lock:
             pauses = len(self.operators.pauses(self._now()))
-            return PeopleCounts(self.asks_pending, pauses, dict(self.operated), self.forged)
+            return PeopleCounts(self.asks_pending, pauses, dict(self.operated), self.forged,
+                                self.operators.on_previous_key)  # fmt: skip
 
     def _forged(self) -> None:
         self.forged += 1

@@ -168,11 +168,12 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
     # decisions and pauses cannot be told from forgeries, and are left out.
     try:
         signer = wiring.load_signer(config)
+        trusted = wiring.load_previous_keys(config)
     except ConfigError:
-        signer = None
-    consumer = Consumer(
-        store, NoCommands(), policy, ignore_decisions, config.consumer, signer=signer
-    )
+        signer, trusted = None, []
+    # Read-only: what a previous key signed is explained as the consumer applies it.
+    consumer = Consumer(store, NoCommands(), policy, ignore_decisions, config.consumer,
+                        signer=signer, trusted=trusted, sign_again=False)  # fmt: skip
     try:
         return event, consumer.explain(event)
     finally:

@@ -21,6 +21,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_pauses_active 0.0
     se_bridge_consumer_operator_actions_total{kind="approve"} 2.0
     se_bridge_consumer_operator_actions_forged_total 0.0
+    se_bridge_consumer_operator_actions_previous_key 0.0
     se_bridge_consumer_budget_overrides_total 1.0
 """
 
@@ -166,6 +167,13 @@ class _PeopleCollector(Collector):
             "Operator actions found in the fleet state whose signature did not verify with "
             "this consumer's key: ignored (someone wrote the state by hand, or the key changed).",
             value=now.forged,
+        )
+        yield GaugeMetricFamily(
+            "se_bridge_consumer_operator_actions_previous_key",
+            "Operator actions that apply only through a previous signing key "
+            "(commands.verify_key) because they are not yet signed again with the current one: "
+            "keep that key until this is 0.",
+            value=now.on_previous_key,
         )
 
 

@@ -35,7 +35,6 @@ from bridge.notify.notice import Notice
 from bridge.policy.model import Pause, Person, PersonDecision, parse_scope
 from bridge.records import iso, parse_time
 from bridge.redact import describe
-from bridge.retry import RetryableError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -139,6 +138,7 @@ class PeopleCounts:
     pauses_active: int
     operated: Mapping[str, int]  # actions people made that were accepted, by kind
     forged: int  # operator documents in the state that did not verify, ignored
+    on_previous_key: int = 0  # actions that apply only through a previous signing key
 
 
 class Notifier(Protocol):
@@ -234,12 +234,19 @@ class OperatorLog:
         *,
         forged: Callable[[], None] | None = None,
         trusted: Sequence[Ed25519PublicKey] = (),
+        sign_again: bool = True,
     ) -> None:
+        """`trusted`: the previous signing keys while they rotate. An action signed with one
+        applies, and (`sign_again`; not for a read-only look such as `status --consumer`) is
+        signed again, in place, with `signer`, so it outlives the old key."""
         self.store = store
         self.signer = signer
-        # The previous signing keys while they rotate: an action signed with one applies and
-        # is signed again, in place, with `signer`, so it outlives the old key.
         self._trusted = tuple(trusted)
+        self._sign_again = sign_again
+        # Documents whose action verified with a previous key only, by key: (the document as
+        # read, that key's KeyId). Each is signed again at every look until it is.
+        self._previous: dict[str, tuple[Doc, str]] = {}
+        self._warned: set[str] = set()  # documents whose re-signing failed, said once each
         self._forged = forged or (lambda: None)
         self._mark: int | None = None
         self._looked: datetime | None = None
@@ -289,9 +296,19 @@ class OperatorLog:
         docs, self._mark = self.store.scan_changes(OPERATOR, self._mark, known=self._docs)
         for doc in docs:
             self._docs[doc.key] = doc
+            self._previous.pop(doc.key, None)
             action = self._verified(doc)
             if action is not None:
                 self._take(doc.key, action)
+        if self._sign_again:
+            for doc, previous in list(self._previous.values()):
+                self._sign_with_current_key(doc, previous)
+
+    @property
+    def on_previous_key(self) -> int:
+        """Actions that apply only through a previous key (commands.verify_key): that key is
+        needed until this is 0."""
+        return len(self._previous)
 
     def _verified(self, doc: Doc) -> OperatorAction | None:
         body, signature = doc.value.get("Action"), doc.value.get("Signature")
@@ -304,7 +321,7 @@ class OperatorLog:
             previous = next((k for k in self._trusted
                              if verifies(k, signed_bytes(body), signature)), None)  # fmt: skip
             if previous is not None:
-                self._sign_again(doc, body, key_id(previous))
+                self._previous[doc.key] = (doc, key_id(previous))
             else:
                 mine = key_id(self.signer.public_key())
                 why = (f"its signature (key {doc.value.get('KeyId')}) does not verify with "
@@ -322,20 +339,30 @@ class OperatorLog:
                   why)  # fmt: skip
         return None
 
-    def _sign_again(self, doc: Doc, body: Mapping[str, Any], previous: str) -> None:
-        """Sign `doc`'s action with the current key, in place (its key, so its order, stays)."""
+    def _sign_with_current_key(self, doc: Doc, previous: str) -> None:
+        """Sign `doc`'s action with the current key, in place (its key, so its order, stays,
+        and its ETag: of two consumers, one does it)."""
         assert self.signer is not None
-        value = {"Action": dict(body), "KeyId": self.signer.key_id,
+        body = doc.value["Action"]
+        value = {"Action": body, "KeyId": self.signer.key_id,
                  "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
         try:
-            self._docs[doc.key] = self.store.write(OPERATOR, Doc(doc.key, value, doc.etag))
+            stored = self.store.write(OPERATOR, Doc(doc.key, value, doc.etag))
         except Conflict:
-            return  # another consumer signed it again first, or it changed: read at the next look
-        except RetryableError as err:
-            log.warning("operator action %s, signed with the previous key %s, applies but could "
-                        "not be re-signed (%s); it is tried again at the next start", doc.key,
-                        previous, describe(err))  # fmt: skip
+            # Another consumer signed it again first, or it changed: the next look reads it.
+            self._previous.pop(doc.key, None)
             return
+        except Exception as err:  # best effort: the action applies meanwhile, tried next look
+            if doc.key not in self._warned:
+                self._warned.add(doc.key)
+                log.warning("operator action %s, signed with the previous key %s, applies but "
+                            "could not be signed again with key %s (%s); tried again at every "
+                            "look: keep that key in commands.verify_key until it is", doc.key,
+                            previous, self.signer.key_id, describe(err))  # fmt: skip
+            return
+        self._docs[doc.key] = stored
+        self._previous.pop(doc.key, None)
+        self._warned.discard(doc.key)
         log.info("operator action %s was signed with the previous key %s: re-signed with key %s, "
                  "so it still applies once that key is gone", doc.key, previous,
                  self.signer.key_id)  # fmt: skip

@@ -49,6 +49,7 @@ class Report(CheckReport):
     asks: list[dict[str, Any]] = field(default_factory=list)
     overrides: list[dict[str, Any]] = field(default_factory=list)
     forged: int = 0
+    on_previous_key: int = 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,8 +71,10 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
     policy = wiring.load_policy(config.consumer.policy)
     signer = _verifier(config)
     store = wiring.build_store(spec, config)
+    # Read-only: what a previous key signed is shown as the consumer applies it, not rewritten.
     consumer = Consumer(store, NoCommands(), policy, ignore_decisions, config.consumer,
-                        signer=signer)  # fmt: skip
+                        signer=signer, trusted=wiring.load_previous_keys(config),
+                        sign_again=False)  # fmt: skip
     try:
         now = utc_now()
         return assess(
@@ -80,6 +83,7 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
             events=consumer.open_events(now),
             actions=consumer.operator_actions(now - OVERRIDES_WITHIN),
             forged=consumer.forged,
+            on_previous_key=consumer.people_counts().on_previous_key,
             now=now,
             ask_age=ask_age,
         )
@@ -103,6 +107,7 @@ def assess(
     actions: Sequence[OperatorAction],
     forged: int,
     now: datetime,
+    on_previous_key: int = 0,
     ask_age: timedelta,
 ) -> Report:
     """What people have done, and whether it warns; pure."""
@@ -137,6 +142,11 @@ def assess(
         for a in actions if a.kind == "approve" and a.override_budget
     ]  # fmt: skip
     report.forged = forged
+    report.on_previous_key = on_previous_key
+    if on_previous_key:
+        report.flag(WARNING, f"{on_previous_key} operator actions are signed with a previous key "
+                             "only: keep it in commands.verify_key until the consumer has signed "
+                             "them again")  # fmt: skip
     if forged:
         report.flag(WARNING, f"{forged} operator documents do not verify with the consumer's "
                              "key and are ignored (written by hand? the key rotated?)")  # fmt: skip

@@ -26,6 +26,7 @@ from bridge.consumer.operators import (
     OPERATOR,
     OperatorAction,
     OperatorLog,
+    PeopleCounts,
     Person,
     action_body,
 )
@@ -34,6 +35,7 @@ from bridge.consumer.state.sqlite import SqliteStore
 from bridge.notify import kinds as notify_kinds
 from bridge.notify.notice import Notice
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from bridge.retry import PermanentError, RetryableError
 from tests.component.consumer.test_core import E1, E2, T0
 from tests.doubles.webhook import WebhookReceiver
 from tests.support.fleetrecords import FleetRecords
@@ -312,6 +314,27 @@ def test_a_forged_operator_action_in_the_state_is_ignored(
     assert any("does not verify" in e for e in errors)
 
 
+class FailingWrites:
+    """The rig's store, whose next `failures` writes of operator documents fail as Table
+    Storage's would when it is down (RetryableError) or refuses (PermanentError)."""
+
+    def __init__(self, store: Any, failures: list[Exception]) -> None:
+        self._store, self.failures = store, failures
+
+    def write(self, collection: str, doc: Doc) -> Doc:
+        if collection == OPERATOR and self.failures:
+            raise self.failures.pop(0)
+        return self._store.write(collection, doc)  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def key_of(rig: People) -> list[str]:
+    """The KeyId every operator document of the state is signed with now."""
+    return [doc.value["KeyId"] for doc in rig.store.scan(OPERATOR)]
+
+
 def test_after_the_signing_key_rotates_a_pause_signed_with_the_old_key_still_applies(
     make: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -320,17 +343,32 @@ def test_after_the_signing_key_rotates_a_pause_signed_with_the_old_key_still_app
     assert rig.pause().accepted
     new = Signer(Ed25519PrivateKey.generate())
 
-    def consumer(**trust: Any) -> Consumer:
-        return Consumer(rig.store, rig.sender, Policy((APPROVE_ALL,)), rig.decisions.extend,
-                        ConsumerSettings(), now=lambda: rig.fleet.now, signer=new,
-                        **trust)  # fmt: skip
+    def consumer(store: Any = None, **trust: Any) -> Consumer:
+        return Consumer(store or rig.store, rig.sender, Policy((APPROVE_ALL,)),
+                        rig.decisions.extend, ConsumerSettings(), now=lambda: rig.fleet.now,
+                        signer=new, **trust)  # fmt: skip
 
-    # While it rotates, the consumer on the new key is told the old public key.
-    rotated = consumer(trusted=[rig.signer.public_key()])
+    # A read-only look (status, explain) applies it as the consumer would and rewrites nothing.
+    looking = consumer(trusted=[rig.signer.public_key()], sign_again=False)
+    assert [p.by for p in looking.pauses(rig.fleet.now)] == [BOB]
+    assert looking.people_counts().on_previous_key == 1
+    assert key_of(rig) == [rig.signer.key_id]
+    # While it rotates, the consumer on the new key is told the old public key. Its first
+    # attempts to sign the action again fail (the state down, then refusing); it applies all
+    # the same and tries again at each look, saying so once.
+    failing = FailingWrites(rig.store, [RetryableError("down"), PermanentError("403")])
+    rotated = consumer(failing, trusted=[rig.signer.public_key()])
     with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            assert [p.by for p in rotated.pauses(rig.fleet.now)] == [BOB]
+            assert rotated.people_counts().on_previous_key == 1
         assert [p.by for p in rotated.pauses(rig.fleet.now)] == [BOB]
     assert rotated.people_counts().forged == 0
-    assert any("re-signed with key " + new.key_id in r.getMessage() for r in caplog.records)
+    assert rotated.people_counts().on_previous_key == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "could not be signed again" in m]) == 1
+    assert any("re-signed with key " + new.key_id in m for m in said)
+    assert key_of(rig) == [new.key_id]
     # Re-signed in place: once the old key is gone the pause still stands, in its place.
     after = consumer()
     assert [p.by for p in after.pauses(rig.fleet.now)] == [BOB]
@@ -338,6 +376,27 @@ def test_after_the_signing_key_rotates_a_pause_signed_with_the_old_key_still_app
     after.process([*rig.heartbeats(), rig.fleet.event("web_0", E1, source="Platform")])
     assert rig.approved() == []
     assert [p.reason for p in after.pauses(rig.fleet.now)] == ["launch week"]
+
+
+def test_of_two_consumers_signing_an_old_action_again_one_does_and_both_apply_it(
+    make: Any,
+) -> None:
+    rig = make(Policy((APPROVE_ALL,)))
+    assert rig.pause().accepted
+    new = Signer(Ed25519PrivateKey.generate())
+    first, second = (Consumer(rig.store, rig.sender, Policy((APPROVE_ALL,)), lambda _: None,
+                              ConsumerSettings(), now=lambda: rig.fleet.now, signer=new,
+                              trusted=[rig.signer.public_key()]) for _ in range(2))  # fmt: skip
+    # Both read the action as the old key signed it before either signs it again.
+    first.operators.store, held = FailingWrites(rig.store, [RetryableError("down")]), rig.store
+    assert [p.by for p in first.pauses(rig.fleet.now)] == [BOB]
+    assert [p.by for p in second.pauses(rig.fleet.now)] == [BOB]  # second signs it again
+    first.operators.store = held
+    assert [p.by for p in first.pauses(rig.fleet.now)] == [BOB]  # its write conflicts
+    assert [p.by for p in first.pauses(rig.fleet.now)] == [BOB]  # and it reads the new one
+    assert key_of(rig) == [new.key_id]
+    assert [c.people_counts() for c in (first, second)] == [
+        PeopleCounts(0, 1, {}, 0, 0), PeopleCounts(0, 1, {}, 0, 0)]  # fmt: skip
 
 
 def test_the_consumer_is_told_its_previous_key_by_commands_verify_key(

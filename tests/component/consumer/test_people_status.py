@@ -137,6 +137,27 @@ def test_what_was_not_signed_by_the_consumer_is_left_out_and_said(rig: Rig) -> N
     assert any("2 operator documents do not verify" in p for p in body["problems"])
 
 
+def test_while_the_key_rotates_what_the_old_key_signed_is_shown_and_left_as_it_is(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """status --consumer verifies as the consumer does, with the previous key(s) of
+    commands.verify_key, and never writes: it says what still needs the old key."""
+    old = rig.people.signer
+    old_action = OperatorAction("pause", BOB, "signed with the old key", rig.people.fleet.now)
+    OperatorLog(rig.people.store, old).record(old_action)
+    new = rig.policy.parent / "new.pem"
+    signing.keygen(new)
+    monkeypatch.setenv("SE_BRIDGE_COMMANDS_SIGNING_KEY", f"file:{new}")
+    monkeypatch.setenv("SE_BRIDGE_COMMANDS_VERIFY_KEY", signing.verify_key_text(old.public_key()))
+    checked = rig.status("--json")
+    body = checked.json()
+    assert [p["reason"] for p in body["pauses"]] == ["signed with the old key"]
+    assert (body["forged"], body["on_previous_key"], checked.code) == (0, 1, 1)
+    assert any("1 operator actions are signed with a previous key only" in p
+               for p in body["problems"])  # fmt: skip
+    assert [d.value["KeyId"] for d in rig.people.store.scan(OPERATOR)] == [old.key_id]
+
+
 def test_what_keeps_it_from_looking_is_unknown(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SE_BRIDGE_COMMANDS_SIGNING_KEY")
     checked = rig.status("--json")

@@ -54,7 +54,7 @@ def test_open_events_and_the_next_start_are_read_at_each_scrape() -> None:
 
 def test_asks_pauses_and_peoples_actions_are_read_at_each_scrape() -> None:
     registry = CollectorRegistry()
-    counts = [PeopleCounts(1, 2, {"approve": 3}, 4)]
+    counts = [PeopleCounts(1, 2, {"approve": 3}, 4, 6)]
     metrics = ConsumerMetrics(registry)
     metrics.watch_people(lambda: counts[0])
     metrics.decided([{"RecordType": "Decision", "DecisionAction": "Approve",
@@ -66,6 +66,7 @@ def test_asks_pauses_and_peoples_actions_are_read_at_each_scrape() -> None:
     assert 'se_bridge_consumer_operator_actions_total{kind="approve"} 3.0' in text
     assert 'se_bridge_consumer_operator_actions_total{kind="pause"} 0.0' in text
     assert "se_bridge_consumer_operator_actions_forged_total 4.0" in text
+    assert "se_bridge_consumer_operator_actions_previous_key 6.0" in text
     assert "se_bridge_consumer_budget_overrides_total 1.0" in text
     counts[0] = PeopleCounts(0, 0, {}, 5)
     text = generate_latest(registry).decode()

@@ -25,7 +25,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -49,6 +49,7 @@ from bridge.consumer.operators import (
     OperatorLog,
     Pause,
     PeopleCounts,
+    canonical_scope,
     scope_error,
     scope_key,
 )
@@ -246,6 +247,8 @@ class Consumer:
                 log.info("%s by %s (%s) refused: %s: %s", action.kind, action.by.name,
                          action.by.object_id, refused.code, refused.detail)  # fmt: skip
                 return refused
+            if action.kind in ("pause", "resume"):
+                action = replace(action, scope=canonical_scope(action.scope))
             self.operators.record(action)
             self.operated[action.kind] += 1
             what = action.event_id or f"({scope_key(action.scope)})"

@@ -210,8 +210,24 @@ def signed_bytes(body: Mapping[str, Any]) -> bytes:
 
 
 def scope_key(scope: str | None) -> str:
-    """What tells one pause's scope from another's: case-blind, `fleet` for the fleet."""
-    return (scope or FLEET).strip().lower()
+    """What tells one pause's scope from another's: its kind and value as `parse_scope` reads
+    them, case-blind (`Scale_Set : web` is `scale_set:web`), `fleet` for the fleet."""
+    try:
+        parsed = parse_scope(scope)
+    except ValueError:
+        return (scope or FLEET).strip().lower()
+    return FLEET if parsed is None else f"{parsed[0]}:{parsed[1]}".lower()
+
+
+def canonical_scope(scope: str | None) -> str | None:
+    """`scope` as it is kept once accepted: None for the fleet, else KIND:VALUE with the kind as
+    `parse_scope` reads it and the value as given, trimmed (`Scale_Set : web` is
+    `scale_set:web`). A scope that does not parse is kept as given (it is refused anyway)."""
+    try:
+        parsed = parse_scope(scope)
+    except ValueError:
+        return scope
+    return None if parsed is None else f"{parsed[0]}:{parsed[1]}"
 
 
 def scope_error(scope: str | None) -> str | None:

@@ -253,11 +253,18 @@ def group_kind(text: str) -> str | None:
 
 def parse_scope(scope: str | None) -> tuple[str, str] | None:
     """A pause's scope as (kind, value), the kind as `group_kind` makes it; None for the whole
-    fleet (no scope, or `fleet`). ValueError, saying what is allowed, when it names no group."""
-    if scope is None or scope.strip().lower() == "fleet":
+    fleet (no scope, or `fleet`). ValueError, saying what is allowed, when it names no group.
+    `tag:NAME:VALUE`: NAME has no colon, VALUE may (`tag:env:prod:eu` is tag env, prod:eu)."""
+    text = scope.strip() if scope is not None else ""
+    if not text or text.lower() == "fleet":
         return None
-    text, _, value = scope.strip().rpartition(":")
-    kind = group_kind(text)
+    # KIND ends at the first colon, a tag's NAME at the next: a tag's VALUE may hold colons.
+    if text.lower().startswith("tag:"):
+        name, colon, value = text[4:].partition(":")
+        kind = group_kind(f"tag:{name}") if colon else None
+    else:  # no scale set, resource group, zone, domain or node pool name holds a colon
+        named, colon, value = text.partition(":")
+        kind = group_kind(named) if colon and ":" not in value else None
     if kind is None or kind == "fleet" or not value.strip():
         kinds = ", ".join(k for k in GROUP_KINDS if k != "fleet")
         raise ValueError(

@@ -267,6 +267,11 @@ def test_a_scope_reads_its_kind_case_blind_as_a_policy_reads_a_budget_group(make
     assert rig.approved() == [E2]
     assert rig.pause(kind="resume", scope="scale_set:WEB", reason="launched").accepted
     assert rig.approved() == [E2, E1]
+    # One scope however it is spaced: a resume lifts the pause it names.
+    assert rig.pause(scope=" scale_set : db ").accepted
+    assert [p.scope for p in rig.consumer.pauses(rig.fleet.now)] == ["scale_set:db"]
+    assert rig.pause(kind="resume", scope="scale_set:db", reason="done").accepted
+    assert rig.consumer.pauses(rig.fleet.now) == []
 
 
 def test_a_decision_on_changed_resources_a_closed_event_or_bad_input_is_refused(make: Any) -> None:

@@ -162,6 +162,8 @@ def test_a_pause_stops_a_drains_grant_and_an_ask_timed_out_to_approve_grants_it(
         ("ZONE:2", ("zone", "2")),
         ("tag:tier:db", ("tag:tier", "db")),
         ("TAG:Tier:db", ("tag:Tier", "db")),
+        ("tag:env:prod:eu", ("tag:env", "prod:eu")),
+        (" scale_set : web ", ("scale_set", "web")),
     ],
 )
 def test_a_scope_reads_its_kind_as_a_policy_reads_a_budget_group(
@@ -172,7 +174,20 @@ def test_a_scope_reads_its_kind_as_a_policy_reads_a_budget_group(
         assert group_kind(parsed[0]) == parsed[0]
 
 
-@pytest.mark.parametrize("scope", ["fleet:x", "scale_set", "scale_set:", "pool:x", "tag::db", ":x"])
+@pytest.mark.parametrize(
+    "scope",
+    [
+        "fleet:x",
+        "scale_set",
+        "scale_set:",
+        "pool:x",
+        "tag::db",
+        ":x",
+        "tag:tier",
+        "x:y:z",
+        "scale_set:a:b",
+    ],
+)
 def test_a_scope_that_names_no_group_says_what_would(scope: str) -> None:
     with pytest.raises(ValueError, match=r"is not KIND:VALUE with KIND one of scale_set, zone"):
         parse_scope(scope)

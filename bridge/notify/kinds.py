@@ -48,10 +48,16 @@ def _check_page_url(url: str) -> None:
     """The page's links and forms lead from its root (`/events/...`, `/decide`, `/style.css`),
     as the Functions app serves it (host.json's empty routePrefix): under a path they would
     lead off the page, so such an address is refused rather than sent in every notice."""
-    parts = urlsplit(url)
-    if parts.scheme.lower() not in ("https", "http") or not parts.netloc:
-        raise ConfigError(f"notify.page_url: expected an http(s) address, got {url!r}")
-    if parts.path not in ("", "/") or parts.query or parts.fragment:
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as err:
+        raise ConfigError(f"notify.page_url: {url!r} is not an address: {err}") from None
+    if (parts.scheme.lower() not in ("https", "http") or not parts.hostname
+            or "@" in parts.netloc or url != url.strip()):  # fmt: skip
+        raise ConfigError(f"notify.page_url: expected an http(s) address such as "
+                          f"https://HOST/, got {url!r}")  # fmt: skip
+    if parts.path not in ("", "/") or "?" in url or "#" in url:
         raise ConfigError(f"notify.page_url: the approval page is served at the root of its host, "
                           f"so give its address without a path: "
                           f"{parts.scheme}://{parts.netloc}/, not {url!r}")  # fmt: skip

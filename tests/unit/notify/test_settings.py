@@ -115,6 +115,29 @@ def test_a_page_url_under_a_path_is_refused(page_url: str) -> None:
 
 @pytest.mark.parametrize(
     "page_url",
+    [
+        "https://[abc/",
+        "https://h:port/",
+        "https://user:pw@h/",
+        "ftp://h/",
+        "https://",
+    ],
+)
+def test_a_page_url_that_is_no_plain_address_is_refused_with_the_setting_named(
+    page_url: str,
+) -> None:
+    with pytest.raises(ConfigError, match=r"notify\.page_url: "):
+        kinds.check_config(load(environ={"SE_BRIDGE_NOTIFY_PAGE_URL": page_url}))
+
+
+@pytest.mark.parametrize("page_url", ["https://h/?", "https://h/#", "https://h/?x=1"])
+def test_a_page_url_with_a_query_is_refused(page_url: str) -> None:
+    with pytest.raises(ConfigError, match=r"without a path"):
+        kinds.check_config(load(environ={"SE_BRIDGE_NOTIFY_PAGE_URL": page_url}))
+
+
+@pytest.mark.parametrize(
+    "page_url",
     ["https://app.azurewebsites.net/", "https://app.azurewebsites.net", "http://127.0.0.1:8787/"],
 )
 def test_a_page_url_at_its_hosts_root_is_taken(page_url: str) -> None:

@@ -338,6 +338,8 @@ class DrainJobs:
     def _recover(self, job: DrainJob) -> Report | None:
         self.drainer.node_name = self.node_name()
         self._wait_for_prepare(job.event_id)
+        if not self._wait_for_observation():
+            return None  # stopped: the job stays in the spool
         streak = FailureStreak(Backoff(initial=1.0, maximum=30.0))
         successor = self._successor(job.event_id)
         while True:
@@ -371,7 +373,9 @@ class DrainJobs:
         key = event_id.lower()
         with self._saving:  # saved in the order they were made; the poll loop never waits
             with self._lock:
-                kept = [e for e in self._holding if e.lower() != key]
+                # An event over since (its recover's own save failed) is dropped on the way.
+                kept = [e for e in self._holding if e.lower() != key and (
+                    not self._polled or self._open is None or e.lower() in self._open)]  # fmt: skip
                 holding = [*kept, event_id] if holds else kept
                 if holding == self._holding:
                     return
@@ -390,6 +394,17 @@ class DrainJobs:
             return next((e for e in self._holding if e.lower() != key
                          and e.lower() not in self._ended
                          and (self._open is None or e.lower() in self._open)), None)  # fmt: skip
+
+    def _wait_for_observation(self) -> bool:
+        """Wait until IMDS has answered since the start (False: stopped first): which events
+        are open decides whether another one holds the node, and before that answer an event
+        that ended while the agent was down would still look open."""
+        while not self._stop.is_set():
+            with self._lock:
+                if self._polled and self._open is not None:
+                    return True
+            self._stop.wait(0.2)
+        return False
 
     def _wait_for_prepare(self, event_id: str) -> None:
         """A recover never overtakes its event's drain: the drain sees the event ended and

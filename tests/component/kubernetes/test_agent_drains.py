@@ -450,3 +450,34 @@ def test_after_a_restart_the_other_events_drain_still_holds_the_node(
     until(harness, lambda: [h for h in hooks(harness, "Uncordoned") if h["EventId"] == second],
           "the uncordon once both ended")  # fmt: skip
     assert kube.node(NODE)["spec"]["unschedulable"] is False
+
+
+def test_a_resumed_uncordon_never_hands_the_node_to_an_event_that_ended_meanwhile(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    """The end of the event the marks name is seen with the API server down, so its uncordon
+    waits in the spool; the other event ends while the agent is stopped. After the restart the
+    uncordon looks at which events are open before it passes the node on: it uncordons."""
+    simulator, _ = sim
+    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
+    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
+    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    kube.down()
+    simulator.cancel_event(marked)
+    until(harness, lambda: [e for e in harness.records("Event")
+                            if (e["EventId"], e["Transition"]) == (marked, "Canceled")],
+          "the Canceled record")  # fmt: skip
+    harness.stop()
+    simulator.cancel_event(second)
+    kube.up()
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: not kube.node(NODE)["spec"]["unschedulable"], "the uncordon")
+    harness.poll(3)
+    recovers = [(h["EventId"], h["DrainStatus"]) for h in hooks(harness)
+                if h["HookPhase"] == "recover"]  # fmt: skip
+    assert recovers == [(marked, "Uncordoned")]
+    node = kube.node(NODE)
+    assert node["spec"]["taints"] == []
+    assert CORDONED_FOR not in node["metadata"]["annotations"]

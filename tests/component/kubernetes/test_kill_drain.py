@@ -62,11 +62,14 @@ def test_a_kill_mid_drain_and_mid_uncordon_leaves_no_node_cordoned(
 
         def seen(proc: Proc) -> Any:
             """What tells why a wait failed: the agent's log, its records, the API's calls."""
-            return lambda: "\n".join([
-                proc.output(), f"--- {out}:", *(out.read_text("utf-8").splitlines()[-8:]
-                                               if out.exists() else []),
-                "--- Kubernetes API calls:", *(f"{r.method} {r.path}" for r in kube.requests[-12:]),
-            ])  # fmt: skip
+
+            def said() -> str:
+                text = out.read_text("utf-8", errors="replace") if out.exists() else ""
+                calls = [f"{r.method} {r.path}" for r in kube.requests[-12:]]
+                return "\n".join([proc.output(), f"--- {out}:", *text.splitlines()[-8:],
+                                  "--- Kubernetes API calls:", *calls])  # fmt: skip
+
+            return said
 
         event = simulator.add_event(EventSpec("Reboot", (VM,)))
         first = agent("agent-1")

@@ -381,6 +381,19 @@ def test_an_event_first_seen_started_drains_nothing(
     assert hooks(harness) == []
 
 
+def two_drained_events(
+    simulator: Simulator, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> tuple[str, str]:
+    """A local-mode agent that drained its node for a Reboot, then for a Redeploy: the node's
+    marks name the first (a node has one taint per key and effect)."""
+    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
+    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
+    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
+    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
+    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    return marked, second
+
+
 @pytest.mark.parametrize("first_to_end", [0, 1])
 def test_two_events_on_one_node_keep_it_cordoned_until_both_ended(
     sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path, first_to_end: int
@@ -389,11 +402,7 @@ def test_two_events_on_one_node_keep_it_cordoned_until_both_ended(
     event's drain finds the node marked for the first: the end of either must not uncordon the
     node while the other's drain holds it, and the end of both leaves none of their marks."""
     simulator, _ = sim
-    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
-    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
-    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
-    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
-    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    marked, second = two_drained_events(simulator, harness, kube, tmp_path)
     events = (marked, second)
     ending, staying = events[first_to_end], events[1 - first_to_end]
     assert harness.agent is not None
@@ -431,11 +440,7 @@ def test_after_a_restart_the_other_events_drain_still_holds_the_node(
     restart, so no job is left in the spool to say so, and the end of the event the marks name
     must hand them to the other, not uncordon a node whose next maintenance was approved."""
     simulator, _ = sim
-    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
-    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
-    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
-    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
-    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    marked, second = two_drained_events(simulator, harness, kube, tmp_path)
     harness.stop()
     harness.start(channel=None, kubernetes=settings(kube, tmp_path))
     until(harness, lambda: beats(harness, "Start")[1:], "the restart")
@@ -459,11 +464,7 @@ def test_a_resumed_uncordon_never_hands_the_node_to_an_event_that_ended_meanwhil
     waits in the spool; the other event ends while the agent is stopped. After the restart the
     uncordon looks at which events are open before it passes the node on: it uncordons."""
     simulator, _ = sim
-    marked = simulator.add_event(EventSpec("Reboot", (VM,)))
-    harness.start(channel=None, kubernetes=settings(kube, tmp_path))
-    until(harness, lambda: hooks(harness, "Drained"), "the first drain")
-    second = simulator.add_event(EventSpec("Redeploy", (VM,)))
-    until(harness, lambda: len(hooks(harness, "Drained")) == 2, "the second drain")
+    marked, second = two_drained_events(simulator, harness, kube, tmp_path)
     kube.down()
     simulator.cancel_event(marked)
     until(harness, lambda: [e for e in harness.records("Event")

@@ -325,6 +325,14 @@ class BrokerWriter:
             found[int(mark["partition_id"])] = int(mark["sequence_number"])
         return found
 
+    def owners(self) -> set[str]:
+        """The consumers (their owner ids) that own a partition now."""
+        try:
+            rows = self.store.list_ownership(self.namespace, BROKER_HUB, CONSUMER_GROUP)
+        except AzureError:  # no container yet (a consumer makes it), or Azurite busy: none
+            return set()
+        return {str(row["owner_id"]) for row in rows if row.get("owner_id")}
+
     def close(self) -> None:
         self.producer.close()
         self.store.close()
@@ -676,6 +684,7 @@ class Run:
 
     def _phases(self, root: Path, probe: Probe, watcher: CommandWatcher) -> RunResult:
         config = self.config
+        self._share_partitions(config.drain_timeout)
         began = time.time()
         for chunk in self.sim.warm_up():
             self._place(chunk)
@@ -837,6 +846,24 @@ class Run:
             time.sleep(SAMPLE_EVERY)
         self.say(f"the consumers did not catch up with {what} within {timeout:g} s")
         return False
+
+    def _share_partitions(self, timeout: float) -> None:
+        """With the broker and several consumers: wait until each owns a partition. A consumer
+        that starts later than another (a slow start on a busy machine) finds every partition
+        owned and takes its share only at its next load-balancing look, which a short run may
+        not reach: the run would then measure one consumer, not the ones it names."""
+        writer = self.hubs[0] if self.hubs else None
+        if not isinstance(writer, BrokerWriter) or self.config.consumers < 2:
+            return
+        deadline = time.monotonic() + timeout
+        while len(owners := writer.owners()) < self.config.consumers:
+            self._check_alive()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"the partitions were not shared by the "
+                                   f"{self.config.consumers} consumers within {timeout:g} s "
+                                   f"(owners: {sorted(owners)})")  # fmt: skip
+            time.sleep(SAMPLE_EVERY)
+        self.say(f"the partitions are shared by {len(owners)} consumers")
 
     def _check_alive(self) -> None:
         for proc in self.consumers:

@@ -168,9 +168,16 @@ class ImdsManagedIdentity:
         try:
             sock.settimeout(max(until - time.monotonic(), 0.001))
             timer.start()
-            conn.request("GET", target, headers={"Metadata": "true", "User-Agent": "se-bridge"})
-            response = conn.getresponse()
-            body = response.read(MAX_BODY + 1)
+            try:
+                conn.request("GET", target, headers={"Metadata": "true", "User-Agent": "se-bridge"})
+                response = conn.getresponse()
+                body = response.read(MAX_BODY + 1)
+            except (OSError, http.client.HTTPException):
+                # The timer shut the socket mid-exchange: a broken pipe or a closed connection
+                # is then the deadline's doing, and is said as such.
+                if time.monotonic() < until:
+                    raise
+                body = b""
             if time.monotonic() >= until:  # shut mid-answer: what was read is not all of it
                 raise TimeoutError(f"no whole answer within {self._deadline:g} s")
             if len(body) > MAX_BODY:

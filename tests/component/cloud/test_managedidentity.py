@@ -101,6 +101,18 @@ def test_no_token_within_the_deadline_is_an_error_that_says_what_to_do(
     assert token_calls(sim[0], 503) >= 2
 
 
+def test_an_exchange_the_deadline_cuts_short_is_said_to_have_timed_out(
+    sim: tuple[Simulator, SimulatorServer],
+) -> None:
+    """The deadline shuts the socket wherever the exchange is (sending, or waiting for the
+    status line): what that breaks is reported as the deadline, not as a broken connection."""
+    sim[0].faults.set({"latency": 3.0}, vm="vm-0")
+    credential = ImdsManagedIdentity(host=sim[1].vm_url("vm-0"), deadline=0.5, backoff=QUICK)
+    with pytest.raises(ClientAuthenticationError) as info:
+        credential.get_token(SCOPE)
+    assert "gave no token within 0.5 s (last: TimeoutError" in str(info.value), str(info.value)
+
+
 def test_an_answer_that_never_ends_cannot_hold_the_caller_past_the_deadline(
     sim: tuple[Simulator, SimulatorServer],
 ) -> None:

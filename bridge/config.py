@@ -485,6 +485,13 @@ class KubernetesSettings:
         low=1,
         high=86400,
     )
+    pod_poll_interval: float = _setting(
+        1.0,
+        "Seconds between looks at the pods still on the node while it drains (each look is "
+        "one list of the node's pods from the API server).",
+        low=0.1,
+        high=60,
+    )
     event_types: list[str] = _setting(
         DRAINED_EVENT_TYPES,
         "The event types that drain the node; others are ready at once, undrained.",

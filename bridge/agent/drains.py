@@ -152,7 +152,8 @@ class DrainJobs:
         rules = Rules(settings.skip_label, settings.wait_label, settings.order_label)
         drain = DrainSettings(rules, on_deadline=cast(Any, settings.on_deadline),
                               eviction_retry=settings.eviction_retry,
-                              blocked_report_interval=settings.blocked_report_interval)  # fmt: skip
+                              blocked_report_interval=settings.blocked_report_interval,
+                              poll=settings.pod_poll_interval)  # fmt: skip
         self.drainer = Drainer(api, "", drain, wait=self._stop.wait, clock=clock,
                                on_refused=metrics.evictions_refused.inc)  # fmt: skip
 

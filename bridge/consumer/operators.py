@@ -212,11 +212,7 @@ def signed_bytes(body: Mapping[str, Any]) -> bytes:
 def scope_key(scope: str | None) -> str:
     """What tells one pause's scope from another's: its kind and value as `parse_scope` reads
     them, case-blind (`Scale_Set : web` is `scale_set:web`), `fleet` for the fleet."""
-    try:
-        parsed = parse_scope(scope)
-    except ValueError:
-        return (scope or FLEET).strip().lower()
-    return FLEET if parsed is None else f"{parsed[0]}:{parsed[1]}".lower()
+    return (canonical_scope(scope) or FLEET).strip().lower()
 
 
 def canonical_scope(scope: str | None) -> str | None:

@@ -23,6 +23,7 @@ import math
 import os
 import re
 import sys
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,6 +56,7 @@ def _setting(
     choices: tuple[str, ...] = (),
     command: bool = False,
     secret: bool = False,
+    url: bool = False,
 ) -> Any:
     meta = {
         "help": help_text,
@@ -63,6 +65,7 @@ def _setting(
         "choices": choices,
         "command": command,
         "secret": secret,
+        "url": url,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
@@ -119,7 +122,12 @@ class AgentSettings:
 
 @dataclass(frozen=True)
 class ImdsSettings:
-    url: str = _setting("http://169.254.169.254", "IMDS base URL (the simulator's for tests).")
+    url: str = _setting(
+        "http://169.254.169.254",
+        "IMDS base URL, http://HOST[:PORT][/PREFIX] (the simulator's for tests, such as "
+        "http://127.0.0.1:8080/vm/vm-0).",
+        url=True,
+    )
     api_version: str = _setting("2020-07-01", "Scheduled Events api-version.")
     timeout: float = _setting(
         10.0,
@@ -736,6 +744,8 @@ def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
     shown = "a secret value" if meta.get("secret") else repr(raw)
     try:
         value = _command(raw) if meta.get("command") else _coerce(raw, kind)
+        if meta.get("url"):
+            value = _base_url(str(value))
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}, got {shown}") from err
     low, high = meta.get("low"), meta.get("high")
@@ -776,6 +786,23 @@ def _coerce(raw: Any, kind: Any) -> Any:
     if not isinstance(raw, str):
         raise TypeError("expected a string")
     return raw.strip()
+
+
+def _base_url(text: str) -> str:
+    """An HTTP base URL (http://HOST[:PORT][/PREFIX]); ValueError saying what to write."""
+    parts = urllib.parse.urlsplit(text)
+    form = "expected http://HOST[:PORT][/PREFIX] such as http://169.254.169.254"
+    if "://" not in text:
+        raise ValueError(f"{form}; write http://{text}" if text else form)
+    try:
+        parts.port  # noqa: B018 - read for its ValueError on a port that is no number
+    except ValueError:
+        raise ValueError(f"{form}; the port must be a number from 1 to 65535") from None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ValueError(form)
+    if parts.query or parts.fragment:
+        raise ValueError(f"{form}, without ?QUERY or #FRAGMENT (the agent adds api-version)")
+    return text.rstrip("/")
 
 
 def _notify_targets(raw: Any) -> list[NotifyTarget]:

@@ -8,6 +8,7 @@ both call it, so both refuse a bad setting the same way (exit 2) before anything
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import threading
 from collections.abc import Mapping
@@ -15,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from bridge import channels, host, sinks, telemetry
+from bridge.agent import imds
+from bridge.agent.document import parse_document
 from bridge.agent.wiring import build_agent, check_kubernetes
 from bridge.config import Config, ConfigError, load, warn_if_secrets_readable
 from bridge.logfile import handler, setup_logging
@@ -22,7 +25,7 @@ from bridge.outbox.spool import SpoolError
 from bridge.policy import file as policyfile
 from bridge.policy.model import Policy
 from bridge.redact import describe
-from bridge.retry import DeliveryError
+from bridge.retry import DeliveryError, PermanentError, RetryableError
 
 AGENT_EXAMPLES = """\
 examples:
@@ -35,7 +38,15 @@ CHECK_EXAMPLES = """\
 examples:
   se-bridge check --config /etc/se-bridge/agent.toml
   se-bridge check --sink eventhubs --sink loganalytics
+  se-bridge check --imds-url http://127.0.0.1:8080/vm/vm-0 --sink stdout   # the simulator's vm-0
 """
+IMDS_URL_HELP = (
+    "IMDS base URL, http://HOST[:PORT][/PREFIX] (setting imds.url, SE_BRIDGE_IMDS_URL; "
+    "default http://169.254.169.254)"
+)
+# How long `check` waits for IMDS: a person is waiting. The agent itself waits longer for the
+# first answer (imds.first_call_timeout), since IMDS may take 2 min after a VM idled.
+CHECK_SECONDS = 10.0
 SINKS_HELP = (
     "where records go: jsonl:PATH, stdout, hub:DIR, eventhubs or loganalytics; repeat for "
     "several (setting agent.sinks, SE_BRIDGE_AGENT_SINKS, comma-separated; default "
@@ -55,10 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, help="TOML settings file")
-    p.add_argument(
-        "--imds-url",
-        help="IMDS base URL (setting imds.url, SE_BRIDGE_IMDS_URL; default http://169.254.169.254)",
-    )
+    p.add_argument("--imds-url", metavar="URL", help=IMDS_URL_HELP)
     p.add_argument(
         "--poll-interval",
         type=float,
@@ -101,14 +109,16 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 
     p = subparsers.add_parser(
         "check",
-        help="make a harmless round trip to every configured sink and give advice",
-        description="Make a harmless round trip to every configured sink (no record is sent) and "
-        "print ok or FAILED with advice for each. Exit 0 when all answered, 1 otherwise, 2 on a "
-        "bad setting.",
+        help="ask IMDS, make a harmless round trip to every configured sink and give advice",
+        description="Ask IMDS for its Scheduled Events document (waiting at most "
+        f"{CHECK_SECONDS:g} s) and make a harmless round trip to every configured sink (no "
+        "record is sent); print ok or FAILED with what answered, or advice, for each. Exit 0 "
+        "when all answered, 1 otherwise, 2 on a bad setting.",
         epilog=CHECK_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--imds-url", metavar="URL", help=IMDS_URL_HELP)
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -137,13 +147,19 @@ def load_config(
 
 
 def run_check(args: argparse.Namespace) -> int:
-    flags = {"agent.state_dir": args.state_dir, "agent.sinks": args.sink}
+    flags = {"imds.url": args.imds_url, "agent.state_dir": args.state_dir,
+             "agent.sinks": args.sink}  # fmt: skip
     try:
         config = load_config(args.config, flags=flags)
     except ConfigError as err:
         return _fail(f"configuration error: {err}", 2)
     warn_if_secrets_readable(args.config)
     failed = 0
+    try:
+        print(f"ok      imds {config.imds.url}: {check_imds(config)}", flush=True)
+    except DeliveryError as err:
+        failed += 1
+        print(f"FAILED  imds {config.imds.url}: {describe(err)}", flush=True)
     for spec in config.sink_specs():
         sink = sinks.build(spec, config)
         try:
@@ -154,6 +170,53 @@ def run_check(args: argparse.Namespace) -> int:
         finally:
             sink.close()
     return 1 if failed else 0
+
+
+def check_imds(config: Config) -> str:
+    """What IMDS at imds.url answered, in a sentence; DeliveryError saying what did not."""
+    client = imds.ImdsClient(config.imds.url, config.imds.api_version, timeout=CHECK_SECONDS,
+                             first_call_timeout=CHECK_SECONDS)  # fmt: skip
+    try:
+        try:
+            body = client.scheduled_events()
+        except RetryableError as err:
+            if isinstance(err.__cause__, TimeoutError):
+                raise RetryableError(
+                    f"no answer within {CHECK_SECONDS:g} s; IMDS may take up to 2 minutes to "
+                    "answer a VM that idled: try again"
+                ) from err
+            raise
+        try:
+            document = parse_document(json.loads(body))
+        except (ValueError, RecursionError) as err:
+            raise PermanentError(
+                f"it answered, but not with a Scheduled Events document ({describe(err)}): "
+                f"{imds.excerpt(body)!r}; is this IMDS, or the simulator's VM URL "
+                "(http://HOST:PORT/vm/NAME)?"
+            ) from err
+        count = len(document.events)
+        said = (f"Scheduled Events answered (DocumentIncarnation {document.incarnation}, "
+                f"{count} event{'' if count == 1 else 's'})")  # fmt: skip
+        return f"{said}; {_this_vm(client, config)}"
+    finally:
+        client.close()
+
+
+def _this_vm(client: imds.ImdsClient, config: Config) -> str:
+    """Which VM the agent will take itself for: instance metadata's, or agent.vm_name."""
+    try:
+        identity = imds.parse_instance(client.instance_metadata())
+    except DeliveryError as err:
+        if config.agent.vm_name:
+            return (
+                f"no instance metadata ({describe(err)}): VM {config.agent.vm_name} (agent.vm_name)"
+            )
+        return (
+            f"no instance metadata ({describe(err)}): an event naming this host "
+            f"({host.host_name()}) counts as this VM's; if the events' Resources call it "
+            "otherwise, set agent.vm_name (--vm-name)"
+        )
+    return f"instance metadata: VM {identity.vm_name} ({identity.vm_id or 'no VmId'})"
 
 
 def run_agent(args: argparse.Namespace) -> int:

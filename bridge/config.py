@@ -17,6 +17,7 @@ Example file (all keys optional):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import logging
 import math
@@ -578,6 +579,34 @@ class Config:
 S = TypeVar("S")
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """One source of settings: the file (with the line of each table and key), the
+    environment (with the name of each variable as typed) or the command line."""
+
+    origin: str  # "file", "environment", "command line"
+    data: dict[str, Any]
+    path: Path | None = None
+    lines: Mapping[tuple[str, ...], int] = field(default_factory=dict)
+
+    def at(self, *steps: str) -> str:
+        """`PATH:LINE: ` where the file writes `steps` (a table, or a table's key); ''
+        for the other layers."""
+        if self.path is None:
+            return ""
+        line = self.lines.get(steps) or self.lines.get(steps[:-1])
+        return f"{self.path}:{line}: " if line else f"{self.path}: "
+
+    def where(self, section: str, key: str) -> str:
+        """The setting `key` of `section` as an error names it, and where its value came from."""
+        name = f"{dotted(section)}.{key}"
+        if self.path is not None:
+            return f"{self.at(*dotted(section).split('.'), key)}{name}"
+        if self.origin == "environment":
+            return f"{name} (from {env_name(section, key)})"
+        return f"{name} (from the {self.origin})"
+
+
 def load(
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
@@ -585,15 +614,15 @@ def load(
 ) -> Config:
     """Build the Config; `flags` maps "section.key" to values given on the command line."""
     layers = [
-        ("file " + str(path), _lift(_read_file(path))) if path else ("file", {}),
-        ("environment", _from_env(os.environ if environ is None else environ)),
-        ("command line", _nest(flags or {})),
+        _read_file(path) if path else _Layer("file", {}),
+        _Layer("environment", _from_env(os.environ if environ is None else environ)),
+        _Layer("command line", _nest(flags or {})),
     ]
+    _reject_unknown(layers[0], layers[2])
     sections = {}
     for f in dataclasses.fields(Config):
         section_cls = get_type_hints(Config)[f.name]
         sections[f.name] = _section(f.name, section_cls, layers)
-    _reject_unknown(layers[0][1], layers[2][1])
     return Config(**sections)
 
 
@@ -626,7 +655,7 @@ def warn_if_secrets_readable(path: Path | None) -> None:
     """Say (WARNING) when the config file holds a secret and every user may read it."""
     if path is None or not host.readable_by_others(path):
         return
-    data = _lift(_read_file(path))
+    data = _read_file(path).data
     held = [
         f"{section.name}.{f.name}"
         for section in dataclasses.fields(Config)
@@ -648,42 +677,89 @@ def _holds_secret(value: Any) -> bool:
     return bool(value)
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def _read_file(path: Path) -> _Layer:
+    """The file's settings, its nested tables ([consumer.people]) lifted to the sections they
+    are, with the line of each table and key."""
     try:
-        with path.open("rb") as handle:
-            data: dict[str, Any] = tomllib.load(handle)
-            return data
+        text = path.read_bytes().decode("utf-8-sig")
+        data: dict[str, Any] = tomllib.loads(text)
     except OSError as err:
         raise ConfigError(f"cannot read config file {path}: {err.strerror}") from err
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path} is not UTF-8 text: {err.reason}") from err
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"config file {path} is not valid TOML: {err}") from err
-
-
-def _lift(data: dict[str, Any]) -> dict[str, Any]:
-    """The file's nested tables ([consumer.people]) as the sections they are."""
+    layer = _Layer("file", data, path, _toml_lines(text))
     for name, parent in NESTED.items():
         if name in data:
-            raise ConfigError(f"unknown section [{name}]; did you mean [{parent}.{name}]?")
+            raise ConfigError(f"{layer.at(name)}unknown section [{name}]; did you mean "
+                              f"[{parent}.{name}]?")  # fmt: skip
         table = data.get(parent)
         if isinstance(table, dict) and name in table:
             rest = dict(table)
             data = {**data, parent: rest, name: rest.pop(name)}
-    return data
+    return dataclasses.replace(layer, data=data)
+
+
+_TOML_TABLE = re.compile(r"\s*\[\[?([^\[\]]+)\]\]?\s*(?:#.*)?")
+_TOML_KEY = re.compile(r"\s*([A-Za-z0-9_.\-\"' ]+?)\s*=")
+
+
+def _toml_lines(text: str) -> dict[tuple[str, ...], int]:
+    """The line (from 1) where the file first writes each table and each table's key, by
+    path: ("agent",), ("agent", "poll_interval"), ("consumer", "people", "role"). tomllib
+    keeps no positions; this reads the lines the way people write TOML (one key or header a
+    line), which is all an error's line number needs."""
+    lines: dict[tuple[str, ...], int] = {}
+    table: tuple[str, ...] = ()
+    for number, line in enumerate(text.splitlines(), start=1):
+        header = _TOML_TABLE.fullmatch(line)
+        key = None if header else _TOML_KEY.match(line)
+        if header:
+            table = _toml_path(header.group(1))
+            lines.setdefault(table, number)
+        elif key:
+            lines.setdefault((*table, *_toml_path(key.group(1))), number)
+    return lines
+
+
+def _toml_path(text: str) -> tuple[str, ...]:
+    return tuple(part.strip().strip("\"'") for part in text.split("."))
 
 
 def _from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
-    known = {f.name for f in dataclasses.fields(Config)} - NESTED.keys()
+    """The settings the environment sets, by section. A variable that names no setting is
+    ignored with a WARNING naming it as typed, when it looks meant for one (in a section's
+    name space, or a misspelt section): a hook's SE_BRIDGE_EVENT_ID is not."""
+    names = {env_name(section.name, f.name): (section.name, f.name)
+             for section in dataclasses.fields(Config)
+             for f in dataclasses.fields(get_type_hints(Config)[section.name])}  # fmt: skip
+    spaces = tuple(f"{ENV_PREFIX}{dotted(f.name).replace('.', '_').upper()}_"
+                   for f in dataclasses.fields(Config))  # fmt: skip
     out: dict[str, dict[str, Any]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
             continue
-        section, _, key = name[len(ENV_PREFIX) :].lower().partition("_")
-        for nested, parent in NESTED.items():
-            if section == parent and key.startswith(nested + "_"):
-                section, key = nested, key[len(nested) + 1 :]
-        if section in known | NESTED.keys() and key:
-            out.setdefault(section, {})[key] = value
+        found = names.get(name.upper())
+        if found is not None:
+            out.setdefault(found[0], {})[found[1]] = value
+            continue
+        close = difflib.get_close_matches(name.upper(), list(names), n=1, cutoff=0.85)
+        if name.upper().startswith(spaces) or (close and _section_like(name, spaces)):
+            log.warning("ignoring %s: no setting has that name%s", name,
+                        f" (did you mean {close[0]}?)" if close else "")  # fmt: skip
     return out
+
+
+def _section_like(name: str, spaces: tuple[str, ...]) -> bool:
+    """Whether `name` starts with a misspelt section (SE_BRIDGE_AGNT_...), not with a word of
+    other SE_BRIDGE_ variables (a hook's SE_BRIDGE_VM_NAME, the Functions host's
+    SE_BRIDGE_EVENTHUBS)."""
+    word, underscore, rest = name.upper()[len(ENV_PREFIX) :].partition("_")
+    sections = [space[len(ENV_PREFIX) : -1].partition("_")[0] for space in spaces]
+    return bool(underscore and rest) and bool(
+        difflib.get_close_matches(word, sections, n=1, cutoff=0.75)
+    )
 
 
 def dotted(section: str) -> str:
@@ -700,31 +776,36 @@ def _nest(flags: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _section(name: str, cls: type[S], layers: list[tuple[str, dict[str, Any]]]) -> S:
+def _section(name: str, cls: type[S], layers: list[_Layer]) -> S:
     hints = get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
-    for origin, data in layers:
-        section = data.get(name, {})
+    for layer in layers:
+        section = layer.data.get(name, {})
         if not isinstance(section, dict):
-            raise ConfigError(f"[{dotted(name)}] in the {origin} must be a table")
+            raise ConfigError(f"{layer.at(name)}[{dotted(name)}] must be a table"
+                              + ("" if layer.path else f" in the {layer.origin}"))  # fmt: skip
         for key, raw in section.items():
             if key not in fields:
-                if origin == "environment":
-                    log.warning(
-                        "ignoring unknown setting %s.%s from the environment", dotted(name), key
-                    )
-                    continue
-                raise ConfigError(f"unknown setting {dotted(name)}.{key} in the {origin}")
-            where = _where(name, key, origin)
-            values[key] = _convert(raw, hints[key], fields[key].metadata, where)
+                raise ConfigError(_unknown_setting(name, key, list(fields), layer))
+            values[key] = _convert(raw, hints[key], fields[key].metadata, layer.where(name, key))
     return cls(**values)
 
 
-def _where(section: str, key: str, origin: str) -> str:
-    if origin == "environment":
-        return f"{dotted(section)}.{key} (from {env_name(section, key)})"
-    return f"{dotted(section)}.{key} (from the {origin})"
+def _unknown_setting(section: str, key: str, keys: list[str], layer: _Layer) -> str:
+    """What to say of `key`, which `section` has not: the nearest setting, or the nearest
+    table nested in it ([consumer.people]), and the settings it has."""
+    name = dotted(section)
+    tables = {f"[{dotted(child)}]": child for child, parent in NESTED.items() if parent == name}
+    close = difflib.get_close_matches(key, keys + list(tables.values()), n=1, cutoff=0.6)
+    guess = ""
+    if close:
+        nested = next((shown for shown, child in tables.items() if child == close[0]), None)
+        guess = f" (did you mean {nested or f'{name}.{close[0]}'}?)"
+    where = layer.at(*name.split("."), key) if layer.path else ""
+    origin = "" if layer.path else f" in the {layer.origin}"
+    return (f"{where}unknown setting {name}.{key}{origin}{guess}; the settings of [{name}]: "
+            f"{', '.join(keys)}")  # fmt: skip
 
 
 def env_name(section: str, key: str) -> str:
@@ -732,12 +813,26 @@ def env_name(section: str, key: str) -> str:
     return f"{ENV_PREFIX}{dotted(section).replace('.', '_').upper()}_{key.upper()}"
 
 
-def _reject_unknown(file_data: dict[str, Any], flag_data: dict[str, Any]) -> None:
+def sections() -> list[str]:
+    """The sections a file may have, as it spells them, each nested one after its parent."""
+    names = [f.name for f in dataclasses.fields(Config) if f.name not in NESTED]
+    nested = {name: [dotted(c) for c, parent in NESTED.items() if parent == name] for name in names}
+    return [shown for name in names for shown in (name, *nested[name])]
+
+
+def _reject_unknown(file: _Layer, flags: _Layer) -> None:
     known = {f.name for f in dataclasses.fields(Config)}
-    for data in (file_data, flag_data):
-        for section in data:
+    for layer in (file, flags):
+        for section in layer.data:
             if section not in known:
-                raise ConfigError(f"unknown section [{section}]; known: {', '.join(sorted(known))}")
+                close = difflib.get_close_matches(section, sections(), n=1, cutoff=0.6)
+                guess = f" (did you mean [{close[0]}]?)" if close else ""
+                raise ConfigError(f"{layer.at(section)}unknown section [{section}]{guess}; "
+                                  f"the sections: {', '.join(sections())}")  # fmt: skip
+
+
+class _NotTheForm(ValueError):
+    """A value that is not of the setting's form at all; the error says what the form is."""
 
 
 def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
@@ -746,6 +841,8 @@ def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
         value = _command(raw) if meta.get("command") else _coerce(raw, kind)
         if meta.get("url"):
             value = _base_url(str(value))
+    except _NotTheForm:
+        raise ConfigError(f"{where}: expected {_form(raw, kind, meta)}, got {shown}") from None
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{where}: {err}, got {shown}") from err
     low, high = meta.get("low"), meta.get("high")
@@ -760,20 +857,29 @@ def _convert(raw: Any, kind: Any, meta: Mapping[str, Any], where: str) -> Any:
     return choices[str(value).upper()]
 
 
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_WITH_UNIT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|sec|s|min|m|h|d)\s*", re.IGNORECASE)
+
+
+def _form(raw: Any, kind: Any, meta: Mapping[str, Any]) -> str:
+    """What a number setting takes, as an error says it: `a number of seconds from 0.2 to 60
+    (no unit: write 300 for 5m)` for a duration written with its unit."""
+    seconds = "seconds" in str(meta.get("help", "")).lower()
+    form = "a whole number" if kind is int else "a number of seconds" if seconds else "a number"
+    if meta.get("low") is not None and meta.get("high") is not None:
+        form += f" from {bound(meta['low'])} to {bound(meta['high'])}"
+    unit = _WITH_UNIT.fullmatch(raw) if isinstance(raw, str) and seconds else None
+    if unit:
+        value = float(unit.group(1)) * _UNIT_SECONDS[unit.group(2).lower()]
+        form += f" (no unit: write {value:g} for {raw.strip()})"
+    return form
+
+
 def _coerce(raw: Any, kind: Any) -> Any:
     if kind is bool:
         return _boolean(raw)
-    if isinstance(raw, bool) and kind in (int, float):
-        raise TypeError("expected a number")
     if kind in (int, float):
-        if isinstance(raw, str):
-            raw = raw.strip()
-        number = float(raw)
-        if not math.isfinite(number):
-            raise ValueError("expected a finite number")
-        if kind is int and not number.is_integer():
-            raise ValueError("expected a whole number")
-        return kind(number)
+        return _number(raw, kind)
     if kind is Path or kind == (Path | None):
         text = str(raw).strip()
         if not text:
@@ -786,6 +892,19 @@ def _coerce(raw: Any, kind: Any) -> Any:
     if not isinstance(raw, str):
         raise TypeError("expected a string")
     return raw.strip()
+
+
+def _number(raw: Any, kind: type[float]) -> float:
+    """A TOML number, or one written as text (the environment, a flag); _NotTheForm else."""
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise _NotTheForm
+    try:
+        number = float(raw.strip() if isinstance(raw, str) else raw)
+    except ValueError:
+        raise _NotTheForm from None
+    if not math.isfinite(number) or (kind is int and not number.is_integer()):
+        raise _NotTheForm
+    return kind(number)
 
 
 def _base_url(text: str) -> str:

@@ -248,3 +248,25 @@ def test_status_says_unknown_for_every_failure_to_check(tmp_path: Path) -> None:
         usage = run_bridge("status", "--state-dir", str(tmp_path), *bad)
         assert usage.returncode == 3, bad
         assert "error:" in usage.stderr
+
+
+def test_a_settings_mistake_is_told_with_its_line_a_suggestion_and_the_form(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text('[agent]\npoll_intervall = 2\n\n[imds]\ntimeout = "5s"\n', encoding="utf-8")
+    done = run_bridge("check", "--config", str(config))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{config}:2: unknown setting agent.poll_intervall (did you mean " in done.stderr
+    config.write_text('[imds]\ntimeout = "5s"\n', encoding="utf-8")
+    done = run_bridge("check", "--config", str(config))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"{config}:2: imds.timeout: expected a number of seconds from 0.5 to 300 " in done.stderr
+    assert "could not convert" not in done.stderr
+
+    typo = run_bridge("check", "--sink", f"jsonl:{tmp_path / 'out.jsonl'}",
+                      "--imds-url", "http://127.0.0.1:9",
+                      env={"SE_BRIDGE_AGENT_POLL_INTERVALL": "3"})  # fmt: skip
+    said = ("ignoring SE_BRIDGE_AGENT_POLL_INTERVALL: no setting has that name (did you mean "
+            "SE_BRIDGE_AGENT_POLL_INTERVAL?)")  # fmt: skip
+    assert said in typo.stderr, typo.stderr

@@ -96,12 +96,12 @@ def test_errors_name_the_setting(env: dict[str, str], message: str) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[agent]\npoll_interval = true\n", "agent.poll_interval (from the file"),
+        ("[agent]\npoll_interval = true\n", "se-bridge.toml:2: agent.poll_interval: expected"),
         ("[agent]\npol_interval = 1\n", "unknown setting agent.pol_interval"),
         ("[agnt]\n", "unknown section [agnt]"),
-        ("agent = 3\n", "[agent] in the file"),
+        ("agent = 3\n", "se-bridge.toml:1: [agent] must be a table"),
         ("[agent\n", "is not valid TOML"),
-        ("[hooks]\nprepare = []\n", "hooks.prepare (from the file"),
+        ("[hooks]\nprepare = []\n", "se-bridge.toml:2: hooks.prepare: an argv list"),
     ],
 )
 def test_file_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -113,14 +113,6 @@ def test_file_errors(tmp_path: Path, text: str, message: str) -> None:
 def test_missing_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load(tmp_path / "absent.toml", environ={})
-
-
-def test_unknown_environment_setting_is_ignored_with_a_warning(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    config = load(environ={"SE_BRIDGE_AGENT_POLL_INTERVALL": "3"})
-    assert config == Config()
-    assert "agent.poll_intervall" in caplog.text
 
 
 def test_identity_kind_is_case_insensitive() -> None:
@@ -254,3 +246,84 @@ def test_a_people_table_at_the_top_is_refused_with_the_right_name(tmp_path: Path
 def test_a_bad_people_setting_is_named_as_the_file_spells_it() -> None:
     with pytest.raises(ConfigError, match=r"consumer\.people\.nope"):
         load(environ={}, flags={"people.nope": "x"})
+
+
+# --- issue 39, item 5: errors as good as the policy checker's --------------------------------
+
+SETTINGS_ERRORS = {
+    "unknown key": (
+        "[imds]\ntimeout = 5\n\n[agent]\nstate_dir = '/tmp/x'\npoll_intervall = 2\n",
+        "se-bridge.toml:6: unknown setting agent.poll_intervall (did you mean "
+        "agent.poll_interval?); the settings of [agent]: poll_interval, state_dir, sinks,",
+    ),
+    "unknown key of a nested table": (
+        "[consumer]\nmode = 'shadow'\n[consumer.people]\ntenant = 't1'\n",
+        "se-bridge.toml:4: unknown setting consumer.people.tenant (did you mean "
+        "consumer.people.tenant_id?); the settings of [consumer.people]: tenant_id, audience,",
+    ),
+    "a duration where seconds are asked for": (
+        "[agent]\npoll_interval = '5s'\n",
+        "se-bridge.toml:2: agent.poll_interval: expected a number of seconds from 0.2 to 60 "
+        "(no unit: write 5 for 5s), got '5s'",
+    ),
+    "a word where a whole number is asked for": (
+        "[spool]\nmax_records = 'many'\n",
+        "se-bridge.toml:2: spool.max_records: expected a whole number from 100 to 100000000, "
+        "got 'many'",
+    ),
+    "an unknown section": (
+        "[agent]\n[imdss]\nurl = 'http://x'\n",
+        "se-bridge.toml:2: unknown section [imdss] (did you mean [imds]?); the sections: agent, "
+        "imds, spool, hooks, eventhubs, loganalytics, identity, storage, commands, consumer, "
+        "consumer.people, notify, kubernetes",
+    ),
+    "an unknown table in a known one": (
+        "[consumer.peeple]\nrole = 'x'\n",
+        "se-bridge.toml:1: unknown setting consumer.peeple (did you mean [consumer.people]?)",
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "message"), SETTINGS_ERRORS.values(), ids=SETTINGS_ERRORS)
+def test_settings_errors_give_the_line_the_path_a_suggestion_and_the_form(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, text), environ={})
+    assert f"{tmp_path / message}" in str(info.value)
+    assert "could not convert" not in str(info.value)
+
+
+def test_the_known_sections_are_the_ones_a_file_may_have(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(write(tmp_path, "[nothing_like_it]\n"), environ={})
+    known = str(info.value).split("the sections: ", 1)[1].split(", ")
+    for section in known:  # each one named is accepted
+        load(write(tmp_path, f"[{section}]\n"), environ={})
+    assert "consumer.people" in known
+    assert "people" not in known
+
+
+def test_a_bad_value_from_the_environment_says_the_form_not_pythons_words() -> None:
+    with pytest.raises(ConfigError) as info:
+        load(environ={"SE_BRIDGE_HOOKS_TIMEOUT": "2m"})
+    assert str(info.value) == (
+        "hooks.timeout (from SE_BRIDGE_HOOKS_TIMEOUT): expected a number of seconds from 1 to "
+        "86400 (no unit: write 120 for 2m), got '2m'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "suggestion"),
+    [
+        ("SE_BRIDGE_AGENT_POLL_INTERVALL", "SE_BRIDGE_AGENT_POLL_INTERVAL"),
+        ("SE_BRIDGE_AGNT_POLL_INTERVAL", "SE_BRIDGE_AGENT_POLL_INTERVAL"),
+        ("SE_BRIDGE_CONSUMER_PEOPLE_TENANT", "SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID"),
+    ],
+)
+def test_an_unknown_environment_variable_is_named_as_the_user_typed_it(
+    name: str, suggestion: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert load(environ={name: "3"}) == Config()
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warning == f"ignoring {name}: no setting has that name (did you mean {suggestion}?)"

@@ -259,7 +259,18 @@ class Consumer:
                 detail = self._pass_now(None)
             else:
                 detail = self._pass_now(fs.event_key(str(action.event_id)))
-            return Answer(True, "Accepted", detail)
+            return Answer(True, "Accepted", detail, self._covers_nothing(action))
+
+    def _covers_nothing(self, action: OperatorAction) -> str:
+        """A warning when a scoped pause covers no VM known: most likely a misspelt scope."""
+        if action.kind != "pause" or action.scope is None:
+            return ""
+        pause = Pause(action.scope, action.until, action.by, action.reason, action.at)
+        if pause.covers(self.fleet.snapshot().vms.values()):
+            return ""
+        return (f"no VM the consumer knows is in {action.scope}: the pause stops no approval "
+                "now, only those of VMs that join it; is the scope spelt as the VMs' "
+                "heartbeats name it?")  # fmt: skip
 
     def _pass_now(self, key: str | None) -> str:
         """Decide the event `key` (None: every open event) on what was just recorded."""

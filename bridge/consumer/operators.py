@@ -88,6 +88,7 @@ class Answer:
     accepted: bool
     code: str  # Accepted, NotOpen, ResourcesChanged, NoReason, Paused, ... (see REFUSALS)
     detail: str  # a sentence for the person
+    warning: str = ""  # what the person may not have meant, in a sentence (a pause of no VM)
 
 
 # Every code `operate` refuses with (docs/people.md#refusals).

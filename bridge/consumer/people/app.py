@@ -465,4 +465,5 @@ def _pause_json(pause: Pause) -> dict[str, Any]:
 
 
 def _answer_json(answer: Answer) -> dict[str, Any]:
-    return {"Accepted": answer.accepted, "Code": answer.code, "Detail": answer.detail}
+    body = {"Accepted": answer.accepted, "Code": answer.code, "Detail": answer.detail}
+    return {**body, "Warning": answer.warning} if answer.warning else body

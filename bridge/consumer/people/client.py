@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"se-bridge {args.decision}: {err}", file=sys.stderr)
         return 1
     print(f"{answer.get('Code')}: {answer.get('Detail')}")
+    if answer.get("Warning"):
+        print(f"se-bridge {args.decision}: warning: {answer['Warning']}", file=sys.stderr)
     return 0 if answer.get("Accepted") is True else 1
 
 

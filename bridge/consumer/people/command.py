@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bridge.policy.model import parse_scope
+
 EXAMPLES = {
     "approve": """\
 examples:
@@ -74,6 +76,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         if needed:
             p.add_argument(
                 "--scope",
+                type=_scope,
                 metavar="GROUP",
                 help="a budget group, KIND:VALUE (zone:2, scale_set:web, ...); "
                 "default the whole fleet",
@@ -92,6 +95,15 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
             "loopback URL needs (setting consumer.state_dir)",
         )
         p.set_defaults(func=_run, decision=name)
+
+
+def _scope(text: str) -> str:
+    """--scope as given, once it reads as a budget group (exit 2 before anything is sent)."""
+    try:
+        parse_scope(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _run(args: argparse.Namespace) -> int:

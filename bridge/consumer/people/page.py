@@ -50,6 +50,8 @@ def render(view: View) -> str:
         state = "accepted" if view.answer.accepted else "refused"
         parts.append(f'<p class="answer {state}" id="answer" role="status">'
                      f"{_e(view.answer.code)}: {_e(view.answer.detail)}</p>")  # fmt: skip
+        if view.answer.warning:
+            parts.append(f'<p class="answer warning">Warning: {_e(view.answer.warning)}</p>')
     if view.only is not None:
         parts.append(f"<h2>Event {_e(view.only)}</h2>")
         if not view.events:

@@ -94,12 +94,15 @@ class AgentSettings:
         choices=LOG_FORMATS,
     )
     policy: Path | None = _setting(
-        None, "Approval policy run inside this agent (local mode); none: no local approvals."
+        None,
+        "Approval policy run inside this agent (local mode): a YAML file, or `default` for the "
+        "built-in policy; none: no local approvals.",
     )
     vm_name: str = _setting(
         "",
         "This VM's name as Scheduled Events' Resources lists it, for an IMDS that serves no "
-        "instance metadata (some emulators); instance metadata's name wins when it answers. "
+        "instance metadata (Microsoft's mock server, some emulators; --vm-name); instance "
+        "metadata's name wins when it answers. "
         "Empty: without instance metadata an event naming this host counts as this VM's.",
     )
     log_file: Path | None = _setting(
@@ -313,7 +316,9 @@ class ConsumerSettings:
         "it (deprecated), else text.",
         choices=LOG_FORMATS,
     )
-    policy: Path | None = _setting(None, "Approval policy file (YAML); none: the default policy.")
+    policy: Path | None = _setting(
+        None, "Approval policy file (YAML); none (or `default`): the built-in policy."
+    )
     mode: str = _setting(
         "normal",
         "normal: send the approvals decided; shadow: decide and write Decision records "

@@ -89,8 +89,15 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--policy",
         type=Path,
         metavar="FILE",
-        help="approve with this policy here, local mode (setting agent.policy, "
-        "SE_BRIDGE_AGENT_POLICY; default none)",
+        help="approve with this policy here, local mode: a YAML file, or default for the "
+        "built-in policy (setting agent.policy, SE_BRIDGE_AGENT_POLICY; default none)",
+    )
+    p.add_argument(
+        "--vm-name",
+        metavar="NAME",
+        help="this VM's name as the events' Resources list it, for an IMDS that serves no "
+        "instance metadata, such as Microsoft's mock server (setting agent.vm_name, "
+        "SE_BRIDGE_AGENT_VM_NAME; default: instance metadata's, else this host's)",
     )
     p.add_argument(
         "--log-file",
@@ -230,6 +237,7 @@ def run_agent(args: argparse.Namespace) -> int:
         "agent.sinks": args.sink,
         "commands.channel": args.commands,
         "agent.policy": args.policy,
+        "agent.vm_name": args.vm_name,
         "agent.log_file": args.log_file,
         "agent.log_level": args.log_level,
         "agent.log_format": args.log_format,

@@ -48,6 +48,7 @@ import yaml
 
 from bridge.config import ConfigError
 from bridge.policy.model import (
+    DEFAULT_POLICY,
     GROUP_KINDS,
     Action,
     Budget,
@@ -137,6 +138,11 @@ rules:                          # first match wins
 """
 
 
+# What agent.policy and consumer.policy (--policy) say for the built-in policy, with no file
+# (`./default` is a file of that name).
+DEFAULT_NAME = "default"
+
+
 class PolicyError(ValueError):
     """A policy that cannot be used; the message names the file, and the line and field."""
 
@@ -153,12 +159,17 @@ def load(path: Path) -> Policy:
 
 
 def load_setting(setting: str, path: Path) -> Policy:
-    """The policy file that `setting` (agent.policy, consumer.policy) names, read at start;
-    ConfigError naming the setting, the file, the line and the field when it is bad."""
+    """The policy file that `setting` (agent.policy, consumer.policy) names, read at start, or
+    the built-in policy when it says `default`; ConfigError naming the setting, the file, the
+    line and the field when it is bad."""
+    if path == Path(DEFAULT_NAME):
+        return DEFAULT_POLICY
     try:
         policy = load(path)
     except PolicyError as err:
-        raise ConfigError(f"{setting}: {err}") from err
+        hint = "" if path.exists() else (f"; the value {DEFAULT_NAME} (--policy {DEFAULT_NAME}) "
+                                         "names the built-in policy")  # fmt: skip
+        raise ConfigError(f"{setting}: {err}{hint}") from err
     asking = next((r for r in policy.rules if r.action.kind == "ask"), None)
     if setting.startswith("agent.") and asking is not None:
         # An agent deciding alone (local mode) has nobody to ask and no page to answer on:

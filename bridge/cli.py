@@ -66,6 +66,9 @@ LOG_SECTIONS = {"agent": "agent", "check": "agent", "status": "agent", "service"
 QUIET_COMMANDS = ("check", "demo")
 
 
+LOGGING_OPTIONS = ("--log-level", "--log-format")
+
+
 def _logging_options(parser: argparse.ArgumentParser, command: str) -> None:
     """`--log-level` and `--log-format`, on every sub-command."""
     section = LOG_SECTIONS.get(command)
@@ -76,14 +79,15 @@ def _logging_options(parser: argparse.ArgumentParser, command: str) -> None:
         return f"setting {section}.{key}, {ENV_PREFIX}{section.upper()}_{key.upper()}; "
 
     group = parser.add_argument_group("logging")
+    level, fmt = LOGGING_OPTIONS
     group.add_argument(
-        "--log-level",
+        level,
         type=str.upper,
         choices=LOG_LEVELS,
         help=f"how much to log ({setting('log_level')}default {_default_level(command)})",
     )
     group.add_argument(
-        "--log-format",
+        fmt,
         choices=LOG_FORMATS,
         help="text, or json: one object per line for a log pipeline "
         f"({setting('log_format')}default text)",

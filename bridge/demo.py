@@ -450,12 +450,43 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 """,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--duration", type=float, help="stop after this many seconds (default: Ctrl-C)")
-    p.add_argument("--time-scale", type=float, default=30.0, help="simulated seconds per second")
-    p.add_argument("--poll-interval", type=float, default=0.5, help="agents' poll interval")
-    p.add_argument("--every", type=float, default=5.0, help="seconds between scenarios")
-    p.add_argument("--state-dir", type=Path, help="where agents keep spools and records")
-    p.add_argument("--policy", type=Path, help="approval policy file (default: built-in)")
+    p.add_argument(
+        "--duration",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this many seconds (default: at Ctrl-C)",
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=30.0,
+        metavar="X",
+        help="simulated seconds per second (default %(default)g)",
+    )
+    p.add_argument(
+        "--poll-interval",
+        type=float,
+        default=0.5,
+        metavar="SECONDS",
+        help="the agents' seconds between polls (default %(default)g)",
+    )
+    p.add_argument(
+        "--every",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="seconds between scenarios (default %(default)g)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="where the agents and the consumer keep their state and records "
+        "(default: a new directory under the system's temporary directory)",
+    )
+    p.add_argument("--policy", type=Path, metavar="FILE",
+                   help="approval policy file (default: the built-in policy, with a rule that "
+                   "asks a person about db-0)")  # fmt: skip
     p.set_defaults(func=run)
 
 

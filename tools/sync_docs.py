@@ -7,15 +7,18 @@ page and fails when one has drifted.
 
 from __future__ import annotations
 
+import argparse
+import copy
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 from bridge import config, schema
 from bridge.agent.normalise import Context, normalise
+from bridge.cli import LOGGING_OPTIONS, build_parser
 from bridge.records import Origin, VmIdentity
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,10 +49,58 @@ def example_record() -> str:
     return "```json\n" + json.dumps(record, indent=2) + "\n```\n"
 
 
+def commands(
+    parser: argparse.ArgumentParser, words: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command's words and parser, a command's sub-commands in its place: ("agent",),
+    ..., ("policy", "check"), ("policy", "explain"), ..."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                    yield from commands(sub, (*words, name))
+                else:
+                    yield (*words, name), sub
+
+
+def synopsis(only: Sequence[str] = ()) -> str:
+    """The usage of every command (or of those named in `only`) as the parser has it, without
+    -h and the logging options every command takes; a repeatable option ends in `...`."""
+    lines = []
+    for words, parser in commands(build_parser()):
+        if only and words[0] not in only:
+            continue
+        grouped = {
+            id(a) for group in parser._mutually_exclusive_groups for a in group._group_actions
+        }
+        shown: list[argparse.Action] = []
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction) or set(action.option_strings) & set(
+                LOGGING_OPTIONS
+            ):
+                continue
+            if isinstance(action, argparse._AppendAction) and id(action) not in grouped:
+                repeated = copy.copy(action)
+                repeated.metavar = f"{action.metavar or action.dest.upper()} ..."
+                shown.append(repeated)
+            else:
+                shown.append(action)
+        formatter = argparse.HelpFormatter(f"se-bridge {' '.join(words)}", width=100)
+        formatter.add_usage(None, shown, parser._mutually_exclusive_groups, prefix="")
+        lines.append(formatter.format_help().rstrip("\n"))
+    return "```\n" + "\n".join(lines) + "\n```\n"
+
+
+PEOPLE_COMMANDS = ("approve", "hold", "pause", "resume")
+RUNNING_COMMANDS = ("agent", "check", "simulate", "demo")
+
 # Each generated section, by the page that holds it.
 PAGES: dict[str, dict[str, Callable[[], str]]] = {
     "records.md": {"schema": schema.markdown_table, "example": example_record},
     "configuration.md": {"settings": config.markdown_table},
+    "contracts.md": {"cli-synopsis": synopsis},
+    "deploying.md": {"cli-running": lambda: synopsis(RUNNING_COMMANDS)},
+    "people-page.md": {"cli-people": lambda: synopsis(PEOPLE_COMMANDS)},
 }
 SECTIONS: dict[str, Callable[[], str]] = {
     name: render for sections in PAGES.values() for name, render in sections.items()

@@ -65,17 +65,19 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         epilog=AGENT_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
     p.add_argument("--imds-url", metavar="URL", help=IMDS_URL_HELP)
     p.add_argument(
         "--poll-interval",
         type=float,
+        metavar="SECONDS",
         help="seconds between polls (setting agent.poll_interval, SE_BRIDGE_AGENT_POLL_INTERVAL; "
         "default 1)",
     )
     p.add_argument(
         "--state-dir",
         type=Path,
+        metavar="DIR",
         help="spool and state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
     )
     p.add_argument("--sink", action="append", metavar="SPEC", help=SINKS_HELP)
@@ -124,11 +126,12 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         epilog=CHECK_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
     p.add_argument("--imds-url", metavar="URL", help=IMDS_URL_HELP)
     p.add_argument(
         "--state-dir",
         type=Path,
+        metavar="DIR",
         help="spool and state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
     )
     p.add_argument("--sink", action="append", metavar="SPEC", help=SINKS_HELP)

@@ -63,11 +63,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument(
         "--config",
         type=Path,
+        metavar="FILE",
         help="TOML settings file (the agent's; with --consumer, the consumer's)",
     )
     p.add_argument(
         "--state-dir",
         type=Path,
+        metavar="DIR",
         help="the agent's state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")

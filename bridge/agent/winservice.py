@@ -182,7 +182,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     install = actions.add_parser("install", help="register the service (delayed auto start)")
-    install.add_argument("--config", type=Path, help="TOML settings file the service reads")
+    install.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML settings file the service reads"
+    )
     install.add_argument(
         "--account",
         choices=("localsystem", "virtual"),
@@ -192,7 +194,9 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for action in ("start", "stop", "status", "uninstall"):
         actions.add_parser(action, help=f"{action} the service")
     for sub in actions.choices.values():
-        sub.add_argument("--name", default=SERVICE_NAME, help=f"service name ({SERVICE_NAME})")
+        sub.add_argument(
+            "--name", default=SERVICE_NAME, help=f"service name (default {SERVICE_NAME})"
+        )
     p.set_defaults(func=run)
 
 

@@ -39,11 +39,15 @@ def add_status_options(status: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--state",
+        metavar="SPEC",
         help="with --consumer: the fleet state, read only: sqlite:PATH or tables (setting "
         "consumer.state, SE_BRIDGE_CONSUMER_STATE)",
     )
     group.add_argument(
-        "--policy", type=Path, help="with --consumer: the policy file (setting consumer.policy)"
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="with --consumer: the policy file (setting consumer.policy)",
     )
     group.add_argument(
         "--ask-age",
@@ -120,10 +124,11 @@ def add_consume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         epilog=CONSUME_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", type=Path, help="TOML settings file")
+    p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
     p.add_argument(
         "--state-dir",
         type=Path,
+        metavar="DIR",
         help="decisions spool and default state directory (setting consumer.state_dir, "
         "SE_BRIDGE_CONSUMER_STATE_DIR)",
     )
@@ -209,7 +214,7 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         help="check a policy file and summarise its rules and budgets",
         description="Check a policy file: exit 0 and a summary, or exit 2 and what is wrong.",
     )
-    check.add_argument("file", type=Path, help="the policy file (YAML)")
+    check.add_argument("file", type=Path, metavar="FILE", help="the policy file (YAML)")
     check.set_defaults(func=_check)
     explain = commands.add_parser(
         "explain",
@@ -219,7 +224,9 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         epilog=POLICY_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    explain.add_argument("--config", type=Path, help="TOML settings file (the consumer's)")
+    explain.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML settings file (the consumer's)"
+    )
     explain.add_argument(
         "--policy",
         type=Path,

@@ -62,7 +62,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     fleet.add_argument("--vms", type=int, metavar="N", help="N standalone VMs vm-0..vm-N-1")
     fleet.add_argument("--fleet", metavar="FILE", help="JSON fleet file (see bridge.simulator.vms)")
     parser.add_argument(
-        "--time-scale", type=float, default=1.0, metavar="X", help="divide every duration by X"
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="divide every duration by X (default %(default)g)",
     )
     parser.add_argument(
         "--scenario",

@@ -55,6 +55,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         needed = name in ("pause", "resume")
         p.add_argument(
             "--reason",
+            metavar="TEXT",
             required=needed,
             default="",
             help="why (kept in the Decision record)" + (", required" if needed else ""),
@@ -81,7 +82,9 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
                 help="a budget group, KIND:VALUE (zone:2, scale_set:web, ...); "
                 "default the whole fleet",
             )
-        p.add_argument("--config", type=Path, help="TOML settings file ([consumer.people])")
+        p.add_argument(
+            "--config", type=Path, metavar="FILE", help="TOML settings file ([consumer.people])"
+        )
         p.add_argument(
             "--api",
             metavar="URL",
@@ -91,6 +94,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         p.add_argument(
             "--state-dir",
             type=Path,
+            metavar="DIR",
             help="the local consumer's state directory, whose operator-token a "
             "loopback URL needs (setting consumer.state_dir)",
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import threading
 from collections.abc import Mapping
@@ -217,12 +218,13 @@ def _this_vm(client: imds.ImdsClient, config: Config) -> str:
     try:
         identity = imds.parse_instance(client.instance_metadata())
     except DeliveryError as err:
+        # "IMDS answered 404 to GET ...: '<!doctype html>...'": the status says enough here.
+        status = re.search(r"IMDS answered (\d{3})", str(err))
+        why = f"IMDS answered {status.group(1)}" if status else describe(err)
         if config.agent.vm_name:
-            return (
-                f"no instance metadata ({describe(err)}): VM {config.agent.vm_name} (agent.vm_name)"
-            )
+            return f"no instance metadata ({why}): VM {config.agent.vm_name} (agent.vm_name)"
         return (
-            f"no instance metadata ({describe(err)}): an event naming this host "
+            f"no instance metadata ({why}): an event naming this host "
             f"({host.host_name()}) counts as this VM's; if the events' Resources call it "
             "otherwise, set agent.vm_name (--vm-name)"
         )

@@ -135,3 +135,17 @@ def test_check_fails_when_nothing_or_something_else_answers_at_the_imds_address(
     first = other.stdout.splitlines()[0]
     assert first.startswith(f"FAILED  imds {sim.url}/control: "), first
     assert "answered 404" in first or "not a Scheduled Events document" in first, first
+
+
+def test_check_says_when_imds_serves_no_instance_metadata(procs: Processes, tmp_path: Path) -> None:
+    # As Microsoft's mock server: Scheduled Events, and 404 for instance metadata.
+    sim = Simulator.launch(procs, "sim", "--vms", "1", "--rate-no-instance", "1")
+    sink = f"jsonl:{tmp_path / 'out.jsonl'}"
+    alone = _bridge("check", "--imds-url", sim.vm_url("vm-0"), "--sink", sink)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    first = alone.stdout.splitlines()[0]
+    assert "no instance metadata (IMDS answered 404)" in first, first
+    assert "set agent.vm_name (--vm-name)" in first, first
+    named = _bridge("check", "--imds-url", sim.vm_url("vm-0"), "--sink", sink,
+                    env={"SE_BRIDGE_AGENT_VM_NAME": "vm-0"})  # fmt: skip
+    assert "no instance metadata (IMDS answered 404): VM vm-0 (agent.vm_name)" in named.stdout

@@ -103,3 +103,29 @@ def test_step_3_runs_in_order(procs: Processes, tmp_path: Path) -> None:
     assert f"event {event_id}: Reboot from User, Scheduled" in explained, explained
     assert "decision: Approve by user-initiated" in explained, explained
     assert agent.stop() == 0
+
+
+def test_step_2_runs_where_it_can_and_names_real_outputs(tmp_path: Path) -> None:
+    """Step 2 is Azure's but for the signing key and the query; every `out NAME` it and step 3
+    read is an output of infra/main.bicep."""
+    page = PAGE.read_text(encoding="utf-8")
+    step = _step(page, 2)
+    commands = [c for block in _blocks(step, "sh") for c in _commands(block)]
+    (keygen,) = [c for c in commands if c.startswith(f"{SE_BRIDGE}keygen ")]
+    args = shlex.split(keygen.removeprefix(SE_BRIDGE))
+    out = args.index("--out") + 1
+    args[out] = str(tmp_path / args[out])
+    done = run_bridge(*args)
+    assert done.returncode == 0, done.stderr
+    # The verify key it prints is what install-agent.sh takes as --verify-key.
+    printed = re.search(r'verify_key = "([^"]*)"', done.stdout)
+    assert printed, done.stdout
+    assert re.fullmatch(r"[A-Za-z0-9+/]{43}=", printed.group(1)), done.stdout
+    (query,) = _blocks(step, "kusto")
+    (result,) = kql_check.run([KqlText("getting-started step 2", query)])
+    assert not result.errors, result.errors
+    outputs = set(re.findall(r"^output (\w+) ", (ROOT / "infra" / "main.bicep").read_text(
+        encoding="utf-8"), re.MULTILINE))  # fmt: skip
+    used = set(re.findall(r"\$\(out (\w+)\)", page))
+    assert used, "the page reads the deployment's outputs with out NAME"
+    assert used <= outputs, used - outputs

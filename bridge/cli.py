@@ -118,6 +118,18 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # now, so that a reader gone is seen here, not as the interpreter exits
+            if sys.stdout is not None:  # None in a Windows service
+                sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): what it did not read is no error
+        stdout_gone()
+        return SIGPIPE_EXIT
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # told by the command's parser, so that its usage status holds
@@ -132,10 +144,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             fmt=fmt if fmt in LOG_FORMATS else "text",
             program=args.command,
         )
-    try:
-        code: int = args.func(args)
-        sys.stdout.flush()
-    except BrokenPipeError:  # the reader left (`| head`): what it did not read is no error
-        stdout_gone()
-        return SIGPIPE_EXIT
+    code: int = args.func(args)
     return code

@@ -60,6 +60,9 @@ def test_a_reader_that_goes_away_ends_no_traceback(procs: Processes, tmp_path: P
         # The level stays the exit code: `set -o pipefail` scripts read it.
         assert done.returncode == expected, args
     assert agent.stop() == 0
+    # Any command's output, help included: no traceback, the shell's code for a broken pipe.
+    helped = _into_a_gone_reader("status", "--help")
+    assert (helped.returncode, helped.stderr) == (141, b""), helped.stderr.decode()
 
 
 def test_imds_address_and_last_error_before_it_ever_answered(procs: Processes) -> None:

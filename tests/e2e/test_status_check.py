@@ -29,6 +29,11 @@ def test_every_level_says_its_first_line_on_stdout(tmp_path: Path) -> None:
         first = usage.stdout.splitlines()[0] if usage.stdout else ""
         assert first.startswith("UNKNOWN: se-bridge status: "), (bad, usage)
         assert bad[0] in first or "soon" in first, (bad, first)
+    # The consumer's check too: here, no signing key to verify what people decided with.
+    consumer = run_bridge("status", "--consumer", "--state", f"sqlite:{tmp_path / 'fleet.db'}")
+    assert consumer.returncode == 3
+    assert consumer.stdout.startswith("UNKNOWN: "), consumer
+    assert "signing_key" in consumer.stdout.splitlines()[0]
 
 
 def _into_a_gone_reader(*args: str) -> subprocess.CompletedProcess[bytes]:

@@ -17,6 +17,7 @@ from bridge.config import ENV_PREFIX, LOG_FORMATS, LOG_LEVELS
 from bridge.consumer import command as consumer_command
 from bridge.consumer.people import command as people_command
 from bridge.logfile import setup_logging
+from bridge.monitoring import UNKNOWN, emit, stdout_gone
 from bridge.simulator import command as simulator_command
 
 
@@ -52,8 +53,10 @@ class CommandParser(argparse.ArgumentParser):
     (`status` says 3, UNKNOWN, where a monitoring system would read 2 as CRITICAL)."""
 
     def error(self, message: str) -> NoReturn:
-        self.print_usage(sys.stderr)
         status = self.get_default("usage_status")
+        if status == UNKNOWN:  # a check's first line of stdout says its level, this one too
+            emit(f"UNKNOWN: {self.prog}: {message}")
+        self.print_usage(sys.stderr)
         self.exit(status if isinstance(status, int) else 2, f"{self.prog}: error: {message}\n")
 
 
@@ -62,6 +65,7 @@ class CommandParser(argparse.ArgumentParser):
 # the other commands read no settings.
 LOG_SECTIONS = {"agent": "agent", "check": "agent", "status": "agent", "service": "agent",
                 "consume": "consumer", "policy": "consumer"}  # fmt: skip
+SIGPIPE_EXIT = 141  # what a shell reports of a writer whose reader left (128 + SIGPIPE)
 # Quieter where the output is the point: check's verdicts, the demo's live view.
 QUIET_COMMANDS = ("check", "demo")
 
@@ -118,6 +122,18 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _main(argv)
+        finally:  # now, so that a reader gone is seen here, not as the interpreter exits
+            if sys.stdout is not None:  # None in a Windows service
+                sys.stdout.flush()
+    except BrokenPipeError:  # the reader left (`| head`): what it did not read is no error
+        stdout_gone()
+        return SIGPIPE_EXIT
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # told by the command's parser, so that its usage status holds

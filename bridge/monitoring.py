@@ -5,6 +5,7 @@ that keeps the worst level flagged, and how it prints (text, or `--json` as one 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -38,11 +39,27 @@ def said(report: Report, as_json: bool, render: Callable[[Report], str]) -> str:
 
 
 def unknown(report: Report, problem: str, as_json: bool, render: Callable[[Report], str]) -> int:
-    """Say UNKNOWN (a check that cannot look): `--json` still one object, else a line on
-    stderr, never 1 or 2, which a monitoring system would take for the state it checks."""
+    """Say UNKNOWN (a check that cannot look): `--json` still one object, else one line, on
+    stdout as every other level (a monitoring system reads the first line of stdout); exit 3,
+    never 1 or 2, which a monitoring system would take for the state it checks."""
     report.flag(UNKNOWN, problem)
-    if as_json:
-        print(said(report, as_json, render))
-    else:
-        print(printable(report.problems[0]), file=sys.stderr)
+    emit(said(report, as_json, render) if as_json else printable(report.problems[0]))
     return UNKNOWN
+
+
+def emit(text: str) -> None:
+    """Print a check's output; a reader that left early (`| head -1`) is no error, and the
+    level stays the exit code."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        stdout_gone()
+
+
+def stdout_gone() -> None:
+    """The reader of stdout has gone: point stdout at the null device, so that nothing still
+    buffered fails again as the interpreter exits (an "Exception ignored" traceback)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)

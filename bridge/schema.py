@@ -9,6 +9,7 @@ shape is written down once. The consumer checks records against it with
 from __future__ import annotations
 
 import json
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -46,6 +47,92 @@ def record_types() -> dict[str, list[str]]:
         allowed = clause["then"]["propertyNames"]["enum"]
         out[name] = [field for field in allowed if field not in common]
     return out
+
+
+def required_fields(record_type: object) -> list[str]:
+    """The fields a record of `record_type` must hold, in schema order (the common ones alone
+    for a RecordType the schema does not know)."""
+    required = list(common_fields())
+    for clause in load()["allOf"]:
+        if clause["if"]["properties"][RECORD_TYPE]["const"] == record_type:
+            required += [f for f in clause["then"].get("required", []) if f not in required]
+    return required
+
+
+# Columns a Log Analytics query returns beside the record's: the table's standard ones, and
+# the result table's name that az adds to each row.
+TABLE_COLUMNS = frozenset({"TableName", "TenantId", "Type", "SourceSystem", "_ResourceId",
+                           "_SubscriptionId", "_ItemId", "_IsBillable", "_BilledSize"})  # fmt: skip
+_FRACTION = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
+
+
+def is_table_row(value: dict[str, Any]) -> bool:
+    """Whether `value` is a row of the Log Analytics table as a query exported it, not a
+    record as an agent wrote it."""
+    return bool(TABLE_COLUMNS & value.keys()) or isinstance(value.get("SchemaVersion"), str)
+
+
+# A row of SeBridgeRecords_CL as `az monitor log-analytics query -o json` prints it: every
+# column of the table, each value as text (a null "None", dynamic as its JSON text, and, Kusto
+# having no null string, "" for a string that is none), with TableName and the standard columns:
+#   {"TableName": "PrimaryResult", "TenantId": "...", "SchemaVersion": "1", "RecordType": "Event",
+#    "TimeGenerated": "2026-11-26T07:05:00.1230000Z", "Resources": "[\"web_0\"]",
+#    "AffectsThisVm": "True", "PlatformFaultDomain": "None", "HookOutput": "", ...}
+def record_from_row(row: dict[str, Any]) -> dict[str, Any]:
+    """The record a table row holds: each value of its RecordType's fields in the schema's
+    type, the columns of other RecordTypes and the table's own left out. A value that cannot
+    be read in its type is kept as it is, for the record check to name."""
+    allowed = set(common_fields()) | set(record_types().get(str(row.get(RECORD_TYPE)), ()))
+    props = properties()
+    record: dict[str, Any] = {}
+    for name, value in row.items():
+        if name in TABLE_COLUMNS or (name in props and name not in allowed):
+            continue
+        if name not in props:
+            record[name] = value  # not a column of the table: the record check names it
+            continue
+        nullable = "null" in (props[name]["type"] if isinstance(props[name]["type"], list) else [])
+        read = _typed(value, kusto_type(props[name]), nullable)
+        if read is not None or nullable:
+            record[name] = read
+    return record
+
+
+def _typed(value: Any, column: str, nullable: bool) -> Any:
+    """`value` of a Log Analytics `column` type as the record holds it; None for none."""
+    if not isinstance(value, str):
+        return value
+    if column == "string":  # Kusto has no null string: "" is none where none is allowed
+        return None if value == "" and nullable else value
+    if value in ("", "None"):
+        return None
+    try:
+        read: Any = _READERS[column](value)
+    except ValueError:
+        return value  # left for the record check to name
+    return read
+
+
+def _datetime(text: str) -> str:
+    """The query API gives seven digits of the second; records keep three, and a Z."""
+    match = _FRACTION.match(text)
+    if match is None:
+        raise ValueError(text)
+    whole, fraction, zone = match.groups()
+    zone = "Z" if zone in ("Z", "+00:00") else zone
+    return f"{whole}.{(fraction or '')[:3].ljust(3, '0')}{zone}"
+
+
+def _boolean(text: str) -> bool:
+    known = {"true": True, "false": False}
+    if text.lower() not in known:
+        raise ValueError(text)
+    return known[text.lower()]
+
+
+_READERS: dict[str, Any] = {
+    "long": int, "real": float, "boolean": _boolean, "dynamic": json.loads, "datetime": _datetime,
+}  # fmt: skip
 
 
 def kusto_type(prop: dict[str, Any]) -> str:

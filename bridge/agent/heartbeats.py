@@ -19,6 +19,7 @@ from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState, empty_state, pending_events
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
 from bridge.records import Health, NodeHealth, Origin, heartbeat_record, iso
+from bridge.redact import describe
 from bridge.retry import Backoff, DeliveryError, FailureStreak, PermanentError
 
 # The poll loop's lines, whichever of its collaborators says them.
@@ -27,21 +28,29 @@ MAX_POLL_BACKOFF = 5.0  # a Preempt may give only 30 s of notice: never back off
 
 
 class PollHealth:
-    """Whether IMDS answers, and how long to wait after it did not."""
+    """Whether IMDS (at `address`, the imds.url setting) answers, its last error, and how long
+    to wait after it did not."""
 
-    def __init__(self) -> None:
+    def __init__(self, address: str = "") -> None:
+        self.address = address
         self.healthy = False
         self.last_success: datetime | None = None
+        self.last_error: str | None = None
+        self.last_error_at: datetime | None = None
+        self.changed = False  # answering, or not, since the last poll: news for status
         self._streak = FailureStreak(Backoff(initial=0.5, maximum=MAX_POLL_BACKOFF))
 
     def succeeded(self, now: datetime) -> None:
         if ended := self._streak.succeeded():
             log.info("IMDS answers again after %d failed polls", ended)
+        self.changed = not self.healthy
         self.healthy, self.last_success = True, now
 
-    def failed(self, err: DeliveryError, interval: float) -> float:
+    def failed(self, err: DeliveryError, interval: float, now: datetime) -> float:
         self.healthy = False
+        self.last_error, self.last_error_at = describe(err), now
         first, delay = self._streak.failed(err)
+        self.changed = first
         if first:
             level = logging.ERROR if isinstance(err, PermanentError) else logging.WARNING
             log.log(level, "cannot read scheduled events: %s; retrying with backoff", err)
@@ -99,8 +108,7 @@ class Heartbeats:
                 "at": beat["TimeGenerated"],
                 "started_at": self._started_at,
                 "reason": reason,
-                "imds_healthy": beat["ImdsHealthy"],
-                "last_imds_success": beat["LastImdsSuccess"],
+                **self._imds(),
                 "heartbeat_interval": self._interval,
             }
             self._spool.commit([beat], state={StateKey.HEALTH: seen})
@@ -108,13 +116,26 @@ class Heartbeats:
         except SPOOL_ERRORS as err:
             log.warning("heartbeat not written to the spool %s: %s", self._spool.path, err)
 
-    def first_answer(self, now: datetime) -> None:
-        """The Start heartbeat comes before the first poll: tell `se-bridge status` that IMDS
-        answered now, not at the next heartbeat minutes later."""
+    def _imds(self) -> dict[str, Any]:
+        """What `se-bridge status` says of IMDS: where, whether it answers, when it last did,
+        and its last error (kept after it answers again: the operator's clue)."""
+        poll = self._poll
+        error = poll.last_error
+        return {
+            "imds_url": poll.address,
+            "imds_healthy": poll.healthy,
+            "last_imds_success": iso(poll.last_success) if poll.last_success else None,
+            "last_imds_error": None if error is None else {
+                "at": iso(poll.last_error_at) if poll.last_error_at else None, "error": error},
+        }  # fmt: skip
+
+    def imds_news(self) -> None:
+        """IMDS began or stopped answering: tell `se-bridge status` now, not at the next
+        heartbeat minutes later (the Start heartbeat comes before the first poll)."""
         seen = self._spool.load_state(StateKey.HEALTH)
         if seen is None or seen.get("started_at") != self._started_at:
             return
-        seen.update(imds_healthy=True, last_imds_success=iso(now))
+        seen.update(self._imds())
         try:
             self._spool.commit([], state={StateKey.HEALTH: seen})
         except SPOOL_ERRORS as err:

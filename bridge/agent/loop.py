@@ -236,13 +236,15 @@ class Agent:
         except DeliveryError as err:
             self._pending = None
             self.metrics.polled(err)
-            return self._poll.failed(err, self.config.agent.poll_interval)
+            delay = self._poll.failed(err, self.config.agent.poll_interval, self._now())
+            if self._poll.changed:
+                self._heartbeats.imds_news()
+            return delay
         self._pending = None
         now = self._now()
-        first = self._poll.last_success is None
         self._poll.succeeded(now)
-        if first:
-            self._heartbeats.first_answer(now)
+        if self._poll.changed:
+            self._heartbeats.imds_news()
         self.metrics.polled(None, now)
         checkpoint_due = time.monotonic() - self._last_commit >= CHECKPOINT_SECONDS
         if body != self._last_body or checkpoint_due:

@@ -35,7 +35,16 @@ from typing import Any
 
 from bridge.agent.drains import is_drain_job
 from bridge.config import ConfigError, load
-from bridge.monitoring import CRITICAL, LEVELS, UNKNOWN, WARNING, CheckReport, said, unknown
+from bridge.monitoring import (
+    CRITICAL,
+    LEVELS,
+    UNKNOWN,
+    WARNING,
+    CheckReport,
+    emit,
+    said,
+    unknown,
+)
 from bridge.outbox.inspect import SpoolStatus, inspect
 from bridge.outbox.spool import SpoolError, StateKey
 from bridge.records import VmIdentity, parse_time, utc_now
@@ -118,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         return _unknown(
             args, state_dir, f"cannot read the agent's state: {describe(err, with_type=True)}"
         )
-    print(said)
+    emit(said)
     return report.level
 
 
@@ -235,6 +244,20 @@ def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: time
                                  f"{trouble.get('error')}")  # fmt: skip
 
 
+def _imds_lines(beat: dict[str, Any]) -> list[str]:
+    """Where the agent asks IMDS, whether it answers, since when, and what it last said when
+    it did not: what an operator needs to find why (an agent from before these were kept
+    says no address)."""
+    success = beat.get("last_imds_success")
+    answering = "answering" if beat.get("imds_healthy") else "not answering"
+    said = f"{answering}, last answered {success}" if success else "not yet answered"
+    lines = [f"IMDS {beat.get('imds_url') or '(address not recorded)'}: {said}"]
+    error = beat.get("last_imds_error")
+    if isinstance(error, dict):
+        lines.append(f"  last error at {error.get('at')}: {error.get('error')}")
+    return lines
+
+
 def render(report: Report) -> str:
     ident = report.identity
     lines = [f"{LEVELS[report.level]}: se-bridge agent state in {report.state_dir}"]
@@ -246,13 +269,14 @@ def render(report: Report) -> str:
     )
     beat = report.heartbeat
     if beat:
-        lines.append(
-            f"last heartbeat: {beat.get('at')} ({beat.get('reason')}); IMDS healthy: "
-            f"{beat.get('imds_healthy')}, last answered {beat.get('last_imds_success')}"
-        )
+        lines.append(f"last heartbeat: {beat.get('at')} ({beat.get('reason')})")
+        lines += _imds_lines(beat)
     doc = report.document
-    lines.append(f"last document acted on: incarnation {doc.get('incarnation')} at "
-                 f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events")  # fmt: skip
+    if doc.get("incarnation") is None:
+        lines.append("last document acted on: none yet")
+    else:
+        lines.append(f"last document acted on: incarnation {doc.get('incarnation')} at "
+                     f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events")  # fmt: skip
     for event in doc.get("events", []):
         lines.append(f"  {event['EventId']} {event['EventType']} {event['EventStatus']}, "
                      f"NotBefore {event['NotBefore']}, Resources {event['Resources']}"

@@ -64,7 +64,7 @@ def build_agent(
     instance = InstanceMetadata(spool, host_name=host.host_name(), vm_name=config.agent.vm_name,
                                 refresh_every=config.imds.instance_refresh,
                                 stopping=calls.stopping)  # fmt: skip
-    poll = PollHealth()
+    poll = PollHealth(config.imds.url)
 
     def origin() -> Origin:  # read at each use: a refresh of instance metadata replaces it
         return instance.origin

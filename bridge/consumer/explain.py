@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from bridge import recordtypes as rt
+from bridge import schema
 from bridge.commands.message import Command
 from bridge.config import Config, ConfigError
 from bridge.consumer import documents as fs
@@ -187,8 +188,10 @@ def ignore_decisions(records: Sequence[RecordView]) -> None:
 # A records file as an agent's jsonl sink writes it (one record a line), for example:
 #   {"SchemaVersion": 1, "RecordId": "5f0c...", "RecordType": "Event", "EventId": "C7061BAC-...",
 #    "EventType": "Reboot", "EventStatus": "Scheduled", "Resources": ["web_0"], ...}
+# or a Log Analytics export, the table's rows as az prints them (bridge.schema.record_from_row).
 def read_records(path: Path) -> list[rt.Record]:
-    """The records in a JSON (one record or a list) or JSONL file; ConfigError when none."""
+    """The records in a JSON (one record or a list) or JSONL file, or a Log Analytics export
+    of whole rows; ConfigError when none, or when one lacks a field or is refused."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -203,10 +206,21 @@ def read_records(path: Path) -> list[rt.Record]:
             raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
     records: list[rt.Record] = []
     for number, value in enumerate(values, 1):
-        problem = validation.problem(value) if isinstance(value, dict) else "not an object"
+        if not isinstance(value, dict):
+            raise ConfigError(f"--records {path}: record {number} is not a JSON object")
+        record = schema.record_from_row(value) if schema.is_table_row(value) else value
+        missing = [f for f in schema.required_fields(record.get("RecordType")) if f not in record]
+        if missing:
+            raise ConfigError(
+                f"--records {path}: record {number} lacks {', '.join(missing)}: explain needs "
+                "whole records, every column (an export of a query that keeps some columns, "
+                "with project, leaves the rest out; docs/getting-started.md, step 3, exports "
+                "them all)"
+            )
+        problem = validation.problem(record)
         if problem is not None:
-            raise ConfigError(f"--records {path}: record {number} is not a record: {problem}")
-        records.append(cast(rt.Record, value))  # the schema says it is one
+            raise ConfigError(f"--records {path}: record {number} is refused: {problem}")
+        records.append(cast(rt.Record, record))  # the schema says it is one
     if not any(is_event(r) for r in records):
         raise ConfigError(f"--records {path} holds no Event record")
     return records

@@ -35,7 +35,7 @@ from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import NoCommands, ignore_decisions
 from bridge.consumer.operators import OpenEvent, OperatorAction, Pause
-from bridge.monitoring import LEVELS, WARNING, CheckReport, said, unknown
+from bridge.monitoring import LEVELS, WARNING, CheckReport, emit, said, unknown
 from bridge.records import iso, utc_now
 from bridge.redact import describe, printable
 
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return _unknown(args, spec, str(err))
     except Exception as err:  # a check that cannot look says UNKNOWN, never a traceback and 1
         return _unknown(args, spec, f"cannot read the fleet state: {describe(err, with_type=True)}")
-    print(_said(args, report))
+    emit(_said(args, report))
     return report.level
 
 

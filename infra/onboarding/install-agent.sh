@@ -18,7 +18,8 @@
 # no Azure value is needed (and none is taken).
 #
 # --root DIR installs into DIR instead of / (for packaging and tests): no user is created and
-# the host's systemd is never called.
+# the host's systemd is never called. The tree is built for where it will live: the venv's
+# scripts and compiled files name /opt/se-bridge/venv, not DIR, so they run once DIR is /.
 set -euo pipefail
 
 usage() {
@@ -98,6 +99,18 @@ if ((trial)); then
   ((${#azure_options[@]} == 0)) ||
     die "--trial writes local sinks only: leave out ${azure_options[0]} (or --trial)"
 else
+  # A value never given is missing, not invalid: name every one at once.
+  missing=()
+  [[ -n $namespace ]] || missing+=(--eventhubs-namespace)
+  [[ -n $endpoint ]] || missing+=(--logs-endpoint)
+  [[ -n $dcr_id ]] || missing+=(--dcr-id)
+  [[ -n $account ]] || missing+=(--storage-account)
+  ((${#verify_keys[@]})) || missing+=(--verify-key)
+  if ((${#missing[@]})); then
+    die "missing $(IFS=,; echo "${missing[*]}" | sed 's/,/, /g'): the Azure values, from\
+ infra/main.bicep's outputs and se-bridge keygen (docs/getting-started.md, step 2); or give --trial\
+ to try the agent with a local file as its only sink"
+  fi
   check eventhubs-namespace "$namespace" '^[A-Za-z0-9][A-Za-z0-9.-]+$' \
     "the host name only, such as contoso.servicebus.windows.net"
   check eventhub "$eventhub" '^[A-Za-z0-9][A-Za-z0-9._-]{0,255}$' "an event hub name"
@@ -108,7 +121,6 @@ else
   check stream "$stream" '^Custom-[A-Za-z0-9_]+$' "a DCR stream name such as Custom-SeBridgeRecords"
   check storage-account "$account" '^[a-z0-9]{3,24}$' "3-24 lowercase letters and digits"
   check queue-prefix "$queue_prefix" '^[a-z0-9-]{0,40}$' "lowercase letters, digits and hyphens"
-  ((${#verify_keys[@]})) || verify_keys=("")
   for key in "${verify_keys[@]}"; do
     check verify-key "$key" '^[A-Za-z0-9+/]{43}=$' \
       "base64 of the 32-byte Ed25519 public key, as se-bridge keygen prints it"
@@ -130,7 +142,8 @@ found=$("$python" -c 'import sys; print(sys.version.split()[0]); sys.exit(sys.ve
 "$python" -c 'import ensurepip, venv' >/dev/null 2>&1 ||
   die "$python has no venv module: install it (python3-venv on Debian and Ubuntu)"
 
-venv="$root/opt/se-bridge/venv"
+final_venv="/opt/se-bridge/venv" # where the venv lives once $root is /
+venv="$root$final_venv"
 config_dir="$root/etc/se-bridge"
 config="$config_dir/agent.toml"
 unit_dir="$root/etc/systemd/system"
@@ -141,19 +154,45 @@ fi
 
 echo "installing the agent into $venv"
 "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet --require-hashes --only-binary :all: -r "$requirements"
+# -I: neither PYTHONPATH nor the current directory (a checkout, with its se_bridge.egg-info)
+# may make pip think a package is installed already.
+pip=("$venv/bin/python" -I -m pip install --quiet --no-compile)
+"${pip[@]}" --require-hashes --only-binary :all: -r "$requirements"
 if [[ -n $wheel ]]; then
-  "$venv/bin/python" -m pip install --quiet --no-deps "$wheel"
+  "${pip[@]}" --no-deps "$wheel"
 else
   pinned="$(mktemp)"
   trap 'rm -f "$pinned"' EXIT
   printf '%s' "$pip_spec" >"$pinned"
   printf ' --hash=%s' "${pip_hashes[@]}" >>"$pinned"
   echo >>"$pinned"
-  "$venv/bin/python" -m pip install --quiet --require-hashes --only-binary :all: --no-deps \
-    -r "$pinned"
+  "${pip[@]}" --require-hashes --only-binary :all: --no-deps -r "$pinned"
 fi
 "$venv/bin/se-bridge" --version
+if [[ -n $root ]]; then
+  # Built under $root, the venv names $venv in its scripts' shebangs, its activate scripts and
+  # pyvenv.cfg: each would point into $root once $root is /. They name $final_venv instead
+  # (after this, run the venv here as "$venv/bin/python -m bridge", not by its scripts).
+  "$venv/bin/python" -I - "$venv" "$final_venv" <<'PY'
+import sys
+from pathlib import Path
+
+staged, final = sys.argv[1].encode(), sys.argv[2].encode()
+venv = Path(sys.argv[1])
+for path in [*(venv / "bin").iterdir(), venv / "pyvenv.cfg"]:
+    if path.is_file() and not path.is_symlink():
+        text = path.read_bytes()
+        if staged in text:
+            path.write_bytes(text.replace(staged, final))
+PY
+fi
+# Compiled once here, as root: the agent's user cannot write the venv. Each file's recorded
+# source path is where it will live (tracebacks name it), not under $root. A file that does
+# not compile is left to be compiled when imported, as pip leaves it.
+relocate=()
+[[ -z $root ]] || relocate=(-s "$root" -p /)
+"$venv/bin/python" -I -m compileall -q -f "${relocate[@]}" "$venv/lib" ||
+  echo "install-agent.sh: the files above did not compile; Python compiles them when imported" >&2
 
 mkdir -p "$config_dir"
 umask 027

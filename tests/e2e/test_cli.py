@@ -230,7 +230,7 @@ def test_status_reads_a_running_agents_state_and_exits_as_a_check(
     assert "CRITICAL: the agent stopped at" in stopped.stdout
     nothing = run_bridge("status", "--state-dir", str(tmp_path / "none"))
     assert nothing.returncode == 3
-    assert "UNKNOWN: there is no spool" in nothing.stderr
+    assert nothing.stdout.startswith("UNKNOWN: there is no spool")
 
 
 def test_status_says_unknown_for_every_failure_to_check(tmp_path: Path) -> None:
@@ -242,8 +242,8 @@ def test_status_says_unknown_for_every_failure_to_check(tmp_path: Path) -> None:
     assert "there is no spool" in said["problems"][0]
     (tmp_path / "spool.db").write_bytes(b"not a database" * 100)
     broken = run_bridge("status", "--state-dir", os.path.relpath(tmp_path))
-    assert (broken.returncode, broken.stdout) == (3, ""), broken.stderr
-    assert broken.stderr.startswith("UNKNOWN: cannot read the spool")
+    assert (broken.returncode, broken.stderr) == (3, ""), broken.stderr
+    assert broken.stdout.startswith("UNKNOWN: cannot read the spool")
     for bad in (["--backlog-age", "soon"], ["--no-such-option"]):
         usage = run_bridge("status", "--state-dir", str(tmp_path), *bad)
         assert usage.returncode == 3, bad

@@ -128,8 +128,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Installe
 
 
 def _installed_version(root: Path) -> str:
-    se_bridge = root / "opt" / "se-bridge" / "venv" / "bin" / "se-bridge"
-    done = subprocess.run([str(se_bridge), "--version"], capture_output=True, text=True, check=True)
+    # The venv's python where it was built (its scripts name the venv where it will live).
+    python = root / "opt" / "se-bridge" / "venv" / "bin" / "python"
+    done = subprocess.run([str(python), "-m", "bridge", "--version"], capture_output=True,
+                          text=True, check=True)  # fmt: skip
     return done.stdout.strip()
 
 
@@ -146,9 +148,10 @@ def test_the_agent_venv_holds_exactly_the_locked_agent_packages(installed: Insta
 
 
 def test_the_agent_install_says_what_the_consumer_needs(installed: Installed) -> None:
-    se_bridge = installed.root / "opt" / "se-bridge" / "venv" / "bin" / "se-bridge"
+    python = installed.root / "opt" / "se-bridge" / "venv" / "bin" / "python"
+    se_bridge = [str(python), "-m", "bridge"]
     done = subprocess.run(
-        [str(se_bridge), "consume", "--hub", str(installed.root)],
+        [*se_bridge, "consume", "--hub", str(installed.root)],
         capture_output=True,
         text=True,
         check=False,
@@ -158,7 +161,7 @@ def test_the_agent_install_says_what_the_consumer_needs(installed: Installed) ->
     assert "`consume` needs the consumer extra" in done.stderr
     assert "packaging/requirements/consumer.txt" in done.stderr
     assert "Traceback" not in done.stderr
-    check = subprocess.run([str(se_bridge), "agent", "--help"], capture_output=True, check=False)
+    check = subprocess.run([*se_bridge, "agent", "--help"], capture_output=True, check=False)
     assert check.returncode == 0
 
 
@@ -214,6 +217,80 @@ def test_the_final_hint_names_a_command_that_runs(installed: Installed) -> None:
     assert executable.is_absolute()
     inside = installed.root / executable.relative_to("/")
     assert os.access(inside, os.X_OK)
+
+
+# Where the tree installed under --root lives once that root is /.
+FINAL_VENV = Path("/opt/se-bridge/venv")
+
+
+def test_the_venv_names_no_staging_root(installed: Installed) -> None:
+    """Every script of the venv, and its pyvenv.cfg, name the venv where it will live: a
+    shebang into the --root directory fails once that directory is /."""
+    venv = installed.root / FINAL_VENV.relative_to("/")
+    named = [
+        path.name
+        for path in [*sorted((venv / "bin").iterdir()), venv / "pyvenv.cfg"]
+        if path.is_file() and not path.is_symlink()
+        and str(installed.root).encode() in path.read_bytes()
+    ]  # fmt: skip
+    assert named == []
+    # pip writes a `#!/bin/sh` and `exec` line for a long path: the python is in the first three.
+    head = (venv / "bin" / "se-bridge").read_text(encoding="utf-8").splitlines()[:3]
+    assert f"{FINAL_VENV}/bin/python" in "\n".join(head)
+
+
+def _where_it_will_live(root: Path, script: str) -> subprocess.CompletedProcess[str]:
+    """`script` run in a private mount namespace where the tree under `root` is where it will
+    live (its /opt/se-bridge at /opt/se-bridge) and `root` itself is hidden: what the VM sees
+    once `root` is /. The host's mounts are left alone."""
+    opt = root / "opt" / "se-bridge"
+    inside = f"""set -e
+mount -t tmpfs staging-hidden /opt
+mkdir -p /opt/se-bridge
+mount --bind {shlex.quote(str(opt))} /opt/se-bridge
+mount -t tmpfs staging-hidden {shlex.quote(str(root))}
+{script}
+"""
+    return subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", inside],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+
+
+def test_the_installed_tree_runs_where_it_will_live(installed: Installed) -> None:
+    probe = _where_it_will_live(installed.root, "true")
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace here (root and unshare needed): {probe.stderr}")
+    done = _where_it_will_live(
+        installed.root,
+        f"{FINAL_VENV}/bin/se-bridge --version\n"
+        f"{FINAL_VENV}/bin/pip --version\n"
+        f"{FINAL_VENV}/bin/se-bridge agent --help >/dev/null",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"se-bridge {bridge.__version__}"
+    assert str(FINAL_VENV) in done.stdout.splitlines()[1]  # pip runs from the venv there
+
+
+def test_missing_azure_values_are_named_not_called_invalid(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    nothing = _run_script(*UNKNOWN_RELEASE, "--root", str(root))
+    assert nothing.returncode == 2
+    assert "is not valid" not in nothing.stderr, nothing.stderr
+    for option in ("--eventhubs-namespace", "--logs-endpoint", "--dcr-id", "--storage-account",
+                   "--verify-key"):  # fmt: skip
+        assert option in nothing.stderr, (option, nothing.stderr)
+    assert "--trial" in nothing.stderr
+    some = _run_script(*UNKNOWN_RELEASE, "--root", str(root), "--dcr-id", VALUES["dcr-id"],
+                       "--storage-account", VALUES["storage-account"])  # fmt: skip
+    assert some.returncode == 2
+    assert "--dcr-id" not in some.stderr, some.stderr
+    assert "--storage-account" not in some.stderr, some.stderr
+    assert "--eventhubs-namespace" in some.stderr
+    assert not root.exists()
 
 
 # What --pip-spec needs: an exact version and the hash of its file. This one matches no file.

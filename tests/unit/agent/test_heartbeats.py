@@ -84,17 +84,40 @@ def test_the_periodic_heartbeat_is_due_an_interval_after_the_last(rig: Rig) -> N
 
 def test_the_first_answer_of_imds_reaches_status_before_the_next_heartbeat(rig: Rig) -> None:
     rig.beats.beat("Start", ORIGIN, None)
-    rig.beats.first_answer(T0 + timedelta(seconds=3))
+    rig.poll.succeeded(T0 + timedelta(seconds=3))
+    assert rig.poll.changed
+    rig.beats.imds_news()
     health = rig.health()
     assert (health["imds_healthy"], health["last_imds_success"]) == (
         True, "2026-11-27T05:00:03.000Z")  # fmt: skip
     assert len(rig.records()) == 1  # no record of its own
+    rig.poll.succeeded(T0 + timedelta(seconds=4))
+    assert not rig.poll.changed  # still answering: no news
+
+
+def test_a_failing_imds_reaches_status_with_its_address_and_error(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db", ["jsonl"])
+    poll = PollHealth("http://169.254.169.254")
+    beats = Heartbeats(spool, poll, AgentMetrics(telemetry.new_registry()), lambda: T0,
+                       interval=INTERVAL, prepare_hook=False)  # fmt: skip
+    beats.beat("Start", ORIGIN, None)
+    poll.failed(RetryableError("IMDS answered 503"), 1.0, T0 + timedelta(seconds=1))
+    assert poll.changed
+    beats.imds_news()
+    health = spool.load_state(StateKey.HEALTH) or {}
+    assert health["imds_url"] == "http://169.254.169.254"
+    assert (health["imds_healthy"], health["last_imds_success"]) == (False, None)
+    assert health["last_imds_error"] == {"at": "2026-11-27T05:00:01.000Z",
+                                         "error": "IMDS answered 503"}  # fmt: skip
+    poll.failed(RetryableError("IMDS answered 503"), 1.0, T0 + timedelta(seconds=2))
+    assert not poll.changed  # the same streak: written once
+    spool.close()
 
 
 def test_the_first_answer_leaves_another_runs_health_alone(rig: Rig, tmp_path: Path) -> None:
     earlier = {"started_at": "2026-11-26T00:00:00.000Z", "imds_healthy": False}
     rig.spool.commit([], state={StateKey.HEALTH: earlier})
-    rig.beats.first_answer(T0)  # this run wrote no Start heartbeat: nothing of its own to mend
+    rig.beats.imds_news()  # this run wrote no Start heartbeat: nothing of its own to mend
     assert rig.health() == earlier
 
 
@@ -114,10 +137,10 @@ def test_a_spool_that_refuses_the_heartbeat_is_a_warning(
 def test_poll_health_backs_off_and_says_a_streak_once(caplog: pytest.LogCaptureFixture) -> None:
     poll = PollHealth()
     with caplog.at_level(logging.INFO, logger="bridge.agent.loop"):
-        first = poll.failed(RetryableError("503"), 0.1)
-        poll.failed(RetryableError("503"), 0.1)
-        later = poll.failed(RetryableError("503"), 0.1)
-        assert poll.failed(RetryableError("503"), 60.0) == 60.0  # never sooner than a poll
+        first = poll.failed(RetryableError("503"), 0.1, T0)
+        poll.failed(RetryableError("503"), 0.1, T0)
+        later = poll.failed(RetryableError("503"), 0.1, T0)
+        assert poll.failed(RetryableError("503"), 60.0, T0) == 60.0  # never sooner than a poll
         poll.succeeded(T0)
     assert first <= 0.5
     assert later >= 1.0  # the backoff grew
@@ -130,7 +153,7 @@ def test_poll_health_backs_off_and_says_a_streak_once(caplog: pytest.LogCaptureF
 def test_a_permanent_failure_of_the_poll_is_an_error(caplog: pytest.LogCaptureFixture) -> None:
     poll = PollHealth()
     with caplog.at_level(logging.WARNING, logger="bridge.agent.loop"):
-        poll.failed(PermanentError("IMDS answered 400"), 1.0)
+        poll.failed(PermanentError("IMDS answered 400"), 1.0, T0)
     assert [r.levelname for r in caplog.records] == ["ERROR"]
     assert not poll.healthy
 

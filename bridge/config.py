@@ -411,7 +411,11 @@ class NotifySettings:
         "", "Key Vault of the targets' url_secret, e.g. https://contoso.vault.azure.net."
     )
     timeout: float = _setting(
-        10.0, "Seconds to connect, and then between bytes of the answer, per post.", low=1, high=120
+        10.0,
+        "Seconds one post may take in all, connecting to answering (only the answer's status "
+        "is read); a slower webhook's post is cut off and retried.",
+        low=1,
+        high=120,
     )
     attempts: int = _setting(
         6, "Posts of one notice to one target before it is given up (ERROR).", low=1, high=100

@@ -528,6 +528,13 @@ class PeopleSettings:
         "a bare port listens on 127.0.0.1. Only a loopback address unless tenant_id and "
         "audience are set. Empty: no page.",
     )
+    session_idle: float = _setting(
+        1800.0,
+        "Seconds a session of the standalone consumer's loopback page lasts unused; then sign "
+        "in again. Rewriting the operator-token file ends every session at once.",
+        low=60,
+        high=86400,
+    )
     api_url: str = _setting(
         "",
         "Where `se-bridge approve`, `hold`, `pause` and `resume` send a decision: the approval "

@@ -3,7 +3,7 @@
 
 Without Entra ID settings the page is for one operator on loopback: a non-loopback address is
 refused at start (`PageError`, the consumer exits 2), the operator token file is written and
-the one-time login address logged. With `consumer.people.tenant_id` and `audience` set, the
+the one-time login address beside it. With `consumer.people.tenant_id` and `audience` set, the
 API takes Entra ID tokens (the CLI's) on any address; put TLS in front of a non-loopback one.
 """
 
@@ -68,7 +68,8 @@ def build_app(
             "without Entra ID sign-in (consumer.people.tenant_id and audience) the page is for "
             "one operator on this machine; listen on 127.0.0.1 or set them"
         )
-    return PeopleApp(decider, LocalSignIn(LocalOperator.start(state_dir)), clock)
+    operator = LocalOperator.start(state_dir, idle=settings.session_idle)
+    return PeopleApp(decider, LocalSignIn(operator), clock)
 
 
 class PageServer:
@@ -91,13 +92,17 @@ class PageServer:
         return f"http://{host}:{self.port}"
 
     def start(self) -> PageServer:
-        self._thread.start()
         sign_in = self.app.sign_in
         if isinstance(sign_in, LocalSignIn):
-            log.info("the approval page is at %s/login?code=%s for one operator on this "
-                        "machine: open it once to sign in (the code works once; the operator "
-                        "token in the state directory's operator-token file works too)",
-                        self.url, sign_in.operator.login_code)  # fmt: skip
+            sign_in.operator.port = self.port
+        self._thread.start()
+        if isinstance(sign_in, LocalSignIn):
+            login = sign_in.operator.write_login(self.url)
+            # The code is a secret: in a file only this user reads, never in the log.
+            log.info("the approval page is at %s for one operator on this machine: open the "
+                     "one-time address in %s to sign in (or give the token in %s at %s/login); "
+                     "each decision asks for that token too", self.url, login,
+                     sign_in.operator.path, self.url)  # fmt: skip
         else:
             log.info("the approval page and its API are at %s (Entra ID sign-in)", self.url)
         return self

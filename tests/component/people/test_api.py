@@ -271,11 +271,12 @@ def test_the_local_operator_signs_in_once_and_the_cli_uses_the_token(
     page = call(local, "GET", "/", headers=session)
     assert "for one operator on this machine" in page.text
     assert call(local, "GET", f"/login?code={code}").status == 401  # once only
-    fields = {"csrf": csrf_of(page.text), "action": "approve", "event": "ev-1", "digest": DIGEST}
+    token = read_token(tmp_path)
+    fields = {"csrf": csrf_of(page.text), "action": "approve", "event": "ev-1", "digest": DIGEST,
+              "token": token}  # fmt: skip
     assert form(local, fields, session).status == 200
     # The API takes the token file, never the cookie.
     assert call(local, "GET", "/api/v1/events", headers=session).status == 401
-    token = read_token(tmp_path)
     assert api(local, "/api/v1/events", token).status == 200
     assert [a.by.object_id for a in decider.taken] == [sign_in.operator.person.object_id]  # type: ignore[union-attr]
 

@@ -134,18 +134,25 @@ class Front:
         # It sleeps in select() until a client connects or sends, or a deadline is near:
         # nothing wakes an idle process but its clients.
         while not self._closing.is_set():
-            wait = _TICK if self._reading else None
-            for key, _ in self._selector.select(wait):
-                if key.fileobj is self._listener:
-                    self._accept()
-                elif key.fileobj is self._wake_r:
-                    with contextlib.suppress(OSError):
-                        self._wake_r.recv(64)
-                else:
-                    reading = self._reading.get(key.fileobj)  # type: ignore[call-overload]
-                    if reading is not None:
-                        self._read(reading)
-            self._expire(time.monotonic())
+            try:
+                self._turn()
+            except Exception:  # a bug here must not leave the port open and unanswered
+                log.warning("%s: serving failed; going on", self._name, exc_info=True)
+                self._closing.wait(ACCEPT_BACKOFF)
+
+    def _turn(self) -> None:
+        wait = _TICK if self._reading else None
+        for key, _ in self._selector.select(wait):
+            if key.fileobj is self._listener:
+                self._accept()
+            elif key.fileobj is self._wake_r:
+                with contextlib.suppress(OSError):
+                    self._wake_r.recv(64)
+            else:
+                reading = self._reading.get(key.fileobj)  # type: ignore[call-overload]
+                if reading is not None:
+                    self._read(reading)
+        self._expire(time.monotonic())
 
     def _accept(self) -> None:
         while True:
@@ -181,25 +188,13 @@ class Front:
         except BlockingIOError:
             return
         except OSError:
-            self._drop(reading)
-            return
+            got = b""
         if not got:
             self._drop(reading)
             return
         reading.data += got
-        if reading.head is None:
-            end = reading.data.find(b"\r\n\r\n")
-            if end < 0:
-                if len(reading.data) > MAX_HEAD:
-                    self._refuse(reading, 431, "the request's head is too large")
-                return
-            head = self._parse(reading, bytes(reading.data[:end]))
-            if head is None:
-                return
-            length = self._length(reading, head)
-            if length < 0:
-                return
-            reading.head, reading.body_at, reading.need = head, end + 4, end + 4 + length
+        if reading.head is None and not self._read_head(reading):
+            return
         if reading.need is not None and len(reading.data) >= reading.need:
             head = reading.head
             assert head is not None
@@ -207,6 +202,19 @@ class Front:
             self._forget(reading)
             request = Request(head.method, head.target, head.headers, body, reading.client)
             self._dispatch(reading.sock, request)
+
+    def _read_head(self, reading: _Reading) -> bool:
+        """Whether the head is read (and its body may follow); refused when it cannot be."""
+        end = reading.data.find(b"\r\n\r\n")
+        if end > MAX_HEAD or (end < 0 and len(reading.data) > MAX_HEAD):
+            self._refuse(reading, 431, "the request's head is too large")
+            return False
+        head = self._parse(reading, bytes(reading.data[:end])) if end >= 0 else None
+        length = self._length(reading, head) if head is not None else -1
+        if head is None or length < 0:
+            return False
+        reading.head, reading.body_at, reading.need = head, end + 4, end + 4 + length
+        return True
 
     def _parse(self, reading: _Reading, head: bytes) -> Request | None:
         lines = head.decode("iso-8859-1").split("\r\n")

@@ -425,7 +425,11 @@ class NotifySettings:
         "", "Key Vault of the targets' url_secret, e.g. https://contoso.vault.azure.net."
     )
     timeout: float = _setting(
-        10.0, "Seconds to connect, and then between bytes of the answer, per post.", low=1, high=120
+        10.0,
+        "Seconds one post may take in all, connecting to answering (only the answer's status "
+        "is read); a slower webhook's post is cut off and retried.",
+        low=1,
+        high=120,
     )
     attempts: int = _setting(
         6, "Posts of one notice to one target before it is given up (ERROR).", low=1, high=100
@@ -537,6 +541,13 @@ class PeopleSettings:
         "PORT or HOST:PORT where the standalone consumer serves the approval page and its API; "
         "a bare port listens on 127.0.0.1. Only a loopback address unless tenant_id and "
         "audience are set. Empty: no page.",
+    )
+    session_idle: float = _setting(
+        1800.0,
+        "Seconds a session of the standalone consumer's loopback page lasts unused; then sign "
+        "in again. Rewriting the operator-token file ends every session at once.",
+        low=60,
+        high=86400,
     )
     api_url: str = _setting(
         "",

@@ -80,8 +80,10 @@ class Answering:
 
     def lines(self, ask: rt.Decision) -> list[str]:
         code = self.login_code()
-        page = f"{self.url}/login?code={code} (signs you in once)" if code else (
-            f"{self.url}/ (signed in already; else the token in {self.state_dir}/operator-token)"
+        token = f"{self.state_dir}/operator-token"
+        page = f"{self.url}/login?code={code} (signs you in once; each decision asks for the " \
+            f"token in {token})" if code else (
+            f"{self.url}/ (signed in already; else the token in {token})"
         )  # fmt: skip
         vms = ", ".join(ask["Resources"]) or "its VMs"
         approve = [*se_bridge(), "approve", ask["EventId"], "--api", self.url,

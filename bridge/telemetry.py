@@ -10,9 +10,9 @@ on 127.0.0.1 unless an address says otherwise, answers three GETs (and the same 
   not answering, the spool not writable, a sink failing for good; a readiness probe).
 
 A probe answers a JSON object: `{"ok": true, "why": "..."}`. Anything else is a 404; the
-server reads no request body and keeps no connection open past its answer; it serves at
-most MAX_CONNECTIONS clients at once, each for at most REQUEST_DEADLINE seconds, and its
-errors go to the log, never to stderr.
+server takes no request body and keeps no connection open past its answer. Idle and slow
+clients cannot starve the probes (Endpoint says how), and its errors go to the log, never
+to stderr.
 
 `Notifier` speaks systemd's notify protocol by hand (a datagram to `$NOTIFY_SOCKET`, no
 new dependency): READY=1 once started (with a STATUS= line, such as what it waits for),
@@ -22,18 +22,12 @@ Without `$NOTIFY_SOCKET` it does nothing.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import logging
 import os
 import socket
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -46,17 +40,19 @@ from prometheus_client import (
 )
 
 import bridge
+from bridge.httpfront import Answer, Front, Handler, Request
 from bridge.redact import describe
 
 log = logging.getLogger(__name__)
 
 Probe = Callable[[], tuple[bool, str]]  # (ok, why)
 DEFAULT_HOST = "127.0.0.1"
-# A scrape or probe is one short request: 8 at once and 5 s each are plenty, and bound what
-# slow or malicious local clients can hold.
+# A scrape or probe is one short request: 8 answered at once (and 2 more kept for the
+# probes) and 5 s each are plenty, and bound what slow or malicious local clients can hold.
 MAX_CONNECTIONS = 8
+PROBE_WORKERS = 2
 REQUEST_DEADLINE = 5.0
-ACCEPT_BACKOFF = 0.5
+REQUEST_LINE_DEADLINE = 1.0  # seconds a new connection has to send its request line
 
 
 def new_registry() -> CollectorRegistry:
@@ -93,171 +89,75 @@ def check_address(setting: str, value: str) -> None:
 
 
 class Endpoint:
-    """The HTTP endpoint: /metrics, /healthz, /readyz, on a thread of its own.
+    """The HTTP endpoint: /metrics, /healthz, /readyz, behind bridge.httpfront.
 
-    Any local user can connect to it, so a client gets at most REQUEST_DEADLINE seconds for
-    its whole exchange (a request dripped a byte at a time is cut off) and at most
-    MAX_CONNECTIONS are served at once: past that the accept loop waits, and new connections
-    queue in the kernel's backlog, costing this process no thread and no file descriptor.
+    Any local user can connect to it. Idle or slow clients cost it no thread: a connection
+    that sends no request line within a second is dropped, a whole request has
+    REQUEST_DEADLINE, and MAX_CONNECTIONS workers answer, with PROBE_WORKERS more kept for
+    the probes, so that the kubelet's probes are answered whatever /metrics clients do.
     """
 
     def __init__(
         self, address: str, registry: CollectorRegistry, *, live: Probe, ready: Probe
     ) -> None:
         self.host, wanted = parse_address(address)
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        handler = _handler(registry, {"/healthz": live, "/readyz": ready}, REQUEST_DEADLINE)
-        self._slots = threading.Semaphore(MAX_CONNECTIONS)
-        server_class = type("Server", (_Server,), {"address_family": family})
-        self._server = server_class((self.host, wanted), handler)  # OSError: cannot listen
-        self._server.slots = self._slots
-        self.port = int(self._server.server_address[1])
-        self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="se-bridge telemetry", daemon=True)
-
-    def _serve(self) -> None:
-        # Not serve_forever: it wakes every half second to look for a shutdown, which is most
-        # of an idle agent's cost. Here the loop sleeps in accept() until a request comes, and
-        # `close` sends one to wake it.
-        while not self._closing.is_set():
-            self._slots.acquire()
-            if self._closing.is_set():
-                break
-            try:
-                request, client = self._server.get_request()
-            except OSError as err:
-                self._slots.release()
-                # Out of file descriptors (EMFILE) the listening socket stays readable: wait
-                # instead of spinning on accept().
-                log.debug("telemetry: cannot accept a connection: %s", err)
-                self._closing.wait(ACCEPT_BACKOFF)
-                continue
-            try:
-                self._server.process_request(request, client)
-            except Exception as err:  # no thread to be had (TasksMax): drop this client
-                self._slots.release()
-                self._server.shutdown_request(request)
-                log.debug("telemetry: cannot serve %s: %s", client[0], err)
-                self._closing.wait(ACCEPT_BACKOFF)
+        probes = {"/healthz": live, "/readyz": ready}
+        self._front = Front(
+            self.host,
+            wanted,  # OSError: cannot listen
+            _answering(registry, probes),
+            name="se-bridge telemetry",
+            workers=MAX_CONNECTIONS,
+            reserved=PROBE_WORKERS,
+            is_reserved=lambda request: request.target.split("?", 1)[0] in probes,
+            line_deadline=REQUEST_LINE_DEADLINE,
+            request_deadline=REQUEST_DEADLINE,
+        )
+        self.port = self._front.port
 
     def start(self) -> Endpoint:
-        self._thread.start()
+        self._front.start()
         log.info("metrics and health probes at http://%s:%d/metrics, /healthz and /readyz",
                  self.host, self.port)  # fmt: skip
         return self
 
     def close(self) -> None:
-        self._closing.set()
-        self._slots.release()  # the loop may wait for a slot, not in accept()
-        if self._thread.is_alive():
-            with contextlib.suppress(OSError):  # the loop may be gone already
-                socket.create_connection((self.host, self.port), timeout=2).close()
-            self._thread.join(timeout=5)
-        self._server.server_close()
+        self._front.close()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False  # a stop never waits for a client: each has its deadline anyway
-    slots: threading.Semaphore
+def _answering(registry: CollectorRegistry, probes: Mapping[str, Probe]) -> Handler:
+    def answer(request: Request) -> Answer:
+        head = request.method == "HEAD"
+        if request.method not in ("GET", "HEAD"):
+            return Answer(405, b"GET or HEAD\n", (("Allow", "GET, HEAD"),))
+        path = request.target.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                body = generate_latest(registry)
+            except Exception as err:  # a collector's bug: say so, keep serving the probes
+                log.warning(
+                    "collecting the metrics failed (%s), so /metrics answered 500; "
+                    "the DEBUG log has the traceback",
+                    describe(err, with_type=True),
+                )
+                log.debug("collecting the metrics failed", exc_info=True)
+                return _plain(500, b"collecting failed\n", head)
+            return Answer(200, body, (("Content-Type", CONTENT_TYPE_LATEST),), not head)
+        if path in probes:
+            try:
+                ok, why = probes[path]()
+            except Exception as err:  # a probe that fails says so: not ok
+                ok, why = False, f"the probe failed: {type(err).__name__}: {err}"
+            body = json.dumps({"ok": ok, "why": why}).encode()
+            return Answer(200 if ok else 503, body, (("Content-Type", "application/json"),),
+                          not head)  # fmt: skip
+        return _plain(404, b"not found\n", head)
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self.slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # socketserver prints a traceback to stderr; a client that hangs up is no news, and
-        # anything else goes through the log, in its format and at its level.
-        err = sys.exc_info()[1]
-        if isinstance(err, OSError):
-            log.debug("telemetry: the client %s went away: %s", client_address[0], err)
-        else:
-            log.warning(
-                "answering a request from %s on the metrics endpoint failed",
-                client_address[0],
-                exc_info=True,
-            )
-
-
-class DeadlineReader(io.RawIOBase):
-    """A socket's reading end that ends (TimeoutError) at a deadline, however slowly the
-    bytes come: a per-read timeout alone lets a client that drips a byte at a time stay."""
-
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
-        self._sock, self._deadline = sock, deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        left = self._deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the client took too long")
-        self._sock.settimeout(left)
-        return self._sock.recv_into(buffer)
+    return answer
 
 
-def _handler(
-    registry: CollectorRegistry, probes: Mapping[str, Probe], deadline: float
-) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "se-bridge"
-        timeout = deadline
-
-        def setup(self) -> None:
-            super().setup()
-            self._deadline = time.monotonic() + deadline
-            self.rfile.close()  # the plain reader setup made: only its reference to the socket
-            self.rfile = io.BufferedReader(DeadlineReader(self.connection, self._deadline))
-
-        def do_GET(self) -> None:
-            self._respond(head=False)
-
-        def do_HEAD(self) -> None:
-            self._respond(head=True)
-
-        def _respond(self, *, head: bool) -> None:
-            path = self.path.split("?", 1)[0]
-            if path == "/metrics":
-                try:
-                    body = generate_latest(registry)
-                except Exception as err:  # a collector's bug: say so, keep serving the probes
-                    log.warning(
-                        "collecting the metrics failed (%s), so /metrics answered 500; "
-                        "the DEBUG log has the traceback",
-                        describe(err, with_type=True),
-                    )
-                    log.debug("collecting the metrics failed", exc_info=True)
-                    self._answer(500, "text/plain; charset=utf-8", b"collecting failed\n", head)
-                    return
-                self._answer(200, CONTENT_TYPE_LATEST, body, head)
-            elif path in probes:
-                try:
-                    ok, why = probes[path]()
-                except Exception as err:  # a probe that fails says so: not ok
-                    ok, why = False, f"the probe failed: {type(err).__name__}: {err}"
-                body = json.dumps({"ok": ok, "why": why}).encode()
-                self._answer(200 if ok else 503, "application/json", body, head)
-            else:
-                self._answer(404, "text/plain; charset=utf-8", b"not found\n", head)
-
-        def _answer(self, status: int, content_type: str, body: bytes, head: bool) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.send_header("Connection", "close")
-            self.end_headers()
-            # sendall's timeout bounds the whole answer: a client that reads slowly is cut off.
-            self.connection.settimeout(max(0.001, self._deadline - time.monotonic()))
-            if not head:
-                self.wfile.write(body)
-
-        def log_message(self, format: str, *args: object) -> None:
-            log.debug("telemetry: " + format, *args)
-
-    return Handler
+def _plain(status: int, body: bytes, head: bool) -> Answer:
+    return Answer(status, body, (("Content-Type", "text/plain; charset=utf-8"),), not head)
 
 
 class Notifier:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -22,6 +23,11 @@ GENERIC_SCHEMA_VERSION = 1
 SHOWN_VMS = 10  # chat formats name this many VMs, then say how many more (generic: all)
 MAX_LINE = 500  # an explanation line longer than this is cut in the chat formats
 LINK_TITLE = "Open the approval page"
+# A name an Azure VM can have (letters, digits, . _ -; a scale set's instance is name_N, and
+# IMDS may put an underscore in front): what else a VM list holds is shown as UNKNOWN_VM in
+# Slack, where a forged name could otherwise read as a mention or a link with any label.
+VM_NAME = re.compile(r"_?[A-Za-z0-9][A-Za-z0-9._-]{0,79}")
+UNKNOWN_VM = "unknown"
 
 _SAID: dict[NoticeKind, str] = {
     "asked": "Approval asked",
@@ -159,6 +165,8 @@ def slack(notice: Notice) -> Body:
               "text": {"type": "plain_text", "text": "Open the approval page"},
               "url": "https://bridge.contoso.com/approvals/events/C7061BAC-..."}]}]}
     """
+    notice = replace(notice, vms=tuple(v if VM_NAME.fullmatch(v) else UNKNOWN_VM
+                                       for v in notice.vms))  # fmt: skip
     said = headline(notice)
     blocks: list[Body] = [
         {"type": "header", "text": {"type": "plain_text", "text": _cut(said, 150)}},
@@ -178,7 +186,8 @@ def slack(notice: Notice) -> Body:
             "url": notice.link,
         }
         blocks.append({"type": "actions", "elements": [button]})
-    return {"text": said, "blocks": blocks}
+    # `text` is mrkdwn too: what notifications and Slack's fallback show.
+    return {"text": _slack_escape(said), "blocks": blocks}
 
 
 def _facts(notice: Notice) -> list[tuple[str, str]]:

@@ -2,9 +2,11 @@
 
 Each target has a bounded queue and a thread of its own: `notify` only appends (a full queue
 drops its oldest notice, with a WARNING and a metric), so a webhook that hangs or fails delays
-neither the caller nor another target. A thread posts one notice at a time with a bounded
-timeout, retrying transient failures with the project's backoff (bridge.retry); a notice given
-up is an ERROR, and its target is `failing()` until a post to it succeeds again.
+neither the caller nor another target. A thread posts one notice at a time, each post within
+`timeout` seconds in all and only its answer's status read (bridge.notify.post), retrying
+transient failures with the project's backoff (bridge.retry); a notice given up is an ERROR, and
+its target is `failing()` until a post to it succeeds again. `close` hangs up on a post still
+under way once its time is up.
 
 A target's URL is a secret (a Teams workflow's or Slack's URL lets anyone post): it is in no
 log line, error, repr or metric label. Metrics name targets.
@@ -26,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from bridge.notify.formats import Format
 from bridge.notify.notice import Notice
+from bridge.notify.post import Post, PostCut, post
 from bridge.redact import describe
 from bridge.retry import (
     Backoff,
@@ -54,7 +57,7 @@ class Target:
 class Delivery:
     """How notices are posted (notify.* settings)."""
 
-    timeout: float = 10.0  # seconds to connect, then between bytes of the answer
+    timeout: float = 10.0  # seconds one post may take in all, connecting to answering
     attempts: int = 6  # posts of one notice before it is given up
     first_backoff: float = 0.5
     max_backoff: float = 60.0
@@ -119,8 +122,8 @@ class Notifier:
         return tuple(sorted(name for name, line in self._lines.items() if line.failing))
 
     def alive(self) -> tuple[str, ...]:
-        """The targets whose thread still runs: all until `close`, then those still in a post
-        (a hanging webhook holds one until notify.timeout)."""
+        """The targets whose thread still runs: all until `close`, then, for a moment, those
+        whose post it hung up on."""
         return tuple(name for name, line in self._lines.items() if line.alive)
 
     def close(self, timeout: float) -> None:
@@ -175,6 +178,7 @@ class _Line:
         self._ready = threading.Condition()
         self._closing = False
         self._abandon = threading.Event()
+        self._posting: Post | None = None  # the post under way, which the close cuts
         self._streak = FailureStreak(Backoff(delivery.first_backoff, delivery.max_backoff))
         self.failing = False
         metrics.failing.labels(target.name).set(0)
@@ -214,6 +218,9 @@ class _Line:
         self._abandon.set()
         with self._ready:
             left, self._queue = list(self._queue), deque()
+            posting = self._posting
+        if posting is not None:
+            posting.cut()
         if left:
             self._metrics.notices.labels(self._target.name, "given_up").inc(len(left))
             log.error("%d notices to notify target %s were not sent before the consumer "
@@ -269,22 +276,25 @@ class _Line:
                   "" if attempts == 1 else "s", describe(err))  # fmt: skip
 
     def _post(self, body: bytes) -> None:
-        """One POST; a DeliveryError that never quotes the URL (requests' own errors do)."""
+        """One POST of at most `timeout` seconds in all, its answer's body unread; a
+        DeliveryError that never quotes the URL (requests' own errors do)."""
         timeout = self._delivery.timeout
-        try:
-            answer = requests.post(
-                self._target.url,
-                data=body,
-                headers={"Content-Type": "application/json", "User-Agent": USER_AGENT},
-                timeout=(timeout, timeout),
-                allow_redirects=False,
-            )
-        except requests.Timeout:
-            raise RetryableError(f"no answer within {timeout:g} s") from None
-        except requests.RequestException as err:
-            raise RetryableError(f"cannot post ({type(err).__name__})") from None
-        with answer:
-            status = answer.status_code
+        headers = {"Content-Type": "application/json", "User-Agent": USER_AGENT}
+        with Post(timeout) as cut:
+            with self._ready:
+                self._posting = cut
+            if self._abandon.is_set():
+                cut.cut()
+            try:
+                answer = post(self._target.url, body, headers, timeout=timeout, cut=cut)
+            except (requests.Timeout, PostCut):
+                raise RetryableError(f"no answer within {timeout:g} s") from None
+            except requests.RequestException as err:
+                raise RetryableError(f"cannot post ({type(err).__name__})") from None
+            finally:
+                with self._ready:
+                    self._posting = None
+        status = answer.status_code
         if 200 <= status < 300:
             return
         said = f"the webhook answered HTTP {status}"

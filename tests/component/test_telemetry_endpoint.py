@@ -6,6 +6,7 @@ Loopback only, a bounded number of connections, each test bounded in time.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import struct
@@ -20,6 +21,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from bridge import telemetry
+from tests.support.wait import eventually
 
 SLOW_CLIENTS = 2 * telemetry.MAX_CONNECTIONS
 
@@ -118,3 +120,86 @@ def test_head_answers_as_get_without_a_body(endpoint: telemetry.Endpoint) -> Non
         whole = requests.get(base + path, timeout=10).content
         assert int(answer.headers["Content-Length"]) == len(whole)
     assert requests.head(base + "/nothing", timeout=10).status_code == 404
+
+
+# Issue 37: eight idle connections made every liveness probe time out. The tests give a whole
+# request two minutes, so that only the request line's own deadline can free what idle
+# clients hold, and a probe's generous timeout cannot be met by waiting them out.
+LONG = 120.0
+
+
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> Iterator[telemetry.Endpoint]:
+    monkeypatch.setattr(telemetry, "REQUEST_DEADLINE", LONG)
+    served = telemetry.Endpoint("127.0.0.1:0", CollectorRegistry(), live=ok, ready=ok).start()
+    yield served
+    served.close()
+
+
+def idle_clients(endpoint: telemetry.Endpoint, count: int) -> list[socket.socket]:
+    return [socket.create_connection(("127.0.0.1", endpoint.port), timeout=5) for _ in range(count)]
+
+
+def test_probes_are_answered_while_idle_clients_hold_connections(
+    patient: telemetry.Endpoint,
+) -> None:
+    idle = idle_clients(patient, 3 * telemetry.MAX_CONNECTIONS)
+    try:
+        for path in ["/healthz"] * 9 + ["/readyz", "/metrics"]:
+            answer = requests.get(f"http://127.0.0.1:{patient.port}{path}", timeout=60)
+            assert answer.status_code == 200, path
+    finally:
+        for client in idle:
+            client.close()
+
+
+def test_a_client_that_sends_no_request_line_is_dropped(patient: telemetry.Endpoint) -> None:
+    [client] = idle_clients(patient, 1)
+    client.settimeout(0.5)
+
+    def dropped() -> bool:
+        try:
+            return client.recv(1) == b""
+        except TimeoutError:
+            return False
+        except OSError:  # reset
+            return True
+
+    try:
+        eventually(dropped, timeout=30, what="the idle client dropped", interval=0.1)
+    finally:
+        client.close()
+
+
+class Stuck(Collector):
+    """A collector that does not return until released: /metrics clients that wait."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def collect(self) -> Iterator[Metric]:
+        self.release.wait(LONG)
+        return iter(())
+
+
+def test_probes_are_answered_whatever_metrics_clients_do() -> None:
+    registry = CollectorRegistry()
+    stuck = Stuck()
+    served = telemetry.Endpoint("127.0.0.1:0", registry, live=ok, ready=ok).start()
+    registry.register(stuck)
+    url = f"http://127.0.0.1:{served.port}"
+    scrapes = [threading.Thread(target=_scrape, args=(url,), daemon=True)
+               for _ in range(2 * telemetry.MAX_CONNECTIONS)]  # fmt: skip
+    try:
+        for scrape in scrapes:
+            scrape.start()
+        for path in ("/healthz", "/readyz"):
+            assert requests.get(url + path, timeout=60).status_code == 200
+    finally:
+        stuck.release.set()
+        served.close()
+
+
+def _scrape(url: str) -> None:
+    with contextlib.suppress(requests.RequestException):
+        requests.get(url + "/metrics", timeout=LONG)

@@ -352,3 +352,32 @@ def test_probes_ask_the_health_endpoints_where_the_process_listens(
         assert get.get("host") == host
     if host is not None:  # the agent shares the node's network: loopback only
         assert address.startswith("127.0.0.1:")
+
+
+def test_only_the_kubelet_and_the_scraper_reach_the_consumers_port() -> None:
+    """Issue 37: the consumer listens on 0.0.0.0 in its pod; with no NetworkPolicy any pod
+    could hold its probe port and get it restarted. The kubelet's probes come from the node,
+    which a NetworkPolicy never blocks (kubernetes.io: "Pods cannot ... block access from
+    their resident node"); the policy admits the scrapers and nothing else."""
+    container = main_container("consumer")
+    policy = the("consumer", "NetworkPolicy")
+    labels = the("consumer", "Deployment")["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert policy["metadata"]["namespace"] == "se-bridge"
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"]["matchLabels"].items() <= labels.items()
+    [rule] = spec["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": "metrics"}]
+    assert any(p["name"] == "metrics" for p in container["ports"])
+    for source in rule["from"]:  # pods picked by label, in namespaces picked by label
+        assert set(source) == {"namespaceSelector", "podSelector"}
+        assert source["podSelector"]["matchLabels"], "never every pod"
+
+
+@pytest.mark.parametrize("overlay", AGENTS)
+def test_the_agent_needs_no_network_policy_it_listens_on_loopback(overlay: str) -> None:
+    # A NetworkPolicy does not apply to a pod in the node's network; the agent's endpoint is
+    # on 127.0.0.1, where no pod reaches it.
+    assert "NetworkPolicy" not in {o["kind"] for o in rendered(overlay)}
+    address = environment(main_container(overlay))["SE_BRIDGE_AGENT_METRICS_ADDRESS"]
+    assert address.startswith("127.0.0.1:")

@@ -18,6 +18,7 @@ from bridge.config import (
     ConfigError,
     bound,
     consumer_settings_under_agent,
+    dotted,
     load,
     markdown_table,
     warn_of_consumer_settings_under_agent,
@@ -153,7 +154,8 @@ def test_any_value_of_any_numeric_setting_is_accepted_in_bounds_or_a_config_erro
     pick: tuple[str, dataclasses.Field[Any]], raw: str
 ) -> None:
     section, setting = pick
-    env = {f"SE_BRIDGE_{section.upper()}_{setting.name.upper()}": raw}
+    name = dotted(section)  # consumer.people for people
+    env = {f"SE_BRIDGE_{name.replace('.', '_').upper()}_{setting.name.upper()}": raw}
     try:
         config = load(environ=env)
     except ConfigError as err:
@@ -161,7 +163,7 @@ def test_any_value_of_any_numeric_setting_is_accepted_in_bounds_or_a_config_erro
     else:
         problem = ""
     if problem:
-        assert f"{section}.{setting.name}" in problem
+        assert f"{name}.{setting.name}" in problem
         return
     value = getattr(getattr(config, section), setting.name)
     assert math.isfinite(value)
@@ -173,7 +175,8 @@ def test_any_value_of_any_numeric_setting_is_accepted_in_bounds_or_a_config_erro
 def test_the_settings_table_shows_each_numeric_bound() -> None:
     table = markdown_table()
     for section, setting in NUMERIC:
-        row = next(line for line in table.splitlines() if f"`{section}.{setting.name}`" in line)
+        named = f"`{dotted(section)}.{setting.name}`"
+        row = next(line for line in table.splitlines() if named in line)
         assert f"{bound(setting.metadata['low'])} to {bound(setting.metadata['high'])}" in row
 
 

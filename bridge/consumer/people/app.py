@@ -13,8 +13,9 @@ Routes (docs/people.md#the-api):
   token signs a call in (never a cookie, nor the header App Service Authentication adds), and
   a POST must say `Content-Type: application/json`: a page of another site cannot make a
   browser send either, so the API needs no CSRF token.
-- `GET|POST /login`: the standalone consumer's loopback page only: the one-time code from the
-  log, or the operator token, for a session cookie.
+- `GET|POST /login`: the standalone consumer's loopback page only: the one-time code (in the
+  state directory's operator-login file), or the operator token, for a session cookie. There
+  each decision's form carries the operator token as well (LocalOperator says why).
 
 Every answer carries the strict Content-Security-Policy (no script at all: the page works
 with scripting off, forms only), nosniff, no referrer and no-store.
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 16 * 1024  # bytes: a form or an API call is a few hundred
 CSRF_MAX_AGE = 12 * 3600.0  # seconds a rendered form stays good
-SESSION_COOKIE = "se_bridge_session"
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 # App Service Authentication (Easy Auth) signs the browser in and adds the person's Entra ID
 # ID token to every request it lets through; the app validates it again all the same.
 EASY_AUTH_ID_HEADER = "x-ms-token-aad-id-token"
@@ -175,8 +176,17 @@ class LocalSignIn:
         return self.operator.bearer(request.bearer())
 
     def page(self, request: Request) -> Caller:
-        session = request.cookie(SESSION_COOKIE)
+        host, _, port = request.headers.get("host", "").rpartition(":")
+        if host.strip("[]") not in LOOPBACK_NAMES or port != str(self.operator.port):
+            # Another name that resolves to this machine (DNS rebinding) is another site.
+            raise Refused(403, "this page answers only at its own loopback address")
+        session = request.cookie(self.operator.cookie_name)
         return Caller(self.operator.session(session), session)
+
+    def decides(self, form: Mapping[str, str]) -> None:
+        """Refused unless the form carries the operator token: the session's cookie alone
+        reaches every page on 127.0.0.1, whatever its port."""
+        self.operator.decides(form.get("token", ""))
 
 
 class Csrf:
@@ -306,6 +316,8 @@ class PeopleApp:
                         CSRF_MAX_AGE / 3600)  # fmt: skip
             return _html(403, page.refused("this form is stale or was not made by this page: "
                                            "reload the page and try again"))  # fmt: skip
+        if isinstance(self.sign_in, LocalSignIn):
+            self.sign_in.decides(form)
         kind = form.get("action", "")
         if kind == "override":
             form["override"], kind = "1", "approve"
@@ -319,7 +331,7 @@ class PeopleApp:
         if not secret:
             return _html(200, page.login(None, then))
         session = sign_in.operator.log_in(secret)
-        cookie = f"{SESSION_COOKIE}={session}; HttpOnly; SameSite=Strict; Path=/"
+        cookie = f"{sign_in.operator.cookie_name}={session}; HttpOnly; SameSite=Strict; Path=/"
         return Response(303, b"", "text/plain", (("Location", then), ("Set-Cookie", cookie)))
 
     # --- the API ---------------------------------------------------------------------------

@@ -10,8 +10,9 @@ A person's decision reaches the consumer only through a request this module has 
   `preferred_username`) are the Person.
 - `LocalOperator`: the standalone consumer's loopback page for one operator. Its secret is the
   token file `<state dir>/operator-token` (mode 0600, new at each start), which the CLI sends
-  as a bearer token; the browser exchanges a one-time login code (in the URL the consumer logs
-  at start) or the token itself for a session cookie. The person is `local:<os user>`.
+  as a bearer token; the browser exchanges a one-time login code (in the address written to
+  `<state dir>/operator-login`, mode 0600) or the token itself for a session cookie, and each
+  decision on the page carries the token too. The person is `local:<os user>`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import hmac
 import logging
 import secrets
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,8 @@ LEEWAY = 120  # seconds of clock skew between Entra ID and this host
 JWKS_TIMEOUT = 5.0  # seconds for one fetch of the signing keys
 JWKS_LIFESPAN = 3600.0  # seconds the key set is kept before it is fetched again
 OPERATOR_FILE = "operator-token"
+LOGIN_FILE = "operator-login"  # the one-time login address, beside the token file
+SESSION_IDLE = 1800.0  # seconds a page session lasts unused (consumer.people.session_idle)
 DEFAULT_ROLE = "SeBridge.Decide"
 
 
@@ -137,50 +141,134 @@ def verifier_for(settings: PeopleSettings) -> EntraVerifier | None:
 
 class LocalOperator:
     """The one operator of a standalone consumer's loopback page: whoever can read the token
-    file (the consumer's own OS user, or root)."""
+    file (the consumer's own OS user, or root).
 
-    def __init__(self, token: str, user: str) -> None:
-        self.token, self.user = token, user
-        self.login_code: str | None = secrets.token_urlsafe(24)  # one use: the logged URL's
-        self._sessions: dict[str, Person] = {}
+    The loopback model: a browser sends its cookies for 127.0.0.1 to every port of it, so a
+    page any local user serves on another port receives the session cookie. The cookie is
+    therefore never the whole credential: it lets the browser see the page, and each decision
+    also carries the operator token (`decides`). A session ends after `idle` seconds unused,
+    and every session (and the login code) ends when the token file is rewritten: the token is
+    read from the file again, and the old one no longer works anywhere.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        user: str,
+        *,
+        idle: float = SESSION_IDLE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path, self.user, self.idle, self._clock = path, user, idle, clock
+        self.login_code: str | None = secrets.token_urlsafe(24)  # one use, in LOGIN_FILE
+        self.port = 0  # the page's, once it listens: part of the cookie's name
+        self._start = secrets.token_hex(4)
+        self._sessions: dict[str, float] = {}  # session id -> last used (clock)
         self._lock = threading.Lock()
+        self._token, self._read = "", False
+        self._reload()
 
     @classmethod
-    def start(cls, state_dir: Path) -> LocalOperator:
+    def start(
+        cls,
+        state_dir: Path,
+        *,
+        idle: float = SESSION_IDLE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> LocalOperator:
         """A new token, written to `<state_dir>/operator-token` readable by this user only."""
-        token = secrets.token_urlsafe(32)
-        path = state_dir / OPERATOR_FILE
-        path.unlink(missing_ok=True)
-        path.touch(mode=0o600)
-        path.chmod(0o600)  # touch's mode is masked by the umask, never widened by it
-        path.write_text(token + "\n", encoding="utf-8")
-        return cls(token, getpass.getuser())
+        state_dir.mkdir(parents=True, exist_ok=True)
+        _private(state_dir / OPERATOR_FILE, secrets.token_urlsafe(32))
+        (state_dir / LOGIN_FILE).unlink(missing_ok=True)  # an earlier start's, used or not
+        return cls(state_dir / OPERATOR_FILE, getpass.getuser(), idle=idle, clock=clock)
+
+    @property
+    def token(self) -> str:
+        with self._lock:
+            self._reload()
+            return self._token
+
+    @property
+    def cookie_name(self) -> str:
+        """Named for this start and the page's port: a cookie of another start, or of another
+        consumer's page on this machine, is never taken for this one's."""
+        return f"se_bridge_{self.port}_{self._start}"
 
     @property
     def person(self) -> Person:
         return Person(object_id=f"local:{self.user}", name=self.user)
+
+    def write_login(self, url: str) -> Path:
+        """The one-time login address, in a file beside the token file (mode 0600): never in
+        the log, which other people may read."""
+        path = self.path.with_name(LOGIN_FILE)
+        _private(path, f"{url}/login?code={self.login_code}")
+        return path
 
     def bearer(self, token: str) -> Person:
         if not _same(token, self.token):
             raise Refused(401, "the token is not this consumer's operator token")
         return self.person
 
+    def decides(self, token: str) -> Person:
+        """The proof a decision on the page carries: the operator token itself (a cookie
+        alone may have been sent to another page on this machine)."""
+        if not token or not _same(token, self.token):
+            raise Refused(403, "give the operator token (the file operator-token in the "
+                          "consumer's state directory) with each decision")  # fmt: skip
+        return self.person
+
     def log_in(self, secret: str) -> str:
         """A new session id, for the one-time login code or the operator token."""
         with self._lock:
+            self._reload()
             if self.login_code is not None and _same(secret, self.login_code):
                 self.login_code = None
-            elif not _same(secret, self.token):
+            elif not self._token or not _same(secret, self._token):
                 raise Refused(401, "neither the login code (used once) nor the operator token")
             session = secrets.token_urlsafe(32)
-            self._sessions[session] = self.person
+            self._sessions[session] = self._clock()
         return session
 
     def session(self, session: str) -> Person:
-        person = self._sessions.get(session)
-        if person is None:
-            raise Refused(401, "not signed in: open the login address the consumer logged")
-        return person
+        with self._lock:
+            self._reload()
+            now = self._clock()
+            for stale in [s for s, used in self._sessions.items() if now - used > self.idle]:
+                del self._sessions[stale]
+            if session not in self._sessions:
+                raise Refused(401, "not signed in, or signed out after "
+                              f"{self.idle / 60:g} minutes unused: sign in again")  # fmt: skip
+            self._sessions[session] = now
+        return self.person
+
+    def _reload(self) -> None:
+        """Read the token file again (a few bytes, once per request): a new token in it ends
+        every session and the login code, and the old token no longer works."""
+        try:
+            token = self.path.read_text(encoding="utf-8").strip()
+        except OSError as err:
+            token = ""
+            if self._token:
+                log.warning("cannot read the operator token file %s (%s): nobody can sign in "
+                            "to the page until it is there again", self.path, err)  # fmt: skip
+        if token == self._token:
+            return
+        if self._sessions:
+            log.info("the operator token file %s changed: the page's %d session(s) ended",
+                     self.path, len(self._sessions))  # fmt: skip
+        if self._read:
+            self._sessions.clear()
+            self.login_code = None
+        self._token, self._read = token, True
+
+
+def _private(path: Path, text: str) -> None:
+    """`text` in a new file readable by this user only."""
+    path.unlink(missing_ok=True)
+    path.touch(mode=0o600)
+    path.chmod(0o600)  # touch's mode is masked by the umask, never widened by it
+    path.write_text(text + "\n", encoding="utf-8")
 
 
 def _same(given: str, secret: str) -> bool:

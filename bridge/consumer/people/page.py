@@ -62,7 +62,7 @@ def render(view: View) -> str:
         parts.append(f"<h2>Open events ({len(view.events)})</h2>")
         if not view.events:
             parts.append('<p class="note">No event is open.</p>')
-    parts += [_event(e, view.csrf) for e in view.events]
+    parts += [_event(e, view.csrf, view.local) for e in view.events]
     parts += _budgets(view.budgets)
     parts += _pauses(view)
     parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
@@ -74,9 +74,9 @@ def login(reason: str | None, then: str = "/") -> str:
     said = f'<p class="answer refused">{_e(reason)}</p>' if reason else ""
     return _document(
         "se-bridge: sign in",
-        f"{said}<p>This page is for the one operator of this consumer. Open the login address "
-        "the consumer logged at its start, or give the operator token from the file "
-        "operator-token in its state directory.</p>"
+        f"{said}<p>This page is for the one operator of this consumer. Open the one-time login "
+        "address in the file operator-login in its state directory, or give the operator "
+        "token from the file operator-token there.</p>"
         '<form method="post" action="/login"><label for="token">Operator token</label>'
         f'<input type="hidden" name="next" value="{_e(then)}">'
         '<input type="password" id="token" name="token" autocomplete="off" required>'
@@ -111,14 +111,14 @@ def _pauses(view: View) -> list[str]:
             f"<p>Paused: <strong>{_e(scope)}</strong>, {_e(until)}, by {_e(pause.by.name)} "
             f"at {_e(iso(pause.at))}: {_e(pause.reason)}</p>"
         )
-        parts.append(
-            said + _form(view.csrf, "resume", f"Resume {scope}", {"scope": pause.scope or ""})
-        )
+        resume = _form(view.csrf, "resume", f"Resume {scope}", {"scope": pause.scope or ""},
+                       token=view.local)  # fmt: skip
+        parts.append(said + resume)
     inputs = (
         ("scope", "Scope (empty: the whole fleet; or KIND:VALUE, a budget group)"),
         ("until", "Until (ISO time, UTC, or a duration such as 2h; empty: until resumed)"),
     )
-    parts.append(_form(view.csrf, "pause", "Pause", {}, inputs=inputs))
+    parts.append(_form(view.csrf, "pause", "Pause", {}, inputs=inputs, token=view.local))
     return parts
 
 
@@ -133,7 +133,7 @@ def _budgets(budgets: dict[str, float]) -> list[str]:
     return [*parts, f"<table><tr><th>Budget</th><th>Holds</th></tr>{rows}</table>"]
 
 
-def _event(event: OpenEvent, csrf: str) -> str:
+def _event(event: OpenEvent, csrf: str, local: bool) -> str:
     ident = {"event": event.event_id, "digest": event.resources_digest}
     not_before = iso(event.not_before) if event.not_before else "none given (it may start now)"
     ask = f"<p>Asked: {_e(event.ask)}</p>" if event.ask else ""
@@ -143,9 +143,9 @@ def _event(event: OpenEvent, csrf: str) -> str:
         f"<h3>{_e(event.event_type)} {_e(event.event_id)}</h3>"
         f"<p>VMs: {_e(', '.join(event.vms))}<br>NotBefore: {_e(not_before)}</p>{ask}"
         f"<ul>{why}</ul>"
-        + _form(csrf, "approve", "Approve now", ident, reason=False)
-        + _form(csrf, "override", "Approve over the budget", ident)
-        + _form(csrf, "hold", "Hold until NotBefore", ident, reason=False)
+        + _form(csrf, "approve", "Approve now", ident, reason=False, token=local)
+        + _form(csrf, "override", "Approve over the budget", ident, token=local)
+        + _form(csrf, "hold", "Hold until NotBefore", ident, reason=False, token=local)
         + "</section>"
     )
 
@@ -158,7 +158,10 @@ def _form(
     *,
     reason: bool = True,
     inputs: tuple[tuple[str, str], ...] = (),
+    token: bool = False,
 ) -> str:
+    """A decision's form; with `token`, it asks for the operator token (the loopback page,
+    where the session cookie alone does not decide)."""
     fields = [f'<input type="hidden" name="csrf" value="{_e(csrf)}">',
               f'<input type="hidden" name="action" value="{_e(action)}">']  # fmt: skip
     fields += [f'<input type="hidden" name="{_e(k)}" value="{_e(v)}">' for k, v in hidden.items()]
@@ -167,6 +170,9 @@ def _form(
     required = " required" if reason else ""
     what = "Reason (required)" if reason else "Reason"
     fields.append(f'<label>{what} <input type="text" name="reason"{required}></label>')
+    if token:
+        fields.append('<label>Operator token <input type="password" name="token" '
+                      'autocomplete="current-password" required></label>')  # fmt: skip
     fields.append(f'<button type="submit" name="do" value="{_e(action)}">{_e(label)}</button>')
     return f'<form method="post" action="/decide">{"".join(fields)}</form>'
 

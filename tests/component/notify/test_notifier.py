@@ -15,6 +15,7 @@ from bridge.config import load
 from bridge.notify import formats, kinds
 from bridge.notify.formats import SAMPLE
 from bridge.notify.notifier import Delivery, Notifier, Target
+from tests.doubles.hostile_webhook import HostileWebhook
 from tests.doubles.keyvault import KeyVaultDouble
 from tests.doubles.webhook import WebhookReceiver
 from tests.support.wait import eventually
@@ -133,10 +134,9 @@ def test_a_hanging_target_holds_up_neither_the_caller_nor_another_target(
     notifier.notify(replace(SAMPLE, target="ops"))
     assert eventually(lambda: receiver.bodies("/hooks/ops")) == [formats.slack(SAMPLE)]
     assert receiver.posts("/hooks/stuck") == 1, "still the first post, held"
-    notifier.close(0)  # gives up what is left, without waiting for the held post
-    assert "stuck" in notifier.alive(), "the held post still holds its thread"
+    notifier.close(0)  # gives up what is left, and the held post with it
+    eventually(lambda: not notifier.alive(), what="the held post cut off at the close")
     receiver.release()
-    eventually(lambda: not notifier.alive())
 
 
 def test_a_full_queue_drops_its_oldest_notice_with_a_warning(
@@ -220,3 +220,42 @@ def test_a_notice_after_the_stop_is_an_error_not_a_silent_loss(
     assert sample(1, registry, "any", "given_up")
     assert "notice (asked, event C7061BAC" in caplog.text
     assert "after the notifier stopped" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["huge", "endless"])
+def test_a_webhook_s_answer_is_not_read_beyond_its_status(mode: str) -> None:
+    # 400 MB, or a chunked body that never ends: only the status matters, so the post is over
+    # once it is read, and the poster hangs up on the rest.
+    registry = CollectorRegistry()
+    with HostileWebhook("huge" if mode == "huge" else "endless") as hostile:
+        notifier = Notifier([Target("any", formats.generic, hostile.url())], FAST, registry)
+        notifier.notify(replace(SAMPLE, target="any"))
+        eventually(lambda: sample(1, registry, "any", "delivered"), what="the post delivered")
+        eventually(lambda: hostile.counts()[2] == 1, what="the poster hanging up on the answer")
+        posts, sent, _ = hostile.counts()
+        assert posts == 1
+        assert sent < 64 * 1024 * 1024, "at most what the sockets' buffers took"
+        notifier.close(5)
+
+
+def test_a_webhook_that_drips_its_answer_is_cut_off_at_the_post_s_deadline() -> None:
+    # A byte every 0.2 s: a timeout between bytes never fires; the post's deadline does.
+    registry = CollectorRegistry()
+    slow = Delivery(timeout=1, attempts=2, first_backoff=0.01, max_backoff=0.05)
+    with HostileWebhook("drip", every=0.2) as hostile:
+        notifier = Notifier([Target("any", formats.generic, hostile.url())], slow, registry)
+        notifier.notify(replace(SAMPLE, target="any"))
+        assert eventually(notifier.failing, what="the notice given up") == ("any",)
+        assert sample(1, registry, "any", "retried")
+        assert hostile.counts()[0] == 2
+        notifier.close(5)
+        assert notifier.alive() == ()
+
+
+def test_the_close_cuts_a_post_to_a_dripping_webhook() -> None:
+    with HostileWebhook("drip", every=0.2) as hostile:
+        notifier = Notifier([Target("any", formats.generic, hostile.url())], FAST)
+        notifier.notify(replace(SAMPLE, target="any"))
+        eventually(lambda: hostile.counts()[1] > 0, what="the answer begun")
+        notifier.close(0)
+        eventually(lambda: not notifier.alive(), what="the post cut off at the close")

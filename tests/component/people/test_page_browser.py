@@ -4,7 +4,10 @@ page (no CSRF token of ours) is refused. Screenshots are kept as test artefacts.
 
 from __future__ import annotations
 
+import http.client
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,7 @@ from bridge.consumer.people.server import PageServer, build_app
 from tests.doubles.entra import AUDIENCE, Tenant, answering, serving
 from tests.support.browser import Chromium
 from tests.support.people import NOW, RecordingDecider, open_event
+from tests.support.wait import eventually
 
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 
@@ -39,6 +43,11 @@ def login_url(local: PageServer) -> str:
     return f"{local.url}/login?code={local.app.sign_in.operator.login_code}"
 
 
+def operator_token(local: PageServer) -> str:
+    assert isinstance(local.app.sign_in, LocalSignIn)
+    return local.app.sign_in.operator.token
+
+
 def test_a_person_approves_an_event_through_the_page_with_scripting_off(
     local: PageServer, chromium: Chromium, decider: RecordingDecider
 ) -> None:
@@ -52,6 +61,7 @@ def test_a_person_approves_an_event_through_the_page_with_scripting_off(
     chromium.shot("open-events")
     form = section.find_element(By.XPATH, ".//form[.//button[@value='approve']]")
     form.find_element(By.NAME, "reason").send_keys("failover done")
+    form.find_element(By.NAME, "token").send_keys(operator_token(local))
     form.find_element(By.TAG_NAME, "button").click()
     answer = driver.find_element(By.ID, "answer")
     assert answer.text == f"Accepted: approved {EVENT} by {decider.taken[0].by.name}"
@@ -72,6 +82,7 @@ def test_an_override_without_a_reason_is_stopped_by_the_form_and_by_the_consumer
     reason = form.find_element(By.NAME, "reason")
     assert reason.get_attribute("required") is not None
     reason.send_keys("   ")  # blank: the browser lets it through, the consumer does not
+    form.find_element(By.NAME, "token").send_keys(operator_token(local))
     form.find_element(By.TAG_NAME, "button").click()
     assert driver.find_element(By.ID, "answer").text.startswith("NoReason:")
     chromium.shot("override-refused")
@@ -148,3 +159,60 @@ def test_behind_app_service_authentication_the_role_decides_who_may_use_the_page
     chromium.shot("paused")
     [action] = decider.taken
     assert (action.kind, action.by.object_id, action.scope) == ("pause", "oid-dana", "zone:2")
+
+
+class CookieCatcher:
+    """A page on another loopback port, as any local user can serve one: it keeps the
+    Cookie header the browser sends it."""
+
+    def __init__(self) -> None:
+        self.cookies: list[str] = []
+        caught = self.cookies
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                caught.append(self.headers.get("Cookie", ""))
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}/"
+
+
+def test_a_page_on_another_loopback_port_gets_the_cookie_but_cannot_decide_with_it(
+    local: PageServer, chromium: Chromium, decider: RecordingDecider
+) -> None:
+    catcher = CookieCatcher()
+    try:
+        chromium.driver.get(login_url(local))
+        chromium.driver.get(catcher.url)  # the operator opens a link to another local page
+        cookie = eventually(lambda: catcher.cookies, what="the other page's request")[0]
+    finally:
+        catcher.server.shutdown()
+        catcher.server.server_close()
+    assert "se_bridge_" in cookie, "browsers send 127.0.0.1's cookies to every port of it"
+    # What that page's owner then does with it: read the page and its CSRF token, post a
+    # pause in the operator's name.
+    page = fetch(local, "GET", "/", cookie)
+    csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    forged = fetch(local, "POST", "/decide", cookie,
+                   f"csrf={csrf}&action=pause&reason=mine".encode())  # fmt: skip
+    assert "operator token" in forged
+    assert decider.taken == []
+
+
+def fetch(server: PageServer, method: str, path: str, cookie: str, body: bytes = b"") -> str:
+    connection = http.client.HTTPConnection(server.host, server.port, timeout=10)
+    try:
+        headers = {"Cookie": cookie, "Content-Type": "application/x-www-form-urlencoded"}
+        connection.request(method, path, body=body or None, headers=headers)
+        return connection.getresponse().read().decode()
+    finally:
+        connection.close()

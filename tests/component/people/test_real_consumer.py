@@ -14,6 +14,7 @@ import pytest
 
 from bridge import cli
 from bridge.config import PeopleSettings
+from bridge.consumer.people.auth import read_token
 from bridge.consumer.people.server import PageServer, build_app
 from bridge.notify import formats
 from bridge.notify.notifier import Delivery, Notifier, Target
@@ -62,7 +63,7 @@ def test_the_cli_and_the_page_decide_on_the_real_consumer(
     digest = re.search(rf'id="event-{E2}".*?name="digest" value="([0-9a-f]+)"', page, re.S)
     assert digest is not None
     fields = {"csrf": csrf_of(page), "action": "hold", "event": E2, "digest": digest.group(1),
-              "reason": "release"}  # fmt: skip
+              "reason": "release", "token": read_token(tmp_path)}  # fmt: skip
     held = form(served, fields, session)
     assert held.status == 200, held.text
     assert people.last(E2)["DecisionAction"] == "Hold"

@@ -94,7 +94,8 @@ def test_the_teams_body_is_a_message_with_one_adaptive_card(notice: Notice) -> N
 def test_the_slack_body_is_text_and_blocks_within_block_kit_s_limits(notice: Notice) -> None:
     body = formats.slack(notice)
     assert set(body) == {"text", "blocks"}
-    assert body["text"] == formats.headline(notice)
+    shown = formats.headline(notice).replace("&", "&amp;").replace("<", "&lt;")
+    assert body["text"] == shown.replace(">", "&gt;")
     for block in body["blocks"]:
         assert block["type"] in {"header", "section", "actions"}
         if block["type"] == "header":
@@ -154,3 +155,23 @@ def test_teams_shows_markdown_characters_in_names_as_written() -> None:
     assert card["body"][0]["text"].endswith(r"web\_1\_db, db\*primary\*, by ops\_team")
     assert card["body"][2]["text"] == r"- rule approve\_when\_ready\_db: ask"
     assert formats.generic(odd)["Vms"] == ["web_1_db", "db*primary*"]  # JSON is not Markdown
+
+
+def test_slack_s_text_shows_names_as_typed_and_no_vm_s_name_as_unknown() -> None:
+    # The top-level text is what Slack's notifications and its fallback show, read as mrkdwn:
+    # <!channel> would ping everyone, <https://...|label> would be a link with any label.
+    hostile = replace(SAMPLE, vms=("web-0", "<!channel>", "<https://evil.example|web-1>"),
+                      by="Ada <ada@contoso.com> & co")  # fmt: skip
+    body = formats.slack(hostile)
+    assert body["text"] == (
+        "Approval asked: Reboot of web-0, unknown, unknown, by Ada &lt;ada@contoso.com&gt; &amp; co"
+    )
+    texts = json.dumps(body)
+    for said in ("<!channel>", "!channel", "evil.example", "<https"):
+        assert said not in texts, said
+    [vms] = [f["text"] for f in body["blocks"][1]["fields"] if f["text"].startswith("*VMs*")]
+    assert vms == "*VMs*\nweb-0, unknown, unknown"
+    # Names a VM can have are shown as they are, a scale set's instances' too.
+    plain = replace(SAMPLE, vms=("_web_vmss_0", "db.primary-1", "A" * 64))
+    assert formats.slack(plain)["text"].endswith(f"_web_vmss_0, db.primary-1, {'A' * 64}")
+    assert formats.generic(hostile)["Vms"] == list(hostile.vms)  # the data, as sent

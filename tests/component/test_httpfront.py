@@ -1,0 +1,102 @@
+"""bridge.httpfront over real sockets: what one address may hold, the workers kept for the
+requests that may use them, and requests refused before anything answers them."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from bridge.httpfront import Answer, Front, Request
+from tests.support.wait import eventually
+
+
+class Blocking:
+    """A handler that holds every request to /slow until released."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.held = threading.Semaphore(0)
+
+    def __call__(self, request: Request) -> Answer:
+        if request.target == "/slow":
+            self.held.release()
+            self.release.wait(60)
+        return Answer(200, f"{request.method} {request.target} {len(request.body)}".encode())
+
+
+@pytest.fixture
+def handler() -> Iterator[Blocking]:
+    made = Blocking()
+    yield made
+    made.release.set()
+
+
+@pytest.fixture
+def front(handler: Blocking) -> Iterator[Front]:
+    served = Front("127.0.0.1", 0, handler, name="test front", workers=1, reserved=1,
+                   is_reserved=lambda r: r.target == "/probe", request_deadline=60,
+                   per_client=3, max_body=100).start()  # fmt: skip
+    yield served
+    served.close()
+
+
+def url(front: Front, path: str) -> str:
+    return f"http://127.0.0.1:{front.port}{path}"
+
+
+def closed_by_server(client: socket.socket) -> bool:
+    client.settimeout(0.2)
+    try:
+        return client.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_one_address_past_its_cap_loses_its_oldest_idle_connection(front: Front) -> None:
+    oldest = socket.create_connection(("127.0.0.1", front.port))
+    others = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(2)]
+    try:
+        assert not closed_by_server(oldest)
+        newest = socket.create_connection(("127.0.0.1", front.port))  # the fourth: past 3
+        others.append(newest)
+        eventually(lambda: closed_by_server(oldest), what="the oldest connection dropped")
+        newest.sendall(b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n")
+        newest.settimeout(30)
+        assert newest.recv(1024).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for client in [oldest, *others]:
+            client.close()
+
+
+def test_the_kept_workers_answer_only_the_requests_they_are_kept_for(
+    front: Front, handler: Blocking
+) -> None:
+    slow = threading.Thread(target=requests.get, args=(url(front, "/slow"),),
+                            kwargs={"timeout": 60}, daemon=True)  # fmt: skip
+    slow.start()
+    assert handler.held.acquire(timeout=30), "the slow request never reached the handler"
+    # The one general worker is busy: anyone else is told so at once, the probe is answered.
+    busy = requests.get(url(front, "/other"), timeout=30)
+    assert (busy.status_code, busy.headers["Retry-After"]) == (503, "1")
+    assert requests.get(url(front, "/probe"), timeout=30).text == "GET /probe 0"
+    handler.release.set()
+    slow.join(30)
+    assert requests.get(url(front, "/other"), timeout=30).status_code == 200
+
+
+def test_a_body_is_read_whole_and_requests_beyond_the_limits_are_refused(front: Front) -> None:
+    assert requests.post(url(front, "/b"), data=b"x" * 100, timeout=30).text == "POST /b 100"
+    assert requests.post(url(front, "/b"), data=b"x" * 101, timeout=30).status_code == 413
+    chunked = requests.post(url(front, "/b"), data=iter([b"x"]), timeout=30)
+    assert chunked.status_code == 411
+    huge = requests.get(url(front, "/h"), headers={"X-Big": "y" * 20_000}, timeout=30)
+    assert huge.status_code == 431
+    with socket.create_connection(("127.0.0.1", front.port), timeout=30) as client:
+        client.sendall(b"NOT HTTP\r\n\r\n")
+        assert client.recv(1024).startswith(b"HTTP/1.1 400")

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -39,6 +39,7 @@ from bridge.config import (
     PeopleSettings,
 )
 from bridge.policy.file import DEFAULT_POLICY_YAML
+from bridge.policy.model import PERSON_RULE
 from bridge.records import parse_time
 from bridge.recordtypes import RECORD_TYPE
 from bridge.simulator import Simulator, SimulatorServer
@@ -115,6 +116,9 @@ class View:
         self.approves: dict[str, rt.Decision] = {}
         self.answers: dict[str, rt.Approval] = {}
         self.event_started: dict[str, str] = {}
+        # What the summary says of each event (by EventId, lower-cased): what the VMs saw of
+        # it and what the consumer decided.
+        self.events: dict[str, Seen] = {}
         # Asks waiting for a person, by EventId: the first Ask decision (since when).
         self.asks: dict[str, rt.Decision] = {}
         self.answering: Answering | None = None
@@ -123,7 +127,7 @@ class View:
     def add(self, vm: str, record: rt.Record) -> None:
         line = f"{record['TimeGenerated'][11:19]} {vm:<7} {summarise(record)}"
         with self.lock:
-            self.counts[count_key(record)] += 1
+            self.counts[record[RECORD_TYPE]] += 1  # the summary's count of records
             if record[RECORD_TYPE] == "Approval" and record["ApprovalLatencyMs"] is not None:
                 self.latencies.append(record["ApprovalLatencyMs"])
             self._follow(record)
@@ -167,6 +171,9 @@ class View:
         return lines
 
     def _follow(self, record: rt.Record) -> None:
+        if record[RECORD_TYPE] in ("Event", "Decision") and record["EventId"]:
+            seen = self.events.setdefault(str(record["EventId"]).lower(), Seen())
+            seen.add(record)
         if record[RECORD_TYPE] == "Decision":
             command = record.get("CommandId")
             if record["DecisionAction"] == "Approve" and command:
@@ -176,6 +183,27 @@ class View:
                 self.answers.setdefault(command, record)
         elif record[RECORD_TYPE] == "Event" and record["Transition"] == "Started":
             self.event_started.setdefault(str(record["EventId"]).lower(), record["TimeGenerated"])
+
+    def event_lines(self) -> list[str]:
+        """The summary's lines on events: how many, what the consumer decided of them and
+        how they ended; then each ask, and how it ended."""
+        with self.lock:
+            events = {key: seen.copy() for key, seen in self.events.items()}
+        if not events:
+            return ["events 0"]
+        decided = Counter(seen.outcome() for seen in events.values())
+        # Approved and held always, then whatever else: waiting for a person, not decided.
+        said = [f"{decided.pop(k, 0)} {k}" for k in ("approved", "held")]
+        said += [f"{n} {k}" for k, n in sorted(decided.items())]
+        ended = Counter(seen.ending() for seen in events.values())
+        endings = ("Completed", "Canceled", "still open")
+        how = ", ".join(f"{ended[k]} {k}" for k in endings if ended[k])
+        lines = [f"events {len(events)}: {', '.join(said)}; {how}"]
+        asked = [(key, seen) for key, seen in events.items() if seen.ask is not None]
+        if asked:
+            lines.append(f"asked a person {len(asked)}:")
+            lines += [f"  {seen.asked_line()}" for _, seen in asked]
+        return lines
 
     def approvals(self) -> list[str]:
         """The summary's lines on approve decisions: how many reached IMDS, and each one that
@@ -209,6 +237,62 @@ class View:
         return "\n".join(
             [head, "", "Latest per VM", *rows, *waiting, "", "Recent records", *recent]
         )
+
+
+@dataclass
+class Seen:
+    """One event, as the demo saw it: the transitions its VMs recorded and the consumer's
+    decisions on it, in order."""
+
+    transitions: set[str] = field(default_factory=set)
+    decisions: list[rt.Decision] = field(default_factory=list)
+    ask: rt.Decision | None = None  # the first Ask decision
+
+    def add(self, record: rt.Record) -> None:
+        if record[RECORD_TYPE] == "Event":
+            self.transitions.add(str(record["Transition"]))
+        elif record[RECORD_TYPE] == "Decision":
+            self.decisions.append(record)
+            if record["DecisionAction"] == "Ask" and self.ask is None:
+                self.ask = record
+
+    def copy(self) -> Seen:
+        return Seen(set(self.transitions), list(self.decisions), self.ask)
+
+    def outcome(self) -> str:
+        """What the consumer made of it, in the summary's words."""
+        actions = [d["DecisionAction"] for d in self.decisions]
+        if "Approve" in actions:
+            return "approved"
+        if "Hold" in actions:
+            return "held"
+        if not actions:
+            return "not decided (seen only once Started)"
+        return "waiting for a person" if actions[-1] == "Ask" else actions[-1].lower()
+
+    def ending(self) -> str:
+        return next((t for t in ("Completed", "Canceled") if t in self.transitions), "still open")
+
+    def asked_line(self) -> str:
+        """`EventId EventType on VMS: how the ask ended`."""
+        assert self.ask is not None
+        ask = self.ask
+        after = self.decisions[self.decisions.index(ask) + 1 :]
+        answer = next((d for d in after if d["DecisionAction"] in ("Approve", "Hold")), None)
+        vms = ", ".join(ask["Resources"]) or "its VMs"
+        on = f"{str(ask['EventId'])[:8]} {ask['EventType']} on {vms}"
+        if answer is not None:
+            done = "approved" if answer["DecisionAction"] == "Approve" else "held"
+            at = answer["TimeGenerated"][11:19]
+            if answer["DecisionRule"] == PERSON_RULE:
+                who = answer.get("DecidedByName") or answer.get("DecidedBy") or "a person"
+                return f"{on}: {done} by {who} at {at}"
+            return f"{on}: nobody answered; {done} at its deadline, {at}"
+        if self.ending() == "Canceled":
+            return f"{on}: the event was Canceled before anyone answered"
+        if self.transitions & {"Started", "Completed"}:
+            return f"{on}: nobody answered before the event Started"
+        return f"{on}: still waiting for a person when the demo stopped"
 
 
 def summarise(record: rt.Record) -> str:
@@ -261,19 +345,6 @@ def _how(decision: rt.Decision, answer: rt.Approval | None, started: str | None)
         if outcome == "Failed"
         else ("refused", f"refused: {detail}")
     )
-
-
-def count_key(record: rt.Record) -> str:
-    if record[RECORD_TYPE] == "Decision":
-        return f"Decision {record['DecisionAction']}"
-    if record[RECORD_TYPE] == "Approval":
-        return f"Approval {record['ApprovalOutcome']}"
-    if record[RECORD_TYPE] == "Event":
-        return f"Event {record['Transition']}"
-    if record[RECORD_TYPE] == "Hook":
-        ok = record["HookExitCode"] == 0
-        return f"Hook {record['HookPhase']} {'ok' if ok else 'failed'}"
-    return "Heartbeat"
 
 
 class ViewSink(BaseSink):
@@ -527,13 +598,17 @@ class LiveScreen:
 def print_summary(demo: Demo, root: Path) -> None:
     print("\nSummary")
     print("  scenarios played: " + (", ".join(name for name, _ in demo.played) or "none"))
-    for key, count in sorted(demo.view.counts.items()):
-        print(f"  {key:<28} {count}")
+    for line in demo.view.event_lines():
+        print(f"  {line}")
     for line in demo.view.approvals():
         print(f"  {line}")
     latencies = sorted(demo.view.latencies)
     if latencies:
         median = latencies[len(latencies) // 2]
         print(f"  approval latency (decision to IMDS): median {median} ms, max {latencies[-1]} ms")
+    kinds = demo.view.counts
+    print(f"  records written {sum(kinds.values())}: "
+          + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+          + " (each VM records every change it sees of an event)")  # fmt: skip
     print(f"  records of each VM: {root}/<vm>/records.jsonl")
     print(f"  the consumer's decisions: {root}/decisions.jsonl")

@@ -84,6 +84,9 @@ def test_the_live_view_shows_the_ask_and_its_command_approves_it(
         ("(person)", "checked db-0")
     ]
     assert str(decisions[0]["DecidedBy"]).startswith("local:")
+    # The summary says how the ask ended, and who answered it.
+    [ended] = [line for line in demo.view.event_lines() if line.startswith(f"  {event_id[:8]} ")]
+    assert ended.startswith(f"  {event_id[:8]} Reboot on db-0: approved by "), ended
 
 
 def test_off_a_terminal_an_ask_is_printed_once_and_a_later_decision_ends_it() -> None:
@@ -111,3 +114,8 @@ def test_off_a_terminal_an_ask_is_printed_once_and_a_later_decision_ends_it() ->
     assert said.count("asked db-owner at 08:30:12, waits until 08:30:42 (NotBefore 08:31:12)") == 1
     assert view.asks == {}
     assert "Waiting for a person" not in view.render(["db-0"], 1.0)
+    assert view.event_lines() == [
+        "events 1: 0 approved, 1 held; 1 still open",
+        "asked a person 1:",
+        "  E1 Reboot on db-0: nobody answered; held at its deadline, 08:30:12",
+    ]

@@ -33,6 +33,10 @@ INPUTS = (
 FAKE_PYTHON = """#!/bin/sh
 echo "${0#$TREE/} $*" >> "$LOG"
 if [ "$1" = "--version" ]; then echo "Python ${VERSION:-3.13.0}"; fi
+# What Material for MkDocs 9.7 and later print at every start, unless told not to.
+if [ "$2" = "mkdocs" ] && [ -z "$NO_MKDOCS_2_WARNING" ]; then
+  echo "Material for MkDocs reaches end of life on May 5, 2027." >&2
+fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
 exit 0
 """
@@ -138,6 +142,7 @@ def test_docs_serves_the_site_with_the_docs_tools_only(tmp_path: Path) -> None:
         "-r packaging/requirements/docs.txt"
     ]
     assert run.calls[-1] == ".venv-docs/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8001"
+    assert "end of life" not in run.result.stderr  # the theme's banner, at every start
     assert not any(call.startswith("npm") for call in run.calls)
     assert not [c for c in run.calls if c.startswith(".venv/")]
     for other in (".venv", ".venv-tools", ".venv-sbom", "node_modules"):

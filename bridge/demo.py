@@ -303,8 +303,9 @@ class View:
                 waiting += block
             shown += waiting if width is None else [line[:width] for line in waiting]
             room -= len(waiting)
-        if room >= 3:
-            shown += ["", "Recent records", *recent[-(room - 2) :]]
+        if room >= 2:  # the newest records in the rows left, the gap above them if it fits
+            gap = [""] if room >= 3 else []
+            shown += [*gap, "Recent records", *recent[-(room - 1 - len(gap)) :]]
         return "\n".join(shown[:height])
 
 

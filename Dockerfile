@@ -44,9 +44,12 @@ LABEL org.opencontainers.image.title="se-bridge" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.source="${SOURCE}"
+# The state directory closed to other users, as the agent makes it (useradd's is 0755): else
+# the agent closes it, and says so, at every start.
 RUN groupadd --system --gid 10001 se-bridge \
  && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/se-bridge --create-home \
-      --shell /usr/sbin/nologin se-bridge
+      --shell /usr/sbin/nologin se-bridge \
+ && chmod 0750 /var/lib/se-bridge
 # The build stage's virtual environment and nothing else: the runtime stage runs no pip and
 # needs no network. (A COPY, not a bind mount of the build stage's wheels: Debian's podman
 # mounts a cached stage without its files, and keeps a layer that mounted one when it changed.)

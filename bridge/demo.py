@@ -10,15 +10,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import shlex
 import shutil
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -39,6 +41,7 @@ from bridge.config import (
     PeopleSettings,
 )
 from bridge.policy.file import DEFAULT_POLICY_YAML
+from bridge.policy.model import PERSON_RULE
 from bridge.records import parse_time
 from bridge.recordtypes import RECORD_TYPE
 from bridge.simulator import Simulator, SimulatorServer
@@ -78,17 +81,59 @@ class Answering:
     state_dir: Path  # the consumer's, where its operator-token is
     login_code: Callable[[], str | None]  # the page's one-time code; None once used
 
-    def lines(self, ask: rt.Decision) -> list[str]:
+    def lines(self, ask: rt.Decision, width: int | None = None) -> list[str]:
+        """The page and the command that approve `ask`; within `width` columns when given, the
+        command then continued over lines with a backslash, so it still pastes into a shell."""
         code = self.login_code()
         token = f"{self.state_dir}/operator-token"
-        page = f"{self.url}/login?code={code} (signs you in once; each decision asks for the " \
-            f"token in {token})" if code else (
-            f"{self.url}/ (signed in already; else the token in {token})"
+        page = f"signs you in once: {self.url}/login?code={code} (each decision asks for " \
+            f"the token in {token})" if code else (
+            f"signed in already; else the token in {token}: {self.url}/"
         )  # fmt: skip
         vms = ", ".join(ask["Resources"]) or "its VMs"
-        approve = [*se_bridge(), "approve", ask["EventId"], "--api", self.url,
-                   "--state-dir", str(self.state_dir), "--reason", f"checked {vms}"]  # fmt: skip
-        return [f"    answer on the page: {page}", f"    or approve it: {shlex.join(approve)}"]
+        words = [se_bridge(), ["approve", ask["EventId"]], ["--api", self.url],
+                 ["--state-dir", str(self.state_dir)], ["--reason", f"checked {vms}"]]  # fmt: skip
+        lines = [f"    answer on the page ({page})"] if width is None else wrap(
+            f"    answer on the page, {page}", width, "      "
+        )  # fmt: skip
+        return lines + continued("    or approve it: ", words, width)
+
+
+def wrap(text: str, width: int, indent: str) -> list[str]:
+    """`text` in lines of `width` at most, broken at spaces; a word too long for a line is
+    cut, as every line of the live view is, rather than broken where a person would copy it."""
+    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False,
+                          break_on_hyphens=False, drop_whitespace=True)  # fmt: skip
+    return [line[:width] for line in lines] or [""]
+
+
+def continued(prefix: str, groups: Sequence[Sequence[str]], width: int | None) -> list[str]:
+    """A shell command of the words in `groups` after `prefix`: on one line, or within `width`
+    columns on lines that end in a backslash, each group (an option and its value) kept on
+    one line when it fits. A word longer than a line is broken where the line ends: the shell
+    drops a backslash and the newline after it even within a word, so it still pastes whole."""
+    if width is None:
+        return [prefix + " ".join(shlex.join(group) for group in groups)]
+    lines, line, indent = [], prefix.rstrip(), "      "
+
+    def add(text: str) -> None:
+        nonlocal line
+        if len(line) + 1 + len(text) + 2 > width and line.strip():
+            lines.append(line + " \\")
+            line = indent
+        line = f"{line} {text}" if line.strip() else line + text
+        while len(line) > width - 1 and text == shlex.quote(text):
+            lines.append(line[: width - 1] + "\\")
+            line = line[width - 1 :]
+
+    for group in groups:
+        joined = shlex.join(group)
+        if len(indent) + len(joined) + 2 <= width:
+            add(joined)
+        else:
+            for word in group:
+                add(shlex.quote(word))
+    return [*lines, line]
 
 
 def se_bridge() -> list[str]:
@@ -117,6 +162,9 @@ class View:
         self.approves: dict[str, rt.Decision] = {}
         self.answers: dict[str, rt.Approval] = {}
         self.event_started: dict[str, str] = {}
+        # What the summary says of each event (by EventId, lower-cased): what the VMs saw of
+        # it and what the consumer decided.
+        self.events: dict[str, Seen] = {}
         # Asks waiting for a person, by EventId: the first Ask decision (since when).
         self.asks: dict[str, rt.Decision] = {}
         self.answering: Answering | None = None
@@ -125,7 +173,7 @@ class View:
     def add(self, vm: str, record: rt.Record) -> None:
         line = f"{record['TimeGenerated'][11:19]} {vm:<7} {summarise(record)}"
         with self.lock:
-            self.counts[count_key(record)] += 1
+            self.counts[record[RECORD_TYPE]] += 1  # the summary's count of records
             if record[RECORD_TYPE] == "Approval" and record["ApprovalLatencyMs"] is not None:
                 self.latencies.append(record["ApprovalLatencyMs"])
             self._follow(record)
@@ -151,24 +199,32 @@ class View:
         if key in self.asks:
             return []
         self.asks[key] = record
-        return self._asked_lines([record])
+        return [line for block in self._asked_lines([record]) for line in block]
 
-    def _asked_lines(self, asks: Sequence[rt.Decision]) -> list[str]:
-        lines = []
+    def _asked_lines(
+        self, asks: Sequence[rt.Decision], width: int | None = None
+    ) -> list[list[str]]:
+        """Each ask's lines: what was asked, and how to answer it."""
+        blocks = []
         for ask in asks:
             since = ask["TimeGenerated"][11:19]
             deadline = (ask.get("AskDeadline") or "")[11:19] or "NotBefore"
             not_before = (ask["NotBefore"] or "")[11:19] or "unknown"
-            lines.append(
+            head = (
                 f"  {ask['EventType']} {ask['EventId']} on {', '.join(ask['Resources'])}: "
                 f"asked {ask.get('AskedTarget')} at {since}, waits until {deadline} "
                 f"(NotBefore {not_before})"
             )
+            lines = [head] if width is None else wrap(head, width, "    ")
             if self.answering is not None:
-                lines += self.answering.lines(ask)
-        return lines
+                lines += self.answering.lines(ask, width)
+            blocks.append(lines)
+        return blocks
 
     def _follow(self, record: rt.Record) -> None:
+        if record[RECORD_TYPE] in ("Event", "Decision") and record["EventId"]:
+            seen = self.events.setdefault(str(record["EventId"]).lower(), Seen())
+            seen.add(record)
         if record[RECORD_TYPE] == "Decision":
             command = record.get("CommandId")
             if record["DecisionAction"] == "Approve" and command:
@@ -178,6 +234,27 @@ class View:
                 self.answers.setdefault(command, record)
         elif record[RECORD_TYPE] == "Event" and record["Transition"] == "Started":
             self.event_started.setdefault(str(record["EventId"]).lower(), record["TimeGenerated"])
+
+    def event_lines(self) -> list[str]:
+        """The summary's lines on events: how many, what the consumer decided of them and
+        how they ended; then each ask, and how it ended."""
+        with self.lock:
+            events = {key: seen.copy() for key, seen in self.events.items()}
+        if not events:
+            return ["events 0"]
+        decided = Counter(seen.outcome() for seen in events.values())
+        # Approved and held always, then whatever else: waiting for a person, not decided.
+        said = [f"{decided.pop(k, 0)} {k}" for k in ("approved", "held")]
+        said += [f"{n} {k}" for k, n in sorted(decided.items())]
+        ended = Counter(seen.ending() for seen in events.values())
+        endings = ("Completed", "Canceled", "still open")
+        how = ", ".join(f"{ended[k]} {k}" for k in endings if ended[k])
+        lines = [f"events {len(events)}: {', '.join(said)}; {how}"]
+        asked = [(key, seen) for key, seen in events.items() if seen.ask is not None]
+        if asked:
+            lines.append(f"asked a person {len(asked)}:")
+            lines += [f"  {seen.asked_line()}" for _, seen in asked]
+        return lines
 
     def approvals(self) -> list[str]:
         """The summary's lines on approve decisions: how many reached IMDS, and each one that
@@ -200,17 +277,94 @@ class View:
         said = ", ".join(f"{counts[k]} {k}" for k in order if counts[k] or k == order[0])
         return [f"approve decisions {len(approves)}: {said}", *missed] if approves else []
 
-    def render(self, vms: Sequence[str], scale: float) -> str:
+    def render(
+        self, vms: Sequence[str], scale: float, width: int | None = None, height: int | None = None
+    ) -> str:
+        """The live view's frame; within `width` x `height` when given (a terminal's size):
+        each line cut or, for an ask, wrapped, and only the newest records that fit."""
         with self.lock:
             elapsed = time.monotonic() - self.started
             rows = [f"  {vm:<7} {self.latest.get(vm, '-')}" for vm in vms]
             recent = list(self.recent)
-            asks = self._asked_lines(list(self.asks.values()))
+            asks = self._asked_lines(list(self.asks.values()), width)
         head = f"se-bridge demo: {len(vms)} VMs, time x{scale:g}, {elapsed:5.1f} s (Ctrl-C stops)"
-        waiting = ["", "Waiting for a person", *asks] if asks else []
-        return "\n".join(
-            [head, "", "Latest per VM", *rows, *waiting, "", "Recent records", *recent]
-        )
+        shown = [head, "", "Latest per VM", *rows]
+        if width is not None:
+            shown = [line[:width] for line in shown]
+            recent = [line[:width] for line in recent]
+        room = (height or 10**6) - len(shown)
+        if asks:
+            waiting = ["", "Waiting for a person"]
+            for number, block in enumerate(asks):
+                # The first ask always (cut if the screen is that small), the others if they
+                # and the line that counts the rest fit.
+                rest = len(asks) - number - 1
+                if number and len(waiting) + len(block) + (1 if rest else 0) > room:
+                    waiting.append(f"  and {len(asks) - number} more: see the page")
+                    break
+                waiting += block
+            shown += waiting if width is None else [line[:width] for line in waiting]
+            room -= len(waiting)
+        if room >= 2:  # the newest records in the rows left, the gap above them if it fits
+            gap = [""] if room >= 3 else []
+            shown += [*gap, "Recent records", *recent[-(room - 1 - len(gap)) :]]
+        return "\n".join(shown[:height])
+
+
+@dataclass
+class Seen:
+    """One event, as the demo saw it: the transitions its VMs recorded and the consumer's
+    decisions on it, in order."""
+
+    transitions: set[str] = field(default_factory=set)
+    decisions: list[rt.Decision] = field(default_factory=list)
+    ask: rt.Decision | None = None  # the first Ask decision
+
+    def add(self, record: rt.Record) -> None:
+        if record[RECORD_TYPE] == "Event":
+            self.transitions.add(str(record["Transition"]))
+        elif record[RECORD_TYPE] == "Decision":
+            self.decisions.append(record)
+            if record["DecisionAction"] == "Ask" and self.ask is None:
+                self.ask = record
+
+    def copy(self) -> Seen:
+        return Seen(set(self.transitions), list(self.decisions), self.ask)
+
+    def outcome(self) -> str:
+        """What the consumer made of it, in the summary's words."""
+        actions = [d["DecisionAction"] for d in self.decisions]
+        if "Approve" in actions:
+            return "approved"
+        if "Hold" in actions:
+            return "held"
+        if not actions:
+            return "not decided (seen only once Started)"
+        return "waiting for a person" if actions[-1] == "Ask" else actions[-1].lower()
+
+    def ending(self) -> str:
+        return next((t for t in ("Completed", "Canceled") if t in self.transitions), "still open")
+
+    def asked_line(self) -> str:
+        """`EventId EventType on VMS: how the ask ended`."""
+        assert self.ask is not None
+        ask = self.ask
+        after = self.decisions[self.decisions.index(ask) + 1 :]
+        answer = next((d for d in after if d["DecisionAction"] in ("Approve", "Hold")), None)
+        vms = ", ".join(ask["Resources"]) or "its VMs"
+        on = f"{str(ask['EventId'])[:8]} {ask['EventType']} on {vms}"
+        if answer is not None:
+            done = "approved" if answer["DecisionAction"] == "Approve" else "held"
+            at = answer["TimeGenerated"][11:19]
+            if answer["DecisionRule"] == PERSON_RULE:
+                who = answer.get("DecidedByName") or answer.get("DecidedBy") or "a person"
+                return f"{on}: {done} by {who} at {at}"
+            return f"{on}: nobody answered; {done} at its deadline, {at}"
+        if self.ending() == "Canceled":
+            return f"{on}: the event was Canceled before anyone answered"
+        if self.transitions & {"Started", "Completed"}:
+            return f"{on}: nobody answered before the event Started"
+        return f"{on}: still waiting for a person when the demo stopped"
 
 
 def summarise(record: rt.Record) -> str:
@@ -263,19 +417,6 @@ def _how(decision: rt.Decision, answer: rt.Approval | None, started: str | None)
         if outcome == "Failed"
         else ("refused", f"refused: {detail}")
     )
-
-
-def count_key(record: rt.Record) -> str:
-    if record[RECORD_TYPE] == "Decision":
-        return f"Decision {record['DecisionAction']}"
-    if record[RECORD_TYPE] == "Approval":
-        return f"Approval {record['ApprovalOutcome']}"
-    if record[RECORD_TYPE] == "Event":
-        return f"Event {record['Transition']}"
-    if record[RECORD_TYPE] == "Hook":
-        ok = record["HookExitCode"] == 0
-        return f"Hook {record['HookPhase']} {'ok' if ok else 'failed'}"
-    return "Heartbeat"
 
 
 class ViewSink(BaseSink):
@@ -525,20 +666,24 @@ def drive(demo: Demo, stop: threading.Event, args: argparse.Namespace, live: boo
                 demo.play(played)
                 played, next_play = played + 1, next_play + args.every
             if screen is not None:
-                screen.draw(demo.view.render(demo.simulator.vm_names, args.time_scale))
+                width, height = screen.size()
+                vms = demo.simulator.vm_names
+                screen.draw(demo.view.render(vms, args.time_scale, width, height))
             stop.wait(0.5)
 
 
 class LiveScreen:
     """The live view, on the terminal's alternate screen (as `top` and `less` draw).
 
-    Each frame is drawn over the last one, each line cleared to its end and what is below
-    the frame cleared, so nothing flickers and the user's scrollback is never wiped; leaving
+    Each frame fits the terminal, whose size is read before each one (a resize shows at the
+    next), and is drawn over the last one, line by line at its row: nothing scrolls, so nothing
+    reaches the scrollback, and nothing flickers; what is below the frame is cleared. Leaving
     restores the screen the user had, and the summary then prints there.
     """
 
     ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden
     LEAVE = "\x1b[?25h\x1b[?1049l"
+    SMALLEST = os.terminal_size((80, 24))  # when the size cannot be read
 
     def __init__(self, out: TextIO) -> None:
         self.out = out
@@ -547,9 +692,25 @@ class LiveScreen:
         self.out.write(self.ENTER)
         return self
 
+    def size(self) -> tuple[int, int]:
+        """(columns, rows)."""
+        try:
+            size = os.get_terminal_size(self.out.fileno())
+        except (OSError, ValueError):
+            size = self.SMALLEST
+        return size.columns or self.SMALLEST.columns, size.lines or self.SMALLEST.lines
+
     def draw(self, frame: str) -> None:
+        width, height = self.size()
         lines = frame.splitlines()
-        self.out.write("\x1b[H" + "".join(line + "\x1b[K\n" for line in lines) + "\x1b[J")
+        # A line as wide as the screen leaves the cursor past its end, where clearing to the
+        # end of the line would take its last character: only shorter lines are cleared.
+        drawn = "".join(
+            f"\x1b[{row};1H{line}" + ("\x1b[K" if len(line) < width else "")
+            for row, line in enumerate(lines, 1)
+        )
+        below = f"\x1b[{len(lines) + 1};1H\x1b[J" if len(lines) < height else ""
+        self.out.write(drawn + below)
         self.out.flush()
 
     def __exit__(self, *exc: object) -> None:
@@ -560,13 +721,17 @@ class LiveScreen:
 def print_summary(demo: Demo, root: Path) -> None:
     print("\nSummary")
     print("  scenarios played: " + (", ".join(name for name, _ in demo.played) or "none"))
-    for key, count in sorted(demo.view.counts.items()):
-        print(f"  {key:<28} {count}")
+    for line in demo.view.event_lines():
+        print(f"  {line}")
     for line in demo.view.approvals():
         print(f"  {line}")
     latencies = sorted(demo.view.latencies)
     if latencies:
         median = latencies[len(latencies) // 2]
         print(f"  approval latency (decision to IMDS): median {median} ms, max {latencies[-1]} ms")
+    kinds = demo.view.counts
+    print(f"  records written {sum(kinds.values())}: "
+          + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+          + " (each VM records every change it sees of an event)")  # fmt: skip
     print(f"  records of each VM: {root}/<vm>/records.jsonl")
     print(f"  the consumer's decisions: {root}/decisions.jsonl")

@@ -467,11 +467,16 @@ def _group(node: YamlNode) -> str:
 
 def summary(policy: Policy) -> list[str]:
     """One line per rule and per budget, for `python -m bridge.policy.file` and logs."""
-    counts = f"{len(policy.rules)} rules, {len(policy.budgets)} budgets"
+    counts = f"{counted(len(policy.rules), 'rule')}, {counted(len(policy.budgets), 'budget')}"
     lines = [f"{policy.source}: valid policy, {counts} (first matching rule wins)"]
     lines += [f"  rule {rule.name}: {describe_rule(rule)}" for rule in policy.rules]
     lines += [f"  budget {budget.name}: {describe_budget(budget)}" for budget in policy.budgets]
     return lines
+
+
+def counted(number: int, noun: str) -> str:
+    """`1 rule`, `2 rules`."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
 
 
 def describe_rule(rule: Rule) -> str:
@@ -515,7 +520,7 @@ def describe_action(action: Action) -> str:
 
 def describe_budget(budget: Budget) -> str:
     if budget.max_vms is not None:
-        most = f"{budget.max_vms} VM{'s' if budget.max_vms != 1 else ''}"
+        most = counted(budget.max_vms, "VM")
     else:
         most = f"{budget.max_percent:g}% (at least 1 VM)"
     return f"at most {most} impacted per {budget.group}"

@@ -388,6 +388,15 @@ def test_policy_check_says_what_is_wrong(tmp_path: Path) -> None:
     assert "sometimes" in done.stderr
 
 
+def test_policy_check_counts_in_words(tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text("version: 1\nbudgets:\n  - {name: one, group: fleet, max_vms: 1}\n"
+                   "rules:\n  - name: all\n    action: approve\n", encoding="utf-8")  # fmt: skip
+    done = run_bridge("policy", "check", str(one))
+    assert done.returncode == 0, done.stderr
+    assert f"{one}: valid policy, 1 rule, 1 budget (first matching rule wins)" in done.stdout
+
+
 def test_metrics_of_the_agent_and_the_consumer_count_an_approval(procs: Processes) -> None:
     loop = Loop(procs, Transport(procs.workdir), consumer_args=["--metrics-address", "0"])
     for agent in loop.agents.values():

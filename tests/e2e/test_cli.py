@@ -99,7 +99,7 @@ def test_demo_runs_and_leaves_valid_records(tmp_path: Path) -> None:
     assert "scenarios played: live-migration, user-reboot, availability-set" in done.stdout
     # A person is asked about db-0's reboot: how to answer is printed with the ask.
     assert "on db-0: asked db-owner at " in done.stdout
-    assert "answer on the page: http://127.0.0.1:" in done.stdout
+    assert "answer on the page (signs you in once: http://127.0.0.1:" in done.stdout
     assert " approve " in done.stdout
 
     kinds: Counter[str] = Counter()
@@ -114,6 +114,36 @@ def test_demo_runs_and_leaves_valid_records(tmp_path: Path) -> None:
         kinds.update(f"Event {r['Transition']}" for r in records if r["RecordType"] == "Event")
     assert kinds["Event Scheduled"] >= 1, kinds
     assert kinds["Hook"] >= 1, kinds
+    _assert_the_summary_counts_events(done.stdout, state)
+
+
+def _assert_the_summary_counts_events(stdout: str, state: Path) -> None:
+    """The summary counts events, not the records each VM wrote of them (several VMs see one
+    event, and each records its every transition), says what the consumer decided of them,
+    and how each ask ended (issue 39)."""
+    summary = stdout.split("\nSummary\n", 1)[1].splitlines()
+    events = {
+        str(r["EventId"]).lower()
+        for vm in demo_vms()
+        for r in read_records(state / vm.name / "records.jsonl")
+        if r["RecordType"] == "Event"
+    }
+    actions: dict[str, set[str]] = {}
+    for decision in read_records(state / "decisions.jsonl"):
+        if decision["EventId"]:
+            actions.setdefault(decision["EventId"].lower(), set()).add(decision["DecisionAction"])
+    approved = {e for e, did in actions.items() if "Approve" in did}
+    held = {e for e, did in actions.items() if "Hold" in did} - approved
+    asked = {e for e, did in actions.items() if "Ask" in did}
+    [line] = [line for line in summary if line.startswith("  events ")]
+    said = f"  events {len(events)}: {len(approved)} approved, {len(held)} held, "
+    assert line.startswith(said), line
+    [asks] = [line for line in summary if line.startswith("  asked a person ")]
+    assert asks == f"  asked a person {len(asked)}:", summary
+    for event in asked:
+        [ended] = [line for line in summary if line.lower().startswith(f"    {event[:8]} ")]
+        assert " on db-0: " in ended, ended
+    assert not [line for line in summary if line.split()[:2] == ["Event", "Scheduled"]], summary
 
 
 def test_the_live_view_draws_on_the_alternate_screen_and_leaves_the_scrollback(
@@ -139,7 +169,7 @@ def test_the_live_view_draws_on_the_alternate_screen_and_leaves_the_scrollback(
     assert 0 <= enter < leave, text[:300]
     assert "\x1b[2J" not in text  # never wipes the screen
     assert "\x1b[3J" not in text  # nor the scrollback
-    assert text.count("\x1b[H") >= 3  # redrawn in place
+    assert text.count("\x1b[1;1H") >= 3  # redrawn in place
     assert "\nSummary" in text[leave:]
     assert "\x1b[?25h" in text[leave - 10 :]  # the cursor is shown again
 

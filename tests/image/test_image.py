@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from bridge import __version__
+from bridge import __version__, host
 from bridge.localhub import LocalHub
 from tests.image import podman
 from tests.support.fleetrecords import FleetRecords
@@ -104,3 +104,13 @@ def probe(url: str) -> int:
     with requests.Session() as session:
         session.trust_env = False  # no proxy between the test and 127.0.0.1
         return session.get(url, timeout=10).status_code
+
+
+def test_the_state_directory_in_the_image_is_closed_to_other_users(image: str) -> None:
+    """As the agent makes it (bridge.host.private_directory), so it need not say at each
+    start that it closed it (issue 39)."""
+    said = podman.podman(
+        "run", "--rm", *podman.RUN_OPTIONS, "--entrypoint", "python3", image, "-c",
+        "import os; print(oct(os.stat('/var/lib/se-bridge').st_mode & 0o777))", timeout=60,
+    )  # fmt: skip
+    assert said.strip() == oct(0o777 & ~host.PRIVATE_UMASK)

@@ -32,9 +32,19 @@ INPUTS = (
 # and every call is recorded as `WHO ARGS`, WHO its path relative to the tree.
 FAKE_PYTHON = """#!/bin/sh
 echo "${0#$TREE/} $*" >> "$LOG"
+if [ "$1" = "--version" ]; then echo "Python ${VERSION:-3.13.0}"; fi
+# What Material for MkDocs 9.7 and later print at every start, unless told not to.
+if [ "$2" = "mkdocs" ] && [ -z "$NO_MKDOCS_2_WARNING" ]; then
+  echo "Material for MkDocs reaches end of life on May 5, 2027." >&2
+fi
 if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
 exit 0
 """
+
+
+def python(version: str) -> str:
+    """A stand-in Python that says it is `version`, and otherwise acts as FAKE_PYTHON."""
+    return FAKE_PYTHON.replace("${VERSION:-3.13.0}", version)
 
 
 @dataclass
@@ -49,25 +59,57 @@ class Run:
         return [c.removeprefix(prefix) for c in self.calls if c.startswith(prefix)]
 
 
-def _dev(tmp_path: Path, *args: str, tools: tuple[str, ...] = ()) -> Run:
-    """Run ./dev ARGS in a copy; `tools` are .venv/bin programs that record their calls too."""
+# A pyenv shim of a version pyenv has not selected: found on PATH, but running it fails.
+PYENV_SHIM = """#!/bin/sh
+echo "pyenv: ${0##*/}: command not found" >&2
+exit 127
+"""
+
+
+def _executable(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o755)
+
+
+def _system_path(tmp_path: Path) -> str:
+    """A PATH of the system's commands with no Python on it: every program of PATH's
+    directories, linked, except those named python*."""
+    linked = tmp_path / "system"
+    linked.mkdir()
+    for directory in reversed(os.environ["PATH"].split(os.pathsep)):
+        if not Path(directory).is_dir() or ".pyenv" in directory:
+            continue
+        for program in Path(directory).iterdir():
+            if not program.name.startswith("python"):
+                (linked / program.name).unlink(missing_ok=True)
+                (linked / program.name).symlink_to(program)
+    return str(linked)
+
+
+def _dev(
+    tmp_path: Path,
+    *args: str,
+    tools: tuple[str, ...] = (),
+    venv: str = ".venv",
+    pythons: dict[str, str] | None = None,
+) -> Run:
+    """Run ./dev ARGS in a copy; `tools` are `venv`/bin programs that record their calls too.
+    `pythons` are the only Pythons on PATH, by name and script (a Python 3.13 by default)."""
     tree = tmp_path / "tree"
     for name in INPUTS:
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / name, tree / name)
     for name in tools:
         (tree / "node_modules").mkdir(exist_ok=True)  # what the fake npm would have made
-        (tree / ".venv" / "bin").mkdir(parents=True, exist_ok=True)
-        (tree / ".venv" / "bin" / name).write_text(FAKE_PYTHON, encoding="utf-8")
-        (tree / ".venv" / "bin" / name).chmod(0o755)
+        _executable(tree / venv / "bin" / name, FAKE_PYTHON)
     fake = tmp_path / "bin"
     fake.mkdir()
-    for name in ("python3.13", "npm"):
-        (fake / name).write_text(FAKE_PYTHON, encoding="utf-8")
-        (fake / name).chmod(0o755)
+    for name, script in {"npm": FAKE_PYTHON, **(pythons or {"python3.13": FAKE_PYTHON})}.items():
+        _executable(fake / name, script)
     log = tmp_path / "calls.log"
     env = os.environ | {
-        "PATH": f"{fake}{os.pathsep}{os.environ['PATH']}",
+        "PATH": f"{fake}{os.pathsep}{_system_path(tmp_path)}",
         "TREE": str(tree),
         "LOG": str(log),
     }
@@ -75,7 +117,7 @@ def _dev(tmp_path: Path, *args: str, tools: tuple[str, ...] = ()) -> Run:
         [str(tree / "dev"), *args], capture_output=True, text=True, env=env, timeout=60, check=False
     )
     calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
-    return Run(result, [re.sub(r"^\S*/bin/(npm|python3\.13)", r"\1", c) for c in calls], tree)
+    return Run(result, [re.sub(r"^\S*/bin/(npm|python3[.0-9]*)", r"\1", c) for c in calls], tree)
 
 
 def test_sbom_sets_up_the_sbom_tool_and_not_the_scanner(tmp_path: Path) -> None:
@@ -100,6 +142,7 @@ def test_docs_serves_the_site_with_the_docs_tools_only(tmp_path: Path) -> None:
         "-r packaging/requirements/docs.txt"
     ]
     assert run.calls[-1] == ".venv-docs/bin/python -m mkdocs serve --dev-addr 127.0.0.1:8001"
+    assert "end of life" not in run.result.stderr  # the theme's banner, at every start
     assert not any(call.startswith("npm") for call in run.calls)
     assert not [c for c in run.calls if c.startswith(".venv/")]
     for other in (".venv", ".venv-tools", ".venv-sbom", "node_modules"):
@@ -117,6 +160,57 @@ def test_generate_rewrites_the_generated_docs_infra_and_workbook(tmp_path: Path)
         ".venv/bin/python -m tools.kql.workbook",
     ]
     assert not any(call.startswith("npm") for call in run.calls)
+
+
+def test_the_demo_runs_on_python_3_10_with_the_consumers_packages_only(tmp_path: Path) -> None:
+    """The README's first command on Ubuntu 22.04's Python: the product runs on 3.10, and the
+    demo needs only it and the consumer's packages (issue 39), not the test tools (3.11)."""
+    run = _dev(
+        tmp_path,
+        "demo",
+        "--duration",
+        "5",
+        tools=("se-bridge",),
+        venv=".venv-demo",
+        pythons={"python3": python("3.10.12")},
+    )
+    assert run.result.returncode == 0, run.result.stderr
+    assert "python3 -m venv .venv-demo" in run.calls
+    quiet = "--quiet --disable-pip-version-check"
+    assert run.installed(".venv-demo") == [
+        f"{quiet} --upgrade pip",
+        f"{quiet} --require-hashes -r packaging/requirements/consumer.txt",
+        f"{quiet} --no-deps -e .",
+    ]
+    assert run.calls[-1] == ".venv-demo/bin/se-bridge demo --duration 5"
+    assert not (run.tree / ".venv").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "found", "needed"),
+    [
+        ("demo", "3.9.18", "./dev demo needs Python 3.10 or newer on PATH"),
+        ("test", "3.10.12", "./dev test needs Python 3.11 or newer on PATH"),
+        ("docs", "3.10.12", "./dev docs needs Python 3.11 or newer on PATH"),
+    ],
+)
+def test_a_python_too_old_stops_dev_with_a_sentence_and_exit_2(
+    tmp_path: Path, command: str, found: str, needed: str
+) -> None:
+    run = _dev(tmp_path, command, pythons={"python3": python(found)})
+    assert run.result.returncode == 2, run.result.stderr
+    assert run.result.stderr.splitlines() == [f"{needed}; python3 is Python {found}"]
+    assert not [c for c in run.calls if "-m venv" in c]
+
+
+def test_the_python_probe_is_quiet_about_pyenv_shims_of_other_versions(tmp_path: Path) -> None:
+    """pyenv puts a shim of every version it has on PATH; one not selected fails when run."""
+    shims = dict.fromkeys(("python3.13", "python3.12", "python3.10"), PYENV_SHIM)
+    run = _dev(tmp_path, "demo", tools=("se-bridge",), venv=".venv-demo",
+               pythons={**shims, "python3.11": python("3.11.7")})  # fmt: skip
+    assert run.result.returncode == 0, run.result.stderr
+    assert "command not found" not in run.result.stderr
+    assert "python3.11 -m venv .venv-demo" in run.calls
 
 
 TEST_TOOLS = ("ruff", "mypy", "lint-imports", "pytest")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge import __version__
+from bridge import __version__, host
 from bridge.extras import EXTRAS
 from tests.support import lock
 
@@ -189,3 +189,15 @@ def test_the_image_says_what_it_is_and_where_it_came_from() -> None:
         assert f"org.opencontainers.image.{key}=" in labels, key
     args = {args.split("=")[0]: args.split("=", 1)[1] for kind, args in STEPS if kind == "ARG"}
     assert args["VERSION"] == __version__
+
+
+def test_the_state_directory_is_made_with_the_mode_the_agent_wants() -> None:
+    """The agent closes its state directory to other users at each start, and says so when it
+    was open (bridge.host.private_directory): the image makes it closed, so a container does
+    not say it at every start (issue 39)."""
+    [volume] = json.loads(next(args for kind, args in STEPS if kind == "VOLUME"))
+    mode = f"{0o777 & ~host.PRIVATE_UMASK:04o}"
+    runs = [args for kind, args in stages()[-1] if kind == "RUN"]
+    assert [run for run in runs if re.search(rf"\bchmod {mode} {re.escape(volume)}(\s|$)", run)], (
+        runs
+    )

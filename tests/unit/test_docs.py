@@ -50,6 +50,13 @@ def test_schema_command_prints_what_the_docs_tell_users_to_paste(
     assert schema.main(["--nonsense"]) == 2
 
 
+def test_readme_says_how_long_the_two_commands_take() -> None:
+    """From a fresh clone (issue 39): the demo's first frame, and the whole test command."""
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    assert re.search(r"`\./dev demo` draws its first frame after about \d+ s", text)
+    assert re.search(r"`\./dev test` takes about \d+ minutes", text)
+
+
 def test_readme_says_what_se_bridge_is_before_the_two_commands() -> None:
     text = README.read_text(encoding="utf-8")
     lead = text.split("```sh", 1)[0].split("\n", 1)[1].strip()  # after the title

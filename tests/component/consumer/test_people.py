@@ -20,7 +20,7 @@ from bridge.commands.signing import Signer
 from bridge.config import ConfigError, ConsumerSettings, load
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
-from bridge.consumer.explain import render
+from bridge.consumer.explain import last_decision, render
 from bridge.consumer.operators import (
     KEEP_OPERATOR_ACTIONS,
     OPERATOR,
@@ -202,6 +202,30 @@ def test_a_persons_approval_waits_on_a_full_budget_and_an_override_goes_over_it(
     assert (record["DecisionAction"], record["BudgetOverride"]) == ("Approve", True)
     assert ("override", E2) in rig.notices.kinds()
     assert any("OVER A FULL BUDGET" in r.getMessage() for r in caplog.records)
+
+
+def test_explain_says_an_override_once_the_event_has_started(make: Any) -> None:
+    # Issue 37: --json said BudgetOverride false once the event had started, while the
+    # Decision record and the text said the approval went over the budget.
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.event("web_1", E2)
+    rig.event("web_0", E1)
+    assert rig.decide("approve", E2, reason="first").accepted
+    assert rig.decide("approve", E1, override_budget=True, reason="3 a.m. fix").accepted
+    assert rig.last(E1)["BudgetOverride"] is True
+    rig.fleet.advance(30)
+    rig.event("web_0", E1, transition="Started")
+    said, text = explained(rig)
+    assert said["EventStatus"] == "Started"
+    assert said["DecisionAction"] == "Approve"
+    assert said["BudgetOverride"] is True
+    assert "over the budget" in text
+    # Explained from an export of the records (--records), as the Decision record says.
+    found = rig.consumer.explain(E1)
+    taken = last_decision(rig.decisions, E1)
+    from_records = json.loads(render(replace(found, taken=taken), rig.consumer.policy,
+                                     as_json=True))  # fmt: skip
+    assert from_records["BudgetOverride"] is True
 
 
 def test_a_persons_hold_holds_what_the_policy_approves(make: Any) -> None:

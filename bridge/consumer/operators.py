@@ -15,7 +15,13 @@ A sample document (`operator/20261121T100500.000000-000001-1f2e3d4c5b6a`):
     {"Action": {"Kind": "approve", "By": "0b5e...", "ByName": "Alice", "Reason": "failover
      done", "At": "2026-11-21T10:05:00.000Z", "EventId": "C7061BAC-...", "ResourcesDigest":
      "9f86d081884c7d65", "OverrideBudget": false, "Scope": null, "Until": null},
-     "KeyId": "3b7a1c0d9e8f2a4b", "Signature": "base64..."}
+     "Signed": "2026-11-21T10:05:00.000Z", "KeyId": "3b7a1c0d9e8f2a4b", "Signature": "base64..."}
+
+The signature covers the action and `Signed`, when it was signed: an action that still decides
+is signed again every day, so a copy of one the consumers forgot (signed before the signed mark
+`mark-forgotten`) is refused, as is what a previous key signed after the current one took over
+(`mark-key-KEYID`), and a standing document someone deleted is written back
+(docs/people.md#what-is-kept).
 """
 
 from __future__ import annotations

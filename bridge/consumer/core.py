@@ -116,8 +116,10 @@ class Consumer:
         self.forged = 0  # operator actions in the state that did not verify (the metrics)
         self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
         self.asks_pending = 0  # as of the last tick
+        self.refused: Counter[str] = Counter()  # operator documents refused, by why
         self.operators = OperatorLog(store, signer, forged=self._forged, trusted=trusted,
-                                     sign_again=sign_again)  # fmt: skip
+                                     sign_again=sign_again, refused=self._refuse,
+                                     now=now)  # fmt: skip
         self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
                                  notifier=notifier)  # fmt: skip
         self.marks = ReadMarks(store, now=now, host_name=host_name)
@@ -403,10 +405,13 @@ class Consumer:
         with self._lock:
             pauses = len(self.operators.pauses(self._now()))
             return PeopleCounts(self.asks_pending, pauses, dict(self.operated), self.forged,
-                                self.operators.on_previous_key)  # fmt: skip
+                                self.operators.on_previous_key, dict(self.refused))  # fmt: skip
 
     def _forged(self) -> None:
         self.forged += 1
+
+    def _refuse(self, why: str) -> None:
+        self.refused[why] += 1
 
 
 @dataclass(frozen=True)

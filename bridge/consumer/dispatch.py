@@ -311,6 +311,8 @@ class Dispatch:
         }
         if verdict.target is not None:
             said["target"] = verdict.target
+        if verdict.override:
+            said["override"] = True
         if vms is not None:
             said["affected"] = list(view.affected)
             said["unresolved"] = list(view.unresolved)

@@ -99,6 +99,7 @@ class StandingDecision(TypedDict, total=False):
     ready: list[str]  # the VmIds whose prepare hook had succeeded
     reporters: int  # how many VMs reported the event
     no_hook: list[str]  # the VmIds of `affected` whose agents said they have no prepare hook
+    override: bool  # a person approved it over a full budget (Decision BudgetOverride)
 
 
 def standing(value: EventDocument) -> tuple[str, str, str] | None:

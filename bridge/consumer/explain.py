@@ -111,12 +111,14 @@ def last_decision(records: Sequence[rt.Record], event_id: str) -> fs.StandingDec
     mine = [r for r in records if is_decision(r) and fs.event_key(r["EventId"]) == key]
     if not mine:
         return None
-    last = max(mine, key=lambda r: str(r.get("TimeGenerated")))
+    # Of records written in the same millisecond, the one written last (the export's order).
+    last = max(reversed(mine), key=lambda r: str(r.get("TimeGenerated")))
     return {
         "kind": str(last["DecisionAction"]),
         "rule": str(last["DecisionRule"]),
         "reason": str(last["DecisionReason"]),
         **({"target": str(last["TargetVmId"])} if last.get("TargetVmId") else {}),
+        **({"override": True} if last.get("BudgetOverride") is True else {}),
         "at": str(last["TimeGenerated"]),
         "explanation": str(last.get("DecisionExplanation") or "").splitlines(),
     }
@@ -258,6 +260,9 @@ def render(found: Explained, policy: Policy, *, as_json: bool) -> str:
     # Records say null of the status of an event that is gone; Gone is no EventStatus.
     status = None if view.status == fs.GONE else view.status
     people = _people(found)
+    if verdict is None:
+        # Started or over: the override is the decision's it stood on (issue 37).
+        people["BudgetOverride"] = bool(taken and taken.get("override"))
     if as_json:
         return json.dumps(
             {

@@ -28,7 +28,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -36,7 +36,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
-from bridge.consumer.operators import KINDS, PeopleCounts
+from bridge.consumer.operators import KINDS, REFUSED, PeopleCounts
 from bridge.consumer.release import Pending
 from bridge.records import RecordView, parse_time
 from bridge.recordtypes import RECORD_TYPE
@@ -153,21 +153,25 @@ class _PeopleCollector(Collector):
             "Pauses of early approvals in force (fleet-wide or of a budget group).",
             value=now.pauses_active,
         )
-        actions = CounterMetricFamily(
+        yield _by_label(
             "se_bridge_consumer_operator_actions",
             "What people decided through the API, the page or the CLI and the consumer "
             "accepted, by kind: approve, hold, pause, resume.",
-            labels=["kind"],
-        )
-        for kind in KINDS:
-            actions.add_metric([kind], now.operated.get(kind, 0))
-        yield actions
+            "kind", KINDS, now.operated,
+        )  # fmt: skip
         yield CounterMetricFamily(
             "se_bridge_consumer_operator_actions_forged",
             "Operator actions found in the fleet state whose signature did not verify with "
             "this consumer's key: ignored (someone wrote the state by hand, or the key changed).",
             value=now.forged,
         )
+        yield _by_label(
+            "se_bridge_consumer_operator_documents_refused",
+            "Signed operator documents the consumer refused, by why: deleted (before their "
+            "time: written back), reappeared (a forgotten one put back), signed_after_rotation "
+            "(by a previous key after the current one took over).",
+            "why", REFUSED, now.refused,
+        )  # fmt: skip
         yield GaugeMetricFamily(
             "se_bridge_consumer_operator_actions_previous_key",
             "Operator actions that apply only through a previous signing key "
@@ -175,6 +179,16 @@ class _PeopleCollector(Collector):
             "keep that key until this is 0.",
             value=now.on_previous_key,
         )
+
+
+def _by_label(
+    name: str, doc: str, label: str, values: Iterable[str], counts: Mapping[str, int]
+) -> CounterMetricFamily:
+    """A counter of one label, every value of `values` given (0 when `counts` has none)."""
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for value in values:
+        family.add_metric([value], counts.get(value, 0))
+    return family
 
 
 class _PendingCollector(Collector):

@@ -15,7 +15,13 @@ A sample document (`operator/20261121T100500.000000-000001-1f2e3d4c5b6a`):
     {"Action": {"Kind": "approve", "By": "0b5e...", "ByName": "Alice", "Reason": "failover
      done", "At": "2026-11-21T10:05:00.000Z", "EventId": "C7061BAC-...", "ResourcesDigest":
      "9f86d081884c7d65", "OverrideBudget": false, "Scope": null, "Until": null},
-     "KeyId": "3b7a1c0d9e8f2a4b", "Signature": "base64..."}
+     "Signed": "2026-11-21T10:05:00.000Z", "KeyId": "3b7a1c0d9e8f2a4b", "Signature": "base64..."}
+
+The signature covers the action and `Signed`, when it was signed: an action that still decides
+is signed again every day, so a copy of one the consumers forgot (signed before the signed mark
+`mark-forgotten`) is refused, as is what a previous key signed after the current one took over
+(`mark-key-KEYID`), and a standing document someone deleted is written back
+(docs/people.md#what-is-kept).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
 
@@ -33,7 +39,7 @@ from bridge.commands.signing import Signer, key_id, verifies
 from bridge.consumer.state import Conflict, Doc, Store, layout
 from bridge.notify.notice import Notice
 from bridge.policy.model import Pause, Person, PersonDecision, parse_scope
-from bridge.records import iso, parse_time
+from bridge.records import iso, parse_time, utc_now
 from bridge.redact import describe
 
 if TYPE_CHECKING:
@@ -42,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 OPERATOR = layout.OPERATOR
+MARK = "mark-"  # the keys of the collection's documents that are no action
 # What an operator action's signature covers starts with this, a command's with
 # "se-bridge command v1\n": one can never be taken for the other.
 SIGNING_CONTEXT = b"se-bridge operator v1\n"
@@ -54,6 +61,20 @@ FLEET = "fleet"
 # retention); the documents only decide, and a week leaves them to `status --consumer` (the
 # overrides of the last day) and to a look at the state itself after an incident.
 KEEP_OPERATOR_ACTIONS = timedelta(days=7)
+# A document that still decides (a pause in force, a decision about an open event) is signed
+# again, with a new `Signed` time, once its signature is this old: what is in the state was
+# signed within KEEP_OPERATOR_ACTIONS, and a copy of one the consumer forgot never is (issue 37).
+SIGN_AGAIN_AFTER = timedelta(days=1)
+# How often a consumer looks whether the documents it stands on are all still there: a deleted
+# one is written back (the state does not report deletions; issue 37).
+CHECK_STANDING_EVERY = timedelta(minutes=1)
+# Documents of the collection that are no action (their keys sort after every action's):
+# up to when the consumers have forgotten what was spent (FORGOTTEN), and since when each
+# signing key signs (KEY_SINCE + KeyId). Both signed as actions are.
+FORGOTTEN = "mark-forgotten"
+KEY_SINCE = "mark-key-"
+# Why a document in the state is refused (se_bridge_consumer_operator_documents_refused_total).
+REFUSED = ("deleted", "reappeared", "signed_after_rotation")
 
 __all__ = [
     "Answer",
@@ -140,6 +161,9 @@ class PeopleCounts:
     operated: Mapping[str, int]  # actions people made that were accepted, by kind
     forged: int  # operator documents in the state that did not verify, ignored
     on_previous_key: int = 0  # actions that apply only through a previous signing key
+    # Documents refused, by why (REFUSED): deleted (and written back), reappeared after they
+    # were forgotten, or signed by a previous key after the current one took over.
+    refused: Mapping[str, int] = field(default_factory=dict)
 
 
 class Notifier(Protocol):
@@ -205,9 +229,17 @@ def _text_or_none(body: Mapping[str, Any], key: str) -> str | None:
     return value
 
 
-def signed_bytes(body: Mapping[str, Any]) -> bytes:
-    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def signed_bytes(body: Mapping[str, Any], signed: str | None = None) -> bytes:
+    """What a document's signature covers: its action, and when it was signed (`Signed`;
+    documents from before issue 37 have none, and their action's At stands for it)."""
+    value = body if signed is None else {"Action": body, "Signed": signed}
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return SIGNING_CONTEXT + text.encode("utf-8", errors="surrogatepass")
+
+
+def signed_at(value: Mapping[str, Any], action: OperatorAction) -> datetime:
+    """When a verified document was last signed: its `Signed`, else its action's time."""
+    return parse_time(value.get("Signed")) or action.at
 
 
 def scope_key(scope: str | None) -> str:
@@ -248,14 +280,28 @@ class OperatorLog:
         forged: Callable[[], None] | None = None,
         trusted: Sequence[Ed25519PublicKey] = (),
         sign_again: bool = True,
+        refused: Callable[[str], None] | None = None,
+        now: Callable[[], datetime] = utc_now,
     ) -> None:
         """`trusted`: the previous signing keys while they rotate. An action signed with one
-        applies, and (`sign_again`; not for a read-only look such as `status --consumer`) is
-        signed again, in place, with `signer`, so it outlives the old key."""
+        before `signer`'s key took over applies, and (`sign_again`; not for a read-only look
+        such as `status --consumer`) is signed again, in place, with `signer`, so it outlives
+        the old key. `refused(why)`: a document was refused (REFUSED), said at ERROR."""
         self.store = store
         self.signer = signer
         self._trusted = tuple(trusted)
         self._sign_again = sign_again
+        self._refused = refused or (lambda why: None)
+        self._now = now
+        # When each verified action's document was last signed (`signed_at`), by key.
+        self._stamps: dict[str, datetime] = {}
+        # Up to when the consumers have forgotten spent documents (FORGOTTEN), and since when
+        # this consumer's key signs (KEY_SINCE); None: not known (yet).
+        self._forgotten: datetime | None = None
+        self._since: datetime | None = None
+        self._marks: dict[str, Doc] = {}
+        self._checked: datetime | None = None  # the last look for deleted documents
+        self._said: set[tuple[str, str]] = set()  # (key, why) refused and said
         # Documents whose action verified with a previous key only, by key: (the document as
         # read, that key's KeyId). Each is signed again at every look until it is.
         self._previous: dict[str, tuple[Doc, str]] = {}
@@ -281,9 +327,7 @@ class OperatorLog:
         """Sign `action` and store it; it applies from now on (RuntimeError without a key)."""
         if self.signer is None:
             raise RuntimeError("no commands.signing_key: operator actions cannot be signed")
-        body = action_body(action)
-        value = {"Action": body, "KeyId": self.signer.key_id,
-                 "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
+        value = self._signed(action_body(action), action.at)
         # In time order, then in the order this consumer recorded them (two in the same
         # microsecond: the later one stands); unique across consumers.
         self._recorded += 1
@@ -293,7 +337,15 @@ class OperatorLog:
         except Conflict:  # a random key already taken: not worth a second try's code
             raise RuntimeError(f"operator/{key} already exists") from None
         self._docs[key] = stored
+        self._stamps[key] = action.at
         self._take(key, action)
+
+    def _signed(self, body: Mapping[str, Any], at: datetime) -> dict[str, Any]:
+        """A document's value: `body` signed by this consumer, as signed at `at`."""
+        assert self.signer is not None
+        signed = iso(at)
+        return {"Action": body, "Signed": signed, "KeyId": self.signer.key_id,
+                "Signature": self.signer.sign_data(signed_bytes(body, signed))}  # fmt: skip
 
     def refresh(self, now: datetime | None = None) -> None:
         """Take in the actions stored since the last look (by any consumer of this state);
@@ -307,15 +359,142 @@ class OperatorLog:
                 return
             self._looked = now
         docs, self._mark = self.store.scan_changes(OPERATOR, self._mark, known=self._docs)
-        for doc in docs:
+        # The marks first: they say which of the actions are refused.
+        for doc in sorted(docs, key=lambda d: not d.key.startswith(MARK)):
             self._docs[doc.key] = doc
+            if doc.key.startswith(MARK):
+                self._take_mark(doc)
+                continue
             self._previous.pop(doc.key, None)
             action = self._verified(doc)
-            if action is not None:
+            if action is not None and self._admitted(doc, action):
                 self._take(doc.key, action)
         if self._sign_again:
+            self._own_key()
             for doc, previous in list(self._previous.values()):
                 self._sign_with_current_key(doc, previous)
+            self._check_standing()
+
+    def _take_mark(self, doc: Doc) -> None:
+        """Read a mark (FORGOTTEN, this key's KEY_SINCE): signed by this consumer's key, or by
+        a previous one (then signed again, as an action is), or it is ignored as a forgery is.
+        Another key's KEY_SINCE says nothing to this consumer."""
+        assert self.signer is not None
+        if doc.key.startswith(KEY_SINCE) and doc.key != KEY_SINCE + self.signer.key_id:
+            return
+        body, signature = doc.value.get("Mark"), doc.value.get("Signature")
+        current = previous = False
+        if isinstance(body, dict) and isinstance(signature, str):
+            data = signed_bytes(body)
+            current = verifies(self.signer.public_key(), data, signature)
+            previous = not current and any(verifies(k, data, signature) for k in self._trusted)
+        if not (current or previous):
+            self._forged()
+            log.error("mark %s in the fleet state is ignored: its signature does not verify "
+                      "with this consumer's key nor a previous one (was the state written by "
+                      "hand?)", doc.key)  # fmt: skip
+            return
+        assert isinstance(body, dict)
+        self._marks[doc.key] = doc
+        when = parse_time(body.get("At"))
+        if when is not None and doc.key == FORGOTTEN:
+            self._forgotten = max(self._forgotten or when, when)
+        elif when is not None:
+            self._since = min(self._since or when, when)
+        if previous and self._sign_again:
+            self._write_mark(doc.key, body)
+
+    def _write_mark(self, key: str, body: dict[str, Any]) -> None:
+        """Sign and store a mark over the one held (best effort: the next look tries again)."""
+        assert self.signer is not None
+        held = self._docs.get(key)
+        value = {"Mark": body, "KeyId": self.signer.key_id,
+                 "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
+        try:
+            self._marks[key] = self._docs[key] = self.store.write(
+                OPERATOR, Doc(key, value, held.etag if held else None)
+            )
+        except Exception as err:  # another consumer wrote it, or the state is down
+            log.debug("mark %s not written: %s", key, describe(err))
+
+    def _own_key(self) -> None:
+        """Say since when this consumer's key signs, once: what a previous key signed after
+        that is refused (a retired key, or one that leaked, signs nothing new)."""
+        assert self.signer is not None
+        if self._since is None:
+            self._since = self._now()
+            self._write_mark(KEY_SINCE + self.signer.key_id,
+                             {"Kind": "key", "KeyId": self.signer.key_id,
+                              "At": iso(self._since)})  # fmt: skip
+
+    def _admitted(self, doc: Doc, action: OperatorAction) -> bool:
+        """Whether a verified document may apply: not signed by a previous key after this
+        one took over, nor a copy of one forgotten (signed before the FORGOTTEN mark)."""
+        stamp = signed_at(doc.value, action)
+        previous = self._previous.get(doc.key)
+        if previous is not None and self._since is not None and stamp > self._since:
+            del self._previous[doc.key]
+            assert self.signer is not None
+            return self._refuse(
+                doc.key,
+                "signed_after_rotation",
+                f"it is signed with the previous key {previous[1]} at {iso(stamp)}, after key "
+                f"{self.signer.key_id} took over at {iso(self._since)}: a previous key only "
+                "vouches for what it signed before; whoever still holds it must not decide",
+            )
+        if self._forgotten is not None and stamp < self._forgotten and doc.key not in self._actions:
+            return self._refuse(
+                doc.key,
+                "reappeared",
+                f"it was last signed at {iso(stamp)}, before {iso(self._forgotten)}, up to when "
+                "the consumers have forgotten the documents they spent: it is a copy of a "
+                "forgotten one put back, and a decision that ended does not apply again",
+            )
+        self._stamps[doc.key] = stamp
+        return True
+
+    def _refuse(self, key: str, why: str, sentence: str) -> bool:
+        """Count and say once that document `key` is refused; False."""
+        if (key, why) not in self._said:
+            self._said.add((key, why))
+            self._refused(why)
+            log.error("operator document %s in the fleet state is refused: %s (was the state "
+                      "written by someone without the signing key?)", key, sentence)  # fmt: skip
+        return False
+
+    def _check_standing(self) -> None:
+        """Write back each document that still decides, or was signed within the last
+        KEEP_OPERATOR_ACTIONS, that someone deleted: no consumer deletes those, and the state
+        does not say what was deleted, so a full look is made every CHECK_STANDING_EVERY."""
+        now = self._now()
+        if self._checked is not None and abs(now - self._checked) < CHECK_STANDING_EVERY:
+            return
+        self._checked = now
+        present = {doc.key for doc in self.store.scan(OPERATOR)}
+        horizon = now - KEEP_OPERATOR_ACTIONS
+        standing = {held[0][1] for held in self._scopes.values()
+                    if held[1].kind == "pause" and pause_of(held[1]).active(now)}  # fmt: skip
+        gone = [key for key in (*self._actions, *self._marks) if key not in present]
+        for key in gone:
+            if key in self._actions and self._stamps[key] < horizon and key not in standing:
+                self._drop(key)  # spent a week: another consumer forgot it
+                continue
+            doc = self._docs[key]
+            try:
+                self._docs[key] = self.store.write(OPERATOR, Doc(key, doc.value))
+            except Conflict:
+                pass  # written back already (by another consumer)
+            except Exception as err:  # it still applies here; the next look tries again
+                self._checked = None
+                log.warning("operator document %s was deleted from the fleet state and could "
+                            "not be written back yet (%s)", key, describe(err))  # fmt: skip
+                continue
+            if key in self._marks:
+                self._marks[key] = self._docs[key]
+            what = self._actions.get(key)
+            self._refuse(key, "deleted",
+                         f"it was deleted before its time ({_said(what)}): written back as "
+                         "it was signed; it still applies")  # fmt: skip
 
     @property
     def on_previous_key(self) -> int:
@@ -325,14 +504,17 @@ class OperatorLog:
 
     def _verified(self, doc: Doc) -> OperatorAction | None:
         body, signature = doc.value.get("Action"), doc.value.get("Signature")
+        signed = doc.value.get("Signed")
         why = None
         if self.signer is None:
             why = "this consumer has no signing key to verify it with (commands.signing_key)"
-        elif not isinstance(body, dict) or not isinstance(signature, str):
+        elif (not isinstance(body, dict) or not isinstance(signature, str)
+              or not isinstance(signed, str | None)):  # fmt: skip
             why = "it is not signed"
-        elif not verifies(self.signer.public_key(), signed_bytes(body), signature):
+        elif not verifies(self.signer.public_key(), signed_bytes(body, signed), signature):
             previous = next((k for k in self._trusted
-                             if verifies(k, signed_bytes(body), signature)), None)  # fmt: skip
+                             if verifies(k, signed_bytes(body, signed), signature)),
+                            None)  # fmt: skip
             if previous is not None:
                 self._previous[doc.key] = (doc, key_id(previous))
             else:
@@ -356,9 +538,7 @@ class OperatorLog:
         """Sign `doc`'s action with the current key, in place (its key, so its order, stays,
         and its ETag: of two consumers, one does it)."""
         assert self.signer is not None
-        body = doc.value["Action"]
-        value = {"Action": body, "KeyId": self.signer.key_id,
-                 "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
+        value = self._signed(doc.value["Action"], self._now())
         try:
             stored = self.store.write(OPERATOR, Doc(doc.key, value, doc.etag))
         except Conflict:
@@ -374,8 +554,12 @@ class OperatorLog:
                             previous, self.signer.key_id, describe(err))  # fmt: skip
             return
         self._docs[doc.key] = stored
+        self._stamps[doc.key] = parse_time(value["Signed"]) or self._now()
         self._previous.pop(doc.key, None)
         self._warned.discard(doc.key)
+        if not previous:  # still deciding, signed again so that it is not taken as forgotten
+            log.debug("operator action %s signed again: it still decides", doc.key)
+            return
         log.info("operator action %s was signed with the previous key %s: re-signed with key %s, "
                  "so it still applies once that key is gone", doc.key, previous,
                  self.signer.key_id)  # fmt: skip
@@ -425,19 +609,30 @@ class OperatorLog:
         self.refresh()
         horizon = now - KEEP_OPERATOR_ACTIONS
         standing = {held[0][1] for held in self._scopes.values()}
-        spent = []
+        spent, live = [], []
         for key, action in sorted(self._actions.items(), key=lambda kv: (iso(kv[1].at), kv[0])):
-            if action.at >= horizon:
+            if self._stamps[key] >= now - SIGN_AGAIN_AFTER:
                 continue
             if action.kind in ("approve", "hold"):
-                if is_open(action.event_id or ""):
-                    continue
-            elif key in standing and action.kind == "pause" and pause_of(action).active(now):
-                continue
-            spent.append(key)
+                deciding = is_open(action.event_id or "")
+            else:
+                deciding = (key in standing and action.kind == "pause"
+                            and pause_of(action).active(now))  # fmt: skip
+            if deciding:
+                live.append(key)
+            elif self._stamps[key] < horizon:
+                spent.append(key)
         for key in spent:
             self.store.delete(OPERATOR, self._docs[key])  # nothing when another consumer did
             self._drop(key)
+        if self._sign_again and self.signer is not None:
+            for key in live:  # still deciding: signed within the week, whatever its age
+                self._sign_with_current_key(self._docs[key], "")
+            # Forgotten up to here: no document left was signed before it.
+            mark = min((horizon, *(self._stamps[key] for key in self._actions)))
+            if self._forgotten is None or mark > self._forgotten:
+                self._forgotten = mark
+                self._write_mark(FORGOTTEN, {"Kind": "forgotten", "At": iso(mark)})
         if spent:
             log.info("forgot %d operator documents of events that ended and pauses that lifted "
                      "more than %d days ago; the Decision records keep what people decided",
@@ -446,6 +641,7 @@ class OperatorLog:
 
     def _drop(self, key: str) -> None:
         del self._docs[key]
+        self._stamps.pop(key, None)
         action = self._actions.pop(key)
         if action.kind in ("approve", "hold"):
             held, which = self._decisions, (action.event_id or "").upper()
@@ -469,6 +665,14 @@ class OperatorLog:
             if pause.active(now):
                 found.append(pause)
         return tuple(sorted(found, key=lambda p: (p.scope is not None, scope_key(p.scope))))
+
+
+def _said(action: OperatorAction | None) -> str:
+    """An action in a few words, for a log line."""
+    if action is None:
+        return "a mark of when the consumers forgot, or since when a key signs"
+    what = action.event_id if action.kind in ("approve", "hold") else scope_key(action.scope)
+    return f"{action.kind} of {what} by {action.by.name} at {iso(action.at)}"
 
 
 def pause_of(action: OperatorAction) -> Pause:

@@ -24,7 +24,7 @@ NotBefore (default-proceed, docs/people.md).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -50,6 +50,7 @@ class Report(CheckReport):
     overrides: list[dict[str, Any]] = field(default_factory=list)
     forged: int = 0
     on_previous_key: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # operator documents refused, by why
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,6 +85,7 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
             actions=consumer.operator_actions(now - OVERRIDES_WITHIN),
             forged=consumer.forged,
             on_previous_key=consumer.people_counts().on_previous_key,
+            refused=consumer.people_counts().refused,
             now=now,
             ask_age=ask_age,
         )
@@ -108,6 +110,7 @@ def assess(
     forged: int,
     now: datetime,
     on_previous_key: int = 0,
+    refused: Mapping[str, int] | None = None,
     ask_age: timedelta,
 ) -> Report:
     """What people have done, and whether it warns; pure."""
@@ -150,6 +153,12 @@ def assess(
     if forged:
         report.flag(WARNING, f"{forged} operator documents do not verify with the consumer's "
                              "key and are ignored (written by hand? the key rotated?)")  # fmt: skip
+    report.refused = dict(refused or {})
+    if report.refused:
+        whys = ", ".join(f"{why} {count}" for why, count in sorted(report.refused.items()))
+        report.flag(WARNING, f"{sum(report.refused.values())} operator documents in the state "
+                             f"are refused ({whys}): someone who can write the fleet state is at "
+                             "work (docs/people.md#what-is-kept)")  # fmt: skip
     return report
 
 

@@ -8,13 +8,23 @@ Storage); the store's `feed_interval` says how often a look is worth making.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc, Mutation, Store, read_many, update_many
-from bridge.policy.model import Scope, VmView, cordoned_impact, group_index, scope_of
+from bridge.policy.model import (
+    Scope,
+    VmView,
+    cordoned_impact,
+    group_index,
+    pool_disputes,
+    scope_of,
+)
 from bridge.records import utc_now, vm_key
+
+log = logging.getLogger(__name__)
 
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
@@ -220,6 +230,8 @@ class FleetCache:
         # The VMs whose nodes someone else cordoned: a few, kept as they change rather than
         # looked for among every VM at each batch (13.5 ms at 100,000 VMs).
         self._cordoned: set[str] = set()
+        # What the heartbeats' node pools and the scale sets disagree on, as last said.
+        self._disputes: set[str] = set()
 
     def update(self, mutations: Mapping[str, Mutation]) -> None:
         """Merge into VM documents (`update_many`), starting from the versions held here.
@@ -306,7 +318,18 @@ class FleetCache:
         missing = [kind for kind in kinds if kind not in self._groups]
         if missing:
             self._groups.update(group_index(missing, self._vms))
+        if "node_pool" in missing:
+            self._dispute()
         return self._groups
+
+    def _dispute(self) -> None:
+        """Say each disagreement between a node's pool and its scale set once, when it
+        starts (the groups are made again only when a VM came, went or moved)."""
+        said = set(pool_disputes(self._vms.values()))
+        for line in sorted(said - self._disputes):
+            log.warning("%s. A node's pool label is its own word: a VM is never counted in "
+                        "a pool beyond its scale set (docs/policy.md#budgets)", line)  # fmt: skip
+        self._disputes = said
 
 
 def _placement(vm: VmView) -> tuple[object, ...]:

@@ -926,9 +926,15 @@ def group_key(group: str, vm: VmView) -> str | None:
         return None if number is None else f"{scope}/{group.replace('_', ' ')} {number}"
     scale_set = f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None
     if group == "node_pool":
-        # A pool's name repeats across clusters (nodepool1 in each); a cluster's nodes share
-        # a resource group (AKS: its MC_ group). A VM that names no pool is in its scale set's.
-        return f"{sub}/{vm.resource_group}/pool {vm.node_pool}" if vm.node_pool else scale_set
+        # A heartbeat's pool is the node's own word (a label): it never reaches past the VM's
+        # scale set, or a node could fill or enlarge another pool's group (issue 37), and two
+        # clusters' pools of one name in one resource group would merge. AKS's tag, which
+        # Azure keeps, names the pool where the VM has one. A VM that names no pool is in its
+        # scale set's group.
+        pool = pool_of(vm)
+        if pool is None:
+            return scale_set
+        return f"{scale_set or f'{sub}/{vm.resource_group}'}/pool {pool}"
     keys = {
         "fleet": "fleet",
         "scale_set": scale_set,
@@ -936,6 +942,101 @@ def group_key(group: str, vm: VmView) -> str | None:
         "resource_group": f"{sub}/{vm.resource_group}" if vm.resource_group else None,
     }
     return keys.get(group)
+
+
+# AKS tags each node pool's scale set (and a virtual-machines pool's VMs) with the pool's name;
+# a VM sees its tags in IMDS and cannot change them.
+AKS_POOL_TAG = "aks-managed-poolName"
+
+
+def _aks_pool(vm: VmView) -> str | None:
+    return next((v for k, v in vm.tags.items() if k.lower() == AKS_POOL_TAG.lower() and v), None)
+
+
+def pool_of(vm: VmView) -> str | None:
+    """The node pool `vm` counts in: AKS's tag where the VM has it, else its heartbeat's."""
+    return _aks_pool(vm) or vm.node_pool
+
+
+def pool_disputes(vms: Iterable[VmView]) -> list[str]:
+    """What the node pools the heartbeats name and what the VMs' scale sets and AKS tags prove
+    disagree on, a sentence each (the consumer logs them at WARNING): a pool named by the nodes
+    of more than one scale set (or of one and of none) of a resource group, and a VM whose
+    heartbeat names a pool its AKS tag does not. Sorted, so the same fleet says the same."""
+    said: list[str] = []
+    named: dict[tuple[str | None, str, str], dict[str | None, list[VmView]]] = {}
+    for vm in vms:
+        tag = _aks_pool(vm)
+        if tag and vm.node_pool and vm.node_pool.lower() != tag.lower():
+            said.append(f"VM {vm.name} names node pool {vm.node_pool}, but its AKS tag "
+                        f"{AKS_POOL_TAG} says {tag}: it counts in pool {tag}")  # fmt: skip
+        pool = pool_of(vm)
+        if pool is not None:
+            where = (vm.subscription_id, (vm.resource_group or "").lower(), pool.lower())
+            named.setdefault(where, {}).setdefault(
+                vm.scale_set.lower() if vm.scale_set else None, []
+            ).append(vm)
+    for (sub, _, _), by_set in named.items():
+        if len(by_set) < 2:
+            continue
+        first = next(iter(by_set.values()))[0]
+        sets = ", ".join(
+            sorted(
+                f"{members[0].scale_set or 'no scale set'} "
+                f"({_listed('{names}', sorted(v.name for v in members))[0]})"
+                for members in by_set.values()
+            )
+        )
+        said.append(f"node pool {pool_of(first)} of {sub or '-'}/{first.resource_group} is "
+                    f"named by the nodes of more than one scale set: {sets}; a pool is one "
+                    "scale set's, so each counts in a node_pool budget as a pool of its "
+                    "own")  # fmt: skip
+    return sorted(said)
+
+
+def _left_out(
+    budget: Budget,
+    fleet: FleetView,
+    index: Mapping[str, frozenset[str]],
+    key: str,
+    now: datetime,
+) -> list[str]:
+    """A line naming the live VMs whose heartbeats name the pool of node_pool group `key` and
+    that do not count in it, each with why: of another scale set (or none), or AKS's tag says
+    otherwise; none when there are none. Found among the groups (a few per resource group),
+    not among the fleet's VMs."""
+    sample = next((fleet.vms[v] for v in index.get(key, ()) if v in fleet.vms), None)
+    pool = None if sample is None else pool_of(sample)
+    if sample is None or pool is None:
+        return []
+    home = (sample.subscription_id, (sample.resource_group or "").lower())
+    mine = (sample.scale_set or "").lower()
+    out: list[tuple[str, str]] = []
+    for other, ids in index.items():
+        them = next((fleet.vms[v] for v in ids if v in fleet.vms), None)
+        if other == key or them is None:
+            continue
+        if (them.subscription_id, (them.resource_group or "").lower()) != home:
+            continue
+        for vm_id in sorted(ids):
+            vm = fleet.vms.get(vm_id)
+            if vm is None or not fleet.alive(vm_id, now):
+                continue
+            if (vm.node_pool or "").lower() != pool.lower():
+                continue
+            if (vm.scale_set or "").lower() != mine:
+                out.append((vm.name, f"in scale set {vm.scale_set}" if vm.scale_set
+                            else "in no scale set"))  # fmt: skip
+            else:
+                out.append((vm.name, f"its AKS tag says {_aks_pool(vm)}"))
+    if not out:
+        return []
+    shown = ", ".join(f"{name} (names pool {pool}, {why})"
+                      for name, why in sorted(out)[:LISTED_NAMES])  # fmt: skip
+    if len(out) > LISTED_NAMES:
+        shown += f" and {len(out) - LISTED_NAMES} more"
+    return [f"budget {budget.name}: {key} does not count what only a heartbeat says; left "
+            f"out: {shown}"]  # fmt: skip
 
 
 def check_budgets(
@@ -996,6 +1097,8 @@ def check_budgets(
             }
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
             cordoned = _cordoned(fleet, busy)
+            if budget.group == "node_pool" and notes is not None:
+                notes += _left_out(budget, fleet, index, key, now)
             if len(busy | mine) > limit:
                 why = (
                     f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted"
@@ -1069,8 +1172,9 @@ def can_hold(kind: str, vm: VmView, scopes: Iterable[Scope]) -> bool:
     given = tuple(scopes)
     if not given or kind == "fleet" or kind.startswith("tag:"):
         return True
-    # A node pool may hold VMs of more than one scale set of its resource group.
-    width = {"zone": 1, "resource_group": 2, "node_pool": 2}.get(kind, 3)
+    # A node pool of VMs outside scale sets may hold any of its resource group's.
+    pooled_apart = kind == "node_pool" and not vm.scale_set
+    width = 2 if pooled_apart else {"zone": 1, "resource_group": 2}.get(kind, 3)
     mine = scope_of(vm)[:width]
     return any(None in scope[:2] or scope[:width] == mine for scope in given)
 

@@ -4,11 +4,18 @@ is on (an agent without it imports nothing of Kubernetes).
 Errors become the few kinds a drain acts on (bridge.kubernetes.api): an API server that does
 not answer or answers 5xx is Unreachable (try again), 409 a Conflict (read again), 403 is
 Forbidden (the RBAC of docs/kubernetes.md is missing), 404 of the node NodeMissing.
+
+One call at a time per process: lightkube decodes with msgspec, which builds a type's decoding
+plan on the type's first use, and two threads doing that at once (a drain's thread and the node
+watch, right after a restart) crashed the agent with a segmentation fault, before it wrote or
+logged anything (issue 37; reproduced with msgspec 0.22 alone). The calls are short and
+bounded by the client's timeout, so waiting for another thread's costs little.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -39,6 +46,7 @@ from bridge.kubernetes.plan import Budget, Pod
 
 # The API server's words for a PodDisruptionBudget's refusal (pkg/registry/core/pod/storage).
 BUDGET_NAME = re.compile(r"disruption budget (\S+?) needs")
+_ONE_CALL = threading.Lock()  # the module docstring says why calls take turns
 
 
 class LightkubeApi:
@@ -115,8 +123,10 @@ class _TooMany(KubeError):
 
 @contextmanager
 def _errors(what: str, missing: type[KubeError] = _Gone) -> Iterator[None]:
+    """One call to the API server, taking its turn, its failures made the kinds a drain knows."""
     try:
-        yield
+        with _ONE_CALL:
+            yield
     except ApiError as err:
         code = err.status.code or err.response.status_code
         message = err.status.message or str(err)

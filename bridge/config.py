@@ -475,6 +475,11 @@ class KubernetesSettings:
         "An integer label: pods with a lower value are evicted first (none: 0); then those "
         "of a lower priority.",
     )
+    evict_without_controller: bool = _setting(
+        False,
+        "Evict pods that no controller owns (kubectl drain's --force): evicted, such a pod is "
+        "gone for good. Off: such a pod blocks the drain until it leaves or the deadline.",
+    )
     pool_label: str = _setting(
         "kubernetes.azure.com/agentpool",
         "The node label naming its node pool (heartbeats' NodePool, the node_pool budget).",

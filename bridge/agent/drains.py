@@ -149,7 +149,8 @@ class DrainJobs:
         self._health = NodeHealth(name="")
         self._changed = False
         self._watcher: threading.Thread | None = None
-        rules = Rules(settings.skip_label, settings.wait_label, settings.order_label)
+        rules = Rules(settings.skip_label, settings.wait_label, settings.order_label,
+                      settings.evict_without_controller)  # fmt: skip
         drain = DrainSettings(rules, on_deadline=cast(Any, settings.on_deadline),
                               eviction_retry=settings.eviction_retry,
                               blocked_report_interval=settings.blocked_report_interval,

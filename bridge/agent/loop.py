@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 CHECKPOINT_SECONDS = 30.0  # how stale the saved "last observed" time may get
 IDENTITY_WAIT_MARGIN = 30.0
 STALL_WAIT = 1.0  # how long a cycle waits for a poll's answer before its housekeeping
+# Waiting for instance metadata longer than this, the agent says so and writes heartbeats
+# (the Start one first) while it waits: a restarted agent is never silent (issue 37).
+QUIET_LIMIT = 5.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class Agent:
         self._warned: set[str] = set()
         self._spool_failing = False
         self._pending: Pending[bytes] | None = None  # a poll IMDS has not answered yet
+        self._started = False  # the Start heartbeat is written
 
     @property
     def origin(self) -> Origin:
@@ -172,7 +176,8 @@ class Agent:
             f"waiting for instance metadata (up to {self.config.imds.first_call_timeout:g} s)"
         )
         self._refresh_identity()
-        self._heartbeats.beat("Start", self.origin, self.state)
+        if not self._started:
+            self._beat()
         if self.listener is not None:
             self.listener.start()
         self._notify_approvers()
@@ -338,7 +343,29 @@ class Agent:
         # (and a margin for the connection and the rate limiter) the watchdog hears nothing.
         call = self._calls.polls.submit(self.imds.instance_metadata)
         alive_for = self.config.imds.first_call_timeout + IDENTITY_WAIT_MARGIN
-        return self._calls.result(call, alive_for=alive_for)
+        started = time.monotonic()
+        said = False
+        while True:
+            waited = time.monotonic() - started
+            try:
+                return self._calls.result(call, 1.0, alive_for=max(0.0, alive_for - waited))
+            except FutureTimeout:
+                pass
+            if not said and time.monotonic() - started >= QUIET_LIMIT:
+                said = True
+                log.info("waiting for instance metadata from %s, which may take up to %g s "
+                         "(imds.first_call_timeout) after IMDS idled; heartbeats go on meanwhile",
+                         self.config.imds.url, self.config.imds.first_call_timeout)  # fmt: skip
+            if said:
+                self._beat()
+
+    def _beat(self) -> None:
+        """The Start heartbeat once, then a Periodic one whenever it is due."""
+        if not self._started:
+            self._started = True
+            self._heartbeats.beat("Start", self.origin, self.state)
+        elif self._heartbeats.due(time.monotonic()):
+            self._heartbeats.beat("Periodic", self.origin, self.state)
 
 
 def describe(record: rt.Event) -> str:

@@ -10,7 +10,9 @@ It speaks IMDS's token endpoint as Microsoft documents it: GET
 {host}/metadata/identity/oauth2/token?api-version=2018-02-01&resource=RESOURCE[&client_id=ID]
 with `Metadata: true`, the host being AZURE_POD_IDENTITY_AUTHORITY_HOST when set (as
 azure-identity honours it) and 169.254.169.254 otherwise; the answer's `access_token` and
-`expires_on` (epoch seconds, a string). A token is kept until 5 minutes before it expires.
+`expires_on` (epoch seconds, a string). A token is kept until 5 minutes before it expires, and
+never for more than a day whatever its answer claims. An error answer is quoted in the exception
+shortened and with its control characters escaped.
 IMDS's transient answers (404 while it updates, 410, 429, 5xx) and lost connections are retried
 with the project's backoff within a total deadline; every read is bounded and a timer shuts the
 socket at the deadline, so a server that drips its answer cannot hold the caller. The token
@@ -37,6 +39,7 @@ from azure.core.credentials import AccessToken, AccessTokenInfo, TokenRequestOpt
 from azure.core.exceptions import ClientAuthenticationError
 
 from bridge.cloud.advice import CREDENTIAL_ADVICE
+from bridge.redact import printable
 from bridge.retry import Backoff, RetryableError, ThrottledError, parse_retry_after
 
 # Where the environment names one of these, azure-identity picks a host other than IMDS.
@@ -56,6 +59,10 @@ REFRESH_BEFORE = 300.0  # seconds before expiry a kept token is fetched anew
 DEADLINE = 80.0
 CONNECT_TIMEOUT = 5.0  # link-local: a connection takes milliseconds or never comes
 MAX_BODY = 64 * 1024  # a token answer is a few KB
+MAX_QUOTED = 300  # characters of an endpoint's error text an exception quotes
+# IMDS's tokens live about 24 hours; an answer that claims years is kept no longer than this,
+# so a token that is revoked, or whose clock was wrong, is not used for years.
+MAX_LIFETIME = 24 * 3600
 RETRIED = frozenset({404, 410, 429})
 
 
@@ -196,8 +203,8 @@ class ImdsManagedIdentity:
         # IMDS's error bodies name the problem ("Identity not found") and hold no secret.
         try:
             answer = json.loads(body)
-            said = f"{answer.get('error', '')}: {answer.get('error_description', '')}"
-        except (ValueError, AttributeError):
+            said = _quoted(f"{answer.get('error', '')}: {answer.get('error_description', '')}")
+        except (ValueError, AttributeError, RecursionError):
             said = "no JSON error"
         who = f"the user-assigned identity {self._client_id}" if self._client_id else "the VM"
         return ClientAuthenticationError(
@@ -219,12 +226,18 @@ class ImdsManagedIdentity:
             raise ClientAuthenticationError(
                 f"the managed identity endpoint answered an empty token; {CREDENTIAL_ADVICE}"
             )
-        return AccessTokenInfo(token, expires_on)
+        return AccessTokenInfo(token, min(expires_on, int(time.time()) + MAX_LIFETIME))
 
 
 def _shut(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):  # closed already: nothing to end
         socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _quoted(text: str) -> str:
+    """What a server said, fit for one line of a log: escapes shown, at most MAX_QUOTED."""
+    shown = printable(text)
+    return shown if len(shown) <= MAX_QUOTED else shown[:MAX_QUOTED] + "..."
 
 
 def _said(err: BaseException) -> str:

@@ -27,6 +27,9 @@ class Conflict(KubeError):
     """The node changed since it was read (409): read it again and retry."""
 
 
+FIELD_MANAGER = "se-bridge"  # the name the API server keeps se-bridge's writes under
+
+
 class Forbidden(KubeError):
     """The service account may not do this (RBAC): no retry helps."""
 
@@ -36,11 +39,16 @@ class Taint:
     key: str
     value: str | None
     effect: str
+    # When the taint was added (the node controller sets it on NoExecute taints and counts
+    # tolerationSeconds from it): written back as it was read, or the count starts again.
+    time_added: str | None = None
 
     def to_api(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key, "effect": self.effect}
         if self.value is not None:
             out["value"] = self.value
+        if self.time_added is not None:
+            out["timeAdded"] = self.time_added
         return out
 
 
@@ -52,6 +60,8 @@ class Node:
     annotations: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     resource_version: str | None = None
+    # The field managers that set spec.unschedulable (its managedFields): who cordoned it.
+    cordoned_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

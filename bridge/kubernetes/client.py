@@ -4,13 +4,21 @@ is on (an agent without it imports nothing of Kubernetes).
 Errors become the few kinds a drain acts on (bridge.kubernetes.api): an API server that does
 not answer or answers 5xx is Unreachable (try again), 409 a Conflict (read again), 403 is
 Forbidden (the RBAC of docs/kubernetes.md is missing), 404 of the node NodeMissing.
+
+One call at a time per process: lightkube decodes with msgspec, which builds a type's decoding
+plan on the type's first use, and two threads doing that at once (a drain's thread and the node
+watch, right after a restart) crashed the agent with a segmentation fault, before it wrote or
+logged anything (issue 37; reproduced with msgspec 0.22 alone). The calls are short and
+bounded by the client's timeout, so waiting for another thread's costs little.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +32,7 @@ from lightkube.resources.policy_v1 import PodDisruptionBudget
 from lightkube.types import PatchType
 
 from bridge.kubernetes.api import (
+    FIELD_MANAGER,
     Conflict,
     Forbidden,
     KubeError,
@@ -37,7 +46,7 @@ from bridge.kubernetes.plan import Budget, Pod
 
 # The API server's words for a PodDisruptionBudget's refusal (pkg/registry/core/pod/storage).
 BUDGET_NAME = re.compile(r"disruption budget (\S+?) needs")
-FIELD_MANAGER = "se-bridge"
+_ONE_CALL = threading.Lock()  # the module docstring says why calls take turns
 
 
 class LightkubeApi:
@@ -114,8 +123,10 @@ class _TooMany(KubeError):
 
 @contextmanager
 def _errors(what: str, missing: type[KubeError] = _Gone) -> Iterator[None]:
+    """One call to the API server, taking its turn, its failures made the kinds a drain knows."""
     try:
-        yield
+        with _ONE_CALL:
+            yield
     except ApiError as err:
         code = err.status.code or err.response.status_code
         message = err.status.message or str(err)
@@ -146,7 +157,10 @@ def _budget_named(err: ApiError) -> str | None:
 
 def _node(node: NodeResource) -> Node:
     meta, spec = node.metadata or ObjectMeta(), node.spec
-    taints = tuple(Taint(t.key, t.value, t.effect) for t in (spec.taints or [] if spec else []))
+    taints = tuple(
+        Taint(t.key, t.value, t.effect, _timestamp(t.timeAdded))
+        for t in (spec.taints or [] if spec else [])
+    )
     return Node(
         name=meta.name or "",
         unschedulable=bool(spec and spec.unschedulable),
@@ -154,17 +168,30 @@ def _node(node: NodeResource) -> Node:
         annotations=dict(meta.annotations or {}),
         labels=dict(meta.labels or {}),
         resource_version=meta.resourceVersion,
+        cordoned_by=tuple(
+            m.manager or ""
+            for m in meta.managedFields or []
+            if "f:unschedulable" in ((m.fieldsV1 or {}).get("f:spec") or {})
+        ),
     )
+
+
+def _timestamp(value: datetime | str | None) -> str | None:
+    """A timestamp as the API server writes it (RFC 3339, seconds, Z)."""
+    if value is None or isinstance(value, str):
+        return value
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _pod(pod: PodResource) -> Pod:
     meta, spec, status = pod.metadata or ObjectMeta(), pod.spec, pod.status
+    controller = next((o.kind for o in meta.ownerReferences or [] if o.controller), None)
     return Pod(
         namespace=meta.namespace or "",
         name=meta.name or "",
         labels=dict(meta.labels or {}),
         annotations=dict(meta.annotations or {}),
-        owner_kinds=tuple(o.kind for o in meta.ownerReferences or []),
+        controller=controller,
         priority=(spec.priority or 0) if spec else 0,
         phase=(status.phase or "Running") if status else "Running",
         terminating=meta.deletionTimestamp is not None,

@@ -7,7 +7,10 @@ Eviction API, so PodDisruptionBudgets are honoured (a refusal, 429, is asked aga
 `eviction_retry` seconds), and waits until they are gone. It stops at its deadline. Spot
 Preempt takes the fast path: the pods are deleted at once, no budget asked, as the platform
 takes the node anyway. The uncordon removes only what a drain set: its taint, and the cordon
-when the annotation says a drain made it.
+when the annotation says a drain made it and no one else cordoned the node since (the node's
+managedFields name who last set spec.unschedulable). Other writers' taints are written back
+exactly as they were read. A pod no controller owns is not evicted (evicted, it is gone for
+good): it blocks the drain unless the rules allow it.
 
 The Drainer blocks (it runs on a drain thread of the agent) and reports its progress through
 callbacks; it keeps no state of its own between calls but what the node carries.
@@ -21,8 +24,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bridge.kubernetes.api import Conflict, KubeApi, KubeError, Node, NodeMissing, Taint
-from bridge.kubernetes.plan import Plan, Rules, budget_for, plan
+from bridge.kubernetes.api import (
+    FIELD_MANAGER,
+    Conflict,
+    KubeApi,
+    KubeError,
+    Node,
+    NodeMissing,
+    Taint,
+)
+from bridge.kubernetes.plan import Plan, Rules, Skipped, budget_for, plan
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +41,9 @@ TAINT_KEY = "se-bridge.io/maintenance"
 TAINT_EFFECT = "NoSchedule"
 CORDONED_FOR = "se-bridge.io/cordoned-for"
 PREEMPT_GRACE_CAP = 25  # seconds: a Spot Preempt gives 30 s of notice
+NO_CONTROLLER = (
+    "no controller: evicted, it would not come back (kubernetes.evict_without_controller)"
+)
 MAX_BLOCKERS = 20  # DrainBlockers holds at most this many (the record's limit)
 
 Status = Literal["Draining", "Blocked", "Drained", "GaveUp", "Failed", "Uncordoned", "LeftCordoned"]
@@ -181,6 +195,15 @@ class Drainer:
                     f"holds it too; the se-bridge marks of event {event_id} now name {successor}",
                     exit_code=0,
                 )
+            if node.annotations.get(CORDONED_FOR) == event_id and _recordoned(node):
+                return Report(
+                    "LeftCordoned",
+                    f"node {self.node_name} stays cordoned: {', '.join(node.cordoned_by)} "
+                    f"cordoned it again while the drain for event {event_id} held it; only "
+                    "se-bridge's taint and annotation were removed",
+                    exit_code=0,
+                    others_cordon=True,
+                )
             if node.annotations.get(CORDONED_FOR) == event_id or not node.unschedulable:
                 return Report(
                     "Uncordoned",
@@ -210,7 +233,15 @@ class Drainer:
 
 def cordoned_by_others(node: Node) -> bool:
     """The node is unschedulable and se-bridge did not make it so."""
-    return node.unschedulable and CORDONED_FOR not in node.annotations
+    return node.unschedulable and (CORDONED_FOR not in node.annotations or _recordoned(node))
+
+
+def _recordoned(node: Node) -> bool:
+    """Someone other than se-bridge set spec.unschedulable last, though se-bridge's annotation
+    says it cordoned the node: an administrator's cordon made while a drain held it. (A
+    `kubectl cordon` of a node already cordoned writes nothing, so only a cordon that changed
+    the field is seen.) Unknown (no managedFields): se-bridge's, as the annotation says."""
+    return node.unschedulable and bool(node.cordoned_by) and FIELD_MANAGER not in node.cordoned_by
 
 
 def _undo(node: Node, event_id: str) -> dict[str, Any] | None:
@@ -220,12 +251,13 @@ def _undo(node: Node, event_id: str) -> dict[str, Any] | None:
     if len(kept) != len(node.taints):
         spec["taints"] = [t.to_api() for t in kept]
     if node.annotations.get(CORDONED_FOR) == event_id:
-        spec["unschedulable"] = False
         metadata["annotations"] = {CORDONED_FOR: None}
-    if not spec:
+        if not _recordoned(node):
+            spec["unschedulable"] = False
+    if not spec and not metadata:
         return None
     metadata["resourceVersion"] = node.resource_version
-    return {"metadata": metadata, "spec": spec}
+    return {"metadata": metadata, "spec": spec} if spec else {"metadata": metadata}
 
 
 def _hand_over(node: Node, event_id: str, successor: str) -> dict[str, Any] | None:
@@ -284,7 +316,8 @@ class _Run:
                     )
                 )
             current = plan(self.d.api.pods(self.d.node_name), self.d.settings.rules)
-            # Spot Preempt waits for nothing: the platform takes the node anyway.
+            # Spot Preempt waits for nothing: the platform takes the node anyway (a pod no
+            # controller owns is not deleted: it goes down with the VM).
             if current.done or (self.preempt and not current.waves):
                 return self._drained(current)
             if clock() >= self.deadline:
@@ -359,6 +392,7 @@ class _Run:
         out = [b for key, (_, b) in sorted(self.refused.items()) if key in present]
         if not self.preempt:
             out += [Blocker(p.namespace, p.name, "waiting for completion") for p in current.wait]
+            out += [Blocker(p.namespace, p.name, NO_CONTROLLER) for p in current.uncontrolled]
         return tuple(out[:MAX_BLOCKERS])
 
     def _blocked(self, current: Plan) -> None:
@@ -381,7 +415,8 @@ class _Run:
         )
 
     def _drained(self, current: Plan) -> Report:
-        left = ", ".join(f"{s.pod.key} ({s.why})" for s in current.skipped[:MAX_BLOCKERS])
+        stays = [*current.skipped, *(Skipped(p, "no controller") for p in current.uncontrolled)]
+        left = ", ".join(f"{s.pod.key} ({s.why})" for s in stays[:MAX_BLOCKERS])
         output = f"node {self.d.node_name} drained for event {self.event_id}" + (
             f"; left on it: {left}" if left else ""
         )

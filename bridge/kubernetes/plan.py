@@ -7,7 +7,10 @@ wave, evicted together, and a wave starts only when the one before it has left t
 Left alone: DaemonSet pods (their controller puts them back at once, and they tolerate the
 cordon), mirror pods (the kubelet's static pods: the API cannot evict them), pods with the
 skip label, and pods that have finished (Succeeded or Failed). Waited for: pods with the wait
-label, not evicted, until they finish or leave on their own.
+label, not evicted, until they finish or leave on their own. Not evicted either: a pod no
+controller owns (no ownerReference with `controller: true`), which once evicted is gone for
+good; it blocks the drain, as `kubectl drain` refuses it without --force, unless
+`evict_without_controller` allows it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class Pod:
     name: str
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
-    owner_kinds: tuple[str, ...] = ()
+    controller: str | None = None  # the kind of the owner that is its controller; None: none
     priority: int = 0
     phase: str = "Running"
     terminating: bool = False  # deletionTimestamp set: on its way out
@@ -75,6 +78,7 @@ class Rules:
     skip_label: str
     wait_label: str
     order_label: str
+    evict_without_controller: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,16 +90,18 @@ class Skipped:
 @dataclass(frozen=True)
 class Plan:
     """`waves`: the pods to evict, wave by wave (the first is due now); `wait`: pods waited
-    for; `skipped`: left on the node, with why."""
+    for; `skipped`: left on the node, with why; `uncontrolled`: pods no controller owns, not
+    evicted, which keep the node from being drained while they are on it."""
 
     waves: tuple[tuple[Pod, ...], ...]
     wait: tuple[Pod, ...]
     skipped: tuple[Skipped, ...]
+    uncontrolled: tuple[Pod, ...] = ()
 
     @property
     def done(self) -> bool:
         """Nothing left to evict or wait for: the node is drained."""
-        return not self.waves and not self.wait
+        return not self.waves and not self.wait and not self.uncontrolled
 
     @property
     def due(self) -> tuple[Pod, ...]:
@@ -107,23 +113,26 @@ def plan(pods: Iterable[Pod], rules: Rules) -> Plan:
     waves: dict[tuple[int, int], list[Pod]] = {}
     wait: list[Pod] = []
     skipped: list[Skipped] = []
+    uncontrolled: list[Pod] = []
     for pod in sorted(pods, key=lambda p: p.key):
         why = skip_reason(pod, rules)
         if why is not None:
             skipped.append(Skipped(pod, why))
         elif _truthy(pod.labels.get(rules.wait_label)):
             wait.append(pod)
+        elif pod.controller is None and not rules.evict_without_controller:
+            uncontrolled.append(pod)
         else:
             waves.setdefault((order_of(pod, rules), pod.priority), []).append(pod)
     ordered = tuple(tuple(waves[k]) for k in sorted(waves))
-    return Plan(ordered, tuple(wait), tuple(skipped))
+    return Plan(ordered, tuple(wait), tuple(skipped), tuple(uncontrolled))
 
 
 def skip_reason(pod: Pod, rules: Rules) -> str | None:
     """Why a drain leaves `pod` on the node; None when it must go (or be waited for)."""
     if pod.phase in FINISHED_PHASES:
         return "finished"
-    if "DaemonSet" in pod.owner_kinds:
+    if pod.controller == "DaemonSet":
         return "DaemonSet"
     if MIRROR_ANNOTATION in pod.annotations:
         return "mirror pod"

@@ -5,7 +5,8 @@ Install the se-bridge agent on a Windows VM as a service.
 .DESCRIPTION
 Creates a venv in %ProgramFiles%\se-bridge\venv, installs the agent's dependencies from the lock
 (packaging\requirements\agent.txt, exported from uv.lock, each checked against its sha256) and
-the agent itself without dependencies, from a wheel or from an index by its exact version and
+the agent itself without dependencies, from a wheel (only when its sha256 is the one the
+release's SHA256SUMS beside it, or -Sums FILE, lists) or from an index by its exact version and
 sha256 (-PipSpec se-bridge==X.Y.Z -PipHash sha256:HEX), writes
 C:\ProgramData\se-bridge\agent.toml (Event Hubs and Log Analytics sinks, the VM's Storage Queue
 for signed approvals; or, with -Trial, a local JSONL file as the only sink and no approvals),
@@ -26,6 +27,7 @@ and Administrators only, whoever created it before the install.
 [CmdletBinding(DefaultParameterSetName = 'Wheel')]
 param(
     [Parameter(Mandatory, ParameterSetName = 'Wheel')][string]$Wheel,
+    [Parameter(ParameterSetName = 'Wheel')][string]$Sums,
     [Parameter(Mandatory, ParameterSetName = 'PipSpec')][ValidatePattern('^se-bridge==[0-9][0-9A-Za-z.+!-]*$')][string]$PipSpec,
     [Parameter(Mandatory, ParameterSetName = 'PipSpec')][ValidatePattern('^sha256:[0-9a-f]{64}$')][string[]]$PipHash,
     [switch]$Trial,
@@ -86,6 +88,23 @@ if ($Trial) {
 }
 if (-not (Test-Path -LiteralPath $Requirements -PathType Leaf)) {
     throw "-Requirements ${Requirements}: no such file (the lock's agent export)"
+}
+if ($PSCmdlet.ParameterSetName -eq 'Wheel') {
+    # The wheel is the release's only if the release's SHA256SUMS lists its sha256.
+    if (-not $Sums) { $Sums = Join-Path (Split-Path -Parent $Wheel) 'SHA256SUMS' }
+    if (-not (Test-Path -LiteralPath $Sums -PathType Leaf)) {
+        throw "-Wheel ${Wheel}: no SHA256SUMS beside it (or give -Sums FILE): a wheel is installed only when its sha256 is the one its release lists"
+    }
+    $name = Split-Path -Leaf $Wheel
+    $want = Get-Content -LiteralPath $Sums | ForEach-Object {
+        $hash, $file = $_ -split '\s+\*?', 2
+        if ($file -eq $name) { $hash }
+    } | Select-Object -First 1
+    if ($want -notmatch '^[0-9a-f]{64}$') { throw "$Sums lists no sha256 for $name" }
+    $got = (Get-FileHash -LiteralPath $Wheel -Algorithm SHA256).Hash.ToLowerInvariant()
+    if ($got -ne $want) {
+        throw "-Wheel ${Wheel}: its sha256 $got is not the $want that $Sums lists: it is not the release's file; nothing installed"
+    }
 }
 # The venv's pip reads the locked requirements in hash-checking mode, which an older Python's
 # cannot do. 'py' is the launcher: -3 picks the newest Python 3 it knows.

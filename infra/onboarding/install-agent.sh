@@ -14,6 +14,10 @@
 # (--pip-spec se-bridge==X.Y.Z --pip-hash sha256:HEX). --requirements FILE names another
 # export (a mirror's, say).
 #
+# A wheel is installed only when its sha256 is the one the release's SHA256SUMS lists (the file
+# beside the wheel, or --sums FILE); --attested-by OWNER/REPO first has gh check that the
+# release workflow of that repository signed SHA256SUMS (its build provenance attestation).
+#
 # --trial writes a configuration with a local JSONL file as the only sink and no approvals:
 # no Azure value is needed (and none is taken).
 #
@@ -24,7 +28,8 @@ set -euo pipefail
 
 usage() {
   cat <<'USAGE'
-usage: install-agent.sh (--wheel FILE | --pip-spec se-bridge==X.Y.Z --pip-hash sha256:HEX)
+usage: install-agent.sh (--wheel FILE [--sums SHA256SUMS] [--attested-by OWNER/REPO]
+          | --pip-spec se-bridge==X.Y.Z --pip-hash sha256:HEX)
          (--eventhubs-namespace FQDN --logs-endpoint URL --dcr-id dcr-...
           --storage-account NAME --verify-key BASE64 [--verify-key BASE64]
           [--eventhub NAME] [--stream NAME] [--queue-prefix PREFIX] [--client-id GUID]
@@ -38,7 +43,7 @@ die() {
   exit 2
 }
 
-wheel="" pip_spec="" pip_hashes=() namespace="" eventhub="records" endpoint="" dcr_id=""
+wheel="" sums="" attested_by="" pip_spec="" pip_hashes=() namespace="" eventhub="records" endpoint="" dcr_id=""
 account="" verify_keys=() stream="Custom-SeBridgeRecords" queue_prefix="se-bridge-" client_id=""
 python="python3" root="" start=1 trial=0 azure_options=()
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -48,6 +53,8 @@ requirements="$repo/packaging/requirements/agent.txt"
 while (($#)); do
   case $1 in
     --wheel) wheel=${2:?}; shift 2 ;;
+    --sums) sums=${2:?}; shift 2 ;;
+    --attested-by) attested_by=${2:?}; shift 2 ;;
     --pip-spec) pip_spec=${2:?}; shift 2 ;;
     --pip-hash) pip_hashes+=("${2:?}"); shift 2 ;;
     --trial) trial=1; shift ;;
@@ -84,6 +91,25 @@ check() { # NAME VALUE REGEX HINT
 }
 [[ -n $wheel || -n $pip_spec ]] || die "give --wheel FILE or --pip-spec se-bridge==X.Y.Z"
 [[ -z $wheel || -f $wheel ]] || die "--wheel $wheel: no such file"
+if [[ -n $wheel ]]; then
+  # The wheel is the release's only if SHA256SUMS says so; SHA256SUMS is the release's only if
+  # its attestation says so (or the operator checked it against the release page).
+  sums=${sums:-$(dirname "$wheel")/SHA256SUMS}
+  [[ -f $sums ]] || die "--wheel $wheel: no SHA256SUMS beside it (or give --sums FILE): a wheel\
+ is installed only when its sha256 is the one its release lists"
+  if [[ -n $attested_by ]]; then
+    check attested-by "$attested_by" '^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$' "OWNER/REPO on GitHub"
+    command -v gh >/dev/null 2>&1 || die "--attested-by needs the GitHub CLI (gh) on PATH"
+    gh attestation verify "$sums" --repo "$attested_by" >&2 ||
+      die "$sums: no attestation of $attested_by's release workflow signs it: install nothing"
+  fi
+  name=$(basename "$wheel")
+  want=$(awk -v n="$name" '$2 == n || $2 == "*" n { print $1; exit }' "$sums")
+  [[ $want =~ ^[0-9a-f]{64}$ ]] || die "$sums lists no sha256 for $name"
+  got=$(sha256sum "$wheel" | cut -d' ' -f1)
+  [[ $got == "$want" ]] || die "--wheel $wheel: its sha256 $got is not the $want that $sums\
+ lists: it is not the release's file; nothing installed"
+fi
 if [[ -n $pip_spec ]]; then
   # From an index, only the release's own file: anything else could be whatever the index (or
   # someone who took the name there) serves.

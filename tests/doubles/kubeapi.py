@@ -91,6 +91,9 @@ class _State:
     budgets: list[Budget] = field(default_factory=list)
     leaving: dict[tuple[str, str], _Leaving] = field(default_factory=dict)
     linger: dict[tuple[str, str], float] = field(default_factory=dict)
+    # Per node, the fields each field manager set last: managedFields, as the API server keeps
+    # them for Update operations (a manager owns what its write added or changed).
+    owners: dict[str, dict[str, set[tuple[str, ...]]]] = field(default_factory=dict)
     version: int = 1
 
 
@@ -129,6 +132,8 @@ class KubeApiDouble:
                 },
                 "spec": spec,
             }
+            self._state.owners[name] = {}
+            self._own(name, {}, self._state.nodes[name], "kubelet")
 
     def add_pod(
         self,
@@ -138,14 +143,15 @@ class KubeApiDouble:
         *,
         labels: Mapping[str, str] | None = None,
         annotations: Mapping[str, str] | None = None,
-        owner: str | None = None,
+        owner: str | None = "ReplicaSet",
         priority: int | None = None,
         phase: str = "Running",
         linger: float = 0.0,
         grace: int | None = None,
     ) -> None:
-        """A pod bound to `node`; `owner` the kind of its controller (ReplicaSet, DaemonSet);
-        `linger` the seconds it takes to terminate once evicted or deleted."""
+        """A pod bound to `node`; `owner` the kind of its controller (ReplicaSet, DaemonSet;
+        None: a bare pod no controller owns); `linger` the seconds it takes to terminate once
+        evicted or deleted."""
         meta: dict[str, Any] = {
             "namespace": namespace,
             "name": name,
@@ -199,13 +205,37 @@ class KubeApiDouble:
         with self._lock:
             return copy.deepcopy(self._state.nodes[name])
 
-    def set_node(self, name: str, change: Mapping[str, Any]) -> None:
-        """Someone else (an admin, kubectl cordon) changes the node: a merge patch."""
+    def set_node(self, name: str, change: Mapping[str, Any], manager: str = "kubectl") -> None:
+        """Someone else (an admin, kubectl cordon) changes the node: a merge patch, written
+        as the field manager `manager` (kubectl's: kubectl-cordon, kubectl-annotate, ...)."""
         with self._lock:
-            node = self._state.nodes[name]
-            merged = merge_patch(node, change)
-            merged["metadata"]["resourceVersion"] = self._bump()
-            self._state.nodes[name] = merged
+            self._write_node(name, change, manager)
+
+    def _write_node(self, name: str, change: Mapping[str, Any], manager: str) -> dict[str, Any]:
+        node = self._state.nodes[name]
+        merged: dict[str, Any] = merge_patch(node, change)
+        merged["metadata"]["resourceVersion"] = self._bump()
+        self._own(name, node, merged, manager)
+        self._state.nodes[name] = merged
+        return merged
+
+    def _own(
+        self, name: str, before: Mapping[str, Any], after: dict[str, Any], manager: str
+    ) -> None:
+        """`manager` now owns the fields its write added or changed; removed ones no one does."""
+        old, new = _fields(before), _fields(after)
+        owners = self._state.owners[name]
+        changed = {path for path, value in new.items() if old.get(path, _ABSENT) != value}
+        gone = changed | (old.keys() - new.keys())
+        for owned in owners.values():
+            owned.difference_update(gone)
+        owners.setdefault(manager, set()).update(changed)
+        after["metadata"]["managedFields"] = [
+            {"manager": who, "operation": "Update", "apiVersion": "v1",
+             "time": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+             "fieldsType": "FieldsV1", "fieldsV1": _fields_v1(fields)}
+            for who, fields in sorted(owners.items()) if fields
+        ]  # fmt: skip
 
     def pods(self, node: str | None = None) -> list[str]:
         """ "ns/name" of the pods on `node` (every node: None), terminating ones included."""
@@ -256,7 +286,9 @@ class KubeApiDouble:
         match path:
             case ["api", "v1", "nodes", name]:
                 served["GET"] = lambda: self._get_node(name)
-                served["PATCH"] = lambda: self._patch_node(name, content_type, body)
+                served["PATCH"] = lambda: self._patch_node(
+                    name, content_type, body, query.get("fieldManager", "unknown")
+                )
             case ["api", "v1", "pods"]:
                 served["GET"] = lambda: self._list_pods(query)
             case ["apis", "policy", "v1", "namespaces", ns, "poddisruptionbudgets"]:
@@ -286,7 +318,7 @@ class KubeApiDouble:
         return 200, copy.deepcopy(node)
 
     def _patch_node(
-        self, name: str, content_type: str | None, body: Any
+        self, name: str, content_type: str | None, body: Any, manager: str
     ) -> tuple[int, dict[str, Any]]:
         node = self._state.nodes.get(name)
         if node is None:
@@ -304,10 +336,7 @@ class KubeApiDouble:
                 "the object has been modified; please apply your changes to the "
                 "latest version and try again",
             )
-        merged = merge_patch(node, body)
-        merged["metadata"]["resourceVersion"] = self._bump()
-        self._state.nodes[name] = merged
-        return 200, copy.deepcopy(merged)
+        return 200, copy.deepcopy(self._write_node(name, body, manager))
 
     def _list_pods(self, query: Mapping[str, str]) -> tuple[int, dict[str, Any]]:
         selector = query.get("fieldSelector", "")
@@ -467,6 +496,39 @@ def merge_patch(target: Any, patch: Any) -> Any:
         else:
             out[key] = merge_patch(out.get(key), value)
     return out
+
+
+_ABSENT = object()
+_UNOWNED = ("apiVersion", "kind", "status")
+_BOOKKEEPING = (
+    ("metadata", "resourceVersion"),
+    ("metadata", "managedFields"),
+    ("metadata", "name"),
+)
+
+
+def _fields(obj: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """The leaf fields of `obj` by path; a list is one field (the node's taints are atomic)."""
+    out: dict[tuple[str, ...], Any] = {}
+    for key, value in obj.items():
+        path = (*prefix, key)
+        if path[0] in _UNOWNED or path in _BOOKKEEPING:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(_fields(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def _fields_v1(paths: set[tuple[str, ...]]) -> dict[str, Any]:
+    """FieldsV1, as managedFields spell a set of fields: {"f:spec": {"f:unschedulable": {}}}."""
+    tree: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = tree
+        for part in path:
+            node = node.setdefault(f"f:{part}", {})
+    return tree
 
 
 def _status(code: int, reason: str, message: str) -> tuple[int, dict[str, Any]]:

@@ -54,11 +54,13 @@ def test_pods_are_listed_by_node_and_budgets_by_namespace(
 ) -> None:
     kube.add_node("n2")
     kube.add_pod("shop", "web-1", "n1", labels={"app": "web"}, owner="ReplicaSet", priority=7)
+    kube.add_pod("shop", "bare", "n1", owner=None)
     kube.add_pod("shop", "web-2", "n2")
     kube.add_budget("shop", "web-pdb", {"app": "web"})
     pods = api.pods("n1")
-    assert [(p.key, p.owner_kinds, p.priority) for p in pods] == [
-        ("shop/web-1", ("ReplicaSet",), 7)
+    assert [(p.key, p.controller, p.priority) for p in pods] == [
+        ("shop/bare", None, 0),
+        ("shop/web-1", "ReplicaSet", 7),
     ]
     assert kube.calls("GET", "/api/v1/pods")[0].query["fieldSelector"] == "spec.nodeName=n1"
     assert [(b.name, dict(b.match_labels)) for b in api.budgets("shop")] == [
@@ -135,3 +137,19 @@ def test_merge_patch_is_rfc_7386() -> None:
         "d": 1,
         "e": 2,
     }
+
+
+def test_a_node_says_which_field_managers_set_its_cordon(
+    kube: KubeApiDouble, api: LightkubeApi
+) -> None:
+    """managedFields as the API server keeps them for updates: a manager owns the fields its
+    write added or changed; writing a field's value again changes nothing."""
+    node = api.node("n1")
+    assert node.cordoned_by == ()
+    api.patch_node("n1", {"spec": {"unschedulable": True}})
+    assert api.node("n1").cordoned_by == ("se-bridge",)
+    kube.set_node("n1", {"spec": {"unschedulable": True}}, manager="kubectl-cordon")
+    assert api.node("n1").cordoned_by == ("se-bridge",)  # already cordoned: nothing written
+    kube.set_node("n1", {"spec": {"unschedulable": False}}, manager="kubectl-cordon")
+    kube.set_node("n1", {"spec": {"unschedulable": True}}, manager="kubectl-cordon")
+    assert api.node("n1").cordoned_by == ("kubectl-cordon",)

@@ -95,7 +95,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
             timeout=300,
         )
     (built,) = wheels.glob("se_bridge-*.whl")
+    _sums(built)
     return built
+
+
+def _sums(*files: Path, sha256: str | None = None) -> Path:
+    """A SHA256SUMS beside `files` as a release has one (sha256sum's format); `sha256` in place
+    of each file's own."""
+    lines = [f"{sha256 or hashlib.sha256(f.read_bytes()).hexdigest()}  {f.name}\n" for f in files]
+    sums = files[0].parent / "SHA256SUMS"
+    sums.write_text("".join(lines), encoding="utf-8")
+    return sums
 
 
 @pytest.fixture(scope="module")
@@ -366,6 +376,65 @@ def test_a_pip_spec_whose_file_has_another_hash_installs_nothing(
     assert not (root / "etc" / "se-bridge").exists()
 
 
+def _copy(wheel: Path, folder: Path) -> Path:
+    folder.mkdir()
+    copied = folder / wheel.name
+    copied.write_bytes(wheel.read_bytes())
+    return copied
+
+
+def test_a_wheel_is_installed_only_with_the_sha256_its_release_lists(
+    tmp_path: Path, wheel: Path
+) -> None:
+    """The wheel given is checked against the release's SHA256SUMS beside it (or --sums):
+    one that is not the release's file, or has no sums to be checked against, installs
+    nothing."""
+    root = tmp_path / "root"
+    args = ["--python", sys.executable, "--root", str(root), "--no-start", *_args(_verify_key())]
+    alone = _copy(wheel, tmp_path / "alone")
+    result = _run_script("--wheel", str(alone), *args)
+    assert result.returncode == 2, result.stderr
+    assert "SHA256SUMS" in result.stderr
+    other = _copy(wheel, tmp_path / "other")
+    _sums(other, sha256="0" * 64)
+    result = _run_script("--wheel", str(other), *args)
+    assert result.returncode == 2, result.stderr
+    assert f"is not the {'0' * 64} that" in result.stderr
+    unlisted = _copy(wheel, tmp_path / "unlisted")
+    (unlisted.parent / "SHA256SUMS").write_text(f"{'1' * 64}  something-else.txt\n")
+    result = _run_script("--wheel", str(unlisted), *args)
+    assert result.returncode == 2, result.stderr
+    assert f"lists no sha256 for {unlisted.name}" in result.stderr
+    # --sums names the file when it is not beside the wheel.
+    result = _run_script("--wheel", str(alone), "--sums", str(other.parent / "SHA256SUMS"), *args)
+    assert result.returncode == 2, result.stderr
+    assert "is not the" in result.stderr
+    assert not root.exists()
+
+
+def test_the_sums_are_checked_against_the_release_workflows_attestation(
+    tmp_path: Path, wheel: Path
+) -> None:
+    """--attested-by OWNER/REPO: gh checks that the release workflow of that repository
+    signed SHA256SUMS (its build provenance) before a line of it is trusted."""
+    log = tmp_path / "gh.log"
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "gh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexit 1\n', encoding="utf-8")
+    (fake_bin / "gh").chmod(0o755)
+    env = os.environ | {"PATH": f"{fake_bin}{os.pathsep}{os.environ['PATH']}"}
+    root = tmp_path / "root"
+    result = _run_script("--wheel", str(wheel), "--attested-by", "contoso/se-bridge",
+                         "--python", sys.executable, "--root", str(root), "--no-start",
+                         *_args(_verify_key()), env=env)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "attestation" in result.stderr
+    sums = wheel.parent / "SHA256SUMS"
+    assert log.read_text().split() == ["attestation", "verify", str(sums), "--repo",
+                                       "contoso/se-bridge"]  # fmt: skip
+    assert not root.exists()
+
+
 def test_a_python_older_than_3_10_is_refused_before_anything_changes(tmp_path: Path) -> None:
     # Python 3.9 as far as a check can tell: it prints its version and fails the comparison;
     # it records every call, so the test sees that nothing was asked to make a venv.
@@ -512,6 +581,17 @@ def test_the_windows_script_installs_from_an_index_only_with_hashes() -> None:
         r"\[ValidatePattern\('\^sha256:\[0-9a-f\]\{64\}\$'\)\]\[string\[\]\]\$PipHash",
         _powershell_code(),
     )
+
+
+def test_the_windows_script_checks_the_wheel_against_its_sums_before_it_changes_anything() -> None:
+    """As install-agent.sh: -Wheel is installed only when the SHA256SUMS beside it (or -Sums)
+    lists its sha256, checked before the venv is made."""
+    code = _powershell_code()
+    assert "[Parameter(ParameterSetName = 'Wheel')][string]$Sums" in code
+    check = code.index("(Get-FileHash -LiteralPath $Wheel -Algorithm SHA256)")
+    assert check < code.index("'-m', 'venv'")
+    assert "lists no sha256 for $name" in code
+    assert "it is not the release's file; nothing installed" in code
 
 
 def test_the_windows_script_checks_python_before_it_changes_anything() -> None:

@@ -76,8 +76,11 @@ class Proc:
         return self.err_path.read_text(encoding="utf-8", errors="replace")
 
     def output(self) -> str:
+        code = self.popen.poll()
+        # A process that died (a signal: a negative code) says so, even with nothing written.
+        ended = "" if code is None else f" (exited: {_exit(code)})"
         return (
-            f"--- {self.name} {self.argv}\n--- stdout:\n{tail(self.stdout())}\n"
+            f"--- {self.name} {self.argv}{ended}\n--- stdout:\n{tail(self.stdout())}\n"
             f"--- stderr:\n{tail(self.stderr())}"
         )
 
@@ -111,6 +114,15 @@ class Proc:
         if self.alive:
             self.popen.kill()
         self.popen.wait()
+
+
+def _exit(code: int) -> str:
+    if code >= 0:
+        return f"code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
 
 
 class Processes:

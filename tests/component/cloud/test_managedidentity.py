@@ -3,10 +3,15 @@ over real HTTP; and which credential `identity.kind = "managed"` gets where."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from http.server import BaseHTTPRequestHandler
+from typing import Any
 
 import pytest
 from azure.core.credentials import AccessTokenInfo, SupportsTokenInfo, TokenCredential
@@ -17,6 +22,8 @@ from bridge.cloud.managedidentity import ImdsManagedIdentity
 from bridge.config import IdentitySettings
 from bridge.retry import Backoff
 from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.server import ClosingHTTPServer
+from tests.doubles.listening import Listener
 from tests.support.wait import eventually
 
 SCOPE = "https://monitor.azure.com//.default"  # the Logs Ingestion client's, as it asks
@@ -181,3 +188,70 @@ def test_managed_on_a_plain_vm_is_ours_and_any_other_host_azure_identitys(
     from azure.identity import DefaultAzureCredential
 
     assert isinstance(identity.credential(IdentitySettings(kind="auto")), DefaultAzureCredential)
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """A token endpoint that answers one fixed status and body (the server's `answer`)."""
+
+    server: _AnsweringServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        status, body = self.server.answer
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+class _AnsweringServer(ClosingHTTPServer):
+    def __init__(self, address: tuple[str, int], answer: tuple[int, bytes]) -> None:
+        self.answer = answer
+        super().__init__(address, _Endpoint)
+
+
+@contextlib.contextmanager
+def answering(status: int, body: bytes) -> Iterator[str]:
+    """A managed-identity endpoint on loopback that answers `status` and `body` to each GET."""
+    listener = Listener(lambda address: _AnsweringServer(address, (status, body)),
+                        "127.0.0.1", "token-endpoint")  # fmt: skip
+    listener.up()
+    try:
+        yield f"http://127.0.0.1:{listener.port}"
+    finally:
+        listener.down()
+
+
+def test_an_error_answer_is_quoted_short_and_with_its_control_bytes_escaped() -> None:
+    """An endpoint's error text goes into the exception (and so the log) bounded and
+    printable: 60 KB with terminal escapes must not reach a person's screen as they are."""
+    description = "\x1b[2J\x1b]0;pwned\x07" + "A" * 60_000 + "\r\nforged: log line"
+    body = json.dumps({"error": "invalid_request", "error_description": description}).encode()
+    with answering(400, body) as host:
+        credential = ImdsManagedIdentity(host=host, backoff=QUICK)
+        with pytest.raises(ClientAuthenticationError) as info:
+            credential.get_token(SCOPE)
+    said = str(info.value)
+    assert "refused a token for the VM (HTTP 400, invalid_request: " in said
+    assert len(said) < 1_000, len(said)
+    assert not any(ch in said for ch in "\x1b\x07\r\n"), said[:200]
+    assert "\\x1b[2J" in said  # escaped, not dropped: a person sees what came
+    assert advice.CREDENTIAL_ADVICE in said
+
+
+def test_a_token_that_claims_to_live_for_years_is_kept_a_day_at_most() -> None:
+    years = int(time.time()) + 10 * 365 * 86_400
+    body = json.dumps({"access_token": "t0k3n", "expires_on": str(years)}).encode()
+    with answering(200, body) as host:
+        credential = ImdsManagedIdentity(host=host, backoff=QUICK)
+        info = credential.get_token_info(SCOPE)
+        assert info.token == "t0k3n"
+        assert info.expires_on <= time.time() + managedidentity.MAX_LIFETIME
+        assert managedidentity.MAX_LIFETIME <= 24 * 3600
+        # The kept token is the bounded one: a day later it is fetched anew.
+        kept = credential._tokens["https://monitor.azure.com/"]
+        assert kept.expires_on == info.expires_on

@@ -5,14 +5,23 @@ undoing only what a drain set."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bridge.kubernetes.client import LightkubeApi
-from bridge.kubernetes.drain import CORDONED_FOR, TAINT_KEY, Drainer, DrainSettings, Report
+from bridge.kubernetes.drain import (
+    CORDONED_FOR,
+    NO_CONTROLLER,
+    TAINT_KEY,
+    Drainer,
+    DrainSettings,
+    Report,
+)
 from bridge.kubernetes.plan import Rules
 from tests.doubles.kubeapi import KubeApiDouble
 from tests.support.wait import eventually
@@ -34,7 +43,17 @@ def kube() -> Iterator[KubeApiDouble]:
 
 
 class Run:
-    def __init__(self, kube: KubeApiDouble, tmp_path: Path, **settings: Any) -> None:
+    """A Drainer through the real client. With `deadline_once_blocked` its clock jumps an
+    hour once the drain has reported itself blocked: the deadline comes after the blockers
+    are known, however slow a loaded machine is."""
+
+    def __init__(
+        self,
+        kube: KubeApiDouble,
+        tmp_path: Path,
+        deadline_once_blocked: bool = False,
+        **settings: Any,
+    ) -> None:
         self.kube = kube
         self.api = LightkubeApi(kube.kubeconfig(tmp_path))
         self.stop = threading.Event()
@@ -46,13 +65,19 @@ class Run:
             "poll": 0.02,
             **settings,
         }
+        rules = options.pop("rules", RULES)
         self.drainer = Drainer(
             self.api,
             NODE,
-            DrainSettings(RULES, **options),
+            DrainSettings(rules, **options),
             wait=self.stop.wait,
             on_refused=self._refused,
+            clock=self._blocked_clock if deadline_once_blocked else time.monotonic,
         )
+
+    def _blocked_clock(self) -> float:
+        blocked = any(r.status == "Blocked" for r in self.reports)
+        return time.monotonic() + (3600.0 if blocked else 0.0)
 
     def _refused(self) -> None:
         self.refused += 1
@@ -150,8 +175,8 @@ def test_the_deadline_gives_up_and_names_the_blockers(
 ) -> None:
     kube.add_pod("shop", "web-1", NODE, labels={"app": "web"})
     kube.add_budget("shop", "web-pdb", {"app": "web"}, allowed=0)
-    run = Run(kube, tmp_path, on_deadline=on_deadline)
-    outcome = run.drain(remaining=0.3)
+    run = Run(kube, tmp_path, deadline_once_blocked=True, on_deadline=on_deadline)
+    outcome = run.drain()
     run.api.close()
     assert outcome is not None
     assert (outcome.status, outcome.exit_code, outcome.timed_out) == ("GaveUp", exit_code, True)
@@ -240,3 +265,84 @@ def test_a_node_missing_from_the_cluster_fails_the_drain(tmp_path: Path) -> None
     assert outcome is not None
     assert (outcome.status, outcome.exit_code) == ("Failed", 1)
     assert f"node {NODE} is not in the cluster" in outcome.detail
+
+
+def test_a_pod_without_a_controller_blocks_the_drain(kube: KubeApiDouble, tmp_path: Path) -> None:
+    """Evicted, a pod no controller owns is gone for good: like `kubectl drain` without
+    --force, the drain does not evict it, and says it is what the drain waits for."""
+    kube.add_pod("a", "bare", NODE, owner=None)
+    kube.add_pod("a", "web", NODE, owner="ReplicaSet")
+    run = Run(kube, tmp_path, deadline_once_blocked=True)
+    outcome = run.drain()
+    run.api.close()
+    assert outcome is not None
+    assert (outcome.status, outcome.exit_code) == ("GaveUp", 1)
+    assert [(b.pod, b.reason) for b in outcome.blockers] == [("bare", NO_CONTROLLER)]
+    assert run.evicted() == ["a/web"]
+    assert kube.pods(NODE) == ["a/bare"]
+    blocked = next(r for r in run.reports if r.status == "Blocked")
+    assert "a/bare: no controller" in blocked.detail
+
+
+def test_a_pod_without_a_controller_is_evicted_when_the_setting_allows_it(
+    kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    kube.add_pod("a", "bare", NODE, owner=None)
+    run = Run(kube, tmp_path, rules=replace(RULES, evict_without_controller=True))
+    outcome = run.drain()
+    run.api.close()
+    assert outcome is not None
+    assert outcome.status == "Drained"
+    assert run.evicted() == ["a/bare"]
+
+
+def test_other_writers_taints_are_kept_exactly_as_they_were(kube: KubeApiDouble, run: Run) -> None:
+    """A taint's timeAdded (set by the node controller on NoExecute taints) is part of it:
+    a patch that rewrites the list without it would restart its tolerationSeconds."""
+    theirs = [
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute",
+         "timeAdded": "2026-12-01T10:00:00Z"},
+        {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"},
+    ]  # fmt: skip
+    kube.set_node(NODE, {"spec": {"taints": theirs}})
+    assert run.drain() is not None
+    ours = {"key": TAINT_KEY, "value": EVENT, "effect": "NoSchedule"}
+    assert kube.node(NODE)["spec"]["taints"] == [*theirs, ours]
+    assert run.drainer.uncordon(EVENT) is not None
+    assert kube.node(NODE)["spec"]["taints"] == theirs
+    # Handed over to another event: theirs still untouched.
+    assert run.drain() is not None
+    assert run.drainer.uncordon(EVENT, successor="E2") is not None
+    assert kube.node(NODE)["spec"]["taints"] == [*theirs, {**ours, "value": "E2"}]
+
+
+def test_a_cordon_someone_else_made_while_the_drain_held_the_node_stays(
+    kube: KubeApiDouble, run: Run
+) -> None:
+    """The drain cordoned the node; then an administrator cordoned it too (kubectl writes the
+    field only when it changes it: here after an uncordon of their own). The uncordon after
+    the event leaves the node cordoned and says so."""
+    assert run.drain() is not None
+    assert kube.node(NODE)["metadata"]["annotations"][CORDONED_FOR] == EVENT
+    kube.set_node(NODE, {"spec": {"unschedulable": False}}, manager="kubectl-cordon")
+    kube.set_node(NODE, {"spec": {"unschedulable": True}}, manager="kubectl-cordon")
+    undone = run.drainer.uncordon(EVENT)
+    assert undone is not None
+    assert (undone.status, undone.others_cordon) == ("LeftCordoned", True)
+    assert "kubectl-cordon" in undone.detail
+    node = kube.node(NODE)
+    assert node["spec"]["unschedulable"] is True
+    assert node["spec"]["taints"] == []
+    assert CORDONED_FOR not in node["metadata"]["annotations"]
+
+
+def test_a_cordon_the_administrator_took_over_stays(kube: KubeApiDouble, run: Run) -> None:
+    """`kubectl cordon` of a node the drain cordoned writes nothing (already cordoned): an
+    administrator keeps it cordoned by removing se-bridge's claim on the cordon."""
+    assert run.drain() is not None
+    unclaim = {"metadata": {"annotations": {CORDONED_FOR: None}}}
+    kube.set_node(NODE, unclaim, manager="kubectl-annotate")
+    undone = run.drainer.uncordon(EVENT)
+    assert undone is not None
+    assert (undone.status, undone.others_cordon) == ("LeftCordoned", True)
+    assert kube.node(NODE)["spec"]["unschedulable"] is True

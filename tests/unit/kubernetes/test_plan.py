@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from bridge.kubernetes.plan import MIRROR_ANNOTATION, Budget, Pod, Rules, budget_for, plan
+from dataclasses import replace
+from typing import Any
+
+from bridge.kubernetes.plan import MIRROR_ANNOTATION, Budget, Rules, budget_for, plan
+from bridge.kubernetes.plan import Pod as BarePod
 
 RULES = Rules(
     skip_label="se-bridge.io/drain-skip",
@@ -11,7 +15,12 @@ RULES = Rules(
 )
 
 
-def keys(pods: tuple[Pod, ...]) -> list[str]:
+def Pod(namespace: str, name: str, **fields: Any) -> BarePod:
+    """A pod a ReplicaSet owns unless `controller` says otherwise."""
+    return BarePod(namespace, name, **{"controller": "ReplicaSet", **fields})
+
+
+def keys(pods: tuple[BarePod, ...]) -> list[str]:
     return [p.key for p in pods]
 
 
@@ -38,11 +47,11 @@ def test_an_order_label_no_one_can_read_counts_as_zero() -> None:
 
 def test_daemonset_mirror_skip_labelled_and_finished_pods_are_left() -> None:
     pods = [
-        Pod("kube-system", "proxy", owner_kinds=("DaemonSet",)),
+        Pod("kube-system", "proxy", controller="DaemonSet"),
         Pod("kube-system", "etcd", annotations={MIRROR_ANNOTATION: "abc"}),
         Pod("a", "pinned", labels={RULES.skip_label: "true"}),
-        Pod("a", "done", phase="Succeeded", owner_kinds=("Job",)),
-        Pod("a", "web", owner_kinds=("ReplicaSet",)),
+        Pod("a", "done", phase="Succeeded", controller="Job"),
+        Pod("a", "web", controller="ReplicaSet"),
     ]
     result = plan(pods, RULES)
     assert {s.pod.name: s.why for s in result.skipped} == {
@@ -69,7 +78,7 @@ def test_pods_with_the_wait_label_are_waited_for_not_evicted() -> None:
 
 
 def test_a_node_with_only_pods_left_alone_is_drained() -> None:
-    assert plan([Pod("k", "ds", owner_kinds=("DaemonSet",))], RULES).done
+    assert plan([Pod("k", "ds", controller="DaemonSet")], RULES).done
     assert plan([], RULES).done
 
 
@@ -85,3 +94,20 @@ def test_the_budget_that_guards_a_pod() -> None:
     assert Budget("shop", "b", {}, (("tier", "Exists", ()),)).guards(pod)
     assert not Budget("shop", "b", {}, (("tier", "DoesNotExist", ()),)).guards(pod)
     assert not Budget("shop", "b", {}, (("tier", "NotIn", ("front",)),)).guards(pod)
+
+
+def test_a_pod_no_controller_owns_is_not_evicted_unless_the_rules_allow_it() -> None:
+    pods = [Pod("a", "bare", controller=None), Pod("a", "web")]
+    result = plan(pods, RULES)
+    assert keys(result.uncontrolled) == ["a/bare"]
+    assert keys(result.due) == ["a/web"]
+    assert not plan([pods[0]], RULES).done
+    allowed = plan(pods, replace(RULES, evict_without_controller=True))
+    assert keys(allowed.due) == ["a/bare", "a/web"]
+    assert allowed.uncontrolled == ()
+    # Left alone or waited for, it is no blocker: a finished bare pod, a bare pod to wait for.
+    done = plan([Pod("a", "job", controller=None, phase="Succeeded")], RULES)
+    assert done.done
+    waited = plan([Pod("a", "job", controller=None, labels={RULES.wait_label: "true"})], RULES)
+    assert keys(waited.wait) == ["a/job"]
+    assert waited.uncontrolled == ()

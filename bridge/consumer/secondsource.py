@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from bridge.consumer.core import Consumer
 from bridge.consumer.reading import Position
 from bridge.consumer.sources.eventgrid import Trust, describe, parse
+from bridge.records import RecordView
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +37,15 @@ class EventGridCounts:
 class EventGridIntake:
     """Hands Event Grid deliveries to `consumer`, refusing what `trust` does not cover."""
 
-    def __init__(self, consumer: Consumer, trust: Trust) -> None:
-        self.consumer, self.trust = consumer, trust
+    def __init__(
+        self,
+        consumer: Consumer,
+        trust: Trust,
+        emit: Callable[[Sequence[RecordView]], None] | None = None,
+    ) -> None:
+        """`emit`: where the Event records made of deliveries go besides the fold (the
+        consumer's own sinks, so Log Analytics holds both sources' records in one table)."""
+        self.consumer, self.trust, self._emit = consumer, trust, emit
         self.refused: Counter[str] = Counter()  # by refusal code
         self.ignored = 0  # AKS events, health annotations, whole scale sets' health
         self.events = 0  # Event records folded in
@@ -62,6 +70,8 @@ class EventGridIntake:
             health += parsed.health
         if events or (position is not None and position.caught_up is not None):
             self.consumer.process(events, position)
+        if events and self._emit is not None:
+            self._emit(events)
         self.events += len(events)
         if health:
             self.consumer.note_health(health)

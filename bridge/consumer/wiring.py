@@ -126,9 +126,10 @@ def build_consumer(
         sender = channels.SigningSender(sender, signer)
     # Its threads start here: built last, so that a bad setting above starts none.
     notifier = notify_kinds.build(config, registry) if config.notify.targets else None
+    health = config.eventgrid.enabled and config.eventgrid.health
     return Consumer(store, sender, policy, emit, config.consumer, now=now,
                     host_name=host.host_name(), signer=signer, notifier=notifier,
-                    trusted=trusted)  # fmt: skip
+                    trusted=trusted, health=health)  # fmt: skip
 
 
 def load_signer(config: Config) -> signing.Signer | None:

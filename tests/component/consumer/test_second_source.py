@@ -19,7 +19,7 @@ from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.component.consumer.test_core import E1, E2
 from tests.support import eventgrid as eg
 from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
-from tests.support.records import T0, Sender
+from tests.support.records import T0, Sender, assert_valid
 
 ONE_PER_SET = Policy(
     rules=(Rule("all", Match(), Action("approve")),),
@@ -69,6 +69,18 @@ def rig(tmp_path: Path) -> Rig:
 
 
 # --- one event, two views --------------------------------------------------------------------
+
+
+def test_event_grids_records_go_to_the_sinks_beside_the_decisions(tmp_path: Path) -> None:
+    rig = Rig(tmp_path / "fleet.db", "web_0")
+    shipped: list[Mapping[str, Any]] = []
+    rig.intake = EventGridIntake(rig.consumer, TRUST, shipped.extend)
+    rig.azure(E1, "Scheduled", ["web_0"])
+    assert [(r["RecordType"], r["Source"], r["EventId"]) for r in shipped] == [
+        ("Event", "EventGrid", E1)
+    ]
+    for record in shipped:
+        assert_valid(record)
 
 
 def test_an_event_reported_by_agents_and_by_event_grid_is_one_event(rig: Rig) -> None:

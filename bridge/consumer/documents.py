@@ -775,13 +775,19 @@ def event_view(
     first_seen = parse_time(value.get("first_seen")) or now
     vouched = azure is not None and azure.get("status") not in ENDED
     over = unknown_for is not None and now - first_seen >= unknown_for and not vouched
+    said = status(value, seen_by)
+    not_before = parse_time(fields.get("not_before"))
+    if said == "Scheduled" and not reports and not_before is not None and not_before <= now:
+        # Azure starts an event at NotBefore, approved or not, and Event Grid's Started may
+        # come minutes later: an event no agent watches counts as started from then on.
+        said = "Started"
     return EventView(
         event_id=str(value.get("event_id")),
         event_type=str(fields.get("event_type") or ""),
         event_source=fields.get("event_source"),
         duration=fields.get("duration"),
-        status=status(value, seen_by),
-        not_before=parse_time(fields.get("not_before")),
+        status=said,
+        not_before=not_before,
         first_seen=first_seen,
         affected=resolved.affected,
         unresolved=resolved.unresolved,
@@ -795,7 +801,7 @@ def event_view(
         tried=tried,
         asked_at=parse_time(value.get("asked", {}).get("at")),
         drains=drain_views(value),
-        disagreements=disagreements(agents, azure, status(value, seen_by) if reports else None),
+        disagreements=disagreements(agents, azure, said if reports else None),
         azure=None if azure is None else str(azure.get("status")),
     )
 

@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc, Mutation, Store, read_many, update_many
 from bridge.policy.model import HEALTH, Scope, VmView, cordoned_impact, group_index, scope_of
-from bridge.records import parse_time, utc_now, vm_key
+from bridge.records import iso, parse_time, utc_now, vm_key
 
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
@@ -250,6 +250,8 @@ class FleetCache:
         # looked for among every VM at each batch (13.5 ms at 100,000 VMs).
         self._cordoned: set[str] = set()
         self.health_counts = False  # the health source is on (Consumer's `health`)
+        self.health_for = timedelta(hours=6)  # how long a report counts (consumer.stale_after)
+        self._now = now
         self._health: list[Doc] = []
         self._health_looks = _Paced(now)
 
@@ -330,7 +332,10 @@ class FleetCache:
         every = timedelta(seconds=self.store.feed_interval)
         if not self.store.feed_interval or self._health_looks.due(every):
             self._health = self.store.scan(fs.HEALTH)
-        return list(self._health)
+        # A VM deleted while Unavailable never reports Available: a report counts until
+        # `health_for` (consumer.stale_after) has passed since Azure last said it.
+        since = iso(self._now() - self.health_for)
+        return [doc for doc in self._health if str(doc.value.get("at", "")) >= since]
 
     def cordoned(self) -> dict[str, frozenset[str]]:
         """The impact of the cordoned nodes among the VMs `load` returned last."""

@@ -5,6 +5,7 @@ real consumer core over a real SQLite state through the intake `se-bridge consum
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -252,3 +253,31 @@ def test_a_silent_vm_azure_reports_available_is_not_impacted(tmp_path: Path) -> 
     rig.consumer.process([rig.fleet.heartbeat("web_0")])
     rig.agent("web_0", E1, resources=["web_0"])
     assert rig.approved() == [E1]
+
+
+def test_an_event_grid_event_past_its_not_before_counts_as_started(rig: Rig) -> None:
+    """Azure starts an unapproved event at NotBefore; its Started delivery may come minutes
+    later. Until it does, the event of a VM no agent reports counts as if started, from the
+    next re-evaluation pass (every consumer.reevaluate_interval)."""
+    rig.azure(E2, "Scheduled", ["web_2"], not_before=rig.fleet.now + timedelta(minutes=1))
+    rig.fleet.advance(61)
+    rig.consumer.tick()
+    rig.agent("web_0", E1, resources=["web_0"])
+    rig.consumer.tick()
+    assert rig.approved() == []
+    found = rig.consumer.explain(E2)
+    assert found is not None
+    assert found.view.status == "Started"
+
+
+def test_an_unavailable_report_counts_no_longer_than_stale_after(tmp_path: Path) -> None:
+    """A VM deleted while Unavailable never reports Available: its report would hold a slot
+    for ever. It counts until consumer.stale_after has passed since Azure last said so."""
+    rig = Rig(tmp_path / "fleet.db", "web_0", "web_1", stale_after=3600)
+    rig.health("web_3", "Unavailable")  # no agent on web_3
+    rig.agent("web_0", E1, resources=["web_0"])
+    assert rig.approved() == []
+    rig.fleet.advance(3601)
+    rig.consumer.process([rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1")])
+    rig.agent("web_1", E2, resources=["web_1"])
+    assert rig.approved() == [E2]

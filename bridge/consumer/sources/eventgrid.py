@@ -78,11 +78,12 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from bridge import __version__
 from bridge import recordtypes as rt
 from bridge.config import ConfigError, EventGridSettings
+from bridge.consumer import validation
 from bridge.imdstime import parse_time as parse_not_before
 from bridge.records import iso, record_id, vm_key
 
@@ -289,7 +290,13 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
         if str(info.get("type", "")).lower() == AKS_EVENTS:
             parsed.ignored.append("an AKS scheduled event (the cluster's own, not a VM's)")
             return
-        parsed.events.append(_event(envelope, info, properties, topic.group("sub"), trust))
+        record = _event(envelope, info, properties, topic.group("sub"), trust)
+        # What the schema refuses (text that is not Unicode, a number past any column) is
+        # refused here, as an agent's record would be at the consumer's door.
+        problem = validation.problem(cast(dict[str, object], record))
+        if problem is not None:
+            raise _Refused("malformed", f"not a valid Event record: {problem}")
+        parsed.events.append(_identified(record))
     elif kind == HEALTH_ANNOTATED or not trust.health:
         parsed.ignored.append("a health annotation" if kind == HEALTH_ANNOTATED else
                               "resource health, which eventgrid.health leaves off")  # fmt: skip
@@ -367,11 +374,9 @@ def _event(
     duration = properties.get("durationinseconds")
     ended = status in ("Completed", "Canceled")
     names = [r.strip() for r in resources if r.strip()]
-    rid = record_id("EventGrid", event_id.lower(), status, iso(envelope.time), raw,
-                    "\n".join(sorted(vm_key(n) for n in names)))  # fmt: skip
     return {
         "SchemaVersion": 1,
-        "RecordId": rid,
+        "RecordId": "",  # `_identified`, once the record is known to be valid
         rt.RECORD_TYPE: "Event",
         "TimeGenerated": iso(envelope.time),
         "VmId": None,
@@ -409,10 +414,22 @@ def _event(
     }
 
 
+def _identified(record: rt.Event) -> rt.Event:
+    """`record` with its RecordId: of the event, its status, the delivery's time, NotBefore
+    and names, so that a duplicate delivery (Azure documents them) has the same one."""
+    names = "\n".join(sorted(vm_key(n) for n in record["Resources"]))
+    event_id, status = record["EventId"].lower(), record["Transition"]
+    record["RecordId"] = record_id("EventGrid", event_id, status, record["TimeGenerated"],
+                                   record["NotBeforeRaw"], names)  # fmt: skip
+    return record
+
+
 def _health(
     envelope: _Envelope, properties: Mapping[str, Any], subscription: str, trust: Trust
 ) -> HealthChange | str:
     target = properties.get("targetresourceid")
+    if isinstance(target, str) and not validation.encodes(target):
+        raise _Refused("malformed", "targetResourceId is not Unicode text")
     resource = resource_of(target)
     if resource is None:
         raise _Refused("malformed", f"targetResourceId {_short(target)} names no VM")
@@ -436,11 +453,11 @@ def event_time(text: object) -> datetime | None:
         candidate = candidate[:-1] + "+00:00"
     try:
         moment = datetime.fromisoformat(candidate)
-    except ValueError:
+        if moment.tzinfo is None:
+            return moment.replace(tzinfo=timezone.utc)
+        return moment.astimezone(timezone.utc)
+    except (ValueError, OverflowError):  # 0001-01-01T00:00:00+05:00 is before year 1 in UTC
         return None
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=timezone.utc)
-    return moment.astimezone(timezone.utc)
 
 
 def _lower_keys(value: object) -> dict[str, Any]:

@@ -287,6 +287,7 @@ def test_event_grid_times_with_seven_decimals_are_read() -> None:
     assert moment is not None
     assert moment.microsecond == 924507
     assert event_time("yesterday") is None
+    assert event_time("0001-01-01T00:00:00+05:00") is None  # before year 1 in UTC
     assert event_time(5) is None
 
 

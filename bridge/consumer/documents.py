@@ -777,7 +777,8 @@ def event_view(
     over = unknown_for is not None and now - first_seen >= unknown_for and not vouched
     said = status(value, seen_by)
     not_before = parse_time(fields.get("not_before"))
-    if said == "Scheduled" and not reports and not_before is not None and not_before <= now:
+    azure_only = azure is not None and not reports
+    if said == "Scheduled" and azure_only and not_before is not None and not_before <= now:
         # Azure starts an event at NotBefore, approved or not, and Event Grid's Started may
         # come minutes later: an event no agent watches counts as started from then on.
         said = "Started"

@@ -561,6 +561,44 @@ class PeopleSettings:
     )
 
 
+@dataclass(frozen=True)
+class EventGridSettings:
+    """Azure's own view of the fleet, read from Event Grid (preview; docs/second-source.md)."""
+
+    enabled: bool = _setting(
+        False,
+        "Read Azure's scheduled-events system topic (Microsoft.ResourceNotifications."
+        "MaintenanceResources, preview) from the event hub eventgrid.hub as a second source "
+        "beside the agents. Off: nothing changes.",
+    )
+    health: bool = _setting(
+        False,
+        "Also read resource health (Microsoft.ResourceNotifications.HealthResources, preview) "
+        "from that hub: a VM Azure reports Unavailable or Degraded counts as impacted in every "
+        "budget until it is Available again. Needs enabled.",
+    )
+    hub: str = _setting(
+        "",
+        "The event hub the system topics' event subscriptions deliver to, in the namespace of "
+        "eventhubs.namespace (or eventgrid.connection_string's).",
+    )
+    connection_string: str = _setting(
+        "",
+        "SAS connection string of that hub, instead of the namespace with Entra ID.",
+        secret=True,
+    )
+    subscriptions: list[str] = _setting(
+        [],
+        "The subscription ids whose system topics are trusted: a delivery from another topic, "
+        "or about a resource of another subscription, is refused. Required when enabled.",
+    )
+    resource_groups: list[str] = _setting(
+        [],
+        "The fleet's resource groups (NAME, or SUBSCRIPTION/NAME): a delivery about a VM "
+        "outside them is refused. Empty: every resource group of eventgrid.subscriptions.",
+    )
+
+
 # Sections that live in another's table: [consumer.people] is Config.people, and its
 # environment variables are SE_BRIDGE_CONSUMER_PEOPLE_<KEY>.
 NESTED = {"people": "consumer"}
@@ -581,6 +619,7 @@ class Config:
     notify: NotifySettings = field(default_factory=NotifySettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     people: PeopleSettings = field(default_factory=PeopleSettings)
+    eventgrid: EventGridSettings = field(default_factory=EventGridSettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]

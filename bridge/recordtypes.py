@@ -15,6 +15,7 @@ RECORD_TYPE: Final = "RecordType"
 
 RecordType = Literal["Event", "Heartbeat", "Hook", "Approval", "Decision"]
 Transition = Literal["Scheduled", "Started", "Updated", "Completed", "Canceled"]
+Source = Literal["Agent", "EventGrid"]
 HeartbeatReason = Literal["Start", "Periodic", "Stop", "Node"]
 HookPhase = Literal["prepare", "recover"]
 DrainStatus = Literal[
@@ -58,11 +59,11 @@ class Common(_Shared):
     RecordType: RecordType
 
 
-class Event(_Shared):
-    """A record of RecordType "Event"."""
+class _EventRequired(_Shared):
+    """The fields every Event record has."""
 
     RecordType: Literal["Event"]
-    DocumentIncarnation: int
+    DocumentIncarnation: int | None
     PreviousIncarnation: int | None
     EventId: str
     EventType: str | None
@@ -79,6 +80,12 @@ class Event(_Shared):
     AffectsThisVm: bool | None
     Inferred: bool
     ChangedFields: list[str]
+
+
+class Event(_EventRequired, total=False):
+    """A record of RecordType "Event". Older producers leave out Source."""
+
+    Source: Source
 
 
 class _HeartbeatRequired(_Shared):

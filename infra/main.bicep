@@ -162,6 +162,12 @@ param pauseActiveHours int = 8
 @description('Deploy the workbook.')
 param deployWorkbook bool = true
 
+@description('Azure\'s own view as a second source (preview, off by default; docs/second-source.md): the scheduled-events system topic of this subscription delivering to an event hub `eventgrid` the consumer reads (eventgrid.enabled).')
+param eventGridSource bool = false
+
+@description('With eventGridSource: also the resource-health system topic (eventgrid.health).')
+param eventGridHealth bool = false
+
 param tags object = {
   application: 'se-bridge'
 }
@@ -325,6 +331,19 @@ module alerts 'modules/alerts.bicep' = if (deployAlerts) {
   ]
 }
 
+// The second source reads from the first namespace, with the first Function App's identity.
+module eventGrid 'modules/eventgrid.bicep' = if (eventGridSource) {
+  name: 'se-bridge-eventgrid'
+  params: {
+    eventHubsNamespaceName: eventHubs[0].outputs.namespaceName
+    consumerGroupName: consumerGroupName
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+    health: eventGridHealth
+    prefix: '${prefix}-${suffix}'
+    tags: tags
+  }
+}
+
 module workbook 'modules/workbook.bicep' = if (deployWorkbook) {
   name: 'se-bridge-workbook'
   params: {
@@ -372,3 +391,5 @@ output signingKeySetting string = 'keyvault:${keyVault.outputs.secretUri}'
 output queuePrefix string = queuePrefix
 @description('Resource id of the Log Analytics workspace.')
 output workspaceId string = workspace.outputs.workspaceId
+@description('eventgrid.hub of the consumer when eventGridSource is on; empty otherwise.')
+output eventGridHub string = eventGridSource ? eventGrid.outputs.eventHubName : ''

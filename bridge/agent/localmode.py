@@ -21,10 +21,11 @@ from dataclasses import replace
 from datetime import datetime
 
 from bridge.agent.approver import Approver, Request
-from bridge.agent.document import is_started, parse_time
+from bridge.agent.document import is_started
 from bridge.agent.normalise import NormaliserState, SavedEvent
 from bridge.commands.message import command_id
 from bridge.config import Config
+from bridge.imdstime import parse_time
 from bridge.policy import file as policyfile
 from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
 from bridge.records import Origin, VmIdentity, vm_key

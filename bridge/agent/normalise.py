@@ -24,8 +24,8 @@ from bridge.agent.document import (
     ParsedEvent,
     is_started,
     parse_document,
-    parse_time,
 )
+from bridge.imdstime import parse_time
 from bridge.records import Origin, iso, vm_key
 
 # Event types after which a vanished, still-Scheduled event must have run if the VM rebooted.
@@ -317,6 +317,7 @@ def _record(
         "AffectsThisVm": cur["AffectsThisVm"],
         "Inferred": inferred,
         "ChangedFields": changed or [],
+        "Source": "Agent",
     }
 
 

@@ -117,8 +117,9 @@ class Decider:
         pauses = self.people.pauses(now) if self.people else ()
         if self.people is not None:
             view = replace(view, person=self.people.decision_for(view.event_id, view.resources))
-        fleet = FleetView(known_vms.vms, impacted, alive_within, groups, state.reach,
-                          pauses=pauses)  # fmt: skip
+        reach = {**state.reach, **known_vms.health_reach} if known_vms.health_reach else state.reach
+        fleet = FleetView(known_vms.vms, impacted, alive_within, groups, reach, pauses=pauses,
+                          unhealthy=known_vms.unhealthy)  # fmt: skip
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))
         return Situation(doc, view, fleet, entry, vouched)
 

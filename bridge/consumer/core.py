@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from bridge.channels import CommandSender
 from bridge.commands.message import resources_digest
@@ -38,7 +38,7 @@ from bridge.consumer.act import Decider
 from bridge.consumer.decide import Rules
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
-from bridge.consumer.fold import Intake, event_mutations, vm_mutations
+from bridge.consumer.fold import Intake, Once, event_mutations, vm_mutations
 from bridge.consumer.ledger import ApprovalLedger, Emit
 from bridge.consumer.operators import (
     Answer,
@@ -55,7 +55,8 @@ from bridge.consumer.operators import (
 )
 from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.release import Housekeeping, Pending, pending
-from bridge.consumer.state import Doc, Store
+from bridge.consumer.sources.eventgrid import HealthChange
+from bridge.consumer.state import Doc, Store, update_many
 from bridge.policy.model import (
     EventView,
     FleetView,
@@ -95,12 +96,14 @@ class Consumer:
         notifier: Notifier | None = None,
         trusted: Sequence[Ed25519PublicKey] = (),
         sign_again: bool = True,
+        health: bool = False,
     ) -> None:
         """`signer`: the command signing key, which also signs what people decide (without
         it nobody can decide: `operate` refuses). `notifier`: where asks and people's
         decisions are told (bridge.notify); None tells nobody. `trusted`: the previous
         signing keys while they rotate (what people decided under them still applies, and is
-        signed again with `signer` unless `sign_again` is off: a read-only look)."""
+        signed again with `signer` unless `sign_again` is off: a read-only look). `health`:
+        resource health reports count in the budgets (eventgrid.health, issue 36)."""
         self.store = store
         self.policy = policy
         self.settings = settings
@@ -113,7 +116,12 @@ class Consumer:
         kinds = tuple(sorted({b.group for b in policy.budgets}))
         self.ledger = ApprovalLedger(store, settings, kinds)
         self.fleet = Fleet(store, now=now)
+        self.fleet.vms.health_counts = health
+        self.fleet.vms.health_for = timedelta(seconds=settings.stale_after)
         self.forged = 0  # operator actions in the state that did not verify (the metrics)
+        # Fields the agents and Event Grid disagreed on, once per event (the metrics).
+        self.disagreements: Counter[str] = Counter()
+        self._disagreed = Once(100_000)
         self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
         self.asks_pending = 0  # as of the last tick
         self.refused: Counter[str] = Counter()  # operator documents refused, by why
@@ -154,6 +162,29 @@ class Consumer:
             self.fleet.flush()
             self._intake.remember(fresh)
 
+    def note_health(self, changes: Sequence[HealthChange]) -> None:
+        """Fold resource health changes in (the second source, issue 36) and decide again
+        about the open events: a VM back to Available may free a slot. Ignored while the
+        health source is off."""
+        if not changes or not self.fleet.vms.health_counts:
+            return
+        with self._lock:
+            by_key: dict[str, list[HealthChange]] = {}
+            for change in changes:
+                by_key.setdefault(fs.health_key(change.resource.id), []).append(change)
+
+            def folding(mine: list[HealthChange]) -> Callable[[dict[str, Any]], bool]:
+                def fold(value: dict[str, Any]) -> bool:
+                    document = cast(fs.HealthDocument, value)
+                    changed = [fs.merge_health(document, c.resource, c.state, iso(c.at))
+                               for c in sorted(mine, key=lambda c: c.at)]  # fmt: skip
+                    return any(changed)
+
+                return fold
+
+            update_many(self.store, fs.HEALTH, {k: folding(v) for k, v in by_key.items()})
+        self.tick()
+
     def fold(self, records: Sequence[RecordView]) -> None:
         """Fold records into the fleet state without deciding anything (`policy explain`)."""
         with self._lock:
@@ -170,9 +201,26 @@ class Consumer:
         if not fresh:
             return fresh, {}
         heard, partition = iso(now), position.partition if position else None
-        return fresh, self.fleet.fold(
+        stored = self.fleet.fold(
             vm_mutations(fresh, heard, partition), event_mutations(fresh, heard)
         )
+        self._disagreements(stored)
+        return fresh, stored
+
+    def _disagreements(self, stored: Mapping[str, Doc | None]) -> None:
+        """Count, once per event and field, where the agents and Event Grid tell an event
+        differently (the second source's metric; `policy explain` says how)."""
+        for key, doc in stored.items():
+            if doc is None or "azure" not in doc.value:
+                continue
+            lines = fs.stored_disagreements(fs.event_document(doc))
+            for name in fs.disagreement_fields(lines):
+                if self._disagreed.add(f"{key}|{name}"):
+                    self.disagreements[name] += 1
+                    log.info("agents and Event Grid disagree about the %s of event %s: "
+                             "`se-bridge policy explain --event %s` says how; the budgets "
+                             "count the worse", name, doc.value.get("event_id"),
+                             doc.value.get("event_id"))  # fmt: skip
 
     # --- questions -------------------------------------------------------------------------
 
@@ -180,8 +228,10 @@ class Consumer:
         """Per budget, how full its fullest group is now (read only; for the metrics)."""
         with self._lock:
             known = self.fleet.snapshot()
-            impacted = known.by_vm_id(self.ledger.read().impact)
-            fleet = FleetView(known.vms, impacted, self._alive_within)
+            state = self.ledger.read()
+            impacted = known.by_vm_id(state.impact, reach=state.reach)
+            reach = {**state.reach, **known.health_reach}
+            fleet = FleetView(known.vms, impacted, self._alive_within, reach=reach)
             return budget_use(self.policy.budgets, fleet, self._now())
 
     def explain(self, event_id: str) -> Explained | None:

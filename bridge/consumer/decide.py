@@ -237,6 +237,8 @@ def _freed(s: Situation, rules: Rules, now: datetime) -> Step | None:
         return None
     if now < rules.listening_since + rules.alive_within:
         return None
+    if s.view.azure is not None and s.view.azure not in fs.ENDED:
+        return None  # Azure itself says the event is on: silence frees nothing (issue 36)
     why = all_gone(s.value, s.view, s.entry, s.fleet.vms, fleet=s.vouched, now=now,
                    alive_within=rules.settings.alive_within)  # fmt: skip
     return None if why is None else Release(s.key, why, said=s.view)

@@ -16,14 +16,16 @@ forward in TimeGenerated, and readiness is a set.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
+from bridge.consumer.sources.eventgrid import Resource, resource_of
 from bridge.consumer.state import Doc, layout
 from bridge.policy.model import Blocker, DrainView, EventView, Scope, VmView, scope_of
-from bridge.records import RecordView, parse_time, vm_key
+from bridge.records import RecordView, parse_time, record_id, vm_key
 from bridge.recordtypes import RECORD_TYPE
 
 
@@ -47,6 +49,7 @@ class VmDocument(TypedDict, total=False):
     heard: str
     partition: str
     name: str
+    resource_id: str  # compute.resourceId, lower case: Event Grid names VMs by it
     subscription_id: str
     resource_group: str
     location: str
@@ -142,6 +145,27 @@ class DrainNote(TypedDict, total=False):
     failed: bool
 
 
+class AzureView(Told, total=False):
+    """An event document's `azure`: the event as Azure's scheduled-events system topic last
+    told it (Event Grid, issue 36), beside what the agents report. A sample:
+
+    {"status": "Started", "at": "2026-11-21T10:00:05.000Z", "event_type": "Reboot",
+     "event_source": "Platform", "duration": -1, "resources": ["web_2"], "not_before": null,
+     "scope": ["8d5f...", "rg-app", "web"], "ids": {"web_2": ["/subscriptions/..."]}}
+
+    `status` is Scheduled, Started, Completed or Canceled; an end is final. `ids`: the full
+    resource ids each name of Resources may be (the delivery's resource id and the name).
+    """
+
+    status: str
+    at: str
+    scope: list[str | None]
+    ids: dict[str, list[str]]
+
+
+ENDED = ("Completed", "Canceled")
+
+
 class EventDocument(Told, total=False):
     """`event/<eventid>`: an event as the VMs report it. A sample:
 
@@ -166,6 +190,7 @@ class EventDocument(Told, total=False):
     heard: str  # the consumer's clock when a record last changed the event (staleness)
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
     asked: Asked  # when the consumer first asked a person about it (an `ask` rule)
+    azure: AzureView  # the event as Event Grid tells it (the second source, issue 36)
 
 
 class Asked(TypedDict):
@@ -185,6 +210,8 @@ def event_document(doc: Doc) -> EventDocument:
 
 # The collections and the `tables` store's spread of them: the state's layout, defined there.
 VM, EVENT, LEDGER = layout.VM, layout.EVENT, layout.LEDGER
+HEALTH = layout.HEALTH
+UNHEALTHY = ("Unavailable", "Degraded")
 PARTITIONS = layout.PARTITIONS
 # The one ledger document of releases before the shards; moved into them when found.
 LEGACY_LEDGER_KEY = "approvals"
@@ -200,6 +227,44 @@ _IDENTITY = {
     "fault_domain": "PlatformFaultDomain",
     "update_domain": "PlatformUpdateDomain",
 }
+
+
+class HealthDocument(TypedDict, total=False):
+    """`health/<id>`: a VM as resource health last reported it (issue 36). A sample:
+
+    {"resource_id": "/subscriptions/8d5f.../resourcegroups/rg-app/providers/microsoft.compute/
+     virtualmachinescalesets/web/virtualmachines/2", "name": "web_2",
+     "scope": ["8d5f...", "rg-app", "web"], "state": "Unavailable",
+     "since": "2026-11-21T10:02:00.000Z", "at": "2026-11-21T10:02:00.000Z"}
+
+    `since`: when it last became what it is (the first of a run of Unavailable and Degraded).
+    """
+
+    resource_id: str
+    name: str
+    scope: list[str | None]
+    state: str
+    since: str
+    at: str
+
+
+def health_key(resource_id: str) -> str:
+    """The health document's key: a name Table Storage takes (a resource id has slashes)."""
+    return record_id("health", resource_id.lower())
+
+
+def merge_health(value: HealthDocument, resource: Resource, state: str, at: str) -> bool:
+    """Fold one health change in; only a newer one changes anything."""
+    if at <= value.get("at", ""):
+        return False
+    was = value.get("state")
+    if was is None or (was in UNHEALTHY) != (state in UNHEALTHY):
+        value["since"] = at
+    value["resource_id"], value["name"] = resource.id.lower(), str(resource.vm_name)
+    value["state"], value["at"] = state, at
+    value["scope"] = [resource.subscription, resource.resource_group,
+                      (resource.scale_set or "").lower() or None]  # fmt: skip
+    return True
 
 
 def event_key(event_id: str) -> str:
@@ -255,6 +320,7 @@ def merge_vm(
         given = record.get(field)
         if isinstance(given, str) if field not in _WHOLE_FIELDS else _whole(given):
             fields[key] = given
+    _merge_resource_id(fields, record)
     heartbeat, tags = record.get(RECORD_TYPE) == "Heartbeat", record.get("Tags")
     if heartbeat and isinstance(tags, dict):
         value["tags"] = {str(k): str(v) for k, v in tags.items()}
@@ -273,6 +339,12 @@ def merge_vm(
     elif value.get("stopped"):
         value.pop("stopped")
     return True
+
+
+def _merge_resource_id(fields: dict[str, Any], record: RecordView) -> None:
+    resource_id = record.get("ResourceId")
+    if isinstance(resource_id, str) and resource_id:
+        fields["resource_id"] = resource_id.lower()
 
 
 _NODE = (
@@ -327,6 +399,7 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         node_pool=value.get("node_pool"),
         cordoned=value.get("node_cordoned") is True,
         held=value.get("node_draining") or None,
+        resource_id=value.get("resource_id"),
     )
 
 
@@ -359,6 +432,9 @@ def merge_event(value: EventDocument, record: RecordView, heard: str = "") -> bo
 
 
 def _merge_event_record(value: EventDocument, record: RecordView) -> None:
+    if record.get("Source") == "EventGrid":
+        _merge_azure(value, record)
+        return
     vm_id, seen = record.get("VmId"), field_of(record, "TimeGenerated") or ""
     value.setdefault("event_id", field_of(record, "EventId"))
     value.setdefault("first_seen", seen)
@@ -386,6 +462,39 @@ def _merge_event_record(value: EventDocument, record: RecordView) -> None:
         reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen,
                           "told": told_key(_record_scope(record))}  # fmt: skip
     _forget_untold(value)
+
+
+def _merge_azure(value: EventDocument, record: RecordView) -> None:
+    """Fold an Event Grid record into the event's `azure` view. Its status only moves
+    forward in time, and an end (Completed, Canceled) is final: a late Started does not
+    bring an event back. Until an agent reports the event, its fields are the document's."""
+    seen = field_of(record, "TimeGenerated") or ""
+    value.setdefault("event_id", field_of(record, "EventId"))
+    value["first_seen"] = min(value.get("first_seen") or seen, seen)
+    azure = value.get("azure")
+    status = str(field_of(record, "Transition"))
+    if azure is not None and (azure.get("status") in ENDED or seen < azure.get("at", "")):
+        return
+    fields: dict[str, Any] = {key: field_of(record, name) for key, name in _EVENT_FIELDS.items()}
+    fields.pop("incarnation")
+    if status in ENDED and azure is not None:  # an end names no NotBefore; keep what it named
+        fields = {**{k: v for k, v in azure.items() if k in fields}, **{
+            k: v for k, v in fields.items() if v is not None}}  # fmt: skip
+    scope = _record_scope(record)
+    names = fields.get("resources") or []
+    resource = _azure_resource(record)
+    ids = {n: list(resource.vm_ids(n)) for n in names} if resource else {}
+    view = cast(AzureView, {**fields, "status": status, "at": seen, "updated": seen,
+                            "scope": list(scope), "ids": ids})  # fmt: skip
+    value["azure"] = view
+    if not value.get("reporters"):
+        for key in fields:
+            cast(dict[str, Any], value)[key] = fields[key]
+        value["updated"] = seen
+
+
+def _azure_resource(record: RecordView) -> Resource | None:
+    return resource_of(record.get("ResourceId"))
 
 
 def _forget_untold(value: EventDocument) -> None:
@@ -487,9 +596,18 @@ def drain_views(value: EventDocument) -> dict[str, DrainView]:
 
 def status(value: EventDocument, among: Collection[str] | None = None) -> str:
     """The event's status across its reporters (those of `among` only, when given): Started
-    wins, then Scheduled, else Gone."""
+    wins, then Scheduled, else Gone.
+
+    With Event Grid's view (`azure`): an end from either source ends it (Completed or
+    Canceled from Azure; every agent that can see it reporting it gone); otherwise Started
+    from either wins, and an event no agent reports has Azure's status."""
     reports = value.get("reporters", {})
     seen = {r["status"] for v, r in reports.items() if among is None or v in among}
+    azure = value.get("azure")
+    if azure is not None:
+        if azure.get("status") in ENDED or (seen and seen <= {GONE}):
+            return GONE
+        seen.add(str(azure.get("status")))
     for candidate in ("Started", "Scheduled"):
         if candidate in seen:
             return candidate
@@ -530,6 +648,8 @@ class Names:
     # VmId -> its scope, of every VM it was made from: an event's reporters are looked up
     # at each decision, hundreds where a placement group reports each event.
     where: Mapping[str, Scope]
+    # A VM's full resource id (lower case) -> its VmId: how Event Grid's names resolve first.
+    by_id: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def of(cls, vms: Iterable[VmView]) -> Names:
@@ -545,10 +665,18 @@ class Names:
         for scope, name in newest:
             scopes.setdefault(name, []).append(scope)
         index = {key: vm.vm_id for key, vm in newest.items()}
-        return cls(index, {name: tuple(found) for name, found in scopes.items()}, where)
+        by_id = {vm.resource_id: vm.vm_id for vm in newest.values() if vm.resource_id}
+        return cls(index, {name: tuple(found) for name, found in scopes.items()}, where, by_id)
 
-    def resolve(self, names: Iterable[str], scopes: Iterable[Scope]) -> Resolved:
-        """`names` in the reporters' `scopes` (none known: in any scope)."""
+    def resolve(
+        self,
+        names: Iterable[str],
+        scopes: Iterable[Scope],
+        ids: Mapping[str, Sequence[str]] | None = None,
+    ) -> Resolved:
+        """`names` in the reporters' `scopes` (none known: in any scope); a name of `ids`
+        (by vm_key: the full resource ids Event Grid's delivery makes of it) is the VM of
+        that id first, whatever its scope."""
         within = set(scopes)
         affected: list[str] = []
         unresolved: list[str] = []
@@ -556,6 +684,10 @@ class Names:
         unknown: list[str] = []
         for name in names:
             key = vm_key(name)
+            by_id = [self.by_id[i] for i in (ids or {}).get(key, ()) if i in self.by_id]
+            if by_id:
+                affected.append(by_id[0])
+                continue
             found = self.scopes.get(key, ())
             candidates = [self.index[(s, key)] for s in found if not within or s in within]
             if len(candidates) == 1:
@@ -622,28 +754,42 @@ def event_view(
     unknown_for: timedelta | None = None,
 ) -> EventView:
     """The event as the policy sees it: as the reporters that can see it tell it
-    (`Names.witnesses`, `_agreed`); a name no VM of their scopes has counts until
-    `unknown_for` has passed since the event was first seen (None: for as long as the event
-    counts)."""
+    (`Names.witnesses`, `_agreed`), and as Event Grid tells it (`azure`), the worse of the
+    two where they differ (`_agreed` again: every name of either, the earliest NotBefore);
+    a name no VM of their scopes has counts until `unknown_for` has passed since the event
+    was first seen (None: for as long as the event counts), or for as long as Azure says
+    the event is on."""
     reports = value.get("reporters", {})
     scope_by = {r: names.where.get(r) or (scope_of(vms[r]) if r in vms else None) for r in reports}
     told = _told(value, {s for s in scope_by.values() if s is not None})
     names_told = {scope: told_of.get("resources") or [] for scope, told_of in told.items()}
     seen_by, scopes = names.witnesses(names_told, scope_by)
-    fields = _agreed([told[s] for s in scopes if s in told]) if told else None
-    if fields is None:
-        fields = value
+    agents = _agreed([told[s] for s in scopes if s in told]) if told else None
+    if agents is None and reports:
+        agents = value
+    azure = value.get("azure")
+    fields = _agreed([f for f in (agents, azure) if f is not None]) or value
     resources = fields.get("resources") or []
-    resolved = names.resolve(resources, scopes)
+    if azure is not None:
+        scopes = tuple(dict.fromkeys((*scopes, _azure_scope(azure))))
+    resolved = names.resolve(resources, scopes, _ids(azure))
     first_seen = parse_time(value.get("first_seen")) or now
-    over = unknown_for is not None and now - first_seen >= unknown_for
+    vouched = azure is not None and azure.get("status") not in ENDED
+    over = unknown_for is not None and now - first_seen >= unknown_for and not vouched
+    said = status(value, seen_by)
+    not_before = parse_time(fields.get("not_before"))
+    azure_only = azure is not None and not reports
+    if said == "Scheduled" and azure_only and not_before is not None and not_before <= now:
+        # Azure starts an event at NotBefore, approved or not, and Event Grid's Started may
+        # come minutes later: an event no agent watches counts as started from then on.
+        said = "Started"
     return EventView(
         event_id=str(value.get("event_id")),
         event_type=str(fields.get("event_type") or ""),
         event_source=fields.get("event_source"),
         duration=fields.get("duration"),
-        status=status(value, seen_by),
-        not_before=parse_time(fields.get("not_before")),
+        status=said,
+        not_before=not_before,
         first_seen=first_seen,
         affected=resolved.affected,
         unresolved=resolved.unresolved,
@@ -657,7 +803,71 @@ def event_view(
         tried=tried,
         asked_at=parse_time(value.get("asked", {}).get("at")),
         drains=drain_views(value),
+        disagreements=disagreements(agents, azure, said if reports else None),
+        azure=None if azure is None else str(azure.get("status")),
     )
+
+
+def _azure_scope(azure: AzureView) -> Scope:
+    return scope_from(azure.get("scope"))
+
+
+def scope_from(stored: object) -> Scope:
+    """A scope as a document stores it (a list of three), or one that says nothing."""
+    parts = [p if isinstance(p, str) else None for p in stored] if isinstance(stored, list) else []
+    sub, group, scale_set = [*parts, None, None, None][:3]
+    return (sub, group, scale_set)
+
+
+def _ids(azure: AzureView | None) -> Mapping[str, Sequence[str]]:
+    """Of Event Grid's view, the full ids each name may be, by vm_key."""
+    if azure is None:
+        return {}
+    return {vm_key(name): ids for name, ids in (azure.get("ids") or {}).items()}
+
+
+def disagreements(
+    agents: Told | None, azure: AzureView | None, agents_status: str | None
+) -> tuple[str, ...]:
+    """Where what the agents report of an event and what Event Grid tells of it differ, a
+    sentence each (`policy explain` says them; the second source's intake counts them)."""
+    if agents is None or azure is None:
+        return ()
+    said: list[str] = []
+    for key, label in (("event_type", "EventType"), ("event_source", "EventSource"),
+                       ("duration", "DurationInSeconds"), ("not_before", "NotBefore")):  # fmt: skip
+        mine, theirs = agents.get(key), azure.get(key)
+        if mine is not None and theirs is not None and mine != theirs:
+            said.append(f"{label}: Event Grid says {theirs}, the agents say {mine}")
+    ours = {vm_key(n): n for n in agents.get("resources") or []}
+    azures = {vm_key(n): n for n in azure.get("resources") or []}
+    if ours.keys() != azures.keys():
+        only_azure = sorted(azures[k] for k in azures.keys() - ours.keys())
+        only_ours = sorted(ours[k] for k in ours.keys() - azures.keys())
+        parts = [f"Event Grid alone names {', '.join(only_azure)}"] if only_azure else []
+        parts += [f"the agents alone name {', '.join(only_ours)}"] if only_ours else []
+        said.append(f"Resources: {'; '.join(parts)} (every name counts)")
+    theirs_status = str(azure.get("status"))
+    ended_here = agents_status == GONE
+    if agents_status is not None and (theirs_status in ENDED) != ended_here:
+        ours_said = "gone" if ended_here else agents_status
+        said.append(f"EventStatus: Event Grid says {theirs_status}, the agents say {ours_said} "
+                    "(an end from either ends it)")  # fmt: skip
+    return tuple(said)
+
+
+def stored_disagreements(value: EventDocument) -> tuple[str, ...]:
+    """`disagreements` of an event document as stored, the agents' scopes taken together
+    (what the intake counts; `event_view` says them for the scopes that can see it)."""
+    told = list((value.get("told") or {}).values())
+    agents = _agreed(told) if told else None
+    reported = bool(value.get("reporters"))
+    return disagreements(agents, value.get("azure"), status(value) if reported else None)
+
+
+def disagreement_fields(lines: Iterable[str]) -> list[str]:
+    """The fields `disagreements` names (the metric's label)."""
+    return [line.partition(":")[0] for line in lines]
 
 
 def _told(value: EventDocument, scopes: Iterable[Scope]) -> dict[Scope, Told]:

@@ -23,6 +23,9 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_operator_actions_forged_total 0.0
     se_bridge_consumer_operator_actions_previous_key 0.0
     se_bridge_consumer_budget_overrides_total 1.0
+    se_bridge_consumer_eventgrid_total{kind="event"} 12.0
+    se_bridge_consumer_eventgrid_refused_total{reason="untrusted-topic"} 1.0
+    se_bridge_consumer_eventgrid_disagreements_total{field="Resources"} 1.0
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from prometheus_client.registry import Collector
 from bridge.commands.message import Command
 from bridge.consumer.operators import KINDS, REFUSED, PeopleCounts
 from bridge.consumer.release import Pending
+from bridge.consumer.secondsource import EventGridCounts
 from bridge.records import RecordView, parse_time
 from bridge.recordtypes import RECORD_TYPE
 
@@ -131,10 +135,50 @@ class ConsumerMetrics:
         scrape (bridge.consumer.ledger.ApprovalLedger.missed)."""
         self.registry.register(_MissedCollector(counts))
 
+    def watch_eventgrid(self, counts: Callable[[], EventGridCounts]) -> None:
+        """Ask `counts` at each scrape what the second source (Event Grid) has done."""
+        self.registry.register(_EventGridCollector(counts))
+
     def watch_people(self, counts: Callable[[], PeopleCounts]) -> None:
         """Ask `counts` at each scrape for the asks, pauses and people's actions
         (Consumer.people_counts: no read of the fleet state at a scrape)."""
         self.registry.register(_PeopleCollector(counts))
+
+
+class _EventGridCollector(Collector):
+    def __init__(self, counts: Callable[[], EventGridCounts]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        now = self._counts()
+        records = CounterMetricFamily(
+            "se_bridge_consumer_eventgrid",
+            "What Event Grid's deliveries held, by kind: event (an Event record folded in), "
+            "health (a health change), ignored (AKS events, health annotations, a whole scale "
+            "set's health).",
+            labels=["kind"],
+        )
+        for kind, count in (("event", now.events), ("health", now.health),
+                            ("ignored", now.ignored)):  # fmt: skip
+            records.add_metric([kind], count)
+        yield records
+        refused = CounterMetricFamily(
+            "se_bridge_consumer_eventgrid_refused",
+            "Event Grid deliveries refused, by reason: not-json, too-large, wrong-type, "
+            "untrusted-topic, wrong-subscription, out-of-scope, too-many-resources, malformed.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(now.refused.items()):
+            refused.add_metric([reason], count)
+        yield refused
+        disagreed = CounterMetricFamily(
+            "se_bridge_consumer_eventgrid_disagreements",
+            "Events the agents and Event Grid tell differently, once per event and field.",
+            labels=["field"],
+        )
+        for name, count in sorted(now.disagreements.items()):
+            disagreed.add_metric([name], count)
+        yield disagreed
 
 
 class _PeopleCollector(Collector):

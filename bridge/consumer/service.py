@@ -31,7 +31,9 @@ from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.people.server import PageError, PageServer
 from bridge.consumer.people.server import build_app as build_page
 from bridge.consumer.reading import Position
-from bridge.consumer.sources.eventhubs import run_eventhubs
+from bridge.consumer.secondsource import EventGridIntake
+from bridge.consumer.sources.eventgrid import Trust
+from bridge.consumer.sources.eventhubs import eventgrid_hub, run_eventhubs
 from bridge.consumer.sources.hub import run_local
 from bridge.logfile import setup_logging
 from bridge.outbox.delivery import Delivery, interruptible_wait
@@ -91,6 +93,11 @@ class ConsumerService:
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
+        # Azure's own view, beside the agents' (issue 36): off unless eventgrid.enabled.
+        self.intake: EventGridIntake | None = None
+        if config.eventgrid.enabled:
+            self.intake = EventGridIntake(self.consumer, Trust.of(config.eventgrid), self._emit)
+            self.metrics.watch_eventgrid(self.intake.counts)
         self._telemetry: telemetry.Endpoint | None = None
         self._page: PageServer | None = None
         self._notifier = telemetry.Notifier()
@@ -153,12 +160,16 @@ class ConsumerService:
             reason = f"not valid against record.schema.json: {problem}"
             self.poison("?", f"RecordId {record.get('RecordId')}", json.dumps(record), reason)
         if valid or position.caught_up is not None:
-            try:
-                self.consumer.process(valid, position)
-            except Exception as err:
-                self._read_error = describe(err)
-                raise
-            self._read_error = None
+            self._handled(lambda: self.consumer.process(valid, position))
+
+    def _handled(self, handle: Callable[[], None]) -> None:
+        """Hand a batch over, keeping /readyz's word on whether the last one failed."""
+        try:
+            handle()
+        except Exception as err:
+            self._read_error = describe(err)
+            raise
+        self._read_error = None
 
     def run(self, stop: threading.Event) -> int:
         self.delivery.start()
@@ -177,6 +188,39 @@ class ConsumerService:
         return 0
 
     def _read(self, stop: threading.Event) -> None:
+        azure = None
+        if self.intake is not None:
+            azure = threading.Thread(target=self._read_azure, args=(stop,),
+                                     name="se-bridge eventgrid")  # fmt: skip
+            azure.start()
+        try:
+            self._read_records(stop)
+        finally:
+            stop.set()
+            if azure is not None:
+                azure.join()
+
+    def _read_azure(self, stop: threading.Event) -> None:
+        """Event Grid's hub, until `stop`: a failure here stops the consumer, as the
+        records' reader's does (a second source that silently stopped would be worse)."""
+        assert self.intake is not None
+        settings = self.config.consumer
+        try:
+            run_eventhubs(eventgrid_hub(self.config), self._process, stop,
+                          load_balancing_interval=settings.load_balancing_interval,
+                          checkpoint_interval=settings.checkpoint_interval,
+                          bodies=self._azure)  # fmt: skip
+        except Exception:
+            log.exception("reading Event Grid's hub %s failed: the consumer stops",
+                          self.config.eventgrid.hub)  # fmt: skip
+            stop.set()
+
+    def _azure(self, bodies: list[str], position: Position) -> None:
+        intake = self.intake
+        assert intake is not None
+        self._handled(lambda: intake.handle(bodies, position))
+
+    def _read_records(self, stop: threading.Event) -> None:
         if self.config.consumer.hub is not None:
             run_local(self.config.consumer.hub, self._process, stop, poison=self.poison,
                       group=self.config.consumer.consumer_group,

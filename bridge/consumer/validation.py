@@ -92,11 +92,11 @@ def _describe(err: JsonSchemaValueException) -> str:
 
 def _unpaired_surrogate(value: Any, where: str) -> str | None:
     if isinstance(value, str):
-        return None if value.isascii() or _encodes(value) else where
+        return None if value.isascii() or encodes(value) else where
     if isinstance(value, dict):
         for key, item in value.items():
             path = f"{where}.{key}" if where else str(key)
-            if isinstance(key, str) and not key.isascii() and not _encodes(key):
+            if isinstance(key, str) and not key.isascii() and not encodes(key):
                 return where or "a field name"
             found = _unpaired_surrogate(item, path)
             if found is not None:
@@ -109,7 +109,8 @@ def _unpaired_surrogate(value: Any, where: str) -> str | None:
     return None
 
 
-def _encodes(text: str) -> bool:
+def encodes(text: str) -> bool:
+    """Whether `text` is Unicode text (holds no unpaired surrogate)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

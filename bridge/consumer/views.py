@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc, Mutation, Store, read_many, update_many
 from bridge.policy.model import (
+    HEALTH,
     Scope,
     VmView,
     cordoned_impact,
@@ -22,7 +23,7 @@ from bridge.policy.model import (
     pool_disputes,
     scope_of,
 )
-from bridge.records import utc_now, vm_key
+from bridge.records import iso, parse_time, utc_now, vm_key
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,11 @@ class VmSnapshot:
         self._resolved: tuple[object, int, dict[str, frozenset[str]]] | None = None
         # The cordoned nodes, as impact (policy.model.cordoned_impact).
         self._cordoned: dict[str, frozenset[str]] = {}
+        # The VMs resource health reports down (fs.HealthDocument), read once a snapshot.
+        self._health_docs = fleet.health()
+        # What they impact (HEALTH + VmId or name), where a name may be, and since when.
+        self.health_reach: dict[str, frozenset[Scope]] = {}
+        self.unhealthy: dict[str, tuple[str, datetime]] = {}
         self._scan()
 
     def _scan(self) -> None:
@@ -165,11 +171,35 @@ class VmSnapshot:
             else frozenset(v for vm in vms for v in self._resolve(vm, where.get(key)))
             for key, vms in impacted.items()
         }
-        # After the entries: a node cordoned by someone else counts whatever they say.
+        # After the entries: a node cordoned by someone else counts whatever they say, and a
+        # VM resource health reports down whatever its agent says.
         resolved.update(self._cordoned)
+        resolved.update(self._health_impact())
         if version is not None:
             self._resolved = (version, self._generation, resolved)
         return resolved
+
+    def _health_impact(self) -> dict[str, frozenset[str]]:
+        """The VMs resource health reports Unavailable or Degraded, as pseudo events: by
+        their full resource id, else their name in their scope, else their name (a VM no
+        agent reports, counted where its scope can be, as an event's unknown name is)."""
+        impact: dict[str, frozenset[str]] = {}
+        self.health_reach, self.unhealthy = {}, {}
+        for doc in self._health_docs:
+            value = doc.value
+            since = parse_time(value.get("since"))
+            if value.get("state") not in fs.UNHEALTHY or since is None:
+                continue
+            scope = fs.scope_from(value.get("scope"))
+            name = str(value.get("name") or "")
+            vm = self.names.by_id.get(str(value.get("resource_id"))) or self.names.index.get(
+                (scope, vm_key(name))
+            )
+            key = HEALTH + (vm or name)
+            impact[key] = frozenset((vm or name,))
+            self.health_reach[key] = frozenset((scope,))
+            self.unhealthy[vm or name] = (str(value["state"]), since)
+        return impact
 
     def _resolve(self, vm: str, scopes: frozenset[Scope] | None) -> list[str]:
         if vm in self.vms:
@@ -232,6 +262,11 @@ class FleetCache:
         self._cordoned: set[str] = set()
         # What the heartbeats' node pools and the scale sets disagree on, as last said.
         self._disputes: set[str] = set()
+        self.health_counts = False  # the health source is on (Consumer's `health`)
+        self.health_for = timedelta(hours=6)  # how long a report counts (consumer.stale_after)
+        self._now = now
+        self._health: list[Doc] = []
+        self._health_looks = _Paced(now)
 
     def update(self, mutations: Mapping[str, Mutation]) -> None:
         """Merge into VM documents (`update_many`), starting from the versions held here.
@@ -301,6 +336,19 @@ class FleetCache:
             self._docs.pop(key, None)
             self._index = None
             self._groups = {}
+
+    def health(self) -> list[Doc]:
+        """The health documents (none while the health source is off): read at most every
+        feed_interval where a read costs a query. Few: Azure reports on VMs as they change."""
+        if not self.health_counts:
+            return []
+        every = timedelta(seconds=self.store.feed_interval)
+        if not self.store.feed_interval or self._health_looks.due(every):
+            self._health = self.store.scan(fs.HEALTH)
+        # A VM deleted while Unavailable never reports Available: a report counts until
+        # `health_for` (consumer.stale_after) has passed since Azure last said it.
+        since = iso(self._now() - self.health_for)
+        return [doc for doc in self._health if str(doc.value.get("at", "")) >= since]
 
     def cordoned(self) -> dict[str, frozenset[str]]:
         """The impact of the cordoned nodes among the VMs `load` returned last."""

@@ -19,6 +19,7 @@ from bridge.commands import signing
 from bridge.config import Config, ConfigError, ConsumerSettings, load
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
+from bridge.consumer.sources import eventgrid
 from bridge.consumer.state import Store
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.notify import kinds as notify_kinds
@@ -43,6 +44,7 @@ def load_config(
     channels.check_config(config)
     sinks.check_config(config, decision_sinks(config), "consumer.sinks")
     notify_kinds.check_config(config)
+    eventgrid.check_settings(config.eventgrid)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:
@@ -124,9 +126,10 @@ def build_consumer(
         sender = channels.SigningSender(sender, signer)
     # Its threads start here: built last, so that a bad setting above starts none.
     notifier = notify_kinds.build(config, registry) if config.notify.targets else None
+    health = config.eventgrid.enabled and config.eventgrid.health
     return Consumer(store, sender, policy, emit, config.consumer, now=now,
                     host_name=host.host_name(), signer=signer, notifier=notifier,
-                    trusted=trusted)  # fmt: skip
+                    trusted=trusted, health=health)  # fmt: skip
 
 
 def load_signer(config: Config) -> signing.Signer | None:

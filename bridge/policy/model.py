@@ -44,6 +44,9 @@ CORDONED = "cordoned:"
 # or not: counted until its agent says it uncordoned it, so that the next node of its pool is
 # not drained before it is back. Only while its agent is alive: a deleted node holds nothing.
 HELD = "held:"
+# A VM resource health reports Unavailable or Degraded counts in every budget as impacted by
+# this pseudo event until it is Available again (issue 36), whatever its agent says.
+HEALTH = "health:"
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,8 @@ class VmView:
     cordoned: bool = False
     # The EventId whose drain holds the node cordoned now (heartbeat NodeDraining), or None.
     held: str | None = None
+    # Its full resource id (compute.resourceId, lower case), or None: not said.
+    resource_id: str | None = None
 
     @property
     def drains_on_grant(self) -> bool:
@@ -340,6 +345,9 @@ class EventView:
     drains: Mapping[str, DrainView] = field(default_factory=dict)  # VmId -> its drain
     granted: frozenset[str] = frozenset()  # VmIds the consumer sent a Prepare (a drain grant)
     no_drain: frozenset[str] = frozenset()  # VmIds whose agents refused the Prepare
+    # Where the agents and Event Grid tell the event differently, a sentence each.
+    disagreements: tuple[str, ...] = ()
+    azure: str | None = None  # its status as Event Grid tells it; None: Event Grid has not
 
     @property
     def counted(self) -> list[str]:
@@ -363,6 +371,10 @@ class FleetView:
     reach: Mapping[str, frozenset[Scope]] = field(default_factory=dict)
     # The pauses people set that have not been lifted (each may have lifted by its `until`).
     pauses: tuple[Pause, ...] = ()
+    # Of the VMs resource health reports Unavailable or Degraded (counted as impacted by the
+    # pseudo events HEALTH + VmId, or + the name of a VM no agent reports): the state and
+    # since when, by that VmId or name.
+    unhealthy: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
 
     def alive(self, vm_id: str, now: datetime) -> bool:
         vm = self.vms.get(vm_id)
@@ -415,7 +427,7 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
     if event.status.lower() != "scheduled":
         why = f"the event is {event.status}: nothing to approve"
         return Verdict("Ignore", NO_RULE, why, explanation=(why,))
-    notes: list[str] = []
+    notes: list[str] = [f"agents and Event Grid disagree: {line}" for line in event.disagreements]
     rule = None
     for candidate in policy.rules:
         miss = mismatch(candidate.match, fleet, event)
@@ -1119,7 +1131,10 @@ def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
     else (`cordoned_impact`), said in a budget's explanation; "" when none."""
     nodes = [v for v in busy if v in fleet.impacted.get(CORDONED + v, ())]
     held = [v for v in busy if v in fleet.impacted.get(HELD + v, ()) and v not in nodes]
+    sick = sorted(v for v in busy if v in fleet.unhealthy and v not in nodes and v not in held)
     said = [
+        *(f"{fleet.vms[v].name if v in fleet.vms else v} {fleet.unhealthy[v][0].lower()} since "
+          f"{fleet.unhealthy[v][1]:%H:%M} (resource health)" for v in sick),
         *_listed("{names} cordoned by someone else", sorted(nodes), fleet),
         *_listed("{names} still cordoned by se-bridge's drain until {it} {has} been "
                  "uncordoned", sorted(held), fleet),

@@ -20,6 +20,7 @@ from tests.benchmarks import (
     bench_cost,
     bench_detection,
     bench_drain,
+    bench_eventgrid,
     bench_fleet,
     bench_footprint,
     bench_node_drain,
@@ -38,6 +39,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "7": bench_fleet.run,
     "8": bench_quota.run,
     "9": bench_node_drain.run,
+    "10": bench_eventgrid.run,
 }
 
 

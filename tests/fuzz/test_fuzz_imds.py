@@ -17,8 +17,9 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from bridge.agent import imds
-from bridge.agent.document import DocumentError, parse_document, parse_time
+from bridge.agent.document import DocumentError, parse_document
 from bridge.agent.normalise import Context, normalise
+from bridge.imdstime import parse_time
 from bridge.records import Origin, VmIdentity
 from bridge.retry import RetryableError
 from tests.doubles.imds_transport import SessionTransport

@@ -47,7 +47,7 @@ def test_one_typed_dict_per_record_type_with_the_fields_the_schema_allows_and_re
     [
         ("Transition", "Event", "Transition"),  # the Event clause takes the null away
         ("Transition", "Hook", "Transition"),
-        ("DocumentIncarnation", "Event", "int"),
+        ("DocumentIncarnation", "Event", "int | None"),
         ("DocumentIncarnation", "Heartbeat", "int | None"),
         ("EventId", "Approval", "str | None"),
         ("Tags", "Heartbeat", "dict[str, str] | None"),

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 # must be retried (nothing is checkpointed then).
 RecordHandler = Callable[[list[dict[str, object]], Position], None]
 
+# Called with the bodies of one batch as they are (a source of messages that are not records:
+# Event Grid deliveries, bridge.consumer.secondsource) and where they were read; as
+# RecordHandler otherwise.
+BodyHandler = Callable[[list[str], Position], None]
+
 # (partition, offset, body, reason) of a message that is not a record. It is skipped after
 # this returns, so the callback must keep it somewhere (it is its only copy the consumer keeps).
 PoisonHandler = Callable[[str, str, str, str], None]
@@ -139,6 +144,9 @@ class BatchRetry:
     backoff: Backoff = field(default_factory=Backoff)
     # Told (partition, records) once a batch was handled: the metrics' records and lag.
     on_done: Callable[[str, list[dict[str, object]]], None] | None = None
+    # Set: the bodies go to it as they are, instead of records to `handler` (their checks
+    # are its own, and it counts and logs what it refuses).
+    bodies: BodyHandler | None = None
     _streak: FailureStreak = field(init=False)
 
     def __post_init__(self) -> None:
@@ -155,6 +163,8 @@ class BatchRetry:
         `position`: where they were read (default: `partition`, read to no known point).
         """
         position = position or Position(partition)
+        if self.bodies is not None:
+            return self._deliver_bodies(partition, [Message(*m) for m in messages], position)
         good, bad = _split([Message(*m) for m in messages])
         where = _where(self.source, partition, [Message(*m) for m in messages])
         while not self.stop.is_set():
@@ -169,6 +179,20 @@ class BatchRetry:
                     self.handler(records, position)
                     if self.on_done is not None and records:
                         self.on_done(partition, records)
+            except Exception as err:  # the loop never dies: a failed batch is retried
+                self._failed(err, where)
+                continue
+            self._succeeded(where)
+            return True
+        return False
+
+    def _deliver_bodies(self, partition: str, messages: list[Message], position: Position) -> bool:
+        assert self.bodies is not None
+        where = _where(self.source, partition, messages)
+        while not self.stop.is_set():
+            try:
+                if messages or position.caught_up is not None:
+                    self.bodies([m.body for m in messages], position)
             except Exception as err:  # the loop never dies: a failed batch is retried
                 self._failed(err, where)
                 continue

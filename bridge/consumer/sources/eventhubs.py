@@ -33,6 +33,7 @@ next event) is read to no known point: its VMs' silence waits for that event.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -45,6 +46,7 @@ from bridge.config import Config, ConfigError
 from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import (
     BatchRetry,
+    BodyHandler,
     Message,
     PoisonHandler,
     RecordHandler,
@@ -77,17 +79,20 @@ def run_eventhubs(
     checkpoint_interval: float = 5.0,
     backoff_factory: Callable[[], Backoff] = Backoff,
     on_done: Callable[[str, list[dict[str, object]]], None] | None = None,
+    bodies: BodyHandler | None = None,
 ) -> None:
     """Hand every record of the event hub to `handler`, batch by batch, until `stop` is set.
 
     Each partition resumes after its checkpoint in `consumer.checkpoint_container` (from the
     start of the hub when it has none). Raises ConfigError at once when settings are missing.
+    `bodies`: the messages are not records (Event Grid's hub): their bodies go there.
     """
     store = checkpoint_store(config)
     if not _ensure_container(store, config, stop, backoff_factory()):
         return
     client = _client(config, store, load_balancing_interval, ownership_expiration)
-    retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory(), on_done)
+    retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory(), on_done,
+                       bodies=bodies)  # fmt: skip
     on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval,
                         probe=client.get_partition_properties)  # fmt: skip
     finished = threading.Event()
@@ -109,6 +114,17 @@ def run_eventhubs(
         finished.set()
         closer.join()
         client.close()
+
+
+def eventgrid_hub(config: Config) -> Config:
+    """`config` as it reads Event Grid's hub (eventgrid.hub; its connection string, else
+    the records hub's namespace and credentials), in the same consumer group and checkpoint
+    container: the SDK keeps each hub's checkpoints and ownership apart by its name."""
+    grid = config.eventgrid
+    hub = dataclasses.replace(config.eventhubs, name=grid.hub,
+                              connection_string=grid.connection_string
+                              or config.eventhubs.connection_string)  # fmt: skip
+    return dataclasses.replace(config, eventhubs=hub)
 
 
 def checkpoint_store(config: Config) -> BlobCheckpointStore:

@@ -8,6 +8,8 @@ from __future__ import annotations
 VM, EVENT, LEDGER = "vm", "event", "ledger"
 # What people decided (bridge.consumer.operators): few documents, each signed by the consumer.
 OPERATOR = "operator"
+# VMs as resource health reports them (issue 36): one document per VM Azure reported on.
+HEALTH = "health"
 # Table Storage partitions of each collection (bridge.consumer.state.tables), each serving
 # about 2,000 entities a second. Where every VM of a placement group reports each event, a
 # Spot eviction storm at 100,000 VMs makes the consumers fold about 12,000 neighbours'

@@ -1,0 +1,64 @@
+"""infra/'s second source (issue 36): the system topics and their deliveries into an event hub
+the consumer reads, declared only behind main.bicep's eventGridSource, off by default."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from tests.infra.test_bicep import BUILT_IN_ROLES, MAIN, MODULES
+from tests.support import bicep
+
+EVENTGRID = MODULES / "eventgrid.bicep"
+
+
+def _text() -> str:
+    return EVENTGRID.read_text(encoding="utf-8")
+
+
+def test_it_is_off_by_default_and_only_behind_its_parameter() -> None:
+    main = MAIN.read_text(encoding="utf-8")
+    assert re.search(r"^param eventGridSource bool = false$", main, re.MULTILINE)
+    assert re.search(r"^param eventGridHealth bool = false$", main, re.MULTILINE)
+    assert "module eventGrid 'modules/eventgrid.bicep' = if (eventGridSource) {" in main
+    module = bicep.parse(MAIN)["modules"]["eventGrid"]
+    params = module["config"]["config"]["params"]
+    assert bicep.symbol(params["health"]) == "eventGridHealth"
+    health = bicep.parse(EVENTGRID)["parameters"]["health"]
+    assert health["default"] is False
+
+
+def test_the_topics_are_the_subscriptions_system_topics_of_the_two_types() -> None:
+    text = _text()
+    assert "'Microsoft.ResourceNotifications.MaintenanceResources'" in text
+    assert "'Microsoft.ResourceNotifications.HealthResources'" in text
+    topics = bicep.resources(EVENTGRID, "Microsoft.EventGrid/systemTopics")["topics"]
+    config = bicep.unlooped(topics["config"])
+    assert config["location"] == "global"
+    assert config["identity"]["type"] == "SystemAssigned"
+    assert "subscription().id" in text
+    assert "source: subscription().id" in text
+
+
+def test_deliveries_go_to_the_hub_with_the_topics_identity_and_no_type_filter() -> None:
+    found = bicep.resources(EVENTGRID, "Microsoft.EventGrid/systemTopics/eventSubscriptions")
+    properties: dict[str, Any] = bicep.unlooped(found["subscriptions"]["config"])["properties"]
+    delivery = properties["deliveryWithResourceIdentity"]
+    assert delivery["identity"]["type"] == "SystemAssigned"
+    assert delivery["destination"]["endpointType"] == "EventHub"
+    target = delivery["destination"]["properties"]["resourceId"]["operator"]["operands"]
+    assert (target["operand_1"], target["operand_2"]) == ("hub", "id")
+    # Microsoft's page names the scheduled event's type two ways: a filter could drop them all.
+    assert "filter" not in properties
+    assert "destination" not in properties  # never a SAS-keyed destination
+
+
+def test_the_topics_may_only_send_to_the_hub_and_the_consumer_only_read_it() -> None:
+    names = bicep.role_variables(EVENTGRID)
+    roles = {(scope, names[var][1]) for _, scope, var in bicep.role_assignments(EVENTGRID)}
+    assert roles == {
+        ("hub", "Azure Event Hubs Data Sender"),
+        ("hub", "Azure Event Hubs Data Receiver"),
+    }
+    for guid, role in names.values():
+        assert BUILT_IN_ROLES[guid] == role

@@ -120,7 +120,8 @@ class Consumer:
                                      sign_again=sign_again)  # fmt: skip
         self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
                                  notifier=notifier)  # fmt: skip
-        self.marks = ReadMarks(store, now=now, host_name=host_name)
+        self.marks = ReadMarks(store, now=now, host_name=host_name,
+                               alive_within=settings.alive_within)  # fmt: skip
         rules = Rules(policy, settings, kinds, listening_since=now())
         self.decider = Decider(self.fleet, self.ledger, self.dispatch, self.marks, rules, now=now,
                                people=self.operators)  # fmt: skip
@@ -143,13 +144,13 @@ class Consumer:
         """
         with self._lock:
             fresh, stored = self._fold(records, position)
-            if position is not None:
-                self.marks.note(position)  # after the fold: the mark vouches for what is stored
             touched = set(stored) | self.ledger.note_approvals(fresh)
             if touched:
                 self.operators.refresh(self._now())
                 self.decider.decide(sorted(touched), stored)
             self.fleet.flush()
+            if position is not None:
+                self.marks.note(position)  # after the flush: the mark vouches for what is stored
             self._intake.remember(fresh)
 
     def fold(self, records: Sequence[RecordView]) -> None:
@@ -207,6 +208,7 @@ class Consumer:
         """Look again at every open event: deferrals, fallbacks, unsent commands, stale ones."""
         with self._lock:
             now = self._now()
+            self.marks.look()  # the others' read marks, for the release rule of this pass
             held = dict(self.ledger.entries())
             stale_after = timedelta(seconds=self.settings.stale_after)
             open_events = self._housekeeping.open_events(held, now, stale_after)

@@ -34,12 +34,12 @@ another process reads is judged by that process's mark, which it writes to the s
 (`partition/<name>`, a `MarkDocument`) at most once a pace (`mark_pace`, a tenth of
 `alive_within`); each process's re-evaluation pass reads the others' back at most that
 often, while the release rule asks about a VM. So a consumer never vouches for a partition
-it does not read beyond what its reader has read, and no batch waits for a mark to be read. A partition no consumer has marked (not yet
-read to its end, or read by a source that cannot say) vouches for no silence: its events
-wait for their VMs' own word, or for `consumer.stale_after`. Records handed over with no
-position (a caller that reads no partition: `policy explain`, tests) leave a VM's partition
-as it was; a VM that never had one (documents written before this) is judged on the
-consumer's clock, as before.
+it does not read beyond what its reader has read, and no batch waits for a mark to be
+read. A partition no consumer has marked (not yet read to its end, or read by a source that
+cannot say) vouches for no silence: its events wait for their VMs' own word, or for
+`consumer.stale_after`. Records handed over with no position (a caller that reads no
+partition: `policy explain`, tests) leave a VM's partition as it was; a VM that never had
+one (documents written before this) is judged on the consumer's clock, as before.
 
 What each source says (bridge/consumer/sources, bridge/consumer/functionapp.py):
 

@@ -44,6 +44,7 @@ SCALE_SET = {"scaleSets": [{"name": "web", "count": 4}]}
 CENTRAL_TARGET = 1.5
 PLACEMENT_GROUP_TARGET = 3.0
 LOCAL_TARGET = 1.2
+STARTING = 180.0  # seconds the agents may take to start on a loaded machine
 LOCAL_POLICY = """\
 version: 1
 rules:
@@ -176,7 +177,7 @@ def _agent(procs: Processes, sim: Simulator, vm: str, args: Sequence[str],
 
 
 def _round_trips(sim: Simulator, count: int, mode: str) -> list[float]:
-    sim.wait_polls(dict.fromkeys(VMS, 3))
+    sim.wait_polls(dict.fromkeys(VMS, 3), timeout=STARTING)
     # The first approval also pays for queue creation and the consumer's partition claim.
     say(f"approval ({mode}): a warm-up event, then {count} user reboots")
     _one(sim, VMS[0])
@@ -228,7 +229,7 @@ class _Rig:
     timeline: Path  # the consumer's notes (tests/benchmarks/timed_consumer.py)
 
     def trips(self, count: int, mode: str) -> Trips:
-        self.sim.wait_polls(dict.fromkeys(self.vms, 3))
+        self.sim.wait_polls(dict.fromkeys(self.vms, 3), timeout=STARTING)
         say(f"approval ({mode}): a warm-up event, then {count} user reboots")
         _one(self.sim, self.vms[0])
         trips = Trips()

@@ -177,6 +177,9 @@ class Housekeeping:
         except Exception:  # a concurrent update keeps it alive; the next tick looks again
             log.debug("event %s changed while being forgotten", doc.key)
 
+    def sweep_due(self, now: datetime) -> bool:
+        return self._swept is None or now - self._swept >= SWEEP_EVERY
+
     def sweep(self, now: datetime, held: Mapping[str, LedgerEntry]) -> None:
         """Remove the documents of VMs not heard from for consumer.forget_vms_after (hourly).
 
@@ -186,7 +189,7 @@ class Housekeeping:
         VM document each hour for each consumer, the 6,250 of each `vm` table partition in
         a burst of pages, past a partition's 2,000 entities a second (issue 15).
         """
-        if self._swept is not None and now - self._swept < SWEEP_EVERY:
+        if not self.sweep_due(now):
             return
         self._swept = now
         horizon = iso(now - self.forget_vms_after)

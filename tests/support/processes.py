@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import requests
 
 from tests.support.records import assert_valid
-from tests.support.wait import eventually
+from tests.support.wait import TIMEOUT, eventually
 
 PYTHON = sys.executable
 POLL_INTERVAL = "0.25"
@@ -231,7 +231,9 @@ class Simulator:
     def polls(self, vm: str) -> int:
         return self.counters()[vm].get("GET scheduledevents", 0)
 
-    def wait_polls(self, minimum: Mapping[str, int], what: str = "agents to poll") -> None:
+    def wait_polls(
+        self, minimum: Mapping[str, int], what: str = "agents to poll", timeout: float = TIMEOUT
+    ) -> None:
         """Until each VM has answered at least `minimum[vm]` scheduled-events GETs.
 
         An agent polls one request at a time, so a VM polled by one agent that has received
@@ -246,7 +248,8 @@ class Simulator:
                 if counters[vm].get("GET scheduledevents", 0) < n
             }
 
-        eventually(lambda: not short(), what=what, details=lambda: f"still short: {short()}")
+        eventually(lambda: not short(), what=what, details=lambda: f"still short: {short()}",
+                   timeout=timeout)  # fmt: skip
 
     def compute(self, vm: str) -> dict[str, Any]:
         """The VM's instance metadata, read the way the agent reads it (only without faults)."""

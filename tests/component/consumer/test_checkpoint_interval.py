@@ -21,6 +21,7 @@ from bridge.config import Config
 from bridge.consumer.reading import Position
 from bridge.consumer.sources import eventhubs as eventhubs_source
 from bridge.consumer.sources.batches import BatchRetry
+from tests.support.wait import eventually
 
 Handled = list[list[dict[str, Any]]]
 T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
@@ -157,6 +158,14 @@ class Partition:
         return {"last_enqueued_sequence_number": self.last, "is_empty": self.last < 0}
 
 
+def idle_rounds(callback: Any, context: Context, service: Partition, asked: int) -> None:
+    """The SDK's empty callbacks for an idle partition until `service` was asked `asked`
+    times in all, and one more: the one that takes the answer."""
+    eventually(lambda: callback(context, []) or service.asked >= asked,
+               what=f"question {asked} to the partition", timeout=30)  # fmt: skip
+    callback(context, [])
+
+
 def test_a_batch_is_read_up_to_its_newest_event_and_an_idle_partition_to_its_end(
     clock: list[float],
 ) -> None:
@@ -170,7 +179,7 @@ def test_a_batch_is_read_up_to_its_newest_event_and_an_idle_partition_to_its_end
     assert positions == [Position(where, newest)]
     # Idle: asked once per PROBE_EVERY; event 3 was the last and was handled.
     before = datetime.now(timezone.utc)
-    callback(context, [])
+    idle_rounds(callback, context, service, 1)
     callback(context, [])
     assert service.asked == 1
     [idle] = positions[1:]
@@ -180,7 +189,7 @@ def test_a_batch_is_read_up_to_its_newest_event_and_an_idle_partition_to_its_end
     # More came than was handled (the link is slow or down): no mark.
     service.last = 9
     clock[0] += eventhubs_source.PROBE_EVERY
-    callback(context, [])
+    idle_rounds(callback, context, service, 2)
     assert service.asked == 2
     assert len(positions) == 2
 
@@ -191,9 +200,45 @@ def test_a_partition_with_nothing_handled_since_it_was_taken_over_is_read_to_no_
     positions: list[Position] = []
     service = Partition(last=3)
     callback = on_batch([], 5.0, clock, positions=positions, probe=service)
-    callback(Context(), [])
+    idle_rounds(callback, Context(), service, 1)
     assert (service.asked, positions) == (1, [])
     service.last = -1  # an empty partition is read to its end
     clock[0] += eventhubs_source.PROBE_EVERY
-    callback(Context(), [])
+    idle_rounds(callback, Context(), service, 2)
     assert [p.caught_up is not None for p in positions] == [True]
+
+
+def test_a_question_to_an_idle_partition_holds_no_other_partitions_batch_back(
+    clock: list[float],
+) -> None:
+    # The SDK serves every partition in one thread. A question to an idle partition opens a
+    # management link (about 0.5 s); asked in that thread, it held every other partition's
+    # batches back meanwhile: an approval's Event record waited for it (issue 35).
+    handled: Handled = []
+    positions: list[Position] = []
+    asking, answer = threading.Event(), threading.Event()
+
+    def slow(partition_id: str) -> Mapping[str, Any]:
+        asking.set()
+        answer.wait(60)
+        return {"last_enqueued_sequence_number": 1, "is_empty": False}
+
+    callback = on_batch(handled, 5.0, clock, positions=positions, probe=slow)
+    idle, busy = Context("0"), Context("1")
+    callback(idle, [Event(1)])
+    receive = threading.Thread(target=lambda: (callback(idle, []), callback(busy, [Event(7)])))
+    receive.start()  # the receive thread: the idle partition's turn, then the busy one's
+    try:
+        eventually(lambda: asking.is_set() and len(handled) == 2, timeout=30,
+                   what="the busy partition's batch handed over during the question",
+                   details=lambda: f"asked {asking.is_set()}, batches {len(handled)}")  # fmt: skip
+    finally:
+        answer.set()
+        receive.join()
+
+    # The answer is taken at the idle partition's next empty round: read to its end.
+    def read_to_end() -> bool:
+        callback(idle, [])
+        return len([p for p in positions if p.partition.endswith("/0")]) == 2
+
+    eventually(read_to_end, timeout=30, what="the idle partition read to its end")

@@ -14,7 +14,7 @@ from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import read_ledger
 from bridge.consumer.release import Pending
-from bridge.consumer.state import Doc
+from bridge.consumer.state import Doc, Store
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.consumer.views import FleetCache
 from bridge.policy.model import DEFAULT_POLICY, Action, Budget, Match, Policy, Rule
@@ -35,9 +35,10 @@ class Rig:
         self.decisions: list[Mapping[str, Any]] = []
         self.consumer = self.make(policy, **settings)
 
-    def make(self, policy: Policy, **settings: Any) -> Consumer:
+    def make(self, policy: Policy, *, store: Store | None = None, **settings: Any) -> Consumer:
+        """A consumer of the rig's fleet state (`store`: through another store of it)."""
         return Consumer(
-            self.store,
+            store or self.store,
             self.sender,
             policy,
             self.decisions.extend,
@@ -524,8 +525,7 @@ def late_consumer(tmp_path: Path) -> tuple[Rig, Consumer, InterleavingStore]:
     )
     rig = Rig(tmp_path / "fleet.db", policy)
     store = InterleavingStore(tmp_path / "fleet.db")
-    late = Consumer(store, rig.sender, policy, rig.decisions.extend, ConsumerSettings(),
-                    now=lambda: rig.fleet.now)  # fmt: skip
+    late = rig.make(policy, store=store)
     rig.fleet.vm("web_0", scale_set="web")
     rig.fleet.vm("web_1", scale_set="web")
     return rig, late, store

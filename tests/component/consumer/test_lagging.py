@@ -14,8 +14,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bridge.config import ConsumerSettings
 from bridge.consumer.core import Consumer
-from bridge.consumer.reading import Position
+from bridge.consumer.reading import Position, mark_pace
 from bridge.policy.model import Action, Budget, Match, Policy, Rule
 from tests.component.consumer.test_core import E1, E2, Rig
 
@@ -131,7 +132,8 @@ def test_a_consumer_releases_a_vm_of_another_consumers_partition_only_as_that_on
     assert released(rig, E1) == []
     assert rig.sender.sent == []
     feed(reader, rig, A, [])  # the reader of A has read it to its end
-    rig.fleet.advance(10)
+    # The other consumer reads the marks back at their pace (issue 35).
+    rig.fleet.advance(mark_pace(ConsumerSettings().alive_within).total_seconds())
     rig.consumer.tick()
     assert len(released(rig, E1)) == 1
     assert [c.event_id for c in rig.sender.sent] == [E2]

@@ -323,9 +323,9 @@ def test_on_a_queried_store_the_hourly_sweep_reads_the_vms_it_keeps_not_all_of_t
     rig = Rig(path)
     rig.store.close()
     rig.store = ours = CostlyFeed(path)
-    week = {"forget_vms_after": 7 * 86400}
-    rig.consumer = rig.make(DEFAULT_POLICY, **week)
-    other = rig.make(DEFAULT_POLICY, **week)
+    week = 7 * 86400
+    rig.consumer = rig.make(DEFAULT_POLICY, forget_vms_after=week)
+    other = rig.make(DEFAULT_POLICY, forget_vms_after=week)
     names = ["web_0", "web_1", "web_2"]
     for name in names:
         rig.fleet.vm(name, scale_set="web")

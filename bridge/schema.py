@@ -83,6 +83,7 @@ def record_from_row(row: dict[str, Any]) -> dict[str, Any]:
     type, the columns of other RecordTypes and the table's own left out. A value that cannot
     be read in its type is kept as it is, for the record check to name."""
     allowed = set(common_fields()) | set(record_types().get(str(row.get(RECORD_TYPE)), ()))
+    required = set(required_fields(row.get(RECORD_TYPE)))
     props = properties()
     record: dict[str, Any] = {}
     for name, value in row.items():
@@ -92,6 +93,8 @@ def record_from_row(row: dict[str, Any]) -> dict[str, Any]:
             record[name] = value  # not a column of the table: the record check names it
             continue
         nullable = "null" in (props[name]["type"] if isinstance(props[name]["type"], list) else [])
+        if value == "" and not nullable and name not in required:
+            continue  # Kusto has no null string: a field the record may leave out, left out
         read = _typed(value, kusto_type(props[name]), nullable)
         if read is not None or nullable:
             record[name] = read

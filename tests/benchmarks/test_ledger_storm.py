@@ -17,10 +17,12 @@ def test_two_consumers_in_a_small_storm_approve_once_and_their_reads_add_up() ->
     assert result.approvals > 0
     assert result.approved_twice == 0
     assert result.actions["Approve"] >= result.approvals
-    # A look at each re-evaluation pass (every 5 fleet seconds each), and no other: a batch
-    # decides on the ledger kept, and a conflict reads what it changed, not the ledger.
+    # At most a look at each re-evaluation pass (every 5 fleet seconds each), and no other: a
+    # batch decides on the ledger kept, and a conflict reads what it changed, not the ledger.
+    # A pass after one that found nothing open skips its look until the feed interval passed
+    # (issue 35), so a storm's quiet moments cost fewer.
     assert result.passes >= 2 * result.seconds / 5
-    assert p.looks == result.passes
+    assert 0 < p.looks <= result.passes
     assert p.look_entities >= p.looks  # a look returns its consumer's previous writes at least
     assert p.written_entities >= 2 * result.approvals  # an entry and a lock at least
     # What the partition served: the looks, the reads by key, and the writes. None failed:

@@ -40,8 +40,9 @@ def test_the_state_directory_and_files_are_closed_to_other_users(
 
 
 def test_a_config_file_that_holds_a_secret_and_others_can_read_is_warned_about(
-    tmp_path: Path,
+    procs: Processes, tmp_path: Path
 ) -> None:
+    sim = Simulator.launch(procs, "sim", "--vms", "1")  # `check` asks IMDS too
     config = tmp_path / "agent.toml"
     config.write_text(
         '[eventhubs]\nconnection_string = "Endpoint=sb://x/;SharedAccessKeyName=k;'
@@ -49,7 +50,8 @@ def test_a_config_file_that_holds_a_secret_and_others_can_read_is_warned_about(
         encoding="utf-8",
     )
     config.chmod(0o644)
-    args = ("check", "--config", str(config), "--sink", f"jsonl:{tmp_path / 'r.jsonl'}")
+    sink = f"jsonl:{tmp_path / 'r.jsonl'}"
+    args = ("check", "--config", str(config), "--sink", sink, "--imds-url", sim.vm_url("vm-0"))
     done = run_bridge(*args)
     assert done.returncode == 0, done.stderr
     assert f"{config} holds eventhubs.connection_string" in done.stderr

@@ -44,7 +44,7 @@ def load_config(
     channels.check_config(config)
     sinks.check_config(config, decision_sinks(config), "consumer.sinks")
     notify_kinds.check_config(config)
-    eventgrid.check_settings(config.eventgrid)
+    eventgrid.check_settings(config.eventgrid, config.eventhubs.name)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:

@@ -111,6 +111,11 @@ def _checked(body: str, sender: str | None, *, full: bool) -> dict[str, object]:
     problem = validation.problem(record) if full else None
     if problem is not None:
         raise NotARecord(f"not valid against record.schema.json: {problem}")
+    if record.get("Source", "Agent") != "Agent":
+        # Azure's view ends an event for every VM it names: it is read from eventgrid.hub
+        # alone, which only the system topics may send to, never from a hub agents send to.
+        raise NotARecord(f"Source {record.get('Source')!r}: a record of Azure's view comes only "
+                         "from eventgrid.hub; one sent with the agents' is refused")  # fmt: skip
     if sender is not None and not _sent_by(record, sender):
         raise NotARecord(f"VmId {record.get('VmId')!r} does not match the sender's partition "
                          f"key {sender!r}: refused, one VM may not speak for another")  # fmt: skip

@@ -138,8 +138,9 @@ class Trust:
         )
 
 
-def check_settings(settings: EventGridSettings) -> None:
-    """ConfigError when the [eventgrid] settings cannot work (checked at start)."""
+def check_settings(settings: EventGridSettings, records_hub: str = "") -> None:
+    """ConfigError when the [eventgrid] settings cannot work (checked at start); `records_hub`
+    is the hub the agents send to (eventhubs.name), which must not be this one."""
     if settings.health and not settings.enabled:
         raise ConfigError("eventgrid.health needs eventgrid.enabled: both come from one hub")
     if not settings.enabled:
@@ -147,6 +148,10 @@ def check_settings(settings: EventGridSettings) -> None:
     if not settings.hub and not settings.connection_string:
         raise ConfigError("eventgrid.enabled needs eventgrid.hub, the event hub the system "
                           "topics deliver to")  # fmt: skip
+    if settings.hub and settings.hub.strip().lower() == records_hub.strip().lower():
+        raise ConfigError(f"eventgrid.hub {settings.hub!r} is the hub the agents send to "
+                          "(eventhubs.name): a VM could then send what reads as Azure's word, "
+                          "so give the system topics a hub of their own")  # fmt: skip
     if not any(s.strip() for s in settings.subscriptions):
         raise ConfigError("eventgrid.enabled needs eventgrid.subscriptions: the subscriptions "
                           "whose system topics may be trusted (none is otherwise)")  # fmt: skip

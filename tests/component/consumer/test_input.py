@@ -25,6 +25,7 @@ from bridge.consumer.sources.batches import (
 )
 from bridge.records import Health, Origin, VmIdentity, heartbeat_record
 from bridge.retry import Backoff
+from tests.support.records import event_record
 
 VM = "02aab8a4-74ef-476e-8182-f6d2ba4166a6"
 NOW = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
@@ -54,6 +55,9 @@ def test_a_real_record_passes() -> None:
         (json.dumps({**heartbeat(), "TimeGenerated": "yesterday"}), None, "date-time"),
         (json.dumps(heartbeat()), "9c2e0000-0000-0000-0000-000000000000", "does not match"),
         (json.dumps(heartbeat(None)), "host:other", "does not match"),
+        # Azure's word ends an event for every VM: only eventgrid.hub may carry it, never an
+        # agent (issue 36)
+        (json.dumps(event_record(Source="EventGrid")), None, "only from eventgrid.hub"),
     ],
 )
 def test_each_refusal_names_its_reason(body: str, sender: str | None, reason: str) -> None:

@@ -307,6 +307,14 @@ def test_settings_that_cannot_work_stop_the_consumer_at_start(
         check_settings(EventGridSettings(**settings))
 
 
+def test_the_hub_the_agents_send_to_is_refused_as_azures() -> None:
+    # A VM could send what reads as Azure's word there (issue 36: a forged Completed).
+    settings = EventGridSettings(enabled=True, hub="Records", subscriptions=[SUB])
+    with pytest.raises(ConfigError, match="the hub the agents send to"):
+        check_settings(settings, "records")
+    check_settings(settings, "other")
+
+
 def test_off_by_default() -> None:
     assert EventGridSettings().enabled is False
     assert EventGridSettings().health is False

@@ -117,7 +117,6 @@ class Consumer:
         self.ledger = ApprovalLedger(store, settings, kinds)
         self.fleet = Fleet(store, now=now)
         self.fleet.vms.health_counts = health
-        self.fleet.vms.health_for = timedelta(seconds=settings.stale_after)
         self.forged = 0  # operator actions in the state that did not verify (the metrics)
         # Fields the agents and Event Grid disagreed on, once per event (the metrics).
         self.disagreements: Counter[str] = Counter()

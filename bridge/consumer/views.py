@@ -23,7 +23,7 @@ from bridge.policy.model import (
     pool_disputes,
     scope_of,
 )
-from bridge.records import iso, parse_time, utc_now, vm_key
+from bridge.records import parse_time, utc_now, vm_key
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,6 @@ class FleetCache:
         # What the heartbeats' node pools and the scale sets disagree on, as last said.
         self._disputes: set[str] = set()
         self.health_counts = False  # the health source is on (Consumer's `health`)
-        self.health_for = timedelta(hours=6)  # how long a report counts (consumer.stale_after)
         self._now = now
         self._health: list[Doc] = []
         self._health_looks = _Paced(now)
@@ -345,10 +344,11 @@ class FleetCache:
         every = timedelta(seconds=self.store.feed_interval)
         if not self.store.feed_interval or self._health_looks.due(every):
             self._health = self.store.scan(fs.HEALTH)
-        # A VM deleted while Unavailable never reports Available: a report counts until
-        # `health_for` (consumer.stale_after) has passed since Azure last said it.
-        since = iso(self._now() - self.health_for)
-        return [doc for doc in self._health if str(doc.value.get("at", "")) >= since]
+        # Azure reports a change of health, not the state again: a VM down for a long repair
+        # sends nothing more, and its silent agent does not count it. So a report counts until
+        # Available, however old: a VM deleted while down holds its slots until then (safe, if
+        # slow; docs/second-source.md).
+        return list(self._health)
 
     def cordoned(self) -> dict[str, frozenset[str]]:
         """The impact of the cordoned nodes among the VMs `load` returned last."""

@@ -228,12 +228,37 @@ def _test_checks(tmp_path: Path, *args: str) -> list[str]:
 
 
 def test_test_runs_every_check_and_the_whole_suite_on_every_core(tmp_path: Path) -> None:
-    assert _test_checks(tmp_path, "-k", "normalise") == [
-        *LINTS,
-        ".venv/bin/mypy",
-        ".venv/bin/lint-imports --no-cache",
-        f"{PYTEST} -k normalise",
-    ]
+    """The lints first; the type and layering checks beside the tests, in either order."""
+    checks = _test_checks(tmp_path, "-k", "normalise")
+    assert checks[:2] == LINTS
+    assert sorted(checks[2:]) == sorted(
+        [".venv/bin/mypy", ".venv/bin/lint-imports --no-cache", f"{PYTEST} -k normalise"]
+    )
+    assert checks.index(".venv/bin/mypy") < checks.index(".venv/bin/lint-imports --no-cache")
+
+
+# A stand-in for a tool that finds something: it says so and exits 1.
+FAILING_TOOL = FAKE_PYTHON.replace("exit 0", 'echo "$0: 1 error" >&2; exit 1')
+
+
+@pytest.mark.parametrize("failing", ["mypy", "pytest"])
+def test_test_fails_when_the_tests_or_the_checks_beside_them_fail(
+    tmp_path: Path, failing: str
+) -> None:
+    run = _dev(tmp_path, "test", tools=TEST_TOOLS)
+    _executable(run.tree / ".venv" / "bin" / failing, FAILING_TOOL)
+    (tmp_path / "calls.log").unlink()
+    again = subprocess.run(
+        [str(run.tree / "dev"), "test"],
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{tmp_path / 'system'}",
+                          "TREE": str(run.tree), "LOG": str(tmp_path / "calls.log")},
+        timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert again.returncode == 1
+    assert f"{failing}: 1 error" in again.stdout + again.stderr
 
 
 def test_test_fast_leaves_out_the_heavy_markers_and_the_slow_checks(tmp_path: Path) -> None:

@@ -87,6 +87,15 @@ def _system_path(tmp_path: Path) -> str:
     return str(linked)
 
 
+def _env(tmp_path: Path, tree: Path) -> dict[str, str]:
+    """The environment `_dev` runs ./dev in: the fakes first, then the system's commands."""
+    return os.environ | {
+        "PATH": f"{tmp_path / 'bin'}{os.pathsep}{tmp_path / 'system'}",
+        "TREE": str(tree),
+        "LOG": str(tmp_path / "calls.log"),
+    }
+
+
 def _dev(
     tmp_path: Path,
     *args: str,
@@ -108,13 +117,14 @@ def _dev(
     for name, script in {"npm": FAKE_PYTHON, **(pythons or {"python3.13": FAKE_PYTHON})}.items():
         _executable(fake / name, script)
     log = tmp_path / "calls.log"
-    env = os.environ | {
-        "PATH": f"{fake}{os.pathsep}{_system_path(tmp_path)}",
-        "TREE": str(tree),
-        "LOG": str(log),
-    }
+    _system_path(tmp_path)  # the system's commands, linked into tmp_path/system
     result = subprocess.run(
-        [str(tree / "dev"), *args], capture_output=True, text=True, env=env, timeout=60, check=False
+        [str(tree / "dev"), *args],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, tree),
+        timeout=60,
+        check=False,
     )
     calls = log.read_text(encoding="utf-8").splitlines() if log.exists() else []
     return Run(result, [re.sub(r"^\S*/bin/(npm|python3[.0-9]*)", r"\1", c) for c in calls], tree)
@@ -237,6 +247,28 @@ def test_test_runs_every_check_and_the_whole_suite_on_every_core(tmp_path: Path)
     assert checks.index(".venv/bin/mypy") < checks.index(".venv/bin/lint-imports --no-cache")
 
 
+def test_the_tests_keep_compiled_modules_outside_the_tree_whatever_the_machine_says(
+    tmp_path: Path,
+) -> None:
+    """Where PYTHONDONTWRITEBYTECODE is set, each process the tests start compiled the project
+    anew: a third of a subprocess test's CPU, and CI over its 15 minutes."""
+    run = _dev(tmp_path, "test", tools=TEST_TOOLS)
+    said = 'echo "pytest prefix=$PYTHONPYCACHEPREFIX dont=${PYTHONDONTWRITEBYTECODE:-}" >> "$LOG"'
+    _executable(run.tree / ".venv" / "bin" / "pytest", f"#!/bin/sh\n{said}\n")
+    (tmp_path / "calls.log").unlink()
+    again = subprocess.run(
+        [str(run.tree / "dev"), "test"],
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path, run.tree) | {"PYTHONDONTWRITEBYTECODE": "1"},
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    calls = (tmp_path / "calls.log").read_text(encoding="utf-8").splitlines()
+    assert f"pytest prefix={run.tree}/.venv/pycache dont=" in calls
+
+
 # A stand-in for a tool that finds something: it says so and exits 1.
 FAILING_TOOL = FAKE_PYTHON.replace("exit 0", 'echo "$0: 1 error" >&2; exit 1')
 
@@ -252,11 +284,10 @@ def test_test_fails_when_the_tests_or_the_checks_beside_them_fail(
         [str(run.tree / "dev"), "test"],
         capture_output=True,
         text=True,
-        env=os.environ | {"PATH": f"{tmp_path / 'bin'}{os.pathsep}{tmp_path / 'system'}",
-                          "TREE": str(run.tree), "LOG": str(tmp_path / "calls.log")},
+        env=_env(tmp_path, run.tree),
         timeout=60,
         check=False,
-    )  # fmt: skip
+    )
     assert again.returncode == 1
     assert f"{failing}: 1 error" in again.stdout + again.stderr
 

@@ -25,7 +25,6 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
@@ -112,7 +111,7 @@ class Consumer:
         self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after,
                                          self.operators)  # fmt: skip
         # What people do and are shown (the approval page, its API, the metrics, status).
-        self.desk: PeopleDesk[Seen] = PeopleDesk(self, self.operators, policy, now=now)
+        self.desk: PeopleDesk[Seen] = PeopleDesk(self, self.operators, policy, self._lock, now=now)
         self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
         # When the last pass that looked found nothing open or counted; None: the next looks.
         self._looked: datetime | None = None
@@ -287,9 +286,6 @@ class Consumer:
 
     # --- the people desk's port (bridge.consumer.people.desk) ------------------------------
 
-    def locked(self) -> AbstractContextManager[object]:
-        return self._lock
-
     def situation(self, event_id: str, now: datetime) -> Seen | None:
         """The live event `event_id` as the decision pass sees it now: the ledger read, then
         the event (the order the pass acts on; bridge.consumer.act). None when the state
@@ -300,7 +296,7 @@ class Consumer:
             if doc is None or doc.value.get("event_type") is None:
                 return None
             known = self.fleet.snapshot()
-            return Seen(self.decider.situation(state, doc, known, now), state, known)
+            return seen(self.decider.situation(state, doc, known, now), state, known)
 
     def open_situations(self, now: datetime) -> list[Seen]:
         """The Scheduled events as the decision pass sees them now, the soonest first."""
@@ -315,7 +311,7 @@ class Consumer:
                     continue
                 s = self.decider.situation(state, doc, known, now)
                 if s.view.status == "Scheduled":
-                    found.append(Seen(s, state, known))
+                    found.append(seen(s, state, known))
             return found
 
     def decide(self, seen: Seen) -> tuple[str | None, str | None]:
@@ -346,26 +342,21 @@ class Consumer:
 
 @dataclass(frozen=True)
 class Seen:
-    """A live event as a person's action finds it (bridge.consumer.people.desk.Situated): its
-    Situation, and the ledger state and VMs it was built on, so the decision pass can start
-    from it."""
+    """A live event as a person's action finds it (bridge.consumer.people.desk.Situated): what
+    the desk reads of it, and the Situation, ledger state and VMs it was built on, so the
+    decision pass can start from it."""
 
+    view: EventView
+    fleet: FleetView
+    asked: datetime | None  # when its ask was said
     situation: Situation
     state: LedgerState
     known: VmSnapshot
 
-    @property
-    def view(self) -> EventView:
-        return self.situation.view
 
-    @property
-    def fleet(self) -> FleetView:
-        return self.situation.fleet
-
-    @property
-    def asked(self) -> datetime | None:
-        asked = fs.event_document(self.situation.doc).get("asked")
-        return parse_time(asked["at"]) if asked else None
+def seen(s: Situation, state: LedgerState, known: VmSnapshot) -> Seen:
+    asked = fs.event_document(s.doc).get("asked")
+    return Seen(s.view, s.fleet, parse_time(asked["at"]) if asked else None, s, state, known)
 
 
 @dataclass(frozen=True)

@@ -136,11 +136,6 @@ class ConsumerPort(Protocol[S]):
 
     asks_pending: int  # open events waiting for a person's answer, as of the last tick
 
-    def locked(self) -> AbstractContextManager[object]:
-        """The consumer's lock: an action is checked, recorded and decided with no batch
-        folded in between."""
-        ...
-
     def situation(self, event_id: str, now: datetime) -> S | None:
         """The live event `event_id` now; None when the state holds no such event."""
         ...
@@ -181,12 +176,16 @@ class PeopleDesk(Generic[S]):
         consumer: ConsumerPort[S],
         operators: OperatorLog,
         policy: Policy,
+        lock: AbstractContextManager[object],
         *,
         now: Callable[[], datetime],
     ) -> None:
+        """`lock`: the consumer's, so that an action is checked, recorded and decided with no
+        batch folded in between."""
         self.consumer = consumer
         self.operators = operators
         self.policy = policy
+        self._lock = lock
         self._now = now
         self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
 
@@ -195,7 +194,7 @@ class PeopleDesk(Generic[S]):
         page): checked, signed and stored, and acted on at once. Refused with a code and a
         sentence when the event is no longer open, its Resources are not the ones shown to
         the person, a reason is missing, or a pause stops it (docs/people.md)."""
-        with self.consumer.locked():
+        with self._lock:
             now = self._now()
             self.operators.refresh()
             refused = refusal(action, can_sign=self.operators.can_sign)
@@ -249,7 +248,7 @@ class PeopleDesk(Generic[S]):
     def open_events(self, now: datetime) -> list[OpenEvent]:
         """The Scheduled events as the approval page lists them, the soonest first, each with
         what the policy decides now and why (nothing is written)."""
-        with self.consumer.locked():
+        with self._lock:
             self.operators.refresh(now)
             return [self._open_event(s, now) for s in self.consumer.open_situations(now)]
 
@@ -280,14 +279,14 @@ class PeopleDesk(Generic[S]):
 
     def pauses(self, now: datetime) -> list[Pause]:
         """The pauses in force at `now`, fleet-wide first."""
-        with self.consumer.locked():
+        with self._lock:
             self.operators.refresh(now)
             return list(self.operators.pauses(now))
 
     def actions(self, since: datetime) -> list[OperatorAction]:
         """What people decided at or after `since` (verified as the decision pass does),
         oldest first."""
-        with self.consumer.locked():
+        with self._lock:
             self.operators.refresh()
             return self.operators.actions(since)
 
@@ -297,7 +296,7 @@ class PeopleDesk(Generic[S]):
 
     def counts(self) -> PeopleCounts:
         """For the metrics: no read of the fleet state (what the last pass and tick saw)."""
-        with self.consumer.locked():
+        with self._lock:
             operators = self.operators
             return PeopleCounts(
                 self.consumer.asks_pending,

@@ -16,7 +16,9 @@ documents of bridge.consumer.fleet, events are decided by bridge.consumer.decide
 also gives the order of effects that loses no approval and doubles none), slots are
 released and the fleet swept by bridge.consumer.release. Processing is idempotent:
 batches may be replayed (nothing is checkpointed until `process` returns) and every merge
-only moves forward.
+only moves forward. People act through their desk (bridge.consumer.people.desk), which asks
+the consumer through the port at the end of `Consumer`: an event's situation, the open ones,
+and to decide at once.
 """
 
 from __future__ import annotations
@@ -296,7 +298,7 @@ class Consumer:
             if doc is None or doc.value.get("event_type") is None:
                 return None
             known = self.fleet.snapshot()
-            return seen(self.decider.situation(state, doc, known, now), state, known)
+            return seen_of(self.decider.situation(state, doc, known, now), state, known)
 
     def open_situations(self, now: datetime) -> list[Seen]:
         """The Scheduled events as the decision pass sees them now, the soonest first."""
@@ -311,7 +313,7 @@ class Consumer:
                     continue
                 s = self.decider.situation(state, doc, known, now)
                 if s.view.status == "Scheduled":
-                    found.append(seen(s, state, known))
+                    found.append(seen_of(s, state, known))
             return found
 
     def decide(self, seen: Seen) -> tuple[str | None, str | None]:
@@ -354,7 +356,7 @@ class Seen:
     known: VmSnapshot
 
 
-def seen(s: Situation, state: LedgerState, known: VmSnapshot) -> Seen:
+def seen_of(s: Situation, state: LedgerState, known: VmSnapshot) -> Seen:
     asked = fs.event_document(s.doc).get("asked")
     return Seen(s.view, s.fleet, parse_time(asked["at"]) if asked else None, s, state, known)
 

@@ -98,7 +98,7 @@ class Signer:
     def sign_data(self, data: bytes) -> str:
         """The base64 signature of `data`. `data` must begin with a signing context of its
         own (not message.SIGNING_CONTEXT): what is signed for another purpose (a person's
-        decision, bridge.consumer.operators) can then never pass for a command."""
+        decision, bridge.consumer.people.operatorlog) can then never pass for a command."""
         return base64.b64encode(self._private.sign(data)).decode("ascii")
 
     def derived_secret(self, purpose: str) -> bytes:

@@ -43,7 +43,7 @@ from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Once
 from bridge.consumer.ledger import ApprovalLedger, LedgerState, impact_of
-from bridge.consumer.operators import OperatorLog
+from bridge.consumer.people.operatorlog import OperatorLog
 from bridge.consumer.reading import ReadMarks
 from bridge.consumer.state import Conflict, Doc
 from bridge.consumer.views import VmSnapshot
@@ -83,7 +83,7 @@ class Decider:
         people: OperatorLog | None = None,
     ) -> None:
         self.fleet = fleet
-        self.people = people  # what people decided (bridge.consumer.operators)
+        self.people = people  # what people decided (bridge.consumer.people.operatorlog)
         self.ledger = ledger
         self.dispatch = dispatch
         self.marks = marks
@@ -234,12 +234,33 @@ class Decider:
         if fs.status(fs.event_document(doc)) == fs.GONE:
             # Wherever its entry is now: the state it was planned on had it.
             return self.act(Ended(key), acting) == DONE
-        s = self.situation(state, doc, known_vms, now)
-        while (step := plan(s, self.rules, now)) is not None:
-            outcome = self.act(step, acting)
+        return self._carried(self.situation(state, doc, known_vms, now), acting)
+
+    def _carried(self, s: Situation, on: Acting) -> bool:
+        """Carry out the Steps `s` plans, on `on`; False when the ledger changed under us."""
+        while (step := plan(s, self.rules, on.now)) is not None:
+            outcome = self.act(step, on)
             if outcome != NEXT:
                 return outcome == DONE
         return True
+
+    def settle(
+        self, s: Situation, state: LedgerState, known_vms: VmSnapshot, now: datetime
+    ) -> None:
+        """Decide the event of `s` at once (a person's action, bridge.consumer.people.desk):
+        its Steps carried out on `s`, built on `state` with the event read after it (as
+        `_settled` reads), and after a conflict on the ledger read again. A failure is said
+        as a pass says it; a RetryableError is raised."""
+        key = s.doc.key
+        try:
+            settled = self._carried(s, Acting(state, s.doc, known_vms.vms, now, fresh=False))
+            while not settled:
+                state = self.ledger.read_again(key)
+                settled = self._settled(key, state, known_vms, now, fresh=True)
+        except RetryableError:
+            raise
+        except Exception as err:  # as in `_pass`: said, and tried again at every pass
+            self._failed(s.doc, err)
 
     def _failed(self, doc: Doc, err: Exception) -> None:
         """Deciding the event in `doc` failed for good: an ERROR and a Decision record (said

@@ -16,7 +16,9 @@ documents of bridge.consumer.fleet, events are decided by bridge.consumer.decide
 also gives the order of effects that loses no approval and doubles none), slots are
 released and the fleet swept by bridge.consumer.release. Processing is idempotent:
 batches may be replayed (nothing is checkpointed until `process` returns) and every merge
-only moves forward.
+only moves forward. People act through their desk (bridge.consumer.people.desk), which asks
+the consumer through the port at the end of `Consumer`: an event's situation, the open ones,
+and to decide at once.
 """
 
 from __future__ import annotations
@@ -24,51 +26,31 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from bridge.channels import CommandSender
-from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
 from bridge.consumer.act import Decider
-from bridge.consumer.decide import Rules
+from bridge.consumer.decide import Rules, Situation
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Intake, Once, event_mutations, vm_mutations
-from bridge.consumer.ledger import ApprovalLedger, Emit
-from bridge.consumer.operators import (
-    Answer,
-    AskState,
-    Notifier,
-    OpenEvent,
-    OperatorAction,
-    OperatorLog,
-    Pause,
-    PeopleCounts,
-    canonical_scope,
-    scope_error,
-    scope_key,
-)
+from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerState
+from bridge.consumer.notices import NoticeQueue
+from bridge.consumer.people.desk import PeopleDesk
+from bridge.consumer.people.operatorlog import OperatorAction, OperatorLog
 from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.release import Housekeeping, Pending, pending
 from bridge.consumer.sources.eventgrid import HealthChange
 from bridge.consumer.state import Doc, Store, update_many
-from bridge.policy.model import (
-    EventView,
-    FleetView,
-    Policy,
-    Verdict,
-    active_pause,
-    budget_use,
-    evaluate,
-)
+from bridge.consumer.views import VmSnapshot
+from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, budget_use, evaluate
 from bridge.records import RecordView, iso, parse_time, utc_now
-from bridge.redact import describe
-from bridge.retry import RetryableError
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -76,8 +58,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# A person's reason goes into Decision records and notices: a paragraph, not a document.
-MAX_REASON = 1000
 NOTIFY_CLOSE_SECONDS = 5.0
 
 
@@ -93,13 +73,13 @@ class Consumer:
         now: Callable[[], datetime] = utc_now,
         host_name: str = "consumer",
         signer: Signer | None = None,
-        notifier: Notifier | None = None,
+        notifier: NoticeQueue | None = None,
         trusted: Sequence[Ed25519PublicKey] = (),
         sign_again: bool = True,
         health: bool = False,
     ) -> None:
         """`signer`: the command signing key, which also signs what people decide (without
-        it nobody can decide: `operate` refuses). `notifier`: where asks and people's
+        it nobody can decide: the people desk refuses). `notifier`: where asks and people's
         decisions are told (bridge.notify); None tells nobody. `trusted`: the previous
         signing keys while they rotate (what people decided under them still applies, and is
         signed again with `signer` unless `sign_again` is off: a read-only look). `health`:
@@ -117,15 +97,11 @@ class Consumer:
         self.ledger = ApprovalLedger(store, settings, kinds)
         self.fleet = Fleet(store, now=now)
         self.fleet.vms.health_counts = health
-        self.forged = 0  # operator actions in the state that did not verify (the metrics)
         # Fields the agents and Event Grid disagreed on, once per event (the metrics).
         self.disagreements: Counter[str] = Counter()
         self._disagreed = Once(100_000)
-        self.operated: Counter[str] = Counter()  # people's actions accepted, by kind
         self.asks_pending = 0  # as of the last tick
-        self.refused: Counter[str] = Counter()  # operator documents refused, by why
-        self.operators = OperatorLog(store, signer, forged=self._forged, trusted=trusted,
-                                     sign_again=sign_again, refused=self._refuse,
+        self.operators = OperatorLog(store, signer, trusted=trusted, sign_again=sign_again,
                                      now=now)  # fmt: skip
         self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
                                  notifier=notifier)  # fmt: skip
@@ -136,6 +112,8 @@ class Consumer:
                                people=self.operators)  # fmt: skip
         self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after,
                                          self.operators)  # fmt: skip
+        # What people do and are shown (the approval page, its API, the metrics, status).
+        self.desk: PeopleDesk[Seen] = PeopleDesk(self, self.operators, policy, self._lock, now=now)
         self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
         # When the last pass that looked found nothing open or counted; None: the next looks.
         self._looked: datetime | None = None
@@ -243,13 +221,13 @@ class Consumer:
         when the state holds no such event."""
         with self._lock:
             now = self._now()
-            doc = self.fleet.event(fs.event_key(event_id))
-            if doc is None or doc.value.get("event_type") is None:
-                return None
             self.operators.refresh()
-            s = self.decider.situation(self.ledger.read(), doc, self.fleet.snapshot(), now)
+            seen = self.situation(event_id, now)
+            if seen is None:
+                return None
+            s = seen.situation
             if s.view.status != "Scheduled":
-                return Explained(s.view, taken=fs.event_document(doc).get("decision"))
+                return Explained(s.view, taken=fs.event_document(s.doc).get("decision"))
             return Explained(s.view, evaluate(self.policy, s.fleet, s.view, now))
 
     @property
@@ -308,121 +286,23 @@ class Consumer:
             self.dispatch.notifier.close(NOTIFY_CLOSE_SECONDS)
         self.store.close()
 
-    # --- people ----------------------------------------------------------------------------
+    # --- the people desk's port (bridge.consumer.people.desk) ------------------------------
 
-    def operate(self, action: OperatorAction) -> Answer:
-        """A person's decision, from a path that proved who they are (the API, the loopback
-        page): checked, signed and stored, and acted on at once. Refused with a code and a
-        sentence when the event is no longer open, its Resources are not the ones shown to
-        the person, a reason is missing, or a pause stops it (docs/people.md)."""
+    def situation(self, event_id: str, now: datetime) -> Seen | None:
+        """The live event `event_id` as the decision pass sees it now: the ledger read, then
+        the event (the order the pass acts on; bridge.consumer.act). None when the state
+        holds no such event."""
         with self._lock:
-            now = self._now()
-            self.operators.refresh()
-            refused = self._refusal(action, now)
-            if refused is not None:
-                log.info("%s by %s (%s) refused: %s: %s", action.kind, action.by.name,
-                         action.by.object_id, refused.code, refused.detail)  # fmt: skip
-                return refused
-            if action.kind in ("pause", "resume"):
-                action = replace(action, scope=canonical_scope(action.scope))
-            self.operators.record(action)
-            self.operated[action.kind] += 1
-            what = action.event_id or f"({scope_key(action.scope)})"
-            log.info("%s of %s by %s (%s) recorded: %s", action.kind, what, action.by.name,
-                     action.by.object_id, action.reason or "no reason given")  # fmt: skip
-            if action.kind in ("pause", "resume"):
-                self.dispatch.operated(action, now)
-                detail = self._pass_now(None)
-            else:
-                detail = self._pass_now(fs.event_key(str(action.event_id)))
-            return Answer(True, "Accepted", detail, self._covers_nothing(action))
+            state = self.ledger.read()
+            doc = self.fleet.event(fs.event_key(event_id))
+            if doc is None or doc.value.get("event_type") is None:
+                return None
+            known = self.fleet.snapshot()
+            return seen_of(self.decider.situation(state, doc, known, now), state, known)
 
-    def _covers_nothing(self, action: OperatorAction) -> str:
-        """A warning when a scoped pause covers no VM known: most likely a misspelt scope."""
-        if action.kind != "pause" or action.scope is None:
-            return ""
-        pause = Pause(action.scope, action.until, action.by, action.reason, action.at)
-        if pause.covers(self.fleet.snapshot().vms.values()):
-            return ""
-        return (f"no VM the consumer knows is in {action.scope}: the pause stops no approval "
-                "now, only those of VMs that join it; is the scope spelt as the VMs' "
-                "heartbeats name it?")  # fmt: skip
-
-    def _pass_now(self, key: str | None) -> str:
-        """Decide the event `key` (None: every open event) on what was just recorded."""
-        try:
-            if key is None:
-                self._looked = None
-                self.tick()
-                return "recorded; every open event was decided again"
-            self.decider.decide([key], {})
-            self.fleet.flush()
-        except RetryableError as err:
-            return f"recorded; the next pass applies it ({describe(err)})"
-        doc = self.fleet.event(key)
-        decision = fs.event_document(doc).get("decision", {}) if doc else {}
-        return f"recorded; the event now: {decision.get('kind')}: {decision.get('reason')}"
-
-    def _refusal(self, action: OperatorAction, now: datetime) -> Answer | None:  # noqa: PLR0911
-        def no(code: str, detail: str) -> Answer:
-            return Answer(False, code, detail)
-
-        if not action.by.object_id.strip():
-            return no("Invalid", "who decided is not known (no object id)")
-        if action.at.tzinfo is None or (action.until is not None and action.until.tzinfo is None):
-            return no("Invalid", "times must say their time zone (UTC)")
-        if len(action.reason) > MAX_REASON:
-            return no("Invalid", f"the reason is longer than {MAX_REASON} characters")
-        if not self.operators.can_sign:
-            return no("NoSigningKey", "this consumer has no command signing key "
-                      "(commands.signing_key) to sign what a person decides with")  # fmt: skip
-        override = action.kind == "approve" and action.override_budget
-        if (action.kind in ("pause", "resume") or override) and not action.reason.strip():
-            what = "an override of the budgets" if override else f"a {action.kind}"
-            return no("NoReason", f"{what} needs a reason (--reason): it is audited")
-        if action.kind in ("pause", "resume"):
-            return self._scope_refusal(action, now)
-        if action.event_id is None or action.kind not in ("approve", "hold"):
-            return no("Invalid", f"{action.kind} of no event: name the event")
-        if action.override_budget and action.kind != "approve":
-            return no("Invalid", "only an approval can override the budgets")
-        doc = self.fleet.event(fs.event_key(action.event_id))
-        if doc is None or doc.value.get("event_type") is None:
-            return no("NotOpen", f"no event {action.event_id} is known")
-        s = self.decider.situation(self.ledger.read(), doc, self.fleet.snapshot(), now)
-        if s.view.status != "Scheduled":
-            return no("NotOpen", f"event {action.event_id} is {s.view.status}: there is "
-                      "nothing left to decide")  # fmt: skip
-        digest = resources_digest(s.view.resources)
-        if action.resources_digest != digest:
-            return no("ResourcesChanged", f"the VMs of event {action.event_id} changed since "
-                      f"they were shown to you (now {', '.join(s.view.resources) or 'none'}, "
-                      f"digest {digest}): look again and decide on what it is now")  # fmt: skip
-        pause = active_pause(s.fleet, s.view, now) if action.kind == "approve" else None
-        if pause is not None:
-            return no("Paused", f"{pause.where} is paused by {pause.by.name} ({pause.reason}): "
-                      "no early approval while it lasts; resume it first")  # fmt: skip
-        return None
-
-    def _scope_refusal(self, action: OperatorAction, now: datetime) -> Answer | None:
-        bad = scope_error(action.scope)
-        if bad is not None:
-            return Answer(False, "BadScope", bad)
-        if action.kind == "pause":
-            if action.until is not None and action.until <= now:
-                return Answer(False, "Invalid", f"--until {iso(action.until)} has passed")
-            return None
-        # The operator log was read at the start of `operate`: not again (a query on Tables).
-        pauses = self.operators.pauses(now)
-        if not any(scope_key(p.scope) == scope_key(action.scope) for p in pauses):
-            return Answer(False, "NotPaused", f"{scope_key(action.scope)} is not paused")
-        return None
-
-    def open_events(self, now: datetime) -> list[OpenEvent]:
-        """The Scheduled events as the approval page lists them, the soonest first, each with
-        what the policy decides now and why (nothing is written)."""
+    def open_situations(self, now: datetime) -> list[Seen]:
+        """The Scheduled events as the decision pass sees them now, the soonest first."""
         with self._lock:
-            self.operators.refresh(now)
             state, known = self.ledger.read(), self.fleet.snapshot()
             found = []
             for doc in sorted(self.fleet.events.scan(), key=fs.urgency):
@@ -433,60 +313,52 @@ class Consumer:
                     continue
                 s = self.decider.situation(state, doc, known, now)
                 if s.view.status == "Scheduled":
-                    found.append(self._open_event(s.view, s.fleet, doc, now))
+                    found.append(seen_of(s, state, known))
             return found
 
-    def _open_event(self, view: EventView, fleet: FleetView, doc: Doc, now: datetime) -> OpenEvent:
-        verdict = evaluate(self.policy, fleet, view, now)
-        asked = fs.event_document(doc).get("asked")
-        ask = None
-        if verdict.asked is not None and verdict.kind == "Ask":
-            since = parse_time(asked["at"]) if asked else None
-            ask = AskState(verdict.asked, since, verdict.ask_deadline)
-        names = [fleet.vms[v].name if v in fleet.vms else v for v in view.affected]
-        return OpenEvent(
-            event_id=view.event_id,
-            event_type=view.event_type,
-            event_source=view.event_source,
-            not_before=view.not_before,
-            vms=(*names, *view.unresolved),
-            resources=view.resources,
-            resources_digest=resources_digest(view.resources),
-            action=verdict.kind,
-            rule=verdict.rule,
-            reason=verdict.reason,
-            explanation=verdict.explanation,
-            ask=str(ask) if ask else None,
-            asked=ask,
-            person=view.person,
-            pause=verdict.pause or active_pause(fleet, view, now),
-        )
-
-    def pauses(self, now: datetime) -> list[Pause]:
-        """The pauses in force at `now`, fleet-wide first."""
+    def decide(self, seen: Seen) -> tuple[str | None, str | None]:
+        """Decide the event of `seen` at once, starting from it with what a person decided
+        about it since: the kind and reason of the decision it stands on then."""
         with self._lock:
-            self.operators.refresh(now)
-            return list(self.operators.pauses(now))
+            s = seen.situation
+            person = self.operators.decision_for(s.view.event_id, s.view.resources)
+            s = replace(s, view=replace(s.view, person=person))
+            self.decider.settle(s, seen.state, seen.known, self._now())
+            self.fleet.flush()
+            doc = self.fleet.event(s.doc.key)
+            decision = fs.event_document(doc).get("decision", {}) if doc else {}
+            return decision.get("kind"), decision.get("reason")
 
-    def operator_actions(self, since: datetime) -> list[OperatorAction]:
-        """What people decided at or after `since` (verified as the decision pass does),
-        oldest first."""
+    def decide_all(self) -> None:
+        """Decide every open event again, now."""
         with self._lock:
-            self.operators.refresh()
-            return self.operators.actions(since)
+            self._looked = None
+            self.tick()
 
-    def people_counts(self) -> PeopleCounts:
-        """For the metrics: no read of the fleet state (what the last pass and tick saw)."""
-        with self._lock:
-            pauses = len(self.operators.pauses(self._now()))
-            return PeopleCounts(self.asks_pending, pauses, dict(self.operated), self.forged,
-                                self.operators.on_previous_key, dict(self.refused))  # fmt: skip
+    def say(self, action: OperatorAction, now: datetime) -> None:
+        self.dispatch.operated(action, now)
 
-    def _forged(self) -> None:
-        self.forged += 1
+    def known_vms(self) -> Iterable[VmView]:
+        return self.fleet.snapshot().vms.values()
 
-    def _refuse(self, why: str) -> None:
-        self.refused[why] += 1
+
+@dataclass(frozen=True)
+class Seen:
+    """A live event as a person's action finds it (bridge.consumer.people.desk.Situated): what
+    the desk reads of it, and the Situation, ledger state and VMs it was built on, so the
+    decision pass can start from it."""
+
+    view: EventView
+    fleet: FleetView
+    asked: datetime | None  # when its ask was said
+    situation: Situation
+    state: LedgerState
+    known: VmSnapshot
+
+
+def seen_of(s: Situation, state: LedgerState, known: VmSnapshot) -> Seen:
+    asked = fs.event_document(s.doc).get("asked")
+    return Seen(s.view, s.fleet, parse_time(asked["at"]) if asked else None, s, state, known)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from bridge.commands import message as commands
 from bridge.consumer import documents as fs
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.ledger import Emit, LedgerEntry, impact_of
-from bridge.consumer.operators import EVERY_TARGET, Notifier, OperatorAction, pause_of
+from bridge.consumer.notices import EVERY_TARGET, NoticeQueue
+from bridge.consumer.people.operatorlog import OperatorAction, pause_of
 from bridge.consumer.state import Doc
 from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.model import PERSON_RULE, EventView, Policy, Verdict, VmView
@@ -61,7 +62,7 @@ class Dispatch:
         host_name: str,
         *,
         mode: str = "normal",
-        notifier: Notifier | None = None,
+        notifier: NoticeQueue | None = None,
     ) -> None:
         self.fleet = fleet
         self.notifier = notifier  # None: nobody is notified (an ask still waits for a person)

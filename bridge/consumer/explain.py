@@ -167,7 +167,7 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
     if not event:
         raise ConfigError("--event EVENTID: which event of the fleet state to explain")
     store = wiring.build_store(wiring.state_spec(config), config)
-    # The key verifies what people decided (bridge.consumer.operators); without it their
+    # The key verifies what people decided (bridge.consumer.people.operatorlog); without it their
     # decisions and pauses cannot be told from forgeries, and are left out.
     try:
         signer = wiring.load_signer(config)

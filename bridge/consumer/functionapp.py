@@ -277,7 +277,7 @@ class ConsumerApp:
                 if verifier is None:
                     return None
                 csrf = Csrf(csrf_secret(consumer.operators.signer))
-                self._people = PeopleApp(consumer, EntraSignIn(verifier), csrf=csrf)
+                self._people = PeopleApp(consumer.desk, EntraSignIn(verifier), csrf=csrf)
             return self._people
 
     def reevaluate(self, timer: func.TimerRequest) -> None:

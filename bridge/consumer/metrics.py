@@ -39,7 +39,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from bridge.commands.message import Command
-from bridge.consumer.operators import KINDS, REFUSED, PeopleCounts
+from bridge.consumer.people.desk import PeopleCounts
+from bridge.consumer.people.operatorlog import KINDS, REFUSED
 from bridge.consumer.release import Pending
 from bridge.consumer.secondsource import EventGridCounts
 from bridge.records import RecordView, parse_time
@@ -141,7 +142,7 @@ class ConsumerMetrics:
 
     def watch_people(self, counts: Callable[[], PeopleCounts]) -> None:
         """Ask `counts` at each scrape for the asks, pauses and people's actions
-        (Consumer.people_counts: no read of the fleet state at a scrape)."""
+        (PeopleDesk.counts: no read of the fleet state at a scrape)."""
         self.registry.register(_PeopleCollector(counts))
 
 

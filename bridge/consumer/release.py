@@ -16,7 +16,7 @@ from typing import Protocol
 from bridge.consumer import documents as fs
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.ledger import ApprovalLedger, LedgerEntry
-from bridge.consumer.operators import OperatorLog
+from bridge.consumer.people.operatorlog import OperatorLog
 from bridge.consumer.state import Conflict, Doc
 from bridge.policy.model import EventView, Scope, VmView, scope_of
 from bridge.records import iso, parse_time

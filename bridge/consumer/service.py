@@ -89,7 +89,7 @@ class ConsumerService:
         self.metrics.watch_ledger(lambda: (ledger.reads, ledger.conflicts, ledger.fetched))
         self.metrics.watch_missed(lambda: dict(ledger.missed))
         self.metrics.watch_pending(lambda: self.consumer.pending)
-        self.metrics.watch_people(self.consumer.people_counts)
+        self.metrics.watch_people(self.consumer.desk.counts)
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
@@ -118,7 +118,7 @@ class ConsumerService:
         settings cannot work, OSError when it cannot listen)."""
         settings = self.config.people
         if settings.page_address:
-            app = build_page(settings, self.consumer, self.config.consumer_state_dir())
+            app = build_page(settings, self.consumer.desk, self.config.consumer_state_dir())
             self._page = PageServer(app, settings.page_address).start()
         return self._page
 

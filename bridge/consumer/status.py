@@ -4,10 +4,10 @@ fleet state (read only), as a monitoring check.
 It shows the pauses in force (scope, until when, by whom, why), the asks pending with how long
 each has waited, and the budget overrides of the last 24 hours. What people decided is in the
 state's `operator` documents, and only those signed with the consumer's own key count
-(bridge.consumer.operators): the check verifies them with the same key, from the same setting
-(commands.signing_key), so it shows exactly what the consumer applies; a document that does not
-verify is counted and left out. The asks are what the consumer's own code decides now of each
-open event (`Consumer.open_events`, as the approval page lists them).
+(bridge.consumer.people.operatorlog): the check verifies them with the same key, from the same
+setting (commands.signing_key), so it shows exactly what the consumer applies; a document that
+does not verify is counted and left out. The asks are what the consumer's own code decides now
+of each open event (`PeopleDesk.open_events`, as the approval page lists them).
 
 The exit code follows `se-bridge status` (the monitoring-plugin convention):
 
@@ -34,8 +34,10 @@ from bridge.config import Config, ConfigError
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import NoCommands, ignore_decisions
-from bridge.consumer.operators import OpenEvent, OperatorAction, Pause
+from bridge.consumer.people.desk import OpenEvent
+from bridge.consumer.people.operatorlog import OperatorAction
 from bridge.monitoring import LEVELS, WARNING, CheckReport, emit, said, unknown
+from bridge.policy.model import Pause
 from bridge.records import iso, utc_now
 from bridge.redact import describe, printable
 
@@ -77,15 +79,18 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
                         signer=signer, trusted=wiring.load_previous_keys(config),
                         sign_again=False)  # fmt: skip
     try:
-        now = utc_now()
+        now, desk = utc_now(), consumer.desk
+        pauses, events = desk.pauses(now), desk.open_events(now)
+        actions = desk.actions(now - OVERRIDES_WITHIN)
+        counts = desk.counts()  # after the reads: what they found forged or refused
         return assess(
             spec,
-            pauses=consumer.pauses(now),
-            events=consumer.open_events(now),
-            actions=consumer.operator_actions(now - OVERRIDES_WITHIN),
-            forged=consumer.forged,
-            on_previous_key=consumer.people_counts().on_previous_key,
-            refused=consumer.people_counts().refused,
+            pauses=pauses,
+            events=events,
+            actions=actions,
+            forged=counts.forged,
+            on_previous_key=counts.on_previous_key,
+            refused=counts.refused,
             now=now,
             ask_age=ask_age,
         )

@@ -169,7 +169,7 @@ def load_signer(config: Config) -> signing.Signer | None:
 def load_previous_keys(config: Config) -> list[Ed25519PublicKey]:
     """On the consumer, `commands.verify_key` names the previous signing key(s) while they
     rotate: what people decided under them still applies, re-signed with the new key when read
-    (bridge.consumer.operators). ConfigError when one cannot be read."""
+    (bridge.consumer.people.operatorlog). ConfigError when one cannot be read."""
     try:
         keys = signing.split_keys(config.commands.verify_key)
         return [signing.parse_public(part) for part in keys]

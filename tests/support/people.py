@@ -1,6 +1,6 @@
-"""A Decider for the approval page's tests, behaving as Consumer.operate does at its edges: an
-event must be open and its Resources digest the one shown; a pause, a resume and an override
-need a reason; every accepted action is kept with who took it."""
+"""A people desk for the approval page's tests, behaving as PeopleDesk.operate does at its
+edges: an event must be open and its Resources digest the one shown; a pause, a resume and an
+override need a reason; every accepted action is kept with who took it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from bridge.commands.message import resources_digest
-from bridge.consumer.operators import Answer, OpenEvent, OperatorAction, Pause
+from bridge.consumer.people.desk import Answer, OpenEvent
+from bridge.consumer.people.operatorlog import OperatorAction
+from bridge.policy.model import Pause
 
 NOW = datetime(2026, 11, 27, 9, 0, tzinfo=timezone.utc)
 

@@ -36,16 +36,11 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any, Protocol
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from bridge.consumer.operators import (
-    Answer,
-    OpenEvent,
-    OperatorAction,
-    OperatorKind,
-    Pause,
-    Person,
-)
 from bridge.consumer.people import page
 from bridge.consumer.people.auth import EntraVerifier, LocalOperator, Refused
+from bridge.consumer.people.desk import Answer, OpenEvent
+from bridge.consumer.people.operatorlog import OperatorAction, OperatorKind
+from bridge.policy.model import Pause, Person
 from bridge.records import iso, parse_time, utc_now
 from bridge.redact import describe
 
@@ -69,8 +64,8 @@ JSON = "application/json"
 _DURATION = re.compile(r"(\d{1,4})([mhd])")
 
 
-class Decider(Protocol):
-    """What the page needs of the consumer (bridge.consumer.core.Consumer provides it)."""
+class Desk(Protocol):
+    """What the page needs of the people desk (bridge.consumer.people.desk.PeopleDesk)."""
 
     def operate(self, action: OperatorAction) -> Answer: ...
 
@@ -229,9 +224,9 @@ def parse_until(text: str, now: datetime) -> datetime | None:
 
 @dataclass
 class PeopleApp:
-    """The page and the API over a Decider, for the people `sign_in` proves."""
+    """The page and the API over the people desk, for the people `sign_in` proves."""
 
-    decider: Decider
+    desk: Desk
     sign_in: EntraSignIn | LocalSignIn
     clock: Callable[[], datetime] = utc_now
     csrf: Csrf = field(default_factory=Csrf)
@@ -288,7 +283,7 @@ class PeopleApp:
         self, caller: Caller, answer: Answer | None, status: int, only: str | None = None
     ) -> Response:
         now = self.clock()
-        events = self.decider.open_events(now)
+        events = self.desk.open_events(now)
         if only is not None:
             events = [e for e in events if e.event_id == only]
             status = status if events else 404
@@ -298,8 +293,8 @@ class PeopleApp:
                 local=self.sign_in.local,
                 csrf=self.csrf.make(caller.binding, now),
                 events=events,
-                pauses=self.decider.pauses(now),
-                budgets=self.decider.budget_use(),
+                pauses=self.desk.pauses(now),
+                budgets=self.desk.budget_use(),
                 answer=answer,
                 now=now,
                 only=only,
@@ -340,9 +335,9 @@ class PeopleApp:
         now = self.clock()
         log.debug("%s (%s) listed the open events", person.name, person.object_id)
         return _json(200, {
-            "Events": [_event_json(e) for e in self.decider.open_events(now)],
-            "Pauses": [_pause_json(p) for p in self.decider.pauses(now)],
-            "Budgets": self.decider.budget_use(),
+            "Events": [_event_json(e) for e in self.desk.open_events(now)],
+            "Pauses": [_pause_json(p) for p in self.desk.pauses(now)],
+            "Budgets": self.desk.budget_use(),
         })  # fmt: skip
 
     def _api_action(self, request: Request, found: re.Match[str] | None) -> Response:
@@ -397,7 +392,7 @@ class PeopleApp:
             until=until,
         )
         try:
-            answer = self.decider.operate(action)
+            answer = self.desk.operate(action)
         except Exception as err:
             log.error("the consumer could not take %s's %s of %s: %s", person.name, kind,
                       event or action.scope or "the fleet", describe(err, with_type=True),

@@ -30,7 +30,7 @@ from typing import Any
 import jwt
 
 from bridge.config import PeopleSettings
-from bridge.consumer.operators import Person
+from bridge.policy.model import Person
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 
-from bridge.consumer.operators import Answer, OpenEvent, Pause, Person
+from bridge.consumer.people.desk import Answer, OpenEvent
+from bridge.policy.model import Pause, Person
 from bridge.records import iso
 
 STYLE = """\

@@ -19,7 +19,7 @@ from bridge.config import PeopleSettings
 from bridge.consumer.people.app import (
     EASY_AUTH_ID_HEADER,
     MAX_BODY,
-    Decider,
+    Desk,
     EntraSignIn,
     LocalSignIn,
     PeopleApp,
@@ -54,7 +54,7 @@ def is_loopback(host: str) -> bool:
 
 def build_app(
     settings: PeopleSettings,
-    decider: Decider,
+    desk: Desk,
     state_dir: Path,
     clock: Callable[[], datetime] = utc_now,
 ) -> PeopleApp:
@@ -66,7 +66,7 @@ def build_app(
         raise PageError(f"consumer.people.page_address: {err}") from err
     verifier = verifier_for(settings)
     if verifier is not None:
-        return PeopleApp(decider, EntraSignIn(verifier), clock)
+        return PeopleApp(desk, EntraSignIn(verifier), clock)
     if not is_loopback(host):
         raise PageError(
             f"consumer.people.page_address {settings.page_address} is not a loopback address: "
@@ -74,7 +74,7 @@ def build_app(
             "one operator on this machine; listen on 127.0.0.1 or set them"
         )
     operator = LocalOperator.start(state_dir, idle=settings.session_idle)
-    return PeopleApp(decider, LocalSignIn(operator), clock)
+    return PeopleApp(desk, LocalSignIn(operator), clock)
 
 
 class PageServer:

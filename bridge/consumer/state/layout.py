@@ -6,7 +6,8 @@ consumer's documents (bridge.consumer.documents) name them from here, and the st
 from __future__ import annotations
 
 VM, EVENT, LEDGER = "vm", "event", "ledger"
-# What people decided (bridge.consumer.operators): few documents, each signed by the consumer.
+# What people decided (bridge.consumer.people.operatorlog): few documents, each signed by the
+# consumer.
 OPERATOR = "operator"
 # VMs as resource health reports them (issue 36): one document per VM Azure reported on.
 HEALTH = "health"

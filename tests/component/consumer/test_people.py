@@ -21,21 +21,20 @@ from bridge.config import ConfigError, ConsumerSettings, load
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import last_decision, render
-from bridge.consumer.operators import (
+from bridge.consumer.people.desk import PeopleCounts
+from bridge.consumer.people.operatorlog import (
     KEEP_OPERATOR_ACTIONS,
     MARK,
     OPERATOR,
     OperatorAction,
     OperatorLog,
-    PeopleCounts,
-    Person,
     action_body,
 )
 from bridge.consumer.state import Doc
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.notify import kinds as notify_kinds
 from bridge.notify.notice import Notice
-from bridge.policy.model import Action, Budget, Match, Policy, Rule
+from bridge.policy.model import Action, Budget, Match, Person, Policy, Rule
 from bridge.retry import PermanentError, RetryableError
 from tests.component.consumer.test_core import E1, E2, T0
 from tests.doubles.webhook import WebhookReceiver
@@ -115,15 +114,15 @@ class People:
         digest = fields.pop("digest", None) or self.digest(event_id)
         action = OperatorAction(kind, by, fields.pop("reason", "because"), self.fleet.now,  # type: ignore[arg-type]
                                 event_id=event_id, resources_digest=digest, **fields)  # fmt: skip
-        return self.consumer.operate(action)
+        return self.consumer.desk.operate(action)
 
     def pause(self, kind: str = "pause", **fields: Any) -> Any:
         action = OperatorAction(kind, BOB, fields.pop("reason", "launch week"), self.fleet.now,  # type: ignore[arg-type]
                                 **fields)  # fmt: skip
-        return self.consumer.operate(action)
+        return self.consumer.desk.operate(action)
 
     def digest(self, event_id: str) -> str:
-        found = {e.event_id: e for e in self.consumer.open_events(self.fleet.now)}
+        found = {e.event_id: e for e in self.consumer.desk.open_events(self.fleet.now)}
         return found[event_id].resources_digest if event_id in found else "-"
 
     def last(self, event_id: str) -> Mapping[str, Any]:
@@ -156,7 +155,7 @@ def test_an_ask_is_said_notified_and_times_out(make: Any, on_deadline: str) -> N
     assert (asked["DecisionAction"], asked["AskedTarget"]) == ("Ask", "dba")
     assert asked["AskDeadline"] == "2026-11-21T10:10:00.000Z"
     assert rig.notices.kinds() == [("asked", E1)]
-    (open_event,) = rig.consumer.open_events(rig.fleet.now)
+    (open_event,) = rig.consumer.desk.open_events(rig.fleet.now)
     assert open_event.asked is not None
     assert open_event.asked.since == T0
     assert (
@@ -165,7 +164,7 @@ def test_an_ask_is_said_notified_and_times_out(make: Any, on_deadline: str) -> N
     )
     rig.later(300)  # still waiting: said once
     assert [d["DecisionAction"] for d in rig.decisions] == ["Ask"]
-    assert rig.consumer.people_counts().asks_pending == 1
+    assert rig.consumer.desk.counts().asks_pending == 1
     rig.later(301)
     timed_out = rig.last(E1)
     assert timed_out["DecisionAction"] == ("Hold" if on_deadline == "hold" else "Approve")
@@ -251,7 +250,7 @@ def test_a_pause_stops_the_policy_and_the_people_until_its_time(make: Any) -> No
     assert (pause["DecisionAction"], pause["EventId"], pause["PauseScope"]) == (
         "Pause", "(fleet)", "fleet")  # fmt: skip
     assert pause["PauseUntil"] == "2026-11-21T10:10:00.000Z"
-    assert [p.by for p in rig.consumer.pauses(rig.fleet.now)] == [BOB]
+    assert [p.by for p in rig.consumer.desk.pauses(rig.fleet.now)] == [BOB]
     rig.event("web_0", E1)
     deferred = rig.last(E1)
     assert (deferred["DecisionAction"], deferred["PauseScope"]) == ("Defer", "fleet")
@@ -260,7 +259,7 @@ def test_a_pause_stops_the_policy_and_the_people_until_its_time(make: Any) -> No
     assert rig.approved() == []
     rig.later(600)
     assert rig.approved() == [E1]
-    assert rig.consumer.pauses(rig.fleet.now) == []
+    assert rig.consumer.desk.pauses(rig.fleet.now) == []
 
 
 def test_a_scoped_pause_lifts_on_resume(make: Any) -> None:
@@ -294,9 +293,9 @@ def test_a_scope_reads_its_kind_case_blind_as_a_policy_reads_a_budget_group(make
     assert rig.approved() == [E2, E1]
     # One scope however it is spaced: a resume lifts the pause it names.
     assert rig.pause(scope=" scale_set : db ").accepted
-    assert [p.scope for p in rig.consumer.pauses(rig.fleet.now)] == ["scale_set:db"]
+    assert [p.scope for p in rig.consumer.desk.pauses(rig.fleet.now)] == ["scale_set:db"]
     assert rig.pause(kind="resume", scope="scale_set:db", reason="done").accepted
-    assert rig.consumer.pauses(rig.fleet.now) == []
+    assert rig.consumer.desk.pauses(rig.fleet.now) == []
 
 
 def test_a_decision_on_changed_resources_a_closed_event_or_bad_input_is_refused(make: Any) -> None:
@@ -317,7 +316,7 @@ def test_a_decision_on_changed_resources_a_closed_event_or_bad_input_is_refused(
 def test_operate_without_a_signing_key_is_refused(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "fleet.db")
     consumer = Consumer(store, Sender(), Policy((HOLD_ALL,)), lambda _: None, ConsumerSettings())
-    answer = consumer.operate(OperatorAction("pause", ALICE, "why", T0))
+    answer = consumer.desk.operate(OperatorAction("pause", ALICE, "why", T0))
     assert (answer.accepted, answer.code) == (False, "NoSigningKey")
     store.close()
 
@@ -337,7 +336,7 @@ def test_a_forged_operator_action_in_the_state_is_ignored(
     with caplog.at_level(logging.ERROR):
         rig.later(5)
     assert rig.approved() == []
-    assert rig.consumer.people_counts().forged == 2
+    assert rig.consumer.desk.counts().forged == 2
     assert rig.last(E1)["DecisionRule"] == "everything-else"
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert any("forged-unsigned" in e and "not signed" in e for e in errors)
@@ -381,8 +380,8 @@ def test_after_the_signing_key_rotates_a_pause_signed_with_the_old_key_still_app
 
     # A read-only look (status, explain) applies it as the consumer would and rewrites nothing.
     looking = consumer(trusted=[rig.signer.public_key()], sign_again=False)
-    assert [p.by for p in looking.pauses(rig.fleet.now)] == [BOB]
-    assert looking.people_counts().on_previous_key == 1
+    assert [p.by for p in looking.desk.pauses(rig.fleet.now)] == [BOB]
+    assert looking.desk.counts().on_previous_key == 1
     assert key_of(rig) == [rig.signer.key_id]
     # While it rotates, the consumer on the new key is told the old public key. Its first
     # attempts to sign the action again fail (the state down, then refusing); it applies all
@@ -391,22 +390,22 @@ def test_after_the_signing_key_rotates_a_pause_signed_with_the_old_key_still_app
     rotated = consumer(failing, trusted=[rig.signer.public_key()])
     with caplog.at_level(logging.INFO):
         for _ in range(2):
-            assert [p.by for p in rotated.pauses(rig.fleet.now)] == [BOB]
-            assert rotated.people_counts().on_previous_key == 1
-        assert [p.by for p in rotated.pauses(rig.fleet.now)] == [BOB]
-    assert rotated.people_counts().forged == 0
-    assert rotated.people_counts().on_previous_key == 0
+            assert [p.by for p in rotated.desk.pauses(rig.fleet.now)] == [BOB]
+            assert rotated.desk.counts().on_previous_key == 1
+        assert [p.by for p in rotated.desk.pauses(rig.fleet.now)] == [BOB]
+    assert rotated.desk.counts().forged == 0
+    assert rotated.desk.counts().on_previous_key == 0
     said = [r.getMessage() for r in caplog.records]
     assert len([m for m in said if "could not be signed again" in m]) == 1
     assert any("re-signed with key " + new.key_id in m for m in said)
     assert key_of(rig) == [new.key_id]
     # Re-signed in place: once the old key is gone the pause still stands, in its place.
     after = consumer()
-    assert [p.by for p in after.pauses(rig.fleet.now)] == [BOB]
-    assert after.people_counts().forged == 0
+    assert [p.by for p in after.desk.pauses(rig.fleet.now)] == [BOB]
+    assert after.desk.counts().forged == 0
     after.process([*rig.heartbeats(), rig.fleet.event("web_0", E1, source="Platform")])
     assert rig.approved() == []
-    assert [p.reason for p in after.pauses(rig.fleet.now)] == ["launch week"]
+    assert [p.reason for p in after.desk.pauses(rig.fleet.now)] == ["launch week"]
 
 
 def test_of_two_consumers_signing_an_old_action_again_one_does_and_both_apply_it(
@@ -420,13 +419,13 @@ def test_of_two_consumers_signing_an_old_action_again_one_does_and_both_apply_it
                               trusted=[rig.signer.public_key()]) for _ in range(2))  # fmt: skip
     # Both read the action as the old key signed it before either signs it again.
     first.operators.store, held = FailingWrites(rig.store, [RetryableError("down")]), rig.store
-    assert [p.by for p in first.pauses(rig.fleet.now)] == [BOB]
-    assert [p.by for p in second.pauses(rig.fleet.now)] == [BOB]  # second signs it again
+    assert [p.by for p in first.desk.pauses(rig.fleet.now)] == [BOB]
+    assert [p.by for p in second.desk.pauses(rig.fleet.now)] == [BOB]  # second signs it again
     first.operators.store = held
-    assert [p.by for p in first.pauses(rig.fleet.now)] == [BOB]  # its write conflicts
-    assert [p.by for p in first.pauses(rig.fleet.now)] == [BOB]  # and it reads the new one
+    assert [p.by for p in first.desk.pauses(rig.fleet.now)] == [BOB]  # its write conflicts
+    assert [p.by for p in first.desk.pauses(rig.fleet.now)] == [BOB]  # and it reads the new one
     assert key_of(rig) == [new.key_id]
-    assert [c.people_counts() for c in (first, second)] == [
+    assert [c.desk.counts() for c in (first, second)] == [
         PeopleCounts(0, 1, {}, 0, 0), PeopleCounts(0, 1, {}, 0, 0)]  # fmt: skip
 
 
@@ -446,7 +445,7 @@ def test_the_consumer_is_told_its_previous_key_by_commands_verify_key(
     }
     consumer = wiring.build_consumer(load(environ=environ), lambda _: None)
     try:
-        assert [p.by for p in consumer.pauses(rig.fleet.now)] == [BOB]
+        assert [p.by for p in consumer.desk.pauses(rig.fleet.now)] == [BOB]
     finally:
         consumer.close()
     with pytest.raises(ConfigError, match="not base64"):
@@ -461,6 +460,73 @@ def test_decisions_name_the_failing_notification_targets(make: Any) -> None:
     assert rig.last(E1)["NotifyFailing"] == ["teams"]
 
 
+def test_a_persons_approval_builds_the_events_situation_once(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One situation per action (issue 38): what the desk checked the approval on is what the
+    decision pass starts from; it was built three times."""
+    rig = make(Policy((HOLD_ALL,)))
+    rig.event("web_0", E1)
+    digest = rig.digest(E1)
+    built: list[str] = []
+    situation = rig.consumer.decider.situation
+
+    def counting(state: Any, doc: Doc, *args: Any) -> Any:
+        built.append(doc.key)
+        return situation(state, doc, *args)
+
+    monkeypatch.setattr(rig.consumer.decider, "situation", counting)
+    assert rig.decide("approve", E1, digest=digest).accepted
+    assert rig.approved() == [E1]
+    assert len(built) == 1
+
+
+def test_a_persons_approval_decided_on_a_ledger_changed_since_is_decided_again(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another consumer takes the budget's one slot between the desk's look at the event and
+    its decision: the approval's write conflicts, the event is decided again on the ledger
+    read again, and waits."""
+    rig = make(Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME))
+    rig.event("web_0", E1)
+    rig.event("web_1", E2)
+    policy = Policy((HOLD_ALL,), budgets=ONE_AT_A_TIME)
+    other = Consumer(
+        rig.store,
+        rig.sender,
+        policy,
+        rig.decisions.extend,
+        ConsumerSettings(),
+        now=lambda: rig.fleet.now,
+        signer=rig.signer,
+    )
+    (shown,) = [e for e in other.desk.open_events(rig.fleet.now) if e.event_id == E2]
+    situation = rig.consumer.situation
+
+    def meanwhile(event_id: str, now: datetime) -> Any:
+        seen = situation(event_id, now)
+        digest = shown.resources_digest
+        action = OperatorAction("approve", BOB, "first", now, E2, digest)
+        assert other.desk.operate(action).accepted
+        return seen
+
+    monkeypatch.setattr(rig.consumer, "situation", meanwhile)
+    read_again = rig.consumer.ledger.read_again
+    again: list[str] = []
+
+    def reading_again(key: str, *args: Any) -> Any:
+        again.append(key)
+        return read_again(key, *args)
+
+    monkeypatch.setattr(rig.consumer.ledger, "read_again", reading_again)
+    answer = rig.decide("approve", E1)
+    assert answer.accepted
+    assert again  # the write conflicted
+    assert "budget one" in answer.detail
+    assert rig.approved() == [E2]
+    assert rig.last(E1)["DecisionAction"] == "Defer"
+
+
 def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> None:
     rig = make(Policy((HOLD_ALL,)))
     rig.event("web_0", E1)
@@ -469,7 +535,7 @@ def test_another_consumer_of_the_state_applies_a_persons_decision(make: Any) -> 
                      signer=rig.signer)  # fmt: skip
     assert rig.decide("approve", E1).accepted
     other.tick()
-    (listed,) = other.open_events(rig.fleet.now)
+    (listed,) = other.desk.open_events(rig.fleet.now)
     assert listed.person is not None
     assert listed.person.by == ALICE
 
@@ -536,7 +602,7 @@ def test_an_ask_and_a_pause_reach_the_webhooks_of_the_configured_notifier(tmp_pa
                             now=lambda: fleet.now, signer=Signer(Ed25519PrivateKey.generate()),
                             notifier=notify_kinds.build(config))  # fmt: skip
         consumer.process([fleet.heartbeat("db_0"), fleet.event("db_0", E1, source="Platform")])
-        assert consumer.operate(OperatorAction("pause", BOB, "incident", fleet.now)).accepted
+        assert consumer.desk.operate(OperatorAction("pause", BOB, "incident", fleet.now)).accepted
         (asked,) = eventually(lambda: receiver.bodies("/dba")[:1], what="the ask's notice")
         assert (asked["Kind"], asked["EventId"], asked["Vms"]) == ("asked", E1, ["db_0"])
         assert asked["Link"] == f"https://bridge.example/events/{E1}"
@@ -623,13 +689,13 @@ def test_operator_documents_are_forgotten_once_spent_and_kept_for_a_week(make: A
     rig.event("web_1", E2, transition="Updated")
     rig.later(60)
     assert sorted(stored()) == [("hold", E2), ("pause", "zone:1")]
-    assert [p.scope for p in rig.consumer.pauses(rig.fleet.now)] == ["zone:1"]
-    assert rig.consumer.open_events(rig.fleet.now)[0].person is not None  # E2's hold stands
+    assert [p.scope for p in rig.consumer.desk.pauses(rig.fleet.now)] == ["zone:1"]
+    assert rig.consumer.desk.open_events(rig.fleet.now)[0].person is not None  # E2's hold stands
     # A consumer that starts now reads the same: the fleet is not paused.
     again = Consumer(rig.store, Sender(), rig.consumer.policy, lambda _: None, ConsumerSettings(),
                      now=lambda: rig.fleet.now, signer=rig.signer)  # fmt: skip
-    assert [p.scope for p in again.pauses(rig.fleet.now)] == ["zone:1"]
-    assert again.people_counts().forged == 0
+    assert [p.scope for p in again.desk.pauses(rig.fleet.now)] == ["zone:1"]
+    assert again.desk.counts().forged == 0
     # The audit trail stays whole.
     people = [(d["DecisionAction"], d["DecidedByName"]) for d in rig.decisions if d["DecidedBy"]]
     assert ("Approve", "Alice") in people

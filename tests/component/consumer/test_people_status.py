@@ -19,7 +19,7 @@ from bridge.commands import signing
 from bridge.commands.signing import Signer
 from bridge.config import load
 from bridge.consumer import wiring
-from bridge.consumer.operators import (
+from bridge.consumer.people.operatorlog import (
     KEEP_OPERATOR_ACTIONS,
     OPERATOR,
     OperatorAction,

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bridge.commands.signing import Signer
 from bridge.config import ConsumerSettings
 from bridge.consumer.core import Consumer
-from bridge.consumer.operators import KEEP_OPERATOR_ACTIONS, OPERATOR, OperatorAction
+from bridge.consumer.people.operatorlog import KEEP_OPERATOR_ACTIONS, OPERATOR, OperatorAction
 from bridge.consumer.state import Doc
 from bridge.policy.model import Policy
 from tests.component.consumer.test_core import E1
@@ -70,18 +70,18 @@ def test_a_standing_pause_or_hold_deleted_from_the_state_is_refused_said_and_cou
     said = [e for e in errors(caplog) if newest.key in e]
     assert said, errors(caplog)
     assert "deleted before its time" in said[0]
-    assert rig.consumer.people_counts().refused == {"deleted": 1}
+    assert rig.consumer.desk.counts().refused == {"deleted": 1}
     # Written back: a consumer that starts now stands on it too.
     assert [d.key for d in rig.store.scan(OPERATOR) if d.key == newest.key] == [newest.key]
     again = fresh(rig)
     if kind == "pause":
-        assert [p.reason for p in again.pauses(rig.fleet.now)] == ["still launch week"]
+        assert [p.reason for p in again.desk.pauses(rig.fleet.now)] == ["still launch week"]
     else:
-        (event,) = again.open_events(rig.fleet.now)
+        (event,) = again.desk.open_events(rig.fleet.now)
         assert event.person is not None
         assert event.person.kind == "hold"
     rig.later(60)
-    assert rig.consumer.people_counts().refused == {"deleted": 1}  # said and counted once
+    assert rig.consumer.desk.counts().refused == {"deleted": 1}  # said and counted once
 
 
 def test_a_forgotten_pause_put_back_is_refused_said_and_counted(
@@ -101,11 +101,11 @@ def test_a_forgotten_pause_put_back_is_refused_said_and_counted(
     with caplog.at_level(logging.ERROR):
         rig.later(60)
         again = fresh(rig)
-        assert again.pauses(rig.fleet.now) == []
-    assert rig.consumer.pauses(rig.fleet.now) == []
+        assert again.desk.pauses(rig.fleet.now) == []
+    assert rig.consumer.desk.pauses(rig.fleet.now) == []
     assert any("forgotten" in e for e in errors(caplog)), errors(caplog)
-    assert rig.consumer.people_counts().refused == {"reappeared": 2}
-    assert again.people_counts().refused == {"reappeared": 2}
+    assert rig.consumer.desk.counts().refused == {"reappeared": 2}
+    assert again.desk.counts().refused == {"reappeared": 2}
 
 
 def test_a_pause_in_force_longer_than_a_week_still_applies_after_a_restart(rig: People) -> None:
@@ -115,8 +115,8 @@ def test_a_pause_in_force_longer_than_a_week_still_applies_after_a_restart(rig: 
         rig.fleet.advance(KEEP_OPERATOR_ACTIONS.total_seconds() / 2)
         rig.later(60)
     again = fresh(rig)
-    assert [p.reason for p in again.pauses(rig.fleet.now)] == ["change freeze"]
-    assert again.people_counts().refused == {}
+    assert [p.reason for p in again.desk.pauses(rig.fleet.now)] == ["change freeze"]
+    assert again.desk.counts().refused == {}
 
 
 def test_a_rotation_signs_again_only_what_the_old_key_signed_before_the_new_one_took_over(
@@ -128,7 +128,7 @@ def test_a_rotation_signs_again_only_what_the_old_key_signed_before_the_new_one_
     new = Signer(Ed25519PrivateKey.generate())
     rig.fleet.advance(60)
     rotated = fresh(rig, new, trusted=[old.public_key()])
-    assert [p.reason for p in rotated.pauses(rig.fleet.now)] == ["before the rotation"]
+    assert [p.reason for p in rotated.desk.pauses(rig.fleet.now)] == ["before the rotation"]
     # Someone who kept the old key signs a pause dated after the new key took over.
     rig.fleet.advance(60)
     rig.consumer.operators.record(OperatorAction("pause", BOB, "after the rotation",
@@ -139,8 +139,8 @@ def test_a_rotation_signs_again_only_what_the_old_key_signed_before_the_new_one_
         if d.value["Action"]["Reason"] == "after the rotation"
     ]
     with caplog.at_level(logging.ERROR):
-        assert [p.reason for p in rotated.pauses(rig.fleet.now)] == ["before the rotation"]
-    assert rotated.people_counts().refused == {"signed_after_rotation": 1}
+        assert [p.reason for p in rotated.desk.pauses(rig.fleet.now)] == ["before the rotation"]
+    assert rotated.desk.counts().refused == {"signed_after_rotation": 1}
     assert any(late.key in e and "took over" in e for e in errors(caplog)), errors(caplog)
     stored = {d.key: d.value["KeyId"] for d in rig.store.scan(OPERATOR) if "Action" in d.value}
     assert stored[late.key] == old.key_id  # not signed again

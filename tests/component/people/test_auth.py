@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from bridge.consumer.operators import Person
 from bridge.consumer.people.auth import EntraVerifier, LocalOperator, Refused, read_token
+from bridge.policy.model import Person
 from tests.doubles.entra import AUDIENCE, ROLE, Tenant, serving
 
 

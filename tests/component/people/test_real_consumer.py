@@ -1,5 +1,5 @@
 """The approval page and the CLI over the real consumer (issue 29, after the merge of the
-consumer's operate/open_events/pauses): a person asked about an event approves it through the
+people desk's operate/open_events/pauses): a person asked about an event approves it through the
 CLI, another holds one through the page's form; the command goes out and the audit names them."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def people(tmp_path: Path) -> Iterator[People]:
 @pytest.fixture
 def served(people: People, tmp_path: Path) -> Iterator[PageServer]:
     settings = PeopleSettings(page_address="127.0.0.1:0")
-    app = build_app(settings, people.consumer, tmp_path, lambda: people.fleet.now)
+    app = build_app(settings, people.consumer.desk, tmp_path, lambda: people.fleet.now)
     server = PageServer(app, "127.0.0.1:0").start()
     yield server
     server.close()

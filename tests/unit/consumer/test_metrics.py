@@ -7,7 +7,7 @@ from datetime import datetime, timezone
 from prometheus_client import CollectorRegistry, generate_latest
 
 from bridge.consumer.metrics import ConsumerMetrics
-from bridge.consumer.operators import PeopleCounts
+from bridge.consumer.people.desk import PeopleCounts
 from bridge.consumer.release import Pending
 
 

@@ -1,14 +1,15 @@
-"""People in the loop: what a person decides (approve or hold an event, pause or resume early
-approvals), kept in the fleet state signed by the consumer, and what the page lists.
+"""The operator log: what a person decides (approve or hold an event, pause or resume early
+approvals), kept in the fleet state signed by the consumer, as it stands.
 
-Who decided is proven, never claimed. A decision reaches the consumer only through a path
-that authenticated the person (the API checks an Entra ID token; the loopback page its local
-operator), which calls `Consumer.operate`. The consumer signs the action with its own command
-signing key (under a context of its own, so it can never pass for a command) and stores it in
-the collection `operator`; the decision pass applies only actions whose signature verifies
-with the consumer's own public key. Someone who can write the fleet state or a queue, but
-does not hold the key, cannot record a decision in another person's name: such a document is
-ignored, with an ERROR and `se_bridge_consumer_operator_actions_forged_total`.
+Who decided is proven, never claimed. A decision reaches the consumer only through a path that
+authenticated the person (the API checks an Entra ID token; the loopback page its local
+operator), which hands it to the people desk (bridge.consumer.people.desk). The consumer signs
+the action with its own command signing key (under a context of its own, so it can never pass
+for a command) and stores it in the collection `operator`; the decision pass applies only
+actions whose signature verifies with the consumer's own public key. Someone who can write the
+fleet state or a queue, but does not hold the key, cannot record a decision in another person's
+name: such a document is ignored, with an ERROR and
+`se_bridge_consumer_operator_actions_forged_total`.
 
 A sample document (`operator/20261121T100500.000000-000001-1f2e3d4c5b6a`):
 
@@ -29,15 +30,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Literal, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from bridge.commands.message import resources_digest
 from bridge.commands.signing import Signer, key_id, verifies
 from bridge.consumer.state import Conflict, Doc, Store, layout
-from bridge.notify.notice import Notice
 from bridge.policy.model import Pause, Person, PersonDecision, parse_scope
 from bridge.records import iso, parse_time, utc_now
 from bridge.redact import describe
@@ -76,18 +77,6 @@ KEY_SINCE = "mark-key-"
 # Why a document in the state is refused (se_bridge_consumer_operator_documents_refused_total).
 REFUSED = ("deleted", "reappeared", "signed_after_rotation")
 
-__all__ = [
-    "Answer",
-    "AskState",
-    "Notifier",
-    "OpenEvent",
-    "OperatorAction",
-    "OperatorLog",
-    "Pause",
-    "Person",
-    "PersonDecision",
-]
-
 
 @dataclass(frozen=True)
 class OperatorAction:
@@ -100,86 +89,6 @@ class OperatorAction:
     override_budget: bool = False  # approve only
     scope: str | None = None  # pause/resume: None = fleet, else "KIND:VALUE" (a budget group)
     until: datetime | None = None  # pause: None = until resumed
-
-
-@dataclass(frozen=True)
-class Answer:
-    """What `Consumer.operate` says to the person: accepted, or refused and why."""
-
-    accepted: bool
-    code: str  # Accepted, NotOpen, ResourcesChanged, NoReason, Paused, ... (see REFUSALS)
-    detail: str  # a sentence for the person
-    warning: str = ""  # what the person may not have meant, in a sentence (a pause of no VM)
-
-
-# Every code `operate` refuses with (docs/people.md#refusals).
-REFUSALS = ("Invalid", "NoReason", "NotOpen", "ResourcesChanged", "Paused", "BadScope",
-            "NotPaused", "NoSigningKey")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class AskState:
-    """An event a person is asked about: who, since when, until when."""
-
-    target: str
-    since: datetime | None  # None: the ask is decided but not said yet
-    deadline: datetime | None  # None: until NotBefore, which is not known
-
-    def __str__(self) -> str:
-        since = f" since {iso(self.since)}" if self.since else ""
-        until = f"until {iso(self.deadline)}" if self.deadline else "until NotBefore"
-        return f"{self.target}{since}, waiting {until}"
-
-
-@dataclass(frozen=True)
-class OpenEvent:
-    """One open (Scheduled) event as the page lists it."""
-
-    event_id: str
-    event_type: str
-    event_source: str | None
-    not_before: datetime | None
-    vms: tuple[str, ...]  # the names of the VMs it affects (and the names not resolved)
-    resources: tuple[str, ...]
-    resources_digest: str  # what an approve or hold must carry (OperatorAction)
-    action: str  # what the policy decides now: Approve, Defer, Hold, Ask
-    rule: str
-    reason: str
-    explanation: tuple[str, ...]
-    ask: str | None  # who is asked, since and until when, in a sentence; None: nobody
-    asked: AskState | None  # the same, as values
-    person: PersonDecision | None  # the last decision a person made about it
-    pause: Pause | None  # the pause that stops its approval now
-
-
-@dataclass(frozen=True)
-class PeopleCounts:
-    """What the metrics say of people (bridge.consumer.metrics)."""
-
-    asks_pending: int  # open events waiting for a person's answer, as of the last tick
-    pauses_active: int
-    operated: Mapping[str, int]  # actions people made that were accepted, by kind
-    forged: int  # operator documents in the state that did not verify, ignored
-    on_previous_key: int = 0  # actions that apply only through a previous signing key
-    # Documents refused, by why (REFUSED): deleted (and written back), reappeared after they
-    # were forgotten, or signed by a previous key after the current one took over.
-    refused: Mapping[str, int] = field(default_factory=dict)
-
-
-class Notifier(Protocol):
-    """What the consumer needs of bridge.notify's Notifier: it never blocks."""
-
-    @property
-    def targets(self) -> tuple[str, ...]: ...
-
-    def notify(self, notice: Notice) -> None: ...
-
-    def failing(self) -> tuple[str, ...]: ...
-
-    def close(self, timeout: float) -> None: ...
-
-
-EVERY_TARGET = "*"  # a notice for every target (a pause, a person's decision on no ask)
 
 
 # --- the signed documents ------------------------------------------------------------------
@@ -277,22 +186,22 @@ class OperatorLog:
         store: Store,
         signer: Signer | None,
         *,
-        forged: Callable[[], None] | None = None,
         trusted: Sequence[Ed25519PublicKey] = (),
         sign_again: bool = True,
-        refused: Callable[[str], None] | None = None,
         now: Callable[[], datetime] = utc_now,
     ) -> None:
         """`trusted`: the previous signing keys while they rotate. An action signed with one
         before `signer`'s key took over applies, and (`sign_again`; not for a read-only look
         such as `status --consumer`) is signed again, in place, with `signer`, so it outlives
-        the old key. `refused(why)`: a document was refused (REFUSED), said at ERROR."""
+        the old key."""
         self.store = store
         self.signer = signer
         self._trusted = tuple(trusted)
         self._sign_again = sign_again
-        self._refused = refused or (lambda why: None)
         self._now = now
+        self.forged = 0  # documents in the state that did not verify, ignored (the metrics)
+        # Documents refused, by why (REFUSED), each said once at ERROR (the metrics).
+        self.refused: Counter[str] = Counter()
         # When each verified action's document was last signed (`signed_at`), by key.
         self._stamps: dict[str, datetime] = {}
         # Up to when the consumers have forgotten spent documents (FORGOTTEN), and since when
@@ -306,7 +215,6 @@ class OperatorLog:
         # read, that key's KeyId). Each is signed again at every look until it is.
         self._previous: dict[str, tuple[Doc, str]] = {}
         self._warned: set[str] = set()  # documents whose re-signing failed, said once each
-        self._forged = forged or (lambda: None)
         self._mark: int | None = None
         self._looked: datetime | None = None
         self._recorded = 0
@@ -389,7 +297,7 @@ class OperatorLog:
             current = verifies(self.signer.public_key(), data, signature)
             previous = not current and any(verifies(k, data, signature) for k in self._trusted)
         if not (current or previous):
-            self._forged()
+            self.forged += 1
             log.error("mark %s in the fleet state is ignored: its signature does not verify "
                       "with this consumer's key nor a previous one (was the state written by "
                       "hand?)", doc.key)  # fmt: skip
@@ -457,7 +365,7 @@ class OperatorLog:
         """Count and say once that document `key` is refused; False."""
         if (key, why) not in self._said:
             self._said.add((key, why))
-            self._refused(why)
+            self.refused[why] += 1
             log.error("operator document %s in the fleet state is refused: %s (was the state "
                       "written by someone without the signing key?)", key, sentence)  # fmt: skip
         return False
@@ -527,7 +435,7 @@ class OperatorLog:
                 return parse_body(body)  # type: ignore[arg-type]  # a dict, checked above
             except ValueError as err:
                 why = f"it does not hold an operator action ({err})"
-        self._forged()
+        self.forged += 1
         log.error("operator action %s in the fleet state is ignored: %s; only what a person "
                   "decided through the API or the page, signed by this consumer, applies (was "
                   "the state written by hand, or the signing key rotated?)", doc.key,

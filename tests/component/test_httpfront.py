@@ -5,27 +5,33 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import requests
 
-from bridge.httpfront import Answer, Front, Request
+from bridge.httpfront import Front
 from tests.support.wait import eventually
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 
 class Blocking:
-    """A handler that holds every request to /slow until released."""
+    """A WSGI app that holds every request to /slow until released."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.held = threading.Semaphore(0)
 
-    def __call__(self, request: Request) -> Answer:
-        if request.target == "/slow":
+    def __call__(self, asked: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path, body = asked["PATH_INFO"], asked["wsgi.input"].read()
+        if path == "/slow":
             self.held.release()
             self.release.wait(60)
-        return Answer(200, f"{request.method} {request.target} {len(request.body)}".encode())
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [f"{asked['REQUEST_METHOD']} {path} {len(body)}".encode()]
 
 
 @pytest.fixture
@@ -38,7 +44,7 @@ def handler() -> Iterator[Blocking]:
 @pytest.fixture
 def front(handler: Blocking) -> Iterator[Front]:
     served = Front("127.0.0.1", 0, handler, name="test front", workers=1, reserved=1,
-                   is_reserved=lambda r: r.target == "/probe", request_deadline=60,
+                   is_reserved=lambda asked: asked["PATH_INFO"] == "/probe", request_deadline=60,
                    per_client=3, max_body=100).start()  # fmt: skip
     yield served
     served.close()

@@ -14,8 +14,8 @@ server takes no request body and keeps no connection open past its answer. Idle 
 clients cannot starve the probes (Endpoint says how), and its errors go to the log, never
 to stderr.
 
-`Notifier` speaks systemd's notify protocol by hand (a datagram to `$NOTIFY_SOCKET`, no
-new dependency): READY=1 once started (with a STATUS= line, such as what it waits for),
+`SystemdNotifier` speaks systemd's notify protocol by hand (a datagram to `$NOTIFY_SOCKET`,
+no new dependency): READY=1 once started (with a STATUS= line, such as what it waits for),
 WATCHDOG=1 while the loop turns (at most twice per `WatchdogSec`), STOPPING=1 at a stop.
 Without `$NOTIFY_SOCKET` it does nothing.
 """
@@ -172,7 +172,7 @@ def _answer(
     return 404, b"not found\n", PLAIN, []
 
 
-class Notifier:
+class SystemdNotifier:
     """systemd's notify protocol, by hand: one datagram per message to `$NOTIFY_SOCKET`."""
 
     def __init__(

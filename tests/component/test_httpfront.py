@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 import requests
 
-from bridge.httpfront import Front
+from bridge.httpfront import Front, environ
 from tests.support.wait import eventually
 
 if TYPE_CHECKING:
@@ -123,3 +123,19 @@ def test_a_body_is_read_whole_and_requests_beyond_the_limits_are_refused(front: 
         return None if answer.startswith(b"HTTP/1.1 503") else answer
 
     assert eventually(not_http, what="an answer from a free worker").startswith(b"HTTP/1.1 400")
+
+
+def test_a_request_reaches_the_app_as_pep_3333_says_and_no_header_passes_for_another() -> None:
+    headers = [("X_MS_TOKEN_AAD_ID_TOKEN", "forged"), ("X-Seen", "1"), ("Cookie", "a=1")]
+    headers += [("Cookie", "b=2"), ("Content-Type", "application/json"), ("Content-Length", "9")]
+    server = ("127.0.0.1", 80)
+    asked = environ("post", "/events/E%201?x=1", headers, b"{}", server=server, client="127.0.0.2")
+    # "_" and "-" are one in the environ: a name with "_" would pass for App Service
+    # Authentication's header, which the page trusts only as it is spelled.
+    assert "HTTP_X_MS_TOKEN_AAD_ID_TOKEN" not in asked
+    assert asked["REQUEST_METHOD"] == "POST"
+    assert (asked["PATH_INFO"], asked["QUERY_STRING"]) == ("/events/E 1", "x=1")
+    assert (asked["HTTP_X_SEEN"], asked["HTTP_COOKIE"]) == ("1", "a=1; b=2")
+    assert (asked["CONTENT_TYPE"], asked["CONTENT_LENGTH"]) == ("application/json", "2")
+    assert asked["wsgi.input"].read() == b"{}"
+    assert asked["REMOTE_ADDR"] == "127.0.0.2"

@@ -1,6 +1,7 @@
-"""The one HTTP server of se-bridge, for the WSGI apps any local user can reach (the telemetry
-endpoint, the approval page): one thread accepts every connection and reads each request whole,
-without a thread per client; only complete requests reach the worker threads that run the app.
+"""The one HTTP server of the agent's and the consumer's endpoints, for the WSGI apps any local
+user can reach (the telemetry endpoint, the approval page): one thread accepts every connection
+and reads each request whole, without a thread per client; only complete requests reach the
+worker threads that run the app.
 
 What a client can hold, and for how long:
 
@@ -273,8 +274,8 @@ class Front:
 
     def _dispatch(self, sock: socket.socket, asked: WSGIEnvironment) -> None:
         reserved = self._reserved is not None and self._is_reserved(asked)
-        self._work(sock, asked["REMOTE_ADDR"], lambda: self._answer(asked), reserved=reserved,
-                   head=asked["REQUEST_METHOD"] == "HEAD")  # fmt: skip
+        client, head = asked["REMOTE_ADDR"], asked["REQUEST_METHOD"] == "HEAD"
+        self._work(sock, client, lambda: self._answer(asked), reserved=reserved, head=head)
 
     def _work(
         self,
@@ -401,9 +402,9 @@ def call(app: WSGIApplication, asked: WSGIEnvironment) -> Answer:
 
 
 def _plain(status: int, text: str, headers: list[tuple[str, str]] | None = None) -> Answer:
+    kind = ("Content-Type", "text/plain; charset=utf-8")
     line = f"{status} {HTTPStatus(status).phrase}"
-    return Answer(line, [("Content-Type", "text/plain; charset=utf-8"), *(headers or [])],
-                  (text + "\n").encode())  # fmt: skip
+    return Answer(line, [kind, *(headers or [])], (text + "\n").encode())
 
 
 def _send(
@@ -414,13 +415,14 @@ def _send(
     read and dropped first, for at most a second and MAX_DRAIN bytes: closing on unread bytes
     would reset the connection, and the client could lose the answer. For a HEAD, the length
     of the body and not the body."""
+    ours = ("content-length", "connection")
     lines = [f"HTTP/1.1 {answer.status}", "Server: se-bridge"]
-    lines += [f"{name}: {value}" for name, value in answer.headers
-              if name.lower() not in ("content-length", "connection")]  # fmt: skip
+    lines += [f"{name}: {value}" for name, value in answer.headers if name.lower() not in ours]
     lines += [f"Content-Length: {len(answer.body)}", "Connection: close", "", ""]
-    data = "\r\n".join(lines).encode("latin-1") + (b"" if head else answer.body)
     end = time.monotonic() + min(seconds, 1.0)
     try:
+        # An app's header that is not Latin-1 (PEP 3333 asks for it) ends the connection.
+        data = "\r\n".join(lines).encode("latin-1") + (b"" if head else answer.body)
         sock.settimeout(max(0.001, seconds))
         sock.sendall(data)
         if not drain:
@@ -433,7 +435,7 @@ def _send(
             if not got:
                 break
             drained += len(got)
-    except OSError as err:
+    except (OSError, UnicodeEncodeError) as err:
         log.debug("sending an answer failed: %s", err)
     finally:
         sock.close()

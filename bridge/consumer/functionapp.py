@@ -304,9 +304,9 @@ def mount(app: WSGIApplication, request: func.HttpRequest) -> func.HttpResponse:
     url = urlsplit(request.url)
     target = f"{url.path or '/'}?{url.query}" if url.query else url.path or "/"
     port = url.port or (443 if url.scheme == "https" else 80)
-    asked = environ(request.method, target, request.headers.items(), request.get_body(),
-                    server=(url.hostname or "", port), scheme=url.scheme or "https")  # fmt: skip
-    answer = call(app, asked)
+    server, scheme = (url.hostname or "", port), url.scheme or "https"
+    headers, body = request.headers.items(), request.get_body()
+    answer = call(app, environ(request.method, target, headers, body, server=server, scheme=scheme))
     kind = next((v for k, v in answer.headers if k.lower() == "content-type"), "text/plain")
     return func.HttpResponse(
         answer.body,

@@ -1,6 +1,7 @@
-"""The front of the small HTTP servers any local user can reach (the telemetry endpoint, the
-approval page): one thread accepts every connection and reads each request whole, without a
-thread per client; only complete requests reach the worker threads that answer them.
+"""The one HTTP server of the agent's and the consumer's endpoints, for the WSGI apps any local
+user can reach (the telemetry endpoint, the approval page): one thread accepts every connection
+and reads each request whole, without a thread per client; only complete requests reach the
+worker threads that run the app.
 
 What a client can hold, and for how long:
 
@@ -15,21 +16,28 @@ What a client can hold, and for how long:
   cannot take every worker. With none free the answer is 503 at once.
 
 A worker sends its answer within `request_deadline` (a client that does not read is cut off)
-and closes the connection: one request per connection.
+and closes the connection: one request per connection. The app is any WSGI app (PEP 3333); the
+Functions app mounts the same page with `environ` and `call` (bridge.consumer.functionapp).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import unquote_to_bytes
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -39,28 +47,22 @@ ACCEPT_BACKOFF = 0.5  # seconds without accepting when the process is out of des
 _TICK = 0.25  # seconds between looks for deadlines when nothing happens
 
 
-@dataclass(frozen=True)
-class Request:
+class _Head(NamedTuple):
     method: str
     target: str
     headers: list[tuple[str, str]]
-    body: bytes
-    client: str
 
     def header(self, name: str) -> str:
         name = name.lower()
         return next((v for k, v in self.headers if k.lower() == name), "")
 
 
-@dataclass(frozen=True)
-class Answer:
-    status: int
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = ()
-    send_body: bool = True  # False for HEAD: the length of the body, not the body
+class Answer(NamedTuple):
+    """What a WSGI app answered, gathered whole: "200 OK", its headers, its body."""
 
-
-Handler = Callable[[Request], Answer]
+    status: str
+    headers: list[tuple[str, str]]
+    body: bytes
 
 
 @dataclass
@@ -71,22 +73,23 @@ class _Reading:
     data: bytearray = field(default_factory=bytearray)
     need: int | None = None  # bytes of head and body, once the head is read
     body_at: int = 0
-    head: Request | None = None
+    head: _Head | None = None
 
 
 class Front:
-    """Serves `handle` on (host, port) from threads of its own until `close`."""
+    """Serves the WSGI app `app` on (host, port) from threads of its own until `close`.
+    `is_reserved` picks, from a request's WSGI environ, those the reserved workers answer."""
 
     def __init__(
         self,
         host: str,
         port: int,
-        handle: Handler,
+        app: WSGIApplication,
         *,
         name: str,
         workers: int,
         reserved: int = 0,
-        is_reserved: Callable[[Request], bool] = lambda _: False,
+        is_reserved: Callable[[WSGIEnvironment], bool] = lambda _: False,
         line_deadline: float = 1.0,
         request_deadline: float = 10.0,
         per_client: int = 8,
@@ -97,7 +100,7 @@ class Front:
         self._listener = socket.create_server((host, port), family=family, backlog=128)
         self._listener.setblocking(False)
         self.host, self.port = host, int(self._listener.getsockname()[1])
-        self._handle, self._name, self._is_reserved = handle, name, is_reserved
+        self._app, self._name, self._is_reserved = app, name, is_reserved
         self._line_deadline, self._deadline = line_deadline, request_deadline
         self._per_client, self._max_pending, self._max_body = per_client, max_pending, max_body
         self._general = threading.BoundedSemaphore(workers)
@@ -200,8 +203,8 @@ class Front:
             assert head is not None
             body = bytes(reading.data[reading.body_at : reading.need])
             self._forget(reading)
-            request = Request(head.method, head.target, head.headers, body, reading.client)
-            self._dispatch(reading.sock, request)
+            server = (self.host, self.port)
+            self._dispatch(reading.sock, environ(*head, body, server=server, client=reading.client))
 
     def _read_head(self, reading: _Reading) -> bool:
         """Whether the head is read (and its body may follow); refused when it cannot be."""
@@ -216,7 +219,7 @@ class Front:
         reading.head, reading.body_at, reading.need = head, end + 4, end + 4 + length
         return True
 
-    def _parse(self, reading: _Reading, head: bytes) -> Request | None:
+    def _parse(self, reading: _Reading, head: bytes) -> _Head | None:
         lines = head.decode("iso-8859-1").split("\r\n")
         parts = lines[0].split()
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
@@ -229,9 +232,9 @@ class Front:
                 self._refuse(reading, 400, "a header line without a name")
                 return None
             headers.append((name.strip(), value.strip()))
-        return Request(parts[0].upper(), parts[1], headers, b"", reading.client)
+        return _Head(parts[0].upper(), parts[1], headers)
 
-    def _length(self, reading: _Reading, head: Request) -> int:
+    def _length(self, reading: _Reading, head: _Head) -> int:
         """The body's length; -1 when it is refused (the answer is sent)."""
         if head.header("transfer-encoding"):
             self._refuse(reading, 411, "send the body with a Content-Length")
@@ -264,14 +267,15 @@ class Front:
 
     def _refuse(self, reading: _Reading, status: int, why: str) -> None:
         self._forget(reading)
-        refusal = Answer(status, (why + "\n").encode())
+        refusal = _plain(status, why)
         self._work(reading.sock, reading.client, lambda: refusal, drain=True)
 
     # --- the workers ----------------------------------------------------------------------
 
-    def _dispatch(self, sock: socket.socket, request: Request) -> None:
-        reserved = self._reserved is not None and self._is_reserved(request)
-        self._work(sock, request.client, lambda: self._answer(request), reserved=reserved)
+    def _dispatch(self, sock: socket.socket, asked: WSGIEnvironment) -> None:
+        reserved = self._reserved is not None and self._is_reserved(asked)
+        client, head = asked["REMOTE_ADDR"], asked["REQUEST_METHOD"] == "HEAD"
+        self._work(sock, client, lambda: self._answer(asked), reserved=reserved, head=head)
 
     def _work(
         self,
@@ -281,21 +285,23 @@ class Front:
         *,
         reserved: bool = False,
         drain: bool = False,
+        head: bool = False,
     ) -> None:
-        """`answer()` sent on a worker; 503 at once when none is free."""
+        """`answer()` sent on a worker (without its body for a HEAD); 503 at once when none is
+        free."""
         pool = self._reserved if reserved else None
         if pool is None or not pool.acquire(blocking=False):
             pool = self._general if self._general.acquire(blocking=False) else None
         if pool is None:
             log.debug("%s: every worker is busy: answered %s 503", self._name, client)
-            _send(sock, Answer(503, b"busy: try again\n", (("Retry-After", "1"),)), 0.1,
-                  drain=False)  # fmt: skip
+            busy = _plain(503, "busy: try again", [("Retry-After", "1")])
+            _send(sock, busy, 0.1)
             return
         taken, deadline = pool, self._deadline
 
         def work() -> None:
             try:
-                _send(sock, answer(), deadline, drain=drain)
+                _send(sock, answer(), deadline, drain=drain, head=head)
             finally:
                 taken.release()
 
@@ -306,30 +312,117 @@ class Front:
             log.debug("%s: cannot answer %s: %s", self._name, client, err)
             sock.close()
 
-    def _answer(self, request: Request) -> Answer:
+    def _answer(self, asked: WSGIEnvironment) -> Answer:
         try:
-            return self._handle(request)
+            return call(self._app, asked)
         except Exception:
-            log.warning("%s: answering %s %s failed", self._name, request.method,
-                        request.target[:100], exc_info=True)  # fmt: skip
-            return Answer(500, b"the answer failed\n")
+            log.warning("%s: answering %s %s failed", self._name, asked["REQUEST_METHOD"],
+                        asked["PATH_INFO"][:100], exc_info=True)  # fmt: skip
+            return _plain(500, "the answer failed")
 
 
-def _send(sock: socket.socket, answer: Answer, seconds: float, *, drain: bool = False) -> None:
+# --- WSGI (PEP 3333), for this server and the Functions app's HTTP trigger -------------------
+
+
+def environ(
+    method: str,
+    target: str,
+    headers: Iterable[tuple[str, str]],
+    body: bytes,
+    *,
+    server: tuple[str, int],
+    client: str = "",
+    scheme: str = "http",
+) -> WSGIEnvironment:
+    """The WSGI environ of one request read whole. A header whose name holds "_" is left out,
+    as the common servers do: it would pass for the header spelled with "-" (the name of
+    App Service Authentication's ID token, say)."""
+    path, _, query = target.partition("?")
+    made: dict[str, Any] = {
+        "REQUEST_METHOD": method.upper(),
+        "SCRIPT_NAME": "",
+        "PATH_INFO": unquote_to_bytes(_wire(path)).decode("latin-1"),
+        "QUERY_STRING": query,
+        "SERVER_NAME": server[0],
+        "SERVER_PORT": str(server[1]),
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "REMOTE_ADDR": client,
+        "CONTENT_LENGTH": str(len(body)),
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": scheme,
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": io.StringIO(),  # never stderr: what an app says there is dropped
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    for name, value in headers:
+        if "_" in name:
+            continue
+        key = name.upper().replace("-", "_")
+        key = key if key == "CONTENT_TYPE" else f"HTTP_{key}"
+        if key == "HTTP_CONTENT_LENGTH":
+            continue  # CONTENT_LENGTH is the body's, read whole
+        glue = "; " if key == "HTTP_COOKIE" else ","
+        made[key] = f"{made[key]}{glue}{value}" if key in made else value
+    return made
+
+
+def _wire(text: str) -> bytes:
+    """The bytes of a request target: read off the wire as Latin-1, or given as text."""
+    try:
+        return text.encode("latin-1")
+    except UnicodeEncodeError:
+        return text.encode()
+
+
+def call(app: WSGIApplication, asked: WSGIEnvironment) -> Answer:
+    """What `app` answers `asked`, gathered whole (each answer here is small)."""
+    started: list[tuple[str, list[tuple[str, str]]]] = []
+    written: list[bytes] = []
+
+    def start_response(
+        status: str, headers: list[tuple[str, str]], exc_info: Any = None
+    ) -> Callable[[bytes], object]:
+        if started and exc_info is None:
+            raise RuntimeError("start_response was called twice")
+        started[:] = [(status, headers)]
+        return written.append
+
+    chunks = app(asked, start_response)
+    try:
+        written.extend(chunks)
+    finally:
+        if hasattr(chunks, "close"):
+            chunks.close()
+    if not started:
+        raise RuntimeError("the app answered without start_response")
+    status, headers = started[0]
+    return Answer(status, headers, b"".join(written))
+
+
+def _plain(status: int, text: str, headers: list[tuple[str, str]] | None = None) -> Answer:
+    kind = ("Content-Type", "text/plain; charset=utf-8")
+    line = f"{status} {HTTPStatus(status).phrase}"
+    return Answer(line, [kind, *(headers or [])], (text + "\n").encode())
+
+
+def _send(
+    sock: socket.socket, answer: Answer, seconds: float, *, drain: bool = False, head: bool = False
+) -> None:
     """The answer, then the connection closed; a client that does not take it within
     `seconds` is cut off. With `drain`, what the client still sends (a body refused unread) is
     read and dropped first, for at most a second and MAX_DRAIN bytes: closing on unread bytes
-    would reset the connection, and the client could lose the answer."""
-    try:
-        phrase = HTTPStatus(answer.status).phrase
-    except ValueError:
-        phrase = ""
-    lines = [f"HTTP/1.1 {answer.status} {phrase}", "Server: se-bridge"]
-    lines += [f"{name}: {value}" for name, value in answer.headers]
+    would reset the connection, and the client could lose the answer. For a HEAD, the length
+    of the body and not the body."""
+    ours = ("content-length", "connection")
+    lines = [f"HTTP/1.1 {answer.status}", "Server: se-bridge"]
+    lines += [f"{name}: {value}" for name, value in answer.headers if name.lower() not in ours]
     lines += [f"Content-Length: {len(answer.body)}", "Connection: close", "", ""]
-    data = "\r\n".join(lines).encode("latin-1") + (answer.body if answer.send_body else b"")
     end = time.monotonic() + min(seconds, 1.0)
     try:
+        # An app's header that is not Latin-1 (PEP 3333 asks for it) ends the connection.
+        data = "\r\n".join(lines).encode("latin-1") + (b"" if head else answer.body)
         sock.settimeout(max(0.001, seconds))
         sock.sendall(data)
         if not drain:
@@ -342,7 +435,7 @@ def _send(sock: socket.socket, answer: Answer, seconds: float, *, drain: bool = 
             if not got:
                 break
             drained += len(got)
-    except OSError as err:
+    except (OSError, UnicodeEncodeError) as err:
         log.debug("sending an answer failed: %s", err)
     finally:
         sock.close()

@@ -14,8 +14,8 @@ server takes no request body and keeps no connection open past its answer. Idle 
 clients cannot starve the probes (Endpoint says how), and its errors go to the log, never
 to stderr.
 
-`Notifier` speaks systemd's notify protocol by hand (a datagram to `$NOTIFY_SOCKET`, no
-new dependency): READY=1 once started (with a STATUS= line, such as what it waits for),
+`SystemdNotifier` speaks systemd's notify protocol by hand (a datagram to `$NOTIFY_SOCKET`,
+no new dependency): READY=1 once started (with a STATUS= line, such as what it waits for),
 WATCHDOG=1 while the loop turns (at most twice per `WatchdogSec`), STOPPING=1 at a stop.
 Without `$NOTIFY_SOCKET` it does nothing.
 """
@@ -27,7 +27,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -40,8 +42,11 @@ from prometheus_client import (
 )
 
 import bridge
-from bridge.httpfront import Answer, Front, Handler, Request
+from bridge.httpfront import Front
 from bridge.redact import describe
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIApplication, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -105,11 +110,11 @@ class Endpoint:
         self._front = Front(
             self.host,
             wanted,  # OSError: cannot listen
-            _answering(registry, probes),
+            app(registry, probes),
             name="se-bridge telemetry",
             workers=MAX_CONNECTIONS,
             reserved=PROBE_WORKERS,
-            is_reserved=lambda request: request.target.split("?", 1)[0] in probes,
+            is_reserved=lambda asked: asked["PATH_INFO"] in probes,
             line_deadline=REQUEST_LINE_DEADLINE,
             request_deadline=REQUEST_DEADLINE,
         )
@@ -125,42 +130,49 @@ class Endpoint:
         self._front.close()
 
 
-def _answering(registry: CollectorRegistry, probes: Mapping[str, Probe]) -> Handler:
-    def answer(request: Request) -> Answer:
-        head = request.method == "HEAD"
-        if request.method not in ("GET", "HEAD"):
-            return Answer(405, b"GET or HEAD\n", (("Allow", "GET, HEAD"),))
-        path = request.target.split("?", 1)[0]
-        if path == "/metrics":
-            try:
-                body = generate_latest(registry)
-            except Exception as err:  # a collector's bug: say so, keep serving the probes
-                log.warning(
-                    "collecting the metrics failed (%s), so /metrics answered 500; "
-                    "the DEBUG log has the traceback",
-                    describe(err, with_type=True),
-                )
-                log.debug("collecting the metrics failed", exc_info=True)
-                return _plain(500, b"collecting failed\n", head)
-            return Answer(200, body, (("Content-Type", CONTENT_TYPE_LATEST),), not head)
-        if path in probes:
-            try:
-                ok, why = probes[path]()
-            except Exception as err:  # a probe that fails says so: not ok
-                ok, why = False, f"the probe failed: {type(err).__name__}: {err}"
-            body = json.dumps({"ok": ok, "why": why}).encode()
-            return Answer(200 if ok else 503, body, (("Content-Type", "application/json"),),
-                          not head)  # fmt: skip
-        return _plain(404, b"not found\n", head)
+def app(registry: CollectorRegistry, probes: Mapping[str, Probe]) -> WSGIApplication:
+    """/metrics and the probes as a WSGI app (the server sends a HEAD's length, not its body)."""
+
+    def answer(asked: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        status, body, kind, more = _answer(registry, probes, asked)
+        start_response(f"{status} {HTTPStatus(status).phrase}", [("Content-Type", kind), *more])
+        return [body]
 
     return answer
 
 
-def _plain(status: int, body: bytes, head: bool) -> Answer:
-    return Answer(status, body, (("Content-Type", "text/plain; charset=utf-8"),), not head)
+PLAIN = "text/plain; charset=utf-8"
 
 
-class Notifier:
+def _answer(
+    registry: CollectorRegistry, probes: Mapping[str, Probe], asked: WSGIEnvironment
+) -> tuple[int, bytes, str, list[tuple[str, str]]]:
+    """(status, body, content type, more headers) for one request."""
+    if asked["REQUEST_METHOD"] not in ("GET", "HEAD"):
+        return 405, b"GET or HEAD\n", PLAIN, [("Allow", "GET, HEAD")]
+    path = asked["PATH_INFO"]
+    if path == "/metrics":
+        try:
+            return 200, generate_latest(registry), CONTENT_TYPE_LATEST, []
+        except Exception as err:  # a collector's bug: say so, keep serving the probes
+            log.warning(
+                "collecting the metrics failed (%s), so /metrics answered 500; "
+                "the DEBUG log has the traceback",
+                describe(err, with_type=True),
+            )
+            log.debug("collecting the metrics failed", exc_info=True)
+            return 500, b"collecting failed\n", PLAIN, []
+    if path in probes:
+        try:
+            ok, why = probes[path]()
+        except Exception as err:  # a probe that fails says so: not ok
+            ok, why = False, f"the probe failed: {type(err).__name__}: {err}"
+        body = json.dumps({"ok": ok, "why": why}).encode()
+        return 200 if ok else 503, body, "application/json", []
+    return 404, b"not found\n", PLAIN, []
+
+
+class SystemdNotifier:
     """systemd's notify protocol, by hand: one datagram per message to `$NOTIFY_SOCKET`."""
 
     def __init__(

@@ -24,7 +24,7 @@ class ImdsCalls:
     """Runs calls on the poll's worker or the approvals' and waits for their answers, giving
     up (RetryableError) once `stop` is set."""
 
-    def __init__(self, notifier: telemetry.Notifier) -> None:
+    def __init__(self, notifier: telemetry.SystemdNotifier) -> None:
         self.stop = threading.Event()  # the agent's: Agent.run puts its caller's here
         self._notifier = notifier
         self.polls = _Worker("imds")

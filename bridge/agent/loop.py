@@ -58,7 +58,7 @@ class Parts:
     sinks: Sequence[Sink]
     delivery: Delivery
     metrics: AgentMetrics
-    notifier: telemetry.Notifier
+    notifier: telemetry.SystemdNotifier
     poll: PollHealth
     instance: InstanceMetadata
     heartbeats: Heartbeats

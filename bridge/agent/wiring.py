@@ -59,7 +59,7 @@ def build_agent(
                   max_bytes=config.spool.max_bytes)  # fmt: skip
     delivery = Delivery(spool, sinks, backoff_factory=delivery_backoff)
     metrics = AgentMetrics(telemetry.new_registry())
-    notifier = telemetry.Notifier()
+    notifier = telemetry.SystemdNotifier()
     calls = ImdsCalls(notifier)
     instance = InstanceMetadata(spool, host_name=host.host_name(), vm_name=config.agent.vm_name,
                                 refresh_every=config.imds.instance_refresh,

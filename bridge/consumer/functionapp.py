@@ -19,7 +19,8 @@ so the logic is type-checked and tested with the package. Two functions:
   over afresh, from the last checkpoint. Processing is idempotent, so a re-run is harmless.
 - `page`: an HTTP trigger (every path, GET and POST, anonymous to the host: App Service
   Authentication with Entra ID stands in front of it) serving the approval page and its API
-  (bridge/consumer/people/app.py). host.json's empty `routePrefix` puts the page at `/` and the
+  (bridge/consumer/people/app.py, the WSGI app the standalone consumer serves too, mounted by
+  `mount`). host.json's empty `routePrefix` puts the page at `/` and the
   API at `/api/v1/...`. It validates the person's Entra ID token itself: the
   `Authorization: Bearer` token of an API call (the CLI's), or, for the page, the ID token App
   Service Authentication adds as `X-MS-TOKEN-AAD-ID-TOKEN` (its token store must be on). Without
@@ -50,7 +51,8 @@ from pathlib import Path
 # with azure.functions' converters, which refuse the builtin generic (the function would
 # fail to load). The names stay at module level: the worker resolves these string
 # annotations (PEP 563) with typing.get_type_hints against this module's globals.
-from typing import Any, List  # noqa: UP035
+from typing import TYPE_CHECKING, Any, List  # noqa: UP035
+from urllib.parse import urlsplit
 
 import azure.functions as func
 
@@ -59,16 +61,20 @@ from bridge.commands.signing import Signer
 from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
-from bridge.consumer.people.app import Csrf, EntraSignIn, PeopleApp, Request
+from bridge.consumer.people.app import Csrf, EntraSignIn, PeopleApp
 from bridge.consumer.people.auth import verifier_for
 from bridge.consumer.reading import Position, eventhubs_partition
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.consumer.wiring import build_consumer, state_spec
+from bridge.httpfront import call, environ
 from bridge.records import RecordView
 from bridge.redact import describe
 from bridge.retry import PoisonRecords
 from bridge.sinks import Sink, SpooledRecord, loganalytics
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIApplication
 
 log = logging.getLogger(__name__)
 
@@ -259,14 +265,7 @@ class ConsumerApp:
                 "and SE_BRIDGE_CONSUMER_PEOPLE_AUDIENCE\n",
                 status_code=503,
             )
-        headers = request.headers.items()
-        answer = people(Request.of(request.method, request.url, headers, request.get_body()))
-        return func.HttpResponse(
-            answer.body,
-            status_code=answer.status,
-            headers=dict(answer.all_headers()[1:]),
-            mimetype=answer.content_type.split(";")[0],
-        )
+        return mount(people, request)
 
     def _people_app(self) -> PeopleApp | None:
         consumer = self.consumer()
@@ -294,6 +293,27 @@ class ConsumerApp:
             if self._outlet is not None:
                 self._outlet.close()
                 self._outlet = None
+
+
+def mount(app: WSGIApplication, request: func.HttpRequest) -> func.HttpResponse:
+    """`app`'s answer to an HTTP trigger's request, through the WSGI bridge the standalone
+    page's server uses (bridge.httpfront). Not azure.functions.WsgiMiddleware: as of
+    azure-functions 1.26 it raises instead of answering whenever the app answers 5xx, so a
+    person would get the host's blank 500 in place of the page that says why, and the CLI
+    no JSON to read."""
+    url = urlsplit(request.url)
+    target = f"{url.path or '/'}?{url.query}" if url.query else url.path or "/"
+    port = url.port or (443 if url.scheme == "https" else 80)
+    server, scheme = (url.hostname or "", port), url.scheme or "https"
+    headers, body = request.headers.items(), request.get_body()
+    answer = call(app, environ(request.method, target, headers, body, server=server, scheme=scheme))
+    kind = next((v for k, v in answer.headers if k.lower() == "content-type"), "text/plain")
+    return func.HttpResponse(
+        answer.body,
+        status_code=int(answer.status.split(" ", 1)[0]),
+        headers={k: v for k, v in answer.headers if k.lower() != "content-type"},
+        mimetype=kind.split(";")[0],
+    )
 
 
 def csrf_secret(signer: Signer | None) -> bytes | None:

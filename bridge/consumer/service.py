@@ -100,7 +100,7 @@ class ConsumerService:
             self.metrics.watch_eventgrid(self.intake.counts)
         self._telemetry: telemetry.Endpoint | None = None
         self._page: PageServer | None = None
-        self._notifier = telemetry.Notifier()
+        self._notifier = telemetry.SystemdNotifier()
         self._last_tick = time.monotonic()
         self._tick_error: str | None = None
         self._read_error: str | None = None

@@ -5,27 +5,33 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 import requests
 
-from bridge.httpfront import Answer, Front, Request
+from bridge.httpfront import Front, environ
 from tests.support.wait import eventually
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 
 class Blocking:
-    """A handler that holds every request to /slow until released."""
+    """A WSGI app that holds every request to /slow until released."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
         self.held = threading.Semaphore(0)
 
-    def __call__(self, request: Request) -> Answer:
-        if request.target == "/slow":
+    def __call__(self, asked: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path, body = asked["PATH_INFO"], asked["wsgi.input"].read()
+        if path == "/slow":
             self.held.release()
             self.release.wait(60)
-        return Answer(200, f"{request.method} {request.target} {len(request.body)}".encode())
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [f"{asked['REQUEST_METHOD']} {path} {len(body)}".encode()]
 
 
 @pytest.fixture
@@ -38,7 +44,7 @@ def handler() -> Iterator[Blocking]:
 @pytest.fixture
 def front(handler: Blocking) -> Iterator[Front]:
     served = Front("127.0.0.1", 0, handler, name="test front", workers=1, reserved=1,
-                   is_reserved=lambda r: r.target == "/probe", request_deadline=60,
+                   is_reserved=lambda asked: asked["PATH_INFO"] == "/probe", request_deadline=60,
                    per_client=3, max_body=100).start()  # fmt: skip
     yield served
     served.close()
@@ -117,3 +123,19 @@ def test_a_body_is_read_whole_and_requests_beyond_the_limits_are_refused(front: 
         return None if answer.startswith(b"HTTP/1.1 503") else answer
 
     assert eventually(not_http, what="an answer from a free worker").startswith(b"HTTP/1.1 400")
+
+
+def test_a_request_reaches_the_app_as_pep_3333_says_and_no_header_passes_for_another() -> None:
+    headers = [("X_MS_TOKEN_AAD_ID_TOKEN", "forged"), ("X-Seen", "1"), ("Cookie", "a=1")]
+    headers += [("Cookie", "b=2"), ("Content-Type", "application/json"), ("Content-Length", "9")]
+    server = ("127.0.0.1", 80)
+    asked = environ("post", "/events/E%201?x=1", headers, b"{}", server=server, client="127.0.0.2")
+    # "_" and "-" are one in the environ: a name with "_" would pass for App Service
+    # Authentication's header, which the page trusts only as it is spelled.
+    assert "HTTP_X_MS_TOKEN_AAD_ID_TOKEN" not in asked
+    assert asked["REQUEST_METHOD"] == "POST"
+    assert (asked["PATH_INFO"], asked["QUERY_STRING"]) == ("/events/E 1", "x=1")
+    assert (asked["HTTP_X_SEEN"], asked["HTTP_COOKIE"]) == ("1", "a=1; b=2")
+    assert (asked["CONTENT_TYPE"], asked["CONTENT_LENGTH"]) == ("application/json", "2")
+    assert asked["wsgi.input"].read() == b"{}"
+    assert asked["REMOTE_ADDR"] == "127.0.0.2"

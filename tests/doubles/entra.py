@@ -5,15 +5,16 @@ tokens are (iss, aud, oid, name, roles, exp, nbf, iat, kid in the header)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import jwt
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from tests.doubles import httpdouble
+from tests.doubles.httpdouble import Asked, Reply
 
 TENANT = "11111111-2222-3333-4444-555555555555"
 AUDIENCE = "api://se-bridge-test"
@@ -82,24 +83,10 @@ def serving(tenant: Tenant) -> Iterator[Tenant]:
 def answering(body: Callable[[], bytes], content_type: str) -> Iterator[str]:
     """A loopback HTTP server answering every GET with `body()`; its base URL."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            sent = body()
-            self.send_response(200)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(sent)))
-            self.end_headers()
-            self.wfile.write(sent)
+    def answer(asked: Asked) -> Reply:
+        if asked.method != "GET":
+            return Reply(501, close=True)
+        return Reply(200, body(), (("Content-Type", content_type),))
 
-        def log_message(self, format: str, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with httpdouble.serving(answer, "entra-double") as served:
+        yield served.url()

@@ -35,8 +35,8 @@ import secrets
 import ssl
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler
 from io import BufferedIOBase
 from types import TracebackType
 from typing import Any, cast
@@ -44,11 +44,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
-from bridge.simulator.server import ClosingHTTPServer
-from tests.doubles.listening import Listener
+from tests.doubles.httpdouble import Asked, DoubleHandler, Reply, listener
 from tests.doubles.tls import ThrowawayCertificate
 
 logger = logging.getLogger("tests.doubles.keyvault")
+JSON_UTF8 = "application/json; charset=utf-8"
 
 TENANT = "72f988bf-86f1-41af-91ab-2d7cd011db47"
 RESOURCE = "https://vault.azure.net"
@@ -90,81 +90,55 @@ def _error(status: int, code: str, message: str) -> tuple[int, dict[str, Any]]:
     return status, {"error": {"code": code, "message": message}}
 
 
-class _Server(ClosingHTTPServer):
-    def __init__(self, address: tuple[str, int], double: KeyVaultDouble) -> None:
-        self.double = double
-        super().__init__(address, _Handler)
+def _handler(double: KeyVaultDouble) -> type[DoubleHandler]:
+    """HTTPS through a CONNECT tunnel, as a client behind HTTPS_PROXY reaches the vault."""
 
-    def upgraded(self, plain: Any, tls: ssl.SSLSocket) -> None:
-        # close_connections() must reach the TLS socket: the plain one gave it its descriptor.
-        with self._connections_lock:
-            self._connections.discard(plain)
-            self._connections.add(tls)
+    class Handler(DoubleHandler):
+        def finish(self) -> None:
+            super().finish()
+            if isinstance(self.connection, ssl.SSLSocket):
+                # The server shuts down the plain socket it accepted; this one is the TLS one.
+                self.server.shutdown_request(self.connection)
+
+        def do_CONNECT(self) -> None:
+            if isinstance(self.connection, ssl.SSLSocket) or self.path != f"{double.host}:443":
+                self.send(_reply(403, {"error": {"code": "Forbidden", "message": "not the vault"}},
+                                 close=True))  # fmt: skip
+                return
+            self.send_response(200, "Connection established")
+            self.end_headers()
+            self.wfile.flush()
+            plain = self.connection
+            try:
+                tls = double._certificate.context.wrap_socket(plain, server_side=True)
+            except (ssl.SSLError, OSError) as err:
+                logger.debug("TLS handshake failed: %s", err)
+                self.close_connection = True
+                return
+            self.server.upgraded(plain, tls)
+            self.request = self.connection = tls
+            self.rfile = cast(BufferedIOBase, tls.makefile("rb", self.rbufsize))
+            self.wfile = cast(BufferedIOBase, tls.makefile("wb"))  # flushed after each request
+            self.close_connection = False  # urllib3's CONNECT is HTTP/1.0, the tunnel lives on
+
+        def serve(self) -> None:
+            if not isinstance(self.connection, ssl.SSLSocket):
+                said = {"error": {"code": "BadRequest", "message": "use HTTPS"}}
+                self.send(_reply(400, said, close=True))
+                return
+            super().serve()
+
+    return Handler
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "key-vault-double"
-    sys_version = ""
-    timeout = 30.0  # an idle keep-alive connection is dropped
-    disable_nagle_algorithm = True
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s %s", self.address_string(), format % args)
-
-    def finish(self) -> None:
-        super().finish()
-        server = self.server
-        assert isinstance(server, _Server)
-        if isinstance(self.connection, ssl.SSLSocket):
-            # The server shuts down the plain socket it accepted; this one is the TLS one.
-            server.shutdown_request(self.connection)
-
-    def do_CONNECT(self) -> None:
-        server = self.server
-        assert isinstance(server, _Server)
-        double = server.double
-        if isinstance(self.connection, ssl.SSLSocket) or self.path != f"{double.host}:443":
-            self._reply(403, {"error": {"code": "Forbidden", "message": "not the vault"}})
-            self.close_connection = True
-            return
-        self.send_response(200, "Connection established")
-        self.end_headers()
-        plain = self.connection
-        try:
-            tls = double._certificate.context.wrap_socket(plain, server_side=True)
-        except (ssl.SSLError, OSError) as err:
-            logger.debug("TLS handshake failed: %s", err)
-            self.close_connection = True
-            return
-        server.upgraded(plain, tls)
-        self.request = self.connection = tls
-        self.rfile = cast(BufferedIOBase, tls.makefile("rb", self.rbufsize))
-        self.wfile = cast(BufferedIOBase, tls.makefile("wb"))  # flushed after each request
-        self.close_connection = False  # urllib3's CONNECT is HTTP/1.0, the tunnel lives on
-
-    def do_GET(self) -> None:
-        server = self.server
-        assert isinstance(server, _Server)
-        if not isinstance(self.connection, ssl.SSLSocket):
-            self._reply(400, {"error": {"code": "BadRequest", "message": "use HTTPS"}})
-            self.close_connection = True
-            return
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        status, body, extra = server.double._answer(self.command, self.path, headers)
-        self._reply(status, body, extra)
-
-    def _reply(
-        self, status: int, body: dict[str, Any], headers: tuple[tuple[str, str], ...] = ()
-    ) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.send_header("Content-Type", "application/json; charset=utf-8")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+def _reply(
+    status: int,
+    body: dict[str, Any],
+    headers: tuple[tuple[str, str], ...] = (),
+    close: bool = False,
+) -> Reply:
+    data = json.dumps(body).encode()
+    return Reply(status, data, (*headers, ("Content-Type", JSON_UTF8)), close)
 
 
 class KeyVaultDouble:
@@ -186,7 +160,7 @@ class KeyVaultDouble:
         for name, value in (secrets_by_name or {}).items():
             self.put(name, value)
         self._certificate = ThrowawayCertificate("key-vault-double-", self.host)
-        self._listener = Listener(lambda a: _Server(a, self), "127.0.0.1", "key-vault-double")
+        self._listener = listener(self._serve, "key-vault-double", handler=_handler(self))
 
     def put(self, name: str, value: str, version_id: str | None = None) -> str:
         """Store a new version of secret `name` (the current one from now on); its version id."""
@@ -239,8 +213,13 @@ class KeyVaultDouble:
 
     # --- the service ---------------------------------------------------------------------
 
+    def _serve(self, asked: Asked) -> Reply:
+        if asked.method != "GET":
+            return _reply(405, {"error": {"code": "BadRequest", "message": "GET a secret"}})
+        return _reply(*self._answer(asked.method, asked.target, asked.headers))
+
     def _answer(
-        self, method: str, target: str, headers: dict[str, str]
+        self, method: str, target: str, headers: Mapping[str, str]
     ) -> tuple[int, dict[str, Any], tuple[tuple[str, str], ...]]:
         url = urlsplit(target)
         versions = parse_qs(url.query).get("api-version")

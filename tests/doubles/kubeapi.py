@@ -38,15 +38,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from bridge.simulator.server import ClosingHTTPServer
-from tests.doubles.listening import Listener
+from tests.doubles.httpdouble import Answer, Asked, Reply, json_reply, listener
 
 MERGE_TYPES = ("application/merge-patch+json", "application/strategic-merge-patch+json")
 
@@ -102,7 +99,7 @@ class KubeApiDouble:
         self._lock = threading.Lock()
         self._state = _State()
         self._requests: list[Request] = []
-        self._listener = Listener(lambda address: _Server(address, self), host, "kubeapi-double")
+        self._listener = listener(_answer(self), "kubeapi-double", host)
 
     # --- the cluster ------------------------------------------------------------------------
 
@@ -556,34 +553,11 @@ def _budget_object(budget: Budget) -> dict[str, Any]:
     }
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
+def _answer(double: KubeApiDouble) -> Answer:
+    def answer(asked: Asked) -> Reply:
+        content_type = asked.headers.get("content-type")
+        kind = content_type.split(";")[0].strip() if content_type else None
+        code, body = double.handle(asked.method, asked.target, kind, asked.body)
+        return json_reply(code, body)
 
-    def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        content_type = self.headers.get("Content-Type")
-        code, body = self.server.double.handle(
-            self.command,
-            self.path,
-            content_type.split(";")[0].strip() if content_type else None,
-            raw,
-        )
-        data = json.dumps(body).encode("utf-8")
-        self.send_response(HTTPStatus(code))
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_PATCH = do_POST = do_DELETE = do_PUT = _serve  # noqa: N815
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return  # the requests are recorded; stderr stays quiet
-
-
-class _Server(ClosingHTTPServer):
-    def __init__(self, address: tuple[str, int], double: KubeApiDouble) -> None:
-        self.double = double
-        super().__init__(address, _Handler)
+    return answer

@@ -40,7 +40,6 @@ import copy
 import json
 import logging
 import re
-import ssl
 import threading
 import zlib
 from collections import deque
@@ -48,17 +47,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from bridge.simulator.server import ClosingHTTPServer
-from tests.doubles.listening import Listener
+from tests.doubles.httpdouble import Asked, Reply, listener
 from tests.doubles.tls import ThrowawayCertificate
 
 logger = logging.getLogger("tests.doubles.logs_ingestion")
+JSON_UTF8 = "application/json; charset=utf-8"
 
 API_VERSION = "2023-01-01"  # what azure-monitor-ingestion 1.1.0 sends, and the only one accepted
 MAX_BODY_BYTES = 1024 * 1024  # the service's "1 MB" per call; also the SDK's chunk budget
@@ -108,6 +106,13 @@ class _Reply:
     status: int
     body: bytes = b""
     headers: tuple[tuple[str, str], ...] = ()
+
+
+def _sent(reply: _Reply) -> Reply:
+    """As the service sends it: a body is JSON."""
+    if not reply.body or reply.status == 204:
+        return Reply(reply.status, b"" if reply.status == 204 else reply.body, reply.headers)
+    return Reply(reply.status, reply.body, (*reply.headers, ("Content-Type", JSON_UTF8)))
 
 
 def _error(status: int, code: str, message: str, *headers: tuple[str, str]) -> _Reply:
@@ -218,97 +223,6 @@ class _Stream:
         return found
 
 
-class _Server(ClosingHTTPServer):
-    def __init__(self, address: tuple[str, int], double: LogsIngestionDouble) -> None:
-        self.double = double
-        self._tls = double._tls_context
-        super().__init__(address, _Handler)
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, address = super().get_request()
-        # The handshake runs in the handler thread (setup()), never in the accept loop.
-        return self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
-
-
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "logs-ingestion-double"
-    sys_version = ""
-    timeout = 30.0  # an idle keep-alive connection is dropped
-    wbufsize = -1  # headers and body leave together
-    disable_nagle_algorithm = True
-
-    def setup(self) -> None:
-        super().setup()
-        try:
-            self.request.do_handshake()
-        except (ssl.SSLError, OSError) as err:
-            server = self.server
-            assert isinstance(server, _Server)
-            server.double._note_tls_error(err)
-            raise
-
-    def log_message(self, format: str, *args: Any) -> None:
-        logger.debug("%s %s", self.address_string(), format % args)
-
-    def do_POST(self) -> None:
-        self._dispatch()
-
-    def do_GET(self) -> None:
-        self._dispatch()
-
-    def do_PUT(self) -> None:
-        self._dispatch()
-
-    def do_DELETE(self) -> None:
-        self._dispatch()
-
-    def do_PATCH(self) -> None:
-        self._dispatch()
-
-    def _dispatch(self) -> None:
-        server = self.server
-        assert isinstance(server, _Server)
-        encoding = self.headers.get("content-encoding")
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if self.headers.get("Transfer-Encoding"):
-            length = -1  # the SDK always sends a Content-Length; refuse what we do not parse
-        if length < 0 or length > _READ_CAP:
-            # The body is not read, so the connection cannot carry another request.
-            self.close_connection = True
-            reply = (
-                _error(411, "LengthRequired", "A Content-Length header is required.")
-                if length < 0
-                else server.double._too_large(str(length))
-            )
-            size = max(length, 0)
-            server.double._log(
-                IngestionRequest(self.command, self.path, reply.status, size, encoding)
-            )
-            self._send(reply)
-            return
-        body = self.rfile.read(length) if length else b""
-        # Header names in lower case (a repeated header keeps its last value).
-        headers = {name.lower(): value for name, value in self.headers.items()}
-        reply = server.double._handle(self.command, self.path, headers, body)
-        self._send(reply)
-
-    def _send(self, reply: _Reply) -> None:
-        self.send_response(reply.status)
-        for name, value in reply.headers:
-            self.send_header(name, value)
-        if reply.status != 204:
-            if reply.body:
-                self.send_header("Content-Type", "application/json; charset=utf-8")
-            self.send_header("Content-Length", str(len(reply.body)))
-        self.end_headers()
-        if reply.status != 204:
-            self.wfile.write(reply.body)
-
-
 class LogsIngestionDouble:
     """The Logs Ingestion API on https://127.0.0.1:<free port>, with a throwaway CA in `ca_bundle`.
 
@@ -345,9 +259,9 @@ class LogsIngestionDouble:
         self._script: deque[tuple[_Scripted, int | None]] = deque()
         self._certificate = ThrowawayCertificate("logs-ingestion-double-")
         self._tls_context = self._certificate.context
-        self._listener = Listener(
-            lambda address: _Server(address, self), host, "logs-ingestion-double"
-        )
+        self._listener = listener(self._serve, "logs-ingestion-double", host,
+                                  tls=self._tls_context, tls_failed=self._note_tls_error,
+                                  max_body=_READ_CAP, refuse=self._refuse)  # fmt: skip
         self._started = False
 
     # --- configuration -------------------------------------------------------------------
@@ -492,6 +406,22 @@ class LogsIngestionDouble:
                 code = "Error"
             message = f"Scripted {status} from the Logs Ingestion double."
         return _error(status, code, scripted.message or message, *headers)
+
+    def _serve(self, asked: Asked) -> Reply:
+        return _sent(self._handle(asked.method, asked.target, asked.headers, asked.body))
+
+    def _refuse(self, asked: Asked, length: int) -> Reply:
+        """A request whose body is not read: without a Content-Length (the SDK always sends
+        one; refuse what we do not parse) or past the read cap."""
+        reply = (
+            _error(411, "LengthRequired", "A Content-Length header is required.")
+            if length < 0
+            else self._too_large(str(length))
+        )
+        encoding = asked.headers.get("content-encoding")
+        self._log(IngestionRequest(asked.method, asked.target, reply.status, max(length, 0),
+                                   encoding))  # fmt: skip
+        return _sent(reply)
 
     def _handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes) -> _Reply:
         seen = _Seen()

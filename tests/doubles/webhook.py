@@ -12,11 +12,10 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict, deque
-from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 from typing import Any
 
-from bridge.simulator.server import ClosingHTTPServer
+from tests.doubles.httpdouble import Asked, Reply, listener
 
 
 class WebhookReceiver:
@@ -27,11 +26,10 @@ class WebhookReceiver:
         self._scripts: dict[str, deque[int]] = defaultdict(deque)
         self._hanging: dict[str, threading.Event] = {}
         self._release = threading.Event()
-        self._server = ClosingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._listener = listener(self._serve, "webhook-receiver")
 
     def __enter__(self) -> WebhookReceiver:
-        self._thread.start()
+        self._listener.up()
         return self
 
     def __exit__(
@@ -41,13 +39,10 @@ class WebhookReceiver:
         tb: TracebackType | None,
     ) -> None:
         self._release.set()
-        self._server.shutdown()
-        self._server.close_connections()
-        self._server.server_close()
-        self._thread.join()
+        self._listener.down()
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}{path}"
+        return f"{self._listener.url()}{path}"
 
     def bodies(self, path: str) -> list[Any]:
         """The JSON bodies answered 2xx on `path`, in order."""
@@ -74,6 +69,13 @@ class WebhookReceiver:
         """Answer the held posts (503), and every later one to a hanging path at once."""
         self._release.set()
 
+    def _serve(self, asked: Asked) -> Reply:
+        if asked.method != "POST":
+            return Reply(501, close=True)
+        status = self._answer(asked.path, asked.body)
+        # One post per connection, as the receiver has always answered (HTTP/1.0's way).
+        return Reply(status, b"", (("Retry-After", "0"),) if status == 429 else (), close=True)
+
     def _answer(self, path: str, body: bytes) -> int:
         with self._lock:
             self._posts[path] += 1
@@ -87,21 +89,3 @@ class WebhookReceiver:
             with self._lock:
                 self._bodies[path].append(json.loads(body))
         return status
-
-
-def _handler(receiver: WebhookReceiver) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            path = self.path.split("?", 1)[0]
-            status = receiver._answer(path, body)
-            self.send_response(status)
-            if status == 429:
-                self.send_header("Retry-After", "0")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, format: str, *args: Any) -> None:
-            """Quiet: the tests read what was posted, not an access log."""
-
-    return Handler

@@ -1,6 +1,6 @@
-"""The approval page and its API, as one function from a Request to a Response, so that the
-standalone consumer (bridge/consumer/people/server.py, http.server) and the Functions app
-(an HTTP trigger in bridge/consumer/functionapp.py) serve the same thing.
+"""The approval page and its API, as one WSGI app (PEP 3333), so that the standalone consumer
+(bridge/consumer/people/server.py, behind bridge.httpfront) and the Functions app (an HTTP
+trigger in bridge/consumer/functionapp.py) serve the same thing.
 
 Routes (docs/people.md#the-api):
 
@@ -32,9 +32,10 @@ import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from http import HTTPStatus
 from http.cookies import CookieError, SimpleCookie
-from typing import Any, Protocol
-from urllib.parse import parse_qsl, unquote, urlsplit
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from bridge.consumer.people import page
 from bridge.consumer.people.auth import EntraVerifier, LocalOperator, Refused
@@ -43,6 +44,9 @@ from bridge.consumer.people.operatorlog import OperatorAction, OperatorKind
 from bridge.policy.model import Pause, Person
 from bridge.records import iso, parse_time, utc_now
 from bridge.redact import describe
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import StartResponse, WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -76,53 +80,44 @@ class Desk(Protocol):
     def budget_use(self) -> dict[str, float]: ...
 
 
-@dataclass(frozen=True)
-class Request:
-    method: str
-    path: str
-    query: Mapping[str, str]
-    headers: Mapping[str, str]  # names in lower case
-    body: bytes = b""
-
-    @classmethod
-    def of(
-        cls, method: str, target: str, headers: Iterable[tuple[str, str]], body: bytes = b""
-    ) -> Request:
-        parts = urlsplit(target)
-        return cls(
-            method.upper(),
-            parts.path or "/",
-            dict(parse_qsl(parts.query)),
-            {k.lower(): v for k, v in headers},
-            body,
-        )
-
-    def bearer(self) -> str:
-        scheme, _, token = self.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Refused(401, "no bearer token: sign in (az login) and try again")
-        return token.strip()
-
-    def cookie(self, name: str) -> str:
-        try:
-            morsel = SimpleCookie(self.headers.get("cookie", "")).get(name)
-        except CookieError:
-            return ""
-        return morsel.value if morsel is not None else ""
-
-    def form(self) -> dict[str, str]:
-        return dict(parse_qsl(self.body.decode("utf-8", "replace"), keep_blank_values=True))
+def header(asked: WSGIEnvironment, name: str) -> str:
+    """A request header's value from the WSGI environ ("" when it is not there)."""
+    key = name.upper().replace("-", "_")
+    return str(asked.get(key if key == "CONTENT_TYPE" else f"HTTP_{key}", ""))
 
 
-@dataclass(frozen=True)
-class Response:
+def bearer(asked: WSGIEnvironment) -> str:
+    scheme, _, token = header(asked, "authorization").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Refused(401, "no bearer token: sign in (az login) and try again")
+    return token.strip()
+
+
+def cookie(asked: WSGIEnvironment, name: str) -> str:
+    try:
+        morsel = SimpleCookie(header(asked, "cookie")).get(name)
+    except CookieError:
+        return ""
+    return morsel.value if morsel is not None else ""
+
+
+def _form(body: bytes) -> dict[str, str]:
+    return dict(parse_qsl(body.decode("utf-8", "replace"), keep_blank_values=True))
+
+
+def _path(asked: WSGIEnvironment) -> str:
+    """The path as text: WSGI gives its bytes as Latin-1."""
+    path = str(asked.get("PATH_INFO", "")).encode("latin-1", "replace").decode("utf-8", "replace")
+    return path or "/"
+
+
+class Reply(NamedTuple):
+    """One answer of the app, before the security headers every answer carries."""
+
     status: int
     body: bytes
     content_type: str = HTML
     headers: tuple[tuple[str, str], ...] = ()
-
-    def all_headers(self) -> list[tuple[str, str]]:
-        return [("Content-Type", self.content_type), *SECURITY_HEADERS, *self.headers]
 
 
 @dataclass(frozen=True)
@@ -142,18 +137,18 @@ class EntraSignIn:
     def __init__(self, verifier: EntraVerifier) -> None:
         self.verifier = verifier
 
-    def api(self, request: Request) -> Person:
-        return self.verifier.person(request.bearer())
+    def api(self, asked: WSGIEnvironment) -> Person:
+        return self.verifier.person(bearer(asked))
 
-    def page(self, request: Request) -> Caller:
-        token = request.headers.get(EASY_AUTH_ID_HEADER, "").strip()
-        if not token and not request.headers.get("authorization"):
+    def page(self, asked: WSGIEnvironment) -> Caller:
+        token = header(asked, EASY_AUTH_ID_HEADER).strip()
+        if not token and not header(asked, "authorization"):
             raise Refused(
                 401,
                 "not signed in: the page is served behind App Service Authentication, which "
                 "adds your ID token (is its token store on?)",
             )
-        token = token or request.bearer()
+        token = token or bearer(asked)
         person = self.verifier.person(token)
         return Caller(person, person.object_id)
 
@@ -167,15 +162,15 @@ class LocalSignIn:
     def __init__(self, operator: LocalOperator) -> None:
         self.operator = operator
 
-    def api(self, request: Request) -> Person:
-        return self.operator.bearer(request.bearer())
+    def api(self, asked: WSGIEnvironment) -> Person:
+        return self.operator.bearer(bearer(asked))
 
-    def page(self, request: Request) -> Caller:
-        host, _, port = request.headers.get("host", "").rpartition(":")
+    def page(self, asked: WSGIEnvironment) -> Caller:
+        host, _, port = header(asked, "host").rpartition(":")
         if host.strip("[]") not in LOOPBACK_NAMES or port != str(self.operator.port):
             # Another name that resolves to this machine (DNS rebinding) is another site.
             raise Refused(403, "this page answers only at its own loopback address")
-        session = request.cookie(self.operator.cookie_name)
+        session = cookie(asked, self.operator.cookie_name)
         return Caller(self.operator.session(session), session)
 
     def decides(self, form: Mapping[str, str]) -> None:
@@ -231,57 +226,66 @@ class PeopleApp:
     clock: Callable[[], datetime] = utc_now
     csrf: Csrf = field(default_factory=Csrf)
 
-    def __call__(self, request: Request) -> Response:
-        if len(request.body) > MAX_BODY:
+    def __call__(self, asked: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        reply = self.answer(asked)
+        headers = [("Content-Type", reply.content_type), *SECURITY_HEADERS, *reply.headers]
+        start_response(f"{reply.status} {HTTPStatus(reply.status).phrase}", headers)
+        return [reply.body]
+
+    def answer(self, asked: WSGIEnvironment) -> Reply:
+        method, path = str(asked.get("REQUEST_METHOD", "GET")), _path(asked)
+        length = str(asked.get("CONTENT_LENGTH") or "0")
+        if not length.isdigit() or int(length) > MAX_BODY:  # never read past the bound
             return _text(413, f"a request body may hold at most {MAX_BODY} bytes")
+        body = asked["wsgi.input"].read(int(length)) if int(length) else b""
         try:
-            return self._route(request)
+            return self._route(asked, method, path, body)
         except Refused as err:
-            return self._refused(request, err.status, "Refused", err.reason)
+            return self._refused(method, path, err.status, "Refused", err.reason)
         except Exception as err:  # the state did not answer: say so, keep serving
-            log.warning("answering %s %s failed: %s", request.method, request.path,
+            log.warning("answering %s %s failed: %s", method, path,
                         describe(err, with_type=True), exc_info=True)  # fmt: skip
             said = f"the consumer could not answer: {describe(err)}; try again"
-            return self._refused(request, 500, "Failed", said)
+            return self._refused(method, path, 500, "Failed", said)
 
-    def _refused(self, request: Request, status: int, code: str, reason: str) -> Response:
-        if request.path.startswith("/api/"):
+    def _refused(self, method: str, path: str, status: int, code: str, reason: str) -> Reply:
+        if path.startswith("/api/"):
             return _json(status, {"Accepted": False, "Code": code, "Detail": reason})
-        if status == 401 and self.sign_in.local and request.method == "GET":
-            return _html(401, page.login(reason, _local_path(request.path)))
+        if status == 401 and self.sign_in.local and method == "GET":
+            return _html(401, page.login(reason, _local_path(quote(path))))
         return _html(status, page.refused(reason))
 
-    def _route(self, request: Request) -> Response:
-        path = request.path.rstrip("/") or "/"
-        routes: dict[str, tuple[tuple[str, ...], Callable[[], Response]]] = {
-            "/style.css": (("GET",), lambda: Response(200, page.STYLE.encode(), "text/css")),
-            "/": (("GET",), lambda: self._page(self.sign_in.page(request), None, 200)),
-            "/decide": (("POST",), lambda: self._decide(request)),
-            "/api/v1/events": (("GET",), lambda: self._listing(self.sign_in.api(request))),
-            "/api/v1/pause": (("POST",), lambda: self._api_action(request, None)),
-            "/api/v1/resume": (("POST",), lambda: self._api_action(request, None)),
+    def _route(self, asked: WSGIEnvironment, method: str, path: str, body: bytes) -> Reply:
+        path = path.rstrip("/") or "/"
+        routes: dict[str, tuple[tuple[str, ...], Callable[[], Reply]]] = {
+            "/style.css": (("GET",), lambda: Reply(200, page.STYLE.encode(), "text/css")),
+            "/": (("GET",), lambda: self._page(self.sign_in.page(asked), None, 200)),
+            "/decide": (("POST",), lambda: self._decide(asked, body)),
+            "/api/v1/events": (("GET",), lambda: self._listing(self.sign_in.api(asked))),
+            "/api/v1/pause": (("POST",), lambda: self._api_action(asked, path, body, None)),
+            "/api/v1/resume": (("POST",), lambda: self._api_action(asked, path, body, None)),
         }
         if isinstance(self.sign_in, LocalSignIn):
             local = self.sign_in
-            routes["/login"] = (("GET", "POST"), lambda: self._log_in(local, request))
+            routes["/login"] = (("GET", "POST"), lambda: self._log_in(local, asked, method, body))
         shown = re.fullmatch(r"/events/([^/]{1,200})", path)
         if shown is not None:
-            one = unquote(shown.group(1))
-            routes[path] = (("GET",), lambda: self._page(self.sign_in.page(request), None, 200,
+            one = shown.group(1)
+            routes[path] = (("GET",), lambda: self._page(self.sign_in.page(asked), None, 200,
                                                          one))  # fmt: skip
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
-            routes[path] = (("POST",), lambda: self._api_action(request, found))
+            routes[path] = (("POST",), lambda: self._api_action(asked, path, body, found))
         if path not in routes:
             return _text(404, "not found")
         allowed, serve = routes[path]
-        return _only(request.method, *allowed) or serve()
+        return _only(method, *allowed) or serve()
 
     # --- the page --------------------------------------------------------------------------
 
     def _page(
         self, caller: Caller, answer: Answer | None, status: int, only: str | None = None
-    ) -> Response:
+    ) -> Reply:
         now = self.clock()
         events = self.desk.open_events(now)
         if only is not None:
@@ -302,9 +306,9 @@ class PeopleApp:
         )
         return _html(status, body)
 
-    def _decide(self, request: Request) -> Response:
-        caller = self.sign_in.page(request)
-        form = request.form()
+    def _decide(self, asked: WSGIEnvironment, body: bytes) -> Reply:
+        caller = self.sign_in.page(asked)
+        form = _form(body)
         if not self.csrf.good(form.get("csrf", ""), caller.binding, self.clock()):
             log.warning("refused a form from %s (%s): its CSRF token is forged or older than "
                         "%g h", caller.person.name, caller.person.object_id,
@@ -319,19 +323,22 @@ class PeopleApp:
         answer = self._act(caller.person, kind, form.get("event") or None, form)
         return self._page(caller, answer, 200 if answer.accepted else 409)
 
-    def _log_in(self, sign_in: LocalSignIn, request: Request) -> Response:
-        given = request.form() if request.method == "POST" else request.query
-        secret = given.get("token" if request.method == "POST" else "code", "")
+    def _log_in(
+        self, sign_in: LocalSignIn, asked: WSGIEnvironment, method: str, body: bytes
+    ) -> Reply:
+        query = dict(parse_qsl(str(asked.get("QUERY_STRING", ""))))
+        given = _form(body) if method == "POST" else query
+        secret = given.get("token" if method == "POST" else "code", "")
         then = _local_path(given.get("next", "/"))
         if not secret:
             return _html(200, page.login(None, then))
         session = sign_in.operator.log_in(secret)
-        cookie = f"{sign_in.operator.cookie_name}={session}; HttpOnly; SameSite=Strict; Path=/"
-        return Response(303, b"", "text/plain", (("Location", then), ("Set-Cookie", cookie)))
+        set_cookie = f"{sign_in.operator.cookie_name}={session}; HttpOnly; SameSite=Strict; Path=/"
+        return Reply(303, b"", "text/plain", (("Location", then), ("Set-Cookie", set_cookie)))
 
     # --- the API ---------------------------------------------------------------------------
 
-    def _listing(self, person: Person) -> Response:
+    def _listing(self, person: Person) -> Reply:
         now = self.clock()
         log.debug("%s (%s) listed the open events", person.name, person.object_id)
         return _json(200, {
@@ -340,12 +347,14 @@ class PeopleApp:
             "Budgets": self.desk.budget_use(),
         })  # fmt: skip
 
-    def _api_action(self, request: Request, found: re.Match[str] | None) -> Response:
-        person = self.sign_in.api(request)
-        if request.headers.get("content-type", "").split(";")[0].strip() != JSON:
+    def _api_action(
+        self, asked: WSGIEnvironment, path: str, sent: bytes, found: re.Match[str] | None
+    ) -> Reply:
+        person = self.sign_in.api(asked)
+        if header(asked, "content-type").split(";")[0].strip() != JSON:
             return _json(415, _answer_json(Answer(False, "BadRequest", "send JSON")))
         try:
-            body = json.loads(request.body or b"{}")
+            body = json.loads(sent or b"{}")
         except ValueError:
             body = None
         if not isinstance(body, dict):
@@ -353,7 +362,7 @@ class PeopleApp:
         if found is not None:
             kind, event = found.group(2), found.group(1)
         else:
-            kind, event = request.path.rstrip("/").rsplit("/", 1)[1], None
+            kind, event = path.rsplit("/", 1)[1], None
         fields = {
             "reason": _str(body.get("Reason")),
             "digest": _str(body.get("ResourcesDigest")),
@@ -426,22 +435,22 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _only(method: str, *allowed: str) -> Response | None:
+def _only(method: str, *allowed: str) -> Reply | None:
     if method in allowed:
         return None
-    return Response(405, b"method not allowed\n", "text/plain", (("Allow", ", ".join(allowed)),))
+    return Reply(405, b"method not allowed\n", "text/plain", (("Allow", ", ".join(allowed)),))
 
 
-def _html(status: int, body: str) -> Response:
-    return Response(status, body.encode())
+def _html(status: int, body: str) -> Reply:
+    return Reply(status, body.encode())
 
 
-def _text(status: int, text: str) -> Response:
-    return Response(status, (text + "\n").encode(), "text/plain; charset=utf-8")
+def _text(status: int, text: str) -> Reply:
+    return Reply(status, (text + "\n").encode(), "text/plain; charset=utf-8")
 
 
-def _json(status: int, body: Mapping[str, Any]) -> Response:
-    return Response(status, json.dumps(body, ensure_ascii=False).encode(), JSON)
+def _json(status: int, body: Mapping[str, Any]) -> Reply:
+    return Reply(status, json.dumps(body, ensure_ascii=False).encode(), JSON)
 
 
 def _time(moment: datetime | None) -> str | None:

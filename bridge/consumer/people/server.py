@@ -14,6 +14,7 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from bridge.config import PeopleSettings
 from bridge.consumer.people.app import (
@@ -23,12 +24,15 @@ from bridge.consumer.people.app import (
     EntraSignIn,
     LocalSignIn,
     PeopleApp,
+    header,
 )
-from bridge.consumer.people.app import Request as AppRequest
 from bridge.consumer.people.auth import LocalOperator, verifier_for
-from bridge.httpfront import Answer, Front, Handler, Request
+from bridge.httpfront import Front
 from bridge.records import utc_now
 from bridge.telemetry import parse_address
+
+if TYPE_CHECKING:
+    from _typeshed.wsgi import WSGIEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +96,7 @@ class PageServer:
         self._front = Front(
             self.host,
             wanted,
-            _answering(app),
+            app,
             name="se-bridge page",
             workers=MAX_CONNECTIONS,
             reserved=RESERVED,
@@ -132,16 +136,7 @@ class PageServer:
 CREDENTIALS = ("authorization", "cookie", EASY_AUTH_ID_HEADER)
 
 
-def _signed(request: Request) -> bool:
+def _signed(asked: WSGIEnvironment) -> bool:
     """Whether the request carries a credential: the workers kept for such requests answer
     it (and the app then proves it)."""
-    return any(request.header(name) for name in CREDENTIALS)
-
-
-def _answering(app: PeopleApp) -> Handler:
-    def answer(request: Request) -> Answer:
-        asked = AppRequest.of(request.method, request.target, request.headers, request.body)
-        response = app(asked)
-        return Answer(response.status, response.body, tuple(response.all_headers()))
-
-    return answer
+    return any(header(asked, name) for name in CREDENTIALS)

@@ -10,8 +10,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from http.server import BaseHTTPRequestHandler
-from typing import Any
 
 import pytest
 from azure.core.credentials import AccessTokenInfo, SupportsTokenInfo, TokenCredential
@@ -22,8 +20,7 @@ from bridge.cloud.managedidentity import ImdsManagedIdentity
 from bridge.config import IdentitySettings
 from bridge.retry import Backoff
 from bridge.simulator import Simulator, SimulatorServer
-from bridge.simulator.server import ClosingHTTPServer
-from tests.doubles.listening import Listener
+from tests.doubles.httpdouble import Asked, Reply, serving
 from tests.support.wait import eventually
 
 SCOPE = "https://monitor.azure.com//.default"  # the Logs Ingestion client's, as it asks
@@ -190,40 +187,15 @@ def test_managed_on_a_plain_vm_is_ours_and_any_other_host_azure_identitys(
     assert isinstance(identity.credential(IdentitySettings(kind="auto")), DefaultAzureCredential)
 
 
-class _Endpoint(BaseHTTPRequestHandler):
-    """A token endpoint that answers one fixed status and body (the server's `answer`)."""
-
-    server: _AnsweringServer
-    protocol_version = "HTTP/1.1"
-
-    def do_GET(self) -> None:
-        status, body = self.server.answer
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-
-class _AnsweringServer(ClosingHTTPServer):
-    def __init__(self, address: tuple[str, int], answer: tuple[int, bytes]) -> None:
-        self.answer = answer
-        super().__init__(address, _Endpoint)
-
-
 @contextlib.contextmanager
 def answering(status: int, body: bytes) -> Iterator[str]:
     """A managed-identity endpoint on loopback that answers `status` and `body` to each GET."""
-    listener = Listener(lambda address: _AnsweringServer(address, (status, body)),
-                        "127.0.0.1", "token-endpoint")  # fmt: skip
-    listener.up()
-    try:
-        yield f"http://127.0.0.1:{listener.port}"
-    finally:
-        listener.down()
+
+    def answer(asked: Asked) -> Reply:
+        return Reply(status, body, (("Content-Type", "application/json"),))
+
+    with serving(answer, "token-endpoint") as served:
+        yield served.url()
 
 
 def test_an_error_answer_is_quoted_short_and_with_its_control_bytes_escaped() -> None:

@@ -598,12 +598,16 @@ def test_the_page_needs_entra_id_settings(rig: Rig) -> None:
     assert b"SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID" in answer.get_body()
 
 
+def entra_rig(tenant: Tenant, tmp_path: Path) -> Rig:
+    env = {**local_env(tmp_path), "SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID": tenant.tenant_id,
+           "SE_BRIDGE_CONSUMER_PEOPLE_AUDIENCE": AUDIENCE,
+           "SE_BRIDGE_CONSUMER_PEOPLE_JWKS_URL": tenant.jwks_url}  # fmt: skip
+    return make_rig(env, tmp_path)
+
+
 def test_the_page_validates_the_token_itself(tmp_path: Path) -> None:
     with serving(Tenant()) as tenant:
-        env = {**local_env(tmp_path), "SE_BRIDGE_CONSUMER_PEOPLE_TENANT_ID": tenant.tenant_id,
-               "SE_BRIDGE_CONSUMER_PEOPLE_AUDIENCE": AUDIENCE,
-               "SE_BRIDGE_CONSUMER_PEOPLE_JWKS_URL": tenant.jwks_url}  # fmt: skip
-        rig = make_rig(env, tmp_path)
+        rig = entra_rig(tenant, tmp_path)
         try:
             unsigned = http(rig, "/api/v1/events")
             assert unsigned.status_code == 401
@@ -616,6 +620,34 @@ def test_the_page_validates_the_token_itself(tmp_path: Path) -> None:
             gone = http(rig, "/events/E1", {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()})
             assert gone.status_code == 404
             assert b"E1 is not open" in gone.get_body()
+        finally:
+            rig.backend.close()
+
+
+def test_a_state_that_does_not_answer_is_a_500_that_says_so_and_a_body_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The person and the CLI read why, as from the standalone page; and a POST's body reaches
+    the app whole."""
+
+    def broken(now: object) -> list[object]:
+        raise TimeoutError("the fleet state did not answer")
+
+    with serving(Tenant()) as tenant:
+        rig = entra_rig(tenant, tmp_path)
+        try:
+            monkeypatch.setattr(rig.backend.consumer(), "open_events", broken)
+            failed = http(rig, "/", {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()})
+            assert failed.status_code == 500
+            assert b"the fleet state did not answer" in failed.get_body()
+            assert failed.headers["Content-Security-Policy"].startswith("default-src 'none'")
+            body = json.dumps({"Until": "soon"}).encode()
+            posted = func.HttpRequest("POST", "https://se-bridge.example/api/v1/pause", body=body,
+                                      headers={"Authorization": f"Bearer {tenant.token()}",
+                                               "Content-Type": "application/json"})  # fmt: skip
+            paused = rig.function("page").get_user_function()(posted)
+            assert paused.status_code == 409
+            assert json.loads(paused.get_body())["Code"] == "BadTime"
         finally:
             rig.backend.close()
 

@@ -66,7 +66,7 @@ def test_a_finished_hook_leaves_a_hook_record_and_leaves_the_spool(spool: Spool)
 
 
 def test_a_call_is_abandoned_when_the_agent_stops() -> None:
-    calls = ImdsCalls(telemetry.Notifier())
+    calls = ImdsCalls(telemetry.SystemdNotifier())
     release = threading.Event()
     try:
         future = calls.polls.submit(release.wait)
@@ -81,7 +81,7 @@ def test_a_call_is_abandoned_when_the_agent_stops() -> None:
 
 
 def test_an_approval_runs_on_its_own_thread() -> None:
-    calls = ImdsCalls(telemetry.Notifier())
+    calls = ImdsCalls(telemetry.SystemdNotifier())
     release = threading.Event()
     try:
         calls.polls.submit(release.wait)  # a poll IMDS is slow to answer

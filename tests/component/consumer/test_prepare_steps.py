@@ -72,3 +72,13 @@ def test_an_agent_that_names_one_step_is_ready_on_its_one_success(pool: Rig) -> 
     record["PrepareSteps"] = ["drain"]
     rig.consumer.process([record])
     assert names(rig, sent(rig, "Approve")) == [N0]
+
+
+def test_a_drained_node_waiting_for_its_hook_is_explained_as_such(pool: Rig) -> None:
+    rig = pool
+    rig.consumer.process([rig.fleet.event(N0, E1)])
+    rig.fleet.advance(20)
+    rig.consumer.process([drained(rig)])
+    reason = rig.decisions[-1]["DecisionReason"]
+    assert f"prepare hook not yet succeeded after the drain on {N0}" in reason, reason
+    assert "drain not finished" not in reason, reason

@@ -5,6 +5,7 @@ restart between the two steps, and with a hook that fails after the drain succee
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -120,3 +121,20 @@ def test_a_restart_between_the_drain_and_the_hook_runs_the_hook_once_and_drains_
     until(harness, lambda: posts(simulator, event) == [200], "the approval after the restart")
     assert order(harness) == ["Drained", "hook 0"]
     assert kube.node(NODE)["spec"]["unschedulable"] is True  # drained once, still cordoned
+
+
+def test_an_event_that_ends_before_its_drain_was_granted_drops_the_hook_unrun(
+    sim: Sim, harness: Harness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    simulator, _ = sim
+    event = simulator.add_event(EventSpec("Reboot", (VM,)))
+    recover = tmp_path / "recovered"
+    hooks = replace(hook(tmp_path), recover=["touch", str(recover)])
+    agent = harness.start(kubernetes=settings(kube, tmp_path), hooks=hooks)
+    harness.poll(2)
+    assert [p["phase"] for _, p in agent.spool.pending_jobs()] == ["prepare"]  # the held hook
+    simulator.cancel_event(event)
+    until(harness, recover.exists, "the recover hook after the event")
+    until(harness, lambda: agent.spool.pending_jobs() == [], "no job left in the spool")
+    assert [h["HookPhase"] for h in hook_records(harness)] == ["recover"]
+    assert not (tmp_path / "hook-ran").exists()

@@ -222,8 +222,11 @@ class DrainJobs:
 
     def awaits(self, record: rt.Event) -> bool:
         """Whether the drain of this event's prepare comes on a grant (a central policy)."""
-        return (phase_for(record) == "prepare" and not is_started(record.get("EventStatus"))
-                and not self._drains_at_sight(record))  # fmt: skip
+        return (
+            phase_for(record) == "prepare"
+            and not is_started(record.get("EventStatus"))
+            and not self._drains_at_sight(record)
+        )
 
     def load(self, payload: Mapping[str, Any]) -> Job | None:
         return DrainJob.from_payload(payload) if is_drain_job(payload) else None
@@ -238,8 +241,14 @@ class DrainJobs:
         """The drain of `event_id` a verified Prepare granted (from the command listener)."""
         saved = state["events"].get(event_id.lower()) if state is not None else None
         event: Mapping[str, Any] = saved or {}
-        return DrainJob.make("prepare", event_id, event.get("EventType"), event.get("NotBefore"),
-                             transition="Scheduled", trigger=command_id)  # fmt: skip
+        return DrainJob.make(
+            "prepare",
+            event_id,
+            event.get("EventType"),
+            event.get("NotBefore"),
+            transition="Scheduled",
+            trigger=command_id,
+        )
 
     def resubmit(self) -> None:
         pass  # every job has a thread of its own: none waits for room

@@ -66,8 +66,11 @@ class HookJobs:
         if self.runner is None:
             return []
         settings = self._settings
-        return list(plan(records, prepare=settings.prepare is not None,
-                         recover=settings.recover is not None))  # fmt: skip
+        return list(
+            plan(
+                records, prepare=settings.prepare is not None, recover=settings.recover is not None
+            )
+        )
 
     def awaits(self, record: rt.Event) -> bool:
         return False  # never granted: its prepare is planned at sight

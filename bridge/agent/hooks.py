@@ -78,7 +78,10 @@ class HookJob:
 
     def to_payload(self) -> dict[str, Any]:
         payload: dict[str, Any] = {
-            "job_id": self.job_id, "phase": self.phase, "trigger": dict(self.trigger)}  # fmt: skip
+            "job_id": self.job_id,
+            "phase": self.phase,
+            "trigger": dict(self.trigger),
+        }
         if self.after is not None or not self.earlier_ok:
             payload |= {"after": self.after, "earlier_ok": self.earlier_ok}
         return payload
@@ -90,9 +93,13 @@ class HookJob:
             raise ValueError("not a hook job payload")
         after = payload.get("after")
         # The Event record `for_event` kept, as the spool gave it back.
-        return cls(job_id, phase, cast(rt.Event, dict(trigger)),
-                   after if isinstance(after, str) else None,
-                   payload.get("earlier_ok") is not False)  # fmt: skip
+        return cls(
+            job_id,
+            phase,
+            cast(rt.Event, dict(trigger)),
+            after if isinstance(after, str) else None,
+            payload.get("earlier_ok") is not False,
+        )
 
 
 # --- planning -------------------------------------------------------------------------------

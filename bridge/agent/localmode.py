@@ -237,5 +237,12 @@ def build(
     kube = config.kubernetes
     prepare = config.hooks.prepare is not None or kube.enabled
     drained = frozenset(kube.event_types) if kube.enabled else frozenset()
-    return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS,
-                         prepare_hook=prepare, drained=drained, prepared=prepared)  # fmt: skip
+    return LocalApprover(
+        policy,
+        approver,
+        now,
+        recheck=RECHECK_SECONDS,
+        prepare_hook=prepare,
+        drained=drained,
+        prepared=prepared,
+    )

@@ -171,7 +171,8 @@ class Preparation:
         key = event_id.lower()
         mine = [r for r in records if str(r.get("EventId", "")).lower() == key]
         return any(j.phase == "prepare" for j in step.plan(mine)) or any(
-            step.awaits(r) for r in mine)  # fmt: skip
+            step.awaits(r) for r in mine
+        )
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Run the jobs `plan` gave, once saved; held ones wait for the step before them."""
@@ -196,8 +197,13 @@ class Preparation:
             for job in dropped:
                 del self._held[(self._name_of(job), job.event_id.lower())]
         for job in dropped:
-            log.info("event %s ended before its %s step did: its %s prepare job is dropped "
-                     "without running", job.event_id, job.after, self._name_of(job))  # fmt: skip
+            log.info(
+                "event %s ended before its %s step did: its %s prepare job is dropped "
+                "without running",
+                job.event_id,
+                job.after,
+                self._name_of(job),
+            )
             self._finish_quietly(job)
 
     def resume(self) -> None:
@@ -233,8 +239,12 @@ class Preparation:
         try:
             self._spool.commit([], jobs=[(job.job_id, job.to_payload())])
         except SPOOL_ERRORS as err:
-            log.error("%s could not be saved in the spool (%s); it runs, but a restart will "
-                      "not resume it", what, err)  # fmt: skip
+            log.error(
+                "%s could not be saved in the spool (%s); it runs, but a restart will "
+                "not resume it",
+                what,
+                err,
+            )
 
     def finish(self, job: Job, records: Sequence[RecordView], *, ok: bool) -> None:
         """A step's job ended with `records` (from its worker thread): off the spool with
@@ -250,8 +260,9 @@ class Preparation:
         if held is not None and after is not None:
             then = [after.released(held, earlier_ok=ok and job.earlier_ok)]
         try:
-            self._spool.finish_job(job.job_id, records, then=[(j.job_id, j.to_payload())
-                                                                for j in then])  # fmt: skip
+            self._spool.finish_job(
+                job.job_id, records, then=[(j.job_id, j.to_payload()) for j in then]
+            )
         except SPOOL_ERRORS:
             if held is not None:
                 with self._lock:
@@ -267,8 +278,12 @@ class Preparation:
         try:
             self._spool.finish_job(job.job_id, [])
         except SPOOL_ERRORS as err:
-            log.warning("the %s job of event %s stays in the spool (%s)", self._name_of(job),
-                        job.event_id, err)  # fmt: skip
+            log.warning(
+                "the %s job of event %s stays in the spool (%s)",
+                self._name_of(job),
+                job.event_id,
+                err,
+            )
 
     def resubmit(self) -> None:
         for step in self.steps:

@@ -294,9 +294,11 @@ def render(report: Report) -> str:
         lines.append(f"  {sink['name']}: {sink['waiting']} waiting{since}; "
                      f"{sink['dead_letters']} dead letters{failing}")  # fmt: skip
     lines.append(f"hooks running: {len(report.hooks)}")
-    lines += [f"  {h['phase']} for {h['event']}"
-              + (f" (waits for the {h['after']})" if h.get("after") else "")
-              for h in report.hooks]  # fmt: skip
+    lines += [
+        f"  {h['phase']} for {h['event']}"
+        + (f" (waits for the {h['after']})" if h.get("after") else "")
+        for h in report.hooks
+    ]
     if report.drain:
         last = report.drain["last"]
         lines.append(f"node drains running: {len(report.drain['running'])}")

@@ -78,15 +78,23 @@ def build_agent(
 
     def drain_step(book: Book) -> DrainJobs:
         assert kube is not None  # only made with [kubernetes] on
-        return DrainJobs(config.kubernetes, kube, book, spool, metrics, origin=origin, now=now,
-                         on_sight=on_sight)  # fmt: skip
+        return DrainJobs(
+            config.kubernetes, kube, book, spool, metrics, origin=origin, now=now, on_sight=on_sight
+        )
 
     # The prepare step: the drain first, then the hook (docs/hooks.md).
     steps: list[StepFactory] = [drain_step] if kube is not None else []
     prepare = Preparation(spool, [*steps, hook_step])
     drain_jobs = next((s for s in prepare.steps if isinstance(s, DrainJobs)), None)
-    approver = Approver(approval_imds, calls.approve, spool, origin, now,
-                        on_record=metrics.approval, prepare=prepare)  # fmt: skip
+    approver = Approver(
+        approval_imds,
+        calls.approve,
+        spool,
+        origin,
+        now,
+        on_record=metrics.approval,
+        prepare=prepare,
+    )
     commands = listener.build(config, approver, now, open_inbox)
     local = localmode.build(config, approver, now, policy, prepared=prepare.ready_events)
     # Heartbeats say which prepare steps the VM has (HasPrepareHook, PrepareSteps) and name

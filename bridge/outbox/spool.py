@@ -306,8 +306,9 @@ class Spool:
 
         def work(conn: sqlite3.Connection) -> sql.Room:
             conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
-            conn.executemany("INSERT OR REPLACE INTO jobs (job_id, payload) VALUES (?, ?)",
-                             job_rows)  # fmt: skip
+            conn.executemany(
+                "INSERT OR REPLACE INTO jobs (job_id, payload) VALUES (?, ?)", job_rows
+            )
             return self._append(conn, encoded)
 
         self._appended(self._write(work), encoded)

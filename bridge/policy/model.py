@@ -734,12 +734,16 @@ _DRAIN_READY = frozenset({"Drained", "GaveUp"})  # a drain that ended (GaveUp: f
 
 def _drain_parts(fleet: FleetView, event: EventView, waiting: Iterable[str]) -> list[str]:
     # Drained and not ready: its agent's prepare hook runs after the drain (issue 38).
-    hooking = [v for v in waiting if (d := event.drains.get(v)) and d.status in _DRAIN_READY
-               and not d.failed]  # fmt: skip
+    hooking = [
+        v
+        for v in waiting
+        if (d := event.drains.get(v)) and d.status in _DRAIN_READY and not d.failed
+    ]
     blocked = [v for v in waiting if (d := event.drains.get(v)) and d.status == "Blocked"]
     rest = [v for v in waiting if v not in blocked and v not in hooking and v in event.granted]
-    ungranted = [v for v in waiting if v not in blocked and v not in hooking
-                 and v not in event.granted]  # fmt: skip
+    ungranted = [
+        v for v in waiting if v not in blocked and v not in hooking and v not in event.granted
+    ]
     return [
         *_listed(
             "prepare hook not yet succeeded after the drain on {names}", _nodes(fleet, hooking)

@@ -162,6 +162,8 @@ class Health:
     # Whether hooks.prepare is set; None leaves HasPrepareHook out, as agents before it did.
     prepare_hook: bool | None = None
     node: NodeHealth | None = None  # [kubernetes] on: this VM's node
+    # Its prepare steps in the order they run (drain, hook); None leaves PrepareSteps out.
+    prepare_steps: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ def heartbeat_record(
         "LastImdsSuccess": iso(health.last_imds_success) if health.last_imds_success else None,
         "Tags": dict(origin.identity.tags) if origin.identity.known else None,
         "HasPrepareHook": bool(health.prepare_hook),
+        "PrepareSteps": list(health.prepare_steps or ()),
         # Set by an agent whose [kubernetes] section is on (docs/kubernetes.md).
         "NodeName": health.node.name if health.node else None,
         "NodePool": health.node.pool if health.node else None,
@@ -201,6 +204,8 @@ def heartbeat_record(
     }
     if health.prepare_hook is None:  # left out, as agents before HasPrepareHook did
         del record["HasPrepareHook"]
+    if health.prepare_steps is None:
+        del record["PrepareSteps"]
     return record
 
 

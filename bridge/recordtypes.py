@@ -103,11 +103,12 @@ class _HeartbeatRequired(_Shared):
 
 
 class Heartbeat(_HeartbeatRequired, total=False):
-    """A record of RecordType "Heartbeat". Older producers leave out HasPrepareHook, NodeName,
-    NodePool, NodeDraining, NodeCordoned.
+    """A record of RecordType "Heartbeat". Older producers leave out HasPrepareHook, PrepareSteps,
+    NodeName, NodePool, NodeDraining, NodeCordoned.
     """
 
     HasPrepareHook: bool
+    PrepareSteps: list[str] | None
     NodeName: str | None
     NodePool: str | None
     NodeDraining: str | None
@@ -132,12 +133,13 @@ class _HookRequired(_Shared):
 
 class Hook(_HookRequired, total=False):
     """A record of RecordType "Hook". Older producers leave out HookName, DrainStatus,
-    DrainBlockers.
+    DrainBlockers, PrepareSteps.
     """
 
     HookName: str | None
     DrainStatus: DrainStatus | None
     DrainBlockers: list[dict[str, str | None]] | None
+    PrepareSteps: list[str] | None
 
 
 class Approval(_Shared):

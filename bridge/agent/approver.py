@@ -64,6 +64,16 @@ class Runner(Protocol):
     def __call__(self, call: Callable[[], T]) -> T: ...
 
 
+class Prepare(Protocol):
+    """This VM's prepare step, as a Prepare command sees it (bridge.agent.prepare)."""
+
+    @property
+    def granted(self) -> bool:
+        """Whether a Prepare command starts it (a drain under a central policy)."""
+
+    def grant(self, event_id: str, command_id: str) -> bool: ...
+
+
 class EventsApi(Protocol):
     def scheduled_events(self) -> bytes: ...
 
@@ -103,12 +113,13 @@ class Approver:
         now: Callable[[], datetime],
         *,
         on_record: Callable[[ApprovalOutcome], None] | None = None,
+        prepare: Prepare | None = None,
     ) -> None:
         self._imds, self._run, self._spool = imds, run, spool
         self._origin, self._now = origin, now
         self._on_record = on_record  # the metrics' count of approvals by source and outcome
-        # [kubernetes] on: starts the drain a verified Prepare grants (EventId, CommandId).
-        self.prepare: Callable[[str, str], None] | None = None
+        # The prepare step a verified Prepare starts ([kubernetes] on: the drain).
+        self._prepare = prepare
         self._lock = threading.Lock()
         self._save_lock = threading.Lock()
         self._approved: dict[str, str] = _load(spool)  # event key -> CommandId
@@ -186,7 +197,8 @@ class Approver:
             # Another command (or the local policy) approved the event: no news.
             return Attempt("Duplicate", f"event {command.event_id} was approved already")
         if command.type == "Prepare":
-            return self._not_draining(command) if self.prepare is None else self._drain(command)
+            granted = self._prepare is not None and self._prepare.granted
+            return self._drain(command) if granted else self._not_draining(command)
         request = request_for(command)
         if command.expired(self._now()):
             return self._expired(command, request)
@@ -227,8 +239,8 @@ class Approver:
             refused = replace(base, detail=why, late=went)
             self.record(refused, seen_until=command.expires_at)
             return Attempt("Refused", refused.detail, refused)
-        assert self.prepare is not None  # only called with it set
-        self.prepare(command.event_id, command.command_id)
+        assert self._prepare is not None  # only called with it set
+        self._prepare.grant(command.event_id, command.command_id)
         with self._save_lock:
             seen = self._see(command.command_id, "Prepared", command.expires_at)
             try:

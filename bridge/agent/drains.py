@@ -27,9 +27,9 @@ from typing import Any, cast
 from bridge import recordtypes as rt
 from bridge.agent.document import is_started
 from bridge.agent.hooks import hook_fields, phase_for
-from bridge.agent.localmode import LocalApprover
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState
+from bridge.agent.prepare import Book, Job, StepName
 from bridge.config import KubernetesSettings
 from bridge.kubernetes.api import KubeApi, KubeError, Node
 from bridge.kubernetes.drain import Drainer, DrainSettings, Report, cordoned_by_others
@@ -40,7 +40,7 @@ from bridge.retry import Backoff, FailureStreak
 
 log = logging.getLogger(__name__)
 
-KIND = "drain"  # a drain job's payload says so: the hook runner leaves it alone
+KIND = "drain"  # a drain job's payload says so: the hook step leaves it alone
 HOOK_NAME = "drain"
 MAX_OUTPUT = 4096
 WATCH_INTERVAL = 60.0  # seconds between looks at the node (its pool, someone else's cordon)
@@ -58,6 +58,8 @@ class DrainJob:
     not_before: str | None
     transition: rt.Transition
     trigger: str  # TriggerRecordId: the Event record, or the Prepare command, that called for it
+    after: str | None = None  # the drain is the first step: it waits for none
+    earlier_ok: bool = True
 
     @classmethod
     def make(cls, phase: rt.HookPhase, event_id: str, event_type: Any, not_before: Any, *,
@@ -92,7 +94,13 @@ def is_drain_job(payload: Mapping[str, Any]) -> bool:
 
 
 def drain_record(
-    origin: Origin, job: DrainJob, report: Report, now: datetime, duration_ms: int
+    origin: Origin,
+    job: DrainJob,
+    report: Report,
+    now: datetime,
+    duration_ms: int,
+    *,
+    steps: Sequence[str] | None = None,
 ) -> rt.Hook:
     """The Hook record of a drain's progress or outcome; an outcome replayed after a crash
     keeps its RecordId, as a hook's does."""
@@ -113,20 +121,26 @@ def drain_record(
         name=HOOK_NAME,
         drain_status=report.status,
         blockers=blockers or None,
+        steps=steps,
     )
 
 
 class DrainJobs:
-    """The drain and uncordon jobs of this VM's node; `on_sight`: drain when an event appears
-    (local mode, or no command channel), else only when a Prepare grants it."""
+    """The drain and uncordon jobs of this VM's node, the first prepare step (a PrepareStep);
+    `on_sight`: drain when an event appears (local mode, or no command channel), else only when
+    a Prepare grants it. `book` saves and ends its jobs; the spool keeps its own state."""
+
+    name: StepName = "drain"
+    granted = True  # a Prepare command starts it (at sight too in local mode: once is enough)
+    prepares = True
 
     def __init__(
         self,
         settings: KubernetesSettings,
         api: KubeApi,
+        book: Book,
         spool: Spool,
         metrics: AgentMetrics,
-        local: LocalApprover | None,
         *,
         origin: Callable[[], Origin],
         now: Callable[[], datetime],
@@ -134,7 +148,7 @@ class DrainJobs:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings, self.api, self._spool, self._metrics = settings, api, spool, metrics
-        self._local, self._origin, self._now, self._on_sight = local, origin, now, on_sight
+        self._book, self._origin, self._now, self._on_sight = book, origin, now, on_sight
         self._clock = clock
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -184,45 +198,66 @@ class DrainJobs:
 
     # --- planning -------------------------------------------------------------------------
 
-    def plan(self, records: Sequence[Mapping[str, Any]]) -> list[DrainJob]:
+    def plan(self, records: Sequence[Mapping[str, Any]]) -> list[Job]:
         """The jobs these new Event records call for (saved in the spool with them)."""
-        jobs: dict[str, DrainJob] = {}
+        jobs: dict[str, Job] = {}
         for record in records:
             if not is_event(record):
                 continue
             event = record
             phase = phase_for(event)
-            preempt = event.get("EventType") == "Preempt"
-            if phase is None or (phase == "prepare" and not (self._on_sight or preempt)):
+            if phase is None or (phase == "prepare" and not self._drains_at_sight(event)):
                 continue
-            if phase == "prepare" and is_started(event.get("EventStatus")):
-                continue  # the platform has begun: a drain now only cordons for nothing
             job = DrainJob.make(phase, event["EventId"], event.get("EventType"),
                                 event.get("NotBefore"), transition=event["Transition"],
                                 trigger=str(event.get("RecordId") or ""))  # fmt: skip
             jobs.setdefault(job.job_id, job)
         return list(jobs.values())
 
-    def grant(self, event_id: str, command_id: str, state: NormaliserState | None) -> None:
-        """A verified Prepare granted the drain of `event_id` (from the command listener)."""
+    def _drains_at_sight(self, event: Mapping[str, Any]) -> bool:
+        """Whether an event calling for a prepare drains the node now (not on a grant)."""
+        if is_started(event.get("EventStatus")):
+            return False  # the platform has begun: a drain now only cordons for nothing
+        return self._on_sight or event.get("EventType") == "Preempt"
+
+    def awaits(self, record: rt.Event) -> bool:
+        """Whether the drain of this event's prepare comes on a grant (a central policy)."""
+        return (
+            phase_for(record) == "prepare"
+            and not is_started(record.get("EventStatus"))
+            and not self._drains_at_sight(record)
+        )
+
+    def load(self, payload: Mapping[str, Any]) -> Job | None:
+        return DrainJob.from_payload(payload) if is_drain_job(payload) else None
+
+    def held(self, job: Job, after: str) -> Job:
+        raise ValueError(f"the drain is the first prepare step: it waits for no {after}")
+
+    def released(self, job: Job, earlier_ok: bool) -> Job:
+        return job
+
+    def grant(self, event_id: str, command_id: str, state: NormaliserState | None) -> Job:
+        """The drain of `event_id` a verified Prepare granted (from the command listener)."""
         saved = state["events"].get(event_id.lower()) if state is not None else None
         event: Mapping[str, Any] = saved or {}
-        job = DrainJob.make("prepare", event_id, event.get("EventType"), event.get("NotBefore"),
-                            transition="Scheduled", trigger=command_id)  # fmt: skip
-        self._save_and_submit(job, f"the drain granted for event {event_id}")
+        return DrainJob.make(
+            "prepare",
+            event_id,
+            event.get("EventType"),
+            event.get("NotBefore"),
+            transition="Scheduled",
+            trigger=command_id,
+        )
 
-    def _save_and_submit(self, job: DrainJob, what: str) -> None:
-        """Save `job` in the spool (a restart resumes it), then run it, saved or not."""
-        try:
-            self._spool.commit([], jobs=[(job.job_id, job.to_payload())])
-        except SPOOL_ERRORS as err:
-            log.error("%s could not be saved in the spool (%s); it runs, but a restart will "
-                      "not resume it", what, err)  # fmt: skip
-        self.submit(job)
+    def resubmit(self) -> None:
+        pass  # every job has a thread of its own: none waits for room
 
     # --- running ---------------------------------------------------------------------------
 
-    def submit(self, job: DrainJob) -> None:
+    def submit(self, job: Job) -> None:
+        if not isinstance(job, DrainJob):
+            raise TypeError(f"not a drain job: {job.job_id}")
         with self._lock:
             if self._stop.is_set() or job.job_id in self._running:
                 return
@@ -233,8 +268,9 @@ class DrainJobs:
             self._running[job.job_id] = (job, thread)
         thread.start()
 
-    def resume(self) -> None:
-        """Drains and uncordons that were due when the agent last stopped run now."""
+    def start(self) -> None:
+        """Which events hold the node, as saved; then watch the node: its pool, someone
+        else's cordon, and stray marks once IMDS answered. Before the saved jobs resume."""
         try:
             saved = self._spool.load_state(StateKey.DRAIN_HOLDS) or {}
         except SPOOL_ERRORS as err:
@@ -245,20 +281,11 @@ class DrainJobs:
         with self._lock:
             self._holding = [str(e) for e in events] if isinstance(events, list) else []
         for _job_id, payload in self._spool.pending_jobs():
-            if is_drain_job(payload):
-                try:
-                    job = DrainJob.from_payload(payload)
-                except ValueError as err:
-                    log.warning("a saved drain job could not be read (%s): skipped", err)
-                    continue
-                if job.phase == "recover" and self.node_health().draining is None:
-                    # The node is se-bridge's until this uncordon is done: the heartbeats
-                    # say so, and the consumer keeps its pool's slot until then.
-                    self._set_health(draining=job.event_id)
-                self.submit(job)
-
-    def start(self) -> None:
-        """Watch the node: its pool, someone else's cordon, and stray marks once IMDS answered."""
+            if is_drain_job(payload) and payload.get("phase") == "recover":
+                # The node is se-bridge's until this uncordon is done: the heartbeats say so,
+                # and the consumer keeps its pool's slot until then.
+                self._set_health(draining=str(payload.get("event_id")))
+                break
         self._watcher = threading.Thread(target=self._watch, name="drain-watch", daemon=True)
         self._watcher.start()
 
@@ -318,8 +345,6 @@ class DrainJobs:
             self._metrics.drains.labels(OUTCOMES.get(report.status, "failed")).inc()
             if report.others_cordon:
                 self._set_health(cordoned=True)
-            if self._local is not None:
-                self._local.hook_done(job.event_id, "prepare", report.ready)
         return report
 
     def _remaining(self, job: DrainJob) -> float:
@@ -432,14 +457,14 @@ class DrainJobs:
 
     def _write(self, job: DrainJob, report: Report, started: float, *, finish: bool) -> None:
         now = self._now()
-        record = drain_record(self._origin(), job, report, now,
-                              int((self._clock() - started) * 1000))  # fmt: skip
+        took = int((self._clock() - started) * 1000)
+        record = drain_record(self._origin(), job, report, now, took, steps=self._book.names)
         shown = {"node": self.drainer.node_name, "event": job.event_id, "phase": job.phase,
                  "status": report.status, "at": iso(now), "detail": record["HookOutput"],
                  "blockers": record["DrainBlockers"] or []}  # fmt: skip
         try:
             if finish:
-                self._spool.finish_job(job.job_id, [record])
+                self._book.finish(job, [record], ok=report.ready)
             self._spool.commit([] if finish else [record], state={StateKey.DRAIN: shown})
             self._metrics.made([record])
         except SPOOL_ERRORS as err:
@@ -453,7 +478,7 @@ class DrainJobs:
 
     def _drop(self, job: DrainJob) -> None:
         try:
-            self._spool.finish_job(job.job_id, [])
+            self._book.finish(job, [], ok=False)
         except SPOOL_ERRORS as err:
             log.warning("the %s job for event %s stays in the spool (%s)", _what(job),
                         job.event_id, err)  # fmt: skip
@@ -493,7 +518,8 @@ class DrainJobs:
                         "open: removing them", self.drainer.node_name, event_id)  # fmt: skip
             job = DrainJob.make("recover", event_id, None, None, transition="Completed",
                                 trigger=record_id(KIND, event_id.lower(), "stray"))  # fmt: skip
-            self._save_and_submit(job, "the uncordon of a stray mark")
+            self._book.save(job, "the uncordon of a stray mark")
+            self.submit(job)
 
 
 def _what(job: DrainJob) -> str:

@@ -68,13 +68,13 @@ class Heartbeats:
         now: Callable[[], datetime],
         *,
         interval: float,
-        prepare_hook: bool,
+        prepare_steps: tuple[str, ...],
         clock: Callable[[], float] = time.monotonic,
         node: Callable[[], NodeHealth | None] = lambda: None,
     ) -> None:
         self._spool, self._poll, self._metrics, self._now = spool, poll, metrics, now
         self._node = node  # [kubernetes] on: what the drains know of this VM's node
-        self._interval, self._prepare_hook, self._clock = interval, prepare_hook, clock
+        self._interval, self._steps, self._clock = interval, prepare_steps, clock
         self._run = uuid.uuid4().hex  # this process, in heartbeat ids
         self._next = 0.0
         self._started_at: str | None = None  # the Start heartbeat's TimeGenerated
@@ -96,8 +96,9 @@ class Heartbeats:
             spool_dropped=self._spool.dropped(),
             imds_healthy=self._poll.healthy,
             last_imds_success=self._poll.last_success,
-            prepare_hook=self._prepare_hook,
+            prepare_hook=bool(self._steps),
             node=self._node(),
+            prepare_steps=self._steps,
         )
         try:
             beat = heartbeat_record(origin, reason, health, self._now(), run=self._run)

@@ -62,6 +62,10 @@ class HookJob:
     job_id: str
     phase: Phase
     trigger: rt.Event = field(hash=False)
+    # A prepare after the drain (bridge.agent.prepare): held until the step `after` ended for
+    # the event; `earlier_ok`, once released: whether it succeeded.
+    after: str | None = None
+    earlier_ok: bool = True
 
     @classmethod
     def for_event(cls, record: rt.Event, phase: Phase) -> HookJob:
@@ -73,15 +77,29 @@ class HookJob:
         return event if isinstance(event, str) else self.job_id
 
     def to_payload(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "phase": self.phase, "trigger": dict(self.trigger)}
+        payload: dict[str, Any] = {
+            "job_id": self.job_id,
+            "phase": self.phase,
+            "trigger": dict(self.trigger),
+        }
+        if self.after is not None or not self.earlier_ok:
+            payload |= {"after": self.after, "earlier_ok": self.earlier_ok}
+        return payload
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> HookJob:
         job_id, phase, trigger = payload.get("job_id"), payload.get("phase"), payload.get("trigger")
         if not isinstance(job_id, str) or phase not in PHASES or not isinstance(trigger, dict):
             raise ValueError("not a hook job payload")
+        after = payload.get("after")
         # The Event record `for_event` kept, as the spool gave it back.
-        return cls(job_id, phase, cast(rt.Event, dict(trigger)))
+        return cls(
+            job_id,
+            phase,
+            cast(rt.Event, dict(trigger)),
+            after if isinstance(after, str) else None,
+            payload.get("earlier_ok") is not False,
+        )
 
 
 # --- planning -------------------------------------------------------------------------------
@@ -129,8 +147,15 @@ def hook_record_id(job: HookJob) -> str:
     return record_id(job.job_id, "Hook")
 
 
-def hook_record(origin: Origin, job: HookJob, outcome: HookOutcome, now: datetime) -> rt.Hook:
-    """The Hook record of a finished job; a replay of the job after a crash keeps its RecordId."""
+def hook_record(
+    origin: Origin,
+    job: HookJob,
+    outcome: HookOutcome,
+    now: datetime,
+    steps: Sequence[str] | None = None,
+) -> rt.Hook:
+    """The Hook record of a finished job; a replay of the job after a crash keeps its RecordId.
+    `steps`: the agent's prepare steps (PrepareSteps), None to leave them out."""
     trigger = job.trigger
     return hook_fields(
         origin.common("Hook", hook_record_id(job), now),
@@ -142,6 +167,7 @@ def hook_record(origin: Origin, job: HookJob, outcome: HookOutcome, now: datetim
         duration_ms=int(outcome.duration_ms),
         output=outcome.output,
         error=outcome.error,
+        steps=steps,
     )
 
 
@@ -159,11 +185,13 @@ def hook_fields(
     name: str | None = None,
     drain_status: rt.DrainStatus | None = None,
     blockers: list[dict[str, str | None]] | None = None,
+    steps: Sequence[str] | None = None,
 ) -> rt.Hook:
     """A Hook record: of a hooks.prepare or hooks.recover command (`name` None), or of the
-    built-in drain (bridge.agent.drains). `event`: its EventId, EventType and Transition."""
+    built-in drain (bridge.agent.drains). `event`: its EventId, EventType and Transition;
+    `steps`: the agent's prepare steps, which the consumer reads readiness by (PrepareSteps)."""
     event_id, event_type, transition = event
-    return {
+    record: rt.Hook = {
         **common,
         rt.RECORD_TYPE: "Hook",
         "EventId": event_id,
@@ -179,7 +207,11 @@ def hook_fields(
         "HookName": name,
         "DrainStatus": drain_status,
         "DrainBlockers": blockers,
+        "PrepareSteps": list(steps or ()),
     }
+    if steps is None:
+        del record["PrepareSteps"]
+    return record
 
 
 # --- running one hook -----------------------------------------------------------------------

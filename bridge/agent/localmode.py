@@ -14,7 +14,6 @@ it: each event is approved at most once, whether by this policy or a central com
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -44,14 +43,17 @@ class LocalApprover:
         *,
         prepare_hook: bool | None = None,
         drained: frozenset[str] = frozenset(),
+        prepared: Callable[[], frozenset[str]] = frozenset,
     ) -> None:
         self.policy, self._approver, self._now, self._recheck = policy, approver, now, recheck
-        self._prepare_hook = prepare_hook  # hooks.prepare is set: approve_when_ready waits
-        # [kubernetes] on: the event types whose drain every approval waits for, whatever the
-        # rule (the node is ready once drained, or once the drain gave up with approve).
+        self._prepare_hook = prepare_hook  # a prepare step runs: approve_when_ready waits
+        # [kubernetes] on: the event types whose prepare step every approval waits for,
+        # whatever the rule (the node is ready once drained, or once the drain gave up with
+        # approve, and the hook after it succeeded).
         self._drained = drained
-        self._lock = threading.Lock()
-        self._ready: set[str] = set()  # events whose prepare hook succeeded on this VM
+        # The events this VM's prepare step succeeded for (bridge.agent.prepare).
+        self._prepared = prepared
+        self._ready: frozenset[str] = frozenset()  # as the last look found them
         self._given_up: set[str] = set()  # IMDS refused the approval (400): not asked again
         self._said: set[tuple[str, str]] = set()
         self._recheck_at: float | None = None  # time.monotonic() of the next look, if any
@@ -67,7 +69,8 @@ class LocalApprover:
         vm_id = identity.vm_id or f"host:{origin.host_name}"
         name = identity.vm_name or origin.host_name
         now = self._now()
-        fleet, events = local_views(state, identity, self._ready_events(), self._done(), now,
+        self._ready = self._prepared()
+        fleet, events = local_views(state, identity, self._ready, self._done(), now,
                                     vm_id=vm_id, name=name,
                                     prepare_hook=self._prepare_hook)  # fmt: skip
         again = False
@@ -78,16 +81,11 @@ class LocalApprover:
         self._forget(state)
 
     def tick(self, state: NormaliserState | None, origin: Origin) -> None:
-        """From the poll loop: look again when a deferred event is due for it."""
-        if self._recheck_at is not None and time.monotonic() >= self._recheck_at:
+        """From the poll loop: look again when a deferred event is due for it, or when the
+        prepare step succeeded for another event (a prepared event may now be approved)."""
+        due = self._recheck_at is not None and time.monotonic() >= self._recheck_at
+        if due or self._prepared() - self._ready:
             self.observe(state, origin)
-
-    def hook_done(self, event_id: str, phase: str, ok: bool) -> None:
-        """A hook finished (on a hook thread): a prepared event may now be approved."""
-        if phase == "prepare" and ok:
-            with self._lock:
-                self._ready.add(event_id.lower())
-            self._recheck_at = 0.0  # at the next poll
 
     def _act(self, event: EventView, verdict: Verdict, vm_id: str) -> bool:
         """Carry out one verdict; True when the event should be looked at again soon."""
@@ -134,18 +132,12 @@ class LocalApprover:
             log.log(level, "local policy, event %s (%s): %s", event.event_id,
                     event.event_type, what)  # fmt: skip
 
-    def _ready_events(self) -> frozenset[str]:
-        with self._lock:
-            return frozenset(self._ready)
-
     def _done(self) -> frozenset[str]:
         return self._approver.approved_events() | self._given_up
 
     def _forget(self, state: NormaliserState) -> None:
         """Drop what is remembered about events that left the document."""
         present = {key for key, _ in _events(state)}
-        with self._lock:
-            self._ready &= present
         self._given_up &= present
         self._said = {s for s in self._said if s[0] in present}
 
@@ -228,7 +220,11 @@ def _scheduled(event: SavedEvent) -> bool:
 
 
 def build(
-    config: Config, approver: Approver, now: Callable[[], datetime], policy: Policy | None
+    config: Config,
+    approver: Approver,
+    now: Callable[[], datetime],
+    policy: Policy | None,
+    prepared: Callable[[], frozenset[str]] = frozenset,
 ) -> LocalApprover | None:
     """Local mode when `agent.policy` (or a given policy) asks for it; None otherwise."""
     if policy is None:
@@ -236,9 +232,17 @@ def build(
             return None
         policy = policyfile.load_setting("agent.policy", config.agent.policy)
     log.info("local mode: approving with the policy %s", policy.source)
-    # A drain of the node ([kubernetes]) is a prepare step that every approval waits for.
+    # A drain of the node ([kubernetes]) is a prepare step that every approval waits for;
+    # `prepared`: the events this VM's prepare step succeeded for.
     kube = config.kubernetes
     prepare = config.hooks.prepare is not None or kube.enabled
     drained = frozenset(kube.event_types) if kube.enabled else frozenset()
-    return LocalApprover(policy, approver, now, recheck=RECHECK_SECONDS,
-                         prepare_hook=prepare, drained=drained)  # fmt: skip
+    return LocalApprover(
+        policy,
+        approver,
+        now,
+        recheck=RECHECK_SECONDS,
+        prepare_hook=prepare,
+        drained=drained,
+        prepared=prepared,
+    )

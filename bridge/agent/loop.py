@@ -23,7 +23,6 @@ from bridge.agent import imds, listener
 from bridge.agent.approver import Approver
 from bridge.agent.drains import DrainJobs
 from bridge.agent.heartbeats import Heartbeats, PollHealth
-from bridge.agent.hookjobs import HookJobs
 from bridge.agent.imds import ImdsClient
 from bridge.agent.imdscalls import ImdsCalls, Pending
 from bridge.agent.instance import InstanceMetadata
@@ -31,6 +30,7 @@ from bridge.agent.listener import CommandListener
 from bridge.agent.localmode import LocalApprover
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import Context, NormaliserState, normalise, restore
+from bridge.agent.prepare import Preparation
 from bridge.config import Config
 from bridge.outbox.delivery import Delivery
 from bridge.outbox.spool import SPOOL_ERRORS, Spool, StateKey
@@ -62,11 +62,11 @@ class Parts:
     poll: PollHealth
     instance: InstanceMetadata
     heartbeats: Heartbeats
-    hooks: HookJobs
+    prepare: Preparation  # the prepare step: the drain, the hook, both, or none
     approver: Approver
     listener: CommandListener | None
     local: LocalApprover | None
-    drains: DrainJobs | None = None  # [kubernetes] on: the drains of this VM's node
+    drains: DrainJobs | None = None  # [kubernetes] on: the drain step, which names the node
 
 
 class Agent:
@@ -81,13 +81,11 @@ class Agent:
         self.sinks, self.spool, self.delivery = list(parts.sinks), parts.spool, parts.delivery
         self.metrics, self._notifier, self._calls = parts.metrics, parts.notifier, parts.calls
         self._poll, self._instance, self._heartbeats = parts.poll, parts.instance, parts.heartbeats
-        self.hooks, self.approver = parts.hooks, parts.approver
+        self.prepare, self.approver = parts.prepare, parts.approver
         # Central commands and the local policy approve through the one Approver, so an event
         # approved by either is never approved again by the other.
         self.listener, self.local = parts.listener, parts.local
         self.drains = parts.drains
-        if self.drains is not None:
-            self.approver.prepare = self._grant_drain
         self.state, dropped = restore(self.spool.load_state(StateKey.NORMALISER))
         for problem in dropped:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
@@ -165,10 +163,8 @@ class Agent:
 
     def start(self) -> None:
         self.delivery.start()
-        self.hooks.resume()
-        if self.drains is not None:
-            self.drains.resume()
-            self.drains.start()
+        self.prepare.start()
+        self.prepare.resume()
         # Ready before instance metadata, which may take imds.first_call_timeout (2 min) to
         # answer after IMDS idled, longer than systemd's default start timeout (90 s): the
         # agent is up, records carry null VM fields until it answers, and STATUS= says why.
@@ -198,7 +194,7 @@ class Agent:
             self._refresh_identity()  # not while a poll is stalled: it would queue behind it
         if self._heartbeats.due(started):
             self._heartbeats.beat("Periodic", self.origin, self.state)
-        self.hooks.resubmit()
+        self.prepare.resubmit()
         if self.drains is not None and self.drains.take_change():
             self._heartbeats.beat("Node", self.origin, self.state)
         if self.local is not None:
@@ -207,9 +203,7 @@ class Agent:
 
     def shutdown(self) -> None:
         log.info("stopping: flushing the spool to every sink")
-        self.hooks.stop(timeout=10.0)
-        if self.drains is not None:
-            self.drains.stop(timeout=5.0)
+        self.prepare.stop(timeout=10.0)
         if self.listener is not None:
             self.listener.stop()
         self._heartbeats.beat("Stop", self.origin, self.state)
@@ -273,11 +267,8 @@ class Agent:
         self._commit(result.records, result.state)
 
     def _commit(self, records: list[rt.Event], state: NormaliserState) -> None:
-        jobs = self.hooks.plan(records)
-        drains = self.drains.plan(records) if self.drains is not None else []
-        saved = [(j.job_id, j.to_payload()) for j in jobs] + [
-            (d.job_id, d.to_payload()) for d in drains
-        ]
+        jobs = self.prepare.plan(records)
+        saved = [(j.job_id, j.to_payload()) for j in jobs]
         try:
             self.spool.commit(records, state={StateKey.NORMALISER: state}, jobs=saved)
         except SPOOL_ERRORS as err:
@@ -297,29 +288,21 @@ class Agent:
         self._last_commit = time.monotonic()
         for record in records:
             log.info("%s", describe(record))
-        for job in jobs:
-            self.hooks.submit(job)
         self._notify_approvers()
-        for drain in drains:
-            assert self.drains is not None
-            self.drains.submit(drain)
+        # After the steps know the new events (IMDS's view): a drain looks whether its event
+        # is still open.
+        self.prepare.submit(jobs)
 
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
         self.approver.observe(self.state)
-        if self.drains is not None:
-            self.drains.observe(self.state, polled=self._poll.last_success is not None)
+        self.prepare.observe(self.state, polled=self._poll.last_success is not None)
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
             own = listener.own_events(self.state)
             self.listener.update(self.origin.identity.vm_id, scheduled, affects, own)
         if self.local is not None:
             self.local.observe(self.state, self.origin)
-
-    def _grant_drain(self, event_id: str, command_id: str) -> None:
-        """A verified Prepare (on the listener's thread) starts the drain of `event_id`."""
-        if self.drains is not None:
-            self.drains.grant(event_id, command_id, self.state)
 
     def _gap(self) -> timedelta:
         return timedelta(seconds=max(3 * CHECKPOINT_SECONDS, 5 * self.config.agent.poll_interval))

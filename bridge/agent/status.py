@@ -151,7 +151,9 @@ def assess(
     _spool(report, status, now, backlog_age)
     report.hooks = [
         {"job": job_id, "phase": payload.get("phase"),
-         "event": (payload.get("trigger") or {}).get("EventId")}
+         "event": (payload.get("trigger") or {}).get("EventId"),
+         # A prepare hook held behind the drain (bridge.agent.prepare) says so.
+         **({"after": payload["after"]} if payload.get("after") else {})}
         for job_id, payload in status.jobs if not is_drain_job(payload)
     ]  # fmt: skip
     _drain(report, status)
@@ -292,7 +294,11 @@ def render(report: Report) -> str:
         lines.append(f"  {sink['name']}: {sink['waiting']} waiting{since}; "
                      f"{sink['dead_letters']} dead letters{failing}")  # fmt: skip
     lines.append(f"hooks running: {len(report.hooks)}")
-    lines += [f"  {h['phase']} for {h['event']}" for h in report.hooks]
+    lines += [
+        f"  {h['phase']} for {h['event']}"
+        + (f" (waits for the {h['after']})" if h.get("after") else "")
+        for h in report.hooks
+    ]
     if report.drain:
         last = report.drain["last"]
         lines.append(f"node drains running: {len(report.drain['running'])}")

@@ -19,6 +19,7 @@ from bridge.agent.imdscalls import ImdsCalls
 from bridge.agent.instance import InstanceMetadata
 from bridge.agent.loop import Agent, Parts
 from bridge.agent.metrics import AgentMetrics
+from bridge.agent.prepare import Book, Preparation, StepFactory
 from bridge.config import DRAINED_EVENT_TYPES, Config, ConfigError, ImdsSettings
 from bridge.kubernetes.api import KubeApi, KubeError
 from bridge.outbox.delivery import Delivery
@@ -69,17 +70,37 @@ def build_agent(
     def origin() -> Origin:  # read at each use: a refresh of instance metadata replaces it
         return instance.origin
 
-    approver = Approver(approval_imds, calls.approve, spool, origin, now,
-                        on_record=metrics.approval)  # fmt: skip
-    commands = listener.build(config, approver, now, open_inbox)
-    local = localmode.build(config, approver, now, policy)
     # Drains start on their own in local mode or with no command channel, else on a Prepare.
-    drain_jobs = None if kube is None else DrainJobs(
-        config.kubernetes, kube, spool, metrics, local, origin=origin, now=now,
-        on_sight=local is not None or commands is None)  # fmt: skip
-    # A drain of the node is a prepare step (HasPrepareHook), and heartbeats name the node.
+    on_sight = (policy or config.agent.policy) is not None or not config.commands.channel
+
+    def hook_step(book: Book) -> HookJobs:
+        return HookJobs(config.hooks, book, metrics, origin=origin, now=now)
+
+    def drain_step(book: Book) -> DrainJobs:
+        assert kube is not None  # only made with [kubernetes] on
+        return DrainJobs(
+            config.kubernetes, kube, book, spool, metrics, origin=origin, now=now, on_sight=on_sight
+        )
+
+    # The prepare step: the drain first, then the hook (docs/hooks.md).
+    steps: list[StepFactory] = [drain_step] if kube is not None else []
+    prepare = Preparation(spool, [*steps, hook_step])
+    drain_jobs = next((s for s in prepare.steps if isinstance(s, DrainJobs)), None)
+    approver = Approver(
+        approval_imds,
+        calls.approve,
+        spool,
+        origin,
+        now,
+        on_record=metrics.approval,
+        prepare=prepare,
+    )
+    commands = listener.build(config, approver, now, open_inbox)
+    local = localmode.build(config, approver, now, policy, prepared=prepare.ready_events)
+    # Heartbeats say which prepare steps the VM has (HasPrepareHook, PrepareSteps) and name
+    # the node.
     heartbeats = Heartbeats(spool, poll, metrics, now, interval=config.agent.heartbeat_interval,
-                            prepare_hook=config.hooks.prepare is not None or drain_jobs is not None,
+                            prepare_steps=prepare.names,
                             node=drain_jobs.node_health if drain_jobs is not None
                             else lambda: None)  # fmt: skip
     parts = Parts(
@@ -94,7 +115,7 @@ def build_agent(
         poll=poll,
         instance=instance,
         heartbeats=heartbeats,
-        hooks=HookJobs(config.hooks, spool, metrics, local, origin=origin, now=now),
+        prepare=prepare,
         approver=approver,
         listener=commands,
         local=local,
@@ -113,14 +134,6 @@ def check_kubernetes(config: Config) -> None:
     if unknown:
         raise ConfigError(f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
                           f"known: {', '.join(DRAINED_EVENT_TYPES)}")  # fmt: skip
-    if config.hooks.prepare:
-        # Either prepare step's success counts the VM ready (a Hook record with exit code 0, or
-        # LocalApprover.hook_done): the first to finish would let the event be approved while
-        # the other still ran.
-        raise ConfigError("hooks.prepare and [kubernetes] are both prepare steps, and the VM is "
-                          "counted ready when the first of them succeeds, so the event could be "
-                          "approved while the other still runs: use one (the drain is the "
-                          "prepare step of a node; hooks.recover may stay)")  # fmt: skip
 
 
 def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:

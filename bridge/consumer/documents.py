@@ -185,6 +185,9 @@ class EventDocument(Told, total=False):
     # that can see it say (event_view).
     told: dict[str, Told]
     ready: list[str]  # VmIds whose prepare hook succeeded
+    # By VmId, of an agent with more than one prepare step (PrepareSteps): the steps whose
+    # latest record succeeded; it is ready once they are all of them.
+    prepared: dict[str, list[str]]
     drains: dict[str, DrainNote]  # by VmId: its drain for the event, as last reported
     decision: StandingDecision  # the standing decision, said once
     heard: str  # the consumer's clock when a record last changed the event (staleness)
@@ -529,13 +532,31 @@ def _merge_hook_record(value: EventDocument, record: RecordView) -> None:
     # agent says so with exit code 0 (docs/contracts.md).
     succeeded = record.get("HookExitCode") == 0 and (drain or not record.get("HookTimedOut"))
     prepare = record.get("HookPhase") == "prepare"
-    if prepare and succeeded and isinstance(vm_id, str):
+    if prepare and isinstance(vm_id, str) and _prepared(value, vm_id, record, succeeded):
         ready = set(value.get("ready", []))
         ready.add(vm_id)
         value["ready"] = sorted(ready)
     if prepare and drain and isinstance(vm_id, str):
         _merge_drain(value, vm_id, record)
     value.setdefault("event_id", field_of(record, "EventId"))
+
+
+def _prepared(value: EventDocument, vm_id: str, record: RecordView, succeeded: bool) -> bool:
+    """Whether this prepare record makes `vm_id` ready: it succeeded, and so did each other
+    prepare step its agent names (PrepareSteps: the drain, then the hook). An agent with one
+    step, or from before PrepareSteps, is ready on one success."""
+    steps = record.get("PrepareSteps")
+    if not isinstance(steps, list) or len(steps) < 2:
+        return succeeded
+    step = "drain" if record.get("HookName") == "drain" else "hook"
+    prepared = value.setdefault("prepared", {})
+    done = set(prepared.get(vm_id, []))
+    if succeeded:
+        done.add(step)
+    else:
+        done.discard(step)
+    prepared[vm_id] = sorted(done)
+    return succeeded and done >= {str(s) for s in steps}
 
 
 _DRAIN_OVER = frozenset({"Drained", "GaveUp", "Failed"})

@@ -292,12 +292,23 @@ class Spool:
 
         self._appended(self._write(work), encoded)
 
-    def finish_job(self, job_id: str, records: Sequence[RecordView]) -> None:
-        """Remove a finished job and append the records it produced, in one transaction."""
+    def finish_job(
+        self,
+        job_id: str,
+        records: Sequence[RecordView],
+        *,
+        then: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    ) -> None:
+        """Remove a finished job and append the records it produced, in one transaction;
+        `then`: jobs saved (or saved again, replacing theirs) in it, the ones it lets run."""
         encoded = [sql.Encoded.of(r) for r in records]
+        job_rows = [(next_id, sql.encode(dict(payload))) for next_id, payload in then]
 
         def work(conn: sqlite3.Connection) -> sql.Room:
             conn.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+            conn.executemany(
+                "INSERT OR REPLACE INTO jobs (job_id, payload) VALUES (?, ?)", job_rows
+            )
             return self._append(conn, encoded)
 
         self._appended(self._write(work), encoded)

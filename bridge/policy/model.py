@@ -729,11 +729,25 @@ def _failed_drains(fleet: FleetView, event: EventView, waiting: Iterable[str]) -
     return f"{said[0]} (see its Hook record): the event starts at NotBefore" if said else None
 
 
+_DRAIN_READY = frozenset({"Drained", "GaveUp"})  # a drain that ended (GaveUp: failed, or not)
+
+
 def _drain_parts(fleet: FleetView, event: EventView, waiting: Iterable[str]) -> list[str]:
+    # Drained and not ready: its agent's prepare hook runs after the drain (issue 38).
+    hooking = [
+        v
+        for v in waiting
+        if (d := event.drains.get(v)) and d.status in _DRAIN_READY and not d.failed
+    ]
     blocked = [v for v in waiting if (d := event.drains.get(v)) and d.status == "Blocked"]
-    rest = [v for v in waiting if v not in blocked and v in event.granted]
-    ungranted = [v for v in waiting if v not in blocked and v not in event.granted]
+    rest = [v for v in waiting if v not in blocked and v not in hooking and v in event.granted]
+    ungranted = [
+        v for v in waiting if v not in blocked and v not in hooking and v not in event.granted
+    ]
     return [
+        *_listed(
+            "prepare hook not yet succeeded after the drain on {names}", _nodes(fleet, hooking)
+        ),
         *_listed("drain blocked on {names}", _nodes(fleet, blocked)),
         *_listed("drain not finished on {names}", _nodes(fleet, rest)),
         *_listed("drain not granted yet on {names}", _nodes(fleet, ungranted)),

@@ -49,7 +49,7 @@ def kube() -> Iterator[KubeApiDouble]:
         yield double
 
 
-def node_loop(procs: Processes, kube: KubeApiDouble) -> Loop:
+def node_loop(procs: Processes, kube: KubeApiDouble, more: dict[str, str] | None = None) -> Loop:
     root = procs.workdir
     policy = root / "policy.yaml"
     policy.write_text(POLICY, encoding="utf-8")
@@ -62,6 +62,7 @@ def node_loop(procs: Processes, kube: KubeApiDouble) -> Loop:
             "SE_BRIDGE_KUBERNETES_KUBECONFIG": str(kubeconfig),
             "SE_BRIDGE_KUBERNETES_EVICTION_RETRY": "0.2",
             "SE_BRIDGE_KUBERNETES_BLOCKED_REPORT_INTERVAL": "1",
+            **(more or {}),
         })  # fmt: skip
     return loop.start()
 

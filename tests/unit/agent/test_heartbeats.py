@@ -33,7 +33,7 @@ class Rig:
         self.clock = [1000.0]  # the monotonic clock
         self.now = [T0]
         self.beats = Heartbeats(self.spool, self.poll, self.metrics, lambda: self.now[0],
-                                interval=INTERVAL, prepare_hook=True,
+                                interval=INTERVAL, prepare_steps=("hook",),
                                 clock=lambda: self.clock[0])  # fmt: skip
 
     def records(self) -> list[dict[str, Any]]:
@@ -99,7 +99,7 @@ def test_a_failing_imds_reaches_status_with_its_address_and_error(tmp_path: Path
     spool = Spool(tmp_path / "spool.db", ["jsonl"])
     poll = PollHealth("http://169.254.169.254")
     beats = Heartbeats(spool, poll, AgentMetrics(telemetry.new_registry()), lambda: T0,
-                       interval=INTERVAL, prepare_hook=False)  # fmt: skip
+                       interval=INTERVAL, prepare_steps=())  # fmt: skip
     beats.beat("Start", ORIGIN, None)
     poll.failed(RetryableError("IMDS answered 503"), 1.0, T0 + timedelta(seconds=1))
     assert poll.changed
@@ -162,7 +162,7 @@ def test_a_heartbeat_names_the_node_of_an_agent_that_drains_it(tmp_path: Path) -
     spool = Spool(tmp_path / "node.db", ["jsonl"])
     node = NodeHealth("aks-pool1-0", pool="pool1", draining="E1", cordoned=False)
     beats = Heartbeats(spool, PollHealth(), AgentMetrics(telemetry.new_registry()), lambda: T0,
-                       interval=INTERVAL, prepare_hook=True, node=lambda: node)  # fmt: skip
+                       interval=INTERVAL, prepare_steps=("hook",), node=lambda: node)  # fmt: skip
     beats.beat("Node", ORIGIN, None)
     [beat] = [json.loads(r.body) for r in spool.read_batch("jsonl", 10)]
     spool.close()

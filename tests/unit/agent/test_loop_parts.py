@@ -1,5 +1,6 @@
-"""The loop's smaller collaborators: HookJobs (hook jobs in and outcomes out) and ImdsCalls
-(IMDS calls on their own threads, abandoned when the agent stops)."""
+"""The loop's smaller collaborators: HookJobs, the hook step of the Preparation (hook jobs in
+and outcomes out), and ImdsCalls (IMDS calls on their own threads, abandoned when the agent
+stops)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from bridge.agent.hookproc import HookOutcome
 from bridge.agent.hooks import HookJob
 from bridge.agent.imdscalls import ImdsCalls
 from bridge.agent.metrics import AgentMetrics
+from bridge.agent.prepare import Book, Preparation
 from bridge.config import HooksSettings
 from bridge.outbox.spool import Spool
 from bridge.retry import RetryableError
@@ -35,29 +37,36 @@ def spool(tmp_path: Path) -> Iterator[Spool]:
     spool.close()
 
 
-def jobs(spool: Spool, settings: HooksSettings) -> HookJobs:
-    return HookJobs(settings, spool, AgentMetrics(telemetry.new_registry()), None,
-                    origin=lambda: ORIGIN, now=lambda: NOW)  # fmt: skip
+def jobs(spool: Spool, settings: HooksSettings) -> tuple[Preparation, HookJobs]:
+    def step(book: Book) -> HookJobs:
+        return HookJobs(settings, book, AgentMetrics(telemetry.new_registry()),
+                        origin=lambda: ORIGIN, now=lambda: NOW)  # fmt: skip
+
+    prepare = Preparation(spool, [step])
+    [hooks] = prepare.steps
+    assert isinstance(hooks, HookJobs)
+    return prepare, hooks
 
 
 def test_without_hooks_no_job_is_planned_or_resumed(spool: Spool) -> None:
-    unhooked = jobs(spool, HooksSettings())
+    prepare, unhooked = jobs(spool, HooksSettings())
     assert unhooked.runner is None
-    assert unhooked.plan([cast(rt.Event, event_record("Scheduled"))]) == []
+    assert prepare.plan([cast(rt.Event, event_record("Scheduled"))]) == []
     job = HookJob.for_event(cast(rt.Event, event_record("Scheduled")), "prepare")
     spool.commit([], jobs=[(job.job_id, job.to_payload())])
-    unhooked.resume()  # a job saved by an agent that had a hook stays saved
+    prepare.resume()  # a job saved by an agent that had a hook stays saved
     assert [job_id for job_id, _ in spool.pending_jobs()] == [job.job_id]
 
 
 def test_a_finished_hook_leaves_a_hook_record_and_leaves_the_spool(spool: Spool) -> None:
-    hooked = jobs(spool, HooksSettings(prepare=["true"]))
+    prepare, hooked = jobs(spool, HooksSettings(prepare=["true"]))
     try:
-        [job] = hooked.plan([cast(rt.Event, event_record("Scheduled"))])
+        [job] = prepare.plan([cast(rt.Event, event_record("Scheduled"))])
+        assert isinstance(job, HookJob)
         spool.commit([], jobs=[(job.job_id, job.to_payload())])
         hooked.done(job, HookOutcome(exit_code=3, duration_ms=12, output="no"))
     finally:
-        hooked.stop(timeout=5)
+        prepare.stop(timeout=5)
     assert spool.pending_jobs() == []
     [record] = [json.loads(r.body) for r in spool.read_batch("jsonl", 10)]
     assert (record["RecordType"], record["HookPhase"], record["HookExitCode"]) == (

@@ -136,3 +136,15 @@ def test_a_drain_that_ended_is_shown_but_is_ok() -> None:
     report = assess(drain_status("Blocked", ()), NOW, AGE, AGE)
     assert report.level == OK
     assert "last: node aks-pool1-0, event E1: Blocked" in render(report)
+
+
+def test_a_prepare_hook_held_behind_the_drain_says_what_it_waits_for() -> None:
+    trigger = {"EventId": "E1"}
+    held = ("h1", {"job_id": "h1", "phase": "prepare", "trigger": trigger, "after": "drain",
+                   "earlier_ok": True})  # fmt: skip
+    free = ("h2", {"job_id": "h2", "phase": "recover", "trigger": trigger})
+    report = assess(drain_status("Drained", (held, free)), NOW, AGE, AGE)
+    text = render(report)
+    assert "hooks running: 2" in text
+    assert "  prepare for E1 (waits for the drain)" in text
+    assert "  recover for E1\n" in text + "\n"

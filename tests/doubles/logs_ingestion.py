@@ -54,9 +54,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from bridge.simulator.server import ClosingHTTPServer
 from tests.doubles.listening import Listener
-from tests.doubles.tls import ThrowawayCertificate
+from tests.doubles.tls import ThrowawayCertificate, TlsServer
 
 logger = logging.getLogger("tests.doubles.logs_ingestion")
 
@@ -218,16 +217,10 @@ class _Stream:
         return found
 
 
-class _Server(ClosingHTTPServer):
+class _Server(TlsServer):
     def __init__(self, address: tuple[str, int], double: LogsIngestionDouble) -> None:
         self.double = double
-        self._tls = double._tls_context
-        super().__init__(address, _Handler)
-
-    def get_request(self) -> tuple[Any, Any]:
-        sock, address = super().get_request()
-        # The handshake runs in the handler thread (setup()), never in the accept loop.
-        return self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+        super().__init__(address, _Handler, double._tls_context)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -14,11 +14,14 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from bridge.simulator.server import ClosingHTTPServer
 
 
 @dataclass(frozen=True)
@@ -147,3 +150,16 @@ def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
         encipher_only=False,
         decipher_only=False,
     )
+
+
+class TlsServer(ClosingHTTPServer):
+    """An HTTPS doubles' server: each accepted connection wrapped in `context`, its handshake
+    left to the handler's thread (`setup()`), never the accept loop's."""
+
+    def __init__(self, address: tuple[str, int], handler: Any, context: ssl.SSLContext) -> None:
+        self._tls = context
+        super().__init__(address, handler)
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()
+        return self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address

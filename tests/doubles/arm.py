@@ -281,3 +281,19 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+
+
+def issued_for_arm(issued: Mapping[str, str]) -> Callable[[str], bool]:
+    """`accept_token` taking only a token the IMDS simulator issued (Simulator.issued) for ARM."""
+    return lambda token: issued.get(token) == "https://management.azure.com"
+
+
+def client_environment(double: ArmDouble, identity_url: str) -> dict[str, str]:
+    """What the consumer's process needs to reach the double as it reaches ARM: trust in its
+    certificate, no proxy for loopback, and the managed identity's endpoint (the simulator's)."""
+    return {
+        "REQUESTS_CA_BUNDLE": double.ca_bundle,
+        "CURL_CA_BUNDLE": double.ca_bundle,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "AZURE_POD_IDENTITY_AUTHORITY_HOST": identity_url,
+    }

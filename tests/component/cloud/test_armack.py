@@ -15,7 +15,7 @@ from bridge.retry import PermanentError, ThrottledError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
-from tests.doubles.arm import ArmDouble
+from tests.doubles.arm import ArmDouble, client_environment, issued_for_arm
 
 SCALE_SET = ("/subscriptions/8d5f9c8e-1111-4222-8333-444455556666/resourceGroups/rg-web/"
              "providers/Microsoft.Compute/virtualMachineScaleSets/web")  # fmt: skip
@@ -32,8 +32,7 @@ def sim() -> Iterator[SimulatorServer]:
 @pytest.fixture
 def arm(sim: SimulatorServer) -> Iterator[ArmDouble]:
     # Only a token the identity endpoint issued for ARM's audience is taken.
-    issued = sim.simulator.issued
-    with ArmDouble(accept_token=lambda t: issued.get(t) == "https://management.azure.com") as d:
+    with ArmDouble(accept_token=issued_for_arm(sim.simulator.issued)) as d:
         yield d
 
 
@@ -41,10 +40,8 @@ def arm(sim: SimulatorServer) -> Iterator[ArmDouble]:
 def client(
     arm: ArmDouble, sim: SimulatorServer, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[ArmAcknowledge]:
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", arm.ca_bundle)
-    monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", sim.vm_url(sim.simulator.vm_names[0]))
+    for name, value in client_environment(arm, sim.vm_url(sim.simulator.vm_names[0])).items():
+        monkeypatch.setenv(name, value)
     waits: list[float] = []
     c = ArmAcknowledge(credential(IdentitySettings(kind="managed")), arm.endpoint,
                        sleep=waits.append)  # fmt: skip

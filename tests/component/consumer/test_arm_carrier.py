@@ -23,7 +23,7 @@ from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from tests.component.consumer.test_core import E1, E2
 from tests.component.consumer.test_second_source import Rig
-from tests.doubles.arm import ArmDouble
+from tests.doubles.arm import ArmDouble, client_environment, issued_for_arm
 from tests.support import eventgrid as eg
 from tests.support.records import assert_valid
 
@@ -32,16 +32,16 @@ WEB = eg.compute_id("rg-app", "virtualMachineScaleSets", "web")
 
 @pytest.fixture
 def arm(monkeypatch: pytest.MonkeyPatch) -> Iterator[ArmDouble]:
-    with SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as sim:
-        issued = sim.simulator.issued
-        with ArmDouble(accept_token=lambda t: issued.get(t) == "https://management.azure.com") as d:
-            monkeypatch.setenv("REQUESTS_CA_BUNDLE", d.ca_bundle)
-            monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-            monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-            monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST",
-                               sim.vm_url(sim.simulator.vm_names[0]))  # fmt: skip
-            d.offer(WEB, E1, E2)
-            yield d
+    simulator = Simulator(Fleet(demo_vms(seed=0)))
+    with (
+        SimulatorServer(simulator) as sim,
+        ArmDouble(accept_token=issued_for_arm(simulator.issued)) as d,
+    ):
+        identity = sim.vm_url(simulator.vm_names[0])
+        for name, value in client_environment(d, identity).items():
+            monkeypatch.setenv(name, value)
+        d.offer(WEB, E1, E2)
+        yield d
 
 
 class ArmRig(Rig):

@@ -29,6 +29,7 @@ from bridge import recordtypes as rt
 from bridge.channels import CommandSender
 from bridge.cloud.armack import Acknowledged
 from bridge.commands.message import Command
+from bridge.config import Config
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.fleet import Fleet
@@ -115,6 +116,11 @@ class ArmCarrier:
             self.arm.close()
         finally:
             self.inner.close()
+
+
+def wanted(config: Config) -> bool:
+    """Whether ARM's acknowledge may carry what no live agent can (eventgrid.acknowledge)."""
+    return config.eventgrid.enabled and config.eventgrid.acknowledge
 
 
 def install(

@@ -134,7 +134,7 @@ def build_consumer(
     consumer = Consumer(store, sender, policy, emit, config.consumer, now=now,
                         host_name=host.host_name(), signer=signer, notifier=notifier,
                         trusted=trusted, health=health)  # fmt: skip
-    if config.eventgrid.enabled and config.eventgrid.acknowledge:
+    if armcarrier.wanted(config):
         arm = ArmAcknowledge(identity.credential(config.identity), config.eventgrid.arm_endpoint)
         # The consumer's sinks take any record: an Approval record as well as a Decision.
         armcarrier.install(consumer, arm, cast(Callable[[Sequence[Approval]], None], emit), now,

@@ -16,7 +16,7 @@ import pytest
 from bridge.cloud.armack import ArmAcknowledge
 from bridge.cloud.identity import credential
 from bridge.config import IdentitySettings
-from bridge.consumer import armcarrier
+from bridge.consumer import armcarrier, wiring
 from bridge.retry import RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
@@ -168,3 +168,25 @@ def test_arm_refusing_is_tried_once_and_the_event_waits_for_an_agent(
     rig.consumer.tick()
     assert len(arm.requests) == 1
     assert rig.decisions[-1]["DecisionAction"] == "Defer"
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_the_consumer_is_built_with_arm_in_front_only_when_eventgrid_acknowledge_is_on(
+    tmp_path: Path, on: bool
+) -> None:
+    environ = {
+        "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'queues'}",
+        "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "true",
+        "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{tmp_path / 'fleet.db'}",
+        "SE_BRIDGE_EVENTGRID_ENABLED": "true",
+        "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
+        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666",
+        "SE_BRIDGE_EVENTGRID_ACKNOWLEDGE": "true" if on else "false",
+    }
+    config = wiring.load_config(environ=environ)
+    consumer = wiring.build_consumer(config, lambda _: None)
+    try:
+        assert isinstance(consumer.dispatch.sender, armcarrier.ArmCarrier) is on
+        assert consumer.decider.last_resort is on
+    finally:
+        consumer.close()

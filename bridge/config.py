@@ -597,6 +597,18 @@ class EventGridSettings:
         "The fleet's resource groups (NAME, or SUBSCRIPTION/NAME): a delivery about a VM "
         "outside them is refused. Empty: every resource group of eventgrid.subscriptions.",
     )
+    acknowledge: bool = _setting(
+        False,
+        "Approve through ARM's acknowledge (Microsoft.Maintenance, preview) what no live agent "
+        "can carry: an event Event Grid told of whose VMs have no agent, or whose agents are "
+        "all silent or refused it. Same policy, budgets and audit; needs enabled and the role "
+        "Scheduled Events Contributor for the consumer's identity (docs/second-source.md).",
+    )
+    arm_endpoint: str = _setting(
+        "https://management.azure.com",
+        "Azure Resource Manager's endpoint for eventgrid.acknowledge (another cloud's, e.g. "
+        "https://management.usgovcloudapi.net).",
+    )
 
 
 # Sections that live in another's table: [consumer.people] is Config.people, and its

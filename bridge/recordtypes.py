@@ -27,7 +27,7 @@ DrainStatus = Literal[
     "Uncordoned",
     "LeftCordoned",
 ]
-ApprovalSource = Literal["Central", "Local"]
+ApprovalSource = Literal["Central", "Local", "ARM"]
 ApprovalOutcome = Literal["Approved", "Refused", "Failed"]
 DecisionAction = Literal["Approve", "Defer", "Hold", "Release", "Ask", "Pause", "Resume"]
 DecisionMode = Literal["normal", "shadow"]

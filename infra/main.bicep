@@ -168,6 +168,12 @@ param eventGridSource bool = false
 @description('With eventGridSource: also the resource-health system topic (eventgrid.health).')
 param eventGridHealth bool = false
 
+@description('With eventGridSource: the consumer may approve, through ARM\'s acknowledge (preview), an event no live agent can carry (eventgrid.acknowledge): Scheduled Events Contributor on each of eventGridFleetResourceGroups.')
+param eventGridAcknowledge bool = false
+
+@description('With eventGridAcknowledge: the resource groups of the fleet\'s VMs, scale sets and availability sets, in this subscription. Empty: this deployment\'s resource group.')
+param eventGridFleetResourceGroups array = []
+
 param tags object = {
   application: 'se-bridge'
 }
@@ -343,6 +349,15 @@ module eventGrid 'modules/eventgrid.bicep' = if (eventGridSource) {
     tags: tags
   }
 }
+
+// The first Function App's identity reads the second source, so it is the one that acknowledges.
+module armAcknowledge 'modules/arm-acknowledge.bicep' = [for group in (empty(eventGridFleetResourceGroups) ? [resourceGroup().name] : eventGridFleetResourceGroups): if (eventGridSource && eventGridAcknowledge) {
+  name: 'se-bridge-arm-acknowledge-${uniqueString(group)}'
+  scope: resourceGroup(group)
+  params: {
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+  }
+}]
 
 module workbook 'modules/workbook.bicep' = if (deployWorkbook) {
   name: 'se-bridge-workbook'

@@ -90,6 +90,8 @@ class Decider:
         self.rules = rules
         self._now = now
         self._failures = Once(10_000)  # decision failures said at ERROR
+        # ARM's acknowledge carries what no live agent can (bridge.consumer.armcarrier).
+        self.last_resort = False
 
     @property
     def costly_looks(self) -> bool:
@@ -119,7 +121,8 @@ class Decider:
             view = replace(view, person=self.people.decision_for(view.event_id, view.resources))
         reach = {**state.reach, **known_vms.health_reach} if known_vms.health_reach else state.reach
         fleet = FleetView(known_vms.vms, impacted, alive_within, groups, reach, pauses=pauses,
-                          unhealthy=known_vms.unhealthy)  # fmt: skip
+                          unhealthy=known_vms.unhealthy,
+                          last_resort=self.last_resort)  # fmt: skip
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))
         return Situation(doc, view, fleet, entry, vouched)
 

@@ -22,7 +22,7 @@ from bridge.consumer.notices import EVERY_TARGET, NoticeQueue
 from bridge.consumer.people.operatorlog import OperatorAction, pause_of
 from bridge.consumer.state import Doc
 from bridge.notify.notice import Notice, NoticeKind
-from bridge.policy.model import PERSON_RULE, EventView, Policy, Verdict, VmView
+from bridge.policy.model import ARM_CARRIER, PERSON_RULE, EventView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, iso, parse_time, record_id, vm_key
 from bridge.redact import describe
 
@@ -509,7 +509,8 @@ def decision_record(
         "DecisionAction": action,
         "DecisionRule": verdict.rule,
         "DecisionReason": verdict.reason,
-        "TargetVmId": verdict.target,
+        # ARM's acknowledge is no VM: its Approval record says ARM (ApprovalSource).
+        "TargetVmId": None if verdict.target == ARM_CARRIER else verdict.target,
         "TargetVmName": target.name if target else None,
         "CommandId": command.command_id if command else None,
         "Attempt": attempt,

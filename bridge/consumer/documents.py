@@ -151,7 +151,9 @@ class AzureView(Told, total=False):
 
     {"status": "Started", "at": "2026-11-21T10:00:05.000Z", "event_type": "Reboot",
      "event_source": "Platform", "duration": -1, "resources": ["web_2"], "not_before": null,
-     "scope": ["8d5f...", "rg-app", "web"], "ids": {"web_2": ["/subscriptions/..."]}}
+     "scope": ["8d5f...", "rg-app", "web"], "ids": {"web_2": ["/subscriptions/..."]},
+     "resource_id": "/subscriptions/8d5f.../resourceGroups/rg-app/providers/Microsoft.Compute/
+     virtualMachineScaleSets/web"}
 
     `status` is Scheduled, Started, Completed or Canceled; an end is final. `ids`: the full
     resource ids each name of Resources may be (the delivery's resource id and the name).
@@ -161,6 +163,7 @@ class AzureView(Told, total=False):
     at: str
     scope: list[str | None]
     ids: dict[str, list[str]]
+    resource_id: str  # the scale set's, availability set's or VM's id, as Azure sent it
 
 
 ENDED = ("Completed", "Canceled")
@@ -489,6 +492,8 @@ def _merge_azure(value: EventDocument, record: RecordView) -> None:
     ids = {n: list(resource.vm_ids(n)) for n in names} if resource else {}
     view = cast(AzureView, {**fields, "status": status, "at": seen, "updated": seen,
                             "scope": list(scope), "ids": ids})  # fmt: skip
+    if resource is not None:  # what ARM's acknowledge is addressed to (bridge.consumer.armcarrier)
+        view["resource_id"] = resource.id
     value["azure"] = view
     if not value.get("reporters"):
         for key in fields:

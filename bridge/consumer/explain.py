@@ -36,8 +36,8 @@ from bridge import recordtypes as rt
 from bridge import schema
 from bridge.commands.message import Command
 from bridge.config import Config, ConfigError
+from bridge.consumer import armcarrier, validation, wiring
 from bridge.consumer import documents as fs
-from bridge.consumer import validation, wiring
 from bridge.consumer.core import Consumer, Explained
 from bridge.consumer.state.memory import MemoryStore
 from bridge.policy.model import EventView, Policy
@@ -90,6 +90,7 @@ def _from_records(
     at = newest(records)
     consumer = Consumer(MemoryStore(), NoCommands(), policy, ignore_decisions, config.consumer,
                         now=lambda: at)  # fmt: skip
+    consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
     try:
         consumer.fold(records)
         found = consumer.explain(event_id)
@@ -134,6 +135,7 @@ def _replay(
     settings = replace(config.consumer, mode="shadow")
     consumer = Consumer(MemoryStore(), NoCommands(), policy, ignore_decisions, settings,
                         now=lambda: clock[0])  # fmt: skip
+    consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
     try:
         with _quiet():
             for at, batch in groupby(sorted(records, key=_stamp), key=_stamp):
@@ -177,6 +179,7 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
     # Read-only: what a previous key signed is explained as the consumer applies it.
     consumer = Consumer(store, NoCommands(), policy, ignore_decisions, config.consumer,
                         signer=signer, trusted=trusted, sign_again=False)  # fmt: skip
+    consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
     try:
         return event, consumer.explain(event)
     finally:

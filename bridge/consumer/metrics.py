@@ -26,6 +26,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_eventgrid_total{kind="event"} 12.0
     se_bridge_consumer_eventgrid_refused_total{reason="untrusted-topic"} 1.0
     se_bridge_consumer_eventgrid_disagreements_total{field="Resources"} 1.0
+    se_bridge_consumer_arm_acknowledge_total{outcome="approved"} 2.0
 """
 
 from __future__ import annotations
@@ -140,6 +141,11 @@ class ConsumerMetrics:
         """Ask `counts` at each scrape what the second source (Event Grid) has done."""
         self.registry.register(_EventGridCollector(counts))
 
+    def watch_arm(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Ask `counts` at each scrape how ARM's acknowledge (the carrier of last resort)
+        fared, by outcome (bridge.consumer.armcarrier.ArmCarrier.outcomes)."""
+        self.registry.register(_ArmCollector(counts))
+
     def watch_people(self, counts: Callable[[], PeopleCounts]) -> None:
         """Ask `counts` at each scrape for the asks, pauses and people's actions
         (PeopleDesk.counts: no read of the fleet state at a scrape)."""
@@ -234,6 +240,20 @@ def _by_label(
     for value in values:
         family.add_metric([value], counts.get(value, 0))
     return family
+
+
+class _ArmCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        yield _by_label(
+            "se_bridge_consumer_arm_acknowledge",
+            "Approvals carried by ARM's acknowledge (no live agent could), by outcome: approved, "
+            "refused (ARM would not: the event is over or not opted in), failed (ARM unreachable, "
+            "throttled past the retries, or the identity refused: sent again at the next pass).",
+            "outcome", ("approved", "refused", "failed"), self._counts(),
+        )  # fmt: skip
 
 
 class _PendingCollector(Collector):

@@ -27,6 +27,7 @@ from bridge.config import (
     warn_of_consumer_settings_under_agent,
 )
 from bridge.consumer import validation, wiring
+from bridge.consumer.armcarrier import ArmCarrier
 from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.people.server import PageError, PageServer
 from bridge.consumer.people.server import build_app as build_page
@@ -90,6 +91,9 @@ class ConsumerService:
         self.metrics.watch_missed(lambda: dict(ledger.missed))
         self.metrics.watch_pending(lambda: self.consumer.pending)
         self.metrics.watch_people(self.consumer.desk.counts)
+        carrier = self.consumer.sender
+        if isinstance(carrier, ArmCarrier):  # eventgrid.acknowledge
+            self.metrics.watch_arm(lambda: dict(carrier.outcomes))
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)

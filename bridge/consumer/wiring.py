@@ -6,17 +6,20 @@ the demo all start a consumer this way, so each refuses the same bad settings wi
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client import CollectorRegistry
 
 from bridge import channels, host, sinks, telemetry
 from bridge.channels import CommandSender
+from bridge.cloud import identity
+from bridge.cloud.armack import ArmAcknowledge
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, ConsumerSettings, load
+from bridge.consumer import armcarrier
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
 from bridge.consumer.sources import eventgrid
@@ -26,6 +29,7 @@ from bridge.notify import kinds as notify_kinds
 from bridge.policy import file as policyfile
 from bridge.policy.model import DEFAULT_POLICY, Policy
 from bridge.records import utc_now
+from bridge.recordtypes import Approval
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -127,9 +131,15 @@ def build_consumer(
     # Its threads start here: built last, so that a bad setting above starts none.
     notifier = notify_kinds.build(config, registry) if config.notify.targets else None
     health = config.eventgrid.enabled and config.eventgrid.health
-    return Consumer(store, sender, policy, emit, config.consumer, now=now,
-                    host_name=host.host_name(), signer=signer, notifier=notifier,
-                    trusted=trusted, health=health)  # fmt: skip
+    consumer = Consumer(store, sender, policy, emit, config.consumer, now=now,
+                        host_name=host.host_name(), signer=signer, notifier=notifier,
+                        trusted=trusted, health=health)  # fmt: skip
+    if armcarrier.wanted(config):
+        arm = ArmAcknowledge(identity.credential(config.identity), config.eventgrid.arm_endpoint)
+        # The consumer's sinks take any record: an Approval record as well as a Decision.
+        armcarrier.install(consumer, arm, cast(Callable[[Sequence[Approval]], None], emit), now,
+                           host.host_name())  # fmt: skip
+    return consumer
 
 
 def load_signer(config: Config) -> signing.Signer | None:

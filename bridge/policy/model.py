@@ -47,6 +47,10 @@ HELD = "held:"
 # A VM resource health reports Unavailable or Degraded counts in every budget as impacted by
 # this pseudo event until it is Available again (issue 36), whatever its agent says.
 HEALTH = "health:"
+# The carrier of last resort (issue 36): ARM's acknowledge, when no live agent can carry an
+# approval (choose_target). It stands where a VmId would as the target of a verdict, a ledger
+# entry and the command kept for a resend; no channel ever sees it (bridge.consumer.armcarrier).
+ARM_CARRIER = "(arm)"
 
 
 @dataclass(frozen=True)
@@ -375,6 +379,8 @@ class FleetView:
     # pseudo events HEALTH + VmId, or + the name of a VM no agent reports): the state and
     # since when, by that VmId or name.
     unhealthy: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
+    # ARM's acknowledge may carry an approval no live agent can (eventgrid.acknowledge).
+    last_resort: bool = False
 
     def alive(self, vm_id: str, now: datetime) -> bool:
         vm = self.vms.get(vm_id)
@@ -464,8 +470,8 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
         return _with(Verdict("Defer", rule.name, why, asked=asked), [*notes, why])
     verdict = Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target,
                       asked=asked)  # fmt: skip
-    through = f"approval sent through {fleet.vms[target].name}"
-    if target not in event.reporters:
+    through = f"approval sent through {carrier_name(fleet, target)}"
+    if target not in event.reporters and target != ARM_CARRIER:
         through += (
             f" ({fleet.vms[target].name} has not reported the event yet: the event names it and "
             "it is alive, so it sees the event at its next poll and reads its queue at once)"
@@ -516,7 +522,7 @@ def _person(  # noqa: PLR0917 - evaluate's arguments and the decision
         why = "no live VM reports the event to carry the approval"
         return _with(Verdict("Defer", PERSON_RULE, why, person=person), [*notes, why])
     over = " over the budget" if override else ""
-    name = fleet.vms[target].name
+    name = carrier_name(fleet, target)
     why = f"approved by {person.by.name}{over} ({said}); approval sent through {name}"
     notes.append(f"approval sent through {name}")
     return _with(Verdict("Approve", PERSON_RULE, why, target, person=person, override=override),
@@ -1263,7 +1269,8 @@ def _groups(group: str, vms: Iterable[VmView]) -> dict[str, set[str]]:
 
 def choose_target(fleet: FleetView, event: EventView, now: datetime) -> str | None:
     """The VM to carry the approval, one not yet asked: a live VM the event names, then a
-    live neighbour that reports it.
+    live neighbour that reports it; only when none can, ARM's acknowledge (`ARM_CARRIER`,
+    when `fleet.last_resort`): a live agent is always preferred.
 
     A VM the event names carries it even before its own report is folded in, as long as it
     is alive and the event is young (`UNREPORTED_CARRIER_WITHIN`): Azure shows an event to
@@ -1282,7 +1289,10 @@ def choose_target(fleet: FleetView, event: EventView, now: datetime) -> str | No
         v for v in (*event.reporters, *named) if v not in event.tried and fleet.alive(v, now)
     ]
     if not candidates:
-        return None
+        # No agent can: ARM's acknowledge, once, for an event Azure told of (Event Grid gives
+        # the resource its acknowledge is addressed to).
+        arm = fleet.last_resort and event.azure is not None and ARM_CARRIER not in event.tried
+        return ARM_CARRIER if arm else None
 
     def preference(vm_id: str) -> tuple[bool, bool, str]:
         vm = fleet.vms[vm_id]
@@ -1291,6 +1301,13 @@ def choose_target(fleet: FleetView, event: EventView, now: datetime) -> str | No
     return min(candidates, key=preference)
 
 
+def carrier_name(fleet: FleetView, target: str) -> str:
+    """How a verdict's carrier is said: the VM's name, or ARM's acknowledge."""
+    if target == ARM_CARRIER:
+        return "ARM's acknowledge (no live agent can carry it)"
+    return fleet.vms[target].name
+
+
 def _approve_reason(rule: Rule, fleet: FleetView, target: str) -> str:
-    name = fleet.vms[target].name
+    name = carrier_name(fleet, target)
     return f"rule {rule.name} ({rule.action.kind.replace('_', ' ')}); approval sent through {name}"

@@ -74,6 +74,9 @@ class Simulator:
         self._approvals: list[Approval] = []
         self._counters: dict[str, Counter[str]] = {name: Counter() for name in fleet.names}
         self._served_generation: dict[str, int] = {}
+        # The access tokens issued, and for which resource: what a test double of a service
+        # checks a bearer token against (the ARM double, tests/doubles/arm.py).
+        self.issued: dict[str, str] = {}
 
     @property
     def vm_names(self) -> list[str]:
@@ -102,8 +105,11 @@ class Simulator:
     def token(self, vm: str, resource: str, client_id: str | None = None) -> dict[str, str]:
         """A managed identity token response shaped like IMDS's (all values are strings)."""
         now = int(self.now())
+        token = secrets.token_urlsafe(48)
+        with self._lock:
+            self.issued[token] = resource
         return {
-            "access_token": secrets.token_urlsafe(48),
+            "access_token": token,
             "client_id": client_id or self.fleet.vm(vm).client_id,
             "expires_in": str(TOKEN_LIFETIME),
             "expires_on": str(now + TOKEN_LIFETIME),

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tests.benchmarks import (
     bench_approval,
+    bench_arm_ack,
     bench_consumer,
     bench_cost,
     bench_detection,
@@ -40,6 +41,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "8": bench_quota.run,
     "9": bench_node_drain.run,
     "10": bench_eventgrid.run,
+    "11": bench_arm_ack.run,
 }
 
 

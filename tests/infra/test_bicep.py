@@ -39,6 +39,7 @@ BUILT_IN_ROLES = {
     "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
     "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
+    "b67fe603-310e-4889-b9ee-8257d09d353d": "Scheduled Events Contributor",
 }
 
 
@@ -637,7 +638,13 @@ def test_a_looped_module_is_used_only_by_index() -> None:
         for name, module in bicep.parse(MAIN)["modules"].items()
         if bicep.loop(module["config"])
     ]
-    assert sorted(looped) == ["consumerRoles", "eventHubs", "functionApp", "queueStorage"]
+    assert sorted(looped) == [
+        "armAcknowledge",
+        "consumerRoles",
+        "eventHubs",
+        "functionApp",
+        "queueStorage",
+    ]
     text = MAIN.read_text(encoding="utf-8")
     for name in looped:
         assert not re.search(rf"\b{name}\.", text), name

@@ -62,3 +62,28 @@ def test_the_topics_may_only_send_to_the_hub_and_the_consumer_only_read_it() -> 
     }
     for guid, role in names.values():
         assert BUILT_IN_ROLES[guid] == role
+
+
+ACKNOWLEDGE = MODULES / "arm-acknowledge.bicep"
+
+
+def test_arms_acknowledge_is_granted_only_behind_both_parameters_off_by_default() -> None:
+    main = MAIN.read_text(encoding="utf-8")
+    assert re.search(r"^param eventGridAcknowledge bool = false$", main, re.MULTILINE)
+    assert "if (eventGridSource && eventGridAcknowledge) {" in main
+    module = bicep.parse(MAIN)["modules"]["armAcknowledge"]
+    assert "scope: resourceGroup(group)" in main
+    assert module["config"]["condition"]["operator"]["type"] == "and"
+    assert "consumerPrincipalId" in module["config"]["config"]["params"]
+
+
+def test_arms_acknowledge_takes_the_narrowest_role_that_allows_it_and_nothing_else() -> None:
+    names = bicep.role_variables(ACKNOWLEDGE)
+    assert [role for _, role in names.values()] == ["Scheduled Events Contributor"]
+    found = bicep.resources(ACKNOWLEDGE, "Microsoft.Authorization/roleAssignments")
+    (assignment,) = found.values()
+    config = bicep.unlooped(assignment["config"])
+    assert "scope" not in config  # the resource group the module is deployed into
+    assert config["properties"]["principalType"] == "ServicePrincipal"
+    for guid, role in names.values():
+        assert BUILT_IN_ROLES[guid] == role

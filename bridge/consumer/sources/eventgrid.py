@@ -79,6 +79,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from bridge import __version__
 from bridge import recordtypes as rt
@@ -143,6 +144,14 @@ def check_settings(settings: EventGridSettings, records_hub: str = "") -> None:
     is the hub the agents send to (eventhubs.name), which must not be this one."""
     if settings.health and not settings.enabled:
         raise ConfigError("eventgrid.health needs eventgrid.enabled: both come from one hub")
+    if settings.acknowledge and not settings.enabled:
+        raise ConfigError("eventgrid.acknowledge needs eventgrid.enabled: ARM's acknowledge is "
+                          "addressed to the resource Event Grid names")  # fmt: skip
+    endpoint = urlsplit(settings.arm_endpoint)
+    if settings.acknowledge and (endpoint.scheme != "https" or not endpoint.hostname
+                                 or endpoint.path not in ("", "/")):  # fmt: skip
+        raise ConfigError(f"eventgrid.arm_endpoint {settings.arm_endpoint!r} is not https://HOST "
+                          "(ARM's endpoint: https://management.azure.com)")  # fmt: skip
     if not settings.enabled:
         return
     if not settings.hub and not settings.connection_string:

@@ -298,6 +298,27 @@ def test_event_grid_times_with_seven_decimals_are_read() -> None:
         ({"enabled": True, "subscriptions": [SUB]}, "needs eventgrid.hub"),
         ({"enabled": True, "hub": "eg"}, "needs eventgrid.subscriptions"),
         ({"enabled": True, "hub": "eg", "subscriptions": ["prod"]}, "not a subscription id"),
+        ({"acknowledge": True}, "acknowledge needs eventgrid.enabled"),
+        (
+            {
+                "enabled": True,
+                "hub": "eg",
+                "subscriptions": [SUB],
+                "acknowledge": True,
+                "arm_endpoint": "http://management.azure.com",
+            },
+            "is not https://HOST",
+        ),
+        (
+            {
+                "enabled": True,
+                "hub": "eg",
+                "subscriptions": [SUB],
+                "acknowledge": True,
+                "arm_endpoint": "https://management.azure.com/subscriptions",
+            },
+            "is not https://HOST",
+        ),
     ],
 )
 def test_settings_that_cannot_work_stop_the_consumer_at_start(
@@ -318,4 +339,5 @@ def test_the_hub_the_agents_send_to_is_refused_as_azures() -> None:
 def test_off_by_default() -> None:
     assert EventGridSettings().enabled is False
     assert EventGridSettings().health is False
+    assert EventGridSettings().acknowledge is False
     check_settings(EventGridSettings())

@@ -10,6 +10,7 @@ from typing import Literal
 import pytest
 
 from bridge.policy.model import (
+    ARM_CARRIER,
     DEFAULT_POLICY,
     UNREPORTED_CARRIER_WITHIN,
     Action,
@@ -550,3 +551,32 @@ def test_a_blocked_drain_names_its_node_time_pods_and_pdbs() -> None:
     assert verdict.reason == "waiting for drains: drain blocked on aks-0"
     assert ("drain on aks-0 blocked 4 min: pod shop/web-1 (PDB web-pdb refused eviction), "
             "pod shop/batch-7 (WaitingForCompletion)") in verdict.explanation  # fmt: skip
+
+
+def _arm(fleet_view: FleetView) -> FleetView:
+    return replace(fleet_view, last_resort=True)
+
+
+ARM_CASES = [
+    # Issue 36: ARM's acknowledge only when no live agent can carry it, and once.
+    Case("a live reporter before ARM", budgeted(), _arm(fleet(vm(0))),
+         event("id0", azure="Scheduled"), "Approve", "approve-all", "id0"),
+    Case("no live agent: ARM", budgeted(), _arm(fleet(stale(0))),
+         event("id0", reporters=(), azure="Scheduled"), "Approve", "approve-all", ARM_CARRIER,
+         reason="ARM's acknowledge"),
+    Case("every agent tried: ARM", budgeted(), _arm(fleet(vm(0), vm(1))),
+         event("id0", reporters=("id0", "id1"), tried=("id0", "id1"), azure="Scheduled"),
+         "Approve", "approve-all", ARM_CARRIER),
+    Case("ARM tried: deferred", budgeted(), _arm(fleet(stale(0))),
+         event("id0", reporters=(), tried=(ARM_CARRIER,), azure="Scheduled"), "Defer",
+         "approve-all", reason="no live VM"),
+    Case("Event Grid never told of it: no ARM", budgeted(), _arm(fleet(stale(0))),
+         event("id0", reporters=()), "Defer", "approve-all"),
+    Case("ARM off: deferred", budgeted(), fleet(stale(0)),
+         event("id0", reporters=(), azure="Scheduled"), "Defer", "approve-all"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ARM_CASES, ids=[c.name for c in ARM_CASES])
+def test_arm_is_the_carrier_of_last_resort(case: Case) -> None:
+    check(case)

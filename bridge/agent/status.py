@@ -293,24 +293,42 @@ def render(report: Report) -> str:
     if beat:
         lines.append(f"last heartbeat: {beat.get('at')} ({beat.get('reason')})")
         lines += _imds_lines(beat)
-    doc = report.document
+    lines += _document_lines(report.document)
+    lines += _spool_lines(report.spool)
+    lines.append(f"hooks running: {len(report.hooks)}")
+    lines += [f"  {h['phase']} for {h['event']}" for h in report.hooks]
+    if report.drain:
+        lines += _drain_lines(report.drain)
+    approvals = report.approvals
+    lines.append(
+        f"approvals remembered: {len(approvals['approved_events'])} events, "
+        f"{len(approvals['commands'])} commands"
+    )
+    for command, seen in approvals["commands"].items():
+        lines.append(f"  command {command}: {seen.get('outcome')} (kept until {seen.get('until')})")
+    return "\n".join(printable(line) for line in lines)
+
+
+def _document_lines(doc: dict[str, Any]) -> list[str]:
     if doc.get("incarnation") is None:
-        lines.append("last document acted on: none yet")
-    else:
-        lines.append(
-            f"last document acted on: incarnation {doc.get('incarnation')} at "
-            f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events"
-        )
+        return ["last document acted on: none yet"]
+    lines = [
+        f"last document acted on: incarnation {doc.get('incarnation')} at "
+        f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events"
+    ]
     for event in doc.get("events", []):
         lines.append(
             f"  {event['EventId']} {event['EventType']} {event['EventStatus']}, "
             f"NotBefore {event['NotBefore']}, Resources {event['Resources']}"
             + (" (this VM)" if event.get("AffectsThisVm") else "")
         )
-    spool = report.spool
-    lines.append(
+    return lines
+
+
+def _spool_lines(spool: dict[str, Any]) -> list[str]:
+    lines = [
         f"spool: {spool['records']} records ({spool['bytes']} bytes) held, {spool['shed']} shed"
-    )
+    ]
     for sink in spool["sinks"]:
         since = f", oldest from {sink['oldest']}" if sink["oldest"] else ""
         trouble = sink["last_error"]
@@ -323,34 +341,28 @@ def render(report: Report) -> str:
             f"  {sink['name']}: {sink['waiting']} waiting{since}; "
             f"{sink['dead_letters']} dead letters{failing}"
         )
-    lines.append(f"hooks running: {len(report.hooks)}")
-    lines += [f"  {h['phase']} for {h['event']}" for h in report.hooks]
-    if report.drain:
-        last = report.drain["last"]
-        lines.append(f"node drains running: {len(report.drain['running'])}")
+    return lines
+
+
+def _drain_lines(drain: dict[str, Any]) -> list[str]:
+    lines = [f"node drains running: {len(drain['running'])}"]
+    lines += [
+        f"  {'drain' if d['phase'] == 'prepare' else 'uncordon'} for {d['event']}"
+        for d in drain["running"]
+    ]
+    last = drain["last"]
+    if last:
+        lines.append(
+            f"  last: node {last.get('node')}, event {last.get('event')}: "
+            f"{last.get('status')} at {last.get('at')}"
+        )
         lines += [
-            f"  {'drain' if d['phase'] == 'prepare' else 'uncordon'} for {d['event']}"
-            for d in report.drain["running"]
-        ]
-        if last:
-            lines.append(
-                f"  last: node {last.get('node')}, event {last.get('event')}: "
-                f"{last.get('status')} at {last.get('at')}"
+            f"    pod {b.get('Namespace')}/{b.get('Pod')}: {b.get('Reason')}"
+            + (
+                f" (PodDisruptionBudget {b['PodDisruptionBudget']})"
+                if b.get("PodDisruptionBudget")
+                else ""
             )
-            lines += [
-                f"    pod {b.get('Namespace')}/{b.get('Pod')}: {b.get('Reason')}"
-                + (
-                    f" (PodDisruptionBudget {b['PodDisruptionBudget']})"
-                    if b.get("PodDisruptionBudget")
-                    else ""
-                )
-                for b in last.get("blockers") or []
-            ]
-    approvals = report.approvals
-    lines.append(
-        f"approvals remembered: {len(approvals['approved_events'])} events, "
-        f"{len(approvals['commands'])} commands"
-    )
-    for command, seen in approvals["commands"].items():
-        lines.append(f"  command {command}: {seen.get('outcome')} (kept until {seen.get('until')})")
-    return "\n".join(printable(line) for line in lines)
+            for b in last.get("blockers") or []
+        ]
+    return lines

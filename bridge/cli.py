@@ -13,7 +13,7 @@ from bridge import __version__, demo
 from bridge.agent import command as agent_command
 from bridge.agent import status, winservice
 from bridge.commands import signing
-from bridge.config import ENV_PREFIX, LOG_FORMATS, LOG_LEVELS
+from bridge.config import ENV_PREFIX, LOG_FORMATS, LOG_LEVELS, flag_help, flag_of
 from bridge.consumer import command as consumer_command
 from bridge.consumer.people import command as people_command
 from bridge.logfile import setup_logging
@@ -63,24 +63,31 @@ class CommandParser(argparse.ArgumentParser):
 # Whose log settings each command's --log-level and --log-format stand for, read from the
 # environment when no flag is given (the agent and the consumer read their config file too);
 # the other commands read no settings.
-LOG_SECTIONS = {"agent": "agent", "check": "agent", "status": "agent", "service": "agent",
-                "consume": "consumer", "policy": "consumer"}  # fmt: skip
+LOG_SECTIONS = {
+    "agent": "agent",
+    "check": "agent",
+    "status": "agent",
+    "service": "agent",
+    "consume": "consumer",
+    "policy": "consumer",
+}
 SIGPIPE_EXIT = 141  # what a shell reports of a writer whose reader left (128 + SIGPIPE)
 # Quieter where the output is the point: check's verdicts, the demo's live view.
 QUIET_COMMANDS = ("check", "demo")
 
 
-LOGGING_OPTIONS = ("--log-level", "--log-format")
+LOGGING_OPTIONS = (flag_of("agent.log_level").name, flag_of("agent.log_format").name)
 
 
 def _logging_options(parser: argparse.ArgumentParser, command: str) -> None:
-    """`--log-level` and `--log-format`, on every sub-command."""
+    """`--log-level` and `--log-format`, on every sub-command; those of a program that reads
+    settings name its section's."""
     section = LOG_SECTIONS.get(command)
 
-    def setting(key: str) -> str:
+    def help_of(key: str, default: str) -> str:
         if section is None:
-            return ""
-        return f"setting {section}.{key}, {ENV_PREFIX}{section.upper()}_{key.upper()}; "
+            return f"{flag_of(f'agent.{key}').help} (default {default})"
+        return flag_help(f"{section}.{key}", default=default)
 
     group = parser.add_argument_group("logging")
     level, fmt = LOGGING_OPTIONS
@@ -88,14 +95,9 @@ def _logging_options(parser: argparse.ArgumentParser, command: str) -> None:
         level,
         type=str.upper,
         choices=LOG_LEVELS,
-        help=f"how much to log ({setting('log_level')}default {_default_level(command)})",
+        help=help_of("log_level", _default_level(command)),
     )
-    group.add_argument(
-        fmt,
-        choices=LOG_FORMATS,
-        help="text, or json: one object per line for a log pipeline "
-        f"({setting('log_format')}default text)",
-    )
+    group.add_argument(fmt, choices=LOG_FORMATS, help=help_of("log_format", "text"))
 
 
 def _default_level(command: str) -> str:

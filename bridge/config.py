@@ -16,6 +16,7 @@ Example file (all keys optional):
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import json
@@ -48,6 +49,19 @@ class ConfigError(ValueError):
     """A setting is wrong; the message names it and where it came from."""
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A setting's command-line option. Its --help is `help`, then the setting, its
+    environment variable and the default (`default`, where the field's own default does not
+    say it); see add_flags."""
+
+    name: str
+    metavar: str = ""
+    help: str = ""
+    default: str = ""
+    const: str | None = None  # a switch that sets the setting to this (--shadow)
+
+
 def _setting(
     default: Any,
     help_text: str,
@@ -58,6 +72,7 @@ def _setting(
     command: bool = False,
     secret: bool = False,
     url: bool = False,
+    flag: Flag | None = None,
 ) -> Any:
     meta = {
         "help": help_text,
@@ -67,54 +82,99 @@ def _setting(
         "command": command,
         "secret": secret,
         "url": url,
+        "flag": flag,
     }
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
+# Options that two sections' settings share: bridge.cli adds the logging ones to every command.
+_LOG_LEVEL_FLAG = Flag("--log-level", help="how much to log")
+_LOG_FORMAT_FLAG = Flag(
+    "--log-format", help="text, or json: one object per line for a log pipeline"
+)
+_METRICS_FLAG = Flag(
+    "--metrics-address",
+    "[HOST:]PORT",
+    "serve /metrics, /healthz and /readyz here; a bare port listens on 127.0.0.1",
+    default="off",
+)
+_SINK_KINDS = "jsonl:PATH, stdout, hub:DIR, eventhubs or loganalytics"
+
+
 @dataclass(frozen=True)
 class AgentSettings:
     poll_interval: float = _setting(
-        1.0, "Seconds between Scheduled Events polls.", low=0.2, high=60
+        1.0,
+        "Seconds between Scheduled Events polls.",
+        low=0.2,
+        high=60,
+        flag=Flag("--poll-interval", "SECONDS", "seconds between polls"),
     )
-    state_dir: Path = _setting(host.default_state_dir(), "Where the spool and state live.")
+    state_dir: Path = _setting(
+        host.default_state_dir(),
+        "Where the spool and state live.",
+        flag=Flag("--state-dir", "DIR", "the agent's spool and state directory"),
+    )
     sinks: list[str] = _setting(
         [],
         "Sink specs: jsonl:PATH, stdout, hub:DIR, eventhubs, loganalytics. "
         "Default: jsonl:<state_dir>/records.jsonl.",
+        flag=Flag(
+            "--sink", "SPEC", f"where records go: {_SINK_KINDS}", "jsonl:<state-dir>/records.jsonl"
+        ),
     )
     heartbeat_interval: float = _setting(
         300.0, "Seconds between Heartbeat records.", low=1, high=86400
     )
-    log_level: str = _setting("INFO", "DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS)
+    log_level: str = _setting(
+        "INFO", "DEBUG, INFO, WARNING or ERROR.", choices=LOG_LEVELS, flag=_LOG_LEVEL_FLAG
+    )
     log_format: str = _setting(
         "text",
         "text (a line a person reads) or json (one object per line for a log pipeline).",
         choices=LOG_FORMATS,
+        flag=_LOG_FORMAT_FLAG,
     )
     policy: Path | None = _setting(
         None,
         "Approval policy run inside this agent (local mode): a YAML file, or `default` for the "
         "built-in policy; none: no local approvals.",
+        flag=Flag(
+            "--policy",
+            "FILE",
+            "approve with this policy here, local mode: a YAML file, or default for the "
+            "built-in policy",
+            default="none",
+        ),
     )
     vm_name: str = _setting(
         "",
         "This VM's name as Scheduled Events' Resources lists it, for an IMDS that serves no "
-        "instance metadata (Microsoft's mock server, some emulators; --vm-name); instance "
+        "instance metadata (Microsoft's mock server, some emulators); instance "
         "metadata's name wins when it answers. "
         "Empty: without instance metadata an event naming this host counts as this VM's.",
+        flag=Flag(
+            "--vm-name",
+            "NAME",
+            "this VM's name as the events' Resources list it, for an IMDS that serves no "
+            "instance metadata, such as Microsoft's mock server",
+            default="the name instance metadata gives, else this host's",
+        ),
     )
     log_file: Path | None = _setting(
         None,
         "Write the log to this file, rotated by size, instead of stderr; none: stderr "
         "(journald rotates it). The Windows service defaults to "
         "%ProgramData%\\se-bridge\\logs\\agent.log.",
+        flag=Flag("--log-file", "PATH", "log to this size-rotated file, not stderr"),
     )
     metrics_address: str = _setting(
         "",
         "PORT or HOST:PORT of the agent's /metrics (Prometheus), /healthz and /readyz; a bare "
         "port listens on 127.0.0.1 only. Empty: no endpoint.",
+        flag=_METRICS_FLAG,
     )
     log_max_bytes: int = _setting(
         10 * 1024 * 1024, "Size at which the log file is rotated.", low=64 * 1024, high=2**40
@@ -131,6 +191,7 @@ class ImdsSettings:
         "IMDS base URL, http://HOST[:PORT][/PREFIX] (the simulator's for tests, such as "
         "http://127.0.0.1:8080/vm/vm-0).",
         url=True,
+        flag=Flag("--imds-url", "URL", "IMDS base URL, http://HOST[:PORT][/PREFIX]"),
     )
     api_version: str = _setting("2020-07-01", "Scheduled Events api-version.")
     timeout: float = _setting(
@@ -244,6 +305,13 @@ class CommandsSettings:
         "",
         "Where approvals arrive: local:DIR, or storagequeue (one queue per VM); "
         "empty: no command listener.",
+        flag=Flag(
+            "--commands",
+            "SPEC",
+            "the approval command channel, local:DIR or storagequeue: the consumer sends "
+            "approvals to it, the agent listens on it; an agent without one takes no central "
+            "approvals",
+        ),
     )
     queue_prefix: str = _setting("se-bridge-", "Per-VM queue name: this prefix and the VmId.")
     queue_accounts: str = _setting(
@@ -303,35 +371,62 @@ class ConsumerSettings:
         "The consumer's decisions spool, and the default place of its fleet state and "
         "decisions file. None: agent.state_dir where a config written before this setting "
         "sets it (deprecated, with a WARNING), else the platform default.",
+        flag=Flag(
+            "--state-dir",
+            "DIR",
+            "the consumer's state directory: its decisions spool, the default place of its "
+            "fleet state, and the operator-token a loopback page's URL needs",
+        ),
     )
     log_level: str | None = _setting(
         None,
         "DEBUG, INFO, WARNING or ERROR. None: agent.log_level where an older config sets it "
         "(deprecated), else INFO.",
         choices=LOG_LEVELS,
+        flag=_LOG_LEVEL_FLAG,
     )
     log_format: str | None = _setting(
         None,
         "text or json, as agent.log_format. None: agent.log_format where an older config sets "
         "it (deprecated), else text.",
         choices=LOG_FORMATS,
+        flag=_LOG_FORMAT_FLAG,
     )
     policy: Path | None = _setting(
-        None, "Approval policy file (YAML); none (or `default`): the built-in policy."
+        None,
+        "Approval policy file (YAML); none (or `default`): the built-in policy.",
+        flag=Flag("--policy", "FILE", "the approval policy, YAML", "the built-in policy"),
     )
     mode: str = _setting(
         "normal",
         "normal: send the approvals decided; shadow: decide and write Decision records "
         "(DecisionMode shadow) but send no command, to watch a policy before it approves "
         "anything. A shadow consumer keeps its own state and reads in a consumer group of its "
-        "own: it refuses to start in $Default or on the table sebridgefleet (--shadow).",
+        "own: it refuses to start in $Default or on the table sebridgefleet.",
         choices=("normal", "shadow"),
+        flag=Flag(
+            "--shadow",
+            help="decide and write Decision records, send no command, in a consumer group (and "
+            "on a fleet state) other than the live consumer's",
+            const="shadow",
+        ),
     )
     state: str = _setting(
-        "", "Fleet state: sqlite:PATH or tables. Default: sqlite:<state_dir>/fleet.db."
+        "",
+        "Fleet state: sqlite:PATH or tables. Default: sqlite:<state_dir>/fleet.db.",
+        flag=Flag(
+            "--state",
+            "SPEC",
+            "the fleet state: sqlite:PATH or tables",
+            "sqlite:<state-dir>/fleet.db",
+        ),
     )
     table_name: str = _setting("sebridgefleet", "Table Storage table of the fleet state.")
-    hub: Path | None = _setting(None, "Local hub directory to read instead of Event Hubs.")
+    hub: Path | None = _setting(
+        None,
+        "Local hub directory to read instead of Event Hubs.",
+        flag=Flag("--hub", "DIR", "read a local hub, not Event Hubs"),
+    )
     consumer_group: str = _setting("$Default", "Event Hubs consumer group.")
     load_balancing_interval: float = _setting(
         10.0, "Seconds between Event Hubs partition ownership checks.", low=1, high=300
@@ -347,7 +442,14 @@ class ConsumerSettings:
         high=300,
     )
     sinks: list[str] = _setting(
-        [], "Where Decision records go. Default: jsonl:<state_dir>/decisions.jsonl."
+        [],
+        "Where Decision records go. Default: jsonl:<state_dir>/decisions.jsonl.",
+        flag=Flag(
+            "--sink",
+            "SPEC",
+            f"where Decision records go: {_SINK_KINDS}",
+            "jsonl:<state-dir>/decisions.jsonl",
+        ),
     )
     alive_within: float = _setting(
         660.0,
@@ -380,6 +482,7 @@ class ConsumerSettings:
         "",
         "PORT or HOST:PORT of the standalone consumer's /metrics, /healthz and /readyz; a bare "
         "port listens on 127.0.0.1 only. Empty: no endpoint.",
+        flag=_METRICS_FLAG,
     )
     forget_vms_after: float = _setting(
         7 * 86400.0,
@@ -546,6 +649,13 @@ class PeopleSettings:
         "PORT or HOST:PORT where the standalone consumer serves the approval page and its API; "
         "a bare port listens on 127.0.0.1. Only a loopback address unless tenant_id and "
         "audience are set. Empty: no page.",
+        flag=Flag(
+            "--page-address",
+            "[HOST:]PORT",
+            "serve the approval page and its API here; a bare port listens on 127.0.0.1, and "
+            "without Entra ID settings only loopback is allowed",
+            default="off",
+        ),
     )
     session_idle: float = _setting(
         1800.0,
@@ -558,6 +668,7 @@ class PeopleSettings:
         "",
         "Where `se-bridge approve`, `hold`, `pause` and `resume` send a decision: the approval "
         "page's base URL (https://APP.azurewebsites.net); empty: http://<page_address>.",
+        flag=Flag("--api", "URL", "the approval API's base URL", "http://<page_address>"),
     )
 
 
@@ -732,13 +843,18 @@ def warn_if_secrets_readable(path: Path | None) -> None:
         f"{section.name}.{f.name}"
         for section in dataclasses.fields(Config)
         for f in dataclasses.fields(get_type_hints(Config)[section.name])
-        if f.metadata.get("secret") and isinstance(data.get(section.name), dict)
+        if f.metadata.get("secret")
+        and isinstance(data.get(section.name), dict)
         and _holds_secret(data[section.name].get(f.name))
-    ]  # fmt: skip
+    ]
     if held:
-        log.warning("the config file %s holds %s and every user of this machine can read it: "
-                    "chmod 600 %s (or 640 with the agent's group)", path, ", ".join(held),
-                    path)  # fmt: skip
+        log.warning(
+            "the config file %s holds %s and every user of this machine can read it: "
+            "chmod 600 %s (or 640 with the agent's group)",
+            path,
+            ", ".join(held),
+            path,
+        )
 
 
 def _holds_secret(value: Any) -> bool:
@@ -764,8 +880,9 @@ def _read_file(path: Path) -> _Layer:
     layer = _Layer("file", data, path, _toml_lines(text))
     for name, parent in NESTED.items():
         if name in data:
-            raise ConfigError(f"{layer.at(name)}unknown section [{name}]; did you mean "
-                              f"[{parent}.{name}]?")  # fmt: skip
+            raise ConfigError(
+                f"{layer.at(name)}unknown section [{name}]; did you mean [{parent}.{name}]?"
+            )
         table = data.get(parent)
         if isinstance(table, dict) and name in table:
             rest = dict(table)
@@ -803,11 +920,15 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """The settings the environment sets, by section. A variable that names no setting is
     ignored with a WARNING naming it as typed, when it looks meant for one (in a section's
     name space, or a misspelt section): a hook's SE_BRIDGE_EVENT_ID is not."""
-    names = {env_name(section.name, f.name): (section.name, f.name)
-             for section in dataclasses.fields(Config)
-             for f in dataclasses.fields(get_type_hints(Config)[section.name])}  # fmt: skip
-    spaces = tuple(f"{ENV_PREFIX}{dotted(f.name).replace('.', '_').upper()}_"
-                   for f in dataclasses.fields(Config))  # fmt: skip
+    names = {
+        env_name(section.name, f.name): (section.name, f.name)
+        for section in dataclasses.fields(Config)
+        for f in dataclasses.fields(get_type_hints(Config)[section.name])
+    }
+    spaces = tuple(
+        f"{ENV_PREFIX}{dotted(f.name).replace('.', '_').upper()}_"
+        for f in dataclasses.fields(Config)
+    )
     out: dict[str, dict[str, Any]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX):
@@ -818,8 +939,11 @@ def _from_env(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
             continue
         close = difflib.get_close_matches(name.upper(), list(names), n=1, cutoff=0.85)
         if name.upper().startswith(spaces) or (close and _section_like(name, spaces)):
-            log.warning("ignoring %s: no setting has that name%s", name,
-                        f" (did you mean {close[0]}?)" if close else "")  # fmt: skip
+            log.warning(
+                "ignoring %s: no setting has that name%s",
+                name,
+                f" (did you mean {close[0]}?)" if close else "",
+            )
     return out
 
 
@@ -855,8 +979,10 @@ def _section(name: str, cls: type[S], layers: list[_Layer]) -> S:
     for layer in layers:
         section = layer.data.get(name, {})
         if not isinstance(section, dict):
-            raise ConfigError(f"{layer.at(name)}[{dotted(name)}] must be a table"
-                              + ("" if layer.path else f" in the {layer.origin}"))  # fmt: skip
+            raise ConfigError(
+                f"{layer.at(name)}[{dotted(name)}] must be a table"
+                + ("" if layer.path else f" in the {layer.origin}")
+            )
         for key, raw in section.items():
             if key not in fields:
                 raise ConfigError(_unknown_setting(name, key, list(fields), layer))
@@ -876,8 +1002,10 @@ def _unknown_setting(section: str, key: str, keys: list[str], layer: _Layer) -> 
         guess = f" (did you mean {nested or f'{name}.{close[0]}'}?)"
     where = layer.at(*name.split("."), key) if layer.path else ""
     origin = "" if layer.path else f" in the {layer.origin}"
-    return (f"{where}unknown setting {name}.{key}{origin}{guess}; the settings of [{name}]: "
-            f"{', '.join(keys)}")  # fmt: skip
+    return (
+        f"{where}unknown setting {name}.{key}{origin}{guess}; the settings of [{name}]: "
+        f"{', '.join(keys)}"
+    )
 
 
 def env_name(section: str, key: str) -> str:
@@ -892,6 +1020,75 @@ def sections() -> list[str]:
     return [shown for name in names for shown in (name, *nested[name])]
 
 
+def add_flags(parser: argparse._ActionsContainer, *names: str, before: str = "") -> None:
+    """The command-line options of the settings `names` ("agent.state_dir", "people.api_url"),
+    each as its field's Flag says, `before` ahead of each one's help ("with --consumer: ").
+    A list setting's option may be repeated; a number's and a path's are converted."""
+    for name in names:
+        flag, kind = flag_of(name), _field_type(name)
+        options: dict[str, Any] = {"dest": _dest(flag), "help": before + flag_help(name)}
+        if flag.const is not None:
+            options.update(action="store_const", const=flag.const)
+        elif kind == list[str]:
+            options.update(action="append", metavar=flag.metavar)
+        else:
+            converts = (
+                Path if kind in (Path, Path | None) else kind if kind in (int, float) else None
+            )
+            options.update(type=converts, metavar=flag.metavar)
+        parser.add_argument(flag.name, **options)
+
+
+def given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The settings `names` as add_flags' options (or bridge.cli's logging ones) gave them,
+    None where not given: load's `flags`."""
+    return {name: getattr(args, _dest(flag_of(name))) for name in names}
+
+
+def flag_of(name: str) -> Flag:
+    """The command-line option of the setting `name` ("section.key")."""
+    section, _, key = name.partition(".")
+    fields = {f.name: f for f in dataclasses.fields(get_type_hints(Config)[section])}
+    flag = fields[key].metadata["flag"]
+    if flag is None:
+        raise KeyError(f"the setting {name} has no command-line option")
+    return flag  # type: ignore[no-any-return]
+
+
+def flag_help(name: str, *, default: str = "") -> str:
+    """The --help of the setting `name`'s option: what it is, then the setting, its environment
+    variable and its default (`default`, else the Flag's, else the field's own)."""
+    flag = flag_of(name)
+    section, _, key = name.partition(".")
+    setting, env = f"{dotted(section)}.{key}", env_name(section, key)
+    if flag.const is not None:
+        return f"{flag.help} (setting {setting}, {env}={flag.const})"
+    several = _field_type(name) == list[str]
+    about = f"setting {setting}, {env}" + (", comma-separated" if several else "")
+    shown = default or flag.default or _flag_default(getattr(Config(), section), key)
+    if shown:
+        about += f"; default {shown}"
+    return f"{flag.help}{'; repeat for several' if several else ''} ({about})"
+
+
+def _field_type(name: str) -> Any:
+    section, _, key = name.partition(".")
+    return get_type_hints(get_type_hints(Config)[section])[key]
+
+
+def _flag_default(settings: Any, key: str) -> str:
+    """A field's default as an option's help says it; '' for none."""
+    value = getattr(settings, key)
+    if value is None or value in ("", []):
+        return ""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    return bound(value) if number else str(value)
+
+
+def _dest(flag: Flag) -> str:
+    return flag.name.lstrip("-").replace("-", "_")
+
+
 def _reject_unknown(file: _Layer, flags: _Layer) -> None:
     known = {f.name for f in dataclasses.fields(Config)}
     for layer in (file, flags):
@@ -899,8 +1096,10 @@ def _reject_unknown(file: _Layer, flags: _Layer) -> None:
             if section not in known:
                 close = difflib.get_close_matches(section, sections(), n=1, cutoff=0.6)
                 guess = f" (did you mean [{close[0]}]?)" if close else ""
-                raise ConfigError(f"{layer.at(section)}unknown section [{section}]{guess}; "
-                                  f"the sections: {', '.join(sections())}")  # fmt: skip
+                raise ConfigError(
+                    f"{layer.at(section)}unknown section [{section}]{guess}; "
+                    f"the sections: {', '.join(sections())}"
+                )
 
 
 class _NotTheForm(ValueError):
@@ -1016,8 +1215,10 @@ def _notify_targets(raw: Any) -> list[NotifyTarget]:
             raise ValueError(f"target {index + 1} needs a name of letters, digits, _ . or -")
         unknown = sorted(set(table) - set(_TARGET_KEYS))
         if unknown or not all(isinstance(table.get(k, ""), str) for k in _TARGET_KEYS):
-            raise ValueError(f"target {name}: the keys are strings {', '.join(_TARGET_KEYS)}"
-                             + (f", not {', '.join(unknown)}" if unknown else ""))  # fmt: skip
+            raise ValueError(
+                f"target {name}: the keys are strings {', '.join(_TARGET_KEYS)}"
+                + (f", not {', '.join(unknown)}" if unknown else "")
+            )
         kind = table.get("kind", "").strip().lower()
         if kind not in NOTIFY_KINDS:
             raise ValueError(f"target {name}: kind must be one of {', '.join(NOTIFY_KINDS)}")
@@ -1063,7 +1264,10 @@ def _string_list(raw: Any) -> list[str]:
 
 def markdown_table() -> str:
     """The settings table of docs/configuration.md, from the dataclasses themselves."""
-    lines = ["| Setting | Environment | Default | Meaning |", "| --- | --- | --- | --- |"]
+    lines = [
+        "| Setting | Environment | Option | Default | Meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     defaults = Config()
     for section in dataclasses.fields(Config):
         for f in dataclasses.fields(getattr(defaults, section.name)):
@@ -1074,7 +1278,9 @@ def markdown_table() -> str:
             if f.metadata["low"] is not None:
                 meaning += f" From {bound(f.metadata['low'])} to {bound(f.metadata['high'])}."
             name = f"{dotted(section.name)}.{f.name}"
-            lines.append(f"| `{name}` | `{env}` | {shown} | {meaning} |")
+            flag = f.metadata["flag"]
+            option = "" if flag is None else f"`{flag.name}`"
+            lines.append(f"| `{name}` | `{env}` | {option} | {shown} | {meaning} |")
     return "\n".join(lines) + "\n"
 
 

@@ -118,9 +118,13 @@ def _record_type(name: str, clause: dict[str, Any]) -> list[str]:
     base = f"_{name}Required"
     return [
         *_typed_dict(base, f"The fields every {name} record has.", fields, "_Shared"),
-        *_typed_dict(name, f"{doc} Older producers leave out {', '.join(optional)}.",
-                     _fields(optional, narrower), f"{base}, total=False"),
-    ]  # fmt: skip
+        *_typed_dict(
+            name,
+            f"{doc} Older producers leave out {', '.join(optional)}.",
+            _fields(optional, narrower),
+            f"{base}, total=False",
+        ),
+    ]
 
 
 def _alias(name: str, values: list[str]) -> str:
@@ -152,10 +156,17 @@ def render() -> str:
         *(_alias(name, values) for name, values in _enums().items()),
     ]
     shared = [n for n in schema.common_fields() if n != NAMED_FIELDS[0]]
-    lines += _typed_dict("_Shared", "The fields every record has but RecordType, which each record "
-                         "type narrows.", _fields(shared, {}))  # fmt: skip
-    lines += _typed_dict("Common", "The fields every record has, of any RecordType.",
-                         _fields([NAMED_FIELDS[0]], {}), "_Shared")  # fmt: skip
+    lines += _typed_dict(
+        "_Shared",
+        "The fields every record has but RecordType, which each record type narrows.",
+        _fields(shared, {}),
+    )
+    lines += _typed_dict(
+        "Common",
+        "The fields every record has, of any RecordType.",
+        _fields([NAMED_FIELDS[0]], {}),
+        "_Shared",
+    )
     for name, clause in clauses.items():
         lines += _record_type(name, clause)
     lines += ["", "", f"Record = {' | '.join(clauses)}", ""]

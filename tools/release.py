@@ -80,9 +80,16 @@ def _distributions(out: Path) -> None:
         source = _commit_files(Path(scratch) / "source")
         # No --sdist/--wheel: uv builds the sdist, then the wheel from the sdist.
         command = [
-            str(UV), "build", "--quiet", "--out-dir", str(out),
-            "--build-constraints", str(BUILD_CONSTRAINTS), "--require-build-hashes", str(source),
-        ]  # fmt: skip
+            str(UV),
+            "build",
+            "--quiet",
+            "--out-dir",
+            str(out),
+            "--build-constraints",
+            str(BUILD_CONSTRAINTS),
+            "--require-build-hashes",
+            str(source),
+        ]
         env = {**os.environ, "SOURCE_DATE_EPOCH": str(epoch)}
         done = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
     if done.returncode != 0:
@@ -102,8 +109,9 @@ def _commit_files(into: Path) -> Path:
     into.mkdir(parents=True)
     archive = subprocess.run(
         [_tool("git"), "-C", str(ROOT), "archive", "--format=tar", "HEAD"],
-        capture_output=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        check=False,
+    )
     if archive.returncode != 0:
         raise SystemExit(f"git archive failed: {archive.stderr.decode(errors='replace').strip()}")
     subprocess.run([_tool("tar"), "-x", "-C", str(into)], input=archive.stdout, check=True)
@@ -133,8 +141,10 @@ def _normalise_sdist(path: Path, epoch: int) -> None:
 def _commit_time() -> int:
     done = subprocess.run(
         [_tool("git"), "-C", str(ROOT), "log", "-1", "--format=%ct"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0 or not done.stdout.strip():
         raise SystemExit("./dev release builds from a git checkout: `git log` found no commit")
     return int(done.stdout.strip())

@@ -20,7 +20,14 @@ from bridge import channels, host, sinks, telemetry
 from bridge.agent import imds
 from bridge.agent.document import parse_document
 from bridge.agent.wiring import build_agent, check_kubernetes
-from bridge.config import Config, ConfigError, load, warn_if_secrets_readable
+from bridge.config import (
+    Config,
+    ConfigError,
+    add_flags,
+    given,
+    load,
+    warn_if_secrets_readable,
+)
 from bridge.logfile import handler, setup_logging
 from bridge.outbox.spool import SpoolError
 from bridge.policy import file as policyfile
@@ -41,18 +48,24 @@ examples:
   se-bridge check --sink eventhubs --sink loganalytics
   se-bridge check --imds-url http://127.0.0.1:8080/vm/vm-0 --sink stdout   # the simulator's vm-0
 """
-IMDS_URL_HELP = (
-    "IMDS base URL, http://HOST[:PORT][/PREFIX] (setting imds.url, SE_BRIDGE_IMDS_URL; "
-    "default http://169.254.169.254)"
-)
 # How long `check` waits for IMDS: a person is waiting. The agent itself waits longer for the
 # first answer (imds.first_call_timeout), since IMDS may take 2 min after a VM idled.
 CHECK_SECONDS = 10.0
-SINKS_HELP = (
-    "where records go: jsonl:PATH, stdout, hub:DIR, eventhubs or loganalytics; repeat for "
-    "several (setting agent.sinks, SE_BRIDGE_AGENT_SINKS, comma-separated; default "
-    "jsonl:<state-dir>/records.jsonl)"
+# The settings each command takes as options, in the order --help lists them; their names,
+# helps and types are the settings' (bridge.config.Flag).
+AGENT_FLAGS = (
+    "imds.url",
+    "agent.poll_interval",
+    "agent.state_dir",
+    "agent.sinks",
+    "commands.channel",
+    "agent.policy",
+    "agent.vm_name",
+    "agent.log_file",
+    "agent.metrics_address",
 )
+CHECK_FLAGS = ("imds.url", "agent.state_dir", "agent.sinks")
+LOGGING = ("agent.log_level", "agent.log_format")  # bridge.cli adds them to every command
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,54 +80,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
-    p.add_argument("--imds-url", metavar="URL", help=IMDS_URL_HELP)
-    p.add_argument(
-        "--poll-interval",
-        type=float,
-        metavar="SECONDS",
-        help="seconds between polls (setting agent.poll_interval, SE_BRIDGE_AGENT_POLL_INTERVAL; "
-        "default 1)",
-    )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="spool and state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
-    )
-    p.add_argument("--sink", action="append", metavar="SPEC", help=SINKS_HELP)
-    p.add_argument(
-        "--commands",
-        metavar="SPEC",
-        help="approval command channel to listen on: local:DIR or storagequeue (setting "
-        "commands.channel, SE_BRIDGE_COMMANDS_CHANNEL; default none)",
-    )
-    p.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="approve with this policy here, local mode: a YAML file, or default for the "
-        "built-in policy (setting agent.policy, SE_BRIDGE_AGENT_POLICY; default none)",
-    )
-    p.add_argument(
-        "--vm-name",
-        metavar="NAME",
-        help="this VM's name as the events' Resources list it, for an IMDS that serves no "
-        "instance metadata, such as Microsoft's mock server (setting agent.vm_name, "
-        "SE_BRIDGE_AGENT_VM_NAME; default: instance metadata's, else this host's)",
-    )
-    p.add_argument(
-        "--log-file",
-        type=Path,
-        metavar="PATH",
-        help="log to this size-rotated file, not stderr (setting agent.log_file, "
-        "SE_BRIDGE_AGENT_LOG_FILE)",
-    )
-    p.add_argument(
-        "--metrics-address",
-        metavar="[HOST:]PORT",
-        help="serve /metrics, /healthz and /readyz here; a bare port listens on 127.0.0.1 "
-        "(setting agent.metrics_address, SE_BRIDGE_AGENT_METRICS_ADDRESS; default off)",
-    )
+    add_flags(p, *AGENT_FLAGS)
     p.set_defaults(func=run_agent)
 
     p = subparsers.add_parser(
@@ -128,14 +94,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
-    p.add_argument("--imds-url", metavar="URL", help=IMDS_URL_HELP)
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="spool and state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
-    )
-    p.add_argument("--sink", action="append", metavar="SPEC", help=SINKS_HELP)
+    add_flags(p, *CHECK_FLAGS)
     p.set_defaults(func=run_check)
 
 
@@ -158,10 +117,8 @@ def load_config(
 
 
 def run_check(args: argparse.Namespace) -> int:
-    flags = {"imds.url": args.imds_url, "agent.state_dir": args.state_dir,
-             "agent.sinks": args.sink}  # fmt: skip
     try:
-        config = load_config(args.config, flags=flags)
+        config = load_config(args.config, flags=given(args, *CHECK_FLAGS))
     except ConfigError as err:
         return _fail(f"configuration error: {err}", 2)
     warn_if_secrets_readable(args.config)
@@ -235,20 +192,7 @@ def run_agent(args: argparse.Namespace) -> int:
     # First, so a stop signal during start-up still ends in a clean stop with a Stop heartbeat.
     stop = threading.Event()
     host.install_stop_handler(stop.set)
-    flags = {
-        "imds.url": args.imds_url,
-        "agent.poll_interval": args.poll_interval,
-        "agent.state_dir": args.state_dir,
-        "agent.sinks": args.sink,
-        "commands.channel": args.commands,
-        "agent.policy": args.policy,
-        "agent.vm_name": args.vm_name,
-        "agent.log_file": args.log_file,
-        "agent.log_level": args.log_level,
-        "agent.log_format": args.log_format,
-        "agent.metrics_address": args.metrics_address,
-    }
-    return serve_agent(args.config, flags, stop)
+    return serve_agent(args.config, given(args, *AGENT_FLAGS, *LOGGING), stop)
 
 
 def serve_agent(

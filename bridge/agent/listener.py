@@ -9,10 +9,10 @@ command to one of those only when no affected VM can carry it), every
 `commands.idle_interval` otherwise (0: not at all, since each read is a billed transaction
 on every VM of the fleet). The agent wakes it the moment such an event appears, and for
 FIRST_READS_FOR after an event that affects this VM appears it reads every FIRST_READS_EVERY:
-the consumer's command lands 0.2 to 0.6 s after the agent's record of the event (benchmark 3,
-record → decision p50 228 ms, p99 567 ms), and the next read a whole poll_interval after the
-first one left it waiting about 0.8 s for nothing (issue 27). That costs about 15 reads per
-event instead of 3, on the VM the event names only, never on its neighbours. It reads once
+the consumer's command lands within a second of the agent's record of the event, and the next
+read a whole poll_interval after the first one left it waiting for nothing (issue 27; benchmark
+3's figures are in docs/capacity.md#figures-behind-the-codes-choices). That costs a few more
+reads per event, on the VM the event names only, never on its neighbours. It reads once
 more when the last Scheduled event leaves (it Started or ended): a command queued since the
 last read (the consumer leaves it in the channel a minute past its ExpiresAt) is then read
 and refused as Late, so the consumer and its operators learn that the approval never

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bridge.agent.drains import is_drain_job
-from bridge.config import ConfigError, load
+from bridge.config import ConfigError, add_flags, given, load
 from bridge.monitoring import (
     CRITICAL,
     LEVELS,
@@ -75,12 +75,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="FILE",
         help="TOML settings file (the agent's; with --consumer, the consumer's)",
     )
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="the agent's state directory (setting agent.state_dir, SE_BRIDGE_AGENT_STATE_DIR)",
-    )
+    add_flags(p, "agent.state_dir")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument(
         "--backlog-age",
@@ -114,11 +109,12 @@ class Report(CheckReport):
 def run(args: argparse.Namespace) -> int:
     state_dir: Path | None = args.state_dir
     try:
-        config = load(args.config, flags={"agent.state_dir": args.state_dir})
+        config = load(args.config, flags=given(args, "agent.state_dir"))
         state_dir = Path(os.path.abspath(config.agent.state_dir))
         status = inspect(state_dir / "spool.db")
-        report = assess(status, utc_now(), timedelta(seconds=args.backlog_age),
-                        timedelta(seconds=args.imds_age))  # fmt: skip
+        report = assess(
+            status, utc_now(), timedelta(seconds=args.backlog_age), timedelta(seconds=args.imds_age)
+        )
         report.state_dir = str(state_dir)
         said = _said(args, report)
     except (ConfigError, SpoolError) as err:
@@ -150,12 +146,16 @@ def assess(
     _document(report, status.state.get(StateKey.NORMALISER))
     _spool(report, status, now, backlog_age)
     report.hooks = [
-        {"job": job_id, "phase": payload.get("phase"),
-         "event": (payload.get("trigger") or {}).get("EventId"),
-         # A prepare hook held behind the drain (bridge.agent.prepare) says so.
-         **({"after": payload["after"]} if payload.get("after") else {})}
-        for job_id, payload in status.jobs if not is_drain_job(payload)
-    ]  # fmt: skip
+        {
+            "job": job_id,
+            "phase": payload.get("phase"),
+            "event": (payload.get("trigger") or {}).get("EventId"),
+            # A prepare hook held behind the drain (bridge.agent.prepare) says so.
+            **({"after": payload["after"]} if payload.get("after") else {}),
+        }
+        for job_id, payload in status.jobs
+        if not is_drain_job(payload)
+    ]
     _drain(report, status)
     approved = (status.state.get(StateKey.APPROVALS) or {}).get("events") or {}
     seen = (status.state.get(StateKey.SEEN_COMMANDS) or {}).get("seen") or {}
@@ -185,15 +185,20 @@ def _heartbeat(
         else:
             report.flag(WARNING, f"IMDS has not answered since the agent started at {since}")
     elif at is not None and at - success > imds_age:
-        report.flag(CRITICAL, f"IMDS had not answered since {health.get('last_imds_success')} "
-                              f"at the last heartbeat")  # fmt: skip
+        report.flag(
+            CRITICAL,
+            f"IMDS had not answered since {health.get('last_imds_success')} at the last heartbeat",
+        )
 
 
 def _drain(report: Report, status: SpoolStatus) -> None:
     """The drains of the node that are running (a job in the spool) and the last news of one;
     a drain that is blocked right now is a WARNING, naming what blocks it."""
-    running = [{"phase": p.get("phase"), "event": p.get("event_id")}
-               for _, p in status.jobs if is_drain_job(p)]  # fmt: skip
+    running = [
+        {"phase": p.get("phase"), "event": p.get("event_id")}
+        for _, p in status.jobs
+        if is_drain_job(p)
+    ]
     last = status.state.get(StateKey.DRAIN)
     if not running and not last:
         return
@@ -201,13 +206,23 @@ def _drain(report: Report, status: SpoolStatus) -> None:
     if not last or last.get("status") != "Blocked":
         return
     if {"phase": "prepare", "event": last.get("event")} in running:
-        report.flag(WARNING, f"the drain of node {last.get('node')} for event "
-                             f"{last.get('event')} is blocked (at {last.get('at')}): "
-                             f"{last.get('detail')}")  # fmt: skip
+        report.flag(
+            WARNING,
+            f"the drain of node {last.get('node')} for event "
+            f"{last.get('event')} is blocked (at {last.get('at')}): "
+            f"{last.get('detail')}",
+        )
 
 
-EVENT_FIELDS = ("EventId", "EventType", "EventStatus", "NotBefore", "Resources", "EventSource",
-                "AffectsThisVm")  # fmt: skip
+EVENT_FIELDS = (
+    "EventId",
+    "EventType",
+    "EventStatus",
+    "NotBefore",
+    "Resources",
+    "EventSource",
+    "AffectsThisVm",
+)
 
 
 def _document(report: Report, state: dict[str, Any] | None) -> None:
@@ -235,15 +250,22 @@ def _spool(report: Report, status: SpoolStatus, now: datetime, backlog_age: time
     for sink in status.sinks:
         oldest = parse_time(sink.oldest)
         if oldest is not None and now - oldest > backlog_age:
-            report.flag(WARNING, f"sink {sink.name} has {sink.waiting} records waiting, the "
-                                 f"oldest from {sink.oldest}")  # fmt: skip
+            report.flag(
+                WARNING,
+                f"sink {sink.name} has {sink.waiting} records waiting, the "
+                f"oldest from {sink.oldest}",
+            )
         if sink.dead_letters:
-            report.flag(WARNING, f"sink {sink.name} set {sink.dead_letters} records aside as "
-                                 "dead letters")  # fmt: skip
+            report.flag(
+                WARNING, f"sink {sink.name} set {sink.dead_letters} records aside as dead letters"
+            )
         trouble = troubles.get(sink.name)
         if isinstance(trouble, dict) and trouble.get("kind") == "permanent":
-            report.flag(WARNING, f"sink {sink.name} cannot deliver since {trouble.get('since')}: "
-                                 f"{trouble.get('error')}")  # fmt: skip
+            report.flag(
+                WARNING,
+                f"sink {sink.name} cannot deliver since {trouble.get('since')}: "
+                f"{trouble.get('error')}",
+            )
 
 
 def _imds_lines(beat: dict[str, Any]) -> list[str]:
@@ -273,26 +295,8 @@ def render(report: Report) -> str:
     if beat:
         lines.append(f"last heartbeat: {beat.get('at')} ({beat.get('reason')})")
         lines += _imds_lines(beat)
-    doc = report.document
-    if doc.get("incarnation") is None:
-        lines.append("last document acted on: none yet")
-    else:
-        lines.append(f"last document acted on: incarnation {doc.get('incarnation')} at "
-                     f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events")  # fmt: skip
-    for event in doc.get("events", []):
-        lines.append(f"  {event['EventId']} {event['EventType']} {event['EventStatus']}, "
-                     f"NotBefore {event['NotBefore']}, Resources {event['Resources']}"
-                     + (" (this VM)" if event.get("AffectsThisVm") else ""))  # fmt: skip
-    spool = report.spool
-    lines.append(f"spool: {spool['records']} records ({spool['bytes']} bytes) held, "
-                 f"{spool['shed']} shed")  # fmt: skip
-    for sink in spool["sinks"]:
-        since = f", oldest from {sink['oldest']}" if sink["oldest"] else ""
-        trouble = sink["last_error"]
-        failing = (f"; failing since {trouble.get('since')}: {trouble.get('error')}"
-                   if isinstance(trouble, dict) else "")  # fmt: skip
-        lines.append(f"  {sink['name']}: {sink['waiting']} waiting{since}; "
-                     f"{sink['dead_letters']} dead letters{failing}")  # fmt: skip
+    lines += _document_lines(report.document)
+    lines += _spool_lines(report.spool)
     lines.append(f"hooks running: {len(report.hooks)}")
     lines += [
         f"  {h['phase']} for {h['event']}"
@@ -300,20 +304,71 @@ def render(report: Report) -> str:
         for h in report.hooks
     ]
     if report.drain:
-        last = report.drain["last"]
-        lines.append(f"node drains running: {len(report.drain['running'])}")
-        lines += [f"  {'drain' if d['phase'] == 'prepare' else 'uncordon'} for {d['event']}"
-                  for d in report.drain["running"]]  # fmt: skip
-        if last:
-            lines.append(f"  last: node {last.get('node')}, event {last.get('event')}: "
-                         f"{last.get('status')} at {last.get('at')}")  # fmt: skip
-            lines += [f"    pod {b.get('Namespace')}/{b.get('Pod')}: {b.get('Reason')}"
-                      + (f" (PodDisruptionBudget {b['PodDisruptionBudget']})"
-                         if b.get("PodDisruptionBudget") else "")
-                      for b in last.get("blockers") or []]  # fmt: skip
+        lines += _drain_lines(report.drain)
     approvals = report.approvals
-    lines.append(f"approvals remembered: {len(approvals['approved_events'])} events, "
-                 f"{len(approvals['commands'])} commands")  # fmt: skip
+    lines.append(
+        f"approvals remembered: {len(approvals['approved_events'])} events, "
+        f"{len(approvals['commands'])} commands"
+    )
     for command, seen in approvals["commands"].items():
         lines.append(f"  command {command}: {seen.get('outcome')} (kept until {seen.get('until')})")
     return "\n".join(printable(line) for line in lines)
+
+
+def _document_lines(doc: dict[str, Any]) -> list[str]:
+    if doc.get("incarnation") is None:
+        return ["last document acted on: none yet"]
+    lines = [
+        f"last document acted on: incarnation {doc.get('incarnation')} at "
+        f"{doc.get('acted_on_at')}, {len(doc.get('events', []))} events"
+    ]
+    for event in doc.get("events", []):
+        lines.append(
+            f"  {event['EventId']} {event['EventType']} {event['EventStatus']}, "
+            f"NotBefore {event['NotBefore']}, Resources {event['Resources']}"
+            + (" (this VM)" if event.get("AffectsThisVm") else "")
+        )
+    return lines
+
+
+def _spool_lines(spool: dict[str, Any]) -> list[str]:
+    lines = [
+        f"spool: {spool['records']} records ({spool['bytes']} bytes) held, {spool['shed']} shed"
+    ]
+    for sink in spool["sinks"]:
+        since = f", oldest from {sink['oldest']}" if sink["oldest"] else ""
+        trouble = sink["last_error"]
+        failing = (
+            f"; failing since {trouble.get('since')}: {trouble.get('error')}"
+            if isinstance(trouble, dict)
+            else ""
+        )
+        lines.append(
+            f"  {sink['name']}: {sink['waiting']} waiting{since}; "
+            f"{sink['dead_letters']} dead letters{failing}"
+        )
+    return lines
+
+
+def _drain_lines(drain: dict[str, Any]) -> list[str]:
+    lines = [f"node drains running: {len(drain['running'])}"]
+    lines += [
+        f"  {'drain' if d['phase'] == 'prepare' else 'uncordon'} for {d['event']}"
+        for d in drain["running"]
+    ]
+    last = drain["last"]
+    if last:
+        lines.append(
+            f"  last: node {last.get('node')}, event {last.get('event')}: "
+            f"{last.get('status')} at {last.get('at')}"
+        )
+        lines += [
+            f"    pod {b.get('Namespace')}/{b.get('Pod')}: {b.get('Reason')}"
+            + (
+                f" (PodDisruptionBudget {b['PodDisruptionBudget']})"
+                if b.get("PodDisruptionBudget")
+                else ""
+            )
+            for b in last.get("blockers") or []
+        ]
+    return lines

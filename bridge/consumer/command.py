@@ -15,7 +15,24 @@ import sys
 from pathlib import Path
 
 from bridge import extras
+from bridge.config import add_flags
 from bridge.policy import file as policyfile
+
+# The settings each command takes as options, in the order --help lists them; their names,
+# helps and types are the settings' (bridge.config.Flag).
+CONSUME_FLAGS = (
+    "consumer.state_dir",
+    "consumer.hub",
+    "commands.channel",
+    "consumer.state",
+    "consumer.policy",
+    "consumer.sinks",
+    "consumer.mode",
+    "consumer.metrics_address",
+    "people.page_address",
+)
+LOGGING = ("consumer.log_level", "consumer.log_format")  # bridge.cli adds them to every command
+LOOK_FLAGS = ("consumer.state", "consumer.policy")  # status --consumer and policy explain
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -29,7 +46,8 @@ def add_status_options(status: argparse.ArgumentParser) -> None:
     agent's `status` sub-command, so that a monitoring system calls one command with one set
     of exit codes for both; without `--consumer` the agent's check runs as before."""
     group = status.add_argument_group(
-        "the consumer's side (--consumer: people's pauses, asks and overrides in a fleet state)"
+        "the consumer's side (--consumer: people's pauses, asks and overrides in a fleet "
+        "state, read only)"
     )
     group.add_argument(
         "--consumer",
@@ -37,18 +55,7 @@ def add_status_options(status: argparse.ArgumentParser) -> None:
         help="check a consumer's fleet state instead of an agent's state directory (--config "
         "is then the consumer's settings file)",
     )
-    group.add_argument(
-        "--state",
-        metavar="SPEC",
-        help="with --consumer: the fleet state, read only: sqlite:PATH or tables (setting "
-        "consumer.state, SE_BRIDGE_CONSUMER_STATE)",
-    )
-    group.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="with --consumer: the policy file (setting consumer.policy)",
-    )
+    add_flags(group, *LOOK_FLAGS, before="with --consumer: ")
     group.add_argument(
         "--ask-age",
         type=float,
@@ -125,68 +132,7 @@ def add_consume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", type=Path, metavar="FILE", help="TOML settings file")
-    p.add_argument(
-        "--state-dir",
-        type=Path,
-        metavar="DIR",
-        help="decisions spool and default state directory (setting consumer.state_dir, "
-        "SE_BRIDGE_CONSUMER_STATE_DIR)",
-    )
-    p.add_argument(
-        "--hub",
-        type=Path,
-        metavar="DIR",
-        help="read a local hub, not Event Hubs (setting consumer.hub, SE_BRIDGE_CONSUMER_HUB)",
-    )
-    p.add_argument(
-        "--commands",
-        metavar="SPEC",
-        help="where approvals go: local:DIR or storagequeue (setting commands.channel, "
-        "SE_BRIDGE_COMMANDS_CHANNEL)",
-    )
-    p.add_argument(
-        "--state",
-        metavar="SPEC",
-        help="fleet state: sqlite:PATH or tables (setting consumer.state, "
-        "SE_BRIDGE_CONSUMER_STATE; default sqlite:<state-dir>/fleet.db)",
-    )
-    p.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="approval policy, YAML (setting consumer.policy, SE_BRIDGE_CONSUMER_POLICY; "
-        "default the built-in policy)",
-    )
-    p.add_argument(
-        "--sink",
-        action="append",
-        metavar="SPEC",
-        help="where Decision records go: jsonl:PATH, stdout, hub:DIR, eventhubs or "
-        "loganalytics; repeat for several (setting consumer.sinks, SE_BRIDGE_CONSUMER_SINKS; "
-        "default jsonl:<state-dir>/decisions.jsonl)",
-    )
-    p.add_argument(
-        "--shadow",
-        action="store_const",
-        const="shadow",
-        dest="mode",
-        help="decide and write Decision records, send no command, in a consumer group (and on "
-        "a fleet state) other than the live consumer's (setting consumer.mode, "
-        "SE_BRIDGE_CONSUMER_MODE=shadow)",
-    )
-    p.add_argument(
-        "--metrics-address",
-        metavar="[HOST:]PORT",
-        help="serve /metrics, /healthz and /readyz here; a bare port listens on 127.0.0.1 "
-        "(setting consumer.metrics_address, SE_BRIDGE_CONSUMER_METRICS_ADDRESS; default off)",
-    )
-    p.add_argument(
-        "--page-address",
-        metavar="[HOST:]PORT",
-        help="serve the approval page and its API here; a bare port listens on 127.0.0.1, "
-        "and without Entra ID settings only loopback is allowed (setting "
-        "consumer.people.page_address, SE_BRIDGE_CONSUMER_PEOPLE_PAGE_ADDRESS; default off)",
-    )
+    add_flags(p, *CONSUME_FLAGS)
     p.set_defaults(func=_consume)
 
 
@@ -227,19 +173,9 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     explain.add_argument(
         "--config", type=Path, metavar="FILE", help="TOML settings file (the consumer's)"
     )
-    explain.add_argument(
-        "--policy",
-        type=Path,
-        metavar="FILE",
-        help="the policy (setting consumer.policy, SE_BRIDGE_CONSUMER_POLICY; default built in)",
-    )
+    add_flags(explain, "consumer.policy")
     source = explain.add_mutually_exclusive_group()
-    source.add_argument(
-        "--state",
-        metavar="SPEC",
-        help="a consumer's fleet state, read only: sqlite:PATH or tables (setting "
-        "consumer.state, SE_BRIDGE_CONSUMER_STATE)",
-    )
+    add_flags(source, "consumer.state")
     source.add_argument(
         "--records",
         type=Path,

@@ -35,9 +35,10 @@ from typing import Any, cast
 from bridge import recordtypes as rt
 from bridge import schema
 from bridge.commands.message import Command
-from bridge.config import Config, ConfigError
+from bridge.config import Config, ConfigError, given
 from bridge.consumer import armcarrier, validation, wiring
 from bridge.consumer import documents as fs
+from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer, Explained
 from bridge.consumer.state.memory import MemoryStore
 from bridge.policy.model import EventView, Policy
@@ -58,9 +59,8 @@ class NoCommands:
 
 
 def run_explain(args: argparse.Namespace) -> int:
-    flags = {"consumer.policy": args.policy, "consumer.state": args.state}
     try:
-        config = wiring.load_config(args.config, flags=flags)
+        config = wiring.load_config(args.config, flags=given(args, *LOOK_FLAGS))
         policy = wiring.load_policy(config.consumer.policy)
         if args.records is not None:
             event_id, found = _from_records(args.records, args.event, policy, config)

@@ -72,9 +72,8 @@ PARTITION = "partition"  # the collection of read marks, one document per partit
 # only while the release rule asks about a VM: a consumer that reads no partition of a VM
 # releases its event up to two paces (and a pass) later than the one that reads it. A
 # tenth of alive_within keeps that within a fifth of the silence the rule waits for, at a
-# cost that does not grow with records: written per batch (every 5 s of progress, a read
-# and a write each), the marks were 278 of 378 Table Storage requests in benchmark 8's
-# idle run, 21 per heartbeat instead of 5 (issue 35).
+# cost that does not grow with records: written per batch, the marks were most of an idle
+# consumer's Table Storage requests (issue 35; docs/capacity.md#figures-behind-the-codes-choices).
 MARKS_PER_ALIVE_WITHIN = 10
 
 

@@ -23,11 +23,13 @@ from bridge import recordtypes as rt
 from bridge.config import (
     Config,
     ConfigError,
+    given,
     warn_if_secrets_readable,
     warn_of_consumer_settings_under_agent,
 )
 from bridge.consumer import validation, wiring
 from bridge.consumer.armcarrier import ArmCarrier
+from bridge.consumer.command import CONSUME_FLAGS, LOGGING
 from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.people.server import PageError, PageServer
 from bridge.consumer.people.server import build_app as build_page
@@ -276,19 +278,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     host.install_stop_handler(stop.set)
     host.restrict_new_files()
-    flags = {
-        "consumer.state_dir": args.state_dir,
-        "consumer.hub": args.hub,
-        "commands.channel": args.commands,
-        "consumer.state": args.state,
-        "consumer.policy": args.policy,
-        "consumer.sinks": args.sink,
-        "consumer.log_level": args.log_level,
-        "consumer.log_format": args.log_format,
-        "consumer.metrics_address": args.metrics_address,
-        "consumer.mode": args.mode,
-        "people.page_address": args.page_address,
-    }
+    flags = given(args, *CONSUME_FLAGS, *LOGGING)
     try:
         config = wiring.load_config(args.config, flags=flags)
         wiring.check_shadow(config.consumer)

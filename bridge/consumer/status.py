@@ -30,8 +30,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bridge.commands.signing import Signer
-from bridge.config import Config, ConfigError
+from bridge.config import Config, ConfigError, given
 from bridge.consumer import wiring
+from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import NoCommands, ignore_decisions
 from bridge.consumer.people.desk import OpenEvent
@@ -56,10 +57,9 @@ class Report(CheckReport):
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = {"consumer.policy": args.policy, "consumer.state": args.state}
     spec = args.state or ""
     try:
-        config = wiring.load_config(args.config, flags=flags)
+        config = wiring.load_config(args.config, flags=given(args, *LOOK_FLAGS))
         spec = wiring.state_spec(config)
         report = _look(config, spec, timedelta(seconds=args.ask_age))
     except ConfigError as err:

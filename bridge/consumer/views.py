@@ -258,7 +258,8 @@ class FleetCache:
         self._index: NameIndex | None = None
         self._groups: dict[str, dict[str, frozenset[str]]] = {}  # kept while no VM moves
         # The VMs whose nodes someone else cordoned: a few, kept as they change rather than
-        # looked for among every VM at each batch (13.5 ms at 100,000 VMs).
+        # looked for among every VM at each batch, which costs a large fleet's batches
+        # (docs/capacity.md#figures-behind-the-codes-choices).
         self._cordoned: set[str] = set()
         # What the heartbeats' node pools and the scale sets disagree on, as last said.
         self._disputes: set[str] = set()

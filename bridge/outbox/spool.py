@@ -31,10 +31,11 @@ MAX_SEQ = 2**63 - 1
 # commit unless acks have stopped for BACKSTOP_PAGES (every sink down). It is kept at
 # RESERVE_PAGES on disk, written once at start: a commit then overwrites WAL pages in place,
 # and its fdatasync flushes only data, with no file growth for the filesystem's journal to
-# commit first (on ext4 here, a standalone probe: 0.23 ms p50 against 0.52 ms appending).
-# The first write after a complete checkpoint restarts the WAL, syncing its new header before
-# its own frames: the acks' connection makes that write itself (RESTART_KEY), so the second
-# sync is not a record commit's (one record commit in 30 paid it in an agent-like probe).
+# commit first (about half the time of an appending commit on ext4; the probes' figures are in
+# docs/capacity.md#figures-behind-the-codes-choices). The first write after a complete
+# checkpoint restarts the WAL, syncing its new header before its own frames: the acks'
+# connection makes that write itself (RESTART_KEY), so the second sync is not a record
+# commit's.
 PAGE_SIZE = 4096
 CHECKPOINT_PAGES = 256
 BACKSTOP_PAGES = 2560

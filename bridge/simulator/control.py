@@ -120,12 +120,18 @@ def _refusal(request: Request, bound_host: str) -> Reply | None:
     host = urlsplit("//" + request.headers.get("host", "")).hostname or ""
     loopback = host in _LOOPBACK_NAMES or host == bound_host.lower() or _is_loopback_ip(host)
     if not loopback:
-        return json_reply(403, {"error": f"the control API answers only requests addressed to "
-                                         f"a loopback host, not Host {host!r}"})  # fmt: skip
+        return json_reply(
+            403,
+            {
+                "error": f"the control API answers only requests addressed to "
+                f"a loopback host, not Host {host!r}"
+            },
+        )
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if request.method != "GET" and media != _JSON:
-        return json_reply(415, {"error": f"send {request.method} requests with Content-Type: "
-                                         f"{_JSON}"})  # fmt: skip
+        return json_reply(
+            415, {"error": f"send {request.method} requests with Content-Type: {_JSON}"}
+        )
     return None
 
 

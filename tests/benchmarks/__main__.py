@@ -71,8 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _report(command: str, table: str, notes: list[str], seconds: float) -> str:
-    machine = (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
-               f"{platform.python_version()}")  # fmt: skip
+    machine = (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}"
+    )
     lines = [
         "# Benchmarks",
         "",

@@ -45,9 +45,11 @@ def timed(action: Callable[[], object]) -> float:
 def fill(table: TableClient, start: int, stop: int) -> None:
     for first in range(start, stop, 100):
         table.submit_transaction(
-            [("upsert", {"PartitionKey": "vm", "RowKey": f"{n:08d}", "Body0": BODY})
-             for n in range(first, min(stop, first + 100))]
-        )  # fmt: skip
+            [
+                ("upsert", {"PartitionKey": "vm", "RowKey": f"{n:08d}", "Body0": BODY})
+                for n in range(first, min(stop, first + 100))
+            ]
+        )
 
 
 def main() -> int:
@@ -82,8 +84,12 @@ def measure(table: TableClient, since: datetime, held: list[TableEntity]) -> dic
 
     def write() -> None:
         # A conditional replace, as every fleet state write is; the new ETag read back.
-        table.update_entity(held[0], mode=UpdateMode.REPLACE, etag=held[0].metadata["etag"],
-                            match_condition=MatchConditions.IfNotModified)  # fmt: skip
+        table.update_entity(
+            held[0],
+            mode=UpdateMode.REPLACE,
+            etag=held[0].metadata["etag"],
+            match_condition=MatchConditions.IfNotModified,
+        )
         held[0] = table.get_entity("ledger", "050")
 
     return {

@@ -33,7 +33,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bridge.commands.signing import verify_key_text
 from bridge.records import parse_time
 from tests.benchmarks.report import Row, ms, percentile
-from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.benchmarks.rig import (
+    Options,
+    Result,
+    agent_options,
+    consumer_options,
+    say,
+    scratch,
+)
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.support.azurite import Azurite
 from tests.support.processes import PYTHON, Processes, Simulator, read_records
@@ -104,15 +111,21 @@ class Trips:
 def _row(number: str, what: str, values: list[float], target: float) -> Row:
     p99 = percentile(values, 99)
     result = f"p50 {ms(percentile(values, 50))}, p99 {ms(p99)}"
-    return Row(number, f"Approval round trip, {what}, {len(values)} events, 1 s polling",
-               result, f"p99 ≤ {target:g} s", p99 <= target)  # fmt: skip
+    return Row(
+        number,
+        f"Approval round trip, {what}, {len(values)} events, 1 s polling",
+        result,
+        f"p99 ≤ {target:g} s",
+        p99 <= target,
+    )
 
 
 def signing_pair(folder: Path) -> tuple[str, str]:
     """(commands.signing_key, commands.verify_key) of a fresh Ed25519 pair."""
     private = Ed25519PrivateKey.generate()
-    pem = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                serialization.NoEncryption())  # fmt: skip
+    pem = private.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     path = folder / "signing.pem"
     path.write_bytes(pem)
     os.chmod(path, 0o600)
@@ -142,15 +155,27 @@ def _central(count: int, fleet: Mapping[str, Any] | None = None) -> Trips:
                 sim = Simulator.launch(procs, "sim", "--fleet", str(spec))
             vms = tuple(sim.fleet()) if fleet else VMS
             for vm in vms:
-                _agent(procs, sim, vm, ["--sink", "eventhubs", "--commands", "storagequeue"],
-                       {**env, "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify})  # fmt: skip
+                _agent(
+                    procs,
+                    sim,
+                    vm,
+                    ["--sink", "eventhubs", "--commands", "storagequeue"],
+                    {**env, "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify},
+                )
             decisions = procs.workdir / "decisions.jsonl"
             timeline = procs.workdir / "consumer-timeline.jsonl"
-            procs.start("consumer", [
-                PYTHON, "-m", "tests.benchmarks.timed_consumer", str(timeline), "consume",
-                "--commands", "storagequeue", "--state", "tables",
-                "--state-dir", str(procs.workdir / "consumer"), "--sink", f"jsonl:{decisions}",
-            ], env={**env, "SE_BRIDGE_COMMANDS_SIGNING_KEY": signing})  # fmt: skip
+            procs.start(
+                "consumer",
+                [
+                    PYTHON,
+                    "-m",
+                    "tests.benchmarks.timed_consumer",
+                    str(timeline),
+                    "consume",
+                    *consumer_options(procs.workdir, decisions),
+                ],
+                env={**env, "SE_BRIDGE_COMMANDS_SIGNING_KEY": signing},
+            )
             rig = _Rig(sim, vms, procs.workdir, decisions, broker, timeline)
             return rig.trips(count, "central" if fleet is None else "placement group")
         finally:
@@ -167,13 +192,11 @@ def _local(count: int) -> list[float]:
         return _round_trips(sim, count, "local")
 
 
-def _agent(procs: Processes, sim: Simulator, vm: str, args: Sequence[str],
-           env: dict[str, str]) -> None:  # fmt: skip
-    procs.bridge(
-        vm, "agent", "--imds-url", sim.vm_url(vm), "--poll-interval", "1",
-        "--state-dir", str(procs.workdir / vm), "--sink", f"jsonl:{procs.workdir / vm}.jsonl",
-        *args, env=env,
-    )  # fmt: skip
+def _agent(
+    procs: Processes, sim: Simulator, vm: str, args: Sequence[str], env: dict[str, str]
+) -> None:
+    sink = f"jsonl:{procs.workdir / vm}.jsonl"
+    procs.bridge(vm, "agent", *agent_options(sim, vm, procs.workdir / vm, sink), *args, env=env)
 
 
 def _round_trips(sim: Simulator, count: int, mode: str) -> list[float]:
@@ -202,12 +225,14 @@ class _Trip:
 
 def _one(sim: Simulator, vm: str) -> _Trip:
     before = time.time()
-    event_id = sim.add_event(EventType="Reboot", EventSource="User", Resources=[vm],
-                             notice=900.0)  # fmt: skip
+    event_id = sim.add_event(EventType="Reboot", EventSource="User", Resources=[vm], notice=900.0)
 
     def approved() -> tuple[float, str] | None:
-        found = [a for a in sim.call("GET", "/control/approvals")["approvals"]
-                 if a["eventId"] == event_id]  # fmt: skip
+        found = [
+            a
+            for a in sim.call("GET", "/control/approvals")["approvals"]
+            if a["eventId"] == event_id
+        ]
         return (float(found[0]["timestamp"]), str(found[0]["vm"])) if found else None
 
     at, carrier = eventually(
@@ -248,25 +273,37 @@ class _Rig:
         queue, the listener's next read, the fresh IMDS read)."""
 
         def first_report() -> float | None:
-            times = [parse_time(r["TimeGenerated"]) for vm in self.vms
-                     for r in read_records(self.workdir / f"{vm}.jsonl")
-                     if r["RecordType"] == "Event" and r["EventId"] == trip.event_id]  # fmt: skip
+            times = [
+                parse_time(r["TimeGenerated"])
+                for vm in self.vms
+                for r in read_records(self.workdir / f"{vm}.jsonl")
+                if r["RecordType"] == "Event" and r["EventId"] == trip.event_id
+            ]
             return min(t.timestamp() for t in times if t is not None) if times else None
 
         def decision() -> float | None:
             wanted = (trip.event_id, "Approve")
-            found = [parse_time(d["TimeGenerated"]) for d in read_records(self.decisions)
-                     if (d["EventId"], d["DecisionAction"]) == wanted]  # fmt: skip
+            found = [
+                parse_time(d["TimeGenerated"])
+                for d in read_records(self.decisions)
+                if (d["EventId"], d["DecisionAction"]) == wanted
+            ]
             return found[0].timestamp() if found and found[0] is not None else None
 
         def enqueued() -> float | None:
-            times = [e.enqueued_time.timestamp() for e in self.broker.events()
-                     if _event_id(e.body) == trip.event_id]  # fmt: skip
+            times = [
+                e.enqueued_time.timestamp()
+                for e in self.broker.events()
+                if _event_id(e.body) == trip.event_id
+            ]
             return min(times) if times else None
 
         def handed() -> float | None:
-            found = [n["began"] for n in read_records(self.timeline)
-                     if n["kind"] == "process" and trip.event_id in n["events"]]  # fmt: skip
+            found = [
+                n["began"]
+                for n in read_records(self.timeline)
+                if n["kind"] == "process" and trip.event_id in n["events"]
+            ]
             return min(found) if found else None
 
         reported = eventually(first_report, what="the first Event record", timeout=30)
@@ -288,15 +325,21 @@ class _Rig:
         notes = read_records(self.timeline)
 
         def spread(kind: str, key: str = "seconds") -> str:
-            values = [n["waited"] if key == "waited" else n["ended"] - n["began"]
-                      for n in notes if n["kind"] == kind]  # fmt: skip
+            values = [
+                n["waited"] if key == "waited" else n["ended"] - n["began"]
+                for n in notes
+                if n["kind"] == kind
+            ]
             if not values:
                 return f"{kind}: none"
-            return (f"{kind} x{len(values)} p50 {ms(percentile(values, 50))}, p99 "
-                    f"{ms(percentile(values, 99))}, max {ms(max(values))}")  # fmt: skip
+            return (
+                f"{kind} x{len(values)} p50 {ms(percentile(values, 50))}, p99 "
+                f"{ms(percentile(values, 99))}, max {ms(max(values))}"
+            )
 
-        stores = Counter(f"{n['within']}:{n['op']}:{n['collection']}" for n in notes
-                         if n["kind"] == "store")  # fmt: skip
+        stores = Counter(
+            f"{n['within']}:{n['op']}:{n['collection']}" for n in notes if n["kind"] == "store"
+        )
         busiest = ", ".join(f"{k} {v}" for k, v in stores.most_common(8))
         return (
             f"{label} consumer: lock waits {spread('lock', 'waited')}; {spread('probe')}; "

@@ -69,8 +69,14 @@ def throughput(store: Store, root: Path, records: list[dict[str, Any]]) -> float
     # The stream's time runs a second a record; the consumer's clock keeps up with it (the
     # consumer takes a record from its future as of now, which would not be steady state).
     clock = [datetime.now(timezone.utc)]
-    consumer = Consumer(store, LocalSender(root / "commands"), DEFAULT_POLICY, decisions.extend,
-                        ConsumerSettings(), now=lambda: clock[0])  # fmt: skip
+    consumer = Consumer(
+        store,
+        LocalSender(root / "commands"),
+        DEFAULT_POLICY,
+        decisions.extend,
+        ConsumerSettings(),
+        now=lambda: clock[0],
+    )
 
     def process(batch: list[dict[str, Any]]) -> None:
         clock[0] = datetime.fromisoformat(batch[-1]["TimeGenerated"].replace("Z", "+00:00"))

@@ -33,7 +33,14 @@ from tests.benchmarks.report import (
     per_month,
     usd,
 )
-from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.benchmarks.rig import (
+    Options,
+    Result,
+    agent_options,
+    consumer_options,
+    say,
+    scratch,
+)
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.support.azurite import ACCOUNT, KEY
@@ -98,44 +105,67 @@ def run(options: Options) -> Result:
 
 def _connection_string(proxies: dict[str, CountingProxy]) -> str:
     ends = {s: f"{p.url}/{ACCOUNT}" for s, p in proxies.items()}
-    return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
-            f"BlobEndpoint={ends['blob']};QueueEndpoint={ends['queue']};"
-            f"TableEndpoint={ends['table']};")  # fmt: skip
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+        f"BlobEndpoint={ends['blob']};QueueEndpoint={ends['queue']};"
+        f"TableEndpoint={ends['table']};"
+    )
 
 
-def _start(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
-           storage: str) -> Simulator:  # fmt: skip
+def _start(
+    procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble, storage: str
+) -> Simulator:
     tag = uuid.uuid4().hex[:8]
     signing, verify = signing_pair(procs.workdir)
     start_consumer(procs, broker, storage, tag, signing)
     return start_agents(procs, broker, logs, storage, tag, verify=verify, heartbeat=RUN_HEARTBEAT)
 
 
-def start_agents(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
-                 storage: str, tag: str, *, verify: str, heartbeat: float,
-                 vms: tuple[str, ...] = VMS, fleet: Path | None = None,
-                 name: str = "sim") -> Simulator:  # fmt: skip
+def start_agents(
+    procs: Processes,
+    broker: EventHubsBroker,
+    logs: LogsIngestionDouble,
+    storage: str,
+    tag: str,
+    *,
+    verify: str,
+    heartbeat: float,
+    vms: tuple[str, ...] = VMS,
+    fleet: Path | None = None,
+    name: str = "sim",
+) -> Simulator:
     """The simulator and an agent per VM: Event Hubs, Log Analytics, a Storage queue each.
 
     `vms`: the simulator's VMs, standalone `vm-N` unless `fleet` (a fleet file) names them."""
-    shared = {"SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
-              "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"c{tag}-"}  # fmt: skip
+    shared = {
+        "SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
+        "SE_BRIDGE_COMMANDS_QUEUE_PREFIX": f"c{tag}-",
+    }
     fleet_args = ("--fleet", str(fleet), "--seed", "1") if fleet else ("--vms", str(len(vms)))
     sim = Simulator.launch(procs, name, *fleet_args)
     for vm in vms:
-        env = {**cloud_env(broker, logs, sim.vm_url(vm)), **shared,
-               "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify,
-               "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(heartbeat),
-               # Every send uploads: the quota model applies loganalytics.send_interval.
-               "SE_BRIDGE_LOGANALYTICS_SEND_INTERVAL": "0"}  # fmt: skip
-        procs.bridge(vm, "agent", "--imds-url", sim.vm_url(vm), "--poll-interval", "1",
-                     "--state-dir", str(procs.workdir / vm), "--sink", "eventhubs",
-                     "--sink", "loganalytics", "--commands", "storagequeue", env=env)  # fmt: skip
+        env = {
+            **cloud_env(broker, logs, sim.vm_url(vm)),
+            **shared,
+            "SE_BRIDGE_COMMANDS_VERIFY_KEY": verify,
+            "SE_BRIDGE_AGENT_HEARTBEAT_INTERVAL": str(heartbeat),
+            # Every send uploads: the quota model applies loganalytics.send_interval.
+            "SE_BRIDGE_LOGANALYTICS_SEND_INTERVAL": "0",
+        }
+        procs.bridge(
+            vm,
+            "agent",
+            *agent_options(sim, vm, procs.workdir / vm, "eventhubs", "loganalytics"),
+            "--commands",
+            "storagequeue",
+            env=env,
+        )
     return sim
 
 
-def start_consumer(procs: Processes, broker: EventHubsBroker, storage: str, tag: str,
-                   signing: str) -> None:  # fmt: skip
+def start_consumer(
+    procs: Processes, broker: EventHubsBroker, storage: str, tag: str, signing: str
+) -> None:
     """One standalone consumer: Table Storage state, blob checkpoints, Storage queues."""
     consumer_env = {
         "SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
@@ -147,13 +177,21 @@ def start_consumer(procs: Processes, broker: EventHubsBroker, storage: str, tag:
         "NO_PROXY": "127.0.0.1,localhost",
     }
     decisions = procs.workdir / "decisions.jsonl"
-    procs.bridge("consumer", "consume", "--commands", "storagequeue", "--state", "tables",
-                 "--state-dir", str(procs.workdir / "consumer"), "--sink", f"jsonl:{decisions}",
-                 env=consumer_env)  # fmt: skip
+    procs.bridge(
+        "consumer",
+        "consume",
+        *consumer_options(procs.workdir, decisions),
+        env=consumer_env,
+    )
 
 
-def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
-             proxies: dict[str, CountingProxy], window: int) -> Counted:  # fmt: skip
+def _measure(
+    procs: Processes,
+    broker: EventHubsBroker,
+    logs: LogsIngestionDouble,
+    proxies: dict[str, CountingProxy],
+    window: int,
+) -> Counted:
     sim = _start(procs, broker, logs, _connection_string(proxies))
     sim.wait_polls(dict.fromkeys(VMS, 3))
     say(f"cost: warming up 20 s, then {window} s counted (heartbeats every {RUN_HEARTBEAT:g} s)")
@@ -169,12 +207,16 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
     kinds = Counter(json.loads(e.body)["RecordType"] for e in events)
     types = dict(schema.columns())
     return Counted(
-        seconds, [len(e.body) for e in events], kinds["Heartbeat"],
+        seconds,
+        [len(e.body) for e in events],
+        kinds["Heartbeat"],
         sum(r.uncompressed_size or 0 for r in requests),
         sum(billed_row_size(row, types) for row in logs.records()[rows0:]),
         sum(r.record_count or 0 for r in requests),
-        storage["queue"], storage["table"], storage["blob"],
-    )  # fmt: skip
+        storage["queue"],
+        storage["table"],
+        storage["blob"],
+    )
 
 
 def _result(c: Counted) -> Result:

@@ -22,7 +22,7 @@ from typing import Any
 
 from bridge import schema
 from tests.benchmarks.report import Row, median, ms, percentile
-from tests.benchmarks.rig import Options, Result, say, scratch
+from tests.benchmarks.rig import Options, Result, agent_options, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.support.cloud import RULE, cloud_env
@@ -84,23 +84,44 @@ class Timeline:
         return self._notes
 
     def first_body(self, event_id: str, after: float) -> float | None:
-        return next((float(n["at"]) for n in self._read()
-                     if n["kind"] == "body" and n["at"] >= after and event_id in n["body"]),
-                    None)  # fmt: skip
+        return next(
+            (
+                float(n["at"])
+                for n in self._read()
+                if n["kind"] == "body" and n["at"] >= after and event_id in n["body"]
+            ),
+            None,
+        )
 
     def first_commit(self, event_id: str) -> float | None:
-        return next((float(n["at"]) for n in self._read()
-                     if n["kind"] == "commit" and event_id in n["ids"]), None)  # fmt: skip
+        return next(
+            (
+                float(n["at"])
+                for n in self._read()
+                if n["kind"] == "commit" and event_id in n["ids"]
+            ),
+            None,
+        )
 
     def first_accept(self, sink: str, event_id: str) -> float | None:
-        return next((float(n["at"]) for n in self._read() if n["kind"] == "accept"
-                     and n["sink"] == sink and any(event_id in b for b in n["bodies"])),
-                    None)  # fmt: skip
+        return next(
+            (
+                float(n["at"])
+                for n in self._read()
+                if n["kind"] == "accept"
+                and n["sink"] == sink
+                and any(event_id in b for b in n["bodies"])
+            ),
+            None,
+        )
 
     def gc_pauses(self) -> list[tuple[float, float]]:
         """(start, end) of each full collection."""
-        return [(float(n["at"]) - float(n["seconds"]), float(n["at"]))
-                for n in self._read() if n["kind"] == "gc"]  # fmt: skip
+        return [
+            (float(n["at"]) - float(n["seconds"]), float(n["at"]))
+            for n in self._read()
+            if n["kind"] == "gc"
+        ]
 
 
 @dataclass
@@ -140,23 +161,31 @@ def run(options: Options) -> Result:
     return _result(collected)
 
 
-def _start_agent(procs: Processes, sim: Simulator, env: dict[str, str],
-                 timeline: Timeline) -> Proc:  # fmt: skip
-    return procs.start("agent", [
-        PYTHON, "-m", "tests.benchmarks.timed_agent", str(timeline.path), "agent",
-        "--imds-url", sim.vm_url("vm-0"), "--poll-interval", "1",
-        "--state-dir", str(procs.workdir / "agent"), "--sink", "eventhubs",
-        "--sink", "loganalytics",
-    ], env=env)  # fmt: skip
+def _start_agent(procs: Processes, sim: Simulator, env: dict[str, str], timeline: Timeline) -> Proc:
+    return procs.start(
+        "agent",
+        [
+            PYTHON,
+            "-m",
+            "tests.benchmarks.timed_agent",
+            str(timeline.path),
+            "agent",
+            *agent_options(sim, "vm-0", procs.workdir / "agent", "eventhubs", "loganalytics"),
+        ],
+        env=env,
+    )
 
 
-def _collect(sim: Simulator, timeline: Timeline, state_dir: Path, rounds: int,
-             count: int) -> Collected:  # fmt: skip
+def _collect(
+    sim: Simulator, timeline: Timeline, state_dir: Path, rounds: int, count: int
+) -> Collected:
     sim.wait_polls({"vm-0": 3})
     found: list[list[Sample]] = []
     for n in range(rounds):
-        say(f"detection round {n + 1}/{rounds}: {count} events at random moments, "
-            "agent polling every 1 s")  # fmt: skip
+        say(
+            f"detection round {n + 1}/{rounds}: {count} events at random moments, "
+            "agent polling every 1 s"
+        )
         found.append([])
         for _ in range(count):
             found[-1].append(_one(sim, timeline, random.uniform(0.3, 1.3)))
@@ -213,15 +242,22 @@ def _result(collected: Collected) -> Result:
             p(syncs["append"]), "", None),
     ]  # fmt: skip
     pauses = [end - start for start, end in collected.gc_pauses]
-    inside = sum(1 for start, end in collected.gc_pauses
-                 if any(start < s.window[1] and end > s.window[0] for s in samples))  # fmt: skip
+    inside = sum(
+        1
+        for start, end in collected.gc_pauses
+        if any(start < s.window[1] and end > s.window[0] for s in samples)
+    )
     notes = [
-        "2: spool write p99 per round: " + ", ".join(ms(v) for v in round_p99)
+        "2: spool write p99 per round: "
+        + ", ".join(ms(v) for v in round_p99)
         + f"; slowest of all: {ms(max(spool_write))}. A durable commit syncs the spool's WAL "
         "once (written in place once the WAL is reserved), so 2c cannot be below the disk's "
         "own sync time (2f).",
         f"2: full garbage collections in the agent process: {len(pauses)}"
-        + (f", longest {ms(max(pauses))}, {inside} of them inside a 2c sample's window."
-           if pauses else "."),
-    ]  # fmt: skip
+        + (
+            f", longest {ms(max(pauses))}, {inside} of them inside a 2c sample's window."
+            if pauses
+            else "."
+        ),
+    ]
     return Result(rows, notes)

@@ -63,8 +63,9 @@ def one_vm_day() -> list[dict[str, Any]]:
         if beat in events:
             event_id = str(uuid.uuid4()).upper()
             for transition in ("Scheduled", "Started", "Completed"):
-                out.append(fleet.event("web_0", event_id, transition=transition,
-                                       event_type=events[beat]))  # fmt: skip
+                out.append(
+                    fleet.event("web_0", event_id, transition=transition, event_type=events[beat])
+                )
     return out
 
 
@@ -88,8 +89,7 @@ def backlog(count: int) -> list[dict[str, Any]]:
     return out
 
 
-def drain(kind: str, env: dict[str, str], spool_path: Path,
-          records: list[dict[str, Any]]) -> float:  # fmt: skip
+def drain(kind: str, env: dict[str, str], spool_path: Path, records: list[dict[str, Any]]) -> float:
     """Seconds Delivery, in a process of its own with settings `env`, takes to ship `records`
     through a sink."""
     sink = make_sink(kind, config.load(environ=env), spool_path).name  # built again in the child

@@ -51,8 +51,9 @@ def run(options: Options) -> Result:
             parse(body, TRUST)
         parsed = rate(len(bodies), time.perf_counter() - began)
         store = SqliteStore(Path(tmp) / "fleet.db")
-        consumer = Consumer(store, Sender(), DEFAULT_POLICY, lambda _: None, ConsumerSettings(),
-                            now=lambda: now)  # fmt: skip
+        consumer = Consumer(
+            store, Sender(), DEFAULT_POLICY, lambda _: None, ConsumerSettings(), now=lambda: now
+        )
         intake = EventGridIntake(consumer, TRUST)
         began = time.perf_counter()
         for start in range(0, len(bodies), BATCH):

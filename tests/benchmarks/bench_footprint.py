@@ -17,7 +17,7 @@ import requests
 from bridge import schema
 from tests.benchmarks import procstat
 from tests.benchmarks.report import Row, median, slope_per_minute, window_medians
-from tests.benchmarks.rig import ROOT, Options, Result, say, scratch
+from tests.benchmarks.rig import ROOT, Options, Result, agent_options, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
 from tests.doubles.logs_ingestion import LogsIngestionDouble
 from tests.support.cloud import RULE, cloud_env
@@ -52,15 +52,18 @@ def run(options: Options) -> Result:
     with broker, logs, scratch("footprint") as procs:
         sim = Simulator.launch(procs, "sim", "--vms", "2")
         agent = procs.bridge(
-            "agent", "agent", "--imds-url", sim.vm_url("vm-0"), "--poll-interval", "1",
-            "--state-dir", str(procs.workdir / "agent"), "--sink", "eventhubs",
-            "--sink", "loganalytics", "--metrics-address", "0",
+            "agent",
+            "agent",
+            *agent_options(sim, "vm-0", procs.workdir / "agent", "eventhubs", "loganalytics"),
+            "--metrics-address",
+            "0",
             env=cloud_env(broker, logs, sim.vm_url("vm-0")),
-        )  # fmt: skip
+        )
         sample = procs.start(
-            "sample", [PYTHON, str(ROOT / "tests" / "benchmarks" / "sample_loop.py")],
+            "sample",
+            [PYTHON, str(ROOT / "tests" / "benchmarks" / "sample_loop.py")],
             env={"SAMPLE_IMDS_BASE": sim.vm_url("vm-1"), "NO_PROXY": "127.0.0.1,localhost"},
-        )  # fmt: skip
+        )
         eventually(lambda: " polling http" in agent.stderr(), what="the agent to poll", timeout=60)
         # Metrics on, scraped as Prometheus would (every 15 s): the footprint includes them.
         scraper = Scraper(agent)
@@ -123,11 +126,19 @@ def _measure(sim: Simulator, agent: Proc, sample: Proc, *, duration: int, window
             for name, pid in pids.items():
                 rss[name].append((time.monotonic() - start, procstat.rss_kb(pid) / 1024))
             time.sleep(min(RSS_EVERY, max(0.0, end - time.monotonic())))
-        cpu = {n: procstat.cpu_delta_seconds(cpu0[n], procstat.thread_cpu_ns(p))
-               for n, p in pids.items()}  # fmt: skip
+        cpu = {
+            n: procstat.cpu_delta_seconds(cpu0[n], procstat.thread_cpu_ns(p))
+            for n, p in pids.items()
+        }
         now = {n: sim.polls(vm) for n, vm in vms.items()}
-        found.append(Window(cpu["agent"], cpu["sample"], now["agent"] - polls["agent"],
-                            now["sample"] - polls["sample"]))  # fmt: skip
+        found.append(
+            Window(
+                cpu["agent"],
+                cpu["sample"],
+                now["agent"] - polls["agent"],
+                now["sample"] - polls["sample"],
+            )
+        )
         say(f"footprint window: ratio {found[-1].ratio:.2f}")
     ticks = {n: procstat.ticks_seconds(p) - ticks0[n] for n, p in pids.items()}
     total = {n: sim.polls(vm) - polls0[n] for n, vm in vms.items()}

@@ -46,8 +46,10 @@ def run(options: Options) -> Result:
     drained, approved, peaks = [], [], []
     for n in range(runs):
         to_drained, to_approved, peak = _one(n)
-        say(f"node drain {n + 1}/{runs}: drained {to_drained:.2f} s, approved "
-            f"{to_approved:.2f} s after the event was seen; {peak:.1f} MB")  # fmt: skip
+        say(
+            f"node drain {n + 1}/{runs}: drained {to_drained:.2f} s, approved "
+            f"{to_approved:.2f} s after the event was seen; {peak:.1f} MB"
+        )
         drained.append(to_drained)
         approved.append(to_approved)
         peaks.append(peak)
@@ -75,8 +77,14 @@ def _one(n: int) -> tuple[float, float, float]:
         root = procs.workdir
         kube.add_node(NODE, labels={"kubernetes.azure.com/agentpool": "pool1"})
         for i in range(PODS):
-            kube.add_pod("shop", f"pod-{i:02d}", NODE, owner="ReplicaSet", linger=TERMINATE_S,
-                         labels={"se-bridge.io/drain-order": str(i % WAVES)})  # fmt: skip
+            kube.add_pod(
+                "shop",
+                f"pod-{i:02d}",
+                NODE,
+                owner="ReplicaSet",
+                linger=TERMINATE_S,
+                labels={"se-bridge.io/drain-order": str(i % WAVES)},
+            )
         kube.add_pod("kube-system", "proxy", NODE, owner="DaemonSet")
         (root / "policy.yaml").write_text(POLICY, encoding="utf-8")
         out = root / "out.jsonl"
@@ -88,7 +96,7 @@ def _one(n: int) -> tuple[float, float, float]:
             f'[kubernetes]\nenabled = true\nnode_name = "{NODE}"\n'
             f'kubeconfig = "{kube.kubeconfig(root)}"\n',
             encoding="utf-8",
-        )  # fmt: skip
+        )
         agent = procs.bridge("agent", "agent", "--config", str(config))
         eventually(lambda: _find(out, "Heartbeat"), what="the agent's start", details=agent.output)
         event = simulator.add_event(EventSpec("Reboot", (VM,)))
@@ -112,8 +120,9 @@ def _rss(agent: Proc) -> float:
     return procstat.rss_kb(agent.popen.pid) / 1024 if agent.alive else 0.0
 
 
-def _find(out: Path, kind: str, event: str | None = None,
-          status: str | None = None) -> dict[str, Any] | None:  # fmt: skip
+def _find(
+    out: Path, kind: str, event: str | None = None, status: str | None = None
+) -> dict[str, Any] | None:
     for record in read_records(out):
         if record["RecordType"] != kind or (event and record.get("EventId") != event):
             continue

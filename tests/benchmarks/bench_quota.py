@@ -112,9 +112,13 @@ def run(options: Options) -> Result:
     return _result(measured, notes)
 
 
-def _window(broker: EventHubsBroker, logs: LogsIngestionDouble,
-            proxies: dict[str, CountingProxy], seconds: float,
-            until: threading.Event | None = None) -> Window:  # fmt: skip
+def _window(
+    broker: EventHubsBroker,
+    logs: LogsIngestionDouble,
+    proxies: dict[str, CountingProxy],
+    seconds: float,
+    until: threading.Event | None = None,
+) -> Window:
     hub0, logs0, rows0 = len(broker.events()), len(logs.requests), len(logs.records())
     counts0 = {s: Counter(p.counts) for s, p in proxies.items()}
     parts0 = Counter(proxies["table"].partitions)
@@ -127,18 +131,28 @@ def _window(broker: EventHubsBroker, logs: LogsIngestionDouble,
     ended = time.monotonic()
     requests = [r for r in logs.requests[logs0:] if r.status == 204]
     return Window(
-        began, ended, broker.events()[hub0:], len(requests),
-        len(logs.records()) - rows0, sum(r.uncompressed_size or 0 for r in requests),
+        began,
+        ended,
+        broker.events()[hub0:],
+        len(requests),
+        len(logs.records()) - rows0,
+        sum(r.uncompressed_size or 0 for r in requests),
         {s: Counter(p.counts) - counts0[s] for s, p in proxies.items()},
         Counter(proxies["table"].partitions) - parts0,
         Counter(proxies["table"].entities) - entities0,
         proxies["queue"].reads_between(began, ended),
-    )  # fmt: skip
+    )
 
 
-def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
-             proxies: dict[str, CountingProxy], sampler: Sampler, *,
-             idle: int) -> tuple[quotas.Measured, list[str]]:  # fmt: skip
+def _measure(
+    procs: Processes,
+    broker: EventHubsBroker,
+    logs: LogsIngestionDouble,
+    proxies: dict[str, CountingProxy],
+    sampler: Sampler,
+    *,
+    idle: int,
+) -> tuple[quotas.Measured, list[str]]:
     storage = _connection_string(proxies)
     tag = "q" + str(int(time.time()))[-6:]
     signing, verify = signing_pair(procs.workdir)
@@ -171,10 +185,19 @@ def _measure(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDoubl
     entities = _per(spent, records_seen)
     reads = queue_reads(events.reads)
     say("quota: three VMs of one availability set: each event seen by all three, named one")
-    neighbours = _neighbours(procs, broker, logs, proxies, storage=storage, tag=tag,
-                             verify=verify, per_beat=per_beat, per_beat_entities=per_beat_entities,
-                             own_ops=table_ops / max(1, records_seen),
-                             own_entities=entities)  # fmt: skip
+    neighbours = _neighbours(
+        procs,
+        broker,
+        logs,
+        proxies,
+        storage=storage,
+        tag=tag,
+        verify=verify,
+        per_beat=per_beat,
+        per_beat_entities=per_beat_entities,
+        own_ops=table_ops / max(1, records_seen),
+        own_entities=entities,
+    )
     measured = quotas.Measured(
         connection_seconds_per_send=held / heartbeats,
         events_per_heartbeat=sum(kinds.values()) / heartbeats,
@@ -237,10 +260,20 @@ class Neighbours:
     note: str
 
 
-def _neighbours(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDouble,
-                proxies: dict[str, CountingProxy], *, storage: str, tag: str, verify: str,
-                per_beat: float, per_beat_entities: dict[str, float], own_ops: float,
-                own_entities: dict[str, float]) -> Neighbours:  # fmt: skip
+def _neighbours(
+    procs: Processes,
+    broker: EventHubsBroker,
+    logs: LogsIngestionDouble,
+    proxies: dict[str, CountingProxy],
+    *,
+    storage: str,
+    tag: str,
+    verify: str,
+    per_beat: float,
+    per_beat_entities: dict[str, float],
+    own_ops: float,
+    own_entities: dict[str, float],
+) -> Neighbours:
     """The same events on three VMs of one availability set, so that each is seen by the VM
     it names and two neighbours (AffectsThisVm false), as Azure delivers events to a set.
 
@@ -249,8 +282,18 @@ def _neighbours(procs: Processes, broker: EventHubsBroker, logs: LogsIngestionDo
     """
     fleet = procs.workdir / "set.json"
     fleet.write_text(json.dumps({"availabilitySets": [{"name": "nb", "count": len(SET)}]}))
-    sim = start_agents(procs, broker, logs, storage, tag, verify=verify, heartbeat=RUN_HEARTBEAT,
-                       vms=SET, fleet=fleet, name="sim-set")  # fmt: skip
+    sim = start_agents(
+        procs,
+        broker,
+        logs,
+        storage,
+        tag,
+        verify=verify,
+        heartbeat=RUN_HEARTBEAT,
+        vms=SET,
+        fleet=fleet,
+        name="sim-set",
+    )
     sim.wait_polls(dict.fromkeys(SET, 3))
     time.sleep(RUN_HEARTBEAT + 10)
     window, beats = _events(sim, broker, logs, proxies, SET)
@@ -310,9 +353,13 @@ class PerEvent:
     pending_seconds: float
 
 
-def _events(sim: Simulator, broker: EventHubsBroker, logs: LogsIngestionDouble,
-            proxies: dict[str, CountingProxy],
-            vms: tuple[str, ...]) -> tuple[Window, int]:  # fmt: skip
+def _events(
+    sim: Simulator,
+    broker: EventHubsBroker,
+    logs: LogsIngestionDouble,
+    proxies: dict[str, CountingProxy],
+    vms: tuple[str, ...],
+) -> tuple[Window, int]:
     """Per VM: a Freeze the consumer approves (5 s), and one it holds (30 s: the default
     policy's everything-else rule) that the platform starts 20 s later. The window, and the
     heartbeats sent in it."""
@@ -321,10 +368,16 @@ def _events(sim: Simulator, broker: EventHubsBroker, logs: LogsIngestionDouble,
 
     def play() -> None:
         for vm in vms:
-            ids.append(sim.add_event(EventType="Freeze", EventSource="Platform",
-                                     Resources=[vm], DurationInSeconds=5))  # fmt: skip
-            ids.append(sim.add_event(EventType="Freeze", EventSource="Platform",
-                                     Resources=[vm], DurationInSeconds=30))  # fmt: skip
+            ids.append(
+                sim.add_event(
+                    EventType="Freeze", EventSource="Platform", Resources=[vm], DurationInSeconds=5
+                )
+            )
+            ids.append(
+                sim.add_event(
+                    EventType="Freeze", EventSource="Platform", Resources=[vm], DurationInSeconds=30
+                )
+            )
         held = time.monotonic() + 20
         pending = set(ids)
         deadline = time.monotonic() + 90
@@ -374,8 +427,13 @@ def _per_event(window: Window) -> PerEvent:
     # A VM reads while any of its events is pending: the union of its spans, not their sum.
     pending = sum(_covered(vm_spans) for vm_spans in spans.values())
     count = len({event_id for event_id, _ in pairs})
-    return PerEvent(count, len(pairs), len(window.events) / max(1, len(pairs)),
-                    sends / max(1, len(pairs)), pending)  # fmt: skip
+    return PerEvent(
+        count,
+        len(pairs),
+        len(window.events) / max(1, len(pairs)),
+        sends / max(1, len(pairs)),
+        pending,
+    )
 
 
 @dataclass
@@ -450,23 +508,30 @@ def _result(m: quotas.Measured, notes: list[str]) -> Result:
     rows = []
     for fanout in FANOUTS:
         failing = [
-            q for q in quotas.QUOTAS
+            q
+            for q in quotas.QUOTAS
             if min(q.breaks_at(m, w, fanout) for w in quotas.WAVES) < 100_000
-        ]  # fmt: skip
+        ]
         who = (
             "VMs named by Resources see an event"
             if fanout == 1
             else f"every VM of a {fanout:.0f}-VM placement group sees each event"
         )
-        rows.append(Row(
-            "8a" if fanout == 1 else "8b",
-            f"Quotas of a Standard deployment that hold at 100,000 VMs, steady and every wave "
-            f"({who})",
-            f"{len(quotas.QUOTAS) - len(failing)} of {len(quotas.QUOTAS)}"
-            + (f"; breaks: {', '.join(f'{q.service} {q.name} ({q.tier})' for q in failing)}"
-               if failing else ""),
-            "all", not failing,
-        ))  # fmt: skip
+        rows.append(
+            Row(
+                "8a" if fanout == 1 else "8b",
+                f"Quotas of a Standard deployment that hold at 100,000 VMs, steady and every wave "
+                f"({who})",
+                f"{len(quotas.QUOTAS) - len(failing)} of {len(quotas.QUOTAS)}"
+                + (
+                    f"; breaks: {', '.join(f'{q.service} {q.name} ({q.tier})' for q in failing)}"
+                    if failing
+                    else ""
+                ),
+                "all",
+                not failing,
+            )
+        )
     notes = [
         *notes,
         "8: per VM, measured: "

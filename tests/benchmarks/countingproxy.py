@@ -99,8 +99,11 @@ def _handler_for(proxy: CountingProxy) -> type[BaseHTTPRequestHandler]:
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 answer = upstream.getresponse()
                 data = answer.read()
-                proxy.count(f"{self.command} {_kind(self.path)}", _partition(self.path, body),
-                            _entities(self.command, self.path, body, data))  # fmt: skip
+                proxy.count(
+                    f"{self.command} {_kind(self.path)}",
+                    _partition(self.path, body),
+                    _entities(self.command, self.path, body, data),
+                )
                 if self.command == "GET" and _kind(self.path) == "messages":
                     proxy.read(_queue(self.path))
                 self.send_response(answer.status, answer.reason)

@@ -96,8 +96,9 @@ class Load:
 
     def since(self, collection: str, moment: float) -> Counter[str]:
         """Per partition, the documents of `collection` last written at or after `moment`."""
-        return Counter(home for home, at in self.written.get(collection, {}).values()
-                       if at >= moment)  # fmt: skip
+        return Counter(
+            home for home, at in self.written.get(collection, {}).values() if at >= moment
+        )
 
     def wrote(self, collection: str, keys: Iterable[str]) -> None:
         docs = self.written.setdefault(collection, {})
@@ -125,8 +126,10 @@ class Load:
         top = ("", 0.0)
         for home, counts in seconds.items():
             first, last = min(counts), max(counts)
-            rate = max(sum(counts[s] for s in range(start, start + window)) / window
-                       for start in range(first, last + 1))  # fmt: skip
+            rate = max(
+                sum(counts[s] for s in range(start, start + window)) / window
+                for start in range(first, last + 1)
+            )
             top = max(top, (home, rate), key=lambda t: t[1])
         return top
 
@@ -251,8 +254,9 @@ def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Resu
         # second 0, which real agents do over their boots, and the first looks at the VMs
         # after it would charge them all.
         start = LEAD_IN - LOOK_BACK
-        ticks = [LEAD_IN / 2 + k * settings.reevaluate_interval / consumers
-                 for k in range(consumers)]  # fmt: skip
+        ticks = [
+            LEAD_IN / 2 + k * settings.reevaluate_interval / consumers for k in range(consumers)
+        ]
         answered = passes = 0
         end: float | None = None
         counting = False
@@ -278,10 +282,17 @@ def run(vms: int, consumers: int, seed: int, say: Callable[[str], None]) -> Resu
             store.close()
     per_event = Counter(c.event_id.lower() for c in sender.sent)
     return Result(
-        consumers=consumers, vms=vms, events=len(plan.events), approvals=len(per_event),
-        approved_twice=sum(1 for n in per_event.values() if n > 1), actions=actions,
-        load=load, seconds=load.now - start, passes=passes, cpu=cpu,
-    )  # fmt: skip
+        consumers=consumers,
+        vms=vms,
+        events=len(plan.events),
+        approvals=len(per_event),
+        approved_twice=sum(1 for n in per_event.values() if n > 1),
+        actions=actions,
+        load=load,
+        seconds=load.now - start,
+        passes=passes,
+        cpu=cpu,
+    )
 
 
 def feed(cores: Sequence[Consumer], of: Sequence[int], emitted: list[tuple[int, Any]]) -> None:
@@ -304,21 +315,30 @@ def render(results: Sequence[Result], command: str) -> str:
     def per(r: Result, n: int) -> str:
         return f"{n:,} ({n / max(1, r.approvals):.2f} an approval)"
 
-    row("Storm (fleet seconds counted, from 10 s before it to the end of the run)",
-        lambda r: f"{r.events:,} Preempt events, {r.seconds:,.0f} s")  # fmt: skip
-    row("Approvals (events approved twice)",
-        lambda r: f"{r.approvals:,} ({r.approved_twice}), "
-                  f"{r.approvals / max(1.0, r.seconds):.1f}/s")  # fmt: skip
+    row(
+        "Storm (fleet seconds counted, from 10 s before it to the end of the run)",
+        lambda r: f"{r.events:,} Preempt events, {r.seconds:,.0f} s",
+    )
+    row(
+        "Approvals (events approved twice)",
+        lambda r: (
+            f"{r.approvals:,} ({r.approved_twice}), {r.approvals / max(1.0, r.seconds):.1f}/s"
+        ),
+    )
     row("Decisions", lambda r: ", ".join(f"{a} {n:,}" for a, n in sorted(r.actions.items())))
     row("Looks at the ledger", lambda r: per(r, r.load.looks))
     row("Entities the looks return on Table Storage", lambda r: per(r, r.load.look_entities))
     row("Conflicts", lambda r: per(r, r.load.conflicts))
-    row("Documents read by key (before approvals, releases, after conflicts)",
-        lambda r: per(r, r.load.fetched))  # fmt: skip
+    row(
+        "Documents read by key (before approvals, releases, after conflicts)",
+        lambda r: per(r, r.load.fetched),
+    )
     row("Documents written", lambda r: per(r, r.load.written_entities))
     for collection in (fs.LEDGER, fs.EVENT, fs.VM):
-        row(f"Busiest `{collection}` partition, 10 s (target {PARTITION_TARGET:,}/s)",
-            functools.partial(busiest, collection=collection))  # fmt: skip
+        row(
+            f"Busiest `{collection}` partition, 10 s (target {PARTITION_TARGET:,}/s)",
+            functools.partial(busiest, collection=collection),
+        )
     row("CPU of the run (all consumers, one process)", lambda r: f"{r.cpu:,.0f} s")
     lines = [
         "# The approval ledger in a Spot eviction storm",

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.benchmarks.report import Row
-from tests.support.processes import Processes
+from tests.support.processes import Processes, Simulator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,3 +47,17 @@ def scratch(name: str) -> Iterator[Processes]:
 def say(message: str) -> None:
     """Progress on stderr: the table goes to stdout."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def agent_options(sim: Simulator, vm: str, state_dir: Path, *sinks: str) -> list[str]:
+    """A benchmark agent's options: the simulator's `vm`, polled once a second, its state in
+    `state_dir`, and a --sink for each of `sinks`."""
+    options = ["--imds-url", sim.vm_url(vm), "--poll-interval", "1", "--state-dir", str(state_dir)]
+    return options + [word for sink in sinks for word in ("--sink", sink)]
+
+
+def consumer_options(workdir: Path, decisions: Path) -> list[str]:
+    """A benchmark consumer's options: its fleet state in Table Storage, its commands on
+    Storage queues, its Decision records in `decisions`."""
+    state = ["--state", "tables", "--state-dir", str(workdir / "consumer")]
+    return ["--commands", "storagequeue", *state, "--sink", f"jsonl:{decisions}"]

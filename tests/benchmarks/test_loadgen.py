@@ -44,11 +44,15 @@ def play(fleet: Fleet, plan: waves.WavePlan) -> tuple[Sim, list[dict[str, Any]]]
         if not approved and first.status == "Scheduled":
             target = fleet.vms[first.vms[0]]
             command = approve(
-                vm_id=target.vm_id, event_id=first.event_id, document_incarnation=None,
-                issued_at=T0 + timedelta(seconds=now), expires_at=T0 + timedelta(hours=1),
-                rule="freeze", reason="test",
+                vm_id=target.vm_id,
+                event_id=first.event_id,
+                document_incarnation=None,
+                issued_at=T0 + timedelta(seconds=now),
+                expires_at=T0 + timedelta(hours=1),
+                rule="freeze",
+                reason="test",
                 resources=[fleet.vms[i].name for i in first.vms],
-            )  # fmt: skip
+            )
             sim.answer(command, now)
             approved = True
     return sim, records
@@ -132,13 +136,25 @@ def test_the_same_seed_gives_the_same_stream() -> None:
     assert [r["RecordId"] for r in once] == [r["RecordId"] for r in again]
 
 
-def live_run(workdir: Path, state: str, source: str = "local",
-             consumers: int = 1) -> tuple[RunResult, Summary]:  # fmt: skip
+def live_run(
+    workdir: Path, state: str, source: str = "local", consumers: int = 1
+) -> tuple[RunResult, Summary]:
     """A small freeze wave through real consumers: every event decided, no budget broken."""
-    config = RunConfig(size=300, seed=1, wave="freeze", options=waves.WaveOptions(window=300),
-                       scale=60, consumers=consumers, lead_in=60, tail=30, drain_timeout=60,
-                       workdir=workdir, state=state, source=source,
-                       checkpoint_interval=1.0)  # fmt: skip
+    config = RunConfig(
+        size=300,
+        seed=1,
+        wave="freeze",
+        options=waves.WaveOptions(window=300),
+        scale=60,
+        consumers=consumers,
+        lead_in=60,
+        tail=30,
+        drain_timeout=60,
+        workdir=workdir,
+        state=state,
+        source=source,
+        checkpoint_interval=1.0,
+    )
     result = Run(config, lambda _: None).go()
     summary = summarize(result)
     assert summary.violations == []
@@ -200,8 +216,11 @@ def test_a_live_run_through_the_event_hubs_broker_breaks_no_budget(tmp_path: Pat
     assert len(last.checkpoints[0]) == 4
     assert all(mark >= 0 for mark in last.checkpoints[0])
     # Both consumers decided events: the partitions were shared, not all read by one.
-    deciders = {path.name for path in (tmp_path / "run").glob("decisions-*.jsonl")
-                if path.stat().st_size > 0}  # fmt: skip
+    deciders = {
+        path.name
+        for path in (tmp_path / "run").glob("decisions-*.jsonl")
+        if path.stat().st_size > 0
+    }
     assert deciders == {"decisions-0.jsonl", "decisions-1.jsonl"}
     assert result.cpu
     assert all(s.azurite is not None for s in result.cpu)
@@ -226,17 +245,33 @@ def test_a_live_consumer_behind_on_a_broker_partition_releases_only_silent_vms(
     fleet = build(300, 1)
     plan = waves.plan("scale-in", fleet, 1)
     start = 60 + lagging.first_start(plan)
-    config = RunConfig(size=300, seed=1, wave="scale-in", scale=60, lead_in=60, tail=900,
-                       drain_timeout=90, workdir=tmp_path / "run", source="broker",
-                       checkpoint_interval=1.0, hold=(0, start, start + 1500))  # fmt: skip
+    config = RunConfig(
+        size=300,
+        seed=1,
+        wave="scale-in",
+        scale=60,
+        lead_in=60,
+        tail=900,
+        drain_timeout=90,
+        workdir=tmp_path / "run",
+        source="broker",
+        checkpoint_interval=1.0,
+        hold=(0, start, start + 1500),
+    )
     result = Run(config, lambda _: None).go()
     assert result.drained_at is not None
     alive_within = config.consumer_settings()["alive_within"]
     events = {e.event_id.lower(): e for e in result.plan.events}
-    releases = [(str(d["EventId"]).lower(), measure.epoch(d["TimeGenerated"]))
-                for d in result.decisions if d["DecisionAction"] == "Release"]  # fmt: skip
-    on_held = [key for key, _ in releases if any(
-        zlib.crc32(fleet.vms[i].vm_id.encode()) % 4 == 0 for i in events[key].vms)]  # fmt: skip
+    releases = [
+        (str(d["EventId"]).lower(), measure.epoch(d["TimeGenerated"]))
+        for d in result.decisions
+        if d["DecisionAction"] == "Release"
+    ]
+    on_held = [
+        key
+        for key, _ in releases
+        if any(zlib.crc32(fleet.vms[i].vm_id.encode()) % 4 == 0 for i in events[key].vms)
+    ]
     print(f"{len(releases)} slots released, {len(on_held)} of VMs on the held partition")
     assert on_held
     for key, at in releases:
@@ -276,9 +311,21 @@ def avset_of_three(fleet: Fleet) -> list[int]:
 
 
 def reboot(event_id: str, vms: tuple[int, ...], ended: float | None) -> SimEvent:
-    return SimEvent(event_id, "Reboot", "User", vms, 0.0, 900.0, 120.0, -1, "test",
-                    status="Gone" if ended else "Started", started=1.0,
-                    started_by="approval", ended=ended)  # fmt: skip
+    return SimEvent(
+        event_id,
+        "Reboot",
+        "User",
+        vms,
+        0.0,
+        900.0,
+        120.0,
+        -1,
+        "test",
+        status="Gone" if ended else "Started",
+        started=1.0,
+        started_by="approval",
+        ended=ended,
+    )
 
 
 @pytest.mark.parametrize(
@@ -295,9 +342,11 @@ def test_the_budget_check_finds_an_approval_over_budget(third_at: float, violati
         "E2": reboot("E2", (b,), ended=None),
         "E3": reboot("E3", (c,), ended=None),
     }
-    approvals = [Approval(1.0, "E1", "user-initiated", None),
-                 Approval(2.0, "E2", "user-initiated", None),
-                 Approval(third_at, "E3", "user-initiated", None)]  # fmt: skip
+    approvals = [
+        Approval(1.0, "E1", "user-initiated", None),
+        Approval(2.0, "E2", "user-initiated", None),
+        Approval(third_at, "E3", "user-initiated", None),
+    ]
     check = BudgetCheck(fleet, {}, alive_within=660.0, slack=5.0)
     found = check.violations(events, approvals, [])
     assert len(found) == violations, found
@@ -309,8 +358,9 @@ def test_the_budget_check_counts_a_scale_set_by_percent() -> None:
     fleet = build(300, 1)
     members = next(m for m in fleet.scale_sets.values() if len(m) >= 50)
     limit = len(members) // 5  # 20%
-    events = {f"E{i}": reboot(f"E{i}", (vm,), ended=None)
-              for i, vm in enumerate(members[: limit + 1])}  # fmt: skip
+    events = {
+        f"E{i}": reboot(f"E{i}", (vm,), ended=None) for i, vm in enumerate(members[: limit + 1])
+    }
     approvals = [Approval(float(i), key, "user-initiated", None) for i, key in enumerate(events)]
     check = BudgetCheck(fleet, {}, alive_within=660.0, slack=5.0)
     assert len(check.violations(events, approvals, [])) == 1

@@ -140,8 +140,11 @@ def test_each_table_partition_takes_what_its_records_cost_and_the_busiest_is_the
     assert q.load(MEASURED, STORM, 100_000, 1.0) == pytest.approx(750.0)
     # A neighbour's sighting that costs the consumer only the event's fold: at fan-out 100,
     # 99 neighbours' records for each own one, and the ledger's load stays.
-    cheap = replace(MEASURED, neighbour_records_per_event=2.0,
-                    table_entities_per_neighbour_record={"event": 1.0})  # fmt: skip
+    cheap = replace(
+        MEASURED,
+        neighbour_records_per_event=2.0,
+        table_entities_per_neighbour_record={"event": 1.0},
+    )
     loads = quotas.partition_loads(cheap, STORM, 100_000, 100.0)
     assert loads["ledger"] == pytest.approx(750.0)
     assert loads["event"] == pytest.approx(250.0 + 5000 / 120 * 99 * 2.0)
@@ -151,7 +154,10 @@ def test_each_table_partition_takes_what_its_records_cost_and_the_busiest_is_the
         loads["event"] / 32
     )
     # What neighbours' records cost the ledger is its re-evaluation looks: capped.
-    capped = replace(cheap, table_entities_per_neighbour_record={"event": 1.0, "ledger": 0.5},
-                     neighbour_caps={"ledger": 600.0})  # fmt: skip
+    capped = replace(
+        cheap,
+        table_entities_per_neighbour_record={"event": 1.0, "ledger": 0.5},
+        neighbour_caps={"ledger": 600.0},
+    )
     loads = quotas.partition_loads(capped, STORM, 100_000, 100.0)
     assert loads["ledger"] == pytest.approx(750.0 + 600.0)

@@ -80,8 +80,13 @@ def test_event_hubs_bills_each_started_64_kb() -> None:
 
 
 def test_monthly_cost_per_meter() -> None:
-    use = MonthlyUse(eventhubs_events=1e6, eventhubs_bytes=1e9, loganalytics_bytes=1e9,
-                     queue_operations=1e4, table_transactions=2e4)  # fmt: skip
+    use = MonthlyUse(
+        eventhubs_events=1e6,
+        eventhubs_bytes=1e9,
+        loganalytics_bytes=1e9,
+        queue_operations=1e4,
+        table_transactions=2e4,
+    )
     cost = monthly_cost(use, PRICES)
     assert cost["eventhubs_ingress"] == pytest.approx(0.028)
     assert cost["loganalytics"] == pytest.approx(2.30)
@@ -113,11 +118,23 @@ def test_table_marks_misses_and_escapes_pipes() -> None:
 
 
 def test_billed_row_size_counts_stored_values_not_names_nulls_or_unknown_columns() -> None:
-    types = {"TimeGenerated": "datetime", "VmName": "string", "SpoolDepth": "int",
-             "ImdsHealthy": "boolean", "Tags": "dynamic", "Zone": "string"}  # fmt: skip
-    row = {"TimeGenerated": "2026-11-21T17:36:51.763Z", "VmName": "vm-ü", "SpoolDepth": 120,
-           "ImdsHealthy": False, "Tags": {"a": "b"}, "Zone": None,
-           "NotAColumn": "x" * 50}  # fmt: skip
+    types = {
+        "TimeGenerated": "datetime",
+        "VmName": "string",
+        "SpoolDepth": "int",
+        "ImdsHealthy": "boolean",
+        "Tags": "dynamic",
+        "Zone": "string",
+    }
+    row = {
+        "TimeGenerated": "2026-11-21T17:36:51.763Z",
+        "VmName": "vm-ü",
+        "SpoolDepth": 120,
+        "ImdsHealthy": False,
+        "Tags": {"a": "b"},
+        "Zone": None,
+        "NotAColumn": "x" * 50,
+    }
     # TenantId 36, datetime 28, "vm-ü" 5 bytes, "120" 3, "false" 5, {"a":"b"} 9
     assert billed_row_size(row, types) == 36 + 28 + 5 + 3 + 5 + 9
     assert billed_row_size({"Zone": "", "VmName": None}, types) == 36

@@ -55,8 +55,9 @@ class TimedLock:
         depth = getattr(self._depth, "n", 0)
         self._depth.n = depth + 1
         if depth == 0:
-            self._notes.write("lock", began=began, waited=time.time() - began,
-                              holder=getattr(_local, "what", "?"))  # fmt: skip
+            self._notes.write(
+                "lock", began=began, waited=time.time() - began, holder=getattr(_local, "what", "?")
+            )
         return True
 
     def __exit__(self, *exc: object) -> None:
@@ -88,8 +89,11 @@ def _batch_fields(
     self: Any, records: Sequence[Mapping[str, Any]], position: Any = None
 ) -> dict[str, Any]:
     events = sorted({str(r["EventId"]) for r in records if r.get("RecordType") == "Event"})
-    return {"records": len(records), "events": events,
-            "partition": getattr(position, "partition", None)}  # fmt: skip
+    return {
+        "records": len(records),
+        "events": events,
+        "partition": getattr(position, "partition", None),
+    }
 
 
 def _callback_fields(self: Any, context: Any, events: Sequence[Any]) -> dict[str, Any]:
@@ -134,8 +138,14 @@ def _counted(notes: Notes, name: str, method: Callable[..., Any]) -> Callable[..
             return method(*args, **kwargs)
         finally:
             collection = args[0] if args and isinstance(args[0], str) else None
-            notes.write("store", op=name, collection=collection, began=began,
-                        ended=time.time(), within=getattr(_local, "what", None))  # fmt: skip
+            notes.write(
+                "store",
+                op=name,
+                collection=collection,
+                began=began,
+                ended=time.time(),
+                within=getattr(_local, "what", None),
+            )
 
     return call
 

@@ -24,9 +24,10 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from bridge.config import Config, ConfigError, load
+from bridge.config import Config, ConfigError, given, load
 from bridge.consumer.people.app import parse_until
 from bridge.consumer.people.auth import read_token
+from bridge.consumer.people.command import FLAGS
 from bridge.consumer.people.server import is_loopback
 from bridge.records import iso, utc_now
 from bridge.redact import describe
@@ -39,9 +40,8 @@ class Failed(Exception):
 
 
 def run(args: argparse.Namespace) -> int:
-    flags = {"people.api_url": args.api, "consumer.state_dir": args.state_dir}
     try:
-        config = load(args.config, flags=flags)
+        config = load(args.config, flags=given(args, *FLAGS))
         url = api_url(config)
         body = _body(args)
     except (ConfigError, ValueError) as err:

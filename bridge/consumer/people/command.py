@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from bridge.config import add_flags
 from bridge.policy.model import parse_scope
+
+FLAGS = ("people.api_url", "consumer.state_dir")  # settings taken as options, in --help's order
 
 EXAMPLES = {
     "approve": """\
@@ -85,19 +88,7 @@ def add_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser])
         p.add_argument(
             "--config", type=Path, metavar="FILE", help="TOML settings file ([consumer.people])"
         )
-        p.add_argument(
-            "--api",
-            metavar="URL",
-            help="the approval API's base URL (setting consumer.people.api_url, "
-            "SE_BRIDGE_CONSUMER_PEOPLE_API_URL; default http://<page_address>)",
-        )
-        p.add_argument(
-            "--state-dir",
-            type=Path,
-            metavar="DIR",
-            help="the local consumer's state directory, whose operator-token a "
-            "loopback URL needs (setting consumer.state_dir)",
-        )
+        add_flags(p, *FLAGS)
         p.set_defaults(func=_run, decision=name)
 
 

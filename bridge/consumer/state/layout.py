@@ -11,12 +11,11 @@ VM, EVENT, LEDGER = "vm", "event", "ledger"
 OPERATOR = "operator"
 # VMs as resource health reports them (issue 36): one document per VM Azure reported on.
 HEALTH = "health"
-# Table Storage partitions of each collection (bridge.consumer.state.tables), each serving
-# about 2,000 entities a second. Where every VM of a placement group reports each event, a
-# Spot eviction storm at 100,000 VMs makes the consumers fold about 12,000 neighbours'
-# records a second: benchmark 8's model puts `event` at about 16,000 entities a second and
-# `vm` at about 6,600, several times one partition's target. Not more partitions than that
-# needs twice over: a batch's documents fall on up to this many partitions, a request each.
+# Table Storage partitions of each collection (bridge.consumer.state.tables): where every VM
+# of a placement group reports each event, a Spot eviction storm asks several times one
+# partition's target of `event` and `vm` (the figures are in
+# docs/capacity.md#figures-behind-the-codes-choices). Not more partitions than that needs
+# twice over: a batch's documents fall on up to this many partitions, a request each.
 # The ledger stays in one: its writes are entity-group transactions. Every consumer of a
 # table must agree on these (changing them needs them all stopped).
 PARTITIONS = {VM: 16, EVENT: 16}

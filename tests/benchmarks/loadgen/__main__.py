@@ -185,13 +185,15 @@ def main(argv: list[str] | None = None) -> int:
     # A run started in the background ignores SIGINT: SIGTERM must also unwind it, so that
     # the consumer processes it started are stopped on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    options = waves.WaveOptions(share=args.share, window=args.window, count=args.count,
-                                steady=args.steady)  # fmt: skip
+    options = waves.WaveOptions(
+        share=args.share, window=args.window, count=args.count, steady=args.steady
+    )
     if args.report_from:
         return report_again(args.report_from, args.out_dir)
     if args.records is not None:
-        return write_records(args.wave[0], args.vms, args.seed, options, args.records,
-                             fan_out=args.fan_out[0])  # fmt: skip
+        return write_records(
+            args.wave[0], args.vms, args.seed, options, args.records, fan_out=args.fan_out[0]
+        )
     command = "python -m tests.benchmarks.loadgen " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
@@ -201,19 +203,37 @@ def main(argv: list[str] | None = None) -> int:
         runs = itertools.product(args.fan_out, args.source, args.state, args.consumers)
         for fan_out, source, state, count in runs:
             # A SQLite run on local hubs keeps the directory name it always had.
-            name = "-".join([wave, *([fan_out] if fan_out != "named" else []),
-                             *([source] if source != "local" else []),
-                             *([state] if state != "sqlite" else []), str(count)])  # fmt: skip
-            config = RunConfig(size=args.vms, seed=args.seed, wave=wave, options=options,
-                               scale=args.scale, consumers=count, lead_in=args.lead_in,
-                               tail=args.tail, drain_timeout=args.drain_timeout,
-                               workdir=None if args.workdir is None else args.workdir / name,
-                               log_level=args.log_level, state=state, source=source,
-                               partitions=args.partitions,
-                               checkpoint_interval=args.checkpoint_interval,
-                               fan_out=fan_out)  # fmt: skip
-            say(f"{wave}: {args.vms:,} VMs, {count} consumer(s), {STATES[state]}, "
-                f"{SOURCES[source]}, fan-out {fan_out}, scale {args.scale:g}")  # fmt: skip
+            name = "-".join(
+                [
+                    wave,
+                    *([fan_out] if fan_out != "named" else []),
+                    *([source] if source != "local" else []),
+                    *([state] if state != "sqlite" else []),
+                    str(count),
+                ]
+            )
+            config = RunConfig(
+                size=args.vms,
+                seed=args.seed,
+                wave=wave,
+                options=options,
+                scale=args.scale,
+                consumers=count,
+                lead_in=args.lead_in,
+                tail=args.tail,
+                drain_timeout=args.drain_timeout,
+                workdir=None if args.workdir is None else args.workdir / name,
+                log_level=args.log_level,
+                state=state,
+                source=source,
+                partitions=args.partitions,
+                checkpoint_interval=args.checkpoint_interval,
+                fan_out=fan_out,
+            )
+            say(
+                f"{wave}: {args.vms:,} VMs, {count} consumer(s), {STATES[state]}, "
+                f"{SOURCES[source]}, fan-out {fan_out}, scale {args.scale:g}"
+            )
             summaries.append(summarize(Run(config, say).go()))
             # Written after every run, so a long series keeps what it measured so far.
             text = render(wave, summaries, command.strip(), time.strftime("%Y-%m-%d %H:%M %Z"))
@@ -228,9 +248,14 @@ def report_again(directories: list[Path], out_dir: Path) -> int:
     results = [load(d / RESULT) for d in directories]
     summaries = [summarize(r) for r in results]
     first = results[0].config
-    text = render(first.wave, summaries, "python -m tests.benchmarks.loadgen (runs of "
-                  + ", ".join(str(d) for d in directories) + ")",
-                  time.strftime("%Y-%m-%d %H:%M %Z"))  # fmt: skip
+    text = render(
+        first.wave,
+        summaries,
+        "python -m tests.benchmarks.loadgen (runs of "
+        + ", ".join(str(d) for d in directories)
+        + ")",
+        time.strftime("%Y-%m-%d %H:%M %Z"),
+    )
     print(text)
     out = out_dir / f"fleet-{first.wave}.md"
     out.write_text(text, encoding="utf-8")
@@ -238,8 +263,15 @@ def report_again(directories: list[Path], out_dir: Path) -> int:
     return 0
 
 
-def write_records(wave: str, size: int, seed: int, options: waves.WaveOptions, path: Path,
-                  *, fan_out: str = "named") -> int:  # fmt: skip
+def write_records(
+    wave: str,
+    size: int,
+    seed: int,
+    options: waves.WaveOptions,
+    path: Path,
+    *,
+    fan_out: str = "named",
+) -> int:
     """The stream alone, stamped in fleet time from now, until the wave is over."""
     fleet = build(size, seed)
     plan = waves.plan(wave, fleet, seed, options)

@@ -29,8 +29,18 @@ from dataclasses import dataclass, field
 from bridge.records import Origin, VmIdentity, record_id
 
 LOCATION = "westeurope"
-RG_NAMES = ("rg-prod", "rg-stage", "rg-batch", "rg-data", "rg-web", "rg-shared", "rg-ml",
-            "rg-edge", "rg-ops", "rg-legacy")  # fmt: skip
+RG_NAMES = (
+    "rg-prod",
+    "rg-stage",
+    "rg-batch",
+    "rg-data",
+    "rg-web",
+    "rg-shared",
+    "rg-ml",
+    "rg-edge",
+    "rg-ops",
+    "rg-legacy",
+)
 SET_NAMES = ("web", "api", "worker", "ingest", "cache", "render", "etl", "queue", "search", "auth")
 SPOT_SET_NAMES = ("spot-batch", "spot-render", "spot-ci", "spot-etl")
 AVSET_NAMES = ("sql", "app", "dc", "mq", "files", "web", "jump", "ad")
@@ -107,8 +117,10 @@ class Vm:
         if self.scale_set is None:
             return f"{group}/providers/Microsoft.Compute/virtualMachines/{self.name}"
         instance = self.name.rsplit("_", 1)[-1]
-        return (f"{group}/providers/Microsoft.Compute/virtualMachineScaleSets/{self.scale_set}"
-                f"/virtualMachines/{instance}")  # fmt: skip
+        return (
+            f"{group}/providers/Microsoft.Compute/virtualMachineScaleSets/{self.scale_set}"
+            f"/virtualMachines/{instance}"
+        )
 
     @property
     def host_name(self) -> str:
@@ -172,11 +184,13 @@ class Fleet:
         groups = len({(vm.subscription, vm.resource_group) for vm in self.vms})
         in_sets = sum(len(v) for v in self.scale_sets.values())
         in_avsets = sum(len(v) for v in self.avsets.values())
-        return (f"{len(self.vms):,} VMs (seed {self.seed}): {subs} subscriptions, {groups} "
-                f"resource groups; {len(self.scale_sets)} scale sets ({in_sets:,} VMs, "
-                f"{len(self.placement_groups)} placement groups), {len(self.avsets)} "
-                f"availability sets ({in_avsets:,} VMs), {len(self.standalone):,} standalone; "
-                f"{len(self.spot()):,} Spot VMs")  # fmt: skip
+        return (
+            f"{len(self.vms):,} VMs (seed {self.seed}): {subs} subscriptions, {groups} "
+            f"resource groups; {len(self.scale_sets)} scale sets ({in_sets:,} VMs, "
+            f"{len(self.placement_groups)} placement groups), {len(self.avsets)} "
+            f"availability sets ({in_avsets:,} VMs), {len(self.standalone):,} standalone; "
+            f"{len(self.spot()):,} Spot VMs"
+        )
 
 
 def build(size: int, seed: int = 1, *, spot_share: float = 0.1) -> Fleet:
@@ -219,15 +233,41 @@ class _Builder:
     def count(self) -> int:
         return len(self.vms)
 
-    def _vm(self, name: str, kind: Kind, group: tuple[str, str], *, scale_set: str | None = None,
-            placement_group: int | None = None, avset: str | None = None,
-            zone: str | None = None, fault_domain: int = 0, update_domain: int = 0,
-            spot: bool = False, tags: tuple[tuple[str, str], ...] = ()) -> None:  # fmt: skip
+    def _vm(
+        self,
+        name: str,
+        kind: Kind,
+        group: tuple[str, str],
+        *,
+        scale_set: str | None = None,
+        placement_group: int | None = None,
+        avset: str | None = None,
+        zone: str | None = None,
+        fault_domain: int = 0,
+        update_domain: int = 0,
+        spot: bool = False,
+        tags: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         index = len(self.vms)
         vm_id = str(record_id("loadgen-vm", self.seed, index))
-        self.vms.append(Vm(index, vm_id, name, kind, group[0], group[1], scale_set,
-                           placement_group, avset, zone, fault_domain, update_domain, spot,
-                           tags))  # fmt: skip
+        self.vms.append(
+            Vm(
+                index,
+                vm_id,
+                name,
+                kind,
+                group[0],
+                group[1],
+                scale_set,
+                placement_group,
+                avset,
+                zone,
+                fault_domain,
+                update_domain,
+                spot,
+                tags,
+            )
+        )
 
     def _set_name(self, group: tuple[str, str], names: tuple[str, ...]) -> str:
         taken = self.used.setdefault(group, set())
@@ -252,10 +292,18 @@ class _Builder:
                 self.rolling = True
             shared = tuple(sorted(tags))
             for i in range(size):
-                self._vm(f"{name}_{i}", "scale_set", group, scale_set=name,
-                         placement_group=i // PLACEMENT_GROUP, zone=str(1 + i % 3),
-                         fault_domain=(i // 3) % 5, update_domain=i % 5, spot=spot,
-                         tags=shared)  # fmt: skip
+                self._vm(
+                    f"{name}_{i}",
+                    "scale_set",
+                    group,
+                    scale_set=name,
+                    placement_group=i // PLACEMENT_GROUP,
+                    zone=str(1 + i % 3),
+                    fault_domain=(i // 3) % 5,
+                    update_domain=i % 5,
+                    spot=spot,
+                    tags=shared,
+                )
             left -= size
 
     def avsets(self, total: int) -> None:

@@ -109,8 +109,9 @@ class LagResult:
             "|---|---:|---:|---:|",
         ]
         for name, count in self.releases.items():
-            out.append(f"| {name} | {count} | {len(self.unfounded[name])} "
-                       f"| {len(self.kept[name])} |")  # fmt: skip
+            out.append(
+                f"| {name} | {count} | {len(self.unfounded[name])} | {len(self.kept[name])} |"
+            )
         for name in self.releases:
             out += [f"- {name}, unfounded: {line}" for line in self.unfounded[name][:3]]
             out += [f"- {name}, kept: {line}" for line in self.kept[name][:3]]
@@ -120,8 +121,15 @@ class LagResult:
 CAUGHT_UP, HELD, TODAY = "caught up", "held back", "held back, on its clock (before issue 27)"
 
 
-def run(fleet: Fleet, plan: waves.WavePlan, directory: Path, *, partition: int,
-        hold: tuple[float, float], seed: int = 1) -> LagResult:  # fmt: skip
+def run(
+    fleet: Fleet,
+    plan: waves.WavePlan,
+    directory: Path,
+    *,
+    partition: int,
+    hold: tuple[float, float],
+    seed: int = 1,
+) -> LagResult:
     """Play `plan` into the twins; the held ones read nothing of `partition` during `hold`
     (fleet seconds). One says so (read marks); the other says every partition is read to
     its end, which makes the release rule the one before read marks: silence on the
@@ -133,13 +141,22 @@ def run(fleet: Fleet, plan: waves.WavePlan, directory: Path, *, partition: int,
 
     def twin(name: str, file: str) -> Twin:
         store, decisions = SqliteStore(directory / file), list[rt.Decision]()
-        consumer = Consumer(store, Sender(), policy, decisions.extend,
-                            ConsumerSettings(alive_within=ALIVE_WITHIN), now=lambda: now[0],
-                            host_name=name)  # fmt: skip
+        consumer = Consumer(
+            store,
+            Sender(),
+            policy,
+            decisions.extend,
+            ConsumerSettings(alive_within=ALIVE_WITHIN),
+            now=lambda: now[0],
+            host_name=name,
+        )
         return Twin(name, consumer, store, decisions)
 
-    twins = caught, held, today = (twin(CAUGHT_UP, "caught.db"), twin(HELD, "held.db"),
-                                   twin(TODAY, "today.db"))  # fmt: skip
+    twins = caught, held, today = (
+        twin(CAUGHT_UP, "caught.db"),
+        twin(HELD, "held.db"),
+        twin(TODAY, "today.db"),
+    )
     heard: dict[int, list[float]] = defaultdict(list)  # VM -> fleet seconds of its records
     waiting: list[dict[str, Any]] = []
     records = late = 0
@@ -174,11 +191,17 @@ def run(fleet: Fleet, plan: waves.WavePlan, directory: Path, *, partition: int,
             one.kept += [f"{key} at fleet second {at:,.0f}" for key, at in fresh if key in counted]
     events = {fs.event_key(e.event_id): e for e in plan.events}
     result = LagResult(
-        wave=plan.name, vms=len(fleet), partition=partition, hold=hold, records=records,
-        held_records=late, releases={one.name: len(one.releases()) for one in twins},
+        wave=plan.name,
+        vms=len(fleet),
+        partition=partition,
+        hold=hold,
+        records=records,
+        held_records=late,
+        releases={one.name: len(one.releases()) for one in twins},
         unfounded={one.name: _unfounded(one, events, heard) for one in twins},
-        kept={one.name: one.kept for one in twins}, seconds=time.monotonic() - began,
-    )  # fmt: skip
+        kept={one.name: one.kept for one in twins},
+        seconds=time.monotonic() - began,
+    )
     for one in twins:
         one.consumer.close()
     return result
@@ -197,25 +220,32 @@ def _by_partition(
     return batch
 
 
-def _hand_over(consumer: Consumer, batch: dict[int, list[dict[str, Any]]], now: datetime,
-               behind: set[int] | None = None) -> None:  # fmt: skip
+def _hand_over(
+    consumer: Consumer,
+    batch: dict[int, list[dict[str, Any]]],
+    now: datetime,
+    behind: set[int] | None = None,
+) -> None:
     """Every partition's records, read to its end now (but those it is `behind` on)."""
     for partition in range(PARTITIONS):
         caught_up = None if partition in (behind or set()) else now
         consumer.process(batch.get(partition, []), Position(f"hub/{partition}", caught_up))
 
 
-def _unfounded(twin: Twin, events: dict[str, waves.SimEvent],
-               heard: dict[int, list[float]]) -> list[str]:  # fmt: skip
+def _unfounded(
+    twin: Twin, events: dict[str, waves.SimEvent], heard: dict[int, list[float]]
+) -> list[str]:
     found = []
     for key, at in twin.releases():
         event = events[key]
         since = LEAD_IN + event.appear
         for index in event.vms:
             if not silent_for(heard[index], since, at, ALIVE_WITHIN):
-                found.append(f"{event.event_type} {key} released at fleet second {at:,.0f}: "
-                             f"VM {index} was never silent for {ALIVE_WITHIN:g} s since "
-                             f"fleet second {since:,.0f}")  # fmt: skip
+                found.append(
+                    f"{event.event_type} {key} released at fleet second {at:,.0f}: "
+                    f"VM {index} was never silent for {ALIVE_WITHIN:g} s since "
+                    f"fleet second {since:,.0f}"
+                )
                 break
     return found
 
@@ -240,25 +270,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vms", type=int, default=2000)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--partition", type=int, default=0, help="the partition held back (0)")
-    p.add_argument("--hold", type=float, default=ALIVE_WITHIN + 600,
-                   help="fleet seconds the held consumer reads nothing of it (alive_within "
-                        "+ 600)")  # fmt: skip
+    p.add_argument(
+        "--hold",
+        type=float,
+        default=ALIVE_WITHIN + 600,
+        help="fleet seconds the held consumer reads nothing of it (alive_within + 600)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "fleet-lagging.md")
     args = p.parse_args(argv)
     fleet = build(args.vms, args.seed)
     plan = waves.plan(args.wave, fleet, args.seed)
     start = LEAD_IN + first_start(plan)
     with tempfile.TemporaryDirectory() as directory:
-        result = run(fleet, plan, Path(directory), partition=args.partition,
-                     hold=(start, start + args.hold), seed=args.seed)  # fmt: skip
+        result = run(
+            fleet,
+            plan,
+            Path(directory),
+            partition=args.partition,
+            hold=(start, start + args.hold),
+            seed=args.seed,
+        )
     command = "python -m tests.benchmarks.loadgen.lagging " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
-    text = "\n".join([
-        "# Fleet load: a consumer held back on one partition", "",
-        f"`{command.strip()}` on {time.strftime('%Y-%m-%d %H:%M %Z')} at {revision()}.", "",
-        *result.lines(), "",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "# Fleet load: a consumer held back on one partition",
+            "",
+            f"`{command.strip()}` on {time.strftime('%Y-%m-%d %H:%M %Z')} at {revision()}.",
+            "",
+            *result.lines(),
+            "",
+        ]
+    )
     print(text)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")

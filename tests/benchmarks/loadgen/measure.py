@@ -122,11 +122,15 @@ def clock(at: float) -> str:
 def approvals_of(decisions: Iterable[Mapping[str, Any]]) -> list[Approval]:
     """Every Approve Decision, oldest first."""
     found = [
-        Approval(epoch(d["TimeGenerated"]), str(d["EventId"]).upper(), str(d["DecisionRule"]),
-                 d.get("TargetVmId"))
+        Approval(
+            epoch(d["TimeGenerated"]),
+            str(d["EventId"]).upper(),
+            str(d["DecisionRule"]),
+            d.get("TargetVmId"),
+        )
         for d in decisions
         if d.get("DecisionAction") == "Approve"
-    ]  # fmt: skip
+    ]
     return sorted(found, key=lambda a: a.at)
 
 
@@ -230,9 +234,11 @@ class BudgetCheck:
         return len(group.members) - bisect.bisect_left(group.stops, at - self.grace)
 
     def violations(
-        self, events: Mapping[str, SimEvent], approvals: Sequence[Approval],
+        self,
+        events: Mapping[str, SimEvent],
+        approvals: Sequence[Approval],
         samples: Sequence[LagSample],
-    ) -> list[str]:  # fmt: skip
+    ) -> list[str]:
         starts: list[tuple[float, str]] = []  # (impact begins, event) for every event
         first_approval: dict[str, float] = {}
         for approval in approvals:
@@ -265,8 +271,9 @@ class BudgetCheck:
                 found += self._check(impacted, approved, at)
         return found
 
-    def _count(self, impacted: dict[tuple[str, str], dict[int, int]], event: SimEvent,
-               step: int) -> None:  # fmt: skip
+    def _count(
+        self, impacted: dict[tuple[str, str], dict[int, int]], event: SimEvent, step: int
+    ) -> None:
         for index in event.vms:
             vm = self.fleet.vms[index]
             for budget in self.budgets:
@@ -278,8 +285,9 @@ class BudgetCheck:
                 if counts[index] <= 0:
                     del counts[index]
 
-    def _check(self, impacted: dict[tuple[str, str], dict[int, int]], event: SimEvent,
-               at: float) -> list[str]:  # fmt: skip
+    def _check(
+        self, impacted: dict[tuple[str, str], dict[int, int]], event: SimEvent, at: float
+    ) -> list[str]:
         mine = [i for i in event.vms if self._live(i, at)]
         found = []
         for budget in self.budgets:

@@ -102,8 +102,11 @@ BROKER_HUB = "records"  # the broker's event hub (infra/ names the deployment's 
 CHECKPOINTS = "loadgen-checkpoints"  # the consumers' checkpoint container, with the broker
 # The consumer's settings that are durations of the fleet, at time scale 1 (their defaults);
 # a faster run divides them by its scale, within the bounds the settings allow.
-FLEET_SETTINGS = {"alive_within": (660.0, 10.0), "approval_timeout": (30.0, 1.0),
-                  "stale_after": (6 * 3600.0, 60.0)}  # fmt: skip
+FLEET_SETTINGS = {
+    "alive_within": (660.0, 10.0),
+    "approval_timeout": (30.0, 1.0),
+    "stale_after": (6 * 3600.0, 60.0),
+}
 
 
 @dataclass(frozen=True)
@@ -341,9 +344,12 @@ class BrokerWriter:
 def _event(key: str, record: Record) -> EventData:
     event = EventData(_text(record))
     event.content_type = "application/json"
-    event.properties = {"RecordType": record["RecordType"],
-                        "SchemaVersion": record["SchemaVersion"], "VmId": record["VmId"],
-                        "RecordId": record["RecordId"]}  # fmt: skip
+    event.properties = {
+        "RecordType": record["RecordType"],
+        "SchemaVersion": record["SchemaVersion"],
+        "VmId": record["VmId"],
+        "RecordId": record["RecordId"],
+    }
     # Where the SDK puts a batch's partition key (azure.eventhub._transport's
     # PROP_PARTITION_KEY_AMQP_SYMBOL under pyamqp): the annotations are the message's own.
     event.raw_amqp_message.annotations = {b"x-opt-partition-key": key}
@@ -495,8 +501,12 @@ class TableProbe:
         found: list[str] = []
         while True:
             if found:
-                pages = self.table.query_entities("PartitionKey gt @after", parameters={
-                    "after": found[-1]}, select=["PartitionKey"], results_per_page=1)  # fmt: skip
+                pages = self.table.query_entities(
+                    "PartitionKey gt @after",
+                    parameters={"after": found[-1]},
+                    select=["PartitionKey"],
+                    results_per_page=1,
+                )
             else:
                 pages = self.table.list_entities(select=["PartitionKey"], results_per_page=1)
             first = next(iter(pages), None)
@@ -562,8 +572,14 @@ class Run:
         self.fleet = build(config.size, config.seed)
         self.plan = waves.plan(config.wave, self.fleet, config.seed, config.options)
         self.clock = WallClock(config.scale)
-        self.sim = Sim(self.fleet, self.plan, self.clock, seed=config.seed,
-                       offset=config.lead_in, fan_out=config.fan_out)  # fmt: skip
+        self.sim = Sim(
+            self.fleet,
+            self.plan,
+            self.clock,
+            seed=config.seed,
+            offset=config.lead_in,
+            fan_out=config.fan_out,
+        )
         self.samples: list[LagSample] = []
         # Local hubs: one per consumer, a VM's always the same. The broker: its one hub.
         hubs = config.consumers if config.source == "local" else 1
@@ -617,11 +633,17 @@ class Run:
         policy = root / "policy.yaml"
         policy.write_text(POLICY_YAML, encoding="utf-8")
         key = root / "signing.pem"
-        subprocess.run([sys.executable, "-m", "bridge", "keygen", "--out", str(key)],
-                       check=True, capture_output=True, timeout=60)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "bridge", "keygen", "--out", str(key)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         env = {"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}"}
-        env |= {f"SE_BRIDGE_CONSUMER_{name.upper()}": f"{value:g}"
-                for name, value in config.consumer_settings().items()}  # fmt: skip
+        env |= {
+            f"SE_BRIDGE_CONSUMER_{name.upper()}": f"{value:g}"
+            for name, value in config.consumer_settings().items()
+        }
         with contextlib.ExitStack() as stack:
             probe: Probe
             storage = ""
@@ -633,8 +655,10 @@ class Run:
                 self.azurite_pid = azurite._proc.pid if azurite._proc is not None else None
                 storage = azurite.connection_string
                 # As tests/integration/consumer_cloud.py configures a consumer on Azurite.
-                env |= {"SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
-                        "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+                env |= {
+                    "SE_BRIDGE_STORAGE_CONNECTION_STRING": storage,
+                    "NO_PROXY": "127.0.0.1,localhost",
+                }
             if config.state == "tables":
                 table = f"loadgen{uuid.uuid4().hex[:12]}"
                 env["SE_BRIDGE_CONSUMER_TABLE_NAME"] = table
@@ -649,12 +673,28 @@ class Run:
             # The code under test is read when the consumers start: say which it was.
             self.revision = revision()
             for k in range(config.consumers):
-                self.consumers.append(procs.bridge(
-                    f"consumer-{k}", "consume", *source(k),
-                    "--commands", f"local:{commands}", "--state", spec,
-                    "--policy", str(policy), "--sink", f"jsonl:{root / f'decisions-{k}.jsonl'}",
-                    "--state-dir", str(root / f"consumer-{k}"), "--log-level", config.log_level,
-                    "--metrics-address", "0", env=env))  # fmt: skip
+                self.consumers.append(
+                    procs.bridge(
+                        f"consumer-{k}",
+                        "consume",
+                        *source(k),
+                        "--commands",
+                        f"local:{commands}",
+                        "--state",
+                        spec,
+                        "--policy",
+                        str(policy),
+                        "--sink",
+                        f"jsonl:{root / f'decisions-{k}.jsonl'}",
+                        "--state-dir",
+                        str(root / f"consumer-{k}"),
+                        "--log-level",
+                        config.log_level,
+                        "--metrics-address",
+                        "0",
+                        env=env,
+                    )
+                )
             watcher = CommandWatcher(commands)
             try:
                 return self._phases(root, probe, watcher)
@@ -662,8 +702,9 @@ class Run:
                 for hub in self.hubs:
                     hub.close()
 
-    def _hubs(self, root: Path, storage: str, env: dict[str, str],
-              stack: contextlib.ExitStack) -> Callable[[int], list[str]]:  # fmt: skip
+    def _hubs(
+        self, root: Path, storage: str, env: dict[str, str], stack: contextlib.ExitStack
+    ) -> Callable[[int], list[str]]:
         """Open where the records go; the consumer `k`'s arguments that read it."""
         config = self.config
         if config.source == "local":
@@ -675,9 +716,11 @@ class Run:
         # The consumers' Event Hubs source: a connection string, as bench_quota's consumer
         # (tests/benchmarks/bench_cost.py) and the Functions app's setting give it.
         interval = f"{config.checkpoint_interval:g}"
-        env |= {"SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": self.broker.connection_string,
-                "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": CHECKPOINTS,
-                "SE_BRIDGE_CONSUMER_CHECKPOINT_INTERVAL": interval}  # fmt: skip
+        env |= {
+            "SE_BRIDGE_EVENTHUBS_CONNECTION_STRING": self.broker.connection_string,
+            "SE_BRIDGE_CONSUMER_CHECKPOINT_CONTAINER": CHECKPOINTS,
+            "SE_BRIDGE_CONSUMER_CHECKPOINT_INTERVAL": interval,
+        }
         self.hubs = [BrokerWriter(self.broker, storage, CHECKPOINTS)]
         self._queued = [[deque() for _ in range(config.partitions)]]
         return lambda k: []
@@ -719,8 +762,9 @@ class Run:
             if not wave_start and now >= config.lead_in:
                 wave_start = time.time()
                 revs0 = probe.revisions()
-                cpu_start = {p.popen.pid: procstat.ticks_seconds(p.popen.pid)
-                             for p in self.consumers}  # fmt: skip
+                cpu_start = {
+                    p.popen.pid: procstat.ticks_seconds(p.popen.pid) for p in self.consumers
+                }
                 self.ledger_start = [ledger_counts(p) for p in self.consumers]
                 self.say("wave begins")
             if wave_start and not wave_end and self.sim.finished(now):
@@ -740,23 +784,41 @@ class Run:
         if self.azurite_pid is not None:
             self.azurite_rss = max(self.azurite_rss, proc_status(self.azurite_pid, "VmHWM"))
         stats = self._stop(cpu_start, root)
-        writes = (None if revs1 is None or revs0 is None
-                  else {c: revs1.get(c, 0) - revs0.get(c, 0) for c in revs1})  # fmt: skip
+        writes = (
+            None
+            if revs1 is None or revs0 is None
+            else {c: revs1.get(c, 0) - revs0.get(c, 0) for c in revs1}
+        )
         files = list(root.glob("fleet.db*"))
         decisions = _read_jsonl(root.glob("decisions-*.jsonl"))
         return RunResult(
-            config=config, fleet=self.fleet, plan=self.plan, sim=self.sim, samples=self.samples,
-            decisions=decisions, commands=watcher.read, warm_records=len(self.fleet),
-            warm_seconds=warm_seconds, lead_start=lead_start, wave_start=wave_start,
+            config=config,
+            fleet=self.fleet,
+            plan=self.plan,
+            sim=self.sim,
+            samples=self.samples,
+            decisions=decisions,
+            commands=watcher.read,
+            warm_records=len(self.fleet),
+            warm_seconds=warm_seconds,
+            lead_start=lead_start,
+            wave_start=wave_start,
             wave_end=wave_end,
-            drained_at=drained_at, consumers=stats, largest=probe.largest,
-            documents=probe.sample(everything=True), writes=writes,
+            drained_at=drained_at,
+            consumers=stats,
+            largest=probe.largest,
+            documents=probe.sample(everything=True),
+            writes=writes,
             state_bytes=sum(p.stat().st_size for p in files) if files else None,
             generator_cpu=time.process_time() - cpu0,
             generator_rss_kb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-            load_max=self.load_max, revision=self.revision, state_chars=probe.text,
-            cpu=self.cpu, azurite_rss_kb=self.azurite_rss, sent_at=self.sent_at,
-        )  # fmt: skip
+            load_max=self.load_max,
+            revision=self.revision,
+            state_chars=probe.text,
+            cpu=self.cpu,
+            azurite_rss_kb=self.azurite_rss,
+            sent_at=self.sent_at,
+        )
 
     def _hold(self, now: float) -> None:
         """Hold the partition of `config.hold` back from the consumers, or let it go."""
@@ -827,9 +889,13 @@ class Run:
         for proc in self.consumers:
             rss = proc_status(proc.popen.pid, "VmRSS")
             self.peak_rss[proc.popen.pid] = max(self.peak_rss.get(proc.popen.pid, 0), rss)
-        self.cpu.append(CpuSample(now, tuple(_cpu(p.popen.pid) for p in self.consumers),
-                                  None if self.azurite_pid is None
-                                  else _cpu(self.azurite_pid)))  # fmt: skip
+        self.cpu.append(
+            CpuSample(
+                now,
+                tuple(_cpu(p.popen.pid) for p in self.consumers),
+                None if self.azurite_pid is None else _cpu(self.azurite_pid),
+            )
+        )
         if self.azurite_pid is not None:
             self.azurite_rss = max(self.azurite_rss, proc_status(self.azurite_pid, "VmRSS"))
         return sample
@@ -859,9 +925,11 @@ class Run:
         while len(owners := writer.owners()) < self.config.consumers:
             self._check_alive()
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"the partitions were not shared by the "
-                                   f"{self.config.consumers} consumers within {timeout:g} s "
-                                   f"(owners: {sorted(owners)})")  # fmt: skip
+                raise RuntimeError(
+                    f"the partitions were not shared by the "
+                    f"{self.config.consumers} consumers within {timeout:g} s "
+                    f"(owners: {sorted(owners)})"
+                )
             time.sleep(SAMPLE_EVERY)
         self.say(f"the partitions are shared by {len(owners)} consumers")
 
@@ -874,9 +942,11 @@ class Run:
         sample = self.samples[-1] if self.samples else None
         backlog = sample.written - sample.consumed if sample else 0
         age = sample.oldest_age if sample else 0.0
-        self.say(f"fleet t={now:,.0f} s: {self.sim.counts['records']:,} records, "
-                 f"{self.sim.open_events():,} events open, backlog {backlog:,} "
-                 f"(oldest waiting {age:.1f} s)")  # fmt: skip
+        self.say(
+            f"fleet t={now:,.0f} s: {self.sim.counts['records']:,} records, "
+            f"{self.sim.open_events():,} events open, backlog {backlog:,} "
+            f"(oldest waiting {age:.1f} s)"
+        )
 
     def _stop(self, cpu_start: dict[int, float], root: Path) -> list[ConsumerStats]:
         stats = []
@@ -906,9 +976,11 @@ class Run:
         return stats
 
 
-LEDGER_METRICS = ("se_bridge_consumer_ledger_reads_total",
-                  "se_bridge_consumer_ledger_conflicts_total",
-                  "se_bridge_consumer_ledger_documents_fetched_total")  # fmt: skip
+LEDGER_METRICS = (
+    "se_bridge_consumer_ledger_reads_total",
+    "se_bridge_consumer_ledger_conflicts_total",
+    "se_bridge_consumer_ledger_documents_fetched_total",
+)
 
 
 def ledger_counts(proc: Proc) -> tuple[int, int, int] | None:
@@ -937,8 +1009,9 @@ def revision() -> str:
     """HEAD's short hash, and whether bridge/ has changes of its own: what a run measured."""
 
     def git(*args: str) -> str:
-        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
-                              timeout=30, check=False)  # fmt: skip
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30, check=False
+        )
         return done.stdout.strip() if done.returncode == 0 else ""
 
     head = git("rev-parse", "--short", "HEAD") or "unknown"

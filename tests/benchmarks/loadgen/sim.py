@@ -150,8 +150,10 @@ class Sim:
         """Every VM's Start heartbeat (its agent started before the run), `chunk` at a time."""
         for start in range(0, len(self.fleet), chunk):
             stop = min(start + chunk, len(self.fleet))
-            beats = [(i, self.agents.heartbeat(i, self.clock.stamp(0.0), "Start"))
-                     for i in range(start, stop)]  # fmt: skip
+            beats = [
+                (i, self.agents.heartbeat(i, self.clock.stamp(0.0), "Start"))
+                for i in range(start, stop)
+            ]
             self.counts["records"] += len(beats)
             self.counts["heartbeats"] += len(beats)
             yield beats
@@ -341,8 +343,10 @@ class Sim:
             )
         else:
             outcome = "Approved"
-            detail = (f"IMDS accepted StartRequests for {raw['EventType']} {command.event_id}: "
-                      f"{command.reason}")  # fmt: skip
+            detail = (
+                f"IMDS accepted StartRequests for {raw['EventType']} {command.event_id}: "
+                f"{command.reason}"
+            )
             self._at(when + START_DELAY, partial(self._start, event, "approval"))
         self.counts["approvals"] += 1
         self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1

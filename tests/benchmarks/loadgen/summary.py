@@ -71,8 +71,9 @@ def summarize(result: RunResult) -> Summary:
     # A consumer hears a VM's last record when it reads it: up to the longest wait in a hub
     # after it was written (plus a sample's second): so long may it still count the VM alive.
     slack = max(s.oldest_age for s in result.samples) + 2 * measure_interval(result.samples)
-    check = measure.BudgetCheck(result.fleet, result.stopped,
-                                alive_within=settings["alive_within"], slack=slack)  # fmt: skip
+    check = measure.BudgetCheck(
+        result.fleet, result.stopped, alive_within=settings["alive_within"], slack=slack
+    )
     count = config.consumers
     via = ", Event Hubs broker" if config.source == "broker" else ""
     via += ", group fan-out" if config.fan_out == "group" else ""
@@ -108,8 +109,10 @@ def _cells(s: Summary) -> dict[str, str]:
     by_approval = sum(1 for e in started if e.started_by == "approval")
     consumed_total = r.samples[-1].consumed - _at(r.samples, r.wave_start).consumed
     if r.writes is None:
-        writes = ("n/a: Table Storage keeps no count of writes (bench_quota counts the "
-                  "requests, through a proxy)")  # fmt: skip
+        writes = (
+            "n/a: Table Storage keeps no count of writes (bench_quota counts the "
+            "requests, through a proxy)"
+        )
     else:
         writes = ", ".join(
             f"{c} {n / max(1, consumed_total):.2f}" for c, n in sorted(r.writes.items())
@@ -118,12 +121,16 @@ def _cells(s: Summary) -> dict[str, str]:
         f"{c}/{k[:36]} {n / 1024:,.1f} KB" for c, (k, n) in sorted(r.largest.items())
     )
     documents = ", ".join(f"{c} {n:,}" for c, n in sorted(r.documents.items()))
-    drained = (f"{r.drained_at - r.wave_end:.0f} s after the wave" if r.drained_at is not None
-               else "**not within the drain timeout**")  # fmt: skip
+    drained = (
+        f"{r.drained_at - r.wave_end:.0f} s after the wave"
+        if r.drained_at is not None
+        else "**not within the drain timeout**"
+    )
     rss = ", ".join(f"{c.peak_rss_kb / 1024:,.0f} MB" for c in r.consumers)
     cpu = sum(c.cpu_seconds for c in r.consumers)
-    trouble = ", ".join(f"{c.warnings} warnings, {c.errors} errors, {c.poison} poison"
-                        for c in r.consumers)  # fmt: skip
+    trouble = ", ".join(
+        f"{c.warnings} warnings, {c.errors} errors, {c.poison} poison" for c in r.consumers
+    )
     trouble += f" — {_met(not any(c.errors or c.poison for c in r.consumers))}"
     actions = ", ".join(f"{a} {n:,}" for a, n in sorted(lat.actions.items()))
     reasons = ", ".join(f"{why} ({n:,})" for why, n in lat.waits.most_common(3))
@@ -133,22 +140,22 @@ def _cells(s: Summary) -> dict[str, str]:
     a50, a99 = lat.p("approval", 50), lat.p("approval", 99)
     return {
         "warm": f"{r.warm_records:,} in {r.warm_seconds:.1f} s "
-                f"({r.warm_records / max(r.warm_seconds, 1e-9):,.0f}/s)",
+        f"({r.warm_records / max(r.warm_seconds, 1e-9):,.0f}/s)",
         "steady": _steady(s.steady, keep_up_target(r.config)),
         "offered": f"{lag.offered:,} in {lag.seconds:,.0f} s ({lag.offered_rate:,.0f}/s)",
         "consumed": f"{lag.consumed_rate:,.0f}/s"
-                    + (f" (peak 10 s: {s.peak_rate:,.0f}/s)" if s.peak_rate else ""),
+        + (f" (peak 10 s: {s.peak_rate:,.0f}/s)" if s.peak_rate else ""),
         "keep": f"p99 {_seconds(lag.p99_age)}, max {_seconds(lag.max_age)}, backlog max "
-                f"{lag.max_backlog:,} records; drained {drained} — {_met(s.keeps_up)}",
+        f"{lag.max_backlog:,} records; drained {drained} — {_met(s.keeps_up)}",
         "decision": f"p50 {_seconds(p50)}, p99 {_seconds(p99)} ({len(lat.to_decision):,} events"
-                    f", {len(lat.undecided)} undecided) — {_met(s.decision_met)}",
+        f", {len(lat.undecided)} undecided) — {_met(s.decision_met)}",
         "approval": f"p50 {_seconds(a50)}, p99 {_seconds(a99)} ({len(lat.to_approval):,} events)",
         "actions": actions or "none",
         "waits": reasons or "none",
         "answers": f"{answers or 'none'}; events approved by two agents: {twice} — "
-                   f"{_met(twice == 0)}",
+        f"{_met(twice == 0)}",
         "started": f"{by_approval:,} by approval, {len(started) - by_approval:,} at NotBefore; "
-                   f"{len(sim.deleted):,} VMs deleted, {len(sim.silent):,} agents silent",
+        f"{len(sim.deleted):,} VMs deleted, {len(sim.silent):,} agents silent",
         "violations": f"{len(s.violations)} — {_met(not s.violations)}",
         "wrong": f"{len(s.wrong)} — {_met(not s.wrong)}",
         "largest": largest or "none",
@@ -161,10 +168,10 @@ def _cells(s: Summary) -> dict[str, str]:
         "azurite": _azurite(r),
         "trouble": trouble,
         "generator": f"{r.generator_cpu:,.0f} s CPU, {r.generator_rss_kb / 1024:,.0f} MB peak; "
-                     f"load average max {r.load_max:.1f}",
+        f"load average max {r.load_max:.1f}",
         "commands": f"{r.commands:,} read",
         "ledger": _ledger(r, lat.actions.get("Approve", 0)),
-    }  # fmt: skip
+    }
 
 
 def _ledger(r: RunResult, approvals: int) -> str:
@@ -177,11 +184,13 @@ def _ledger(r: RunResult, approvals: int) -> str:
     end = r.drained_at if r.drained_at is not None else r.samples[-1].wall
     seconds = max(1e-9, end - r.wave_start)
     per = max(1, approvals)
-    return (f"{looks:,} looks, {conflicts:,} conflicts, {fetched:,} documents by key for "
-            f"{approvals:,} approvals ({looks / per:.2f}, {conflicts / per:.2f}, "
-            f"{fetched / per:.2f} each); on Table Storage at most "
-            f"{(looks * LEDGER_DOCUMENTS + fetched) / seconds:,.0f} entities/s on the ledger "
-            f"partition over {seconds:,.0f} s")  # fmt: skip
+    return (
+        f"{looks:,} looks, {conflicts:,} conflicts, {fetched:,} documents by key for "
+        f"{approvals:,} approvals ({looks / per:.2f}, {conflicts / per:.2f}, "
+        f"{fetched / per:.2f} each); on Table Storage at most "
+        f"{(looks * LEDGER_DOCUMENTS + fetched) / seconds:,.0f} entities/s on the ledger "
+        f"partition over {seconds:,.0f} s"
+    )
 
 
 def _size(r: RunResult) -> str:
@@ -213,8 +222,10 @@ def _azurite(r: RunResult) -> str:
     parts = []
     for name, spent in (("warm-up", warm), ("wave start to drained", wave)):
         if spent is not None and spent.azurite is not None:
-            parts.append(f"{name} {spent.azurite:,.1f} s ({spent.azurite / spent.wall:.0%} of "
-                         f"a core; consumers {sum(spent.consumers) / spent.wall:.0%})")  # fmt: skip
+            parts.append(
+                f"{name} {spent.azurite:,.1f} s ({spent.azurite / spent.wall:.0%} of "
+                f"a core; consumers {sum(spent.consumers) / spent.wall:.0%})"
+            )
     parts.append(f"peak memory {r.azurite_rss_kb / 1024:,.0f} MB")
     return "; ".join(parts)
 
@@ -222,9 +233,11 @@ def _azurite(r: RunResult) -> str:
 def _steady(lag: measure.Lag | None, target: float) -> str:
     if lag is None:
         return "n/a (no lead-in)"
-    return (f"{lag.offered_rate:,.0f} records/s written, {lag.consumed_rate:,.0f}/s handled; "
-            f"oldest unhandled p99 {_seconds(lag.p99_age)}, max {_seconds(lag.max_age)} — "
-            f"{_met(lag.p99_age <= target)}")  # fmt: skip
+    return (
+        f"{lag.offered_rate:,.0f} records/s written, {lag.consumed_rate:,.0f}/s handled; "
+        f"oldest unhandled p99 {_seconds(lag.p99_age)}, max {_seconds(lag.max_age)} — "
+        f"{_met(lag.p99_age <= target)}"
+    )
 
 
 def _at(samples: Sequence[measure.LagSample], wall: float) -> measure.LagSample:
@@ -293,21 +306,24 @@ BROKER_NOTE = (
 def render(wave: str, summaries: Sequence[Summary], command: str, when: str) -> str:
     first = summaries[0].result
     config = first.config
-    machine = (f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
-               f"{platform.python_version()}")  # fmt: skip
+    machine = (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python "
+        f"{platform.python_version()}"
+    )
     settings = ", ".join(f"{k} {v:g} s" for k, v in config.consumer_settings().items())
     names = list(dict.fromkeys(s.result.config.state_name for s in summaries))
     sources = {s.result.config.source for s in summaries}
     fan_outs = {s.result.config.fan_out: s.result.sim.counts["events"] for s in summaries}
-    broker = next((s.result.config for s in summaries if s.result.config.source == "broker"),
-                  None)  # fmt: skip
+    broker = next((s.result.config for s in summaries if s.result.config.source == "broker"), None)
     reads = []  # what the consumers read, for each kind of run in the report
     if "local" in sources:
-        reads.append("its own local hub (the VMs spread over them by VmId, as Event Hubs "
-                     "partitions are)")  # fmt: skip
+        reads.append(
+            "its own local hub (the VMs spread over them by VmId, as Event Hubs partitions are)"
+        )
     if broker is not None:
-        reads.append(BROKER_NOTE.format(partitions=broker.partitions,
-                                        interval=broker.checkpoint_interval))  # fmt: skip
+        reads.append(
+            BROKER_NOTE.format(partitions=broker.partitions, interval=broker.checkpoint_interval)
+        )
     lines = [
         f"# Fleet load: {wave}",
         "",

@@ -99,8 +99,13 @@ TERMINATE_TEXT = "Virtual machine is going to be deleted as requested by authori
 
 
 def steady(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan:
-    return WavePlan("steady", [], length=options.steady, at_least=options.steady,
-                    description=f"heartbeats only, {options.steady:g} fleet seconds")  # fmt: skip
+    return WavePlan(
+        "steady",
+        [],
+        length=options.steady,
+        at_least=options.steady,
+        description=f"heartbeats only, {options.steady:g} fleet seconds",
+    )
 
 
 def freeze(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan:
@@ -119,14 +124,28 @@ def freeze(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan:
     hosts += [(vm.index,) for vm in others]
     rng.shuffle(hosts)
     events = [
-        SimEvent(_event_id(rng), "Freeze", "Platform", vms, rng.uniform(0, window), 15 * MINUTE,
-                 runs_for=float(duration), duration=duration, description=FREEZE_TEXT)
+        SimEvent(
+            _event_id(rng),
+            "Freeze",
+            "Platform",
+            vms,
+            rng.uniform(0, window),
+            15 * MINUTE,
+            runs_for=float(duration),
+            duration=duration,
+            description=FREEZE_TEXT,
+        )
         for vms in hosts
         for duration in [rng.choice((5, 5, 9, 15, 30))]
-    ]  # fmt: skip
-    return WavePlan("freeze", events, description=(
-        f"regional host update: Freeze events for {len(chosen):,} VMs ({share:.0%}) in "
-        f"{len(events):,} events within {window / MINUTE:g} fleet minutes"))  # fmt: skip
+    ]
+    return WavePlan(
+        "freeze",
+        events,
+        description=(
+            f"regional host update: Freeze events for {len(chosen):,} VMs ({share:.0%}) in "
+            f"{len(events):,} events within {window / MINUTE:g} fleet minutes"
+        ),
+    )
 
 
 def spot_storm(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan:
@@ -134,18 +153,36 @@ def spot_storm(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePl
     spot = fleet.spot()
     evicted = rng.sample(spot, min(options.count, len(spot)))
     events = [
-        SimEvent(_event_id(rng), "Preempt", "Platform", (index,), rng.uniform(0, window),
-                 notice=30.0, runs_for=10.0, duration=-1, description=PREEMPT_TEXT, evicts=True)
+        SimEvent(
+            _event_id(rng),
+            "Preempt",
+            "Platform",
+            (index,),
+            rng.uniform(0, window),
+            notice=30.0,
+            runs_for=10.0,
+            duration=-1,
+            description=PREEMPT_TEXT,
+            evicts=True,
+        )
         for index in evicted
-    ]  # fmt: skip
-    return WavePlan("spot-storm", events, description=(
-        f"Spot eviction storm: {len(events):,} Preempt events (of {len(spot):,} Spot VMs) "
-        f"within {window / MINUTE:g} fleet minutes, 30 s notice"))  # fmt: skip
+    ]
+    return WavePlan(
+        "spot-storm",
+        events,
+        description=(
+            f"Spot eviction storm: {len(events):,} Preempt events (of {len(spot):,} Spot VMs) "
+            f"within {window / MINUTE:g} fleet minutes, 30 s notice"
+        ),
+    )
 
 
 def _rolling_sets(fleet: Fleet, rng: random.Random, share: float) -> list[list[int]]:
-    rolling = [members for members in fleet.scale_sets.values()
-               if fleet.vms[members[0]].tag("maintenance") == "rolling"]  # fmt: skip
+    rolling = [
+        members
+        for members in fleet.scale_sets.values()
+        if fleet.vms[members[0]].tag("maintenance") == "rolling"
+    ]
     rng.shuffle(rolling)
     picked: list[list[int]] = []
     for members in rolling:
@@ -158,28 +195,49 @@ def _rolling_sets(fleet: Fleet, rng: random.Random, share: float) -> list[list[i
 def _user_reboots(fleet: Fleet, rng: random.Random, share: float, window: float) -> list[SimEvent]:
     users = rng.sample(range(len(fleet)), max(1, round(len(fleet) * share)))
     return [
-        SimEvent(_event_id(rng), "Reboot", "User", (index,), rng.uniform(0, window),
-                 15 * MINUTE, runs_for=rng.uniform(60, 150), duration=-1,
-                 description=REBOOT_TEXT)
+        SimEvent(
+            _event_id(rng),
+            "Reboot",
+            "User",
+            (index,),
+            rng.uniform(0, window),
+            15 * MINUTE,
+            runs_for=rng.uniform(60, 150),
+            duration=-1,
+            description=REBOOT_TEXT,
+        )
         for index in users
-    ]  # fmt: skip
+    ]
 
 
 def rolling_reboot(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan:
     window = options.window or 5 * MINUTE
     sets = _rolling_sets(fleet, rng, 0.1 if options.share is None else options.share)
     events = [
-        SimEvent(_event_id(rng), "Reboot", "Platform", (index,), rng.uniform(0, window),
-                 30 * MINUTE, runs_for=rng.uniform(90, 150), duration=-1,
-                 description=PLATFORM_REBOOT_TEXT)
+        SimEvent(
+            _event_id(rng),
+            "Reboot",
+            "Platform",
+            (index,),
+            rng.uniform(0, window),
+            30 * MINUTE,
+            runs_for=rng.uniform(90, 150),
+            duration=-1,
+            description=PLATFORM_REBOOT_TEXT,
+        )
         for members in sets
         for index in members
-    ]  # fmt: skip
+    ]
     users = _user_reboots(fleet, rng, 0.005, 20 * MINUTE)
-    return WavePlan("rolling-reboot", events + users, description=(
-        f"rolling platform reboot of {len(sets)} scale sets ({len(events):,} VMs, one event "
-        f"each, announced within {window / MINUTE:g} fleet minutes, 30 minutes' notice) and "
-        f"{len(users):,} user reboots meanwhile"))  # fmt: skip
+    return WavePlan(
+        "rolling-reboot",
+        events + users,
+        description=(
+            f"rolling platform reboot of {len(sets)} scale sets ({len(events):,} VMs, one event "
+            f"each, announced within {window / MINUTE:g} fleet minutes, 30 minutes' notice) and "
+            f"{len(users):,} user reboots meanwhile"
+        ),
+    )
 
 
 def scale_in(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan:
@@ -189,33 +247,60 @@ def scale_in(fleet: Fleet, rng: random.Random, options: WaveOptions) -> WavePlan
     rebooted = rng.sample(members, max(1, round(len(members) * 0.3)))
     events = []
     for index in rebooted:
-        event = SimEvent(_event_id(rng), "Reboot", "Platform", (index,), rng.uniform(0, window),
-                         15 * MINUTE, runs_for=rng.uniform(90, 150), duration=-1,
-                         description=PLATFORM_REBOOT_TEXT)  # fmt: skip
+        event = SimEvent(
+            _event_id(rng),
+            "Reboot",
+            "Platform",
+            (index,),
+            rng.uniform(0, window),
+            15 * MINUTE,
+            runs_for=rng.uniform(90, 150),
+            duration=-1,
+            description=PLATFORM_REBOOT_TEXT,
+        )
         if rng.random() < 0.5:  # scale-in takes the VM while its reboot is under way
             event.deletes[index] = rng.uniform(1, 60)
         events.append(event)
     rolled = set(members)
-    in_sets = [i for vms in fleet.scale_sets.values() for i in vms
-               if not fleet.vms[i].spot and i not in rolled]  # fmt: skip
+    in_sets = [
+        i
+        for vms in fleet.scale_sets.values()
+        for i in vms
+        if not fleet.vms[i].spot and i not in rolled
+    ]
     terminated = rng.sample(in_sets, min(len(in_sets), max(1, round(len(fleet) * 0.01))))
     events += [
-        SimEvent(_event_id(rng), "Terminate", "User", (index,), rng.uniform(0, window),
-                 5 * MINUTE, runs_for=20.0, duration=-1, description=TERMINATE_TEXT,
-                 evicts=True)
+        SimEvent(
+            _event_id(rng),
+            "Terminate",
+            "User",
+            (index,),
+            rng.uniform(0, window),
+            5 * MINUTE,
+            runs_for=20.0,
+            duration=-1,
+            description=TERMINATE_TEXT,
+            evicts=True,
+        )
         for index in terminated
-    ]  # fmt: skip
+    ]
     taken = {i for e in events for i in e.vms}
     quiet = [i for i in range(len(fleet)) if i not in taken]
     silent = rng.sample(quiet, min(len(quiet), max(1, round(len(fleet) * 0.01))))
     # Some silent agents are on VMs that events name: the event is reported by the others.
     silent += [e.vms[0] for e in events[: max(1, len(events) // 50)]]
     silences = [(rng.uniform(0, window), index) for index in silent]
-    return WavePlan("scale-in", events, silences, description=(
-        f"scale-in: {len(rebooted):,} platform reboots in {len(sets)} rolling scale sets, "
-        f"{sum(len(e.deletes) for e in events):,} of their VMs deleted mid-event; "
-        f"{len(terminated):,} Terminate notifications (VMs deleted once started); "
-        f"{len(silences):,} agents fall silent"))  # fmt: skip
+    return WavePlan(
+        "scale-in",
+        events,
+        silences,
+        description=(
+            f"scale-in: {len(rebooted):,} platform reboots in {len(sets)} rolling scale sets, "
+            f"{sum(len(e.deletes) for e in events):,} of their VMs deleted mid-event; "
+            f"{len(terminated):,} Terminate notifications (VMs deleted once started); "
+            f"{len(silences):,} agents fall silent"
+        ),
+    )
 
 
 WAVES: dict[str, Callable[[Fleet, random.Random, WaveOptions], WavePlan]] = {

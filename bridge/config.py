@@ -597,6 +597,21 @@ class EventGridSettings:
         "The fleet's resource groups (NAME, or SUBSCRIPTION/NAME): a delivery about a VM "
         "outside them is refused. Empty: every resource group of eventgrid.subscriptions.",
     )
+    reconcile_interval: float = _setting(
+        0.0,
+        "Seconds between two passes of the Resource Graph reconciler, which reads the scheduled "
+        "events and VM health Azure holds and folds in what a lost Event Grid delivery missed "
+        "(preview; needs enabled and Reader on eventgrid.subscriptions). 0: off; else 60 to "
+        "86400.",
+        low=0,
+        high=86400,
+    )
+    resource_graph_url: str = _setting(
+        "https://management.azure.com",
+        "Azure Resource Manager's address, where the reconciler asks Resource Graph (another "
+        "cloud's, such as https://management.usgovcloudapi.net).",
+        url=True,
+    )
 
 
 # Sections that live in another's table: [consumer.people] is Config.people, and its

@@ -19,7 +19,7 @@ from bridge.commands import signing
 from bridge.config import Config, ConfigError, ConsumerSettings, load
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
-from bridge.consumer.sources import eventgrid
+from bridge.consumer.sources import eventgrid, resourcegraph
 from bridge.consumer.state import Store
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.notify import kinds as notify_kinds
@@ -45,6 +45,7 @@ def load_config(
     sinks.check_config(config, decision_sinks(config), "consumer.sinks")
     notify_kinds.check_config(config)
     eventgrid.check_settings(config.eventgrid, config.eventhubs.name)
+    resourcegraph.check_settings(config.eventgrid)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:

@@ -25,6 +25,7 @@ from tests.benchmarks import (
     bench_footprint,
     bench_node_drain,
     bench_quota,
+    bench_reconciler,
 )
 from tests.benchmarks.report import render_table
 from tests.benchmarks.rig import ROOT, Options, Result, say
@@ -40,6 +41,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "8": bench_quota.run,
     "9": bench_node_drain.run,
     "10": bench_eventgrid.run,
+    "12": bench_reconciler.run,
 }
 
 

@@ -16,8 +16,10 @@ No Resource Graph emulator exists, so this answers what the service answers on t
 
 over TLS on 127.0.0.1 with a throwaway CA (`ca_bundle`, for REQUESTS_CA_BUNDLE). The query is
 not KQL-evaluated: its first word names the table (maintenanceresources, healthresources),
-whose rows are what the test put; `resourceGroup in~ ('a', 'b')` narrows them, as does the
-request's subscriptions. `requests` lists what came (never the token).
+whose rows are what the test put; the request's subscriptions narrow them, and so do the two
+clauses the reconciler writes: `resourceGroup in~ ('a', 'b')`, and `availabilityState) !=
+'Available' or tolower(tostring(properties.targetResourceId)) in ('id', ...)`. `requests`
+lists what came (never the token).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tests.doubles.tls import ThrowawayCertificate
 
 PATH = "/providers/Microsoft.ResourceGraph/resources"
 _GROUPS = re.compile(r"resourceGroup in~ \(([^)]*)\)")
+_HELD = re.compile(r"targetResourceId\)\) in \(([^)]*)\)")
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,11 @@ class ResourceGraphDouble:
             resets = max(0.0, self.window - (now - self._spent[0]))
             rows = [r for r in self.tables.get(table, [])
                     if r.get("subscriptionId") in subscriptions]  # fmt: skip
+        if "availabilityState) != 'Available'" in query:
+            held = _HELD.search(query)
+            ids = {i.strip().strip("'") for i in held.group(1).split(",")} if held else set()
+            rows = [r for r in rows if r["properties"].get("availabilityState") != "Available"
+                    or str(r["properties"].get("targetResourceId", "")).lower() in ids]  # fmt: skip
         groups = _GROUPS.search(query)
         if groups:
             names = {g.strip().strip("'").lower() for g in groups.group(1).split(",")}

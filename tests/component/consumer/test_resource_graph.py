@@ -189,7 +189,7 @@ def test_an_available_vm_never_held_down_is_not_folded(rec: Reconciled) -> None:
 def test_pages_are_followed_with_the_skip_token(rec: Reconciled) -> None:
     rows = rec.graph.tables["healthresources"]
     for n in range(2500):
-        rows.append(row_of(eg.health(f"web_{n}", "Available", rec.fleet.now)))
+        rows.append(row_of(eg.health(f"web_{n}", "Degraded", rec.fleet.now)))
     rec.reconciler.reconcile()
     pages = [r.page for r in rec.graph.requests if r.table == "healthresources"]
     assert pages == [0, 1, 2]

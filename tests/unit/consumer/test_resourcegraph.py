@@ -71,3 +71,14 @@ def test_the_queries_read_the_documented_tables_narrowed_to_the_fleets_groups() 
 def test_a_group_name_that_is_not_azures_is_not_put_into_a_query() -> None:
     found = queries(Trust(frozenset({SUB}), frozenset({"rg') | union (x"})))
     assert "in~" not in found["maintenanceresources"]
+
+
+def test_health_reads_vms_not_available_and_those_held_down() -> None:
+    held = "/subscriptions/x/resourcegroups/rg/providers/microsoft.compute/virtualmachines/web_1"
+    query = queries(Trust(frozenset({SUB}), health=True), [held])["healthresources"]
+    assert (
+        f"| where tostring(properties.availabilityState) != 'Available' or "
+        f"tolower(tostring(properties.targetResourceId)) in ('{held}')"
+    ) in query
+    unsafe = queries(Trust(frozenset({SUB}), health=True), ["/subscriptions/x') or (1"])
+    assert "availabilityState" not in unsafe["healthresources"]

@@ -580,7 +580,8 @@ class EventGridSettings:
     hub: str = _setting(
         "",
         "The event hub the system topics' event subscriptions deliver to, in the namespace of "
-        "eventhubs.namespace (or eventgrid.connection_string's).",
+        "eventhubs.namespace (or eventgrid.connection_string's); with consumer.hub (a local "
+        "hub), the local hub directory they are delivered to (the simulator's Event Grid).",
     )
     connection_string: str = _setting(
         "",

@@ -215,6 +215,10 @@ class ConsumerService:
         assert self.intake is not None
         settings = self.config.consumer
         try:
+            if settings.hub is not None:  # the local hub: Event Grid's is a directory too
+                run_local(self.config.eventgrid.hub, self._process, stop, bodies=self._azure,
+                          group=settings.consumer_group)  # fmt: skip
+                return
             run_eventhubs(eventgrid_hub(self.config), self._process, stop,
                           load_balancing_interval=settings.load_balancing_interval,
                           checkpoint_interval=settings.checkpoint_interval,

@@ -45,6 +45,11 @@ def load_config(
     sinks.check_config(config, decision_sinks(config), "consumer.sinks")
     notify_kinds.check_config(config)
     eventgrid.check_settings(config.eventgrid, config.eventhubs.name)
+    grid, local = config.eventgrid, config.consumer.hub
+    if grid.enabled and local is not None and Path(grid.hub).resolve() == Path(local).resolve():
+        raise ConfigError(f"eventgrid.hub {grid.hub!r} is the local hub the agents send to "
+                          "(consumer.hub): a VM could then send what reads as Azure's word, so "
+                          "give Event Grid's deliveries a directory of their own")  # fmt: skip
     resourcegraph.check_settings(config.eventgrid)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)

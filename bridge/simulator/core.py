@@ -74,6 +74,8 @@ class Simulator:
         self._approvals: list[Approval] = []
         self._counters: dict[str, Counter[str]] = {name: Counter() for name in fleet.names}
         self._served_generation: dict[str, int] = {}
+        # Told every change, under the simulator's lock (the Event Grid double, issue 36).
+        self.observers: list[Callable[[Sequence[Change]], None]] = []
 
     @property
     def vm_names(self) -> list[str]:
@@ -248,6 +250,9 @@ class Simulator:
     def _log(self, changes: Sequence[Change]) -> None:
         for change in changes:
             logger.info("%s", self._describe(change))
+        if changes:
+            for observer in list(self.observers):
+                observer(changes)
 
     def _describe(self, change: Change) -> str:
         what = f"Event {change.event_id} ({change.event_type}) for {', '.join(change.resources)}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.eventgrid import EventGridDouble, GridFaults
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import vms_from_spec
+from tests.doubles.resourcegraph import ResourceGraphDouble, row_of
+from tests.support import eventgrid as eg
 from tests.support.processes import Agent, Proc, Processes, scrape
 from tests.support.wait import eventually
 
@@ -46,7 +49,9 @@ LONG_NOTICE, SHORT_NOTICE = 3600.0, 300.0
 
 
 class Rig:
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, faults: GridFaults | None = None, graph: ResourceGraphDouble | None = None
+    ) -> None:
         self.root = root
         self.procs = Processes(root)
         self.sim = Simulator(Fleet(vms_from_spec({"scaleSets": [{"name": "web", "count": 4}]},
@@ -54,8 +59,9 @@ class Rig:
         self.server = SimulatorServer(self.sim)
         self.hub, self.grid_hub = root / "hub", root / "eventgrid"
         self.commands, self.decisions = root / "commands", root / "decisions.jsonl"
-        faults = GridFaults(delay=0.3, duplicate=0.3, reorder=0.3, reorder_by=1.0)
+        faults = faults or GridFaults(delay=0.3, duplicate=0.3, reorder=0.3, reorder_by=1.0)
         self.grid = EventGridDouble(self.sim, self.grid_hub, faults, seed=36)
+        self.graph = graph
         self.consumer: Proc | None = None
 
     def start(self) -> Rig:
@@ -73,17 +79,24 @@ class Rig:
         policy, config = self.root / "policy.yaml", self.root / "consumer.toml"
         policy.write_text(POLICY, encoding="utf-8")
         subscription = self.sim.fleet.vm("web_0").subscription_id
-        config.write_text(
+        toml = (
             "[consumer]\nreevaluate_interval = 0.5\n\n[eventgrid]\nenabled = true\n"
-            f'health = true\nhub = "{self.grid_hub}"\nsubscriptions = ["{subscription}"]\n',
-            encoding="utf-8",
+            f'health = true\nhub = "{self.grid_hub}"\nsubscriptions = ["{subscription}"]\n'
         )
+        env = {"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}"}
+        if self.graph is not None:
+            # The reconciler asks the Resource Graph double as the consumer's managed identity,
+            # whose token the simulator's identity endpoint issues.
+            toml += f'reconcile_interval = 60\nresource_graph_url = "{self.graph.url}"\n'
+            env |= {"SE_BRIDGE_IDENTITY_KIND": "managed", "NO_PROXY": "127.0.0.1,localhost",
+                    "AZURE_POD_IDENTITY_AUTHORITY_HOST": self.server.vm_url("web_0"),
+                    "REQUESTS_CA_BUNDLE": str(self.graph.ca_bundle)}  # fmt: skip
+        config.write_text(toml, encoding="utf-8")
         self.consumer = self.procs.bridge(
             "consumer", "consume", "--hub", str(self.hub), "--commands", f"local:{self.commands}",
             "--state", f"sqlite:{self.root / 'fleet.db'}", "--policy", str(policy),
             "--state-dir", str(self.root / "consumer"), "--sink", f"jsonl:{self.decisions}",
-            "--config", str(config), "--metrics-address", "0",
-            env={"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}"},
+            "--config", str(config), "--metrics-address", "0", env=env,
         )  # fmt: skip
         return self
 
@@ -156,3 +169,28 @@ def test_one_budget_holds_across_a_scale_set_of_four_with_two_agents(rig: Rig) -
     assert approved >= ended, rig.details()
     assert rig.approved_at(down) is None  # nothing carries an approval to web_2 (no ARM yet)
     assert rig.grid.counts["sent"] > 0
+
+
+def test_the_reconciler_catches_what_every_lost_delivery_missed(tmp_path: Path) -> None:
+    """Event Grid loses every delivery; Resource Graph holds web_3 Unavailable: the consumer's
+    first reconciler pass (at its start, as its managed identity, over HTTPS) holds the slot."""
+    with ResourceGraphDouble() as graph:
+        rig = Rig(tmp_path, GridFaults(loss=1.0), graph)
+        subscription = rig.sim.fleet.vm("web_3").subscription_id
+        row = row_of(eg.health("web_3", "Unavailable", datetime.now(timezone.utc),
+                               resource_group=rig.sim.fleet.vm("web_3").resource_group,
+                               subscription=subscription))  # fmt: skip
+        graph.tables["healthresources"].append(row)
+        try:
+            rig.start()
+            rig.grid.health("web_3", "Unavailable")  # lost, as every delivery here
+            eventually(lambda: rig.taken("health") >= 1, WAIT, "the reconciler's health change",
+                       rig.details)  # fmt: skip
+            first = rig.reboot("web_0", LONG_NOTICE)
+            eventually(lambda: rig.decided(first, "Defer"), WAIT, "web_0's reboot deferred",
+                       rig.details)  # fmt: skip
+            assert rig.approved_at(first) is None
+            assert rig.grid.counts["sent"] == 0
+            assert any(r.authorized and r.status == 200 for r in graph.requests)
+        finally:
+            rig.close()

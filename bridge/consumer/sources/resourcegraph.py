@@ -62,7 +62,7 @@ and a health row (healthresources):
                     "occurredTime": "2023-07-24T19:20:37.9245071Z"}}
 
 What a pass feeds (`plan`), so that a row never undoes what Event Grid said since: Resource
-Graph lags Event Grid by minutes, and a row is read now, so an event's row is folded only when
+Graph lags Event Grid by minutes, so an event's row is dated `LAG` back and folded only when
 it tells more than the fleet state holds (no such event; a later status; a Completed or
 Canceled of an event still open; other names or another NotBefore at the same status), and a
 health row only when it is newer (`occurredTime`, as deliveries are folded). A row's absence
@@ -77,7 +77,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bridge.config import ConfigError, EventGridSettings
@@ -114,6 +114,11 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024
 ATTEMPTS = 5  # tries of one page before the pass gives up (the next pass starts again)
 TIMEOUT = (10.0, 60.0)  # connect, read
 LOWEST_INTERVAL = 60.0
+# Resource Graph's own delay: "you should see the updated results within 5 minutes in
+# general" (resource-graph-health-samples). A row's event is dated this far back, so that a
+# delivery Azure made since (read later, from a hub's backlog after a restart) is newer and
+# wins in the fold, as Event Grid's word moves only forward in time.
+LAG = timedelta(minutes=5)
 _GROUP = re.compile(r"^[-\w._()]{1,90}$")
 _ID = re.compile(r"^/subscriptions/[-\w._()/]{1,400}$")
 MAX_HELD = 500  # VMs held down named in the health query; past it, every row is read
@@ -435,7 +440,7 @@ class Reconciler:
         trust = self.intake.trust
         subscriptions = sorted(trust.subscriptions)
         bodies: list[str] = []
-        now = self._now()
+        now = self._now() - LAG
         health = self.known.health() if trust.health else {}
         held = [i for i, doc in health.items() if doc.get("state") in _UNHEALTHY]
         try:

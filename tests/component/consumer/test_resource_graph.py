@@ -4,6 +4,8 @@ real consumer core on SQLite and the real client code over HTTPS (the Resource G
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +27,7 @@ from tests.component.consumer.test_second_source import TRUST, Rig
 from tests.doubles.resourcegraph import ResourceGraphDouble, row_of
 from tests.support import eventgrid as eg
 from tests.support.fleetrecords import SUBSCRIPTION
+from tests.support.wait import eventually
 
 
 class Token:
@@ -245,3 +248,25 @@ def test_a_delivery_read_after_a_row_still_wins_when_it_is_newer_than_resource_g
     found = rec.consumer.explain(E2)
     assert found is not None
     assert found.view.status == "Started"
+
+
+def test_a_run_of_failed_passes_is_said_once_and_the_next_pass_tries_again(
+    rec: Reconciled, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bridge.consumer.sources.resourcegraph")
+    rec.graph.throttle = 10**6  # Resource Graph throttles every query: every pass fails
+    rec.reconciler.graph._sleep = lambda seconds: True
+    stop = threading.Event()
+    runner = threading.Thread(target=rec.reconciler.run, args=(stop, 0.01))
+    runner.start()
+    try:
+        eventually(lambda: rec.reconciler.cost.failed_passes >= 3, 60, "three failed passes")
+        rec.row(E2, "Started", ["web_2"])
+        rec.graph.throttle = 0
+        eventually(lambda: rec.intake.events == 1, 60, "a pass that folds the row")
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+    said = [r.getMessage() for r in caplog.records if "reconciler's pass failed" in r.getMessage()]
+    assert len(said) == 1, said
+    assert any("Resource Graph answers again" in r.getMessage() for r in caplog.records)

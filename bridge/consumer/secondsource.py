@@ -11,6 +11,7 @@ is counted once per event (`Consumer.disagreements`, by field) and said in `poli
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -56,10 +57,13 @@ class EventGridIntake:
         self.ignored = 0  # AKS events, health annotations, whole scale sets' health
         self.events = 0  # Event records folded in
         self.health = 0  # health changes folded in
+        # The hub's reader and the Resource Graph reconciler count from their own threads.
+        self._counting = threading.Lock()
 
     def counts(self) -> EventGridCounts:
-        return EventGridCounts(self.events, self.health, self.ignored, dict(self.refused),
-                               dict(self.consumer.disagreements))  # fmt: skip
+        with self._counting:
+            return EventGridCounts(self.events, self.health, self.ignored, dict(self.refused),
+                                   dict(self.consumer.disagreements))  # fmt: skip
 
     def handle(self, bodies: Sequence[str], position: Position | None = None) -> None:
         """Fold the deliveries `bodies` in (a batch of one partition of the hub, `position`)."""
@@ -73,11 +77,13 @@ class EventGridIntake:
         for body in bodies:
             parsed = parse(body, self.trust)
             if parsed.refused:
-                self.refused.update(r.code for r in parsed.refused)
+                with self._counting:
+                    self.refused.update(r.code for r in parsed.refused)
                 log.warning("refused %s: %s; nothing of it was folded in (check "
                             "eventgrid.subscriptions and eventgrid.resource_groups, and who may "
                             "send to the hub)", what, describe(parsed.refused))  # fmt: skip
-            self.ignored += len(parsed.ignored)
+            with self._counting:
+                self.ignored += len(parsed.ignored)
             taken.events += parsed.events
             taken.health += parsed.health
         return taken
@@ -93,10 +99,12 @@ class EventGridIntake:
             self.consumer.process(list(events), position)
         if events and self._emit is not None:
             self._emit(events)
-        self.events += len(events)
+        with self._counting:
+            self.events += len(events)
         if health:
             self.consumer.note_health(health)
-            self.health += len(health)
+            with self._counting:
+                self.health += len(health)
 
 
 class FleetKnown:

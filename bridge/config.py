@@ -691,7 +691,8 @@ class EventGridSettings:
     hub: str = _setting(
         "",
         "The event hub the system topics' event subscriptions deliver to, in the namespace of "
-        "eventhubs.namespace (or eventgrid.connection_string's).",
+        "eventhubs.namespace (or eventgrid.connection_string's); with consumer.hub (a local "
+        "hub), the local hub directory they are delivered to (the simulator's Event Grid).",
     )
     connection_string: str = _setting(
         "",
@@ -719,6 +720,21 @@ class EventGridSettings:
         "https://management.azure.com",
         "Azure Resource Manager's endpoint for eventgrid.acknowledge (another cloud's, e.g. "
         "https://management.usgovcloudapi.net).",
+    )
+    reconcile_interval: float = _setting(
+        0.0,
+        "Seconds between two passes of the Resource Graph reconciler, which reads the scheduled "
+        "events and VM health Azure holds and folds in what a lost Event Grid delivery missed "
+        "(preview; needs enabled and Reader on eventgrid.subscriptions). 0: off; else 60 to "
+        "86400.",
+        low=0,
+        high=86400,
+    )
+    resource_graph_url: str = _setting(
+        "https://management.azure.com",
+        "Azure Resource Manager's address, where the reconciler asks Resource Graph (another "
+        "cloud's, such as https://management.usgovcloudapi.net).",
+        url=True,
     )
 
 

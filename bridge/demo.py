@@ -35,6 +35,7 @@ from bridge.config import (
     Config,
     ConfigError,
     ConsumerSettings,
+    EventGridSettings,
     HooksSettings,
     IdentitySettings,
     ImdsSettings,
@@ -45,6 +46,7 @@ from bridge.policy.model import PERSON_RULE
 from bridge.records import parse_time
 from bridge.recordtypes import RECORD_TYPE
 from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.eventgrid import EventGridDouble, GridFaults
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from bridge.sinks import BaseSink, SpooledRecord, build
@@ -473,10 +475,23 @@ def demo_keys(root: Path) -> tuple[str, str]:
     return f"file:{path}", signing.verify_key_text(signer.public_key())
 
 
-def consumer_config(root: Path, policy: Path | None, *, signing_key: str = "") -> Config:
+# With --event-grid: the VM that runs no agent (a Spot VM of the scale set web), whose events
+# reach the consumer only through the simulator's Event Grid (issue 36).
+AGENTLESS = "web_2"
+
+
+def consumer_config(
+    root: Path, policy: Path | None, *, signing_key: str = "", grid_subscription: str = ""
+) -> Config:
     """The central half, on local transports: the hub the agents write, their command dirs;
-    its approval page on a free loopback port."""
+    its approval page on a free loopback port; with `grid_subscription`, Event Grid's
+    deliveries of that subscription from the local hub `eventgrid` too."""
+    grid = EventGridSettings()
+    if grid_subscription:
+        grid = EventGridSettings(enabled=True, health=True, hub=str(root / "eventgrid"),
+                                 subscriptions=[grid_subscription])  # fmt: skip
     return Config(
+        eventgrid=grid,
         commands=CommandsSettings(
             channel=f"local:{root / 'commands'}",
             signing_key=signing_key,
@@ -505,20 +520,34 @@ def demo_policy(root: Path) -> Path:
 
 class Demo:
     def __init__(
-        self, root: Path, scale: float, poll: float, view: View, policy: Path | None = None
+        self,
+        root: Path,
+        scale: float,
+        poll: float,
+        view: View,
+        policy: Path | None = None,
+        *,
+        event_grid: bool = False,
     ) -> None:
         self.root, self.scale, self.poll, self.view = root, scale, poll, view
         signing_key, self.verify_key = demo_keys(root)
         # The consumer's libraries load here, not with the command line (bridge.extras).
         from bridge.consumer.service import ConsumerService  # noqa: PLC0415
 
-        config = consumer_config(root, policy or demo_policy(root), signing_key=signing_key)
+        self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
+        subscription = self.simulator.fleet.vm(AGENTLESS).subscription_id if event_grid else ""
+        config = consumer_config(root, policy or demo_policy(root), signing_key=signing_key,
+                                 grid_subscription=subscription)  # fmt: skip
         self.consumer: ConsumerService = ConsumerService(
             config, extra_sinks=[ViewSink("central", view)]
         )
         self.consumer_state_dir = config.consumer_state_dir()
-        self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
         self.server = SimulatorServer(self.simulator)
+        self.grid: EventGridDouble | None = None
+        self.agentless: tuple[str, ...] = ()
+        if event_grid:
+            self.grid = EventGridDouble(self.simulator, root / "eventgrid", GridFaults(delay=0.5))
+            self.agentless = (AGENTLESS,)
         self.stops: list[threading.Event] = []
         self.threads: list[threading.Thread] = []
         self.played: list[tuple[str, list[str]]] = []
@@ -534,8 +563,11 @@ class Demo:
                 page.url, self.consumer_state_dir, lambda: operator.login_code
             )
         self._start_thread("consumer", self.consumer.run)
+        if self.grid is not None:
+            self.grid.start()
         for vm in self.simulator.vm_names:
-            self._start_agent(vm)
+            if vm not in self.agentless:
+                self._start_agent(vm)
 
     def _start_thread(self, name: str, target: Callable[[threading.Event], int]) -> None:
         stop = threading.Event()
@@ -576,6 +608,8 @@ class Demo:
             stop.set()
         for thread in self.threads:
             thread.join(timeout=30)
+        if self.grid is not None:
+            self.grid.stop()
         self.server.stop()
 
 
@@ -590,6 +624,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
   se-bridge demo
   se-bridge demo --duration 60 --time-scale 60
   se-bridge demo --policy policy.yaml --state-dir /tmp/demo
+  se-bridge demo --event-grid
 """,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -630,6 +665,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     p.add_argument("--policy", type=Path, metavar="FILE",
                    help="approval policy file (default: the built-in policy, with a rule that "
                    "asks a person about db-0)")  # fmt: skip
+    p.add_argument("--event-grid", action="store_true",
+                   help=f"Azure's view as a second source (preview): {AGENTLESS} runs no agent, "
+                   "and every event and VM health change also reaches the consumer through a "
+                   "simulated Event Grid, so the budgets count web_2's events too")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -642,7 +681,8 @@ def run(args: argparse.Namespace) -> int:
     live = sys.stdout.isatty()
     view = View(sys.stdout, live)
     try:
-        demo = Demo(root, args.time_scale, args.poll_interval, view, args.policy)
+        demo = Demo(root, args.time_scale, args.poll_interval, view, args.policy,
+                    event_grid=args.event_grid)  # fmt: skip
     except ConfigError as err:
         print(f"se-bridge: configuration error: {err}", file=sys.stderr)
         return 2
@@ -733,5 +773,11 @@ def print_summary(demo: Demo, root: Path) -> None:
     print(f"  records written {sum(kinds.values())}: "
           + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
           + " (each VM records every change it sees of an event)")  # fmt: skip
+    if demo.grid is not None:
+        counts = demo.grid.counts
+        for vm in demo.agentless:
+            print(f"  {vm} ran no agent: the consumer heard of its events from Event Grid "
+                  f"({counts['sent']} deliveries in all) and as names in its neighbours' "
+                  "events, and its scale set's budget counted them")  # fmt: skip
     print(f"  records of each VM: {root}/<vm>/records.jsonl")
     print(f"  the consumer's decisions: {root}/decisions.jsonl")

@@ -11,14 +11,21 @@ is counted once per event (`Consumer.disagreements`, by field) and said in `poli
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from bridge import recordtypes as rt
+from bridge.cloud import identity
+from bridge.config import Config
+from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
 from bridge.consumer.reading import Position
-from bridge.consumer.sources.eventgrid import Trust, describe, parse
-from bridge.records import RecordView
+from bridge.consumer.sources.eventgrid import HealthChange, Parsed, Trust, describe, parse
+from bridge.consumer.sources.resourcegraph import Reconciler, RequestsTransport, ResourceGraph
+from bridge.records import RecordView, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -50,29 +57,74 @@ class EventGridIntake:
         self.ignored = 0  # AKS events, health annotations, whole scale sets' health
         self.events = 0  # Event records folded in
         self.health = 0  # health changes folded in
+        # The hub's reader and the Resource Graph reconciler count from their own threads.
+        self._counting = threading.Lock()
 
     def counts(self) -> EventGridCounts:
-        return EventGridCounts(self.events, self.health, self.ignored, dict(self.refused),
-                               dict(self.consumer.disagreements))  # fmt: skip
+        with self._counting:
+            return EventGridCounts(self.events, self.health, self.ignored, dict(self.refused),
+                                   dict(self.consumer.disagreements))  # fmt: skip
 
     def handle(self, bodies: Sequence[str], position: Position | None = None) -> None:
         """Fold the deliveries `bodies` in (a batch of one partition of the hub, `position`)."""
-        events, health = [], []
+        taken = self.take(bodies)
+        self.fold(taken.events, taken.health, position)
+
+    def take(self, bodies: Sequence[str], what: str = "an Event Grid delivery") -> Parsed:
+        """What `bodies` hold that may be folded in, each refusal counted and logged: the
+        deliveries of the hub, or the Resource Graph reconciler's rows (`what` one is)."""
+        taken = Parsed()
         for body in bodies:
             parsed = parse(body, self.trust)
             if parsed.refused:
-                self.refused.update(r.code for r in parsed.refused)
-                log.warning("refused an Event Grid delivery: %s; nothing of it was folded in "
-                            "(check eventgrid.subscriptions and eventgrid.resource_groups, and "
-                            "who may send to the hub)", describe(parsed.refused))  # fmt: skip
-            self.ignored += len(parsed.ignored)
-            events += parsed.events
-            health += parsed.health
+                with self._counting:
+                    self.refused.update(r.code for r in parsed.refused)
+                log.warning("refused %s: %s; nothing of it was folded in (check "
+                            "eventgrid.subscriptions and eventgrid.resource_groups, and who may "
+                            "send to the hub)", what, describe(parsed.refused))  # fmt: skip
+            with self._counting:
+                self.ignored += len(parsed.ignored)
+            taken.events += parsed.events
+            taken.health += parsed.health
+        return taken
+
+    def fold(
+        self,
+        events: Sequence[rt.Event],
+        health: Sequence[HealthChange],
+        position: Position | None = None,
+    ) -> None:
+        """Fold checked Event records and health changes in, the records also to `emit`."""
         if events or (position is not None and position.caught_up is not None):
-            self.consumer.process(events, position)
+            self.consumer.process(list(events), position)
         if events and self._emit is not None:
             self._emit(events)
-        self.events += len(events)
+        with self._counting:
+            self.events += len(events)
         if health:
             self.consumer.note_health(health)
-            self.health += len(health)
+            with self._counting:
+                self.health += len(health)
+
+
+class FleetKnown:
+    """The fleet state as the Resource Graph reconciler compares its rows with it."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+
+    def events(self, event_ids: Sequence[str]) -> dict[str, Mapping[str, Any]]:
+        keys = sorted({fs.event_key(e) for e in event_ids})
+        return {key: doc.value for key, doc in self.consumer.fleet.events_of(keys).items()}
+
+    def health(self) -> dict[str, Mapping[str, Any]]:
+        docs = self.consumer.fleet.vms.health()
+        return {str(d.value.get("resource_id", "")).lower(): d.value for d in docs}
+
+
+def build_reconciler(config: Config, intake: EventGridIntake) -> Reconciler:
+    """The Resource Graph reconciler of eventgrid.reconcile_interval, as the consumer's
+    identity (azure-identity), feeding `intake`."""
+    graph = ResourceGraph(config.eventgrid.resource_graph_url,
+                          identity.credential(config.identity), RequestsTransport())  # fmt: skip
+    return Reconciler(graph, intake, FleetKnown(intake.consumer), utc_now)

@@ -34,10 +34,11 @@ from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.people.server import PageError, PageServer
 from bridge.consumer.people.server import build_app as build_page
 from bridge.consumer.reading import Position
-from bridge.consumer.secondsource import EventGridIntake
+from bridge.consumer.secondsource import EventGridIntake, build_reconciler
 from bridge.consumer.sources.eventgrid import Trust
 from bridge.consumer.sources.eventhubs import eventgrid_hub, run_eventhubs
 from bridge.consumer.sources.hub import run_local
+from bridge.consumer.sources.resourcegraph import Reconciler
 from bridge.logfile import setup_logging
 from bridge.outbox.delivery import Delivery, interruptible_wait
 from bridge.outbox.spool import Spool, SpoolError
@@ -104,6 +105,9 @@ class ConsumerService:
         if config.eventgrid.enabled:
             self.intake = EventGridIntake(self.consumer, Trust.of(config.eventgrid), self._emit)
             self.metrics.watch_eventgrid(self.intake.counts)
+        self.reconciler: Reconciler | None = None
+        if self.intake is not None and config.eventgrid.reconcile_interval:
+            self.reconciler = build_reconciler(config, self.intake)
         self._telemetry: telemetry.Endpoint | None = None
         self._page: PageServer | None = None
         self._notifier = telemetry.SystemdNotifier()
@@ -194,17 +198,22 @@ class ConsumerService:
         return 0
 
     def _read(self, stop: threading.Event) -> None:
-        azure = None
+        azure: list[threading.Thread] = []
         if self.intake is not None:
-            azure = threading.Thread(target=self._read_azure, args=(stop,),
-                                     name="se-bridge eventgrid")  # fmt: skip
-            azure.start()
+            azure.append(threading.Thread(target=self._read_azure, args=(stop,),
+                                          name="se-bridge eventgrid"))  # fmt: skip
+        if self.reconciler is not None:
+            azure.append(threading.Thread(
+                target=self.reconciler.run, args=(stop, self.config.eventgrid.reconcile_interval),
+                name="se-bridge resource graph"))  # fmt: skip
+        for thread in azure:
+            thread.start()
         try:
             self._read_records(stop)
         finally:
             stop.set()
-            if azure is not None:
-                azure.join()
+            for thread in azure:
+                thread.join()
 
     def _read_azure(self, stop: threading.Event) -> None:
         """Event Grid's hub, until `stop`: a failure here stops the consumer, as the
@@ -212,6 +221,10 @@ class ConsumerService:
         assert self.intake is not None
         settings = self.config.consumer
         try:
+            if settings.hub is not None:  # the local hub: Event Grid's is a directory too
+                run_local(self.config.eventgrid.hub, self._process, stop, bodies=self._azure,
+                          group=settings.consumer_group)  # fmt: skip
+                return
             run_eventhubs(eventgrid_hub(self.config), self._process, stop,
                           load_balancing_interval=settings.load_balancing_interval,
                           checkpoint_interval=settings.checkpoint_interval,

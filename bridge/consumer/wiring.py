@@ -22,7 +22,7 @@ from bridge.config import Config, ConfigError, ConsumerSettings, load
 from bridge.consumer import armcarrier
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
-from bridge.consumer.sources import eventgrid
+from bridge.consumer.sources import eventgrid, resourcegraph
 from bridge.consumer.state import Store
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.notify import kinds as notify_kinds
@@ -49,6 +49,12 @@ def load_config(
     sinks.check_config(config, decision_sinks(config), "consumer.sinks")
     notify_kinds.check_config(config)
     eventgrid.check_settings(config.eventgrid, config.eventhubs.name)
+    grid, local = config.eventgrid, config.consumer.hub
+    if grid.enabled and local is not None and Path(grid.hub).resolve() == Path(local).resolve():
+        raise ConfigError(f"eventgrid.hub {grid.hub!r} is the local hub the agents send to "
+                          "(consumer.hub): a VM could then send what reads as Azure's word, so "
+                          "give Event Grid's deliveries a directory of their own")  # fmt: skip
+    resourcegraph.check_settings(config.eventgrid)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:

@@ -77,6 +77,8 @@ class Simulator:
         # The access tokens issued, and for which resource: what a test double of a service
         # checks a bearer token against (the ARM double, tests/doubles/arm.py).
         self.issued: dict[str, str] = {}
+        # Told every change, under the simulator's lock (the Event Grid double, issue 36).
+        self.observers: list[Callable[[Sequence[Change]], None]] = []
 
     @property
     def vm_names(self) -> list[str]:
@@ -254,6 +256,9 @@ class Simulator:
     def _log(self, changes: Sequence[Change]) -> None:
         for change in changes:
             logger.info("%s", self._describe(change))
+        if changes:
+            for observer in list(self.observers):
+                observer(changes)
 
     def _describe(self, change: Change) -> str:
         what = f"Event {change.event_id} ({change.event_type}) for {', '.join(change.resources)}"

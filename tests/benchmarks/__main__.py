@@ -26,6 +26,7 @@ from tests.benchmarks import (
     bench_footprint,
     bench_node_drain,
     bench_quota,
+    bench_reconciler,
 )
 from tests.benchmarks.report import render_table
 from tests.benchmarks.rig import ROOT, Options, Result, say
@@ -42,6 +43,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "9": bench_node_drain.run,
     "10": bench_eventgrid.run,
     "11": bench_arm_ack.run,
+    "12": bench_reconciler.run,
 }
 
 

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bridge import schema
 from bridge.commands import signing
 from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.eventgrid import EventGridDouble, GridFaults
 from bridge.simulator.fleet import EventSpec, Fleet
 from bridge.simulator.vms import vms_from_spec
 from tests.chaos.twins import Twins
@@ -53,6 +54,9 @@ rules:
 # VMs are alive while heard from within 20 s (agents heartbeat every 5 s): a twin deleted
 # after its Preempt started has its budget slot released within the run (tests/chaos/twins).
 CONSUMER_TOML = "[consumer]\napproval_timeout = 4\nreevaluate_interval = 0.5\nalive_within = 20\n"
+# Azure's view beside the agents' (issue 36): every event also comes through the Event Grid
+# double, late, twice, out of order or never; the budgets must hold all the same.
+GRID_FAULTS = GridFaults(delay=0.5, duplicate=0.2, reorder=0.2, reorder_by=2.0, loss=0.1)
 HEARTBEAT_INTERVAL = "5"
 POLL_INTERVAL = "0.25"
 
@@ -93,6 +97,8 @@ class Rig:
         self.consumer_runs: list[Proc] = []
         subscription = self.sim.fleet.vm(VMS[0]).subscription_id
         self.twins = Twins(self.hub, subscription, random.Random(f"twins-{seed}"))
+        self.subscription, self.grid_hub = subscription, root / "eventgrid"
+        self.grid = EventGridDouble(self.sim, self.grid_hub, GRID_FAULTS, seed=seed)
 
     def plant_hostile(self, vm: str, n: int) -> list[Path]:
         """Entries a hostile local user could put in `vm`'s command channel: a link to a
@@ -111,6 +117,7 @@ class Rig:
 
     def start(self) -> Rig:
         self.server.start()
+        self.grid.start()
         self.broker.start()
         self.logs.start()
         signing_key, verify_key = self._keys()
@@ -136,7 +143,9 @@ class Rig:
     def consumer_argv(self) -> list[str]:
         policy, config = self.root / "policy.yaml", self.root / "consumer.toml"
         policy.write_text(POLICY_YAML, encoding="utf-8")
-        config.write_text(CONSUMER_TOML, encoding="utf-8")
+        grid = (f'\n[eventgrid]\nenabled = true\nhub = "{self.grid_hub}"\n'
+                f'subscriptions = ["{self.subscription}"]\n')  # fmt: skip
+        config.write_text(CONSUMER_TOML + grid, encoding="utf-8")
         return ["consume", "--hub", str(self.hub), "--commands", f"local:{self.commands}",
                 "--state", f"sqlite:{self.fleet_db}", "--policy", str(policy),
                 "--state-dir", str(self.root / "consumer"), "--sink", f"jsonl:{self.decisions}",
@@ -172,6 +181,7 @@ class Rig:
 
     def close(self) -> None:
         self.procs.close()
+        self.grid.stop()
         self.logs.stop()
         self.broker.stop()
         self.server.stop()

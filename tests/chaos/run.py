@@ -300,6 +300,9 @@ def run_chaos(root: Path, *, cycles: int, seed: int) -> inv.Report:
         "SIGKILLs (agent, consumer)": f"{chaos.kills['agent']}, {chaos.kills[CONSUMER]}",
         "process starts": len(rig.procs._procs),
         "faults and outages": dict(sorted(chaos.faults_used.items())),
+        "Event Grid deliveries (sent, lost, duplicated, reordered)": ", ".join(
+            str(rig.grid.counts[k]) for k in ("sent", "lost", "duplicated", "reordered")
+        ),
         **report.numbers,
         "duration": f"{time.monotonic() - began:.0f} s",
     }

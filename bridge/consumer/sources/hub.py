@@ -19,6 +19,7 @@ from pathlib import Path
 from bridge.consumer.reading import Position, local_partition
 from bridge.consumer.sources.batches import (
     BatchRetry,
+    BodyHandler,
     Message,
     PoisonHandler,
     RecordHandler,
@@ -43,13 +44,16 @@ def run_local(
     poison: PoisonHandler = log_poison,
     backoff_factory: Callable[[], Backoff] = Backoff,
     on_done: Callable[[str, list[dict[str, object]]], None] | None = None,
+    bodies: BodyHandler | None = None,
 ) -> None:
     """Hand every record of the hub to `handler`, batch by batch, until `stop` is set.
 
     Each partition resumes after `group`'s checkpoint, which moves only after the handler
     returned. One consumer per group: two in the same group would both handle everything.
+    `bodies`: the messages are not records (Event Grid's deliveries): their bodies go there.
     """
-    retry = BatchRetry(handler, poison, stop, f"local hub {hub_dir}", backoff_factory(), on_done)
+    retry = BatchRetry(handler, poison, stop, f"local hub {hub_dir}", backoff_factory(), on_done,
+                       bodies=bodies)  # fmt: skip
     _LocalConsumer(Path(hub_dir), group, batch_size, retry, backoff_factory()).run(poll_interval)
 
 

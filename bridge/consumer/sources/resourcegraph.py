@@ -1,0 +1,483 @@
+"""Azure Resource Graph as the second source's reconciler (issue 36, item 4): a periodic query
+of the scheduled events and the VMs' health Azure holds, which catches what a lost Event Grid
+delivery missed. Event Grid delivers at least once only in the happy case; a delivery that is
+dropped (a dead-lettered subscription, an hour of hub outage past its retention) would leave an
+agent-less VM's event counted by nothing, or a VM held down after Azure said it was back.
+
+The system topics are Azure Resource Notifications: the rows they announce are the rows of
+Resource Graph's tables of the same names, so a row is read as the `resourceInfo` of a
+delivery and goes through the very same parser, refusals and fold (bridge.consumer.sources.
+eventgrid, bridge.consumer.secondsource). What Microsoft documents:
+
+- Scheduled events: table `maintenanceresources`, type `microsoft.maintenance/scheduledevents`
+  (the `resourceInfo.type` of the MaintenanceResources topic; learn.microsoft.com/azure/
+  virtual-machines/linux/scheduled-events-event-grid, "Event Grid and Resource Graph").
+- Health: table `healthresources`, type `microsoft.resourcehealth/availabilitystatuses`, the
+  VM's id in `properties.targetResourceId` and its state in `properties.availabilityState`
+  (learn.microsoft.com/azure/virtual-machines/resource-graph-availability and
+  learn.microsoft.com/azure/service-health/resource-graph-health-samples).
+- The API: POST https://management.azure.com/providers/Microsoft.ResourceGraph/resources
+  ?api-version=2022-10-01 (the newest GA version; learn.microsoft.com/rest/api/azureresourcegraph/
+  resourcegraph/resources/resources), body {"subscriptions", "query", "options": {"$top",
+  "$skipToken", "resultFormat": "objectArray"}}, at most 1,000 rows a page, the next page's
+  `$skipToken` in the answer.
+- Throttling (learn.microsoft.com/azure/governance/resource-graph/concepts/
+  guidance-for-throttled-requests): a quota per user, "at most 15 queries within every
+  5-second window", said in every answer by `x-ms-user-quota-remaining` and
+  `x-ms-user-quota-resets-after` (hh:mm:ss); past it, 429 with Retry-After. This client waits
+  out a spent quota before its next page and retries a 429 after Retry-After, through
+  bridge.retry's backoff.
+
+An answer, as the REST reference shapes it, with rows of the fields the pages above give (a
+scheduled-events page; a row's properties are the IMDS fields of the Event Grid sample in
+bridge.consumer.sources.eventgrid; the skip token is opaque):
+
+    {"totalRecords": 2, "count": 1, "resultTruncated": "false",
+     "$skipToken": "<opaque, base64>",
+     "facets": [],
+     "data": [{"id": "/subscriptions/{subscription-id}/resourceGroups/{rg-name}/providers/
+                      Microsoft.Compute/virtualMachineScaleSets/{vmss-name}/providers/
+                      microsoft.maintenance/scheduledevents/{event-id}",
+               "name": "{event-id}", "type": "microsoft.maintenance/scheduledevents",
+               "location": "eastus", "subscriptionId": "{subscription-id}",
+               "resourceGroup": "{rg-name}",
+               "properties": {"EventId": "{event-id}", "EventStatus": "Scheduled",
+                 "EventType": "Reboot", "ResourceType": "VirtualMachine",
+                 "Resources": ["myvmss_1"], "EventSource": "Platform",
+                 "NotBefore": "Mon, 19 Sep 2025 18:29:47 GMT", "DurationInSeconds": -1,
+                 "Description": "Virtual machine is going to be restarted as requested by
+                                 authorized user.", "ScheduledEventApiVersion": "2020-07-01"}}]}
+
+and a health row (healthresources):
+
+    {"id": "/subscriptions/{subscription-id}/resourceGroups/{rg-name}/providers/
+            Microsoft.Compute/virtualMachines/{vm-name}/providers/Microsoft.ResourceHealth/
+            availabilityStatuses/current",
+     "name": "current", "type": "microsoft.resourcehealth/availabilitystatuses",
+     "subscriptionId": "{subscription-id}", "resourceGroup": "{rg-name}",
+     "properties": {"targetResourceId": "/subscriptions/{subscription-id}/resourceGroups/
+                      {rg-name}/providers/Microsoft.Compute/virtualMachines/{vm-name}",
+                    "targetResourceType": "Microsoft.Compute/virtualMachines",
+                    "availabilityState": "Unavailable",
+                    "occurredTime": "2023-07-24T19:20:37.9245071Z"}}
+
+What a pass feeds (`plan`), so that a row never undoes what Event Grid said since: Resource
+Graph lags Event Grid by minutes, so an event's row is dated `LAG` back and folded only when
+it tells more than the fleet state holds (no such event; a later status; a Completed or
+Canceled of an event still open; other names or another NotBefore at the same status), and a
+health row only when it is newer (`occurredTime`, as deliveries are folded). A row's absence
+says nothing: it never ends an event or frees a VM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bridge.config import ConfigError, EventGridSettings
+from bridge.consumer.sources.eventgrid import (
+    HEALTH_CHANGED,
+    HealthChange,
+    Parsed,
+    Trust,
+)
+from bridge.records import iso
+from bridge.retry import (
+    Backoff,
+    DeliveryError,
+    PermanentError,
+    RetryableError,
+    ThrottledError,
+    parse_retry_after,
+)
+
+if TYPE_CHECKING:
+    from azure.core.credentials import TokenCredential
+
+    from bridge import recordtypes as rt
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "2022-10-01"
+PATH = "/providers/Microsoft.ResourceGraph/resources"
+SCHEDULED_EVENTS = "microsoft.maintenance/scheduledevents"
+AVAILABILITY = "microsoft.resourcehealth/availabilitystatuses"
+PAGE_ROWS = 1000  # the most a page may hold
+MAX_PAGES = 50  # 50,000 rows a query a pass: a bound on one pass's cost, logged when reached
+MAX_ANSWER_BYTES = 16 * 1024 * 1024
+ATTEMPTS = 5  # tries of one page before the pass gives up (the next pass starts again)
+TIMEOUT = (10.0, 60.0)  # connect, read
+LOWEST_INTERVAL = 60.0
+# Resource Graph's own delay: "you should see the updated results within 5 minutes in
+# general" (resource-graph-health-samples). A row's event is dated this far back, so that a
+# delivery Azure made since (read later, from a hub's backlog after a restart) is newer and
+# wins in the fold, as Event Grid's word moves only forward in time.
+LAG = timedelta(minutes=5)
+_GROUP = re.compile(r"^[-\w._()]{1,90}$")
+_ID = re.compile(r"^/subscriptions/[-\w._()/]{1,400}$")
+MAX_HELD = 500  # VMs held down named in the health query; past it, every row is read
+_RANK = {"Scheduled": 0, "Started": 1, "Completed": 2, "Canceled": 2}
+_UNHEALTHY = ("Unavailable", "Degraded")
+
+
+def check_settings(settings: EventGridSettings) -> None:
+    """ConfigError when eventgrid.reconcile_interval cannot work (checked at start, exit 2)."""
+    interval = settings.reconcile_interval
+    if interval == 0:
+        return
+    if not settings.enabled:
+        raise ConfigError("eventgrid.reconcile_interval needs eventgrid.enabled: the reconciler "
+                          "feeds the second source's intake")  # fmt: skip
+    if not LOWEST_INTERVAL <= interval <= 86400:
+        raise ConfigError(f"eventgrid.reconcile_interval {interval:g} is neither 0 (off) nor from "
+                          f"{LOWEST_INTERVAL:g} to 86400 seconds (Resource Graph's quota is "
+                          "shared by every query of the identity)")  # fmt: skip
+    if not settings.resource_graph_url.startswith("https://"):
+        raise ConfigError(f"eventgrid.resource_graph_url {settings.resource_graph_url!r} is not "
+                          "an https:// address")  # fmt: skip
+
+
+def queries(trust: Trust, held_down: Sequence[str] = ()) -> dict[str, str]:
+    """The two queries, by the table they read, narrowed to eventgrid.resource_groups. Health
+    reads the VMs that are not Available and those of `held_down` (the resource ids the
+    fleet state holds Unavailable or Degraded, lower case), whose Available is news: every
+    VM's row each pass would be a kilobyte a VM (benchmark 12)."""
+    names = sorted({g.rpartition("/")[2] for g in trust.resource_groups})
+    narrow = ""
+    if names and all(_GROUP.match(n) for n in names):
+        narrow = " | where resourceGroup in~ (" + ", ".join(f"'{n}'" for n in names) + ")"
+    columns = " | project id, name, type, location, subscriptionId, resourceGroup, properties"
+    found = {
+        "maintenanceresources": f"maintenanceresources | where type =~ '{SCHEDULED_EVENTS}'"
+        f"{narrow}{columns}"
+    }
+    if trust.health:
+        state = "tostring(properties.availabilityState) != 'Available'"
+        ids = sorted({i.lower() for i in held_down})
+        if len(ids) > MAX_HELD or not all(_ID.match(i) for i in ids):
+            state = ""  # every row: a query of its own size, still bounded by the pages
+        elif ids:
+            listed = ", ".join(f"'{i}'" for i in ids)
+            state += f" or tolower(tostring(properties.targetResourceId)) in ({listed})"
+        found["healthresources"] = (
+            f"healthresources | where type =~ '{AVAILABILITY}'{narrow}"
+            + (f" | where {state}" if state else "")
+            + columns
+        )
+    return found
+
+
+class Transport(Protocol):
+    """One POST: (status, headers lower-cased, body), the body read up to `limit` bytes
+    (PermanentError past it); RetryableError when the server cannot be reached."""
+
+    def post(
+        self, url: str, headers: Mapping[str, str], body: bytes, limit: int
+    ) -> tuple[int, dict[str, str], bytes]: ...
+
+
+class RequestsTransport:
+    """requests, with its proxies and CA bundle from the environment, a deadline per read."""
+
+    def __init__(self) -> None:
+        import requests  # noqa: PLC0415 - only when the reconciler is on
+
+        self._requests = requests
+        self._session = requests.Session()
+
+    def post(
+        self, url: str, headers: Mapping[str, str], body: bytes, limit: int
+    ) -> tuple[int, dict[str, str], bytes]:
+        try:
+            with self._session.post(url, data=body, headers=dict(headers), timeout=TIMEOUT,
+                                    stream=True, allow_redirects=False) as answer:  # fmt: skip
+                data = bytearray()
+                for chunk in answer.iter_content(64 * 1024):
+                    data += chunk
+                    if len(data) > limit:
+                        raise PermanentError(f"Resource Graph's answer is over {limit} bytes")
+                found = {k.lower(): v for k, v in answer.headers.items()}
+                return answer.status_code, found, bytes(data)
+        except self._requests.RequestException as err:
+            raise RetryableError(f"cannot reach Resource Graph: {err}") from err
+
+    def close(self) -> None:
+        self._session.close()
+
+
+@dataclass
+class Cost:
+    """What the reconciler has cost so far: requests, bytes, rows, throttled answers."""
+
+    requests: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    rows: int = 0
+    throttled: int = 0
+    passes: int = 0
+    failed_passes: int = 0
+    fed_events: int = 0
+    fed_health: int = 0
+
+
+class ResourceGraph:
+    """Pages of one query's rows, with the identity's token, waiting out the quota."""
+
+    def __init__(
+        self,
+        url: str,
+        credential: TokenCredential,
+        transport: Transport,
+        *,
+        sleep: Callable[[float], bool] | None = None,
+        backoff: Backoff | None = None,
+    ) -> None:
+        """`sleep(seconds)` waits, False when the reconciler is stopping (no more requests);
+        by default it waits on `stop`, which Reconciler.run sets to its own."""
+        self.url = url.rstrip("/")
+        self.scope = f"{self.url}/.default"
+        self._credential, self._transport = credential, transport
+        self.stop = threading.Event()
+        self._sleep = sleep or (lambda seconds: not self.stop.wait(seconds))
+        self._backoff = backoff or Backoff(initial=2.0, maximum=60.0)
+        self.cost = Cost()
+
+    def rows(self, query: str, subscriptions: Sequence[str]) -> Iterator[dict[str, Any]]:
+        """Every row of `query` over `subscriptions`, page by page (at most MAX_PAGES)."""
+        token: str | None = None
+        for _ in range(MAX_PAGES):
+            options: dict[str, Any] = {"$top": PAGE_ROWS, "resultFormat": "objectArray"}
+            if token:
+                options["$skipToken"] = token
+            page = self._page({"subscriptions": list(subscriptions), "query": query,
+                               "options": options})  # fmt: skip
+            data = page.get("data")
+            if not isinstance(data, list):
+                raise PermanentError("Resource Graph's answer has no data array")
+            for row in data:
+                if isinstance(row, dict):
+                    self.cost.rows += 1
+                    yield row
+            next_token = page.get("$skipToken")
+            if not isinstance(next_token, str) or not next_token:
+                return
+            token = next_token
+        log.warning("Resource Graph's query %s has more than %d pages of %d rows: the rest is "
+                    "left for Event Grid's deliveries (narrow eventgrid.resource_groups)",
+                    query.split(" ", 1)[0], MAX_PAGES, PAGE_ROWS)  # fmt: skip
+
+    def _page(self, body: dict[str, Any]) -> dict[str, Any]:
+        sent = json.dumps(body).encode()
+        self._backoff.reset()
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return self._post(sent)
+            except (RetryableError, PermanentError) as err:
+                if isinstance(err, PermanentError) or attempt == ATTEMPTS:
+                    raise
+                delay = self._backoff.delay_for(err)
+                log.debug("Resource Graph: %s; trying again in %.1f s", err, delay)
+                if not self._sleep(delay):
+                    raise RetryableError("stopping") from err
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _post(self, sent: bytes) -> dict[str, Any]:
+        token = self._credential.get_token(self.scope).token
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self.cost.requests += 1
+        self.cost.bytes_sent += len(sent)
+        status, headers_in, data = self._transport.post(
+            f"{self.url}{PATH}?api-version={API_VERSION}", headers, sent, MAX_ANSWER_BYTES
+        )
+        self.cost.bytes_received += len(data)
+        if status == 429:
+            self.cost.throttled += 1
+            raise ThrottledError("Resource Graph throttled the query (429)",
+                                 parse_retry_after(headers_in.get("retry-after")))  # fmt: skip
+        if status >= 500 or status == 408:
+            raise RetryableError(f"Resource Graph answered {status}")
+        if status != 200:
+            raise PermanentError(f"Resource Graph answered {status}: {_error(data)}; the "
+                                 "consumer's identity needs Reader on "
+                                 "eventgrid.subscriptions")  # fmt: skip
+        self._mind_quota(headers_in)
+        try:
+            page = json.loads(data)
+        except ValueError as err:
+            raise PermanentError(f"Resource Graph's answer is not JSON: {err}") from err
+        if not isinstance(page, dict):
+            raise PermanentError("Resource Graph's answer is not a JSON object")
+        return page
+
+    def _mind_quota(self, headers: Mapping[str, str]) -> None:
+        """A spent quota is waited out before the next request, not learnt from a 429."""
+        if headers.get("x-ms-user-quota-remaining", "").strip() != "0":
+            return
+        wait = _hms(headers.get("x-ms-user-quota-resets-after", ""))
+        if wait:
+            self._sleep(min(wait, 60.0))
+
+
+def _hms(text: str) -> float:
+    parts = text.strip().split(":")
+    try:
+        hours, minutes, seconds = (float(p) for p in parts) if len(parts) == 3 else (0, 0, 0)
+    except ValueError:
+        return 0.0
+    return max(0.0, hours * 3600 + minutes * 60 + seconds)
+
+
+def _error(data: bytes) -> str:
+    try:
+        found = json.loads(data).get("error", {})
+        return f"{found.get('code', '?')}: {str(found.get('message', ''))[:300]}"
+    except (ValueError, AttributeError):
+        return data[:200].decode("utf-8", "replace")
+
+
+def as_delivery(row: Mapping[str, Any], table: str, now: datetime) -> str:
+    """A row as the delivery of its system topic that would have told it, for `parse`."""
+    subscription = row.get("subscriptionId")
+    event_type = HEALTH_CHANGED if table == "healthresources" else (
+        "microsoft.maintenance/scheduledevents/write")  # fmt: skip
+    return json.dumps({
+        "id": f"resource-graph:{row.get('id')}",
+        "topic": f"/subscriptions/{subscription}" if isinstance(subscription, str) else None,
+        "subject": row.get("id"),
+        "eventType": event_type,
+        "eventTime": iso(now),
+        "data": {"resourceInfo": dict(row)},
+    })  # fmt: skip
+
+
+@dataclass
+class Plan:
+    """What one pass folds: the rows that tell more than the fleet state holds."""
+
+    events: list[rt.Event] = field(default_factory=list)
+    health: list[HealthChange] = field(default_factory=list)
+
+
+def plan(
+    parsed: Parsed,
+    events_known: Mapping[str, Mapping[str, Any]],
+    health_known: Mapping[str, Mapping[str, Any]],
+) -> Plan:
+    """The rows of `parsed` to fold: `events_known` the stored event documents by EventId
+    (lower case), `health_known` the stored health documents by resource id (lower case)."""
+    chosen = Plan()
+    for record in parsed.events:
+        held = events_known.get(record["EventId"].lower())
+        if _tells_more(record, held):
+            chosen.events.append(record)
+    for change in parsed.health:
+        doc = health_known.get(change.resource.id.lower())
+        if doc is None:
+            if change.state in _UNHEALTHY:  # Available of a VM never held down: nothing new
+                chosen.health.append(change)
+            continue
+        if iso(change.at) > str(doc.get("at", "")):
+            chosen.health.append(change)
+    return chosen
+
+
+def _tells_more(record: rt.Event, held: Mapping[str, Any] | None) -> bool:
+    status = record["Transition"]
+    rank = _RANK[status]
+    if held is None:
+        return rank < 2  # an end of an event nobody holds ends nothing
+    azure = held.get("azure")
+    if not isinstance(azure, Mapping):
+        return True
+    was = _RANK.get(str(azure.get("status")), -1)
+    if rank != was:
+        return rank > was
+    if rank == 2:
+        return False
+    names = sorted(n.lower() for n in record["Resources"])
+    return names != sorted(str(n).lower() for n in azure.get("resources") or []) or (
+        record["NotBefore"] != azure.get("not_before")
+    )
+
+
+class Intake(Protocol):
+    """What the reconciler feeds (bridge.consumer.secondsource.EventGridIntake)."""
+
+    trust: Trust
+
+    def take(self, bodies: Sequence[str], what: str = ...) -> Parsed: ...
+
+    def fold(self, events: Sequence[rt.Event], health: Sequence[HealthChange]) -> None: ...
+
+
+class Known(Protocol):
+    """The fleet state's view the plan compares rows with."""
+
+    def events(self, event_ids: Sequence[str]) -> Mapping[str, Mapping[str, Any]]: ...
+
+    def health(self) -> Mapping[str, Mapping[str, Any]]: ...
+
+
+class Reconciler:
+    """One pass: both queries, their rows through the intake's parser, `plan`, the fold."""
+
+    def __init__(self, graph: ResourceGraph, intake: Intake, known: Known,
+                 now: Callable[[], datetime]) -> None:  # fmt: skip
+        self.graph, self.intake, self.known, self._now = graph, intake, known, now
+
+    @property
+    def cost(self) -> Cost:
+        return self.graph.cost
+
+    def reconcile(self) -> Plan:
+        """One pass; DeliveryError when a query failed (nothing of that pass is folded)."""
+        trust = self.intake.trust
+        subscriptions = sorted(trust.subscriptions)
+        bodies: list[str] = []
+        now = self._now() - LAG
+        health = self.known.health() if trust.health else {}
+        held = [i for i, doc in health.items() if doc.get("state") in _UNHEALTHY]
+        try:
+            for table, query in queries(trust, held).items():
+                bodies += [as_delivery(row, table, now)
+                           for row in self.graph.rows(query, subscriptions)]  # fmt: skip
+        except DeliveryError:
+            self.cost.failed_passes += 1
+            raise
+        finally:
+            self.cost.passes += 1
+        parsed = self.intake.take(bodies, "a Resource Graph row")
+        chosen = plan(parsed, self.known.events([e["EventId"] for e in parsed.events]), health)
+        if chosen.events or chosen.health:
+            log.info("Resource Graph told of %d event changes and %d health changes Event Grid "
+                     "had not delivered: folded in", len(chosen.events),
+                     len(chosen.health))  # fmt: skip
+            self.intake.fold(chosen.events, chosen.health)
+        self.cost.fed_events += len(chosen.events)
+        self.cost.fed_health += len(chosen.health)
+        return chosen
+
+    def run(self, stop: threading.Event, interval: float) -> None:
+        """A pass every `interval` seconds until `stop`; a failed pass is logged and the
+        next one tries again (a person acts on a run of failures, said once)."""
+        failing = False
+        self.graph.stop = stop
+        while not stop.is_set():
+            try:
+                self.reconcile()
+                if failing:
+                    log.info("Resource Graph answers again: the reconciler's passes go on")
+                failing = False
+            except DeliveryError as err:
+                if not failing:
+                    log.warning("the Resource Graph reconciler's pass failed: %s; Event Grid's "
+                                "deliveries still count, the next pass is in %g s", err,
+                                interval)  # fmt: skip
+                failing = True
+            stop.wait(interval)

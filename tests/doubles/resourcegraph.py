@@ -1,0 +1,176 @@
+"""An HTTPS double of Azure Resource Graph's query API, for the consumer's reconciler (issue 36).
+
+No Resource Graph emulator exists, so this answers what the service answers on the wire:
+
+    POST /providers/Microsoft.ResourceGraph/resources?api-version=2022-10-01
+    Authorization: Bearer <token>
+    {"subscriptions": [...], "query": "...", "options": {"$top", "$skipToken", "resultFormat"}}
+
+    200 {"totalRecords", "count", "resultTruncated": "false", "facets": [], "data": [...],
+         "$skipToken" while rows remain}, with x-ms-user-quota-remaining and
+         x-ms-user-quota-resets-after (hh:mm:ss) on every answer
+    401 {"error": {"code": "AuthenticationFailed", ...}} without a bearer token
+    400 {"error": {"code": "BadRequest", ...}} without api-version, or a body that is not a query
+    429 {"error": {"code": "RateLimiting", ...}} with Retry-After, past the quota (`quota`
+        queries a `window` of seconds, 15 in 5 s as documented) or while scripted (`throttle`)
+
+over TLS on 127.0.0.1 with a throwaway CA (`ca_bundle`, for REQUESTS_CA_BUNDLE). The query is
+not KQL-evaluated: its first word names the table (maintenanceresources, healthresources),
+whose rows are what the test put; the request's subscriptions narrow them, and so do the two
+clauses the reconciler writes: `resourceGroup in~ ('a', 'b')`, and `availabilityState) !=
+'Available' or tolower(tostring(properties.targetResourceId)) in ('id', ...)`. `requests`
+lists what came (never the token).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from tests.doubles.httpdouble import Asked, Reply, listener
+from tests.doubles.tls import ThrowawayCertificate
+
+PATH = "/providers/Microsoft.ResourceGraph/resources"
+_GROUPS = re.compile(r"resourceGroup in~ \(([^)]*)\)")
+_HELD = re.compile(r"targetResourceId\)\) in \(([^)]*)\)")
+
+
+@dataclass(frozen=True)
+class GraphRequest:
+    """One request as the double saw it."""
+
+    table: str
+    page: int  # 0 for the first page
+    authorized: bool
+    status: int
+    bytes_in: int
+    bytes_out: int
+
+
+class ResourceGraphDouble:
+    """Resource Graph on https://127.0.0.1:<port> holding `tables` ({table: rows}).
+
+    with ResourceGraphDouble() as graph:
+        graph.tables["maintenanceresources"].append(row)
+        ResourceGraph(graph.url, credential, RequestsTransport())  # REQUESTS_CA_BUNDLE set
+    """
+
+    def __init__(self, *, quota: int = 15, window: float = 5.0) -> None:
+        self.tables: dict[str, list[dict[str, Any]]] = {
+            "maintenanceresources": [], "healthresources": []}  # fmt: skip
+        self.quota, self.window = quota, window
+        self.throttle = 0  # the next `throttle` queries get 429, before the quota's count
+        self.retry_after = 1
+        self.requests: list[GraphRequest] = []
+        self._lock = threading.Lock()
+        self._spent: list[float] = []
+        self._certificate = ThrowawayCertificate("resource-graph-double-")
+        self._listener = listener(
+            self._serve, "resource-graph-double", tls=self._certificate.context
+        )
+
+    def __enter__(self) -> ResourceGraphDouble:
+        self._listener.up()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._listener.down()
+        self._certificate.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self._listener.port}"
+
+    @property
+    def ca_bundle(self) -> Path:
+        return self._certificate.ca_bundle
+
+    def _note(self, request: GraphRequest) -> None:
+        with self._lock:
+            self.requests.append(request)
+
+    def _serve(self, asked: Asked) -> Reply:
+        token = asked.headers.get("authorization", "")
+        status, answer, headers, table, page = self._answer(asked.target, token, asked.body)
+        data = json.dumps(answer).encode()
+        bearer = token.startswith("Bearer ") and len(token) > 7
+        self._note(GraphRequest(table, page, bearer, status, len(asked.body), len(data)))
+        return Reply(status, data, (*headers, ("Content-Type", "application/json; charset=utf-8")))
+
+    def _answer(
+        self, path: str, token: str, body: bytes
+    ) -> tuple[int, dict[str, Any], list[tuple[str, str]], str, int]:
+        parts = urlsplit(path)
+        if parts.path != PATH or "api-version" not in parse_qs(parts.query):
+            return 400, _error("BadRequest", "no api-version, or not the query API"), [], "", 0
+        if not token.startswith("Bearer ") or len(token) <= 7:
+            return 401, _error("AuthenticationFailed", "Authentication failed. The "
+                               "'Authorization' header is missing."), [], "", 0  # fmt: skip
+        try:
+            request = json.loads(body)
+            query, subscriptions = str(request["query"]), set(request["subscriptions"])
+            options = request.get("options") or {}
+        except (ValueError, KeyError, TypeError):
+            return 400, _error("BadRequest", "the body is not a query request"), [], "", 0
+        table = query.split("|", 1)[0].strip().lower()
+        offset = int(base64.b64decode(options["$skipToken"])) if options.get("$skipToken") else 0
+        page = offset // max(1, int(options.get("$top", 1000)))
+        with self._lock:
+            now = time.monotonic()
+            self._spent = [t for t in self._spent if now - t < self.window]
+            if self.throttle > 0 or len(self._spent) >= self.quota:
+                self.throttle = max(0, self.throttle - 1)
+                wait = str(self.retry_after)
+                busy = _error("RateLimiting", "Please provide below info when asking for "
+                              "support: timestamp = ...")  # fmt: skip
+                return 429, busy, [("Retry-After", wait)], table, page
+            self._spent.append(now)
+            remaining = self.quota - len(self._spent)
+            resets = max(0.0, self.window - (now - self._spent[0]))
+            rows = [r for r in self.tables.get(table, [])
+                    if r.get("subscriptionId") in subscriptions]  # fmt: skip
+        if "availabilityState) != 'Available'" in query:
+            held = _HELD.search(query)
+            ids = {i.strip().strip("'") for i in held.group(1).split(",")} if held else set()
+            rows = [r for r in rows if r["properties"].get("availabilityState") != "Available"
+                    or str(r["properties"].get("targetResourceId", "")).lower() in ids]  # fmt: skip
+        groups = _GROUPS.search(query)
+        if groups:
+            names = {g.strip().strip("'").lower() for g in groups.group(1).split(",")}
+            rows = [r for r in rows if str(r.get("resourceGroup", "")).lower() in names]
+        top = min(1000, int(options.get("$top", 1000)))
+        chunk = rows[offset : offset + top]
+        answer: dict[str, Any] = {"totalRecords": len(rows), "count": len(chunk), "data": chunk,
+                                  "facets": [], "resultTruncated": "false"}  # fmt: skip
+        if offset + top < len(rows):
+            answer["$skipToken"] = base64.b64encode(str(offset + top).encode()).decode()
+        resets_after = time.strftime("%H:%M:%S", time.gmtime(resets))
+        headers = [("x-ms-user-quota-remaining", str(remaining)),
+                   ("x-ms-user-quota-resets-after", resets_after)]  # fmt: skip
+        return 200, answer, headers, table, page
+
+
+def _error(code: str, message: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message}}
+
+
+def row_of(delivery: str) -> dict[str, Any]:
+    """The Resource Graph row an Event Grid delivery (tests/support/eventgrid) announces."""
+    info = dict(json.loads(delivery)["data"]["resourceInfo"])
+    parts = info["id"].split("/")
+    info["type"] = info["type"].lower()
+    info["subscriptionId"], info["resourceGroup"] = parts[2], parts[4]
+    return info

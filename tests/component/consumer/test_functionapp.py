@@ -636,7 +636,7 @@ def test_a_state_that_does_not_answer_is_a_500_that_says_so_and_a_body_is_read(
     with serving(Tenant()) as tenant:
         rig = entra_rig(tenant, tmp_path)
         try:
-            monkeypatch.setattr(rig.backend.consumer(), "open_events", broken)
+            monkeypatch.setattr(rig.backend.consumer().desk, "open_events", broken)
             failed = http(rig, "/", {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()})
             assert failed.status_code == 500
             assert b"the fleet state did not answer" in failed.get_body()

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, time, timedelta, timezone
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo
 
 ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold", "ask"]
@@ -242,7 +242,13 @@ class Pause:
         if scope is None:
             return True
         kind, value = scope
-        return any(scope_value_matches(value, group_key(kind, vm)) for vm in vms)
+        # A pool's name a heartbeat says puts no VM in a budget's group within a scale set
+        # (`group_key`), but stopping a node that says it is in the paused pool is safe.
+        return any(
+            scope_value_matches(value, group_key(kind, vm))
+            or (kind == "node_pool" and scope_value_matches(value, vm.node_pool))
+            for vm in vms
+        )
 
 
 def group_kind(text: str) -> str | None:
@@ -938,15 +944,18 @@ def group_key(group: str, vm: VmView) -> str | None:
         return None if number is None else f"{scope}/{group.replace('_', ' ')} {number}"
     scale_set = f"{sub}/{vm.resource_group}/{vm.scale_set}" if vm.scale_set else None
     if group == "node_pool":
-        # A heartbeat's pool is the node's own word (a label): it never reaches past the VM's
-        # scale set, or a node could fill or enlarge another pool's group (issue 37), and two
-        # clusters' pools of one name in one resource group would merge. AKS's tag, which
-        # Azure keeps, names the pool where the VM has one. A VM that names no pool is in its
-        # scale set's group.
-        pool = pool_of(vm)
-        if pool is None:
-            return scale_set
-        return f"{scale_set or f'{sub}/{vm.resource_group}'}/pool {pool}"
+        # A heartbeat's pool is the node's own word (a label): within a scale set it chooses
+        # nothing, or a node (or a forged heartbeat) could leave its pool's group for one of its
+        # own and take a second slot (issue 37); nor does it reach past the scale set, or it
+        # could fill or enlarge another pool's group, and two clusters' pools of one name in
+        # one resource group would merge. AKS's tag, which Azure keeps, names the pool where
+        # the VM has one; else a scale set is one pool. Outside scale sets the label is all
+        # there is.
+        tag = _aks_pool(vm)
+        if scale_set is not None:
+            return f"{scale_set}/pool {tag}" if tag else scale_set
+        pool = tag or vm.node_pool
+        return None if pool is None else f"{sub}/{vm.resource_group}/pool {pool}"
     keys = {
         "fleet": "fleet",
         "scale_set": scale_set,
@@ -966,44 +975,65 @@ def _aks_pool(vm: VmView) -> str | None:
 
 
 def pool_of(vm: VmView) -> str | None:
-    """The node pool `vm` counts in: AKS's tag where the VM has it, else its heartbeat's."""
+    """The node pool `vm` is known by: AKS's tag where the VM has it, else its heartbeat's
+    (which puts it in a group only outside scale sets, `group_key`)."""
     return _aks_pool(vm) or vm.node_pool
+
+
+# Pools' VMs by where they are and what they are split by, each part's label, and the sentence.
+_Split = tuple[Mapping[Any, Mapping[Any, list[VmView]]], Callable[[VmView], str], str]
 
 
 def pool_disputes(vms: Iterable[VmView]) -> list[str]:
     """What the node pools the heartbeats name and what the VMs' scale sets and AKS tags prove
     disagree on, a sentence each (the consumer logs them at WARNING): a pool named by the nodes
-    of more than one scale set (or of one and of none) of a resource group, and a VM whose
-    heartbeat names a pool its AKS tag does not. Sorted, so the same fleet says the same."""
+    of more than one scale set (or of one and of none) of a resource group, the nodes of one
+    scale set without AKS's tag naming more than one pool, and a VM whose heartbeat names a
+    pool its AKS tag does not. Sorted, so the same fleet says the same."""
     said: list[str] = []
     named: dict[tuple[str | None, str, str], dict[str | None, list[VmView]]] = {}
+    untagged: dict[tuple[str | None, str, str], dict[str, list[VmView]]] = {}
     for vm in vms:
         tag = _aks_pool(vm)
         if tag and vm.node_pool and vm.node_pool.lower() != tag.lower():
             said.append(f"VM {vm.name} names node pool {vm.node_pool}, but its AKS tag "
                         f"{AKS_POOL_TAG} says {tag}: it counts in pool {tag}")  # fmt: skip
+        if not tag and vm.scale_set and vm.node_pool:
+            where = (vm.subscription_id, (vm.resource_group or "").lower(), vm.scale_set.lower())
+            untagged.setdefault(where, {}).setdefault(vm.node_pool.lower(), []).append(vm)
         pool = pool_of(vm)
         if pool is not None:
             where = (vm.subscription_id, (vm.resource_group or "").lower(), pool.lower())
             named.setdefault(where, {}).setdefault(
                 vm.scale_set.lower() if vm.scale_set else None, []
             ).append(vm)
-    for (sub, _, _), by_set in named.items():
-        if len(by_set) < 2:
-            continue
-        first = next(iter(by_set.values()))[0]
-        sets = ", ".join(
-            sorted(
-                f"{members[0].scale_set or 'no scale set'} "
-                f"({_listed('{names}', sorted(v.name for v in members))[0]})"
-                for members in by_set.values()
-            )
-        )
-        said.append(f"node pool {pool_of(first)} of {sub or '-'}/{first.resource_group} is "
-                    f"named by the nodes of more than one scale set: {sets}; a pool is one "
-                    "scale set's, so each counts in a node_pool budget as a pool of its "
-                    "own")  # fmt: skip
+    splits: tuple[_Split, ...] = (
+        (named, lambda v: v.scale_set or "no scale set",
+         "node pool {pool} of {where} is named by the nodes of more than one scale set: "
+         "{parts}; a pool is one scale set's, so each counts in a node_pool budget as a pool "
+         "of its own"),
+        (untagged, lambda v: v.node_pool or "",
+         "the nodes of scale set {scale_set} of {where} name more than one node pool: {parts}; "
+         f"without the {AKS_POOL_TAG} tag a scale set is one pool, so they all count in it"),
+    )  # fmt: skip
+    for groups, label, sentence in splits:
+        for (sub, _, _), parts in groups.items():
+            if len(parts) > 1:
+                first = next(iter(parts.values()))[0]
+                said.append(sentence.format(pool=pool_of(first), scale_set=first.scale_set,
+                                            where=f"{sub or '-'}/{first.resource_group}",
+                                            parts=_split(parts, label)))  # fmt: skip
     return sorted(said)
+
+
+def _split(parts: Mapping[Any, list[VmView]], label: Callable[[VmView], str]) -> str:
+    """Each part's label with the names of its VMs, sorted: `a (vm0), b (vm1, vm2)`."""
+    return ", ".join(
+        sorted(
+            f"{label(members[0])} ({_listed('{names}', sorted(v.name for v in members))[0]})"
+            for members in parts.values()
+        )
+    )
 
 
 def _left_out(
@@ -1017,9 +1047,12 @@ def _left_out(
     that do not count in it, each with why: of another scale set (or none), or AKS's tag says
     otherwise; none when there are none. Found among the groups (a few per resource group),
     not among the fleet's VMs."""
-    sample = next((fleet.vms[v] for v in index.get(key, ()) if v in fleet.vms), None)
-    pool = None if sample is None else pool_of(sample)
-    if sample is None or pool is None:
+    mates = [fleet.vms[v] for v in index.get(key, ()) if v in fleet.vms]
+    # The pool's names: AKS's tag, or what its nodes say (a scale set without the tag is one
+    # pool, whatever they say).
+    pools = {pool.lower() for pool in map(pool_of, mates) if pool}
+    sample = mates[0] if mates else None
+    if sample is None or not pools:
         return []
     home = (sample.subscription_id, (sample.resource_group or "").lower())
     mine = (sample.scale_set or "").lower()
@@ -1034,17 +1067,17 @@ def _left_out(
             vm = fleet.vms.get(vm_id)
             if vm is None or not fleet.alive(vm_id, now):
                 continue
-            if (vm.node_pool or "").lower() != pool.lower():
+            if (vm.node_pool or "").lower() not in pools:
                 continue
+            tag = _aks_pool(vm)
             if (vm.scale_set or "").lower() != mine:
-                out.append((vm.name, f"in scale set {vm.scale_set}" if vm.scale_set
-                            else "in no scale set"))  # fmt: skip
+                why = f"in scale set {vm.scale_set}" if vm.scale_set else "in no scale set"
             else:
-                out.append((vm.name, f"its AKS tag says {_aks_pool(vm)}"))
+                why = f"its AKS tag says {tag}" if tag else f"it has no {AKS_POOL_TAG} tag"
+            out.append((vm.name, f"names pool {vm.node_pool}, {why}"))
     if not out:
         return []
-    shown = ", ".join(f"{name} (names pool {pool}, {why})"
-                      for name, why in sorted(out)[:LISTED_NAMES])  # fmt: skip
+    shown = ", ".join(f"{name} ({why})" for name, why in sorted(out)[:LISTED_NAMES])
     if len(out) > LISTED_NAMES:
         shown += f" and {len(out) - LISTED_NAMES} more"
     return [f"budget {budget.name}: {key} does not count what only a heartbeat says; left "

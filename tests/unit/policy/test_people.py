@@ -122,6 +122,17 @@ def test_a_scoped_pause_covers_only_its_budget_group() -> None:
     assert evaluate(with_rules(APPROVE_ALL), tagged, event("id2"), NOW).kind == "Defer"
 
 
+def test_a_pause_of_a_node_pool_covers_the_nodes_that_name_it_and_those_tagged_with_it() -> None:
+    """A pool's budget group within a scale set ignores what a heartbeat says (issue 37), but
+    a pause errs on the side of stopping: `node_pool:pool1` covers a node that says pool1."""
+    pause = Pause("node_pool:pool1", None, BOB, "cluster upgrade", NOW)
+    said = vm(0, scale_set="aks-pool1-vmss", node_pool="pool1")
+    tagged = vm(1, scale_set="vmss-7", tags={"aks-managed-poolName": "pool1"})
+    apart = vm(2, node_pool="pool1")
+    other = vm(3, scale_set="aks-pool2-vmss", node_pool="pool2")
+    assert [pause.covers([v]) for v in (said, tagged, apart, other)] == [True, True, True, False]
+
+
 # --- with drains (issue 30): a node is drained before any approval, a person's too --------
 
 

@@ -57,15 +57,10 @@ from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.release import Housekeeping, Pending, pending
 from bridge.consumer.sources.eventgrid import HealthChange
 from bridge.consumer.state import Doc, Store, update_many
-from bridge.policy.model import (
-    EventView,
-    FleetView,
-    Policy,
-    Verdict,
-    active_pause,
-    budget_use,
-    evaluate,
-)
+from bridge.policy.budgets import budget_use
+from bridge.policy.evaluation import evaluate
+from bridge.policy.gates.pause import active_pause, covers
+from bridge.policy.model import EventView, FleetView, Policy, Verdict
 from bridge.records import RecordView, iso, parse_time, utc_now
 from bridge.redact import describe
 from bridge.retry import RetryableError
@@ -342,7 +337,7 @@ class Consumer:
         if action.kind != "pause" or action.scope is None:
             return ""
         pause = Pause(action.scope, action.until, action.by, action.reason, action.at)
-        if pause.covers(self.fleet.snapshot().vms.values()):
+        if covers(pause, self.fleet.snapshot().vms.values()):
             return ""
         return (f"no VM the consumer knows is in {action.scope}: the pause stops no approval "
                 "now, only those of VMs that join it; is the scope spelt as the VMs' "

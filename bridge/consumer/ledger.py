@@ -71,7 +71,8 @@ from bridge.consumer.state import (
     bucket,
     read_many,
 )
-from bridge.policy.model import EventView, Scope, VmView, group_key
+from bridge.policy.groups import group_key
+from bridge.policy.model import EventView, Scope, VmView
 from bridge.records import RecordView
 from bridge.retry import RetryableError
 

@@ -9,9 +9,11 @@ from typing import Literal
 
 import pytest
 
+from bridge.policy.carrier import UNREPORTED_CARRIER_WITHIN
+from bridge.policy.evaluation import evaluate
+from bridge.policy.groups import can_hold, group_key
 from bridge.policy.model import (
     DEFAULT_POLICY,
-    UNREPORTED_CARRIER_WITHIN,
     Action,
     Blocker,
     Budget,
@@ -25,9 +27,6 @@ from bridge.policy.model import (
     Scope,
     VmView,
     Window,
-    can_hold,
-    evaluate,
-    group_key,
 )
 
 UTC = timezone.utc

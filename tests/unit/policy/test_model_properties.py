@@ -20,6 +20,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.policy.evaluation import evaluate
+from bridge.policy.groups import group_index
 from bridge.policy.model import (
     GROUP_KINDS,
     Action,
@@ -30,8 +32,6 @@ from bridge.policy.model import (
     Policy,
     Rule,
     VmView,
-    evaluate,
-    group_index,
 )
 
 NOW = datetime(2024, 6, 12, 10, 0, tzinfo=timezone.utc)

@@ -3,15 +3,10 @@ heartbeat says (issue 37): a VM that names another pool neither fills nor enlarg
 
 from __future__ import annotations
 
-from bridge.policy.model import (
-    AKS_POOL_TAG,
-    Budget,
-    VmView,
-    cordoned_impact,
-    evaluate,
-    group_key,
-    pool_disputes,
-)
+from bridge.policy.budgets import cordoned_impact
+from bridge.policy.evaluation import evaluate
+from bridge.policy.groups import AKS_POOL_TAG, group_key, pool_disputes
+from bridge.policy.model import Budget, VmView
 from tests.unit.policy.test_model import APPROVE_ALL, NOW, event, fleet, vm, with_rules
 
 ONE_PER_POOL = Budget("one-per-pool", "node_pool", max_vms=1)

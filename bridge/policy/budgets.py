@@ -74,8 +74,9 @@ def _left_out(
     shown = ", ".join(f"{name} ({why})" for name, why in sorted(out)[:LISTED_NAMES])
     if len(out) > LISTED_NAMES:
         shown += f" and {len(out) - LISTED_NAMES} more"
-    return [f"budget {budget.name}: {key} does not count what only a heartbeat says; left "
-            f"out: {shown}"]  # fmt: skip
+    return [
+        f"budget {budget.name}: {key} does not count what only a heartbeat says; left out: {shown}"
+    ]
 
 
 def check_budgets(
@@ -145,9 +146,12 @@ def check_budgets(
                 )
                 _note(notes, why)
                 return "Defer", why
-            _note(notes, f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs "
-                         f"impacted{cordoned}; {len(mine)} more fit the limit of "
-                         f"{limit}")  # fmt: skip
+            _note(
+                notes,
+                f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs "
+                f"impacted{cordoned}; {len(mine)} more fit the limit of "
+                f"{limit}",
+            )
     if not budgets:
         _note(notes, "no budget applies")
     return None

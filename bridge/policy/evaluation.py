@@ -51,8 +51,9 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
     if event.person is not None:
         return person.check(policy, fleet, event, event.person, now, notes)
     if rule is None:
-        return explained(Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore"),
-                     notes)  # fmt: skip
+        return explained(
+            Verdict("Hold", NO_RULE, "no rule matches: the event starts at NotBefore"), notes
+        )
     gate = _gate(rule, fleet, event, now, notes)
     if gate is not None and not gate.grant:
         notes.append(f"{rule.action.kind.replace('_', ' ')}: {gate.reason}")
@@ -74,8 +75,9 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
     if target is None:
         why = "no live VM reports the event to carry the approval"
         return explained(Verdict("Defer", rule.name, why, asked=asked), [*notes, why])
-    verdict = Verdict("Approve", rule.name, _approve_reason(rule, fleet, target), target,
-                      asked=asked)  # fmt: skip
+    verdict = Verdict(
+        "Approve", rule.name, _approve_reason(rule, fleet, target), target, asked=asked
+    )
     through = f"approval sent through {fleet.vms[target].name}"
     if target not in event.reporters:
         through += (

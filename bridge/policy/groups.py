@@ -89,8 +89,10 @@ def pool_disputes(vms: Iterable[VmView]) -> list[str]:
     for vm in vms:
         tag = aks_pool(vm)
         if tag and vm.node_pool and vm.node_pool.lower() != tag.lower():
-            said.append(f"VM {vm.name} names node pool {vm.node_pool}, but its AKS tag "
-                        f"{AKS_POOL_TAG} says {tag}: it counts in pool {tag}")  # fmt: skip
+            said.append(
+                f"VM {vm.name} names node pool {vm.node_pool}, but its AKS tag "
+                f"{AKS_POOL_TAG} says {tag}: it counts in pool {tag}"
+            )
         if not tag and vm.scale_set and vm.node_pool:
             where = (vm.subscription_id, (vm.resource_group or "").lower(), vm.scale_set.lower())
             untagged.setdefault(where, {}).setdefault(vm.node_pool.lower(), []).append(vm)
@@ -113,9 +115,14 @@ def pool_disputes(vms: Iterable[VmView]) -> list[str]:
         for (sub, _, _), parts in groups.items():
             if len(parts) > 1:
                 first = next(iter(parts.values()))[0]
-                said.append(sentence.format(pool=pool_of(first), scale_set=first.scale_set,
-                                            where=f"{sub or '-'}/{first.resource_group}",
-                                            parts=_split(parts, label)))  # fmt: skip
+                said.append(
+                    sentence.format(
+                        pool=pool_of(first),
+                        scale_set=first.scale_set,
+                        where=f"{sub or '-'}/{first.resource_group}",
+                        parts=_split(parts, label),
+                    )
+                )
     return sorted(said)
 
 

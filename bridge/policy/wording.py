@@ -38,8 +38,14 @@ def listed(template: str, items: Iterable[str], fleet: FleetView | None = None) 
     if len(names) > LISTED_NAMES:
         shown += f" and {len(names) - LISTED_NAMES} more"
     one = len(names) == 1
-    return [template.format(names=shown, VM="VM" if one else "VMs", has="has" if one else "have",
-                            it="it" if one else "they")]  # fmt: skip
+    return [
+        template.format(
+            names=shown,
+            VM="VM" if one else "VMs",
+            has="has" if one else "have",
+            it="it" if one else "they",
+        )
+    ]
 
 
 def explained(verdict: Verdict, notes: list[str]) -> Verdict:

@@ -33,8 +33,9 @@ def check(rule: Rule, event: EventView, now: datetime, notes: list[str]) -> Verd
         why = f"asked {action.target}; waiting for a person's answer until {until}, then " + (
             action.on_deadline if deadline != event.not_before else "the event starts"
         )
-        return Verdict("Ask", rule.name, why, recheck_at=deadline, asked=action.target,
-                       ask_deadline=deadline)  # fmt: skip
+        return Verdict(
+            "Ask", rule.name, why, recheck_at=deadline, asked=action.target, ask_deadline=deadline
+        )
     if action.on_deadline == "approve" and deadline != event.not_before:
         notes.append(f"nobody answered {action.target} by {until}: approved (on_deadline approve)")
         return None

@@ -48,8 +48,7 @@ def active_pause(fleet: FleetView, event: EventView, now: datetime) -> Pause | N
     covering = [p for p in fleet.pauses if p.active(now) and covers(p, vms)]
     if not covering:
         return None
-    return min(covering, key=lambda p: (p.scope is not None, p.until is not None,
-                                        p.until or now))  # fmt: skip
+    return min(covering, key=lambda p: (p.scope is not None, p.until is not None, p.until or now))
 
 
 def check(
@@ -59,8 +58,10 @@ def check(
     if pause is None:
         return None
     until = f"until {pause.until:%Y-%m-%d %H:%M:%S}Z" if pause.until else "until resumed"
-    why = (f"paused ({pause.where}) by {pause.by.name} {until}: {pause.reason}; no early "
-           "approval, by the policy or a person, while it lasts")  # fmt: skip
+    why = (
+        f"paused ({pause.where}) by {pause.by.name} {until}: {pause.reason}; no early "
+        "approval, by the policy or a person, while it lasts"
+    )
     return explained(
         Verdict("Defer", rule, why, recheck_at=pause.until, pause=pause), [*notes, why]
     )

@@ -35,8 +35,10 @@ def check(  # noqa: PLR0917 - evaluate's arguments and the decision
     """What a person decided, whatever the rules say: a hold holds; an approval goes through
     the pauses and the budgets like the policy's, unless it overrides the budgets."""
     said = f"{person.reason}" if person.reason else "no reason given"
-    notes.append(f"{person.kind} by {person.by.who} at {person.at:%Y-%m-%d %H:%M:%S}Z: {said}; "
-                 "a person's decision comes before the rules")  # fmt: skip
+    notes.append(
+        f"{person.kind} by {person.by.who} at {person.at:%Y-%m-%d %H:%M:%S}Z: {said}; "
+        "a person's decision comes before the rules"
+    )
     if person.kind == "hold":
         why = f"held by {person.by.name}: the event starts at NotBefore ({said})"
         return explained(Verdict("Hold", PERSON_RULE, why, person=person), notes)
@@ -57,8 +59,9 @@ def check(  # noqa: PLR0917 - evaluate's arguments and the decision
     gate = drain.check(PERSON, fleet, event, now, notes)
     if gate is not None:
         if gate.grant:
-            granted = listed("drain granted on {names}; waiting for it",
-                              node_names(fleet, gate.grant))[0]  # fmt: skip
+            granted = listed(
+                "drain granted on {names}; waiting for it", node_names(fleet, gate.grant)
+            )[0]
             notes.append(granted)
             gate = replace(gate, reason=granted)
         return explained(replace(gate, person=person, override=override), notes)
@@ -70,5 +73,6 @@ def check(  # noqa: PLR0917 - evaluate's arguments and the decision
     name = fleet.vms[target].name
     why = f"approved by {person.by.name}{over} ({said}); approval sent through {name}"
     notes.append(f"approval sent through {name}")
-    return explained(Verdict("Approve", PERSON_RULE, why, target, person=person, override=override),
-                 notes)  # fmt: skip
+    return explained(
+        Verdict("Approve", PERSON_RULE, why, target, person=person, override=override), notes
+    )

@@ -71,8 +71,13 @@ def check(
     # Without a deadline the rule waits for the hooks until NotBefore makes it moot.
     deadline = event.first_seen + rule.action.deadline if rule.action.deadline else None
     if deadline is None or now < deadline:
-        return Verdict("Defer", rule.name, f"waiting for prepare hooks: {state}",
-                       recheck_at=deadline, grant=grant)  # fmt: skip
+        return Verdict(
+            "Defer",
+            rule.name,
+            f"waiting for prepare hooks: {state}",
+            recheck_at=deadline,
+            grant=grant,
+        )
     return _past_deadline(rule, state, grant if draining else None, notes)
 
 
@@ -83,8 +88,10 @@ def _past_deadline(
     not granted yet when some VM drains (None: none does)."""
     if rule.action.on_deadline == "approve" and grant is not None:
         # A node is not approved with its pods on it: the drain's own deadline decides.
-        why = (f"prepare deadline passed with {state}: the drains are waited for (their own "
-               "deadline, kubernetes.give_up_before, decides)")  # fmt: skip
+        why = (
+            f"prepare deadline passed with {state}: the drains are waited for (their own "
+            "deadline, kubernetes.give_up_before, decides)"
+        )
         return Verdict("Defer", rule.name, why, grant=grant)
     if rule.action.on_deadline == "approve":
         notes.append(f"prepare deadline passed with {state}: approved anyway (on_deadline approve)")

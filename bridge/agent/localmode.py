@@ -26,7 +26,8 @@ from bridge.commands.message import command_id
 from bridge.config import Config
 from bridge.imdstime import parse_time
 from bridge.policy import file as policyfile
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, evaluate
+from bridge.policy.evaluation import evaluate
+from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView
 from bridge.records import Origin, VmIdentity, vm_key
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """ARM's acknowledge as the carrier of last resort (issue 36, docs/second-source.md).
 
-The policy picks the carrier (bridge.policy.model.choose_target): a live agent always, and
+The policy picks the carrier (bridge.policy.carrier.choose_target): a live agent always, and
 only when none can (no agent on any VM of the event, or each one silent or refusing) ARM's
 acknowledge, `ARM_CARRIER`, for an event Event Grid told of. Everything before the send is the
 same as for an agent: the verdict, the budgets, the ledger entry written first with its ETag,

@@ -49,7 +49,9 @@ from bridge.consumer.release import Housekeeping, Pending, pending
 from bridge.consumer.sources.eventgrid import HealthChange
 from bridge.consumer.state import Doc, Store, update_many
 from bridge.consumer.views import VmSnapshot
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView, budget_use, evaluate
+from bridge.policy.budgets import budget_use
+from bridge.policy.evaluation import evaluate
+from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView
 from bridge.records import RecordView, iso, parse_time, utc_now
 
 if TYPE_CHECKING:

@@ -27,7 +27,8 @@ from bridge.consumer.ledger import (
 )
 from bridge.consumer.release import Alive, all_gone, unreleased
 from bridge.consumer.state import Doc
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, evaluate
+from bridge.policy.evaluation import evaluate
+from bridge.policy.model import EventView, FleetView, Policy, Verdict
 from bridge.records import iso, parse_time
 
 # --- the Steps ------------------------------------------------------------------------------

@@ -71,7 +71,8 @@ from bridge.consumer.state import (
     bucket,
     read_many,
 )
-from bridge.policy.model import EventView, Scope, VmView, group_key
+from bridge.policy.groups import group_key
+from bridge.policy.model import EventView, Scope, VmView
 from bridge.records import RecordView
 from bridge.retry import RetryableError
 
@@ -122,7 +123,7 @@ class LedgerEntry(_ImpactEntry, total=False):
 SHARDS = 32
 LOCKS = 64
 # How long a VM asked to carry an approval before it reported the event (the VM the event
-# names, alive: bridge.policy.model.choose_target) has to answer before a VM that reports the
+# names, alive: bridge.policy.carrier.choose_target) has to answer before a VM that reports the
 # event is asked. Its agent sees the event within a poll (1 s), reads its queue at once and
 # answers within a few seconds; one that has not is most likely not running, and a Spot
 # eviction gives 30 s of notice in all.

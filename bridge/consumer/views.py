@@ -14,15 +14,9 @@ from datetime import datetime, timedelta
 
 from bridge.consumer import documents as fs
 from bridge.consumer.state import Doc, Mutation, Store, read_many, update_many
-from bridge.policy.model import (
-    HEALTH,
-    Scope,
-    VmView,
-    cordoned_impact,
-    group_index,
-    pool_disputes,
-    scope_of,
-)
+from bridge.policy.budgets import cordoned_impact
+from bridge.policy.groups import group_index, pool_disputes
+from bridge.policy.model import HEALTH, Scope, VmView, scope_of
 from bridge.records import parse_time, utc_now, vm_key
 
 log = logging.getLogger(__name__)

@@ -167,8 +167,11 @@ def load_setting(setting: str, path: Path) -> Policy:
     try:
         policy = load(path)
     except PolicyError as err:
-        hint = "" if path.exists() else (f"; the value {DEFAULT_NAME} (--policy {DEFAULT_NAME}) "
-                                         "names the built-in policy")  # fmt: skip
+        hint = (
+            ""
+            if path.exists()
+            else (f"; the value {DEFAULT_NAME} (--policy {DEFAULT_NAME}) names the built-in policy")
+        )
         raise ConfigError(f"{setting}: {err}{hint}") from err
     asking = next((r for r in policy.rules if r.action.kind == "ask"), None)
     if setting.startswith("agent.") and asking is not None:
@@ -193,8 +196,9 @@ def loads(text: str, source: str = "<string>") -> Policy:
         raise PolicyError(_syntax_error(exc, source)) from None
     except yaml.reader.ReaderError as exc:  # a character YAML does not allow, such as NUL
         line = text.count("\n", 0, max(0, exc.position)) + 1
-        raise PolicyError(f"{source}:{line}: not readable as YAML: {exc.reason}, "
-                          f"character {exc.character!r}") from None  # fmt: skip
+        raise PolicyError(
+            f"{source}:{line}: not readable as YAML: {exc.reason}, character {exc.character!r}"
+        ) from None
     except yaml.YAMLError as exc:
         raise PolicyError(f"{source}:1: not readable as YAML: {exc}") from None
     except RecursionError:

@@ -28,6 +28,8 @@ from bridge.consumer.people.operatorlog import (
     scope_error,
     scope_key,
 )
+from bridge.policy.evaluation import evaluate
+from bridge.policy.gates.pause import active_pause, covers
 from bridge.policy.model import (
     EventView,
     FleetView,
@@ -35,8 +37,6 @@ from bridge.policy.model import (
     PersonDecision,
     Policy,
     VmView,
-    active_pause,
-    evaluate,
 )
 from bridge.records import iso
 from bridge.redact import describe
@@ -237,7 +237,7 @@ class PeopleDesk(Generic[S]):
         if action.kind != "pause" or action.scope is None:
             return ""
         pause = Pause(action.scope, action.until, action.by, action.reason, action.at)
-        if pause.covers(self.consumer.known_vms()):
+        if covers(pause, self.consumer.known_vms()):
             return ""
         return (f"no VM the consumer knows is in {action.scope}: the pause stops no approval "
                 "now, only those of VMs that join it; is the scope spelt as the VMs' "

@@ -80,6 +80,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
+import requests
+
 from bridge.config import ConfigError, EventGridSettings
 from bridge.consumer.sources.eventgrid import (
     HEALTH_CHANGED,
@@ -186,8 +188,6 @@ class RequestsTransport:
     """requests, with its proxies and CA bundle from the environment, a deadline per read."""
 
     def __init__(self) -> None:
-        import requests  # noqa: PLC0415 - only when the reconciler is on
-
         self._requests = requests
         self._session = requests.Session()
 

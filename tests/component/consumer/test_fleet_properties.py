@@ -58,7 +58,8 @@ from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import read_ledger
 from bridge.consumer.reading import Position
 from bridge.consumer.state.memory import MemoryStore
-from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView, vm_matches
+from bridge.policy.matching import vm_matches
+from bridge.policy.model import Action, Budget, Match, Policy, Rule, VmView
 from bridge.records import iso
 from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
 

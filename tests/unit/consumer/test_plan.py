@@ -32,7 +32,8 @@ from bridge.consumer.decide import (
 )
 from bridge.consumer.ledger import LedgerEntry, LedgerState, lock_of
 from bridge.consumer.state import Doc
-from bridge.policy.model import DEFAULT_POLICY, FleetView, group_key
+from bridge.policy.groups import group_key
+from bridge.policy.model import DEFAULT_POLICY, FleetView
 from bridge.records import iso
 from tests.support.fleetrecords import FleetRecords
 

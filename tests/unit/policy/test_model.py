@@ -9,10 +9,12 @@ from typing import Literal
 
 import pytest
 
+from bridge.policy.carrier import UNREPORTED_CARRIER_WITHIN
+from bridge.policy.evaluation import evaluate
+from bridge.policy.groups import can_hold, group_key
 from bridge.policy.model import (
     ARM_CARRIER,
     DEFAULT_POLICY,
-    UNREPORTED_CARRIER_WITHIN,
     Action,
     Blocker,
     Budget,
@@ -26,9 +28,6 @@ from bridge.policy.model import (
     Scope,
     VmView,
     Window,
-    can_hold,
-    evaluate,
-    group_key,
 )
 
 UTC = timezone.utc
@@ -471,9 +470,13 @@ def test_a_group_holds_a_name_no_vm_is_known_by_only_from_the_scopes_it_can_be_i
     assert can_hold(kind, member, []) is True  # no reporter known: anywhere
 
 
-def test_a_node_pool_is_its_scale_sets_pool_of_that_name_or_else_its_scale_set() -> None:
-    pooled = vm(0, subscription_id="s", scale_set="aks-pool1-vmss", node_pool="pool1")
-    assert group_key("node_pool", pooled) == "s/rg/aks-pool1-vmss/pool pool1"
+def test_a_node_pool_is_its_scale_sets_aks_pool_or_else_its_scale_set() -> None:
+    tagged = vm(0, subscription_id="s", scale_set="aks-pool1-vmss", node_pool="pool9",
+                tags={"aks-managed-poolName": "pool1"})  # fmt: skip
+    assert group_key("node_pool", tagged) == "s/rg/aks-pool1-vmss/pool pool1"
+    # Within a scale set a heartbeat's pool chooses nothing (issue 37).
+    pooled = vm(3, subscription_id="s", scale_set="aks-pool1-vmss", node_pool="pool1")
+    assert group_key("node_pool", pooled) == "s/rg/aks-pool1-vmss"
     bare = vm(1, subscription_id="s", scale_set="aks-pool1-vmss")
     assert group_key("node_pool", bare) == group_key("scale_set", bare) == "s/rg/aks-pool1-vmss"
     assert group_key("node_pool", vm(2, subscription_id="s")) is None

@@ -20,6 +20,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bridge.policy.evaluation import evaluate
+from bridge.policy.groups import group_index
 from bridge.policy.model import (
     GROUP_KINDS,
     Action,
@@ -30,8 +32,6 @@ from bridge.policy.model import (
     Policy,
     Rule,
     VmView,
-    evaluate,
-    group_index,
 )
 
 NOW = datetime(2024, 6, 12, 10, 0, tzinfo=timezone.utc)
@@ -101,8 +101,9 @@ def group_of(group: str, vm: VmView) -> Key | None:
         "fault_domain": (*where, "fd", vm.fault_domain) if vm.fault_domain is not None else None,
         "update_domain": (*where, "ud", vm.update_domain) if vm.update_domain is not None else None,
         "resource_group": (vm.subscription_id, vm.resource_group) if vm.resource_group else None,
-        # A node pool's nodes of one scale set (or of none), or else its scale set.
-        "node_pool": (*where, "pool", vm.node_pool) if vm.node_pool else keys_scale_set,
+        # A scale set (no AKS tag here: a heartbeat's pool chooses nothing within it), or
+        # outside scale sets the resource group's nodes naming one pool.
+        "node_pool": keys_scale_set or ((*where, "pool", vm.node_pool) if vm.node_pool else None),
         "tag:tier": ("tier", tags["tier"]) if "tier" in tags else None,
     }
     return keys[group]

@@ -3,15 +3,10 @@ heartbeat says (issue 37): a VM that names another pool neither fills nor enlarg
 
 from __future__ import annotations
 
-from bridge.policy.model import (
-    AKS_POOL_TAG,
-    Budget,
-    VmView,
-    cordoned_impact,
-    evaluate,
-    group_key,
-    pool_disputes,
-)
+from bridge.policy.budgets import cordoned_impact
+from bridge.policy.evaluation import evaluate
+from bridge.policy.groups import AKS_POOL_TAG, group_key, pool_disputes
+from bridge.policy.model import Budget, VmView
 from tests.unit.policy.test_model import APPROVE_ALL, NOW, event, fleet, vm, with_rules
 
 ONE_PER_POOL = Budget("one-per-pool", "node_pool", max_vms=1)
@@ -55,8 +50,8 @@ def test_two_clusters_whose_pools_share_a_name_in_one_resource_group_stay_apart(
     busy = fleet(*vms, impacted={"e0": frozenset({"id0"})})
     assert evaluate(policy, busy, event("id1", event_id="e1"), NOW).kind == "Defer"
     assert evaluate(policy, busy, event("id2", event_id="e2"), NOW).grant == ("id2",)
-    assert group_key("node_pool", vms[0]) == "s/rg/cluster1-workers/pool workers"
-    assert group_key("node_pool", vms[2]) == "s/rg/cluster2-workers/pool workers"
+    assert group_key("node_pool", vms[0]) == "s/rg/cluster1-workers"
+    assert group_key("node_pool", vms[2]) == "s/rg/cluster2-workers"
 
 
 def test_the_aks_pool_tag_wins_over_the_heartbeat() -> None:
@@ -84,5 +79,32 @@ def test_each_disagreement_is_said_with_both_names() -> None:
         "node pool poolb of s/rg is named by the nodes of more than one scale set: "
         "aks-poola-vmss (vm0), aks-poolb-vmss (vm2); a pool is one scale set's, so each "
         "counts in a node_pool budget as a pool of its own",
+        "the nodes of scale set aks-poola-vmss of s/rg name more than one node pool: poola "
+        "(vm1), poolb (vm0); without the aks-managed-poolName tag a scale set is one pool, so "
+        "they all count in it",
     ]
     assert pool_disputes(vms[1:3]) == []
+
+
+def test_within_a_scale_set_a_heartbeats_pool_does_not_choose_the_group() -> None:
+    """Two VMs of one scale set and no AKS tag: the one whose heartbeat names another pool
+    was in a group of its own and took a second slot of a one-per-pool budget (issue 37)."""
+    vms = [node(0, "aks-poola-vmss", "poola"), node(1, "aks-poola-vmss", "poolz")]
+    policy = with_rules(APPROVE_ALL, budgets=(ONE_PER_POOL,))
+    assert evaluate(policy, fleet(*vms), event("id0"), NOW).grant == ("id0",)
+    busy = fleet(*vms, impacted={"e0": frozenset({"id0"})})
+    second = evaluate(policy, busy, event("id1", event_id="e1"), NOW)
+    assert (second.kind, second.grant) == ("Defer", ())
+    assert "s/rg/aks-poola-vmss has 1 of 2 VMs impacted" in second.reason
+    assert group_key("node_pool", vms[1]) == group_key("scale_set", vms[1])
+
+
+def test_within_a_scale_set_the_aks_tag_names_the_pool_whatever_the_heartbeat_says() -> None:
+    tag = {AKS_POOL_TAG: "poola"}
+    vms = [node(0, "aks-poola-vmss", "poola", tags=tag),
+           node(1, "aks-poola-vmss", "poolz", tags=tag)]  # fmt: skip
+    assert {group_key("node_pool", v) for v in vms} == {"s/rg/aks-poola-vmss/pool poola"}
+    busy = fleet(*vms, impacted={"e0": frozenset({"id0"})})
+    second = evaluate(with_rules(APPROVE_ALL, budgets=(ONE_PER_POOL,)), busy,
+                      event("id1", event_id="e1"), NOW)  # fmt: skip
+    assert (second.kind, second.grant) == ("Defer", ())

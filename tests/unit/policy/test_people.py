@@ -7,6 +7,8 @@ from datetime import timedelta
 
 import pytest
 
+from bridge.policy.evaluation import evaluate
+from bridge.policy.gates.pause import covers
 from bridge.policy.model import (
     PERSON_RULE,
     Action,
@@ -16,7 +18,6 @@ from bridge.policy.model import (
     Person,
     PersonDecision,
     Rule,
-    evaluate,
     group_kind,
     parse_scope,
 )
@@ -122,6 +123,17 @@ def test_a_scoped_pause_covers_only_its_budget_group() -> None:
     assert evaluate(with_rules(APPROVE_ALL), tagged, event("id2"), NOW).kind == "Defer"
 
 
+def test_a_pause_of_a_node_pool_covers_the_nodes_that_name_it_and_those_tagged_with_it() -> None:
+    """A pool's budget group within a scale set ignores what a heartbeat says (issue 37), but
+    a pause errs on the side of stopping: `node_pool:pool1` covers a node that says pool1."""
+    pause = Pause("node_pool:pool1", None, BOB, "cluster upgrade", NOW)
+    said = vm(0, scale_set="aks-pool1-vmss", node_pool="pool1")
+    tagged = vm(1, scale_set="vmss-7", tags={"aks-managed-poolName": "pool1"})
+    apart = vm(2, node_pool="pool1")
+    other = vm(3, scale_set="aks-pool2-vmss", node_pool="pool2")
+    assert [covers(pause, [v]) for v in (said, tagged, apart, other)] == [True, True, True, False]
+
+
 # --- with drains (issue 30): a node is drained before any approval, a person's too --------
 
 
@@ -195,4 +207,4 @@ def test_a_scope_that_names_no_group_says_what_would(scope: str) -> None:
 
 def test_a_pause_whose_scope_cannot_be_read_covers_every_event() -> None:
     pause = Pause("pool:x", None, BOB, "incident", NOW)
-    assert pause.covers([vm(0)])
+    assert covers(pause, [vm(0)])

@@ -37,9 +37,9 @@ from bridge.consumer.decide import (
     ended,
     locks_first,
     plan,
-    with_grants,
 )
 from bridge.consumer.dispatch import Dispatch
+from bridge.consumer.drains import grant, keep_grants, with_grants
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Once
 from bridge.consumer.ledger import ApprovalLedger, LedgerState, impact_of
@@ -333,12 +333,7 @@ class Decider:
         # With the locks of its VMs' budget groups: a racing approval in one of them
         # conflicts here (bridge.consumer.ledger).
         locks = self.ledger.locks(approval.entry["vms"], on.vms)
-        granted = on.state.events.get(approval.key)
-        # The slot its drains were granted becomes the approval's: the event counts once,
-        # and what was granted and refused stays known if the approval is refused.
-        for kept in ("granted", "prepared", "no_drain"):
-            if granted is not None and kept in granted:
-                approval.entry[kept] = granted[kept]
+        keep_grants(on.state.events.get(approval.key), approval.entry)
         on.state.events[approval.key] = approval.entry
         try:
             self.ledger.commit(on.state, [approval.key], locks)
@@ -360,9 +355,8 @@ class Decider:
             if entry is None:
                 entry = {**impact_of(step.view), "origin": "granted", "rule": step.verdict.rule,
                          "issued_at": iso(on.now)}  # fmt: skip
-            entry["granted"] = sorted({*entry.get("granted", ()), *step.verdict.grant})
+            grant(entry, step.verdict.grant)
             entry["vms"] = sorted({*entry["vms"], *step.view.counted})
-            entry["prepared"] = False
             on.state.events[key] = entry
             try:
                 self.ledger.commit(on.state, [key], step.locks)

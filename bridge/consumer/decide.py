@@ -11,7 +11,7 @@ plan says nothing is left.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -184,14 +184,6 @@ class _Settled:
 
 SETTLED = _Settled()
 _Check = Callable[[Situation, Rules, datetime], "Step | _Settled | None"]
-
-
-def with_grants(view: EventView, entry: LedgerEntry | None) -> EventView:
-    """`view` with the drains its ledger entry granted, and those its agents refused."""
-    if entry is None or not entry.get("granted"):
-        return view
-    return replace(view, granted=frozenset(entry.get("granted", ())),
-                   no_drain=frozenset(entry.get("no_drain", ())))  # fmt: skip
 
 
 def ended(doc: Doc, state: LedgerState) -> Ended | None:

@@ -28,8 +28,8 @@ from bridge.consumer.decide import (
     ended,
     locks_first,
     plan,
-    with_grants,
 )
+from bridge.consumer.drains import with_grants
 from bridge.consumer.ledger import LedgerEntry, LedgerState, lock_of
 from bridge.consumer.state import Doc
 from bridge.policy.model import DEFAULT_POLICY, FleetView, group_key

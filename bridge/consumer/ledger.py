@@ -1,7 +1,7 @@
 """The approval ledger: what counts against the budgets, and one approval per event.
 
 Commands are sent by bridge.consumer.dispatch; this module only stores what was decided
-and how it fared (the decision pass, bridge.consumer.decide, is the only one writing it,
+and how it fared (the decision pass, bridge.consumer.act, is the only one writing it,
 besides the answers folded in and the events forgotten).
 
 The ledger holds every event that impacts VMs now: approved by us and not yet completed,
@@ -28,7 +28,7 @@ write contested (the entry's shard, the locks) and the shards the locks' `wrote`
 the versions it held; the whole ledger only when that history has a gap (more than LOCK_LOG
 writes since, or a lock an earlier release wrote, which keeps no history). Where the state
 is kept between looks (Table Storage), an approval reads the same way before its write
-(`read_again` with its locks, bridge.consumer.decide), so that it conflicts only with a write
+(`read_again` with its locks, bridge.consumer.act), so that it conflicts only with a write
 made in between. Two decisions in
 different groups touch different documents and do not wait for each other, and no
 document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the

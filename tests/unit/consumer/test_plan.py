@@ -40,7 +40,7 @@ T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 KEY = fs.event_key(E1)
 SETTINGS = ConsumerSettings()
-RULES = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), listening_since=T0 - timedelta(hours=1))
+RULES = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), T0 - timedelta(hours=1), "consumer-0")
 ALIVE_WITHIN = timedelta(seconds=SETTINGS.alive_within)
 
 
@@ -358,7 +358,7 @@ def test_a_decision_already_standing_is_not_said_again() -> None:
 def test_the_release_rule_waits_a_whole_alive_within_after_a_restart() -> None:
     scene = Scene()
     silent_past_due(scene)
-    just_started = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), scene.records.now)
+    just_started = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), scene.records.now, "consumer-0")
     step = plan(scene.situation(), just_started, scene.records.now)
     # Not released: the approval went unanswered, so the event is decided again (no live VM
     # to carry it now).

@@ -389,3 +389,34 @@ def test_only_a_step_that_adds_impact_reads_its_locks_first(
     step: Step, locks: frozenset[str] | None
 ) -> None:
     assert locks_first(step) == locks
+
+
+def test_an_approval_step_carries_its_entry_command_and_record_as_one_decision() -> None:
+    scene = Scene()
+    granted_and_drained(scene)
+    step = plan(scene.situation(), RULES, scene.records.now)
+    assert isinstance(step, Apply)
+    assert step.approval is not None
+    entry, command, record = step.approval.entry, step.approval.command, step.said.record
+    web_0 = scene.id("web_0")
+    assert (command.type, command.vm_id, command.event_id) == ("Approve", web_0, E1)
+    assert entry["command_id"] == record["CommandId"] == command.command_id
+    assert (entry["target"], entry["sent"], entry["decision"]) == (web_0, False, record)
+    # The slot the drain was granted becomes the approval's.
+    assert (entry["granted"], entry.get("prepared")) == ([web_0], True)
+    assert (record["DecisionAction"], record["TargetVmId"]) == ("Approve", web_0)
+    assert (record["HostName"], record["PolicySource"]) == ("consumer-0", DEFAULT_POLICY.source)
+
+
+def test_a_grant_step_carries_its_entry_and_one_prepare_a_vm() -> None:
+    scene = Scene()
+    node_reboot(scene)
+    step = plan(scene.situation(), RULES, scene.records.now)
+    assert isinstance(step, Grant)
+    assert step.entry is not None
+    assert step.said is not None
+    web_0 = scene.id("web_0")
+    assert [(c.type, c.vm_id) for c in step.prepares] == [("Prepare", web_0)]
+    assert (step.entry["origin"], step.entry["granted"], step.entry["prepared"]) == (
+        "granted", [web_0], False)  # fmt: skip
+    assert step.said.record["DecisionAction"] == "Defer"

@@ -1,9 +1,10 @@
 """The decision pass: each event planned on the state held (bridge.consumer.decide), and for
 those with something to do, read again, planned again and the Steps carried out.
 
-Order of effects for an approval, so that a crash anywhere loses none and doubles none:
-the ledger entry (budget and target) is written first with its ETag; then the Decision
-record; then the command; then the entry is marked sent. A crash before "sent" makes the
+The plan's Steps carry what they write and send as values (bridge.consumer.verdicts). Order
+of effects for an approval, so that a crash anywhere loses none and doubles none: the ledger
+entry (budget and target) is written first with its ETag; then the Decision record; then
+the command; then the entry is marked sent. A crash before "sent" makes the
 next pass resend the same command (same CommandId), never a second approval. This pass is
 the ledger's writer for decisions: bridge.consumer.dispatch only says and sends.
 """
@@ -17,6 +18,7 @@ from datetime import datetime, timedelta
 
 from bridge.commands.message import Command
 from bridge.consumer import documents as fs
+from bridge.consumer import verdicts
 from bridge.consumer.decide import (
     AGAIN,
     DONE,
@@ -37,18 +39,17 @@ from bridge.consumer.decide import (
     ended,
     locks_first,
     plan,
-    with_grants,
 )
 from bridge.consumer.dispatch import Dispatch
+from bridge.consumer.drains import with_grants
 from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Once
-from bridge.consumer.ledger import ApprovalLedger, LedgerState, impact_of
+from bridge.consumer.ledger import ApprovalLedger, LedgerState
 from bridge.consumer.people.operatorlog import OperatorLog
 from bridge.consumer.reading import ReadMarks
 from bridge.consumer.state import Conflict, Doc
 from bridge.consumer.views import VmSnapshot
 from bridge.policy.model import FleetView, VmView
-from bridge.records import iso
 from bridge.redact import describe
 from bridge.retry import RetryableError
 
@@ -68,7 +69,7 @@ class Acting:
     fresh: bool
 
 
-class Decider:
+class DecisionPass:
     """The decision pass over a set of events, and the Steps it carries out."""
 
     def __init__(
@@ -124,7 +125,7 @@ class Decider:
                           unhealthy=known_vms.unhealthy,
                           last_resort=self.last_resort)  # fmt: skip
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))
-        return Situation(doc, view, fleet, entry, vouched)
+        return Situation(doc, view, fleet, entry, vouched, self.dispatch.failing())
 
     # --- the pass ---------------------------------------------------------------------------
 
@@ -277,7 +278,11 @@ class Decider:
                 "the next pass tries it again", doc.key, describe(err, with_type=True),
                 exc_info=err if level == logging.ERROR else None)  # fmt: skip
         try:
-            self.dispatch.failed(fs.event_document(doc), err, self._now())
+            now = self._now()
+            said = verdicts.failure(fs.event_document(doc), err, voice=self.rules.voice, now=now,
+                                    failing=self.dispatch.failing())  # fmt: skip
+            if said is not None:
+                self.dispatch.say(said)
         except Exception as again:
             log.error("the Decision record saying event %s failed could not be written: %s",
                       doc.key, describe(again, with_type=True))  # fmt: skip
@@ -323,7 +328,7 @@ class Decider:
             self.fleet.mark_released(step.key, on.now)
         self.ledger.release(step.key, step.why)
         if step.said is not None:
-            self.dispatch.released(step.said, step.why, on.now)
+            self.dispatch.say(step.said)
         return AGAIN if step.again else DONE
 
     def _recount(self, step: Shrink | Grow, on: Acting) -> Outcome:
@@ -336,7 +341,7 @@ class Decider:
         except Conflict:
             return AGAIN
         if isinstance(step, Shrink):
-            self.dispatch.released(step.view, step.why, on.now)
+            self.dispatch.say(step.said)
         return NEXT
 
     def _resend(self, step: Resend, on: Acting) -> Outcome:
@@ -345,31 +350,29 @@ class Decider:
         # out. It is resent only from a state read for this event.
         if not on.fresh:
             return AGAIN
-        command = self.dispatch.unsent(step.key, step.entry, on.now)
+        command = self.dispatch.resend(step.key, step.entry, on.now)
         if command is not None:
-            self._deliver(step.key, command, on.now)
+            self.dispatch.send(command, on.now)
+            self._sent(step.key, command)
         return DONE
 
     def _apply(self, step: Apply, on: Acting) -> Outcome:
-        approval = self.dispatch.prepare(on.doc, step.view, step.verdict, on.vms, on.now)
+        """A decision not said yet is said. An approval: its entry is committed (with the
+        locks of its VMs' budget groups: a racing approval in one of them conflicts here,
+        bridge.consumer.ledger), its Decision record said, its command sent, and the entry
+        marked sent."""
+        approval = step.approval
         if approval is None:
+            self.dispatch.say(step.said, on.doc)
             return DONE
-        # With the locks of its VMs' budget groups: a racing approval in one of them
-        # conflicts here (bridge.consumer.ledger).
-        locks = self.ledger.locks(approval.entry["vms"], on.vms)
-        granted = on.state.events.get(approval.key)
-        # The slot its drains were granted becomes the approval's: the event counts once,
-        # and what was granted and refused stays known if the approval is refused.
-        for kept in ("granted", "prepared", "no_drain"):
-            if granted is not None and kept in granted:
-                approval.entry[kept] = granted[kept]
         on.state.events[approval.key] = approval.entry
         try:
-            self.ledger.commit(on.state, [approval.key], locks)
+            self.ledger.commit(on.state, [approval.key], step.locks or ())
         except Conflict:
             return AGAIN
-        self.dispatch.announce(approval, on.doc, on.vms)
-        self._deliver(approval.key, approval.command, on.now, written=on.state)
+        self.dispatch.say(step.said, on.doc)
+        self.dispatch.send(approval.command, on.now)
+        self._sent(approval.key, approval.command, written=on.state)
         return DONE
 
     def _grant(self, step: Grant, on: Acting) -> Outcome:
@@ -379,31 +382,21 @@ class Decider:
         key = fs.event_key(step.view.event_id)
         if step.again and not on.fresh:
             return AGAIN  # as `_resend`: another consumer may have sent them meanwhile
-        if not step.again:
-            entry = on.state.events.get(key)
-            if entry is None:
-                entry = {**impact_of(step.view), "origin": "granted", "rule": step.verdict.rule,
-                         "issued_at": iso(on.now)}  # fmt: skip
-            entry["granted"] = sorted({*entry.get("granted", ()), *step.verdict.grant})
-            entry["vms"] = sorted({*entry["vms"], *step.view.counted})
-            entry["prepared"] = False
-            on.state.events[key] = entry
+        if step.entry is not None and step.said is not None:
+            on.state.events[key] = step.entry
             try:
                 self.ledger.commit(on.state, [key], step.locks)
             except Conflict:
                 return AGAIN
-            self.dispatch.prepare(on.doc, step.view, step.verdict, on.vms, on.now)
-        for command in self.dispatch.prepares(on.doc, step.view, step.verdict, on.now):
+            self.dispatch.say(step.said, on.doc)
+        for command in step.prepares:
             self.dispatch.send(command, on.now)
             self.dispatch.granted(command)
         self.ledger.mark_prepared(key, written=None if step.again else on.state)
         return DONE
 
-    def _deliver(
-        self, key: str, command: Command, now: datetime, *, written: LedgerState | None = None
-    ) -> None:
-        """Send `command`, then mark its entry sent (`written`: the ledger as just stored)."""
-        self.dispatch.send(command, now)
+    def _sent(self, key: str, command: Command, *, written: LedgerState | None = None) -> None:
+        """Mark the entry of `command`, just sent, sent (`written`: the ledger as just stored)."""
         self.ledger.mark_sent(key, command.command_id, written=written,
                               confirmed=self.dispatch.shadow)  # fmt: skip
         self.dispatch.sent(command)

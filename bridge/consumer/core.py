@@ -35,7 +35,7 @@ from bridge.channels import CommandSender
 from bridge.commands.signing import Signer
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
-from bridge.consumer.act import Decider
+from bridge.consumer.act import DecisionPass
 from bridge.consumer.decide import Rules, Situation
 from bridge.consumer.dispatch import Dispatch
 from bridge.consumer.fleet import Fleet
@@ -109,9 +109,9 @@ class Consumer:
                                  notifier=notifier)  # fmt: skip
         self.marks = ReadMarks(store, now=now, host_name=host_name,
                                alive_within=settings.alive_within)  # fmt: skip
-        rules = Rules(policy, settings, kinds, listening_since=now())
-        self.decider = Decider(self.fleet, self.ledger, self.dispatch, self.marks, rules, now=now,
-                               people=self.operators)  # fmt: skip
+        rules = Rules(policy, settings, kinds, listening_since=now(), host_name=host_name)
+        self.decider = DecisionPass(self.fleet, self.ledger, self.dispatch, self.marks, rules,
+                                    now=now, people=self.operators)  # fmt: skip
         self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after,
                                          self.operators)  # fmt: skip
         # What people do and are shown (the approval page, its API, the metrics, status).

@@ -11,13 +11,15 @@ plan says nothing is left.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
+from bridge.commands.message import Command
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
-from bridge.consumer.dispatch import Dispatch
+from bridge.consumer import verdicts
+from bridge.consumer.decisionrecord import Voice
 from bridge.consumer.ledger import (
     UNREPORTED_TARGET_TIMEOUT,
     LedgerEntry,
@@ -45,12 +47,12 @@ class Ended:
 class Release:
     """Drop the event's ledger entry: `why`. `said`: released by the slot-release rule
     (bridge.consumer.release) though no VM reported its end: the event is marked released
-    first and a Decision record says why. `again`: the entry was wrong; the event is then
-    decided again on a state read for it."""
+    first and this Decision record says why. `again`: the entry was wrong; the event is
+    then decided again on a state read for it."""
 
     key: str
     why: str
-    said: EventView | None = None
+    said: verdicts.Said | None = None
     again: bool = False
 
 
@@ -64,12 +66,12 @@ class Unrelease:
 @dataclass(frozen=True)
 class Shrink:
     """The entry stops counting `lapsed`, names no VM of the event's scopes has (`vms`: what
-    it counts then); a Decision record says so."""
+    it counts then); a Decision record says so (`said`)."""
 
     key: str
     vms: tuple[str, ...]
     why: str
-    view: EventView
+    said: verdicts.Said
 
 
 @dataclass(frozen=True)
@@ -101,23 +103,30 @@ class Resend:
 
 @dataclass(frozen=True)
 class Apply:
-    """Carry out `verdict`: an approval (taking `locks`) or a decision not said yet."""
+    """Carry out `verdict`: say it (`said`), a decision not said yet; or an approval
+    (`approval`: its ledger entry, taking `locks`, then `said`, then its command sent)."""
 
     view: EventView
     verdict: Verdict
     locks: frozenset[str] | None
+    said: verdicts.Said
+    approval: verdicts.Approval | None = None
 
 
 @dataclass(frozen=True)
 class Grant:
     """Grant the drains of `verdict.grant` (a Defer whose budgets let the event through): the
-    event's slot is taken as an approval takes it (its entry, origin "granted", under
-    `locks`), then a Prepare goes to each of those VMs. `again`: the entry was written and
-    its Prepares not sent (a failure in between): only the sends."""
+    event's slot is taken as an approval takes it (`entry`, origin "granted", under
+    `locks`), then `said`, then a Prepare goes to each of those VMs (`prepares`). `again`:
+    the entry was written and its Prepares not sent (a failure in between): only the
+    sends (no entry, nothing said)."""
 
     view: EventView
     verdict: Verdict
     locks: frozenset[str]
+    prepares: tuple[Command, ...]
+    entry: LedgerEntry | None = None
+    said: verdicts.Said | None = None
     again: bool = False
 
 
@@ -152,23 +161,30 @@ class Rules:
     settings: ConsumerSettings
     kinds: tuple[str, ...]
     listening_since: datetime
+    host_name: str  # the consumer's, in its Decision records
 
     @property
     def alive_within(self) -> timedelta:
         return timedelta(seconds=self.settings.alive_within)
 
+    @property
+    def voice(self) -> Voice:
+        return Voice(self.policy.source, self.host_name, self.settings.mode == "shadow")
+
 
 @dataclass(frozen=True)
 class Situation:
     """One live event as a decision sees it: its document, the event as the policy sees it,
-    the fleet with what impacts it, its ledger entry (None: not counted), and which VMs the
-    release rule takes as alive (`vouched`)."""
+    the fleet with what impacts it, its ledger entry (None: not counted), which VMs the
+    release rule takes as alive (`vouched`), and the notification targets failing for good
+    (what its Decision records say in NotifyFailing)."""
 
     doc: Doc
     view: EventView
     fleet: FleetView
     entry: LedgerEntry | None
     vouched: Alive
+    failing: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -185,14 +201,6 @@ class _Settled:
 
 SETTLED = _Settled()
 _Check = Callable[[Situation, Rules, datetime], "Step | _Settled | None"]
-
-
-def with_grants(view: EventView, entry: LedgerEntry | None) -> EventView:
-    """`view` with the drains its ledger entry granted, and those its agents refused."""
-    if entry is None or not entry.get("granted"):
-        return view
-    return replace(view, granted=frozenset(entry.get("granted", ())),
-                   no_drain=frozenset(entry.get("no_drain", ())))  # fmt: skip
 
 
 def ended(doc: Doc, state: LedgerState) -> Ended | None:
@@ -242,7 +250,13 @@ def _freed(s: Situation, rules: Rules, now: datetime) -> Step | None:
         return None  # Azure itself says the event is on: silence frees nothing (issue 36)
     why = all_gone(s.value, s.view, s.entry, s.fleet.vms, fleet=s.vouched, now=now,
                    alive_within=rules.settings.alive_within)  # fmt: skip
-    return None if why is None else Release(s.key, why, said=s.view)
+    if why is None:
+        return None
+    return Release(s.key, why, said=_released(s, rules, why, now))
+
+
+def _released(s: Situation, rules: Rules, why: str, now: datetime) -> verdicts.Said:
+    return verdicts.released(s.value, s.view, why, voice=rules.voice, now=now, failing=s.failing)
 
 
 def _recount(s: Situation, rules: Rules, now: datetime) -> Step | None:
@@ -268,7 +282,8 @@ def _recount(s: Situation, rules: Rules, now: datetime) -> Step | None:
         f"event has reported since it was first seen at {iso(view.first_seen)}; after "
         f"{rules.settings.unknown_names_for:g} s the name no longer counts"
     )
-    return Shrink(s.key, tuple(vm for vm in entry["vms"] if vm not in lapsed), why, view)
+    kept = tuple(vm for vm in entry["vms"] if vm not in lapsed)
+    return Shrink(s.key, kept, why, _released(s, rules, why, now))
 
 
 def _counted_as_now(s: Situation, rules: Rules, now: datetime) -> Step | None:
@@ -301,28 +316,38 @@ def _unsent(s: Situation, rules: Rules, now: datetime) -> Step | _Settled | None
     timeout = rules.settings.approval_timeout
     if entry is not None and entry["origin"] == "granted":
         # The drains were granted: the approval is decided once they are done.
-        return None if entry.get("prepared") else _regrant(s, entry)
+        return None if entry.get("prepared") else _regrant(s, entry, now)
     if entry is None or needs_decision(entry, now, s.view.reporters, timeout):
         return None
     return SETTLED if entry.get("sent") else Resend(s.key, entry)
 
 
-def _regrant(s: Situation, entry: LedgerEntry) -> Grant:
+def _regrant(s: Situation, entry: LedgerEntry, now: datetime) -> Grant:
     """The Prepares of a granted entry written but not sent, to send again."""
     why = f"drain granted by rule {entry.get('rule')}"
     verdict = Verdict("Defer", str(entry.get("rule")), why, grant=tuple(entry.get("granted", ())))
-    return Grant(s.view, verdict, frozenset(), again=True)
+    prepares = verdicts.prepares(s.doc, s.view, verdict, now)
+    return Grant(s.view, verdict, frozenset(), prepares, again=True)
 
 
 def _decision(s: Situation, rules: Rules, now: datetime) -> Step | None:
+    """What the policy decides now, as the values the decision pass stores and sends."""
     verdict = evaluate(rules.policy, s.fleet, s.view, now)
+    voice, vms, failing = rules.voice, s.fleet.vms, s.failing
+    locks = locks_of(rules.kinds, s.view.counted, vms)
     if verdict.grant:
-        return Grant(s.view, verdict, locks_of(rules.kinds, s.view.counted, s.fleet.vms))
-    if not Dispatch.would_act(s.doc, verdict):
+        entry = verdicts.granted(s.view, verdict, s.entry, now)
+        said = verdicts.decided(s.doc, s.view, verdict, vms, voice=voice, now=now, failing=failing)
+        prepares = verdicts.prepares(s.doc, s.view, verdict, now)
+        return Grant(s.view, verdict, locks, prepares, entry, said)
+    if verdict.kind == "Approve" and verdict.target is not None:
+        approval, said = verdicts.approval(s.doc, s.view, verdict, vms, s.entry, voice=voice,
+                                           now=now, failing=failing)  # fmt: skip
+        return Apply(s.view, verdict, locks, said, approval)
+    if not verdicts.new_to_say(s.value, verdict):
         return None
-    approving = verdict.kind == "Approve"
-    locks = locks_of(rules.kinds, s.view.counted, s.fleet.vms) if approving else None
-    return Apply(s.view, verdict, locks)
+    said = verdicts.decided(s.doc, s.view, verdict, vms, voice=voice, now=now, failing=failing)
+    return Apply(s.view, verdict, locks if verdict.kind == "Approve" else None, said)
 
 
 def needs_decision(

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypedDict, cast
 
+from bridge.consumer.drains import DrainNote, drain_views, merged_drain
 from bridge.consumer.sources.eventgrid import Resource, resource_of
 from bridge.consumer.state import Doc, layout
-from bridge.policy.model import Blocker, DrainView, EventView, Scope, VmView, scope_of
+from bridge.policy.model import EventView, Scope, VmView, scope_of
 from bridge.records import RecordView, parse_time, record_id, vm_key
 from bridge.recordtypes import RECORD_TYPE
 
@@ -124,25 +125,6 @@ class Told(TypedDict, total=False):
     resources: list[str] | None
     not_before: str | None
     incarnation: int | None
-
-
-class DrainNote(TypedDict, total=False):
-    """An event document's drain of one VM, from its latest drain Hook record (HookName
-    "drain", HookPhase prepare). A sample:
-
-    {"status": "Blocked", "at": "2026-11-21T10:04:00.000Z", "since": "2026-11-21T10:00:00.000Z",
-     "blockers": [{"Namespace": "shop", "Pod": "web-1", "Reason": "EvictionRefused",
-                   "PodDisruptionBudget": "web-pdb"}]}
-
-    `since`: the TimeGenerated of the first Blocked record of the run that still lasts;
-    `failed`: the drain ended and the node is not ready (GaveUp with hold, Failed).
-    """
-
-    status: str
-    at: str
-    since: str
-    blockers: list[dict[str, str | None]]
-    failed: bool
 
 
 class AzureView(Told, total=False):
@@ -542,7 +524,9 @@ def _merge_hook_record(value: EventDocument, record: RecordView) -> None:
         ready.add(vm_id)
         value["ready"] = sorted(ready)
     if prepare and drain and isinstance(vm_id, str):
-        _merge_drain(value, vm_id, record)
+        note = merged_drain(value.get("drains", {}).get(vm_id), record)
+        if note is not None:
+            value.setdefault("drains", {})[vm_id] = note
     value.setdefault("event_id", field_of(record, "EventId"))
 
 
@@ -562,62 +546,6 @@ def _prepared(value: EventDocument, vm_id: str, record: RecordView, succeeded: b
         done.discard(step)
     prepared[vm_id] = sorted(done)
     return succeeded and done >= {str(s) for s in steps}
-
-
-_DRAIN_OVER = frozenset({"Drained", "GaveUp", "Failed"})
-MAX_BLOCKERS = 20  # as many as the schema lets a record name
-
-
-def _merge_drain(value: EventDocument, vm_id: str, record: RecordView) -> None:
-    """Keep the newest drain record of `vm_id`: Draining and Blocked are progress, never a
-    failed prepare; a Blocked run keeps the time it began (how long it has been blocked)."""
-    status, seen = field_of(record, "DrainStatus"), field_of(record, "TimeGenerated")
-    if status is None or seen is None:
-        return
-    drains = value.setdefault("drains", {})
-    held = drains.get(vm_id)
-    if held is not None and seen < held.get("at", ""):
-        return
-    note: DrainNote = {"status": status, "at": seen}
-    if status == "Blocked":
-        was_blocked = held is not None and held.get("status") == "Blocked"
-        note["since"] = str(held.get("since") or seen) if was_blocked and held else seen
-    blockers = record.get("DrainBlockers")
-    if isinstance(blockers, list):
-        note["blockers"] = [_blocker(b) for b in blockers[:MAX_BLOCKERS] if isinstance(b, dict)]
-    if status in _DRAIN_OVER and record.get("HookExitCode") != 0:
-        note["failed"] = True
-    drains[vm_id] = note
-
-
-def _blocker(given: Mapping[str, Any]) -> dict[str, str | None]:
-    def text(key: str) -> str | None:
-        found = given.get(key)
-        return found if isinstance(found, str) else None
-
-    return {
-        "Namespace": text("Namespace") or "",
-        "Pod": text("Pod") or "",
-        "Reason": text("Reason") or "",
-        "PodDisruptionBudget": text("PodDisruptionBudget"),
-    }
-
-
-def drain_views(value: EventDocument) -> dict[str, DrainView]:
-    """The event's drains as the policy sees them, by VmId."""
-    found = {}
-    for vm_id, note in (value.get("drains") or {}).items():
-        at = parse_time(note.get("at"))
-        if at is None:
-            continue
-        blockers = tuple(
-            Blocker(str(b.get("Namespace") or ""), str(b.get("Pod") or ""),
-                    str(b.get("Reason") or ""), b.get("PodDisruptionBudget"))
-            for b in note.get("blockers") or ()
-        )  # fmt: skip
-        found[vm_id] = DrainView(str(note.get("status")), at, parse_time(note.get("since")),
-                                 blockers, note.get("failed") is True)  # fmt: skip
-    return found
 
 
 def status(value: EventDocument, among: Collection[str] | None = None) -> str:
@@ -828,7 +756,7 @@ def event_view(
         ready=frozenset(value.get("ready", [])),
         tried=tried,
         asked_at=parse_time(value.get("asked", {}).get("at")),
-        drains=drain_views(value),
+        drains=drain_views(value.get("drains")),
         disagreements=disagreements(agents, azure, said if reports else None),
         azure=None if azure is None else str(azure.get("status")),
     )

@@ -1,7 +1,7 @@
 """The approval ledger: what counts against the budgets, and one approval per event.
 
 Commands are sent by bridge.consumer.dispatch; this module only stores what was decided
-and how it fared (the decision pass, bridge.consumer.decide, is the only one writing it,
+and how it fared (the decision pass, bridge.consumer.act, is the only one writing it,
 besides the answers folded in and the events forgotten).
 
 The ledger holds every event that impacts VMs now: approved by us and not yet completed,
@@ -28,7 +28,7 @@ write contested (the entry's shard, the locks) and the shards the locks' `wrote`
 the versions it held; the whole ledger only when that history has a gap (more than LOCK_LOG
 writes since, or a lock an earlier release wrote, which keeps no history). Where the state
 is kept between looks (Table Storage), an approval reads the same way before its write
-(`read_again` with its locks, bridge.consumer.decide), so that it conflicts only with a write
+(`read_again` with its locks, bridge.consumer.act), so that it conflicts only with a write
 made in between. Two decisions in
 different groups touch different documents and do not wait for each other, and no
 document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the
@@ -59,9 +59,16 @@ from datetime import timedelta
 from typing import Any, Literal, TypedDict, cast
 
 from bridge import recordtypes as rt
-from bridge.commands.message import LATE, command_id, is_late
+from bridge.commands.message import LATE, is_late
 from bridge.config import ConsumerSettings
 from bridge.consumer import documents as fs
+from bridge.consumer.drains import (
+    DrainGrant,
+    drains_nothing,
+    note_prepares_sent,
+    note_refusals,
+    prepare_answers,
+)
 from bridge.consumer.state import (
     MAX_CONFLICT_RETRIES,
     TRANSACTION_DOCS,
@@ -90,9 +97,10 @@ class _ImpactEntry(TypedDict):
     vms: list[str]  # VmIds, and names not yet resolved to one: what the budgets count
 
 
-class LedgerEntry(_ImpactEntry, total=False):
+class LedgerEntry(_ImpactEntry, DrainGrant, total=False):
     """One event in the ledger (the module's sample): a "started" entry has only the three
-    keys above (and `scopes`); an "approved" one also the command and how it fared."""
+    keys above (and `scopes`); an "approved" one also the command and how it fared; one
+    whose drains were granted (issue 30) what bridge.consumer.drains.DrainGrant keeps."""
 
     # Where the names of `vms` no VM was known by may be: the scopes, [subscription,
     # resource group, scale set], of the VMs that could see the event (EventView.scopes);
@@ -111,13 +119,6 @@ class LedgerEntry(_ImpactEntry, total=False):
     confirmed: bool
     refused: bool
     late: bool  # refused as Late: the event Started or ended first; no other VM is asked
-
-    # The drains granted (issue 30): the VMs sent a Prepare, whether those were sent, and the
-    # VMs whose agents refused theirs (they drain nothing for the event). Kept by the
-    # approval that follows.
-    granted: list[str]
-    prepared: bool
-    no_drain: list[str]
 
 
 SHARDS = 32
@@ -207,45 +208,12 @@ def _answer(entry: LedgerEntry) -> tuple[str, str]:
 
 
 def _prepares(entry: LedgerEntry) -> dict[tuple[str, str], str]:
-    """The (CommandId, VmId) of an Approval record answering each Prepare the entry's drains
-    were granted with, to the VmId."""
-    event_id = str(entry["event_id"])
-    return {
-        (command_id(event_id, vm, "Prepare"), vm.lower()): vm for vm in entry.get("granted", ())
-    }
+    return prepare_answers(str(entry["event_id"]), entry)
 
 
 def _answered_by(record: RecordView) -> tuple[str, str]:
     """The (CommandId, VmId) an Approval record answers."""
     return str(record.get("CommandId")), str(record.get("VmId")).lower()
-
-
-# The refusals of a Prepare that say the agent drains nothing (docs/contracts.md#command): it
-# has no node to drain, or is older than Prepare. Any other (a Replayed resend of a Prepare it
-# is acting on, a signature it cannot verify, one too late) leaves the drain waited for.
-_NO_DRAIN = ("Prepare", "Malformed")
-
-
-def _drains_nothing(record: RecordView) -> bool:
-    detail = record.get("ApprovalDetail")
-    return (
-        record.get("ApprovalOutcome") == "Refused"
-        and isinstance(detail, str)
-        and detail.startswith(_NO_DRAIN)
-    )
-
-
-def _refused_prepares(entry: LedgerEntry, answers: Collection[tuple[str, str]]) -> bool:
-    """Note the VMs whose agents answered their Prepare with one of `answers`, refusals that
-    say they drain nothing (`_drains_nothing`); True when the entry changed."""
-    refused = [vm for answer, vm in _prepares(entry).items() if answer in answers]
-    added = sorted(set(refused) - set(entry.get("no_drain", ())))
-    if added:
-        entry["no_drain"] = sorted({*entry.get("no_drain", ()), *added})
-        log.warning("the agents of %s refused the drain of event %s (Prepare; see their Approval "
-                    "records): the event is decided without draining them", ", ".join(added),
-                    entry["event_id"])  # fmt: skip
-    return bool(added)
 
 
 def _count(lock: Doc | None) -> int:
@@ -540,12 +508,12 @@ class ApprovalLedger:
         }
         if not outcomes:
             return set()
-        no_drain = {_answered_by(r) for r in approvals if _drains_nothing(r)}
+        no_drain = {_answered_by(r) for r in approvals if drains_nothing(r)}
 
         def fold(events: dict[str, LedgerEntry]) -> set[str]:
             touched = set()
             for key, entry in events.items():
-                if _refused_prepares(entry, no_drain):
+                if note_refusals(str(entry["event_id"]), entry, no_drain):
                     touched.add(key)
                 answer = (str(entry.get("command_id")), str(entry.get("target")).lower())
                 outcome = outcomes.get(answer)
@@ -580,11 +548,7 @@ class ApprovalLedger:
         """Mark the Prepares of the entry's drains sent (`written`: as `mark_sent`)."""
 
         def sent(events: dict[str, LedgerEntry]) -> set[str]:
-            entry = events.get(key)
-            if entry is None or entry.get("prepared") or not entry.get("granted"):
-                return set()
-            entry["prepared"] = True
-            return {key}
+            return {key} if note_prepares_sent(events.get(key)) else set()
 
         self._settle(sent, key, written)
 

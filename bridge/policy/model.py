@@ -23,7 +23,7 @@ ActionKind = Literal["approve", "approve_when_ready", "approve_in_window", "hold
 VerdictKind = Literal["Approve", "Defer", "Hold", "Ignore", "Release", "Ask"]
 
 
-# The DecisionRule of what a person decided (bridge.consumer.operators), not a rule.
+# The DecisionRule of what a person decided (bridge.consumer.people.operatorlog), not a rule.
 PERSON_RULE = "(person)"
 
 
@@ -200,7 +200,7 @@ def scope_of(vm: VmView) -> Scope:
 
 @dataclass(frozen=True)
 class Person:
-    """Who decides, as the API or the loopback page proved it (bridge.consumer.operators)."""
+    """Who decides, as the API or the loopback page proved it (bridge.consumer.people.operatorlog)."""
 
     object_id: str  # Entra oid, or "local:<os user>" on the standalone loopback page
     name: str  # display name / UPN
@@ -213,7 +213,7 @@ class Person:
 @dataclass(frozen=True)
 class PersonDecision:
     """A person's decision about one event, as the policy sees it: proven by the consumer's
-    signature (bridge.consumer.operators), never taken from a record."""
+    signature (bridge.consumer.people.operatorlog), never taken from a record."""
 
     kind: Literal["approve", "hold"]
     by: Person
@@ -337,7 +337,7 @@ class EventView:
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
     # When the consumer first asked a person about it (an `ask` rule); None: not asked yet.
     asked_at: datetime | None = None
-    # The last decision a person made about it, signed and verified (bridge.consumer.operators).
+    # The last decision a person made about it, signed and verified (bridge.consumer.people.operatorlog).
     person: PersonDecision | None = None
     drains: Mapping[str, DrainView] = field(default_factory=dict)  # VmId -> its drain
     granted: frozenset[str] = frozenset()  # VmIds the consumer sent a Prepare (a drain grant)

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from bridge.consumer import documents as fs
+from bridge.consumer.drains import drain_views
 from bridge.policy.model import VmView
 
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
@@ -140,13 +141,13 @@ def test_a_drain_in_progress_is_not_a_failed_prepare_and_keeps_when_it_got_block
         drain("Draining", "2026-11-21T10:00:30Z"),  # older, read late: changes nothing
     )
     assert value.get("ready", []) == []
-    found = fs.drain_views(value)["vm-0"]
+    found = drain_views(value.get("drains"))["vm-0"]
     assert (found.status, found.failed) == ("Blocked", False)
     assert found.blocked_since == datetime(2026, 11, 21, 10, 1, tzinfo=timezone.utc)
     assert [(b.namespace, b.pod, b.pdb) for b in found.blockers] == [("shop", "web-1", "web-pdb")]
     fs.merge_event(value, drain("Drained", "2026-11-21T10:03:00Z", code=0))
     assert value["ready"] == ["vm-0"]
-    assert fs.drain_views(value)["vm-0"].blocked_since is None
+    assert drain_views(value.get("drains"))["vm-0"].blocked_since is None
 
 
 def test_a_drain_that_gave_up_is_ready_with_approve_and_failed_with_hold() -> None:
@@ -154,4 +155,4 @@ def test_a_drain_that_gave_up_is_ready_with_approve_and_failed_with_hold() -> No
     assert approve["ready"] == ["vm-0"]
     hold = fold(drain("GaveUp", "2026-11-21T10:00:00Z", code=1))
     assert hold.get("ready", []) == []
-    assert fs.drain_views(hold)["vm-0"].failed
+    assert drain_views(hold.get("drains"))["vm-0"].failed

@@ -28,8 +28,8 @@ from bridge.consumer.decide import (
     ended,
     locks_first,
     plan,
-    with_grants,
 )
+from bridge.consumer.drains import with_grants
 from bridge.consumer.ledger import LedgerEntry, LedgerState, lock_of
 from bridge.consumer.state import Doc
 from bridge.policy.groups import group_key
@@ -41,7 +41,7 @@ T0 = datetime(2026, 11, 21, 10, 0, tzinfo=timezone.utc)
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 KEY = fs.event_key(E1)
 SETTINGS = ConsumerSettings()
-RULES = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), listening_since=T0 - timedelta(hours=1))
+RULES = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), T0 - timedelta(hours=1), "consumer-0")
 ALIVE_WITHIN = timedelta(seconds=SETTINGS.alive_within)
 
 
@@ -359,7 +359,7 @@ def test_a_decision_already_standing_is_not_said_again() -> None:
 def test_the_release_rule_waits_a_whole_alive_within_after_a_restart() -> None:
     scene = Scene()
     silent_past_due(scene)
-    just_started = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), scene.records.now)
+    just_started = Rules(DEFAULT_POLICY, SETTINGS, ("scale_set",), scene.records.now, "consumer-0")
     step = plan(scene.situation(), just_started, scene.records.now)
     # Not released: the approval went unanswered, so the event is decided again (no live VM
     # to carry it now).
@@ -390,3 +390,34 @@ def test_only_a_step_that_adds_impact_reads_its_locks_first(
     step: Step, locks: frozenset[str] | None
 ) -> None:
     assert locks_first(step) == locks
+
+
+def test_an_approval_step_carries_its_entry_command_and_record_as_one_decision() -> None:
+    scene = Scene()
+    granted_and_drained(scene)
+    step = plan(scene.situation(), RULES, scene.records.now)
+    assert isinstance(step, Apply)
+    assert step.approval is not None
+    entry, command, record = step.approval.entry, step.approval.command, step.said.record
+    web_0 = scene.id("web_0")
+    assert (command.type, command.vm_id, command.event_id) == ("Approve", web_0, E1)
+    assert entry["command_id"] == record["CommandId"] == command.command_id
+    assert (entry["target"], entry["sent"], entry["decision"]) == (web_0, False, record)
+    # The slot the drain was granted becomes the approval's.
+    assert (entry["granted"], entry.get("prepared")) == ([web_0], True)
+    assert (record["DecisionAction"], record["TargetVmId"]) == ("Approve", web_0)
+    assert (record["HostName"], record["PolicySource"]) == ("consumer-0", DEFAULT_POLICY.source)
+
+
+def test_a_grant_step_carries_its_entry_and_one_prepare_a_vm() -> None:
+    scene = Scene()
+    node_reboot(scene)
+    step = plan(scene.situation(), RULES, scene.records.now)
+    assert isinstance(step, Grant)
+    assert step.entry is not None
+    assert step.said is not None
+    web_0 = scene.id("web_0")
+    assert [(c.type, c.vm_id) for c in step.prepares] == [("Prepare", web_0)]
+    assert (step.entry["origin"], step.entry["granted"], step.entry["prepared"]) == (
+        "granted", [web_0], False)  # fmt: skip
+    assert step.said.record["DecisionAction"] == "Defer"

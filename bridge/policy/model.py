@@ -200,7 +200,8 @@ def scope_of(vm: VmView) -> Scope:
 
 @dataclass(frozen=True)
 class Person:
-    """Who decides, as the API or the loopback page proved it (bridge.consumer.people.operatorlog)."""
+    """Who decides, as the API or the loopback page proved it
+    (bridge.consumer.people.operatorlog)."""
 
     object_id: str  # Entra oid, or "local:<os user>" on the standalone loopback page
     name: str  # display name / UPN
@@ -337,7 +338,8 @@ class EventView:
     tried: tuple[str, ...] = ()  # VmIds already asked to approve it
     # When the consumer first asked a person about it (an `ask` rule); None: not asked yet.
     asked_at: datetime | None = None
-    # The last decision a person made about it, signed and verified (bridge.consumer.people.operatorlog).
+    # The last decision a person made about it, signed and verified
+    # (bridge.consumer.people.operatorlog).
     person: PersonDecision | None = None
     drains: Mapping[str, DrainView] = field(default_factory=dict)  # VmId -> its drain
     granted: frozenset[str] = frozenset()  # VmIds the consumer sent a Prepare (a drain grant)

@@ -1097,17 +1097,20 @@ def check_budgets(
         # of it no VM is known by; a group counts its live members and those some event
         # impacts.
         wanted = _keys(budget.group, fleet, event)
-        members: dict[str, set[str]] = {}
+        members: dict[str, tuple[set[str], frozenset[str], bool]] = {}
         for key, everyone in index.items():
-            if key in wanted or (unknown and _holds(budget.group, fleet, everyone, event.scopes)):
+            holds = bool(unknown) and _holds(budget.group, fleet, everyone, event.scopes)
+            if key in wanted or holds:
                 group = {v for v in everyone if v in counted or fleet.alive(v, now)}
-                if group:
-                    members[key] = group
-        for key, group in members.items():
+                # A group whose known members are all silent still holds the names no VM is
+                # known by (agent-less VMs told by Event Grid, issue 36): it is checked.
+                if group or holds:
+                    members[key] = (group, everyone, holds)
+        for key, (group, everyone, holds) in members.items():
             # A name no VM is known by may be a VM of any group its scopes can hold: counted
             # in each (worst case).
             mine = {v for v in (*event.affected, *event.possible) if v in group}
-            if unknown and _holds(budget.group, fleet, group, event.scopes):
+            if holds:
                 mine |= unknown
             if not mine:
                 continue
@@ -1124,7 +1127,7 @@ def check_budgets(
             elsewhere = {
                 name
                 for names, scopes in strays
-                if _holds(budget.group, fleet, group, scopes)
+                if _holds(budget.group, fleet, everyone, scopes)
                 for name in names
             }
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine

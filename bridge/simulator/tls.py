@@ -16,11 +16,10 @@ import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+if TYPE_CHECKING:
+    from cryptography import x509
 
 
 @dataclass(frozen=True)
@@ -61,6 +60,11 @@ class ThrowawayCertificate:
 
 
 def _name(common_name: str) -> x509.Name:
+    # cryptography loads only when a certificate is made: the command line (which imports the
+    # demo, which imports this) starts an agent without it.
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.x509.oid import NameOID  # noqa: PLC0415
+
     return x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "se-bridge simulator"),
@@ -71,6 +75,11 @@ def _name(common_name: str) -> x509.Name:
 
 def make_server_certificate(directory: Path, host_name: str = "localhost") -> ServerCertificate:
     """Write a fresh CA and a server certificate for `host_name` and 127.0.0.1 into `directory`."""
+    from cryptography import x509  # noqa: PLC0415 - as in _name
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import ExtendedKeyUsageOID  # noqa: PLC0415
+
     now = datetime.now(timezone.utc)
     not_before, not_after = now - timedelta(minutes=5), now + timedelta(days=2)
 
@@ -140,6 +149,8 @@ def make_server_certificate(directory: Path, host_name: str = "localhost") -> Se
 
 def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
     """Digital signatures always; certificate and CRL signing only for the CA."""
+    from cryptography import x509  # noqa: PLC0415 - as in _name
+
     return x509.KeyUsage(
         digital_signature=True,
         content_commitment=False,

@@ -56,3 +56,25 @@ def test_it_still_waits_once_every_agent_of_its_group_is_silent() -> None:
 def test_an_agentless_event_alone_fits_once_every_agent_is_silent() -> None:
     quiet = replace(fleet(timedelta(hours=1)), impacted={}, reach={})
     assert check_budgets(ONE_PER_SET, quiet, agentless("web_2"), NOW) is None
+
+
+API = replace(web(9, timedelta(minutes=1)), name="api_0", scale_set="api")
+
+
+def never_onboarded(busy: frozenset[tuple[str | None, str | None, str | None]]) -> FleetView:
+    """No VM of the scale set web ever had an agent; web_3's reboot, reaching `busy`, is on."""
+    return FleetView(vms={API.vm_id: API}, impacted={"e2": frozenset({"web_3"})},
+                     reach={"e2": busy})  # fmt: skip
+
+
+def test_a_set_no_agent_ever_reported_still_takes_one_at_a_time() -> None:
+    said = check_budgets(ONE_PER_SET, never_onboarded(frozenset({WEB_SCOPE})), agentless("web_2"),
+                         NOW)  # fmt: skip
+    assert said is not None
+    assert said[0] == "Defer"
+    assert "no agent reports" in said[1]
+
+
+def test_a_name_of_another_scope_does_not_hold_it() -> None:
+    elsewhere = frozenset({("s", "rg", "db")})
+    assert check_budgets(ONE_PER_SET, never_onboarded(elsewhere), agentless("web_2"), NOW) is None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -46,6 +47,7 @@ from bridge.policy.model import PERSON_RULE
 from bridge.records import parse_time
 from bridge.recordtypes import RECORD_TYPE
 from bridge.simulator import Simulator, SimulatorServer
+from bridge.simulator.arm import ArmServer
 from bridge.simulator.eventgrid import EventGridDouble, GridFaults
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
@@ -271,11 +273,12 @@ class View:
             answer = answers.get(command)
             how = _how(decision, answer, started.get(str(decision["EventId"]).lower()))
             counts[how[0]] += 1
-            if how[0] != "reached IMDS":
+            if how[0] not in ("reached IMDS", "approved through ARM"):
                 target = decision["TargetVmName"] or decision["TargetVmId"]
                 missed.append(f"  {str(decision['EventId'])[:8]} {decision['EventType']:<9} "
                               f"via {target}: {how[1]}")  # fmt: skip
-        order = ("reached IMDS", "came too late", "refused", "failed", "never answered")
+        order = ("reached IMDS", "approved through ARM", "came too late", "refused", "failed",
+                 "never answered")  # fmt: skip
         said = ", ".join(f"{counts[k]} {k}" for k in order if counts[k] or k == order[0])
         return [f"approve decisions {len(approves)}: {said}", *missed] if approves else []
 
@@ -372,6 +375,8 @@ class Seen:
 def summarise(record: rt.Record) -> str:
     if record[RECORD_TYPE] == "Decision":
         target = f" via {record['TargetVmName']}" if record["TargetVmName"] else ""
+        if record["DecisionAction"] == "Approve" and not record["TargetVmId"]:
+            target = " via ARM" if "ARM" in record["DecisionReason"] else target
         return (
             f"Decision {record['DecisionAction']:<7} {record['EventId'][:8]} "
             f"rule {record['DecisionRule']}{target}"
@@ -382,7 +387,9 @@ def summarise(record: rt.Record) -> str:
         refused = record["ApprovalOutcome"] == "Refused"
         code = record["ApprovalDetail"].partition(":")[0] if refused else ""
         code = f" {code}" if code.isalpha() else ""  # Late, Expired, ...: why, in a word
-        return f"Approval {record['ApprovalOutcome']}{code} {str(record['EventId'])[:8]}{took}"
+        arm = " through ARM" if record["ApprovalSource"] == "ARM" else ""
+        return (f"Approval {record['ApprovalOutcome']}{code}{arm} {str(record['EventId'])[:8]}"
+                f"{took}")  # fmt: skip
     if record[RECORD_TYPE] == "Event":
         mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]
         inferred = " (inferred)" if record["Inferred"] else ""
@@ -409,7 +416,8 @@ def _how(decision: rt.Decision, answer: rt.Approval | None, started: str | None)
         )
     outcome, detail = answer["ApprovalOutcome"], answer["ApprovalDetail"]
     if outcome == "Approved":
-        return "reached IMDS", detail
+        return ("approved through ARM" if answer["ApprovalSource"] == "ARM" else "reached IMDS",
+                detail)  # fmt: skip
     if is_late(answer):
         return "came too late", f"came too late: {detail.removeprefix(LATE + ': ')}"
     if outcome == "Refused" and detail.startswith("Expired:"):
@@ -476,21 +484,35 @@ def demo_keys(root: Path) -> tuple[str, str]:
 
 
 # With --event-grid: the VM that runs no agent (a Spot VM of the scale set web), whose events
-# reach the consumer only through the simulator's Event Grid (issue 36).
+# reach the consumer only through the simulator's Event Grid (issue 36); a live agent of its set
+# (web_0, web_1) carries their approvals, as Azure lets any VM of the placement group approve.
 AGENTLESS = "web_2"
+# And a standalone VM that runs no agent: no agent sees its events at all, so their approvals go
+# through ARM's acknowledge (the simulator's, over HTTPS, with a real managed-identity token).
+UNSEEN = "vm-0"
 
 
 def consumer_config(
-    root: Path, policy: Path | None, *, signing_key: str = "", grid_subscription: str = ""
+    root: Path,
+    policy: Path | None,
+    *,
+    signing_key: str = "",
+    grid_subscription: str = "",
+    arm_endpoint: str = "",
 ) -> Config:
     """The central half, on local transports: the hub the agents write, their command dirs;
     its approval page on a free loopback port; with `grid_subscription`, Event Grid's
-    deliveries of that subscription from the local hub `eventgrid` too."""
+    deliveries of that subscription from the local hub `eventgrid` too, and with
+    `arm_endpoint` ARM's acknowledge there as the carrier of last resort, as the consumer's
+    managed identity."""
     grid = EventGridSettings()
     if grid_subscription:
         grid = EventGridSettings(enabled=True, health=True, hub=str(root / "eventgrid"),
                                  subscriptions=[grid_subscription])  # fmt: skip
+    if grid_subscription and arm_endpoint:
+        grid = dataclasses.replace(grid, acknowledge=True, arm_endpoint=arm_endpoint)
     return Config(
+        identity=IdentitySettings(kind="managed") if arm_endpoint else IdentitySettings(),
         eventgrid=grid,
         commands=CommandsSettings(
             channel=f"local:{root / 'commands'}",
@@ -535,25 +557,35 @@ class Demo:
         from bridge.consumer.service import ConsumerService  # noqa: PLC0415
 
         self.simulator = Simulator(Fleet(demo_vms(seed=0), time_scale=scale))
-        subscription = self.simulator.fleet.vm(AGENTLESS).subscription_id if event_grid else ""
+        self.server = SimulatorServer(self.simulator)
+        self.grid: EventGridDouble | None = None
+        self.arm: ArmServer | None = None
+        self.agentless: tuple[str, ...] = ()
+        subscription = endpoint = ""
+        if event_grid:
+            subscription = self.simulator.fleet.vm(AGENTLESS).subscription_id
+            self.grid = EventGridDouble(self.simulator, root / "eventgrid", GridFaults(delay=0.5))
+            self.agentless = (AGENTLESS, UNSEEN)
+            self.arm = ArmServer.for_simulator(self.simulator).start()
+            endpoint = self.arm.endpoint
+            # The consumer (in this process) reaches ARM as it would in Azure: its managed
+            # identity's token from the simulator's identity endpoint, and trust in the
+            # simulator's throwaway CA. This process is the demo's alone.
+            self.server.start()
+            os.environ.update(self.arm.client_environment(self.server.vm_url(UNSEEN)))
         config = consumer_config(root, policy or demo_policy(root), signing_key=signing_key,
-                                 grid_subscription=subscription)  # fmt: skip
+                                 grid_subscription=subscription, arm_endpoint=endpoint)  # fmt: skip
         self.consumer: ConsumerService = ConsumerService(
             config, extra_sinks=[ViewSink("central", view)]
         )
         self.consumer_state_dir = config.consumer_state_dir()
-        self.server = SimulatorServer(self.simulator)
-        self.grid: EventGridDouble | None = None
-        self.agentless: tuple[str, ...] = ()
-        if event_grid:
-            self.grid = EventGridDouble(self.simulator, root / "eventgrid", GridFaults(delay=0.5))
-            self.agentless = (AGENTLESS,)
         self.stops: list[threading.Event] = []
         self.threads: list[threading.Thread] = []
         self.played: list[tuple[str, list[str]]] = []
 
     def start(self) -> None:
-        self.server.start()
+        if self.arm is None:  # with --event-grid it serves the consumer's token already
+            self.server.start()
         from bridge.consumer.people.app import LocalSignIn  # noqa: PLC0415 - as above
 
         page = self.consumer.serve_page()
@@ -610,6 +642,8 @@ class Demo:
             thread.join(timeout=30)
         if self.grid is not None:
             self.grid.stop()
+        if self.arm is not None:
+            self.arm.stop()
         self.server.stop()
 
 
@@ -666,9 +700,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="approval policy file (default: the built-in policy, with a rule that "
                    "asks a person about db-0)")  # fmt: skip
     p.add_argument("--event-grid", action="store_true",
-                   help=f"Azure's view as a second source (preview): {AGENTLESS} runs no agent, "
-                   "and every event and VM health change also reaches the consumer through a "
-                   "simulated Event Grid, so the budgets count web_2's events too")  # fmt: skip
+                   help=f"Azure's view as a second source (preview): {AGENTLESS} and {UNSEEN} "
+                   "run no agent, every event and VM health change also reaches the consumer "
+                   "through a simulated Event Grid, so the budgets count their events too, and "
+                   f"the consumer approves {UNSEEN}'s events, which no agent sees, through a "
+                   "simulated ARM acknowledge")  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -775,9 +811,14 @@ def print_summary(demo: Demo, root: Path) -> None:
           + " (each VM records every change it sees of an event)")  # fmt: skip
     if demo.grid is not None:
         counts = demo.grid.counts
-        for vm in demo.agentless:
-            print(f"  {vm} ran no agent: the consumer heard of its events from Event Grid "
-                  f"({counts['sent']} deliveries in all) and as names in its neighbours' "
-                  "events, and its scale set's budget counted them")  # fmt: skip
+        print(f"  {AGENTLESS} ran no agent: the consumer heard of its events from Event Grid "
+              f"({counts['sent']} deliveries in all) and as names in its neighbours' events, "
+              "its scale set's budget counted them, and a neighbour's agent carries their "
+              "approvals")  # fmt: skip
+        arm = [a for a in demo.simulator.approvals() if a.via == "ARM"]
+        said = ", ".join(f"{(a.event_id or '')[:8]} on {a.vm}" for a in arm) if arm else "none yet"
+        print(f"  {UNSEEN} ran no agent and no agent sees its events: the consumer approved "
+              f"them through ARM's acknowledge ({said}; its Approval records say "
+              "ApprovalSource ARM)")  # fmt: skip
     print(f"  records of each VM: {root}/<vm>/records.jsonl")
     print(f"  the consumer's decisions: {root}/decisions.jsonl")

@@ -101,21 +101,16 @@ def check_budgets(
         index = (fleet.groups or {}).get(budget.group)
         if index is None:
             index = group_index((budget.group,), fleet.vms)[budget.group]
-        # Only the event's own groups can be broken by it, and those that can hold a name
-        # of it no VM is known by; a group counts its live members and those some event
-        # impacts.
-        wanted = _keys(budget.group, fleet, event)
-        members: dict[str, set[str]] = {}
-        for key, everyone in index.items():
-            if key in wanted or (unknown and _holds(budget.group, fleet, everyone, event.scopes)):
-                group = {v for v in everyone if v in counted or fleet.alive(v, now)}
-                if group:
-                    members[key] = group
-        for key, group in members.items():
+        members = _members(budget.group, fleet, event, index, counted, now)
+        if unknown and not any(holds for _, _, holds in members.values()):
+            verdict = _unheld(budget, event, unknown, strays, notes)
+            if verdict is not None:
+                return verdict
+        for key, (group, everyone, holds) in members.items():
             # A name no VM is known by may be a VM of any group its scopes can hold: counted
             # in each (worst case).
             mine = {v for v in (*event.affected, *event.possible) if v in group}
-            if unknown and _holds(budget.group, fleet, group, event.scopes):
+            if holds:
                 mine |= unknown
             if not mine:
                 continue
@@ -132,7 +127,7 @@ def check_budgets(
             elsewhere = {
                 name
                 for names, scopes in strays
-                if _holds(budget.group, fleet, group, scopes)
+                if _holds(budget.group, fleet, everyone, scopes)
                 for name in names
             }
             busy = (others if budget.group == "fleet" else others & (group | elsewhere)) - mine
@@ -154,6 +149,74 @@ def check_budgets(
             )
     if not budgets:
         _note(notes, "no budget applies")
+    return None
+
+
+def _members(  # noqa: PLR0917 - check_budgets' parts
+    kind: str,
+    fleet: FleetView,
+    event: EventView,
+    index: Mapping[str, frozenset[str]],
+    counted: set[str],
+    now: datetime,
+) -> dict[str, tuple[set[str], frozenset[str], bool]]:
+    """The groups of kind `kind` `event` can break: key -> (its live and impacted members,
+    all its members, whether it can hold the event's names no VM is known by).
+
+    Only the event's own groups can be broken by it, and those that can hold a name of it no
+    VM is known by; a group counts its live members and those some event impacts. A group
+    whose known members are all silent still holds such names (agent-less VMs Event Grid told
+    of, issue 36): it is checked."""
+    wanted = _keys(kind, fleet, event)
+    members: dict[str, tuple[set[str], frozenset[str], bool]] = {}
+    for key, everyone in index.items():
+        holds = bool(event.unknown) and _holds(kind, fleet, everyone, event.scopes)
+        if key in wanted or holds:
+            group = {v for v in everyone if v in counted or fleet.alive(v, now)}
+            if group or holds:
+                members[key] = (group, everyone, holds)
+    return members
+
+
+def _unheld(
+    budget: Budget,
+    event: EventView,
+    unknown: set[str],
+    strays: list[tuple[frozenset[str], frozenset[Scope]]],
+    notes: list[str] | None,
+) -> tuple[VerdictKind, str] | None:
+    """`budget` for the names no VM is known by that no known group can hold: VMs of a set no
+    agent ever reported (issue 36: Event Grid tells their events, ARM can approve them). In
+    the worst case they are one group with the other events' such names that may share one
+    of their scopes (any scope where either has none)."""
+    where = set(event.scopes)
+    busy = {
+        name
+        for names, scopes in strays
+        if not where or not scopes or where & scopes
+        for name in names
+    } - unknown
+    limit = budget.limit(len(busy | unknown))
+    names = ", ".join(sorted(unknown))
+    if len(unknown) > limit:
+        why = (
+            f"budget {budget.name}: the event alone impacts {len(unknown)} VMs no agent "
+            f"reports ({names}), more than the {limit} allowed: it starts at NotBefore"
+        )
+        _note(notes, why)
+        return "Hold", why
+    if len(busy | unknown) > limit:
+        why = (
+            f"budget {budget.name}: {len(busy)} VMs no agent reports are impacted where "
+            f"{names} may be; {len(unknown)} more would exceed {limit}"
+        )
+        _note(notes, why)
+        return "Defer", why
+    _note(
+        notes,
+        f"budget {budget.name}: {len(busy)} VMs no agent reports are impacted where "
+        f"{names} may be; {len(unknown)} more fit the limit of {limit}",
+    )
     return None
 
 

@@ -35,13 +35,15 @@ TOKEN_LIFETIME = 86399  # managed identity tokens live about a day
 
 @dataclass(frozen=True)
 class Approval:
-    """One EventId in a StartRequests POST, as received (event_id is None if unreadable)."""
+    """One EventId in a StartRequests POST, as received (event_id is None if unreadable), or
+    in ARM's acknowledge (`via` "ARM", `vm` the first VM of the event's Resources)."""
 
     vm: str
     event_id: str | None
     at: float
     status: int
     event_status: str | None = None  # the event's status right after the POST
+    via: str = "IMDS"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,6 +53,7 @@ class Approval:
             "timestamp": self.at,
             "status": self.status,
             "eventStatus": self.event_status,
+            "via": self.via,
         }
 
 
@@ -75,7 +78,7 @@ class Simulator:
         self._counters: dict[str, Counter[str]] = {name: Counter() for name in fleet.names}
         self._served_generation: dict[str, int] = {}
         # The access tokens issued, and for which resource: what a test double of a service
-        # checks a bearer token against (the ARM double, tests/doubles/arm.py).
+        # checks a bearer token against (ARM's acknowledge, bridge.simulator.arm).
         self.issued: dict[str, str] = {}
         # Told every change, under the simulator's lock (the Event Grid double, issue 36).
         self.observers: list[Callable[[Sequence[Change]], None]] = []
@@ -145,6 +148,30 @@ class Simulator:
         with self._lock:
             self.tick()
             self._log(self.fleet.approve(vm, event_ids, self.now()))
+
+    def acknowledge(self, scope: str, event_id: str) -> bool:
+        """ARM's acknowledge of `event_id` at the compute resource `scope` (a scale set,
+        availability set or VM id; bridge.simulator.arm): approves the event as a StartRequests
+        POST of its VMs does, and records it. False, and nothing changes, when no current event
+        of that id is kept under `scope` (it never was, or it is over)."""
+        with self._lock:
+            self.tick()
+            try:
+                event = self.fleet.event(event_id)
+            except UnknownEventError:
+                return False
+            if not event.spec.resources:
+                return False
+            vm = self.fleet.vm(event.spec.resources[0])
+            if vm.events_scope.lower() != scope.lower():
+                return False
+            self._log(self.fleet.approve(vm.name, [event.event_id], self.now(), by="ARM"))
+            approval = Approval(vm.name, event.event_id, self.now(), 200, event.status, "ARM")
+            self._approvals.append(approval)
+            logger.info("Approval received through ARM's acknowledge for event %s (%s's "
+                        "scheduled events): event is %s.", event.event_id, scope,
+                        event.status)  # fmt: skip
+            return True
 
     def record_approvals(self, vm: str, event_ids: Sequence[str] | None, status: int) -> None:
         with self._lock:

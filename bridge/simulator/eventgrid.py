@@ -74,15 +74,7 @@ class GridFaults:
 
 def scheduled_delivery(vm: Vm, event: SimEvent, status: str, at: float) -> dict[str, Any]:
     """The delivery Azure sends when `event` (of `vm`'s set) becomes `status` at `at`."""
-    base = f"/subscriptions/{vm.subscription_id}/resourceGroups/{vm.resource_group}"
-    base += "/providers/Microsoft.Compute"
-    if vm.vm_scale_set_name:
-        parent = f"{base}/virtualMachineScaleSets/{vm.vm_scale_set_name}"
-    elif vm.availability_set:
-        parent = f"{base}/availabilitySets/{vm.availability_set}"
-    else:
-        parent = f"{base}/virtualMachines/{vm.name}"
-    resource = f"{parent}/providers/microsoft.maintenance/scheduledevents/{event.event_id}"
+    resource = f"{vm.events_scope}/providers/microsoft.maintenance/scheduledevents/{event.event_id}"
     spec = event.spec
     return {
         "id": str(uuid.uuid4()),

@@ -284,8 +284,11 @@ class Fleet:
         # Real documents carry both cases (the docs show C7061BAC-... and f020ba2e-...).
         return event_id.upper() if self._rng.random() < 0.5 else event_id
 
-    def approve(self, vm: str, event_ids: Sequence[str], now: Now) -> list[Change]:
-        """Apply a StartRequests POST from `vm`. Unknown ids raise before anything changes."""
+    def approve(
+        self, vm: str, event_ids: Sequence[str], now: Now, by: str | None = None
+    ) -> list[Change]:
+        """Apply a StartRequests POST from `vm` (or an approval `by` ARM's acknowledge, for
+        events `vm` sees). Unknown ids raise before anything changes."""
         ts = timestamp(now)
         self.vm(vm)
         known = {ev.event_id.lower(): ev for ev in self.events_for(vm)}
@@ -297,9 +300,9 @@ class Fleet:
             ev = known[event_id.lower()]
             if ev.status != SCHEDULED or ev.approved_at is not None:
                 continue  # approving twice is allowed and changes nothing
-            ev.approved_at, ev.approved_by = ts, vm
+            ev.approved_at, ev.approved_by = ts, by or vm
             delay = f"; it starts in {ev.approval_delay:.1f} s" if ev.approval_delay > 0 else ""
-            changes.append(self._change("approved", ev, ts, f"by {vm}{delay}"))
+            changes.append(self._change("approved", ev, ts, f"by {by or vm}{delay}"))
         return changes + self.advance(ts)
 
     def start(self, event_id: str, now: Now) -> list[Change]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -68,7 +69,35 @@ class ClosingHTTPServer(ThreadingHTTPServer):
         logger.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
-class SimHTTPServer(ClosingHTTPServer):
+class RoutingHTTPServer(ClosingHTTPServer):
+    """A simulator's HTTP service: each request, its body read (bounded), goes to `route`.
+    Given a TLS context every connection is TLS, its handshake on the handler's thread, never
+    in the accept loop (the ARM service, bridge.simulator.arm)."""
+
+    def __init__(
+        self, address: tuple[str, int], stopping: threading.Event, tls: ssl.SSLContext | None
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.stopping, self.tls = stopping, tls
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, address = super().get_request()
+        if self.tls is None:
+            return sock, address
+        return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[0], self.server_address[1]
+        host = host.decode() if isinstance(host, bytes) else host
+        scheme = "http" if self.tls is None else "https"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+    def route(self, request: Request) -> Reply:
+        raise NotImplementedError
+
+
+class SimHTTPServer(RoutingHTTPServer):
     def __init__(
         self,
         address: tuple[str, int],
@@ -76,16 +105,9 @@ class SimHTTPServer(ClosingHTTPServer):
         stopping: threading.Event,
         fixed_vm: str | None = None,
     ) -> None:
-        super().__init__(address, _Handler)
+        super().__init__(address, stopping, None)
         self.simulator = simulator
-        self.stopping = stopping
         self.fixed_vm = fixed_vm
-
-    @property
-    def url(self) -> str:
-        host, port = self.server_address[0], self.server_address[1]
-        host = host.decode() if isinstance(host, bytes) else host
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
     def route(self, request: Request) -> Reply:
         sim, wait = self.simulator, self.stopping.wait
@@ -116,6 +138,12 @@ class _Handler(BaseHTTPRequestHandler):
     # segments are not held back: otherwise Nagle plus delayed ACKs add ~40 ms per poll.
     wbufsize = -1
     disable_nagle_algorithm = True
+    server: RoutingHTTPServer
+
+    def setup(self) -> None:
+        super().setup()
+        if self.server.tls is not None:
+            self.request.do_handshake()  # fails: handle_error says so at DEBUG
 
     def do_GET(self) -> None:
         self._dispatch()
@@ -134,7 +162,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         server = self.server
-        assert isinstance(server, SimHTTPServer)
+        assert isinstance(server, RoutingHTTPServer)
         body = self._read_body()
         if body is None:
             self._send(json_reply(413, {"error": "the body is too large"}))
@@ -174,7 +202,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send_slowly(self, reply: Reply) -> None:
         server = self.server
-        assert isinstance(server, SimHTTPServer)
+        assert isinstance(server, RoutingHTTPServer)
         if reply.endless:
             chunk = b"%x\r\n%s\r\n" % (len(reply.body) or 1, reply.body or b" ")
             for _ in range(ENDLESS_BYTES // len(chunk)):

@@ -86,6 +86,19 @@ class Vm:
             return f"{scale_set}/virtualMachines/{instance}"
         return f"{base}/virtualMachines/{self.name}"
 
+    @property
+    def events_scope(self) -> str:
+        """The compute resource Azure keeps this VM's scheduled events under (Event Grid's
+        deliveries name it, ARM's acknowledge is addressed to it): its scale set, its
+        availability set, or the VM itself."""
+        base = f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
+        base += "/providers/Microsoft.Compute"
+        if self.vm_scale_set_name:
+            return f"{base}/virtualMachineScaleSets/{self.vm_scale_set_name}"
+        if self.availability_set:
+            return f"{base}/availabilitySets/{self.availability_set}"
+        return f"{base}/virtualMachines/{self.name}"
+
     def instance_metadata(self) -> dict[str, Any]:
         """The /metadata/instance document (api-version 2021-02-01 shape, abridged).
 

@@ -57,9 +57,17 @@ if TYPE_CHECKING:
     from bridge.consumer.service import ConsumerService
 
 SCENARIOS = (
-    "live-migration", "user-reboot", "availability-set", "spot-preempt", "canceled",
-    "hardware-failure", "redeploy", "vmss-terminate", "platform-reboot", "reset-24h",
-)  # fmt: skip
+    "live-migration",
+    "user-reboot",
+    "availability-set",
+    "spot-preempt",
+    "canceled",
+    "hardware-failure",
+    "redeploy",
+    "vmss-terminate",
+    "platform-reboot",
+    "reset-24h",
+)
 DEMO_NOTICE = 300.0  # simulated seconds
 # The scenario a person is asked about (the demo policy's ask rule names its VM, db-0): it
 # gives them a minute of real time before NotBefore, and the ask half of it.
@@ -90,24 +98,39 @@ class Answering:
         command then continued over lines with a backslash, so it still pastes into a shell."""
         code = self.login_code()
         token = f"{self.state_dir}/operator-token"
-        page = f"signs you in once: {self.url}/login?code={code} (each decision asks for " \
-            f"the token in {token})" if code else (
-            f"signed in already; else the token in {token}: {self.url}/"
-        )  # fmt: skip
+        page = (
+            f"signs you in once: {self.url}/login?code={code} (each decision asks for "
+            f"the token in {token})"
+            if code
+            else (f"signed in already; else the token in {token}: {self.url}/")
+        )
         vms = ", ".join(ask["Resources"]) or "its VMs"
-        words = [se_bridge(), ["approve", ask["EventId"]], ["--api", self.url],
-                 ["--state-dir", str(self.state_dir)], ["--reason", f"checked {vms}"]]  # fmt: skip
-        lines = [f"    answer on the page ({page})"] if width is None else wrap(
-            f"    answer on the page, {page}", width, "      "
-        )  # fmt: skip
+        words = [
+            se_bridge(),
+            ["approve", ask["EventId"]],
+            ["--api", self.url],
+            ["--state-dir", str(self.state_dir)],
+            ["--reason", f"checked {vms}"],
+        ]
+        lines = (
+            [f"    answer on the page ({page})"]
+            if width is None
+            else wrap(f"    answer on the page, {page}", width, "      ")
+        )
         return lines + continued("    or approve it: ", words, width)
 
 
 def wrap(text: str, width: int, indent: str) -> list[str]:
     """`text` in lines of `width` at most, broken at spaces; a word too long for a line is
     cut, as every line of the live view is, rather than broken where a person would copy it."""
-    lines = textwrap.wrap(text, width, subsequent_indent=indent, break_long_words=False,
-                          break_on_hyphens=False, drop_whitespace=True)  # fmt: skip
+    lines = textwrap.wrap(
+        text,
+        width,
+        subsequent_indent=indent,
+        break_long_words=False,
+        break_on_hyphens=False,
+        drop_whitespace=True,
+    )
     return [line[:width] for line in lines] or [""]
 
 
@@ -275,10 +298,18 @@ class View:
             counts[how[0]] += 1
             if how[0] not in ("reached IMDS", "approved through ARM"):
                 target = decision["TargetVmName"] or decision["TargetVmId"]
-                missed.append(f"  {str(decision['EventId'])[:8]} {decision['EventType']:<9} "
-                              f"via {target}: {how[1]}")  # fmt: skip
-        order = ("reached IMDS", "approved through ARM", "came too late", "refused", "failed",
-                 "never answered")  # fmt: skip
+                missed.append(
+                    f"  {str(decision['EventId'])[:8]} {decision['EventType']:<9} "
+                    f"via {target}: {how[1]}"
+                )
+        order = (
+            "reached IMDS",
+            "approved through ARM",
+            "came too late",
+            "refused",
+            "failed",
+            "never answered",
+        )
         said = ", ".join(f"{counts[k]} {k}" for k in order if counts[k] or k == order[0])
         return [f"approve decisions {len(approves)}: {said}", *missed] if approves else []
 
@@ -388,8 +419,7 @@ def summarise(record: rt.Record) -> str:
         code = record["ApprovalDetail"].partition(":")[0] if refused else ""
         code = f" {code}" if code.isalpha() else ""  # Late, Expired, ...: why, in a word
         arm = " through ARM" if record["ApprovalSource"] == "ARM" else ""
-        return (f"Approval {record['ApprovalOutcome']}{code}{arm} {str(record['EventId'])[:8]}"
-                f"{took}")  # fmt: skip
+        return f"Approval {record['ApprovalOutcome']}{code}{arm} {str(record['EventId'])[:8]}{took}"
     if record[RECORD_TYPE] == "Event":
         mine = {True: "this VM", False: "other VM", None: "?"}[record["AffectsThisVm"]]
         inferred = " (inferred)" if record["Inferred"] else ""
@@ -416,8 +446,10 @@ def _how(decision: rt.Decision, answer: rt.Approval | None, started: str | None)
         )
     outcome, detail = answer["ApprovalOutcome"], answer["ApprovalDetail"]
     if outcome == "Approved":
-        return ("approved through ARM" if answer["ApprovalSource"] == "ARM" else "reached IMDS",
-                detail)  # fmt: skip
+        return (
+            "approved through ARM" if answer["ApprovalSource"] == "ARM" else "reached IMDS",
+            detail,
+        )
     if is_late(answer):
         return "came too late", f"came too late: {detail.removeprefix(LATE + ': ')}"
     if outcome == "Refused" and detail.startswith("Expired:"):
@@ -507,8 +539,12 @@ def consumer_config(
     managed identity."""
     grid = EventGridSettings()
     if grid_subscription:
-        grid = EventGridSettings(enabled=True, health=True, hub=str(root / "eventgrid"),
-                                 subscriptions=[grid_subscription])  # fmt: skip
+        grid = EventGridSettings(
+            enabled=True,
+            health=True,
+            hub=str(root / "eventgrid"),
+            subscriptions=[grid_subscription],
+        )
     if grid_subscription and arm_endpoint:
         grid = dataclasses.replace(grid, acknowledge=True, arm_endpoint=arm_endpoint)
     return Config(
@@ -573,8 +609,13 @@ class Demo:
             # simulator's throwaway CA. This process is the demo's alone.
             self.server.start()
             os.environ.update(self.arm.client_environment(self.server.vm_url(UNSEEN)))
-        config = consumer_config(root, policy or demo_policy(root), signing_key=signing_key,
-                                 grid_subscription=subscription, arm_endpoint=endpoint)  # fmt: skip
+        config = consumer_config(
+            root,
+            policy or demo_policy(root),
+            signing_key=signing_key,
+            grid_subscription=subscription,
+            arm_endpoint=endpoint,
+        )
         self.consumer: ConsumerService = ConsumerService(
             config, extra_sinks=[ViewSink("central", view)]
         )
@@ -696,15 +737,22 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="where the agents and the consumer keep their state and records "
         "(default: a new directory under the system's temporary directory)",
     )
-    p.add_argument("--policy", type=Path, metavar="FILE",
-                   help="approval policy file (default: the built-in policy, with a rule that "
-                   "asks a person about db-0)")  # fmt: skip
-    p.add_argument("--event-grid", action="store_true",
-                   help=f"Azure's view as a second source (preview): {AGENTLESS} and {UNSEEN} "
-                   "run no agent, every event and VM health change also reaches the consumer "
-                   "through a simulated Event Grid, so the budgets count their events too, and "
-                   f"the consumer approves {UNSEEN}'s events, which no agent sees, through a "
-                   "simulated ARM acknowledge")  # fmt: skip
+    p.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="approval policy file (default: the built-in policy, with a rule that "
+        "asks a person about db-0)",
+    )
+    p.add_argument(
+        "--event-grid",
+        action="store_true",
+        help=f"Azure's view as a second source (preview): {AGENTLESS} and {UNSEEN} "
+        "run no agent, every event and VM health change also reaches the consumer "
+        "through a simulated Event Grid, so the budgets count their events too, and "
+        f"the consumer approves {UNSEEN}'s events, which no agent sees, through a "
+        "simulated ARM acknowledge",
+    )
     p.set_defaults(func=run)
 
 
@@ -717,8 +765,9 @@ def run(args: argparse.Namespace) -> int:
     live = sys.stdout.isatty()
     view = View(sys.stdout, live)
     try:
-        demo = Demo(root, args.time_scale, args.poll_interval, view, args.policy,
-                    event_grid=args.event_grid)  # fmt: skip
+        demo = Demo(
+            root, args.time_scale, args.poll_interval, view, args.policy, event_grid=args.event_grid
+        )
     except ConfigError as err:
         print(f"se-bridge: configuration error: {err}", file=sys.stderr)
         return 2
@@ -806,19 +855,25 @@ def print_summary(demo: Demo, root: Path) -> None:
         median = latencies[len(latencies) // 2]
         print(f"  approval latency (decision to IMDS): median {median} ms, max {latencies[-1]} ms")
     kinds = demo.view.counts
-    print(f"  records written {sum(kinds.values())}: "
-          + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
-          + " (each VM records every change it sees of an event)")  # fmt: skip
+    print(
+        f"  records written {sum(kinds.values())}: "
+        + ", ".join(f"{n} {kind}" for kind, n in kinds.most_common())
+        + " (each VM records every change it sees of an event)"
+    )
     if demo.grid is not None:
         counts = demo.grid.counts
-        print(f"  {AGENTLESS} ran no agent: the consumer heard of its events from Event Grid "
-              f"({counts['sent']} deliveries in all) and as names in its neighbours' events, "
-              "its scale set's budget counted them, and a neighbour's agent carries their "
-              "approvals")  # fmt: skip
+        print(
+            f"  {AGENTLESS} ran no agent: the consumer heard of its events from Event Grid "
+            f"({counts['sent']} deliveries in all) and as names in its neighbours' events, "
+            "its scale set's budget counted them, and a neighbour's agent carries their "
+            "approvals"
+        )
         arm = [a for a in demo.simulator.approvals() if a.via == "ARM"]
         said = ", ".join(f"{(a.event_id or '')[:8]} on {a.vm}" for a in arm) if arm else "none yet"
-        print(f"  {UNSEEN} ran no agent and no agent sees its events: the consumer approved "
-              f"them through ARM's acknowledge ({said}; its Approval records say "
-              "ApprovalSource ARM)")  # fmt: skip
+        print(
+            f"  {UNSEEN} ran no agent and no agent sees its events: the consumer approved "
+            f"them through ARM's acknowledge ({said}; its Approval records say "
+            "ApprovalSource ARM)"
+        )
     print(f"  records of each VM: {root}/<vm>/records.jsonl")
     print(f"  the consumer's decisions: {root}/decisions.jsonl")

@@ -64,8 +64,9 @@ def private_directory(path: Path) -> None:
     info = path.stat()
     if info.st_uid == os.geteuid() and info.st_mode & 0o007:
         path.chmod(info.st_mode & 0o770)
-        log.info("%s was open to every user of this machine: now mode %o", path,
-                 info.st_mode & 0o770)  # fmt: skip
+        log.info(
+            "%s was open to every user of this machine: now mode %o", path, info.st_mode & 0o770
+        )
 
 
 def readable_by_others(path: Path) -> bool:

@@ -316,8 +316,13 @@ class Front:
         try:
             return call(self._app, asked)
         except Exception:
-            log.warning("%s: answering %s %s failed", self._name, asked["REQUEST_METHOD"],
-                        asked["PATH_INFO"][:100], exc_info=True)  # fmt: skip
+            log.warning(
+                "%s: answering %s %s failed",
+                self._name,
+                asked["REQUEST_METHOD"],
+                asked["PATH_INFO"][:100],
+                exc_info=True,
+            )
             return _plain(500, "the answer failed")
 
 

@@ -61,8 +61,19 @@ def required_fields(record_type: object) -> list[str]:
 
 # Columns a Log Analytics query returns beside the record's: the table's standard ones, and
 # the result table's name that az adds to each row.
-TABLE_COLUMNS = frozenset({"TableName", "TenantId", "Type", "SourceSystem", "_ResourceId",
-                           "_SubscriptionId", "_ItemId", "_IsBillable", "_BilledSize"})  # fmt: skip
+TABLE_COLUMNS = frozenset(
+    {
+        "TableName",
+        "TenantId",
+        "Type",
+        "SourceSystem",
+        "_ResourceId",
+        "_SubscriptionId",
+        "_ItemId",
+        "_IsBillable",
+        "_BilledSize",
+    }
+)
 _FRACTION = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)$")
 
 
@@ -134,8 +145,12 @@ def _boolean(text: str) -> bool:
 
 
 _READERS: dict[str, Any] = {
-    "long": int, "real": float, "boolean": _boolean, "dynamic": json.loads, "datetime": _datetime,
-}  # fmt: skip
+    "long": int,
+    "real": float,
+    "boolean": _boolean,
+    "dynamic": json.loads,
+    "datetime": _datetime,
+}
 
 
 def kusto_type(prop: dict[str, Any]) -> str:

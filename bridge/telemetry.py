@@ -122,8 +122,11 @@ class Endpoint:
 
     def start(self) -> Endpoint:
         self._front.start()
-        log.info("metrics and health probes at http://%s:%d/metrics, /healthz and /readyz",
-                 self.host, self.port)  # fmt: skip
+        log.info(
+            "metrics and health probes at http://%s:%d/metrics, /healthz and /readyz",
+            self.host,
+            self.port,
+        )
         return self
 
     def close(self) -> None:

@@ -53,9 +53,16 @@ SEEN_GRACE = timedelta(minutes=5)
 # Redelivered, handled here before and handed over again: nothing new to record;
 # Prepared, a Prepare accepted: the drain started (its Hook records follow, no Approval).
 Kind = Literal[
-    "Approved", "Refused", "Failed", "Duplicate", "Busy", "Retry", "Replayed", "Redelivered",
+    "Approved",
+    "Refused",
+    "Failed",
+    "Duplicate",
+    "Busy",
+    "Retry",
+    "Replayed",
+    "Redelivered",
     "Prepared",
-]  # fmt: skip
+]
 
 
 class Runner(Protocol):
@@ -172,10 +179,14 @@ class Approver:
         """The ApprovalDetail of a request refused as Late: its event `went` (Started, Ended)."""
         when = self._came(request)
         if went == "Started":
-            return (f"{LATE}: event {request.event_id} has already Started: the approval came "
-                    f"{when}, nothing to approve")  # fmt: skip
-        return (f"{LATE}: event {request.event_id} has ended: it left this VM's Scheduled "
-                f"Events document before the approval came, {when}")  # fmt: skip
+            return (
+                f"{LATE}: event {request.event_id} has already Started: the approval came "
+                f"{when}, nothing to approve"
+            )
+        return (
+            f"{LATE}: event {request.event_id} has ended: it left this VM's Scheduled "
+            f"Events document before the approval came, {when}"
+        )
 
     def approved(self, event_id: str) -> bool:
         with self._lock:
@@ -218,9 +229,12 @@ class Approver:
     def _not_draining(self, command: Command) -> Attempt:
         """A Prepare grants a drain; an agent with no node to drain refuses it, so that the
         consumer stops waiting for a drain that never comes."""
-        return self._refuse(command, "Prepare: this agent drains no Kubernetes node (its "
-                            "[kubernetes] section is off), so it has nothing to prepare; it "
-                            "approves nothing on a Prepare")  # fmt: skip
+        return self._refuse(
+            command,
+            "Prepare: this agent drains no Kubernetes node (its "
+            "[kubernetes] section is off), so it has nothing to prepare; it "
+            "approves nothing on a Prepare",
+        )
 
     def _drain(self, command: Command) -> Attempt:
         """A Prepare grants a drain: checked as an approval is (expiry, then a fresh document
@@ -233,8 +247,11 @@ class Approver:
             return look
         document, event, base, went = look
         # A late one keeps the detail the consumer reads as Late (it starts "Late:").
-        why = (f"{self._late_detail(request, went)} (a Prepare)" if went is not None
-               else _prepare_refusal(document, event, request))  # fmt: skip
+        why = (
+            f"{self._late_detail(request, went)} (a Prepare)"
+            if went is not None
+            else _prepare_refusal(document, event, request)
+        )
         if why is not None:
             refused = replace(base, detail=why, late=went)
             self.record(refused, seen_until=command.expires_at)
@@ -246,11 +263,16 @@ class Approver:
             try:
                 self._spool.commit([], state={StateKey.SEEN_COMMANDS: seen})
             except SPOOL_ERRORS as err:
-                log.warning("could not save that command %s was handled (%s): a replay "
-                            "starts the same drain again, which finds it done", command.command_id,
-                            err)  # fmt: skip
-        return Attempt("Prepared", f"Prepare accepted: the drain of this node for event "
-                       f"{command.event_id} started")  # fmt: skip
+                log.warning(
+                    "could not save that command %s was handled (%s): a replay "
+                    "starts the same drain again, which finds it done",
+                    command.command_id,
+                    err,
+                )
+        return Attempt(
+            "Prepared",
+            f"Prepare accepted: the drain of this node for event {command.event_id} started",
+        )
 
     def _expired(self, command: Command, request: Request) -> Attempt:
         """It expires at the event's NotBefore, when the platform starts the event: the
@@ -320,9 +342,13 @@ class Approver:
             try:
                 self._spool.commit([record], state=state or None)
             except SPOOL_ERRORS as err:
-                log.error("the Approval record of event %s (%s) could not be written to the "
-                          "spool %s: %s", outcome.event_id, outcome.outcome, self._spool.path,
-                          err)  # fmt: skip
+                log.error(
+                    "the Approval record of event %s (%s) could not be written to the spool %s: %s",
+                    outcome.event_id,
+                    outcome.outcome,
+                    self._spool.path,
+                    err,
+                )
 
     def _look(
         self, request: Request
@@ -371,8 +397,9 @@ class Approver:
         answered = self._now()
         latency = max(0, round((answered - request.issued_at).total_seconds() * 1000))
         detail = f"IMDS accepted StartRequests for {base.event_type} {request.event_id}: "
-        approved = replace(base, outcome="Approved", detail=detail + request.reason,
-                           latency_ms=latency)  # fmt: skip
+        approved = replace(
+            base, outcome="Approved", detail=detail + request.reason, latency_ms=latency
+        )
         self.record(approved, remember=True, seen_until=request.expires_at)
         return Attempt("Approved", approved.detail, approved)
 
@@ -419,8 +446,10 @@ def untrusted(command: Command | None, code: str, why: str) -> ApprovalOutcome:
     """A refusal whose ids nobody vouches for: named in the detail, not in the fields."""
     claimed = ""
     if command is not None:
-        claimed = (f" (it claims CommandId {command.command_id}, EventId "
-                   f"{command.event_id}, VmId {command.vm_id})")  # fmt: skip
+        claimed = (
+            f" (it claims CommandId {command.command_id}, EventId "
+            f"{command.event_id}, VmId {command.vm_id})"
+        )
     return ApprovalOutcome(
         event_id=None,
         event_type=None,
@@ -440,8 +469,10 @@ def _refusal(document: ParsedDocument, event: ParsedEvent | None, event_id: str)
     """Why IMDS's current document forbids approving `event_id`; None when it allows it."""
     if event is None:
         where = f"this VM's current Scheduled Events document (incarnation {document.incarnation})"
-        return (f"event {event_id} is not in {where}, and this agent never saw it: it may be "
-                "shown to other VMs only, or have ended before this agent looked")  # fmt: skip
+        return (
+            f"event {event_id} is not in {where}, and this agent never saw it: it may be "
+            "shown to other VMs only, or have ended before this agent looked"
+        )
     status = event.present.get("EventStatus")
     if not (isinstance(status, str) and status.strip().lower() == "scheduled"):
         return f"event {event_id} is {status!r}, not Scheduled"
@@ -490,8 +521,11 @@ def _load(spool: Spool) -> dict[str, str]:
     try:
         saved = spool.load_state(StateKey.APPROVALS) or {}
     except SPOOL_ERRORS as err:
-        log.warning("cannot read which events this agent approved before (%s): a command "
-                    "delivered again may be approved again, which IMDS accepts", err)  # fmt: skip
+        log.warning(
+            "cannot read which events this agent approved before (%s): a command "
+            "delivered again may be approved again, which IMDS accepts",
+            err,
+        )
         return {}
     events = saved.get("events")
     if not isinstance(events, dict):
@@ -503,8 +537,11 @@ def _load_seen(spool: Spool) -> dict[str, dict[str, str]]:
     try:
         saved = spool.load_state(StateKey.SEEN_COMMANDS) or {}
     except SPOOL_ERRORS as err:
-        log.warning("cannot read which commands this agent handled before (%s): a replay "
-                    "is checked against IMDS again, not refused as a replay", err)  # fmt: skip
+        log.warning(
+            "cannot read which commands this agent handled before (%s): a replay "
+            "is checked against IMDS again, not refused as a replay",
+            err,
+        )
         return {}
     seen = saved.get("seen")
     if not isinstance(seen, dict):

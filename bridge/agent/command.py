@@ -142,8 +142,12 @@ def run_check(args: argparse.Namespace) -> int:
 
 def check_imds(config: Config) -> str:
     """What IMDS at imds.url answered, in a sentence; DeliveryError saying what did not."""
-    client = imds.ImdsClient(config.imds.url, config.imds.api_version, timeout=CHECK_SECONDS,
-                             first_call_timeout=CHECK_SECONDS)  # fmt: skip
+    client = imds.ImdsClient(
+        config.imds.url,
+        config.imds.api_version,
+        timeout=CHECK_SECONDS,
+        first_call_timeout=CHECK_SECONDS,
+    )
     try:
         try:
             body = client.scheduled_events()
@@ -163,8 +167,10 @@ def check_imds(config: Config) -> str:
                 "(http://HOST:PORT/vm/NAME)?"
             ) from err
         count = len(document.events)
-        said = (f"Scheduled Events answered (DocumentIncarnation {document.incarnation}, "
-                f"{count} event{'' if count == 1 else 's'})")  # fmt: skip
+        said = (
+            f"Scheduled Events answered (DocumentIncarnation {document.incarnation}, "
+            f"{count} event{'' if count == 1 else 's'})"
+        )
         return f"{said}; {_this_vm(client, config)}"
     finally:
         client.close()

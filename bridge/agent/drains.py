@@ -62,29 +62,54 @@ class DrainJob:
     earlier_ok: bool = True
 
     @classmethod
-    def make(cls, phase: rt.HookPhase, event_id: str, event_type: Any, not_before: Any, *,
-             transition: rt.Transition, trigger: str) -> DrainJob:  # fmt: skip
-        return cls(record_id(KIND, event_id.lower(), phase), phase, event_id,
-                   event_type if isinstance(event_type, str) else None,
-                   not_before if isinstance(not_before, str) else None, transition,
-                   trigger)  # fmt: skip
+    def make(
+        cls,
+        phase: rt.HookPhase,
+        event_id: str,
+        event_type: Any,
+        not_before: Any,
+        *,
+        transition: rt.Transition,
+        trigger: str,
+    ) -> DrainJob:
+        return cls(
+            record_id(KIND, event_id.lower(), phase),
+            phase,
+            event_id,
+            event_type if isinstance(event_type, str) else None,
+            not_before if isinstance(not_before, str) else None,
+            transition,
+            trigger,
+        )
 
     @property
     def preempt(self) -> bool:
         return self.event_type == "Preempt"
 
     def to_payload(self) -> dict[str, Any]:
-        return {"kind": KIND, "job_id": self.job_id, "phase": self.phase,
-                "event_id": self.event_id, "event_type": self.event_type,
-                "not_before": self.not_before, "transition": self.transition,
-                "trigger": self.trigger}  # fmt: skip
+        return {
+            "kind": KIND,
+            "job_id": self.job_id,
+            "phase": self.phase,
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "not_before": self.not_before,
+            "transition": self.transition,
+            "trigger": self.trigger,
+        }
 
     @classmethod
     def from_payload(cls, payload: Mapping[str, Any]) -> DrainJob:
         try:
-            return cls(str(payload["job_id"]), payload["phase"], str(payload["event_id"]),
-                       payload.get("event_type"), payload.get("not_before"),
-                       payload["transition"], str(payload["trigger"]))  # fmt: skip
+            return cls(
+                str(payload["job_id"]),
+                payload["phase"],
+                str(payload["event_id"]),
+                payload.get("event_type"),
+                payload.get("not_before"),
+                payload["transition"],
+                str(payload["trigger"]),
+            )
         except KeyError as err:
             raise ValueError(f"not a drain job payload: {err} missing") from err
 
@@ -105,8 +130,9 @@ def drain_record(
     """The Hook record of a drain's progress or outcome; an outcome replayed after a crash
     keeps its RecordId, as a hook's does."""
     outcome = report.exit_code is not None
-    rid = (record_id(job.job_id, "Hook") if outcome
-           else record_id(job.job_id, report.status, iso(now)))  # fmt: skip
+    rid = (
+        record_id(job.job_id, "Hook") if outcome else record_id(job.job_id, report.status, iso(now))
+    )
     blockers: list[dict[str, str | None]] = [b.to_record() for b in report.blockers]
     return hook_fields(
         origin.common("Hook", rid, now),
@@ -163,22 +189,39 @@ class DrainJobs:
         self._health = NodeHealth(name="")
         self._changed = False
         self._watcher: threading.Thread | None = None
-        rules = Rules(settings.skip_label, settings.wait_label, settings.order_label,
-                      settings.evict_without_controller)  # fmt: skip
-        drain = DrainSettings(rules, on_deadline=cast(Any, settings.on_deadline),
-                              eviction_retry=settings.eviction_retry,
-                              blocked_report_interval=settings.blocked_report_interval,
-                              poll=settings.pod_poll_interval)  # fmt: skip
-        self.drainer = Drainer(api, "", drain, wait=self._stop.wait, clock=clock,
-                               on_refused=metrics.evictions_refused.inc)  # fmt: skip
+        rules = Rules(
+            settings.skip_label,
+            settings.wait_label,
+            settings.order_label,
+            settings.evict_without_controller,
+        )
+        drain = DrainSettings(
+            rules,
+            on_deadline=cast(Any, settings.on_deadline),
+            eviction_retry=settings.eviction_retry,
+            blocked_report_interval=settings.blocked_report_interval,
+            poll=settings.pod_poll_interval,
+        )
+        self.drainer = Drainer(
+            api,
+            "",
+            drain,
+            wait=self._stop.wait,
+            clock=clock,
+            on_refused=metrics.evictions_refused.inc,
+        )
 
     # --- what the node is ---------------------------------------------------------------
 
     def node_name(self) -> str:
         """kubernetes.node_name, else NODE_NAME (the downward API), else the VM's name."""
         origin = self._origin()
-        return (self.settings.node_name or os.environ.get("NODE_NAME", "").strip()
-                or origin.identity.vm_name or origin.host_name)  # fmt: skip
+        return (
+            self.settings.node_name
+            or os.environ.get("NODE_NAME", "").strip()
+            or origin.identity.vm_name
+            or origin.host_name
+        )
 
     def node_health(self) -> NodeHealth:
         with self._lock:
@@ -208,9 +251,14 @@ class DrainJobs:
             phase = phase_for(event)
             if phase is None or (phase == "prepare" and not self._drains_at_sight(event)):
                 continue
-            job = DrainJob.make(phase, event["EventId"], event.get("EventType"),
-                                event.get("NotBefore"), transition=event["Transition"],
-                                trigger=str(event.get("RecordId") or ""))  # fmt: skip
+            job = DrainJob.make(
+                phase,
+                event["EventId"],
+                event.get("EventType"),
+                event.get("NotBefore"),
+                transition=event["Transition"],
+                trigger=str(event.get("RecordId") or ""),
+            )
             jobs.setdefault(job.job_id, job)
         return list(jobs.values())
 
@@ -263,8 +311,12 @@ class DrainJobs:
                 return
             if job.phase == "recover":
                 self._ended.add(job.event_id.lower())
-            thread = threading.Thread(target=self._run, args=(job,), daemon=True,
-                                      name=f"drain-{job.phase}-{job.event_id[:8]}")  # fmt: skip
+            thread = threading.Thread(
+                target=self._run,
+                args=(job,),
+                daemon=True,
+                name=f"drain-{job.phase}-{job.event_id[:8]}",
+            )
             self._running[job.job_id] = (job, thread)
         thread.start()
 
@@ -274,8 +326,12 @@ class DrainJobs:
         try:
             saved = self._spool.load_state(StateKey.DRAIN_HOLDS) or {}
         except SPOOL_ERRORS as err:
-            log.warning("which events hold node %s could not be read (%s); the end of one of "
-                        "them may uncordon it early", self.node_name(), err)  # fmt: skip
+            log.warning(
+                "which events hold node %s could not be read (%s); the end of one of "
+                "them may uncordon it early",
+                self.node_name(),
+                err,
+            )
             saved = {}
         events = saved.get("events")
         with self._lock:
@@ -316,10 +372,15 @@ class DrainJobs:
         try:
             report = self._prepare(job) if job.phase == "prepare" else self._recover(job)
         except Exception as exc:
-            log.exception("the %s of node %s for event %s failed", _what(job),
-                          self.drainer.node_name, job.event_id)  # fmt: skip
-            report = Report("Failed", f"the {_what(job)} failed: {exc}", exit_code=1,
-                            error=str(exc))  # fmt: skip
+            log.exception(
+                "the %s of node %s for event %s failed",
+                _what(job),
+                self.drainer.node_name,
+                job.event_id,
+            )
+            report = Report(
+                "Failed", f"the {_what(job)} failed: {exc}", exit_code=1, error=str(exc)
+            )
         finally:
             with self._lock:
                 self._running.pop(job.job_id, None)
@@ -330,17 +391,23 @@ class DrainJobs:
     def _prepare(self, job: DrainJob) -> Report | None:
         self.drainer.node_name = self.node_name()
         if job.event_type not in self.settings.event_types:
-            return Report("Drained", f"event type {job.event_type} does not drain the node "
-                          f"(kubernetes.event_types): ready at once", exit_code=0)  # fmt: skip
+            return Report(
+                "Drained",
+                f"event type {job.event_type} does not drain the node "
+                f"(kubernetes.event_types): ready at once",
+                exit_code=0,
+            )
         self._metrics.drains.labels("started").inc()
         self._hold(job.event_id, True)
         self._set_health(draining=job.event_id)
         started = self._clock()
         report = self.drainer.drain(
-            job.event_id, self._remaining(job), preempt=job.preempt,
+            job.event_id,
+            self._remaining(job),
+            preempt=job.preempt,
             report=lambda progress: self._progress(job, progress, started),
             ended=lambda: self._has_ended(job.event_id),
-        )  # fmt: skip
+        )
         if report is not None:
             self._metrics.drains.labels(OUTCOMES.get(report.status, "failed")).inc()
             if report.others_cordon:
@@ -359,8 +426,9 @@ class DrainJobs:
     def _has_ended(self, event_id: str) -> bool:
         key = event_id.lower()
         with self._lock:
-            return key in self._ended or (self._polled and self._open is not None
-                                          and key not in self._open)  # fmt: skip
+            return key in self._ended or (
+                self._polled and self._open is not None and key not in self._open
+            )
 
     def _recover(self, job: DrainJob) -> Report | None:
         self.drainer.node_name = self.node_name()
@@ -376,14 +444,21 @@ class DrainJobs:
             except KubeError as err:
                 first, wait = streak.failed(err)
                 if first:
-                    log.warning("cannot uncordon node %s after event %s yet (%s); trying again "
-                                "until it answers", self.drainer.node_name, job.event_id,
-                                err)  # fmt: skip
+                    log.warning(
+                        "cannot uncordon node %s after event %s yet (%s); trying again "
+                        "until it answers",
+                        self.drainer.node_name,
+                        job.event_id,
+                        err,
+                    )
                 if self._stop.wait(wait):
                     return None
         if streak.succeeded():
-            log.info("node %s: the marks of event %s were removed once the API answered",
-                     self.drainer.node_name, job.event_id)  # fmt: skip
+            log.info(
+                "node %s: the marks of event %s were removed once the API answered",
+                self.drainer.node_name,
+                job.event_id,
+            )
         with self._lock:
             self._ended.discard(job.event_id.lower())
         self._hold(job.event_id, False)
@@ -401,8 +476,12 @@ class DrainJobs:
         with self._saving:  # saved in the order they were made; the poll loop never waits
             with self._lock:
                 # An event over since (its recover's own save failed) is dropped on the way.
-                kept = [e for e in self._holding if e.lower() != key and (
-                    not self._polled or self._open is None or e.lower() in self._open)]  # fmt: skip
+                kept = [
+                    e
+                    for e in self._holding
+                    if e.lower() != key
+                    and (not self._polled or self._open is None or e.lower() in self._open)
+                ]
                 holding = [*kept, event_id] if holds else kept
                 if holding == self._holding:
                     return
@@ -410,17 +489,27 @@ class DrainJobs:
             try:
                 self._spool.commit([], state={StateKey.DRAIN_HOLDS: {"events": holding}})
             except SPOOL_ERRORS as err:
-                log.warning("which events hold node %s could not be saved (%s); after a "
-                            "restart the end of one of them may uncordon it early",
-                            self.drainer.node_name, err)  # fmt: skip
+                log.warning(
+                    "which events hold node %s could not be saved (%s); after a "
+                    "restart the end of one of them may uncordon it early",
+                    self.drainer.node_name,
+                    err,
+                )
 
     def _successor(self, event_id: str) -> str | None:
         """Another open event whose drain holds the node, if any: it keeps the node cordoned."""
         key = event_id.lower()
         with self._lock:
-            return next((e for e in self._holding if e.lower() != key
-                         and e.lower() not in self._ended
-                         and (self._open is None or e.lower() in self._open)), None)  # fmt: skip
+            return next(
+                (
+                    e
+                    for e in self._holding
+                    if e.lower() != key
+                    and e.lower() not in self._ended
+                    and (self._open is None or e.lower() in self._open)
+                ),
+                None,
+            )
 
     def _wait_for_observation(self) -> bool:
         """Wait until IMDS has answered since the start (False: stopped first): which events
@@ -459,29 +548,42 @@ class DrainJobs:
         now = self._now()
         took = int((self._clock() - started) * 1000)
         record = drain_record(self._origin(), job, report, now, took, steps=self._book.names)
-        shown = {"node": self.drainer.node_name, "event": job.event_id, "phase": job.phase,
-                 "status": report.status, "at": iso(now), "detail": record["HookOutput"],
-                 "blockers": record["DrainBlockers"] or []}  # fmt: skip
+        shown = {
+            "node": self.drainer.node_name,
+            "event": job.event_id,
+            "phase": job.phase,
+            "status": report.status,
+            "at": iso(now),
+            "detail": record["HookOutput"],
+            "blockers": record["DrainBlockers"] or [],
+        }
         try:
             if finish:
                 self._book.finish(job, [record], ok=report.ready)
             self._spool.commit([] if finish else [record], state={StateKey.DRAIN: shown})
             self._metrics.made([record])
         except SPOOL_ERRORS as err:
-            log.error("the %s record of the %s for event %s could not be saved (%s)%s",
-                      report.status, _what(job), job.event_id, err,
-                      "; it runs again at the next start" if finish else "")  # fmt: skip
+            log.error(
+                "the %s record of the %s for event %s could not be saved (%s)%s",
+                report.status,
+                _what(job),
+                job.event_id,
+                err,
+                "; it runs again at the next start" if finish else "",
+            )
             return
-        level = logging.WARNING if report.status in ("Blocked", "GaveUp", "Failed") else (
-            logging.INFO)  # fmt: skip
+        level = (
+            logging.WARNING if report.status in ("Blocked", "GaveUp", "Failed") else (logging.INFO)
+        )
         log.log(level, "%s", report.detail)
 
     def _drop(self, job: DrainJob) -> None:
         try:
             self._book.finish(job, [], ok=False)
         except SPOOL_ERRORS as err:
-            log.warning("the %s job for event %s stays in the spool (%s)", _what(job),
-                        job.event_id, err)  # fmt: skip
+            log.warning(
+                "the %s job for event %s stays in the spool (%s)", _what(job), job.event_id, err
+            )
 
     # --- watching the node ----------------------------------------------------------------
 
@@ -500,8 +602,11 @@ class DrainJobs:
                 failing = False
             except KubeError as err:
                 if not failing:
-                    log.warning("cannot read node %s (%s); the agent keeps polling and looks "
-                                "again", self.drainer.node_name, err)  # fmt: skip
+                    log.warning(
+                        "cannot read node %s (%s); the agent keeps polling and looks again",
+                        self.drainer.node_name,
+                        err,
+                    )
                 failing = True
             wait = 1.0 if (failing or not cleaned) else WATCH_INTERVAL
             self._stop.wait(min(wait, WATCH_INTERVAL))
@@ -514,10 +619,20 @@ class DrainJobs:
                 return key in running or (self._open is not None and key in self._open)
 
         for event_id in self.drainer.strays(held, node):
-            log.warning("node %s carries the marks of a drain for event %s, which is no longer "
-                        "open: removing them", self.drainer.node_name, event_id)  # fmt: skip
-            job = DrainJob.make("recover", event_id, None, None, transition="Completed",
-                                trigger=record_id(KIND, event_id.lower(), "stray"))  # fmt: skip
+            log.warning(
+                "node %s carries the marks of a drain for event %s, which is no longer "
+                "open: removing them",
+                self.drainer.node_name,
+                event_id,
+            )
+            job = DrainJob.make(
+                "recover",
+                event_id,
+                None,
+                None,
+                transition="Completed",
+                trigger=record_id(KIND, event_id.lower(), "stray"),
+            )
             self._book.save(job, "the uncordon of a stray mark")
             self.submit(job)
 

@@ -126,9 +126,10 @@ class Heartbeats:
             "imds_url": poll.address,
             "imds_healthy": poll.healthy,
             "last_imds_success": iso(poll.last_success) if poll.last_success else None,
-            "last_imds_error": None if error is None else {
-                "at": iso(poll.last_error_at) if poll.last_error_at else None, "error": error},
-        }  # fmt: skip
+            "last_imds_error": None
+            if error is None
+            else {"at": iso(poll.last_error_at) if poll.last_error_at else None, "error": error},
+        }
 
     def imds_news(self) -> None:
         """IMDS began or stopped answering: tell `se-bridge status` now, not at the next

@@ -116,16 +116,21 @@ class HookJobs:
 
     def done(self, job: HookJob, outcome: HookOutcome) -> None:
         """A hook finished (on a hook worker): its Hook record, and the job off the spool."""
-        self._metrics.hook(job.phase, "timeout" if outcome.timed_out else "ok" if outcome.ok
-                           else "failed")  # fmt: skip
+        self._metrics.hook(
+            job.phase, "timeout" if outcome.timed_out else "ok" if outcome.ok else "failed"
+        )
         record = hook_record(self._origin(), job, outcome, self._now(), self._book.names)
         try:
             self._book.finish(job, [record], ok=outcome.ok)
             self._metrics.made([record])
         except SPOOL_ERRORS as err:
-            log.error("the outcome of the %s hook for event %s could not be saved (%s); the "
-                      "hook stays due and runs again at the next start", job.phase,
-                      job.event_id, err)  # fmt: skip
+            log.error(
+                "the outcome of the %s hook for event %s could not be saved (%s); the "
+                "hook stays due and runs again at the next start",
+                job.phase,
+                job.event_id,
+                err,
+            )
 
 
 def _hook(job: Job) -> HookJob:

@@ -223,10 +223,28 @@ def hook_fields(
 # IDENTITY_HEADER, MSI_SECRET, an SE_BRIDGE_* connection string): a hook gets the event, not
 # the agent's credentials. `hooks.environment` names more variables to pass.
 BASE_ENVIRONMENT = (
-    "PATH", "HOME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "USER", "LOGNAME", "SHELL",
-    "SYSTEMROOT", "WINDIR", "SYSTEMDRIVE", "COMSPEC", "PATHEXT", "TEMP", "TMP", "USERPROFILE",
-    "PROGRAMDATA", "PROGRAMFILES", "PROGRAMFILES(X86)", "ALLUSERSPROFILE",
-)  # fmt: skip
+    "PATH",
+    "HOME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "USER",
+    "LOGNAME",
+    "SHELL",
+    "SYSTEMROOT",
+    "WINDIR",
+    "SYSTEMDRIVE",
+    "COMSPEC",
+    "PATHEXT",
+    "TEMP",
+    "TMP",
+    "USERPROFILE",
+    "PROGRAMDATA",
+    "PROGRAMFILES",
+    "PROGRAMFILES(X86)",
+    "ALLUSERSPROFILE",
+)
 LOCALE_PREFIX = "LC_"
 OWN_PREFIX = "SE_BRIDGE_"
 
@@ -332,8 +350,10 @@ class HookRunner:
         if full:
             log.warning(
                 "hook queue full (%d pending): %s hook for event %s stays pending",
-                self._max_pending, job.phase, job.event_id,
-            )  # fmt: skip
+                self._max_pending,
+                job.phase,
+                job.event_id,
+            )
         return not full
 
     def active(self) -> int:

@@ -68,8 +68,9 @@ class _Watchdog:
     def arm(self, sock: socket.socket, seconds: float) -> None:
         with self._cond:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="se-bridge imds deadline",
-                                                daemon=True)  # fmt: skip
+                self._thread = threading.Thread(
+                    target=self._run, name="se-bridge imds deadline", daemon=True
+                )
                 self._thread.start()
             due = time.monotonic() + seconds
             self._sock, self._due, self._fired = sock, due, False

@@ -86,19 +86,28 @@ class InstanceMetadata:
         self._next = self._clock() + IDENTITY_RETRY_SECONDS
         if not self._warned and not self._stopping():
             known = self.origin.identity
-            carry = (f"the identity last seen ({known.vm_name}, {known.vm_id})" if known.known
-                     else "null VM fields")  # fmt: skip
+            carry = (
+                f"the identity last seen ({known.vm_name}, {known.vm_id})"
+                if known.known
+                else "null VM fields"
+            )
             log.warning(
                 "instance metadata is unavailable (%s); records carry %s until it answers; "
-                "retrying every %gs%s", err, carry, IDENTITY_RETRY_SECONDS, self._unnamed(),
-            )  # fmt: skip
+                "retrying every %gs%s",
+                err,
+                carry,
+                IDENTITY_RETRY_SECONDS,
+                self._unnamed(),
+            )
             self._warned = True
 
     def _unnamed(self) -> str:
         """What a person should know while this VM has no name to match Resources with."""
         if self.origin.identity.vm_name:
             return ""
-        return (f". Without a VM name, an event whose Resources names this host "
-                f"({self.origin.host_name}) counts as this VM's and any other stays unknown "
-                "(AffectsThisVm null): set agent.vm_name to this VM's name as Scheduled "
-                "Events lists it")  # fmt: skip
+        return (
+            f". Without a VM name, an event whose Resources names this host "
+            f"({self.origin.host_name}) counts as this VM's and any other stays unknown "
+            "(AffectsThisVm null): set agent.vm_name to this VM's name as Scheduled "
+            "Events lists it"
+        )

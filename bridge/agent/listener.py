@@ -200,9 +200,14 @@ class CommandListener:
         attempt = self._approver.consider(command, redelivered=message.dequeue_count > 1)
         if attempt.kind in ("Retry", "Busy"):
             level = logging.WARNING if attempt.kind == "Retry" else logging.INFO
-            log.log(level, "command %s for event %s left in the channel for the next read "
-                    "(in %gs): %s", command.command_id, command.event_id,
-                    self._settings.visibility_timeout, attempt.detail)  # fmt: skip
+            log.log(
+                level,
+                "command %s for event %s left in the channel for the next read (in %gs): %s",
+                command.command_id,
+                command.event_id,
+                self._settings.visibility_timeout,
+                attempt.detail,
+            )
             return False
         _log_attempt(command, attempt)
         return True
@@ -219,8 +224,9 @@ class CommandListener:
             self._refuse_untrusted(command, refusal.code, refusal.why)
             return None
         if command.vm_id.strip().lower() != vm_id.strip().lower():
-            self._refuse_untrusted(command, "OtherVm", f"it is for VM {command.vm_id}, "
-                                   f"this VM is {vm_id}")  # fmt: skip
+            self._refuse_untrusted(
+                command, "OtherVm", f"it is for VM {command.vm_id}, this VM is {vm_id}"
+            )
             return None
         return command
 
@@ -234,8 +240,9 @@ class CommandListener:
 
 def _log_refusal(command: Command, outcome: ApprovalOutcome) -> None:
     if outcome.late is not None:
-        log.warning("command %s came too late to approve its event: %s",
-                    command.command_id, outcome.detail)  # fmt: skip
+        log.warning(
+            "command %s came too late to approve its event: %s", command.command_id, outcome.detail
+        )
     else:
         log.info("refused command %s: %s", command.command_id, outcome.detail)
 
@@ -247,18 +254,29 @@ def _log_attempt(command: Command, attempt: Attempt) -> None:
     elif attempt.kind == "Replayed":
         log.info("refused a command: %s", attempt.detail)
     elif attempt.kind == "Redelivered":
-        log.info("command %s came back after the visibility timeout, %s: deleted it (its "
-                 "record was written the first time)", command.command_id,
-                 attempt.detail)  # fmt: skip
+        log.info(
+            "command %s came back after the visibility timeout, %s: deleted it (its "
+            "record was written the first time)",
+            command.command_id,
+            attempt.detail,
+        )
     elif attempt.kind == "Approved" and outcome is not None:
-        log.info("approved event %s (%s) for the fleet: rule %s, %s ms after the consumer "
-                 "issued it", command.event_id, outcome.event_type, command.rule or "(none)",
-                 outcome.latency_ms)  # fmt: skip
+        log.info(
+            "approved event %s (%s) for the fleet: rule %s, %s ms after the consumer issued it",
+            command.event_id,
+            outcome.event_type,
+            command.rule or "(none)",
+            outcome.latency_ms,
+        )
     elif attempt.kind == "Prepared":
         log.info("command %s: %s", command.command_id, attempt.detail)
     elif attempt.kind == "Failed":
-        log.error("could not approve event %s for command %s: %s; the event starts at its "
-                  "NotBefore", command.event_id, command.command_id, attempt.detail)  # fmt: skip
+        log.error(
+            "could not approve event %s for command %s: %s; the event starts at its NotBefore",
+            command.event_id,
+            command.command_id,
+            attempt.detail,
+        )
     else:
         log.info("command %s: %s; deleted the repeat", command.command_id, attempt.detail)
 
@@ -273,8 +291,9 @@ class _Streak:
     def failed(self, err: Exception) -> float:
         first, delay = self._streak.failed(err)
         if first:
-            log.warning("cannot %s: %s; retrying with backoff (said once until it works)",
-                        self._what, err)  # fmt: skip
+            log.warning(
+                "cannot %s: %s; retrying with backoff (said once until it works)", self._what, err
+            )
         return delay
 
     def succeeded(self) -> None:
@@ -313,9 +332,11 @@ def verifier_for(config: Config) -> Verifier | None:
             public = load_signer(settings, config.identity).public_key()
             verifier = Verifier([public])
         else:
-            log.warning("commands.verify_key is not set: this agent acts on UNSIGNED commands, "
-                        "so anyone who can write to its command channel can approve its "
-                        "events; set commands.verify_key")  # fmt: skip
+            log.warning(
+                "commands.verify_key is not set: this agent acts on UNSIGNED commands, "
+                "so anyone who can write to its command channel can approve its "
+                "events; set commands.verify_key"
+            )
             return None
     except SigningError as err:
         raise ConfigError(str(err)) from err

@@ -71,9 +71,16 @@ class LocalApprover:
         name = identity.vm_name or origin.host_name
         now = self._now()
         self._ready = self._prepared()
-        fleet, events = local_views(state, identity, self._ready, self._done(), now,
-                                    vm_id=vm_id, name=name,
-                                    prepare_hook=self._prepare_hook)  # fmt: skip
+        fleet, events = local_views(
+            state,
+            identity,
+            self._ready,
+            self._done(),
+            now,
+            vm_id=vm_id,
+            name=name,
+            prepare_hook=self._prepare_hook,
+        )
         again = False
         for event in events:
             again |= self._act(event, evaluate(self.policy, fleet, event, now), vm_id)
@@ -111,13 +118,22 @@ class LocalApprover:
         attempt = self._approver.attempt(request)
         outcome = attempt.outcome
         if attempt.kind == "Approved" and outcome is not None:
-            log.info("approved event %s (%s) by the local policy: rule %s, IMDS answered %s ms "
-                     "after the decision", event.event_id, event.event_type, verdict.rule,
-                     outcome.latency_ms)  # fmt: skip
+            log.info(
+                "approved event %s (%s) by the local policy: rule %s, IMDS answered %s ms "
+                "after the decision",
+                event.event_id,
+                event.event_type,
+                verdict.rule,
+                outcome.latency_ms,
+            )
         elif attempt.kind == "Failed":
             self._given_up.add(event.event_id.lower())
-            log.error("could not approve event %s by the local policy: %s; the event starts at "
-                      "its NotBefore", event.event_id, attempt.detail)  # fmt: skip
+            log.error(
+                "could not approve event %s by the local policy: %s; the event starts at "
+                "its NotBefore",
+                event.event_id,
+                attempt.detail,
+            )
         elif attempt.kind in ("Retry", "Busy"):
             self._say(event, f"approval postponed: {attempt.detail}", logging.WARNING)
             return True
@@ -130,8 +146,9 @@ class LocalApprover:
         key = (event.event_id.lower(), what)
         if key not in self._said:
             self._said.add(key)
-            log.log(level, "local policy, event %s (%s): %s", event.event_id,
-                    event.event_type, what)  # fmt: skip
+            log.log(
+                level, "local policy, event %s (%s): %s", event.event_id, event.event_type, what
+            )
 
     def _done(self) -> frozenset[str]:
         return self._approver.approved_events() | self._given_up

@@ -140,8 +140,9 @@ class Agent:
         """/readyz: IMDS answers, the spool takes records, no sink fails for good."""
         answered = self._poll.last_success
         # A few polls and one slow answer (imds.timeout): longer without one is not a hiccup.
-        limit = timedelta(seconds=max(10.0, 3 * self.config.agent.poll_interval
-                                      + self.config.imds.timeout))  # fmt: skip
+        limit = timedelta(
+            seconds=max(10.0, 3 * self.config.agent.poll_interval + self.config.imds.timeout)
+        )
         if answered is None:
             return False, "IMDS has not answered since the agent started"
         if self._now() - answered > limit:
@@ -208,8 +209,11 @@ class Agent:
             self.listener.stop()
         self._heartbeats.beat("Stop", self.origin, self.state)
         if not self.delivery.flush(timeout=10.0):
-            log.warning("stopped with %d records not yet delivered; they stay in the spool "
-                        "and are sent at the next start", self.spool.depth())  # fmt: skip
+            log.warning(
+                "stopped with %d records not yet delivered; they stay in the spool "
+                "and are sent at the next start",
+                self.spool.depth(),
+            )
         self.delivery.stop(timeout=5.0)
         self.spool.close()
         self._calls.close()
@@ -255,8 +259,9 @@ class Agent:
         try:
             raw = json.loads(body)
         except (ValueError, RecursionError):  # RecursionError: nested deeper than JSON allows
-            self._problem("not json", f"IMDS sent a body that is not JSON; skipped: "
-                          f"{imds.excerpt(body)!r}")  # fmt: skip
+            self._problem(
+                "not json", f"IMDS sent a body that is not JSON; skipped: {imds.excerpt(body)!r}"
+            )
             return
         ctx = Context(self._now(), self.origin, self._boot_id, self._gap())
         result = normalise(self.state, raw, ctx)
@@ -276,8 +281,12 @@ class Agent:
             # again and makes the same records, with the same RecordIds.
             self._last_body = None
             if not self._spool_failing:
-                log.error("cannot write %d records to the spool %s: %s; trying again at every "
-                          "poll", len(records), self.spool.path, err)  # fmt: skip
+                log.error(
+                    "cannot write %d records to the spool %s: %s; trying again at every poll",
+                    len(records),
+                    self.spool.path,
+                    err,
+                )
                 self._spool_failing = True
             return
         if self._spool_failing:
@@ -336,9 +345,12 @@ class Agent:
                 pass
             if not said and time.monotonic() - started >= QUIET_LIMIT:
                 said = True
-                log.info("waiting for instance metadata from %s, which may take up to %g s "
-                         "(imds.first_call_timeout) after IMDS idled; heartbeats go on meanwhile",
-                         self.config.imds.url, self.config.imds.first_call_timeout)  # fmt: skip
+                log.info(
+                    "waiting for instance metadata from %s, which may take up to %g s "
+                    "(imds.first_call_timeout) after IMDS idled; heartbeats go on meanwhile",
+                    self.config.imds.url,
+                    self.config.imds.first_call_timeout,
+                )
             if said:
                 self._beat()
 

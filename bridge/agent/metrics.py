@@ -48,46 +48,56 @@ class AgentMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.polls = Counter(
-            "se_bridge_imds_polls", "Scheduled Events polls, by outcome (ok, failed).",
-            ["outcome"], registry=registry,
-        )  # fmt: skip
+            "se_bridge_imds_polls",
+            "Scheduled Events polls, by outcome (ok, failed).",
+            ["outcome"],
+            registry=registry,
+        )
         self.imds_failures = Counter(
             "se_bridge_imds_failures",
             "IMDS failures by kind: throttled, retryable, permanent, invalid (a body that is "
             "not a Scheduled Events document).",
-            ["kind"], registry=registry,
-        )  # fmt: skip
+            ["kind"],
+            registry=registry,
+        )
         self.last_success = Gauge(
             "se_bridge_imds_last_success_timestamp_seconds",
             "When IMDS last answered a poll (Unix time): time() minus this is its age.",
             registry=registry,
         )
         self.records = Counter(
-            "se_bridge_records", "Records made, by type and (for Event records) transition.",
-            ["type", "transition"], registry=registry,
-        )  # fmt: skip
+            "se_bridge_records",
+            "Records made, by type and (for Event records) transition.",
+            ["type", "transition"],
+            registry=registry,
+        )
         self.hooks = Counter(
-            "se_bridge_hooks", "Hooks run, by phase and outcome (ok, failed, timeout).",
-            ["phase", "outcome"], registry=registry,
-        )  # fmt: skip
+            "se_bridge_hooks",
+            "Hooks run, by phase and outcome (ok, failed, timeout).",
+            ["phase", "outcome"],
+            registry=registry,
+        )
         self.commands = Counter(
             "se_bridge_commands",
             "Approvals handled, by source (Central, Local) and outcome (Approved, Refused, "
             "Failed).",
-            ["source", "outcome"], registry=registry,
-        )  # fmt: skip
+            ["source", "outcome"],
+            registry=registry,
+        )
         self.late = Counter(
             "se_bridge_commands_late",
             "Approvals that came too late, by reason: the event had Started or Ended here "
             "(refused as Late: it went ahead unapproved), or the command had Expired.",
-            ["reason"], registry=registry,
-        )  # fmt: skip
+            ["reason"],
+            registry=registry,
+        )
         self.drains = Counter(
             "se_bridge_agent_drains",
             "Drains of this VM's Kubernetes node ([kubernetes]), by outcome: started, drained, "
             "gave_up (the deadline came), failed.",
-            ["outcome"], registry=registry,
-        )  # fmt: skip
+            ["outcome"],
+            registry=registry,
+        )
         self.drain_blocked = Counter(
             "se_bridge_agent_drain_blocked",
             "Times a drain reported itself blocked (a Hook record with DrainStatus Blocked).",
@@ -112,10 +122,12 @@ class AgentMetrics:
             return
         self.polls.labels("failed").inc()
         kind = (
-            "throttled" if isinstance(err, ThrottledError)
-            else "permanent" if isinstance(err, PermanentError)
+            "throttled"
+            if isinstance(err, ThrottledError)
+            else "permanent"
+            if isinstance(err, PermanentError)
             else "retryable"
-        )  # fmt: skip
+        )
         self.imds_failures.labels(kind).inc()
 
     def invalid_document(self) -> None:
@@ -163,9 +175,10 @@ class _EventsCollector(Collector):
         starts = [
             moment.timestamp()
             for event in events
-            if event["AffectsThisVm"] and event["EventStatus"] == "Scheduled"
+            if event["AffectsThisVm"]
+            and event["EventStatus"] == "Scheduled"
             and (moment := parse_time(event["NotBefore"])) is not None
-        ]  # fmt: skip
+        ]
         upcoming = GaugeMetricFamily(
             "se_bridge_next_event_start_timestamp_seconds",
             "The earliest NotBefore (Unix time) of a Scheduled event that affects this VM; no "
@@ -192,8 +205,9 @@ class _OutboxCollector(Collector):
         )
         oldest = GaugeMetricFamily(
             "se_bridge_spool_oldest_waiting_age_seconds",
-            "Age of the oldest record a sink has yet to take (0 when none).", labels=["sink"],
-        )  # fmt: skip
+            "Age of the oldest record a sink has yet to take (0 when none).",
+            labels=["sink"],
+        )
         failures = CounterMetricFamily(
             "se_bridge_delivery_failures",
             "Failed deliveries, by sink and kind (retryable, permanent, unexpected, spool).",

@@ -229,8 +229,16 @@ def _affects(resources: list[str], origin: Origin) -> bool | None:
 
 
 # Compared to decide Updated; NotBefore by its parsed value so a reformatted time is no change.
-_COMPARED = ("EventType", "ResourceType", "Resources", "NotBefore", "Description",
-             "EventSource", "DurationInSeconds", "AffectsThisVm")  # fmt: skip
+_COMPARED = (
+    "EventType",
+    "ResourceType",
+    "Resources",
+    "NotBefore",
+    "Description",
+    "EventSource",
+    "DurationInSeconds",
+    "AffectsThisVm",
+)
 
 
 def _change(

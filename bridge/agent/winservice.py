@@ -153,8 +153,16 @@ def restrict_commands(spec: ServiceSpec) -> list[list[str]]:
     records and the log are for SYSTEM and Administrators only (then the grants below)."""
     if not spec.state_dir:
         return []
-    return [["icacls", spec.state_dir, "/inheritance:r", "/grant:r",
-             f"{SYSTEM_SID}:(OI)(CI)F", f"{ADMINISTRATORS_SID}:(OI)(CI)F"]]  # fmt: skip
+    return [
+        [
+            "icacls",
+            spec.state_dir,
+            "/inheritance:r",
+            "/grant:r",
+            f"{SYSTEM_SID}:(OI)(CI)F",
+            f"{ADMINISTRATORS_SID}:(OI)(CI)F",
+        ]
+    ]
 
 
 def grant_commands(spec: ServiceSpec) -> list[list[str]]:
@@ -237,8 +245,10 @@ def _install(args: argparse.Namespace, scm: Scm, runner: Runner) -> int:
     for argv in restrict_commands(spec) + grant_commands(spec) + recovery_commands(spec):
         runner(argv)
     account = spec.account or "LocalSystem"
-    print(f"installed {spec.name} as {account}, delayed auto start; start it with "
-          f"`se-bridge service start --name {spec.name}`")  # fmt: skip
+    print(
+        f"installed {spec.name} as {account}, delayed auto start; start it with "
+        f"`se-bridge service start --name {spec.name}`"
+    )
     return 0
 
 

@@ -55,16 +55,23 @@ def build_agent(
     # IMDS is slow to answer (each is bounded by its own deadline).
     approval_imds = client or imds_client(config.imds, limiter=poll_imds.limiter)
     sinks = list(sinks) if sinks is not None else [build(s, config) for s in config.sink_specs()]
-    spool = Spool(config.agent.state_dir / "spool.db", [sink.name for sink in sinks],
-                  max_records=config.spool.max_records,
-                  max_bytes=config.spool.max_bytes)  # fmt: skip
+    spool = Spool(
+        config.agent.state_dir / "spool.db",
+        [sink.name for sink in sinks],
+        max_records=config.spool.max_records,
+        max_bytes=config.spool.max_bytes,
+    )
     delivery = Delivery(spool, sinks, backoff_factory=delivery_backoff)
     metrics = AgentMetrics(telemetry.new_registry())
     notifier = telemetry.SystemdNotifier()
     calls = ImdsCalls(notifier)
-    instance = InstanceMetadata(spool, host_name=host.host_name(), vm_name=config.agent.vm_name,
-                                refresh_every=config.imds.instance_refresh,
-                                stopping=calls.stopping)  # fmt: skip
+    instance = InstanceMetadata(
+        spool,
+        host_name=host.host_name(),
+        vm_name=config.agent.vm_name,
+        refresh_every=config.imds.instance_refresh,
+        stopping=calls.stopping,
+    )
     poll = PollHealth(config.imds.url)
 
     def origin() -> Origin:  # read at each use: a refresh of instance metadata replaces it
@@ -99,10 +106,15 @@ def build_agent(
     local = localmode.build(config, approver, now, policy, prepared=prepare.ready_events)
     # Heartbeats say which prepare steps the VM has (HasPrepareHook, PrepareSteps) and name
     # the node.
-    heartbeats = Heartbeats(spool, poll, metrics, now, interval=config.agent.heartbeat_interval,
-                            prepare_steps=prepare.names,
-                            node=drain_jobs.node_health if drain_jobs is not None
-                            else lambda: None)  # fmt: skip
+    heartbeats = Heartbeats(
+        spool,
+        poll,
+        metrics,
+        now,
+        interval=config.agent.heartbeat_interval,
+        prepare_steps=prepare.names,
+        node=drain_jobs.node_health if drain_jobs is not None else lambda: None,
+    )
     parts = Parts(
         imds=poll_imds,
         approval_imds=approval_imds,
@@ -132,8 +144,10 @@ def check_kubernetes(config: Config) -> None:
         return
     unknown = sorted(set(settings.event_types) - set(DRAINED_EVENT_TYPES))
     if unknown:
-        raise ConfigError(f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
-                          f"known: {', '.join(DRAINED_EVENT_TYPES)}")  # fmt: skip
+        raise ConfigError(
+            f"kubernetes.event_types: {', '.join(unknown)} is no event type; "
+            f"known: {', '.join(DRAINED_EVENT_TYPES)}"
+        )
 
 
 def kube_api(config: Config, given: KubeApi | None) -> KubeApi | None:

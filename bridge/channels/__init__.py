@@ -18,8 +18,18 @@ from bridge.channels.kinds import KINDS, check_config, check_inbox, inbox, sende
 from bridge.commands.message import Command
 from bridge.commands.signing import Signer
 
-__all__ = ["KINDS", "Channel", "CommandInbox", "CommandSender", "Received", "SigningSender",
-           "check_config", "check_inbox", "inbox", "sender"]  # fmt: skip
+__all__ = [
+    "KINDS",
+    "Channel",
+    "CommandInbox",
+    "CommandSender",
+    "Received",
+    "SigningSender",
+    "check_config",
+    "check_inbox",
+    "inbox",
+    "sender",
+]
 
 
 class SigningSender:

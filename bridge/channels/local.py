@@ -109,10 +109,12 @@ def _untrusted(info: os.stat_result) -> str | None:
 
 
 def _refusal(folder: Path, problem: str) -> str:
-    return (f"the command channel directory {folder} {problem}: refused, since another user "
-            "could make this agent read, rename or delete files elsewhere; use a directory "
-            "owned by the agent's user (or root) that others cannot write, such as "
-            "/var/lib/se-bridge/commands with mode 0750")  # fmt: skip
+    return (
+        f"the command channel directory {folder} {problem}: refused, since another user "
+        "could make this agent read, rename or delete files elsewhere; use a directory "
+        "owned by the agent's user (or root) that others cannot write, such as "
+        "/var/lib/se-bridge/commands with mode 0750"
+    )
 
 
 def _message_path(directory: Path, command: Command) -> Path:
@@ -270,9 +272,13 @@ class LocalInbox:
         if name in self._reported:
             return
         self._reported.add(name)
-        log.warning("%s in the command channel %s is not a regular file (a link, a directory "
-                    "or a device): not a command, left as it is; whoever put it there can "
-                    "write to this VM's channel", name, self._folder)  # fmt: skip
+        log.warning(
+            "%s in the command channel %s is not a regular file (a link, a directory "
+            "or a device): not a command, left as it is; whoever put it there can "
+            "write to this VM's channel",
+            name,
+            self._folder,
+        )
 
     def _claim(self, slot: _Slot, now: float) -> Received | None:
         visible_ms = math.ceil((now + self._visibility_timeout) * 1000)

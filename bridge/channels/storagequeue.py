@@ -269,10 +269,14 @@ class _Edge:
         # Retries are the caller's loop (jittered, honouring Retry-After): none hidden in the SDK.
         options: dict[str, Any] = {"retry_total": 0, "logging_enable": False}
         self._service = storage.connect(
-            account, identity, "queue", "the storagequeue channel", account=account_name,
+            account,
+            identity,
+            "queue",
+            "the storagequeue channel",
+            account=account_name,
             by_string=lambda text: QueueServiceClient.from_connection_string(text, **options),
             by_identity=lambda url, token: QueueServiceClient(url, credential=token, **options),
-        )  # fmt: skip
+        )
         self._advice = storage.refused(account, identity, role, "the queue")
         # Errors name the endpoint without its query, which could hold a SAS signature.
         parts = urlsplit(self._service.url)

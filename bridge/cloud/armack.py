@@ -135,9 +135,14 @@ class ArmAcknowledge:
         token = self._credential.get_token(SCOPE).token
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         try:
-            response = self._session.post(url, params={"api-version": API_VERSION}, json=body,
-                                          headers=headers, timeout=TIMEOUT,
-                                          stream=True)  # fmt: skip
+            response = self._session.post(
+                url,
+                params={"api-version": API_VERSION},
+                json=body,
+                headers=headers,
+                timeout=TIMEOUT,
+                stream=True,
+            )
             with response:
                 text = response.raw.read(MAX_BODY + 1, decode_content=True)
         except requests.RequestException as err:
@@ -158,9 +163,11 @@ class ArmAcknowledge:
         if status in _REFUSALS and len(ids) == 1:
             return Acknowledged((), {ids[0]: said})
         if status in (401, 403):
-            raise PermanentError(f"{said}: the consumer's identity needs the role {ROLE} on the "
-                                 "VMs' resource group (infra/ grants it with eventGridSource "
-                                 "and armAcknowledge)")  # fmt: skip
+            raise PermanentError(
+                f"{said}: the consumer's identity needs the role {ROLE} on the "
+                "VMs' resource group (infra/ grants it with eventGridSource "
+                "and armAcknowledge)"
+            )
         raise PermanentError(said)
 
 

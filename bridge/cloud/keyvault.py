@@ -22,17 +22,21 @@ def read_secret(url: str, identity: Identity) -> str:
     try:
         secret_id = KeyVaultSecretIdentifier(url)
     except ValueError as err:
-        raise KeyVaultError(f"{url!r} is not a Key Vault secret URL such as "
-                            "https://NAME.vault.azure.net/secrets/NAME") from err  # fmt: skip
+        raise KeyVaultError(
+            f"{url!r} is not a Key Vault secret URL such as "
+            "https://NAME.vault.azure.net/secrets/NAME"
+        ) from err
     if not secret_id.vault_url.lower().startswith("https://"):
         raise KeyVaultError(f"the Key Vault URL must be https://, got {url!r}")
     client = SecretClient(secret_id.vault_url, credential(identity))
     try:
         value = client.get_secret(secret_id.name, secret_id.version).value
     except AzureError as err:
-        raise KeyVaultError(f"cannot read secret {secret_id.name} from {secret_id.vault_url} "
-                            f"({type(err).__name__}: {err}); the identity needs the Key Vault "
-                            f"Secrets User role; {CREDENTIAL_ADVICE}") from None  # fmt: skip
+        raise KeyVaultError(
+            f"cannot read secret {secret_id.name} from {secret_id.vault_url} "
+            f"({type(err).__name__}: {err}); the identity needs the Key Vault "
+            f"Secrets User role; {CREDENTIAL_ADVICE}"
+        ) from None
     finally:
         client.close()
     if not value:

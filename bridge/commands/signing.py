@@ -143,13 +143,19 @@ class Verifier:
         """None when `command` carries a good signature by a trusted key; else why not."""
         trusted = ", ".join(self.key_ids)
         if command.signature is None:
-            return Refusal("Unsigned", "the command carries no Signature and this agent "
-                           f"accepts only commands signed by key {trusted}")  # fmt: skip
+            return Refusal(
+                "Unsigned",
+                "the command carries no Signature and this agent "
+                f"accepts only commands signed by key {trusted}",
+            )
         key = self._keys.get(command.key_id or "")
         if key is None:
-            return Refusal("UnknownKey", f"the command is signed with key {command.key_id}, "
-                           f"this agent trusts key {trusted} (commands.verify_key): a key "
-                           "rotation not yet done on both ends, or a forgery")  # fmt: skip
+            return Refusal(
+                "UnknownKey",
+                f"the command is signed with key {command.key_id}, "
+                f"this agent trusts key {trusted} (commands.verify_key): a key "
+                "rotation not yet done on both ends, or a forgery",
+            )
         from cryptography.exceptions import InvalidSignature  # noqa: PLC0415 - see the imports
 
         try:
@@ -157,9 +163,12 @@ class Verifier:
             # A signature of another length is bad as it stands; verify would say so too.
             key.verify(signature, command.signed_bytes())
         except (binascii.Error, InvalidSignature):
-            return Refusal("BadSignature", f"the signature does not verify with key "
-                           f"{command.key_id}: the command was forged or altered on the "
-                           "way")  # fmt: skip
+            return Refusal(
+                "BadSignature",
+                f"the signature does not verify with key "
+                f"{command.key_id}: the command was forged or altered on the "
+                "way",
+            )
         return None
 
 
@@ -186,8 +195,10 @@ def load_signer(settings: CommandsSettings, identity: IdentitySettings) -> Signe
         private = serialization.load_pem_private_key(pem, password=None)
     except (ValueError, TypeError) as err:
         # The message of a key parse error never holds key material; still, say only where.
-        raise SigningError(f"commands.signing_key: {where} is not an unencrypted PEM private "
-                           f"key ({type(err).__name__})") from None  # fmt: skip
+        raise SigningError(
+            f"commands.signing_key: {where} is not an unencrypted PEM private "
+            f"key ({type(err).__name__})"
+        ) from None
     if not isinstance(private, Ed25519PrivateKey):
         raise SigningError(f"commands.signing_key: {where} is not an Ed25519 key")
     return Signer(private)
@@ -237,8 +248,10 @@ def _private_file(path: Path) -> bytes:
         if os.name == "posix":
             mode = stat.S_IMODE(path.stat().st_mode)
             if mode & 0o077:
-                raise SigningError(f"commands.signing_key: {path} may be read by group or others "
-                                   f"(mode {mode:04o}); run: chmod 600 {path}")  # fmt: skip
+                raise SigningError(
+                    f"commands.signing_key: {path} may be read by group or others "
+                    f"(mode {mode:04o}); run: chmod 600 {path}"
+                )
         return path.read_bytes()
     except OSError as err:
         raise SigningError(f"commands.signing_key: cannot read {path}: {err.strerror}") from err
@@ -301,8 +314,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
 """,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--out", type=Path, required=True, metavar="PATH",
-                   help="where the private key goes (mode 0600; never over a file)")  # fmt: skip
+    p.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="PATH",
+        help="where the private key goes (mode 0600; never over a file)",
+    )
     p.set_defaults(func=run_keygen)
 
 

@@ -112,8 +112,14 @@ class DecisionPass:
         entry = state.events.get(doc.key)
         tried = tuple(entry.get("tried", ())) if entry else ()
         unknown_for = timedelta(seconds=self.rules.settings.unknown_names_for)
-        view = fs.event_view(fs.event_document(doc), known_vms.vms, known_vms.names, tried, now,
-                             unknown_for=unknown_for)  # fmt: skip
+        view = fs.event_view(
+            fs.event_document(doc),
+            known_vms.vms,
+            known_vms.names,
+            tried,
+            now,
+            unknown_for=unknown_for,
+        )
         view = with_grants(view, entry)
         groups = known_vms.groups(self.rules.kinds)
         alive_within = self.rules.alive_within
@@ -121,9 +127,16 @@ class DecisionPass:
         if self.people is not None:
             view = replace(view, person=self.people.decision_for(view.event_id, view.resources))
         reach = {**state.reach, **known_vms.health_reach} if known_vms.health_reach else state.reach
-        fleet = FleetView(known_vms.vms, impacted, alive_within, groups, reach, pauses=pauses,
-                          unhealthy=known_vms.unhealthy,
-                          last_resort=self.last_resort)  # fmt: skip
+        fleet = FleetView(
+            known_vms.vms,
+            impacted,
+            alive_within,
+            groups,
+            reach,
+            pauses=pauses,
+            unhealthy=known_vms.unhealthy,
+            last_resort=self.last_resort,
+        )
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))
         return Situation(doc, view, fleet, entry, vouched, self.dispatch.failing())
 
@@ -274,18 +287,31 @@ class DecisionPass:
         a channel that refuses the VM for good; never a reason to hold the partition back.
         """
         level = logging.ERROR if self._failures.add(f"{doc.key} {err}") else logging.DEBUG
-        log.log(level, "deciding event %s failed: %s; it is deferred, other events go on, and "
-                "the next pass tries it again", doc.key, describe(err, with_type=True),
-                exc_info=err if level == logging.ERROR else None)  # fmt: skip
+        log.log(
+            level,
+            "deciding event %s failed: %s; it is deferred, other events go on, and "
+            "the next pass tries it again",
+            doc.key,
+            describe(err, with_type=True),
+            exc_info=err if level == logging.ERROR else None,
+        )
         try:
             now = self._now()
-            said = verdicts.failure(fs.event_document(doc), err, voice=self.rules.voice, now=now,
-                                    failing=self.dispatch.failing())  # fmt: skip
+            said = verdicts.failure(
+                fs.event_document(doc),
+                err,
+                voice=self.rules.voice,
+                now=now,
+                failing=self.dispatch.failing(),
+            )
             if said is not None:
                 self.dispatch.say(said)
         except Exception as again:
-            log.error("the Decision record saying event %s failed could not be written: %s",
-                      doc.key, describe(again, with_type=True))  # fmt: skip
+            log.error(
+                "the Decision record saying event %s failed could not be written: %s",
+                doc.key,
+                describe(again, with_type=True),
+            )
 
     # --- the Steps, carried out --------------------------------------------------------------
 
@@ -397,6 +423,7 @@ class DecisionPass:
 
     def _sent(self, key: str, command: Command, *, written: LedgerState | None = None) -> None:
         """Mark the entry of `command`, just sent, sent (`written`: the ledger as just stored)."""
-        self.ledger.mark_sent(key, command.command_id, written=written,
-                              confirmed=self.dispatch.shadow)  # fmt: skip
+        self.ledger.mark_sent(
+            key, command.command_id, written=written, confirmed=self.dispatch.shadow
+        )
         self.dispatch.sent(command)

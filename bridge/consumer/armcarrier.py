@@ -75,10 +75,14 @@ class ArmCarrier:
             said = self.arm.acknowledge(self._resource(command), [command.event_id])
         except Exception as err:
             self.outcomes["failed"] += 1
-            log.error("ARM's acknowledge of event %s (command %s) failed: %s; the approval "
-                      "stays decided and is sent again at the next pass (same event, same "
-                      "command)", command.event_id, command.command_id,
-                      describe(err, with_type=True))  # fmt: skip
+            log.error(
+                "ARM's acknowledge of event %s (command %s) failed: %s; the approval "
+                "stays decided and is sent again at the next pass (same event, same "
+                "command)",
+                command.event_id,
+                command.command_id,
+                describe(err, with_type=True),
+            )
             raise
         refused = said.refused.get(command.event_id)
         outcome: rt.ApprovalOutcome = "Refused" if refused else "Approved"
@@ -87,20 +91,38 @@ class ArmCarrier:
         latency = max(0, round((now - command.issued_at).total_seconds() * 1000))
         approved = "ARM's acknowledge approved the event (no live agent could carry it)"
         detail = f"ARM refused the acknowledge: {refused}" if refused else approved
-        record = approval_record(self._origin, ApprovalOutcome(
-            command.event_id, None, command.document_incarnation, command.command_id, "ARM",
-            outcome, detail, command.rule, command.issued_at,
-            None if refused else latency), now)  # fmt: skip
+        record = approval_record(
+            self._origin,
+            ApprovalOutcome(
+                command.event_id,
+                None,
+                command.document_incarnation,
+                command.command_id,
+                "ARM",
+                outcome,
+                detail,
+                command.rule,
+                command.issued_at,
+                None if refused else latency,
+            ),
+            now,
+        )
         # The ledger matches an answer to its entry by CommandId and target.
         self._answered([{**record, "VmId": ARM_CARRIER}])
         self._emit([record])
         if refused:
-            log.warning("ARM refused to acknowledge event %s: %s; the next pass decides it again "
-                        "(a live agent if one appears; ARM is not asked again)", command.event_id,
-                        refused)  # fmt: skip
+            log.warning(
+                "ARM refused to acknowledge event %s: %s; the next pass decides it again "
+                "(a live agent if one appears; ARM is not asked again)",
+                command.event_id,
+                refused,
+            )
         else:
-            log.info("approved event %s through ARM's acknowledge (%d ms after the decision)",
-                     command.event_id, latency)  # fmt: skip
+            log.info(
+                "approved event %s through ARM's acknowledge (%d ms after the decision)",
+                command.event_id,
+                latency,
+            )
 
     def _resource(self, command: Command) -> str:
         """The compute resource Event Grid named for the event: what ARM acknowledges at."""
@@ -132,8 +154,9 @@ def install(
 ) -> ArmCarrier:
     """Put ARM's acknowledge in front of `consumer`'s channel, and let its policy choose it
     as the carrier of last resort (eventgrid.acknowledge)."""
-    carrier = ArmCarrier(consumer.sender, arm, consumer.fleet, consumer.ledger.note_approvals,
-                         emit, now, host_name)  # fmt: skip
+    carrier = ArmCarrier(
+        consumer.sender, arm, consumer.fleet, consumer.ledger.note_approvals, emit, now, host_name
+    )
     consumer.sender = consumer.dispatch.sender = carrier
     consumer.decider.last_resort = True
     return carrier

@@ -103,17 +103,26 @@ class Consumer:
         self.disagreements: Counter[str] = Counter()
         self._disagreed = Once(100_000)
         self.asks_pending = 0  # as of the last tick
-        self.operators = OperatorLog(store, signer, trusted=trusted, sign_again=sign_again,
-                                     now=now)  # fmt: skip
-        self.dispatch = Dispatch(self.fleet, sender, emit, policy, host_name, mode=settings.mode,
-                                 notifier=notifier)  # fmt: skip
-        self.marks = ReadMarks(store, now=now, host_name=host_name,
-                               alive_within=settings.alive_within)  # fmt: skip
+        self.operators = OperatorLog(store, signer, trusted=trusted, sign_again=sign_again, now=now)
+        self.dispatch = Dispatch(
+            self.fleet, sender, emit, policy, host_name, mode=settings.mode, notifier=notifier
+        )
+        self.marks = ReadMarks(
+            store, now=now, host_name=host_name, alive_within=settings.alive_within
+        )
         rules = Rules(policy, settings, kinds, listening_since=now(), host_name=host_name)
-        self.decider = DecisionPass(self.fleet, self.ledger, self.dispatch, self.marks, rules,
-                                    now=now, people=self.operators)  # fmt: skip
-        self._housekeeping = Housekeeping(self.fleet, self.ledger, settings.forget_vms_after,
-                                         self.operators)  # fmt: skip
+        self.decider = DecisionPass(
+            self.fleet,
+            self.ledger,
+            self.dispatch,
+            self.marks,
+            rules,
+            now=now,
+            people=self.operators,
+        )
+        self._housekeeping = Housekeeping(
+            self.fleet, self.ledger, settings.forget_vms_after, self.operators
+        )
         # What people do and are shown (the approval page, its API, the metrics, status).
         self.desk: PeopleDesk[Seen] = PeopleDesk(self, self.operators, policy, self._lock, now=now)
         self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
@@ -159,8 +168,10 @@ class Consumer:
             def folding(mine: list[HealthChange]) -> Callable[[dict[str, Any]], bool]:
                 def fold(value: dict[str, Any]) -> bool:
                     document = cast(fs.HealthDocument, value)
-                    changed = [fs.merge_health(document, c.resource, c.state, iso(c.at))
-                               for c in sorted(mine, key=lambda c: c.at)]  # fmt: skip
+                    changed = [
+                        fs.merge_health(document, c.resource, c.state, iso(c.at))
+                        for c in sorted(mine, key=lambda c: c.at)
+                    ]
                     return any(changed)
 
                 return fold
@@ -200,10 +211,14 @@ class Consumer:
             for name in fs.disagreement_fields(lines):
                 if self._disagreed.add(f"{key}|{name}"):
                     self.disagreements[name] += 1
-                    log.info("agents and Event Grid disagree about the %s of event %s: "
-                             "`se-bridge policy explain --event %s` says how; the budgets "
-                             "count the worse", name, doc.value.get("event_id"),
-                             doc.value.get("event_id"))  # fmt: skip
+                    log.info(
+                        "agents and Event Grid disagree about the %s of event %s: "
+                        "`se-bridge policy explain --event %s` says how; the budgets "
+                        "count the worse",
+                        name,
+                        doc.value.get("event_id"),
+                        doc.value.get("event_id"),
+                    )
 
     # --- questions -------------------------------------------------------------------------
 

@@ -248,8 +248,15 @@ def _freed(s: Situation, rules: Rules, now: datetime) -> Step | None:
         return None
     if s.view.azure is not None and s.view.azure not in fs.ENDED:
         return None  # Azure itself says the event is on: silence frees nothing (issue 36)
-    why = all_gone(s.value, s.view, s.entry, s.fleet.vms, fleet=s.vouched, now=now,
-                   alive_within=rules.settings.alive_within)  # fmt: skip
+    why = all_gone(
+        s.value,
+        s.view,
+        s.entry,
+        s.fleet.vms,
+        fleet=s.vouched,
+        now=now,
+        alive_within=rules.settings.alive_within,
+    )
     if why is None:
         return None
     return Release(s.key, why, said=_released(s, rules, why, now))
@@ -341,8 +348,9 @@ def _decision(s: Situation, rules: Rules, now: datetime) -> Step | None:
         prepares = verdicts.prepares(s.doc, s.view, verdict, now)
         return Grant(s.view, verdict, locks, prepares, entry, said)
     if verdict.kind == "Approve" and verdict.target is not None:
-        approval, said = verdicts.approval(s.doc, s.view, verdict, vms, s.entry, voice=voice,
-                                           now=now, failing=failing)  # fmt: skip
+        approval, said = verdicts.approval(
+            s.doc, s.view, verdict, vms, s.entry, voice=voice, now=now, failing=failing
+        )
         return Apply(s.view, verdict, locks, said, approval)
     if not verdicts.new_to_say(s.value, verdict):
         return None

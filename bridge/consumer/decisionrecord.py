@@ -54,18 +54,37 @@ def verdict_record(
     VM, if any. `failing`: the notification targets failing for good (NotifyFailing)."""
     person, pause = verdict.person, verdict.pause
     attempt = len(view.tried) + 1 if command is not None else 0
-    rid = record_id("Decision", fs.event_key(view.event_id), action, verdict.rule,
-                    verdict.reason, verdict.target, attempt)  # fmt: skip
+    rid = record_id(
+        "Decision",
+        fs.event_key(view.event_id),
+        action,
+        verdict.rule,
+        verdict.reason,
+        verdict.target,
+        attempt,
+    )
     return _record(
-        voice, now, failing, rid, _Subject(view.event_id, list(resources), view),
-        action=action, rule=verdict.rule, reason=verdict.reason, explanation=verdict.explanation,
+        voice,
+        now,
+        failing,
+        rid,
+        _Subject(view.event_id, list(resources), view),
+        action=action,
+        rule=verdict.rule,
+        reason=verdict.reason,
+        explanation=verdict.explanation,
         # ARM's acknowledge is no VM: its Approval record says ARM (ApprovalSource).
         target_id=None if verdict.target == ARM_CARRIER else verdict.target,
-        target=target, command=command, attempt=attempt,
-        by=person.by if person else None, by_reason=person.reason if person else None,
-        override=verdict.override, asked=verdict.asked, ask_deadline=verdict.ask_deadline,
+        target=target,
+        command=command,
+        attempt=attempt,
+        by=person.by if person else None,
+        by_reason=person.reason if person else None,
+        override=verdict.override,
+        asked=verdict.asked,
+        ask_deadline=verdict.ask_deadline,
         pause=pause,
-    )  # fmt: skip
+    )
 
 
 def pause_record(
@@ -77,17 +96,28 @@ def pause_record(
     until = ""
     if not resumed:
         until = f" until {iso(pause.until)}" if pause.until else " until resumed"
-    reason = (f"{pause.where} {verb} by {pause.by.name}{until}: {pause.reason}; "
-              + ("early approvals go on" if resumed else
-                 "no early approval, by the policy or a person, while it lasts"))  # fmt: skip
+    reason = f"{pause.where} {verb} by {pause.by.name}{until}: {pause.reason}; " + (
+        "early approvals go on"
+        if resumed
+        else "no early approval, by the policy or a person, while it lasts"
+    )
     action: rt.DecisionAction = "Resume" if resumed else "Pause"
-    rid = record_id("Decision", f"({pause.where})", action, iso(pause.at), pause.by.object_id,
-                    reason)  # fmt: skip
+    rid = record_id(
+        "Decision", f"({pause.where})", action, iso(pause.at), pause.by.object_id, reason
+    )
     return _record(
-        voice, now, failing, rid, _Subject(f"({pause.where})", []), action=action,
-        rule=PERSON_RULE, reason=reason, by=pause.by, by_reason=pause.reason,
+        voice,
+        now,
+        failing,
+        rid,
+        _Subject(f"({pause.where})", []),
+        action=action,
+        rule=PERSON_RULE,
+        reason=reason,
+        by=pause.by,
+        by_reason=pause.reason,
         pause=replace(pause, until=None) if resumed else pause,
-    )  # fmt: skip
+    )
 
 
 def _record(

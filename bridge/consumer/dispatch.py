@@ -79,9 +79,14 @@ class Dispatch:
             log.warning("%s", said.warning)
         if said.notice is not None:
             self.notify(said.notice)
-        log.info("event %s (%s): %s by rule %s: %s", record["EventId"], record["EventType"],
-                 record["DecisionAction"], record["DecisionRule"],
-                 record["DecisionReason"])  # fmt: skip
+        log.info(
+            "event %s (%s): %s by rule %s: %s",
+            record["EventId"],
+            record["EventType"],
+            record["DecisionAction"],
+            record["DecisionRule"],
+            record["DecisionReason"],
+        )
 
     def resend(self, key: str, entry: LedgerEntry, now: datetime) -> commands.Command | None:
         """A failure between the ledger write and the send left a command unsent: the
@@ -110,15 +115,23 @@ class Dispatch:
     def sent(self, command: commands.Command) -> None:
         """`command`'s entry is marked sent."""
         self._unfinished.discard(command.command_id)
-        log.info("%s the approval of event %s to VM %s (%s)",
-                 "shadow mode: did not send" if self.shadow else "sent", command.event_id,
-                 command.vm_id, command.reason)  # fmt: skip
+        log.info(
+            "%s the approval of event %s to VM %s (%s)",
+            "shadow mode: did not send" if self.shadow else "sent",
+            command.event_id,
+            command.vm_id,
+            command.reason,
+        )
 
     def granted(self, command: commands.Command) -> None:
         """`command`, a Prepare, was sent."""
-        log.info("%s the drain of event %s to VM %s (Prepare: %s)",
-                 "shadow mode: did not grant" if self.shadow else "granted", command.event_id,
-                 command.vm_id, command.reason)  # fmt: skip
+        log.info(
+            "%s the drain of event %s to VM %s (Prepare: %s)",
+            "shadow mode: did not grant" if self.shadow else "granted",
+            command.event_id,
+            command.vm_id,
+            command.reason,
+        )
 
     def failing(self) -> tuple[str, ...]:
         """The notification targets failing for good now (a Decision's NotifyFailing)."""
@@ -135,23 +148,49 @@ class Dispatch:
             for target in self.notifier.targets if every else (notice.target,):
                 self.notifier.notify(replace(notice, target=target))
         except Exception as err:
-            log.error("the %s notice about %s to %s could not be queued: %s", notice.kind,
-                      notice.event_id or "the fleet", notice.target,
-                      describe(err, with_type=True))  # fmt: skip
+            log.error(
+                "the %s notice about %s to %s could not be queued: %s",
+                notice.kind,
+                notice.event_id or "the fleet",
+                notice.target,
+                describe(err, with_type=True),
+            )
 
     def operated(self, action: OperatorAction, now: datetime) -> None:
         """Say a pause or a resume a person made: a Decision record and a notice."""
         voice = self.voice
-        record = operator_record(action, policy_source=voice.policy_source,
-                                 host_name=voice.host_name, now=now, shadow=voice.shadow,
-                                 notify_failing=list(self.failing()) or None)  # fmt: skip
+        record = operator_record(
+            action,
+            policy_source=voice.policy_source,
+            host_name=voice.host_name,
+            now=now,
+            shadow=voice.shadow,
+            notify_failing=list(self.failing()) or None,
+        )
         self.emit([record])
-        log.warning("%s: %s by %s (%s): %s", record["EventId"], record["DecisionAction"],
-                    action.by.name, action.by.object_id, record["DecisionReason"])  # fmt: skip
-        self.notify(Notice("paused" if action.kind == "pause" else "resumed", EVERY_TARGET,
-                           None, None, (), None, (record["DecisionReason"],),
-                           action.by.name, action.reason, None,
-                           now))  # fmt: skip
+        log.warning(
+            "%s: %s by %s (%s): %s",
+            record["EventId"],
+            record["DecisionAction"],
+            action.by.name,
+            action.by.object_id,
+            record["DecisionReason"],
+        )
+        self.notify(
+            Notice(
+                "paused" if action.kind == "pause" else "resumed",
+                EVERY_TARGET,
+                None,
+                None,
+                (),
+                None,
+                (record["DecisionReason"],),
+                action.by.name,
+                action.reason,
+                None,
+                now,
+            )
+        )
 
 
 def operator_record(
@@ -164,6 +203,10 @@ def operator_record(
     notify_failing: list[str] | None = None,
 ) -> rt.Decision:
     """The Decision record of a pause or a resume (bridge.consumer.decisionrecord)."""
-    return pause_record(pause_of(action), resumed=action.kind != "pause",
-                        voice=Voice(policy_source, host_name, shadow), now=now,
-                        failing=notify_failing or ())  # fmt: skip
+    return pause_record(
+        pause_of(action),
+        resumed=action.kind != "pause",
+        voice=Voice(policy_source, host_name, shadow),
+        now=now,
+        failing=notify_failing or (),
+    )

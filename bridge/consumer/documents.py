@@ -250,8 +250,11 @@ def merge_health(value: HealthDocument, resource: Resource, state: str, at: str)
         value["since"] = at
     value["resource_id"], value["name"] = resource.id.lower(), str(resource.vm_name)
     value["state"], value["at"] = state, at
-    value["scope"] = [resource.subscription, resource.resource_group,
-                      (resource.scale_set or "").lower() or None]  # fmt: skip
+    value["scope"] = [
+        resource.subscription,
+        resource.resource_group,
+        (resource.scale_set or "").lower() or None,
+    ]
     return True
 
 
@@ -447,8 +450,11 @@ def _merge_event_record(value: EventDocument, record: RecordView) -> None:
         reporters.pop(host_key, None)
     mine = reporters.get(who)
     if mine is None or seen >= mine["at"]:
-        reporters[who] = {"status": field_of(record, "EventStatus") or GONE, "at": seen,
-                          "told": told_key(_record_scope(record))}  # fmt: skip
+        reporters[who] = {
+            "status": field_of(record, "EventStatus") or GONE,
+            "at": seen,
+            "told": told_key(_record_scope(record)),
+        }
     _forget_untold(value)
 
 
@@ -466,14 +472,18 @@ def _merge_azure(value: EventDocument, record: RecordView) -> None:
     fields: dict[str, Any] = {key: field_of(record, name) for key, name in _EVENT_FIELDS.items()}
     fields.pop("incarnation")
     if status in ENDED and azure is not None:  # an end names no NotBefore; keep what it named
-        fields = {**{k: v for k, v in azure.items() if k in fields}, **{
-            k: v for k, v in fields.items() if v is not None}}  # fmt: skip
+        fields = {
+            **{k: v for k, v in azure.items() if k in fields},
+            **{k: v for k, v in fields.items() if v is not None},
+        }
     scope = _record_scope(record)
     names = fields.get("resources") or []
     resource = _azure_resource(record)
     ids = {n: list(resource.vm_ids(n)) for n in names} if resource else {}
-    view = cast(AzureView, {**fields, "status": status, "at": seen, "updated": seen,
-                            "scope": list(scope), "ids": ids})  # fmt: skip
+    view = cast(
+        AzureView,
+        {**fields, "status": status, "at": seen, "updated": seen, "scope": list(scope), "ids": ids},
+    )
     if resource is not None:  # what ARM's acknowledge is addressed to (bridge.consumer.armcarrier)
         view["resource_id"] = resource.id
     value["azure"] = view
@@ -508,8 +518,11 @@ def told_key(scope: Scope) -> str:
 def _record_scope(record: RecordView) -> Scope:
     """The scope of the VM that wrote `record`, as its identity fields give it (`scope_of`)."""
     group, scale_set = field_of(record, "ResourceGroup"), field_of(record, "VmScaleSetName")
-    return (field_of(record, "SubscriptionId"), (group or "").lower() or None,
-            (scale_set or "").lower() or None)  # fmt: skip
+    return (
+        field_of(record, "SubscriptionId"),
+        (group or "").lower() or None,
+        (scale_set or "").lower() or None,
+    )
 
 
 def _merge_hook_record(value: EventDocument, record: RecordView) -> None:
@@ -788,8 +801,12 @@ def disagreements(
     if agents is None or azure is None:
         return ()
     said: list[str] = []
-    for key, label in (("event_type", "EventType"), ("event_source", "EventSource"),
-                       ("duration", "DurationInSeconds"), ("not_before", "NotBefore")):  # fmt: skip
+    for key, label in (
+        ("event_type", "EventType"),
+        ("event_source", "EventSource"),
+        ("duration", "DurationInSeconds"),
+        ("not_before", "NotBefore"),
+    ):
         mine, theirs = agents.get(key), azure.get(key)
         if mine is not None and theirs is not None and mine != theirs:
             said.append(f"{label}: Event Grid says {theirs}, the agents say {mine}")
@@ -805,8 +822,10 @@ def disagreements(
     ended_here = agents_status == GONE
     if agents_status is not None and (theirs_status in ENDED) != ended_here:
         ours_said = "gone" if ended_here else agents_status
-        said.append(f"EventStatus: Event Grid says {theirs_status}, the agents say {ours_said} "
-                    "(an end from either ends it)")  # fmt: skip
+        said.append(
+            f"EventStatus: Event Grid says {theirs_status}, the agents say {ours_said} "
+            "(an end from either ends it)"
+        )
     return tuple(said)
 
 

@@ -93,12 +93,21 @@ def drain_views(notes: Mapping[str, DrainNote] | None) -> dict[str, DrainView]:
         if at is None:
             continue
         blockers = tuple(
-            Blocker(str(b.get("Namespace") or ""), str(b.get("Pod") or ""),
-                    str(b.get("Reason") or ""), b.get("PodDisruptionBudget"))
+            Blocker(
+                str(b.get("Namespace") or ""),
+                str(b.get("Pod") or ""),
+                str(b.get("Reason") or ""),
+                b.get("PodDisruptionBudget"),
+            )
             for b in note.get("blockers") or ()
-        )  # fmt: skip
-        found[vm_id] = DrainView(str(note.get("status")), at, parse_time(note.get("since")),
-                                 blockers, note.get("failed") is True)  # fmt: skip
+        )
+        found[vm_id] = DrainView(
+            str(note.get("status")),
+            at,
+            parse_time(note.get("since")),
+            blockers,
+            note.get("failed") is True,
+        )
     return found
 
 
@@ -122,8 +131,11 @@ def with_grants(view: EventView, entry: DrainGrant | None) -> EventView:
     """`view` with the drains its ledger entry granted, and those its agents refused."""
     if entry is None or not entry.get("granted"):
         return view
-    return replace(view, granted=frozenset(entry.get("granted", ())),
-                   no_drain=frozenset(entry.get("no_drain", ())))  # fmt: skip
+    return replace(
+        view,
+        granted=frozenset(entry.get("granted", ())),
+        no_drain=frozenset(entry.get("no_drain", ())),
+    )
 
 
 def grant(entry: DrainGrant, vms: Collection[str]) -> None:
@@ -179,7 +191,10 @@ def note_refusals(event_id: str, entry: DrainGrant, answers: Collection[tuple[st
     added = sorted(set(refused) - set(entry.get("no_drain", ())))
     if added:
         entry["no_drain"] = sorted({*entry.get("no_drain", ()), *added})
-        log.warning("the agents of %s refused the drain of event %s (Prepare; see their Approval "
-                    "records): the event is decided without draining them", ", ".join(added),
-                    event_id)  # fmt: skip
+        log.warning(
+            "the agents of %s refused the drain of event %s (Prepare; see their Approval "
+            "records): the event is decided without draining them",
+            ", ".join(added),
+            event_id,
+        )
     return bool(added)

@@ -88,8 +88,9 @@ def _from_records(
     records = read_records(path)
     event_id = event or last_event(records)
     at = newest(records)
-    consumer = Consumer(MemoryStore(), NoCommands(), policy, ignore_decisions, config.consumer,
-                        now=lambda: at)  # fmt: skip
+    consumer = Consumer(
+        MemoryStore(), NoCommands(), policy, ignore_decisions, config.consumer, now=lambda: at
+    )
     consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
     try:
         consumer.fold(records)
@@ -133,8 +134,9 @@ def _replay(
     consumer: it decides and sends nothing)."""
     clock = [newest(records)]
     settings = replace(config.consumer, mode="shadow")
-    consumer = Consumer(MemoryStore(), NoCommands(), policy, ignore_decisions, settings,
-                        now=lambda: clock[0])  # fmt: skip
+    consumer = Consumer(
+        MemoryStore(), NoCommands(), policy, ignore_decisions, settings, now=lambda: clock[0]
+    )
     consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
     try:
         with _quiet():
@@ -177,8 +179,16 @@ def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str,
     except ConfigError:
         signer, trusted = None, []
     # Read-only: what a previous key signed is explained as the consumer applies it.
-    consumer = Consumer(store, NoCommands(), policy, ignore_decisions, config.consumer,
-                        signer=signer, trusted=trusted, sign_again=False)  # fmt: skip
+    consumer = Consumer(
+        store,
+        NoCommands(),
+        policy,
+        ignore_decisions,
+        config.consumer,
+        signer=signer,
+        trusted=trusted,
+        sign_again=False,
+    )
     consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
     try:
         return event, consumer.explain(event)
@@ -304,20 +314,31 @@ def _people(found: Explained) -> dict[str, Any]:
     return {
         "AskedTarget": asked,
         "AskedSince": iso(found.view.asked_at) if asked and found.view.asked_at else None,
-        "AskDeadline": iso(verdict.ask_deadline) if asked and verdict and verdict.ask_deadline
+        "AskDeadline": iso(verdict.ask_deadline)
+        if asked and verdict and verdict.ask_deadline
         else None,
-        "PersonDecision": None if person is None else {
-            "Kind": person.kind, "DecidedBy": person.by.object_id, "DecidedByName": person.by.name,
-            "OperatorReason": person.reason, "At": iso(person.at),
+        "PersonDecision": None
+        if person is None
+        else {
+            "Kind": person.kind,
+            "DecidedBy": person.by.object_id,
+            "DecidedByName": person.by.name,
+            "OperatorReason": person.reason,
+            "At": iso(person.at),
             "OverrideBudget": person.override_budget,
         },
         "BudgetOverride": bool(verdict and verdict.override),
-        "Pause": None if pause is None else {
-            "PauseScope": pause.where, "PauseUntil": iso(pause.until) if pause.until else None,
-            "DecidedBy": pause.by.object_id, "DecidedByName": pause.by.name,
-            "OperatorReason": pause.reason, "At": iso(pause.at),
+        "Pause": None
+        if pause is None
+        else {
+            "PauseScope": pause.where,
+            "PauseUntil": iso(pause.until) if pause.until else None,
+            "DecidedBy": pause.by.object_id,
+            "DecidedByName": pause.by.name,
+            "OperatorReason": pause.reason,
+            "At": iso(pause.at),
         },
-    }  # fmt: skip
+    }
 
 
 def _people_lines(people: dict[str, Any]) -> list[str]:
@@ -329,14 +350,18 @@ def _people_lines(people: dict[str, Any]) -> list[str]:
     person = people["PersonDecision"]
     if person:
         over = " over the budgets (break-glass)" if person["OverrideBudget"] else ""
-        lines.append(f"person: {person['Kind']}{over} by {person['DecidedByName']} "
-                     f"({person['DecidedBy']}) at {person['At']}: "
-                     f"{person['OperatorReason'] or 'no reason given'}")  # fmt: skip
+        lines.append(
+            f"person: {person['Kind']}{over} by {person['DecidedByName']} "
+            f"({person['DecidedBy']}) at {person['At']}: "
+            f"{person['OperatorReason'] or 'no reason given'}"
+        )
     pause = people["Pause"]
     if pause:
         until = f"until {pause['PauseUntil']}" if pause["PauseUntil"] else "until resumed"
-        lines.append(f"paused: {pause['PauseScope']} by {pause['DecidedByName']} "
-                     f"({pause['DecidedBy']}) {until}: {pause['OperatorReason']}")  # fmt: skip
+        lines.append(
+            f"paused: {pause['PauseScope']} by {pause['DecidedByName']} "
+            f"({pause['DecidedBy']}) {until}: {pause['OperatorReason']}"
+        )
     return lines
 
 
@@ -382,12 +407,17 @@ def _decision_lines(found: Explained) -> list[str]:
     since = "had started" if found.view.status == "Started" else "was over"
     taken = found.taken
     if taken is None:
-        return [f"decision: none: the event {since} when it was first read, so there was "
-                "nothing to approve"]  # fmt: skip
+        return [
+            f"decision: none: the event {since} when it was first read, so there was "
+            "nothing to approve"
+        ]
     now = "has started" if found.view.status == "Started" else "is over"
     at = taken.get("at", "an unknown time")
-    how = (f"as a consumer reading these records would have taken it at {at}" if found.replayed
-           else f"taken at {at}")  # fmt: skip
+    how = (
+        f"as a consumer reading these records would have taken it at {at}"
+        if found.replayed
+        else f"taken at {at}"
+    )
     return [
         f"decision: {taken.get('kind')} by {taken.get('rule')}: {taken.get('reason')}",
         f"  {how}; the event {now} since: nothing is left to decide",

@@ -58,9 +58,15 @@ class Intake:
             return record
         who = str(record.get("VmId") or record.get("HostName"))
         level = logging.WARNING if self._warned.add(who) else logging.DEBUG
-        log.log(level, "record %s of VM %s is dated %s, %s ahead of this consumer's clock: "
-                "taken as of now (check the VM's time synchronisation)", record.get("RecordId"),
-                who, record.get("TimeGenerated"), stamped - now)  # fmt: skip
+        log.log(
+            level,
+            "record %s of VM %s is dated %s, %s ahead of this consumer's clock: "
+            "taken as of now (check the VM's time synchronisation)",
+            record.get("RecordId"),
+            who,
+            record.get("TimeGenerated"),
+            stamped - now,
+        )
         return {**record, "TimeGenerated": iso(now)}
 
 
@@ -109,9 +115,14 @@ def _folder(
             except Exception as err:
                 value.clear()
                 value.update(before)
-                log.error("record %s (%s of VM %s) could not be folded into the fleet state and "
-                          "was set aside: %s", record.get("RecordId"), record.get(rt.RECORD_TYPE),
-                          record.get("VmId"), describe(err, with_type=True))  # fmt: skip
+                log.error(
+                    "record %s (%s of VM %s) could not be folded into the fleet state and "
+                    "was set aside: %s",
+                    record.get("RecordId"),
+                    record.get(rt.RECORD_TYPE),
+                    record.get("VmId"),
+                    describe(err, with_type=True),
+                )
         return changed
 
     return fold

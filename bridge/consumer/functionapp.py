@@ -139,8 +139,12 @@ class DecisionOutlet:
                 if not err.seqs:
                     raise
                 for refused in (r for r in batch if r.seq in err.seqs):
-                    log.error("the Logs Ingestion API refused a Decision record (%s); it is "
-                              "kept only in this log line: %s", err, refused.body)  # fmt: skip
+                    log.error(
+                        "the Logs Ingestion API refused a Decision record (%s); it is "
+                        "kept only in this log line: %s",
+                        err,
+                        refused.body,
+                    )
                 batch = [r for r in batch if r.seq not in err.seqs]
             else:
                 return
@@ -226,11 +230,16 @@ class ConsumerApp:
             log.error("se-bridge: configuration error: %s", err)
             raise
         if config.consumer.sinks:
-            log.warning("consumer.sinks is ignored in Azure Functions: Decision records go to "
-                        "Log Analytics (loganalytics.*) or the log")  # fmt: skip
+            log.warning(
+                "consumer.sinks is ignored in Azure Functions: Decision records go to "
+                "Log Analytics (loganalytics.*) or the log"
+            )
         self._outlet = outlet
-        log.info("se-bridge consumer ready; policy: %s; decisions to %s",
-                 consumer.policy.source, "Log Analytics" if outlet.sink else "the log")  # fmt: skip
+        log.info(
+            "se-bridge consumer ready; policy: %s; decisions to %s",
+            consumer.policy.source,
+            "Log Analytics" if outlet.sink else "the log",
+        )
         return consumer
 
     def handle_events(self, events: Sequence[func.EventHubEvent]) -> None:
@@ -251,9 +260,12 @@ class ConsumerApp:
             self.consumer().process(records, position)
         except Exception as err:
             where = f"{len(records)} records from partition {_partition(events[0])}"
-            log.warning("handling %s failed: %s; the retry policy runs the batch again, nothing "
-                        "is checkpointed before it succeeds", where,
-                        describe(err, with_type=True))  # fmt: skip
+            log.warning(
+                "handling %s failed: %s; the retry policy runs the batch again, nothing "
+                "is checkpointed before it succeeds",
+                where,
+                describe(err, with_type=True),
+            )
             raise
 
     def page(self, request: func.HttpRequest) -> func.HttpResponse:
@@ -341,9 +353,11 @@ def _position(events: Sequence[func.EventHubEvent]) -> Position:
     context = _context(events[0]) if events else {}
     if context.get("PartitionId") is None:
         return Position(eventhubs_partition("", "", "?"))
-    where = eventhubs_partition(str(context.get("FullyQualifiedNamespace") or ""),
-                                str(context.get("EventHubName") or ""),
-                                str(context["PartitionId"]))  # fmt: skip
+    where = eventhubs_partition(
+        str(context.get("FullyQualifiedNamespace") or ""),
+        str(context.get("EventHubName") or ""),
+        str(context["PartitionId"]),
+    )
     enqueued = [e.enqueued_time for e in events if e.enqueued_time is not None]
     return Position(where, max(enqueued, default=None))
 

@@ -450,8 +450,10 @@ class ApprovalLedger:
             old = state.docs.get(lock)
             count = _count(old) + 1
             history = old.value.get("wrote", []) if old is not None else []
-            history = [*(history if isinstance(history, list) else [])[-LOCK_LOG + 1 :],
-                       [count, shards]]  # fmt: skip
+            history = [
+                *(history if isinstance(history, list) else [])[-LOCK_LOG + 1 :],
+                [count, shards],
+            ]
             value = {"n": count, "wrote": history}
             docs.append(Doc(lock, value, None if old is None else old.etag))
         try:
@@ -500,8 +502,9 @@ class ApprovalLedger:
         """Fold Approval records into the ledger; the events whose approval they answer."""
         # Keyed by (CommandId, VmId): only the VM the command went to can answer it, so a VM
         # cannot mark another VM's command refused or done by sending records in its name.
-        approvals = [r for r in records
-                     if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")]  # fmt: skip
+        approvals = [
+            r for r in records if r.get(rt.RECORD_TYPE) == "Approval" and r.get("CommandId")
+        ]
         outcomes = {
             _answered_by(r): LATE if is_late(r) else str(r.get("ApprovalOutcome"))
             for r in approvals
@@ -520,9 +523,12 @@ class ApprovalLedger:
                 if outcome is None or entry.get("confirmed"):
                     continue
                 mark: Literal["confirmed", "late", "refused"] = (
-                    "confirmed" if outcome == "Approved" else "late" if outcome == LATE
+                    "confirmed"
+                    if outcome == "Approved"
+                    else "late"
+                    if outcome == LATE
                     else "refused"
-                )  # fmt: skip
+                )
                 if not entry.get(mark):
                     entry[mark] = True
                     touched.add(key)
@@ -599,10 +605,16 @@ class ApprovalLedger:
             "unanswered": "no answer came: the VM did not read the command before the event "
             "went ahead, or its Approval record is still on the way",
         }[reason]
-        log.warning("the approval of event %s (rule %s, attempt %s, command %s to VM %s) never "
-                    "reached IMDS: %s; the event went ahead without it", entry["event_id"],
-                    entry.get("rule"), entry.get("attempt"), entry.get("command_id"),
-                    entry.get("target"), why)  # fmt: skip
+        log.warning(
+            "the approval of event %s (rule %s, attempt %s, command %s to VM %s) never "
+            "reached IMDS: %s; the event went ahead without it",
+            entry["event_id"],
+            entry.get("rule"),
+            entry.get("attempt"),
+            entry.get("command_id"),
+            entry.get("target"),
+            why,
+        )
 
     def mark_sent(
         self,

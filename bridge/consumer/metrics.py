@@ -57,18 +57,22 @@ class ConsumerMetrics:
         self.refused = Counter(
             "se_bridge_consumer_records_refused",
             "Messages set aside as not records, by reason: size, json, schema, sender.",
-            ["reason"], registry=registry,
-        )  # fmt: skip
+            ["reason"],
+            registry=registry,
+        )
         self.lag = Gauge(
             "se_bridge_consumer_lag_seconds",
             "Per partition: the consumer's clock minus the TimeGenerated of the newest record "
             "of the last batch it handled.",
-            ["partition"], registry=registry,
-        )  # fmt: skip
+            ["partition"],
+            registry=registry,
+        )
         self.decisions = Counter(
-            "se_bridge_consumer_decisions", "Decision records, by action, rule and mode.",
-            ["action", "rule", "mode"], registry=registry,
-        )  # fmt: skip
+            "se_bridge_consumer_decisions",
+            "Decision records, by action, rule and mode.",
+            ["action", "rule", "mode"],
+            registry=registry,
+        )
         self.sent = Counter(
             "se_bridge_consumer_commands_sent", "Approval commands sent.", registry=registry
         )
@@ -101,19 +105,24 @@ class ConsumerMetrics:
 
     def refusal(self, reason: str) -> None:
         kind = (
-            "size" if "bytes, more than" in reason
-            else "sender" if "does not match the sender" in reason
-            else "schema" if "record.schema.json" in reason
+            "size"
+            if "bytes, more than" in reason
+            else "sender"
+            if "does not match the sender" in reason
+            else "schema"
+            if "record.schema.json" in reason
             else "json"
-        )  # fmt: skip
+        )
         self.refused.labels(kind).inc()
 
     def decided(self, records: Sequence[RecordView]) -> None:
         for record in records:
             if record.get(RECORD_TYPE) == "Decision":
-                self.decisions.labels(str(record.get("DecisionAction")),
-                                      str(record.get("DecisionRule")),
-                                      str(record.get("DecisionMode"))).inc()  # fmt: skip
+                self.decisions.labels(
+                    str(record.get("DecisionAction")),
+                    str(record.get("DecisionRule")),
+                    str(record.get("DecisionMode")),
+                ).inc()
                 if record.get("BudgetOverride") is True:
                     self.overrides.inc()
 
@@ -165,8 +174,11 @@ class _EventGridCollector(Collector):
             "set's health).",
             labels=["kind"],
         )
-        for kind, count in (("event", now.events), ("health", now.health),
-                            ("ignored", now.ignored)):  # fmt: skip
+        for kind, count in (
+            ("event", now.events),
+            ("health", now.health),
+            ("ignored", now.ignored),
+        ):
             records.add_metric([kind], count)
         yield records
         refused = CounterMetricFamily(
@@ -208,8 +220,10 @@ class _PeopleCollector(Collector):
             "se_bridge_consumer_operator_actions",
             "What people decided through the API, the page or the CLI and the consumer "
             "accepted, by kind: approve, hold, pause, resume.",
-            "kind", KINDS, now.operated,
-        )  # fmt: skip
+            "kind",
+            KINDS,
+            now.operated,
+        )
         yield CounterMetricFamily(
             "se_bridge_consumer_operator_actions_forged",
             "Operator actions found in the fleet state whose signature did not verify with "
@@ -221,8 +235,10 @@ class _PeopleCollector(Collector):
             "Signed operator documents the consumer refused, by why: deleted (before their "
             "time: written back), reappeared (a forgotten one put back), signed_after_rotation "
             "(by a previous key after the current one took over).",
-            "why", REFUSED, now.refused,
-        )  # fmt: skip
+            "why",
+            REFUSED,
+            now.refused,
+        )
         yield GaugeMetricFamily(
             "se_bridge_consumer_operator_actions_previous_key",
             "Operator actions that apply only through a previous signing key "
@@ -252,8 +268,10 @@ class _ArmCollector(Collector):
             "Approvals carried by ARM's acknowledge (no live agent could), by outcome: approved, "
             "refused (ARM would not: the event is over or not opted in), failed (ARM unreachable, "
             "throttled past the retries, or the identity refused: sent again at the next pass).",
-            "outcome", ("approved", "refused", "failed"), self._counts(),
-        )  # fmt: skip
+            "outcome",
+            ("approved", "refused", "failed"),
+            self._counts(),
+        )
 
 
 class _PendingCollector(Collector):

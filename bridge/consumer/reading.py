@@ -122,8 +122,9 @@ class ReadMarks:
     reads the document, and keeps the further of the two marks.
     """
 
-    def __init__(self, store: Store, *, now: Callable[[], datetime], host_name: str,
-                 alive_within: float) -> None:  # fmt: skip
+    def __init__(
+        self, store: Store, *, now: Callable[[], datetime], host_name: str, alive_within: float
+    ) -> None:
         self._store, self._now, self._host = store, now, host_name
         self._pace = mark_pace(alive_within)
         self._mine: dict[str, datetime] = {}
@@ -155,8 +156,11 @@ class ReadMarks:
             return
         # Over the ETag of our last write: a write in between (another reader of the
         # partition) conflicts, and is read below. None: created, if nobody has.
-        doc = Doc(partition, dict(MarkDocument(read_to=text, by=self._host)),
-                  last.etag if last is not None else None)  # fmt: skip
+        doc = Doc(
+            partition,
+            dict(MarkDocument(read_to=text, by=self._host)),
+            last.etag if last is not None else None,
+        )
         try:
             self._written[partition] = self._store.write(PARTITION, doc)
         except Conflict:

@@ -152,8 +152,9 @@ class Housekeeping:
         self.forget_vms_after = timedelta(seconds=forget_vms_after)
         self._swept: datetime | None = None
 
-    def open_events(self, held: Mapping[str, LedgerEntry], now: datetime,
-                    stale_after: timedelta) -> dict[str, Doc | None]:  # fmt: skip
+    def open_events(
+        self, held: Mapping[str, LedgerEntry], now: datetime, stale_after: timedelta
+    ) -> dict[str, Doc | None]:
         """The events still open (or counted by `held`); those no VM has reported on for
         `stale_after` are forgotten on the way."""
         found: dict[str, Doc | None] = {}
@@ -220,7 +221,10 @@ class Housekeeping:
             self.fleet.delete_vm(doc)  # quiet where another consumer removed it
         except Conflict:
             return True
-        log.info("VM %s (%s) has not been heard from since %s: removed from the fleet state",
-                 doc.key, doc.value.get("name"), doc.value.get("heard") or
-                 doc.value.get("last_seen"))  # fmt: skip
+        log.info(
+            "VM %s (%s) has not been heard from since %s: removed from the fleet state",
+            doc.key,
+            doc.value.get("name"),
+            doc.value.get("heard") or doc.value.get("last_seen"),
+        )
         return False

@@ -62,8 +62,13 @@ class EventGridIntake:
 
     def counts(self) -> EventGridCounts:
         with self._counting:
-            return EventGridCounts(self.events, self.health, self.ignored, dict(self.refused),
-                                   dict(self.consumer.disagreements))  # fmt: skip
+            return EventGridCounts(
+                self.events,
+                self.health,
+                self.ignored,
+                dict(self.refused),
+                dict(self.consumer.disagreements),
+            )
 
     def handle(self, bodies: Sequence[str], position: Position | None = None) -> None:
         """Fold the deliveries `bodies` in (a batch of one partition of the hub, `position`)."""
@@ -79,9 +84,13 @@ class EventGridIntake:
             if parsed.refused:
                 with self._counting:
                     self.refused.update(r.code for r in parsed.refused)
-                log.warning("refused %s: %s; nothing of it was folded in (check "
-                            "eventgrid.subscriptions and eventgrid.resource_groups, and who may "
-                            "send to the hub)", what, describe(parsed.refused))  # fmt: skip
+                log.warning(
+                    "refused %s: %s; nothing of it was folded in (check "
+                    "eventgrid.subscriptions and eventgrid.resource_groups, and who may "
+                    "send to the hub)",
+                    what,
+                    describe(parsed.refused),
+                )
             with self._counting:
                 self.ignored += len(parsed.ignored)
             taken.events += parsed.events
@@ -125,6 +134,9 @@ class FleetKnown:
 def build_reconciler(config: Config, intake: EventGridIntake) -> Reconciler:
     """The Resource Graph reconciler of eventgrid.reconcile_interval, as the consumer's
     identity (azure-identity), feeding `intake`."""
-    graph = ResourceGraph(config.eventgrid.resource_graph_url,
-                          identity.credential(config.identity), RequestsTransport())  # fmt: skip
+    graph = ResourceGraph(
+        config.eventgrid.resource_graph_url,
+        identity.credential(config.identity),
+        RequestsTransport(),
+    )
     return Reconciler(graph, intake, FleetKnown(intake.consumer), utc_now)

@@ -70,8 +70,13 @@ class PoisonFile:
         entry = {"partition": partition, "offset": offset, "reason": reason, "body": body}
         with self._lock, self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(entry, ensure_ascii=False) + "\n")
-        log.warning("set aside the message at offset %s of partition %s in %s: it is not a "
-                    "record (%s)", offset, partition, self.path, reason)  # fmt: skip
+        log.warning(
+            "set aside the message at offset %s of partition %s in %s: it is not a record (%s)",
+            offset,
+            partition,
+            self.path,
+            reason,
+        )
 
 
 class ConsumerService:
@@ -186,8 +191,13 @@ class ConsumerService:
         self._notifier.ready()
         timer = threading.Thread(target=self._ticks, args=(stop,), name="se-bridge reevaluate")
         timer.start()
-        log.info("%sconsuming from %s; policy: %s; decisions to %s", self._mode(), self._source(),
-                 self.consumer.policy.source, ", ".join(s.name for s in self.sinks))  # fmt: skip
+        log.info(
+            "%sconsuming from %s; policy: %s; decisions to %s",
+            self._mode(),
+            self._source(),
+            self.consumer.policy.source,
+            ", ".join(s.name for s in self.sinks),
+        )
         try:
             self._read(stop)
         finally:
@@ -200,12 +210,17 @@ class ConsumerService:
     def _read(self, stop: threading.Event) -> None:
         azure: list[threading.Thread] = []
         if self.intake is not None:
-            azure.append(threading.Thread(target=self._read_azure, args=(stop,),
-                                          name="se-bridge eventgrid"))  # fmt: skip
+            azure.append(
+                threading.Thread(target=self._read_azure, args=(stop,), name="se-bridge eventgrid")
+            )
         if self.reconciler is not None:
-            azure.append(threading.Thread(
-                target=self.reconciler.run, args=(stop, self.config.eventgrid.reconcile_interval),
-                name="se-bridge resource graph"))  # fmt: skip
+            azure.append(
+                threading.Thread(
+                    target=self.reconciler.run,
+                    args=(stop, self.config.eventgrid.reconcile_interval),
+                    name="se-bridge resource graph",
+                )
+            )
         for thread in azure:
             thread.start()
         try:
@@ -222,16 +237,26 @@ class ConsumerService:
         settings = self.config.consumer
         try:
             if settings.hub is not None:  # the local hub: Event Grid's is a directory too
-                run_local(self.config.eventgrid.hub, self._process, stop, bodies=self._azure,
-                          group=settings.consumer_group)  # fmt: skip
+                run_local(
+                    self.config.eventgrid.hub,
+                    self._process,
+                    stop,
+                    bodies=self._azure,
+                    group=settings.consumer_group,
+                )
                 return
-            run_eventhubs(eventgrid_hub(self.config), self._process, stop,
-                          load_balancing_interval=settings.load_balancing_interval,
-                          checkpoint_interval=settings.checkpoint_interval,
-                          bodies=self._azure)  # fmt: skip
+            run_eventhubs(
+                eventgrid_hub(self.config),
+                self._process,
+                stop,
+                load_balancing_interval=settings.load_balancing_interval,
+                checkpoint_interval=settings.checkpoint_interval,
+                bodies=self._azure,
+            )
         except Exception:
-            log.exception("reading Event Grid's hub %s failed: the consumer stops",
-                          self.config.eventgrid.hub)  # fmt: skip
+            log.exception(
+                "reading Event Grid's hub %s failed: the consumer stops", self.config.eventgrid.hub
+            )
             stop.set()
 
     def _azure(self, bodies: list[str], position: Position) -> None:
@@ -241,15 +266,25 @@ class ConsumerService:
 
     def _read_records(self, stop: threading.Event) -> None:
         if self.config.consumer.hub is not None:
-            run_local(self.config.consumer.hub, self._process, stop, poison=self.poison,
-                      group=self.config.consumer.consumer_group,
-                      on_done=self.metrics.batch)  # fmt: skip
+            run_local(
+                self.config.consumer.hub,
+                self._process,
+                stop,
+                poison=self.poison,
+                group=self.config.consumer.consumer_group,
+                on_done=self.metrics.batch,
+            )
             return
         settings = self.config.consumer
-        run_eventhubs(self.config, self._process, stop, poison=self.poison,
-                      load_balancing_interval=settings.load_balancing_interval,
-                      checkpoint_interval=settings.checkpoint_interval,
-                      on_done=self.metrics.batch)  # fmt: skip
+        run_eventhubs(
+            self.config,
+            self._process,
+            stop,
+            poison=self.poison,
+            load_balancing_interval=settings.load_balancing_interval,
+            checkpoint_interval=settings.checkpoint_interval,
+            on_done=self.metrics.batch,
+        )
 
     def _ticks(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -261,8 +296,11 @@ class ConsumerService:
                 self._tick_error = None
             except Exception as err:
                 self._tick_error = describe(err)
-                log.warning("re-evaluating deferred events failed (%s); trying again in %gs",
-                            err, self.config.consumer.reevaluate_interval)  # fmt: skip
+                log.warning(
+                    "re-evaluating deferred events failed (%s); trying again in %gs",
+                    err,
+                    self.config.consumer.reevaluate_interval,
+                )
 
     def _mode(self) -> str:
         if self.config.consumer.mode != "shadow":
@@ -280,8 +318,11 @@ class ConsumerService:
         if self._telemetry is not None:
             self._telemetry.close()
         if not self.delivery.flush(timeout=10.0):
-            log.warning("%d Decision records not yet delivered stay in the spool %s",
-                        self.spool.depth(), self.spool.path)  # fmt: skip
+            log.warning(
+                "%d Decision records not yet delivered stay in the spool %s",
+                self.spool.depth(),
+                self.spool.path,
+            )
         self.delivery.stop(timeout=5.0)
         self.spool.close()
         self.consumer.close()
@@ -299,9 +340,11 @@ def run(args: argparse.Namespace) -> int:
             config.consumer_log_level(), fmt=config.consumer_log_format(), program="consumer"
         )
         if config.consumer.mode == "shadow":
-            log.info("shadow mode (consumer.mode = shadow): deciding and writing Decision "
-                     "records in consumer group %s, sending no command",
-                     config.consumer.consumer_group)  # fmt: skip
+            log.info(
+                "shadow mode (consumer.mode = shadow): deciding and writing Decision "
+                "records in consumer group %s, sending no command",
+                config.consumer.consumer_group,
+            )
         warn_of_consumer_settings_under_agent(config)
         warn_if_secrets_readable(args.config)
         service = ConsumerService(config)
@@ -316,8 +359,11 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         service.close()
         address = config.consumer.metrics_address
-        print(f"se-bridge: cannot listen on consumer.metrics_address {address}: "
-              f"{err.strerror or err}", file=sys.stderr)  # fmt: skip
+        print(
+            f"se-bridge: cannot listen on consumer.metrics_address {address}: "
+            f"{err.strerror or err}",
+            file=sys.stderr,
+        )
         return 1
     try:
         service.serve_page()
@@ -327,7 +373,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     except OSError as err:
         service.close()
-        print(f"se-bridge: cannot serve the approval page on consumer.people.page_address "
-              f"{config.people.page_address}: {err.strerror or err}", file=sys.stderr)  # fmt: skip
+        print(
+            f"se-bridge: cannot serve the approval page on consumer.people.page_address "
+            f"{config.people.page_address}: {err.strerror or err}",
+            file=sys.stderr,
+        )
         return 1
     return service.run(stop)

@@ -75,9 +75,16 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
     signer = _verifier(config)
     store = wiring.build_store(spec, config)
     # Read-only: what a previous key signed is shown as the consumer applies it, not rewritten.
-    consumer = Consumer(store, NoCommands(), policy, ignore_decisions, config.consumer,
-                        signer=signer, trusted=wiring.load_previous_keys(config),
-                        sign_again=False)  # fmt: skip
+    consumer = Consumer(
+        store,
+        NoCommands(),
+        policy,
+        ignore_decisions,
+        config.consumer,
+        signer=signer,
+        trusted=wiring.load_previous_keys(config),
+        sign_again=False,
+    )
     try:
         now, desk = utc_now(), consumer.desk
         pauses, events = desk.pauses(now), desk.open_events(now)
@@ -101,8 +108,10 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
 def _verifier(config: Config) -> Signer:
     signer = wiring.load_signer(config)
     if signer is None:
-        raise ConfigError("what people decided is verified with the consumer's key: set "
-                          "commands.signing_key (SE_BRIDGE_COMMANDS_SIGNING_KEY)")  # fmt: skip
+        raise ConfigError(
+            "what people decided is verified with the consumer's key: set "
+            "commands.signing_key (SE_BRIDGE_COMMANDS_SIGNING_KEY)"
+        )
     return signer
 
 
@@ -121,49 +130,79 @@ def assess(
     """What people have done, and whether it warns; pure."""
     report = Report(state=state)
     for pause in pauses:
-        report.pauses.append({
-            "scope": pause.scope or "fleet", "until": iso(pause.until) if pause.until else None,
-            "by": pause.by.name, "by_object_id": pause.by.object_id, "reason": pause.reason,
-            "at": iso(pause.at),
-        })  # fmt: skip
+        report.pauses.append(
+            {
+                "scope": pause.scope or "fleet",
+                "until": iso(pause.until) if pause.until else None,
+                "by": pause.by.name,
+                "by_object_id": pause.by.object_id,
+                "reason": pause.reason,
+                "at": iso(pause.at),
+            }
+        )
         until = f"until {iso(pause.until)}" if pause.until else "until resumed"
-        report.flag(WARNING, f"{pause.scope or 'the fleet'} is paused {until} by "
-                             f"{pause.by.name}: early approvals wait")  # fmt: skip
+        report.flag(
+            WARNING,
+            f"{pause.scope or 'the fleet'} is paused {until} by "
+            f"{pause.by.name}: early approvals wait",
+        )
     for event in events:
         if event.asked is None:
             continue
         waited = (now - event.asked.since) if event.asked.since else timedelta(0)
-        report.asks.append({
-            "event_id": event.event_id, "event_type": event.event_type, "vms": list(event.vms),
-            "target": event.asked.target,
-            "since": iso(event.asked.since) if event.asked.since else None,
-            "age_seconds": int(waited.total_seconds()),
-            "deadline": iso(event.asked.deadline) if event.asked.deadline else None,
-            "not_before": iso(event.not_before) if event.not_before else None,
-        })  # fmt: skip
+        report.asks.append(
+            {
+                "event_id": event.event_id,
+                "event_type": event.event_type,
+                "vms": list(event.vms),
+                "target": event.asked.target,
+                "since": iso(event.asked.since) if event.asked.since else None,
+                "age_seconds": int(waited.total_seconds()),
+                "deadline": iso(event.asked.deadline) if event.asked.deadline else None,
+                "not_before": iso(event.not_before) if event.not_before else None,
+            }
+        )
         if waited > ask_age:
-            report.flag(WARNING, f"an ask about {event.event_id} ({event.asked.target}) is "
-                                 f"pending for {_age(waited)}")  # fmt: skip
+            report.flag(
+                WARNING,
+                f"an ask about {event.event_id} ({event.asked.target}) is "
+                f"pending for {_age(waited)}",
+            )
     report.overrides = [
-        {"event_id": a.event_id, "by": a.by.name, "by_object_id": a.by.object_id,
-         "reason": a.reason, "at": iso(a.at)}
-        for a in actions if a.kind == "approve" and a.override_budget
-    ]  # fmt: skip
+        {
+            "event_id": a.event_id,
+            "by": a.by.name,
+            "by_object_id": a.by.object_id,
+            "reason": a.reason,
+            "at": iso(a.at),
+        }
+        for a in actions
+        if a.kind == "approve" and a.override_budget
+    ]
     report.forged = forged
     report.on_previous_key = on_previous_key
     if on_previous_key:
-        report.flag(WARNING, f"{on_previous_key} operator actions are signed with a previous key "
-                             "only: keep it in commands.verify_key until the consumer has signed "
-                             "them again")  # fmt: skip
+        report.flag(
+            WARNING,
+            f"{on_previous_key} operator actions are signed with a previous key "
+            "only: keep it in commands.verify_key until the consumer has signed "
+            "them again",
+        )
     if forged:
-        report.flag(WARNING, f"{forged} operator documents do not verify with the consumer's "
-                             "key and are ignored (written by hand? the key rotated?)")  # fmt: skip
+        report.flag(
+            WARNING,
+            f"{forged} operator documents do not verify with the consumer's "
+            "key and are ignored (written by hand? the key rotated?)",
+        )
     report.refused = dict(refused or {})
     if report.refused:
         whys = ", ".join(f"{why} {count}" for why, count in sorted(report.refused.items()))
-        report.flag(WARNING, f"{sum(report.refused.values())} operator documents in the state "
-                             f"are refused ({whys}): someone who can write the fleet state is at "
-                             "work (docs/people.md#what-is-kept)")  # fmt: skip
+        report.flag(
+            WARNING,
+            f"{sum(report.refused.values())} operator documents in the state "
+            f"are refused ({whys}): someone who can write the fleet state is at "
+            "work (docs/people.md#what-is-kept)",
+        )
     return report
 
 
@@ -171,16 +210,26 @@ def render(report: Report) -> str:
     lines = [f"{LEVELS[report.level]}: se-bridge consumer state {report.state}"]
     lines += [f"  {problem}" for problem in report.problems]
     lines.append(f"pauses in force: {len(report.pauses)}")
-    lines += [f"  paused: {p['scope']} {'until ' + p['until'] if p['until'] else 'until resumed'}"
-              f" by {p['by']}: {p['reason']}" for p in report.pauses]  # fmt: skip
+    lines += [
+        f"  paused: {p['scope']} {'until ' + p['until'] if p['until'] else 'until resumed'}"
+        f" by {p['by']}: {p['reason']}"
+        for p in report.pauses
+    ]
     lines.append(f"asks pending: {len(report.asks)}")
-    lines += [f"  {a['event_id']} {a['event_type']} on {', '.join(a['vms'])}: asked {a['target']}"
-              f" {_age(timedelta(seconds=a['age_seconds']))} ago, NotBefore {a['not_before']}"
-              for a in report.asks]  # fmt: skip
-    lines.append(f"budget overrides in the last {OVERRIDES_WITHIN.total_seconds() / 3600:g} h: "
-                 f"{len(report.overrides)}")  # fmt: skip
-    lines += [f"  override: {o['event_id']} by {o['by']} ({o['by_object_id']}) at {o['at']}: "
-              f"{o['reason']}" for o in report.overrides]  # fmt: skip
+    lines += [
+        f"  {a['event_id']} {a['event_type']} on {', '.join(a['vms'])}: asked {a['target']}"
+        f" {_age(timedelta(seconds=a['age_seconds']))} ago, NotBefore {a['not_before']}"
+        for a in report.asks
+    ]
+    lines.append(
+        f"budget overrides in the last {OVERRIDES_WITHIN.total_seconds() / 3600:g} h: "
+        f"{len(report.overrides)}"
+    )
+    lines += [
+        f"  override: {o['event_id']} by {o['by']} ({o['by_object_id']}) at {o['at']}: "
+        f"{o['reason']}"
+        for o in report.overrides
+    ]
     return "\n".join(printable(line) for line in lines)
 
 

@@ -103,13 +103,27 @@ def decided(
     action = said_as(verdict)
     assert action is not None, "an Ignore is never said (`new_to_say`)"
     target = vms.get(verdict.target) if verdict.target else None
-    record = verdict_record(event.get("resources") or [], view=view, verdict=verdict,
-                            action=action, target=target, command=command, voice=voice, now=now,
-                            failing=failing)  # fmt: skip
+    record = verdict_record(
+        event.get("resources") or [],
+        view=view,
+        verdict=verdict,
+        action=action,
+        target=target,
+        command=command,
+        voice=voice,
+        now=now,
+        failing=failing,
+    )
     at = parse_time(record["TimeGenerated"]) or view.first_seen
     asks = verdict.asked if verdict.kind == "Ask" and verdict.asked else None
-    return Said(fs.event_key(view.event_id), record, _standing(view, verdict, record, vms),
-                asks, _notice(view, verdict, event, at), _warning(view, verdict))  # fmt: skip
+    return Said(
+        fs.event_key(view.event_id),
+        record,
+        _standing(view, verdict, record, vms),
+        asks,
+        _notice(view, verdict, event, at),
+        _warning(view, verdict),
+    )
 
 
 def approval(
@@ -126,8 +140,7 @@ def approval(
     """The approval `verdict` (an Approve with a target) of the event of `doc`, its ledger
     entry being `entry` now (None: not counted), and its Decision record."""
     command = _command(doc, view, verdict, now)
-    said = decided(doc, view, verdict, vms, voice=voice, now=now, failing=failing,
-                   command=command)  # fmt: skip
+    said = decided(doc, view, verdict, vms, voice=voice, now=now, failing=failing, command=command)
     assert verdict.target is not None
     new: LedgerEntry = {
         **impact_of(view),
@@ -153,8 +166,12 @@ def granted(
     """The ledger entry that takes the event's slot for the drains `verdict.grant`, as an
     approval takes it; `entry`: the event's now (None: not counted). A new value."""
     if entry is None:
-        new: LedgerEntry = {**impact_of(view), "origin": "granted", "rule": verdict.rule,
-                            "issued_at": iso(now)}  # fmt: skip
+        new: LedgerEntry = {
+            **impact_of(view),
+            "origin": "granted",
+            "rule": verdict.rule,
+            "issued_at": iso(now),
+        }
     else:
         new = cast(LedgerEntry, dict(entry))
     grant(new, verdict.grant)
@@ -166,12 +183,20 @@ def prepares(
     doc: Doc, view: EventView, verdict: Verdict, now: datetime
 ) -> tuple[commands.Command, ...]:
     """The Prepare commands that grant the drains of `verdict.grant`, one a VM."""
-    return tuple(_command(doc, view, replace(verdict, target=vm), now, kind="Prepare")
-                 for vm in verdict.grant)  # fmt: skip
+    return tuple(
+        _command(doc, view, replace(verdict, target=vm), now, kind="Prepare")
+        for vm in verdict.grant
+    )
 
 
-def failure(event: fs.EventDocument, err: Exception, *, voice: Voice, now: datetime,
-            failing: Sequence[str] = ()) -> Said | None:  # fmt: skip
+def failure(
+    event: fs.EventDocument,
+    err: Exception,
+    *,
+    voice: Voice,
+    now: datetime,
+    failing: Sequence[str] = (),
+) -> Said | None:
     """That deciding `event` failed (a Defer by rule (error)); None while the event
     stands on it already (said once while it lasts)."""
     reason = _valid_text(
@@ -183,20 +208,42 @@ def failure(event: fs.EventDocument, err: Exception, *, voice: Voice, now: datet
     if fs.standing(event) == _said(verdict):
         return None
     resources = [_valid_text(str(r)) for r in event.get("resources") or []]
-    record = verdict_record(resources, view=view, verdict=verdict, action="Defer", target=None,
-                            command=None, voice=voice, now=now, failing=failing)  # fmt: skip
+    record = verdict_record(
+        resources,
+        view=view,
+        verdict=verdict,
+        action="Defer",
+        target=None,
+        command=None,
+        voice=voice,
+        now=now,
+        failing=failing,
+    )
     return Said(fs.event_key(view.event_id), record, _standing(view, verdict, record))
 
 
 def released(
-    event: fs.EventDocument, view: EventView, why: str, *, voice: Voice, now: datetime,
+    event: fs.EventDocument,
+    view: EventView,
+    why: str,
+    *,
+    voice: Voice,
+    now: datetime,
     failing: Sequence[str] = (),
-) -> Said:  # fmt: skip
+) -> Said:
     """That the event's budget slot was released though no VM reported its end (`why`)."""
     verdict = Verdict("Release", RELEASE_RULE, why)
-    record = verdict_record(event.get("resources") or [], view=view, verdict=verdict,
-                            action="Release", target=None, command=None, voice=voice, now=now,
-                            failing=failing)  # fmt: skip
+    record = verdict_record(
+        event.get("resources") or [],
+        view=view,
+        verdict=verdict,
+        action="Release",
+        target=None,
+        command=None,
+        voice=voice,
+        now=now,
+        failing=failing,
+    )
     return Said(fs.event_key(view.event_id), record, _standing(view, verdict, record))
 
 
@@ -226,8 +273,9 @@ def _standing(
     return said
 
 
-def _notice(view: EventView, verdict: Verdict, before: fs.EventDocument | None,
-            at: datetime) -> Notice | None:  # fmt: skip
+def _notice(
+    view: EventView, verdict: Verdict, before: fs.EventDocument | None, at: datetime
+) -> Notice | None:
     """The notice a decision gives, if any: an ask, its time out, a person's decision."""
     was = (before or {}).get("decision", {}).get("kind")
     asked = (before or {}).get("asked", {}).get("target")
@@ -239,23 +287,35 @@ def _notice(view: EventView, verdict: Verdict, before: fs.EventDocument | None,
     elif verdict.asked and was == "Ask" and person is None:
         kind, target = "timed_out", verdict.asked
     elif person is not None and verdict.kind in ("Approve", "Hold"):
-        kind = "held" if verdict.kind == "Hold" else "override" if verdict.override else (
-            "approved")  # fmt: skip
+        kind = (
+            "held" if verdict.kind == "Hold" else "override" if verdict.override else ("approved")
+        )
         target = asked or EVERY_TARGET
     if kind is None:
         return None
-    return Notice(kind, target or EVERY_TARGET, view.event_id, view.event_type,
-                  tuple(view.resources), view.not_before, verdict.explanation,
-                  person.by.name if person else None, person.reason if person else None,
-                  None, at)  # fmt: skip
+    return Notice(
+        kind,
+        target or EVERY_TARGET,
+        view.event_id,
+        view.event_type,
+        tuple(view.resources),
+        view.not_before,
+        verdict.explanation,
+        person.by.name if person else None,
+        person.reason if person else None,
+        None,
+        at,
+    )
 
 
 def _warning(view: EventView, verdict: Verdict) -> str | None:
     person = verdict.person
     if not verdict.override or person is None:
         return None
-    return (f"event {view.event_id} ({view.event_type}) approved by {person.by.who} OVER A "
-            f"FULL BUDGET (break-glass): {person.reason}")  # fmt: skip
+    return (
+        f"event {view.event_id} ({view.event_type}) approved by {person.by.who} OVER A "
+        f"FULL BUDGET (break-glass): {person.reason}"
+    )
 
 
 def _command(
@@ -296,8 +356,10 @@ def with_change(
         what = "; ".join(_changes(before, view, verdict, vms)) or (
             "nothing the event's VMs said changed: the budgets, the live VMs or the time did"
         )
-    line = (f"changed from {before.get('kind')} by {before.get('rule')} (decided at "
-            f"{before.get('at', 'an earlier pass')}): {what}")  # fmt: skip
+    line = (
+        f"changed from {before.get('kind')} by {before.get('rule')} (decided at "
+        f"{before.get('at', 'an earlier pass')}): {what}"
+    )
     return replace(verdict, explanation=(line, *verdict.explanation))
 
 
@@ -315,8 +377,11 @@ def _changes(
     lost = [n for n in view.unresolved if n not in then]
     # A VM the event names now that it did not then, other than a name resolved since.
     since = {vm_key(n) for n in resolved}
-    added = [v for v in view.affected
-             if v not in before.get("affected", ()) and vm_key(name(v)) not in since]  # fmt: skip
+    added = [
+        v
+        for v in view.affected
+        if v not in before.get("affected", ()) and vm_key(name(v)) not in since
+    ]
     ready = sorted(view.ready - set(before.get("ready", ())))
     reporters = len(view.reporters) - before.get("reporters", 0)
     hookless = set(_without_hook(view, vms))
@@ -327,8 +392,9 @@ def _changes(
         now = _s(len(resolved), "resolves to a known VM", "resolve to known VMs")
         changes.append(f"{', '.join(resolved)} now {now}")
     if lost:
-        changes.append(f"{', '.join(lost)} no longer {_s(len(lost), 'resolves', 'resolve')} to one "
-                       "known VM")  # fmt: skip
+        changes.append(
+            f"{', '.join(lost)} no longer {_s(len(lost), 'resolves', 'resolve')} to one known VM"
+        )
     if added:
         changes.append(f"the event now also names {names(added)}")
     drained = [v for v in ready if v in view.drains]
@@ -342,8 +408,7 @@ def _changes(
             says = _s(len(vm_ids), "says it has", "say they have")
             changes.append(f"{names(vm_ids)} {when} {says} no prepare hook")
     if reporters > 0:
-        changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} "
-                       "the event")  # fmt: skip
+        changes.append(f"{reporters} more {_s(reporters, 'VM reports', 'VMs report')} the event")
     if verdict.person is not None and before.get("rule") != PERSON_RULE:
         changes.append(f"{verdict.person.by.who} decided: {verdict.person.kind}")
     elif verdict.rule != before.get("rule"):

@@ -370,16 +370,27 @@ class FleetCache:
         starts (the groups are made again only when a VM came, went or moved)."""
         said = set(pool_disputes(self._vms.values()))
         for line in sorted(said - self._disputes):
-            log.warning("%s. A node's pool label is its own word: a VM is never counted in "
-                        "a pool beyond its scale set (docs/policy.md#budgets)", line)  # fmt: skip
+            log.warning(
+                "%s. A node's pool label is its own word: a VM is never counted in "
+                "a pool beyond its scale set (docs/policy.md#budgets)",
+                line,
+            )
         self._disputes = said
 
 
 def _placement(vm: VmView) -> tuple[object, ...]:
     """What puts a VM in its budget groups (policy.model.group_key)."""
-    return (vm.subscription_id, vm.resource_group, vm.scale_set, vm.location, vm.zone,
-            vm.fault_domain, vm.update_domain, tuple(sorted(vm.tags.items())),
-            vm.node_pool)  # fmt: skip
+    return (
+        vm.subscription_id,
+        vm.resource_group,
+        vm.scale_set,
+        vm.location,
+        vm.zone,
+        vm.fault_domain,
+        vm.update_domain,
+        tuple(sorted(vm.tags.items())),
+        vm.node_pool,
+    )
 
 
 NameIndex = tuple[fs.Names, dict[str, list[str]]]

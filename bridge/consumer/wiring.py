@@ -51,9 +51,11 @@ def load_config(
     eventgrid.check_settings(config.eventgrid, config.eventhubs.name)
     grid, local = config.eventgrid, config.consumer.hub
     if grid.enabled and local is not None and Path(grid.hub).resolve() == Path(local).resolve():
-        raise ConfigError(f"eventgrid.hub {grid.hub!r} is the local hub the agents send to "
-                          "(consumer.hub): a VM could then send what reads as Azure's word, so "
-                          "give Event Grid's deliveries a directory of their own")  # fmt: skip
+        raise ConfigError(
+            f"eventgrid.hub {grid.hub!r} is the local hub the agents send to "
+            "(consumer.hub): a VM could then send what reads as Azure's word, so "
+            "give Event Grid's deliveries a directory of their own"
+        )
     resourcegraph.check_settings(config.eventgrid)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
@@ -137,14 +139,25 @@ def build_consumer(
     # Its threads start here: built last, so that a bad setting above starts none.
     notifier = notify_kinds.build(config, registry) if config.notify.targets else None
     health = config.eventgrid.enabled and config.eventgrid.health
-    consumer = Consumer(store, sender, policy, emit, config.consumer, now=now,
-                        host_name=host.host_name(), signer=signer, notifier=notifier,
-                        trusted=trusted, health=health)  # fmt: skip
+    consumer = Consumer(
+        store,
+        sender,
+        policy,
+        emit,
+        config.consumer,
+        now=now,
+        host_name=host.host_name(),
+        signer=signer,
+        notifier=notifier,
+        trusted=trusted,
+        health=health,
+    )
     if armcarrier.wanted(config):
         arm = ArmAcknowledge(identity.credential(config.identity), config.eventgrid.arm_endpoint)
         # The consumer's sinks take any record: an Approval record as well as a Decision.
-        armcarrier.install(consumer, arm, cast(Callable[[Sequence[Approval]], None], emit), now,
-                           host.host_name())  # fmt: skip
+        armcarrier.install(
+            consumer, arm, cast(Callable[[Sequence[Approval]], None], emit), now, host.host_name()
+        )
     return consumer
 
 
@@ -163,8 +176,10 @@ def load_signer(config: Config) -> signing.Signer | None:
                 "--out FILE` makes one), or set commands.allow_unsigned = true (not for production)"
             )
         if config.consumer.mode == "shadow":
-            log.info("shadow mode: no command is sent (none would be signed: "
-                     "commands.allow_unsigned is set and commands.signing_key is not)")  # fmt: skip
+            log.info(
+                "shadow mode: no command is sent (none would be signed: "
+                "commands.allow_unsigned is set and commands.signing_key is not)"
+            )
         else:
             log.warning(
                 "commands.allow_unsigned is set and commands.signing_key is not: sending "

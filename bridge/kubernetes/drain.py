@@ -180,8 +180,11 @@ class Drainer:
         """
         for _ in range(5):
             node = self.api.node(self.node_name)
-            patch = _undo(node, event_id) if successor is None else _hand_over(
-                node, event_id, successor)  # fmt: skip
+            patch = (
+                _undo(node, event_id)
+                if successor is None
+                else _hand_over(node, event_id, successor)
+            )
             if patch is None:
                 return None
             try:
@@ -266,8 +269,10 @@ def _hand_over(node: Node, event_id: str, successor: str) -> dict[str, Any] | No
     metadata: dict[str, Any] = {}
     ours = [t for t in node.taints if t.key == TAINT_KEY and t.value == event_id]
     if ours:
-        spec["taints"] = [Taint(t.key, successor, t.effect).to_api() if t in ours else t.to_api()
-                          for t in node.taints]  # fmt: skip
+        spec["taints"] = [
+            Taint(t.key, successor, t.effect).to_api() if t in ours else t.to_api()
+            for t in node.taints
+        ]
     if node.annotations.get(CORDONED_FOR) == event_id:
         metadata["annotations"] = {CORDONED_FOR: successor}
     if not spec and not metadata:

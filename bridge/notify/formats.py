@@ -118,11 +118,20 @@ def teams(notice: Notice) -> Body:
                          "url": "https://bridge.contoso.com/approvals/events/C7061BAC-..."}]}}]}
     """
     body: list[Body] = [
-        {"type": "TextBlock", "size": "Medium", "weight": "Bolder", "wrap": True,
-         "text": _teams_escape(headline(notice))},
-        {"type": "FactSet", "facts": [{"title": title, "value": _teams_escape(value)}
-                                      for title, value in _facts(notice)]},
-    ]  # fmt: skip
+        {
+            "type": "TextBlock",
+            "size": "Medium",
+            "weight": "Bolder",
+            "wrap": True,
+            "text": _teams_escape(headline(notice)),
+        },
+        {
+            "type": "FactSet",
+            "facts": [
+                {"title": title, "value": _teams_escape(value)} for title, value in _facts(notice)
+            ],
+        },
+    ]
     if notice.explanation:
         # TextBlocks take a Markdown subset whose list lines end in \r
         # (https://learn.microsoft.com/adaptive-cards/authoring-cards/text-features).
@@ -165,15 +174,20 @@ def slack(notice: Notice) -> Body:
               "text": {"type": "plain_text", "text": "Open the approval page"},
               "url": "https://bridge.contoso.com/approvals/events/C7061BAC-..."}]}]}
     """
-    notice = replace(notice, vms=tuple(v if VM_NAME.fullmatch(v) else UNKNOWN_VM
-                                       for v in notice.vms))  # fmt: skip
+    notice = replace(
+        notice, vms=tuple(v if VM_NAME.fullmatch(v) else UNKNOWN_VM for v in notice.vms)
+    )
     said = headline(notice)
     blocks: list[Body] = [
         {"type": "header", "text": {"type": "plain_text", "text": _cut(said, 150)}},
-        {"type": "section", "fields": [
-            {"type": "mrkdwn", "text": f"*{title}*\n{_slack_escape(value)}"}
-            for title, value in _facts(notice)]},
-    ]  # fmt: skip
+        {
+            "type": "section",
+            "fields": [
+                {"type": "mrkdwn", "text": f"*{title}*\n{_slack_escape(value)}"}
+                for title, value in _facts(notice)
+            ],
+        },
+    ]
     if notice.explanation:
         lines = "\n".join(f"• {_slack_escape(_cut(line))}" for line in notice.explanation)
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _cut(lines, 3000)}})

@@ -35,9 +35,11 @@ def check_config(config: Config) -> None:
     settings = config.notify
     secret_targets = [t.name for t in settings.targets if t.url_secret]
     if secret_targets and not settings.key_vault.lower().startswith("https://"):
-        raise ConfigError(f"notify.key_vault: targets {', '.join(secret_targets)} read their "
-                          "URL from Key Vault (url_secret): set notify.key_vault to the vault's "
-                          "https:// address")  # fmt: skip
+        raise ConfigError(
+            f"notify.key_vault: targets {', '.join(secret_targets)} read their "
+            "URL from Key Vault (url_secret): set notify.key_vault to the vault's "
+            "https:// address"
+        )
     if settings.page_url:
         _check_page_url(settings.page_url)
     for target in settings.targets:
@@ -53,14 +55,21 @@ def _check_page_url(url: str) -> None:
         parts.port  # noqa: B018 - a port that is not a number raises here
     except ValueError as err:
         raise ConfigError(f"notify.page_url: {url!r} is not an address: {err}") from None
-    if (parts.scheme.lower() not in ("https", "http") or not parts.hostname
-            or "@" in parts.netloc or url != url.strip()):  # fmt: skip
-        raise ConfigError(f"notify.page_url: expected an http(s) address such as "
-                          f"https://HOST/, got {url!r}")  # fmt: skip
+    if (
+        parts.scheme.lower() not in ("https", "http")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or url != url.strip()
+    ):
+        raise ConfigError(
+            f"notify.page_url: expected an http(s) address such as https://HOST/, got {url!r}"
+        )
     if parts.path not in ("", "/") or "?" in url or "#" in url:
-        raise ConfigError(f"notify.page_url: the approval page is served at the root of its host, "
-                          f"so give its address without a path: "
-                          f"{parts.scheme}://{parts.netloc}/, not {url!r}")  # fmt: skip
+        raise ConfigError(
+            f"notify.page_url: the approval page is served at the root of its host, "
+            f"so give its address without a path: "
+            f"{parts.scheme}://{parts.netloc}/, not {url!r}"
+        )
 
 
 def build(
@@ -97,6 +106,8 @@ def _url(target: NotifyTarget, vault: str, read_secret: SecretReader) -> str:
         raise ConfigError(f"notify.targets ({target.name}): url_secret: {err}") from None
     if not url.lower().startswith(("https://", "http://")):
         # Say only where: the value is a secret, and it may be one that is not a URL at all.
-        raise ConfigError(f"notify.targets ({target.name}): the Key Vault secret "
-                          f"{target.url_secret} holds no http(s) address")  # fmt: skip
+        raise ConfigError(
+            f"notify.targets ({target.name}): the Key Vault secret "
+            f"{target.url_secret} holds no http(s) address"
+        )
     return url

@@ -74,13 +74,15 @@ class NotifyMetrics:
             "se_bridge_consumer_notifications",
             "Notices per target, by outcome: delivered, retried (a post failed and is tried "
             "again), given_up, dropped (a full queue), unknown_target.",
-            ["target", "outcome"], registry=registry,
-        )  # fmt: skip
+            ["target", "outcome"],
+            registry=registry,
+        )
         self.failing = Gauge(
             "se_bridge_consumer_notify_target_failing",
             "1 while a target's last notice was given up and none has reached it since.",
-            ["target"], registry=registry,
-        )  # fmt: skip
+            ["target"],
+            registry=registry,
+        )
 
 
 class Notifier:
@@ -109,9 +111,13 @@ class Notifier:
             self._metrics.notices.labels(notice.target, "unknown_target").inc()
             if notice.target not in self._unknown:
                 self._unknown.add(notice.target)
-                log.error("no notify.targets entry is named %r: its notices (the first about "
-                            "event %s) go nowhere; add it or name another target in the "
-                            "policy", notice.target, notice.event_id)  # fmt: skip
+                log.error(
+                    "no notify.targets entry is named %r: its notices (the first about "
+                    "event %s) go nowhere; add it or name another target in the "
+                    "policy",
+                    notice.target,
+                    notice.event_id,
+                )
             return
         if notice.link is None and self._delivery.page_url:
             notice = replace(notice, link=event_link(self._delivery.page_url, notice.event_id))
@@ -182,24 +188,32 @@ class _Line:
         self._streak = FailureStreak(Backoff(delivery.first_backoff, delivery.max_backoff))
         self.failing = False
         metrics.failing.labels(target.name).set(0)
-        self._thread = threading.Thread(target=self._run, name=f"notify-{target.name}",
-                                        daemon=True)  # fmt: skip
+        self._thread = threading.Thread(target=self._run, name=f"notify-{target.name}", daemon=True)
         self._thread.start()
 
     def put(self, notice: Notice) -> None:
         with self._ready:
             if self._closing:
                 self._metrics.notices.labels(self._target.name, "given_up").inc()
-                log.error("a notice (%s, event %s) to notify target %s came after the notifier "
-                          "stopped: not sent", notice.kind, notice.event_id,
-                          self._target.name)  # fmt: skip
+                log.error(
+                    "a notice (%s, event %s) to notify target %s came after the notifier "
+                    "stopped: not sent",
+                    notice.kind,
+                    notice.event_id,
+                    self._target.name,
+                )
                 return
             if len(self._queue) >= self._delivery.queue_size:
                 dropped = self._queue.popleft()
                 self._metrics.notices.labels(self._target.name, "dropped").inc()
-                log.warning("notify target %s has %d notices waiting: dropped the oldest (%s, "
-                            "event %s); the target is slow or failing", self._target.name,
-                            len(self._queue) + 1, dropped.kind, dropped.event_id)  # fmt: skip
+                log.warning(
+                    "notify target %s has %d notices waiting: dropped the oldest (%s, "
+                    "event %s); the target is slow or failing",
+                    self._target.name,
+                    len(self._queue) + 1,
+                    dropped.kind,
+                    dropped.event_id,
+                )
             self._queue.append(notice)
             self._ready.notify()
 
@@ -223,9 +237,14 @@ class _Line:
             posting.cut()
         if left:
             self._metrics.notices.labels(self._target.name, "given_up").inc(len(left))
-            log.error("%d notices to notify target %s were not sent before the consumer "
-                      "stopped (the first: %s, event %s)", len(left), self._target.name,
-                      left[0].kind, left[0].event_id)  # fmt: skip
+            log.error(
+                "%d notices to notify target %s were not sent before the consumer "
+                "stopped (the first: %s, event %s)",
+                len(left),
+                self._target.name,
+                left[0].kind,
+                left[0].event_id,
+            )
 
     def _run(self) -> None:
         while True:
@@ -252,16 +271,19 @@ class _Line:
                 self._metrics.notices.labels(name, "retried").inc()
                 (log.warning if first else log.debug)(
                     "a notice to notify target %s failed: %s; retrying in %.1f s",
-                    name, describe(err), delay,
-                )  # fmt: skip
+                    name,
+                    describe(err),
+                    delay,
+                )
                 if self._abandon.wait(delay):
                     self._give_up(notice, err, attempt)
                     return
             else:
                 self._metrics.notices.labels(name, "delivered").inc()
                 if failures := self._streak.succeeded():
-                    log.info("notify target %s takes notices again after %d failed posts",
-                             name, failures)  # fmt: skip
+                    log.info(
+                        "notify target %s takes notices again after %d failed posts", name, failures
+                    )
                 self.failing = False
                 self._metrics.failing.labels(name).set(0)
                 return
@@ -270,10 +292,16 @@ class _Line:
         self.failing = True
         self._metrics.failing.labels(self._target.name).set(1)
         self._metrics.notices.labels(self._target.name, "given_up").inc()
-        log.error("gave up a notice (%s, event %s) to notify target %s after %d post%s: %s; "
-                  "check the target's URL and that the webhook accepts posts",
-                  notice.kind, notice.event_id, self._target.name, attempts,
-                  "" if attempts == 1 else "s", describe(err))  # fmt: skip
+        log.error(
+            "gave up a notice (%s, event %s) to notify target %s after %d post%s: %s; "
+            "check the target's URL and that the webhook accepts posts",
+            notice.kind,
+            notice.event_id,
+            self._target.name,
+            attempts,
+            "" if attempts == 1 else "s",
+            describe(err),
+        )
 
     def _post(self, body: bytes) -> None:
         """One POST of at most `timeout` seconds in all, its answer's body unread; a

@@ -132,8 +132,14 @@ def post(
         session.mount("http://", adapter)
         session.mount("https://", adapter)
         try:
-            answer = session.post(url, data=body, headers=headers, timeout=(timeout, timeout),
-                                  allow_redirects=False, stream=True)  # fmt: skip
+            answer = session.post(
+                url,
+                data=body,
+                headers=headers,
+                timeout=(timeout, timeout),
+                allow_redirects=False,
+                stream=True,
+            )
         except requests.RequestException:
             if cut.cut_off:
                 raise PostCut() from None

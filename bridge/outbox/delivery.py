@@ -64,9 +64,10 @@ class _Troubles:
         saved = (spool.load_state(StateKey.DELIVERY) or {}).get("sinks")
         # A sink no longer configured has nothing to say; what is not ours to read is dropped.
         self._sinks: dict[str, dict[str, str]] = {
-            name: trouble for name, trouble in (saved if isinstance(saved, dict) else {}).items()
+            name: trouble
+            for name, trouble in (saved if isinstance(saved, dict) else {}).items()
             if name in names and isinstance(trouble, dict)
-        }  # fmt: skip
+        }
 
     def failed(self, name: str, kind: str, error: str) -> None:
         with self._lock:

@@ -173,8 +173,9 @@ class Spool:
             scratch.execute("PRAGMA secure_delete = OFF")  # zeroes: no need to zero them again
             blob = RESERVE_PAGES * PAGE_SIZE
             with self._transaction(scratch):
-                scratch.execute("INSERT INTO state (key, value) VALUES (?, zeroblob(?))",
-                                (RESERVE_KEY, blob))  # fmt: skip
+                scratch.execute(
+                    "INSERT INTO state (key, value) VALUES (?, zeroblob(?))", (RESERVE_KEY, blob)
+                )
             with self._transaction(scratch):
                 scratch.execute("DELETE FROM state WHERE key = ?", (RESERVE_KEY,))
         finally:

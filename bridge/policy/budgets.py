@@ -227,12 +227,18 @@ def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
     held = [v for v in busy if v in fleet.impacted.get(HELD + v, ()) and v not in nodes]
     sick = sorted(v for v in busy if v in fleet.unhealthy and v not in nodes and v not in held)
     said = [
-        *(f"{fleet.vms[v].name if v in fleet.vms else v} {fleet.unhealthy[v][0].lower()} since "
-          f"{fleet.unhealthy[v][1]:%H:%M} (resource health)" for v in sick),
+        *(
+            f"{fleet.vms[v].name if v in fleet.vms else v} {fleet.unhealthy[v][0].lower()} since "
+            f"{fleet.unhealthy[v][1]:%H:%M} (resource health)"
+            for v in sick
+        ),
         *listed("{names} cordoned by someone else", sorted(nodes), fleet),
-        *listed("{names} still cordoned by se-bridge's drain until {it} {has} been "
-                 "uncordoned", sorted(held), fleet),
-    ]  # fmt: skip
+        *listed(
+            "{names} still cordoned by se-bridge's drain until {it} {has} been uncordoned",
+            sorted(held),
+            fleet,
+        ),
+    ]
     return f" ({'; '.join(said)})" if said else ""
 
 

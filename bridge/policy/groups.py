@@ -103,14 +103,20 @@ def pool_disputes(vms: Iterable[VmView]) -> list[str]:
                 vm.scale_set.lower() if vm.scale_set else None, []
             ).append(vm)
     splits: tuple[_Split, ...] = (
-        (named, lambda v: v.scale_set or "no scale set",
-         "node pool {pool} of {where} is named by the nodes of more than one scale set: "
-         "{parts}; a pool is one scale set's, so each counts in a node_pool budget as a pool "
-         "of its own"),
-        (untagged, lambda v: v.node_pool or "",
-         "the nodes of scale set {scale_set} of {where} name more than one node pool: {parts}; "
-         f"without the {AKS_POOL_TAG} tag a scale set is one pool, so they all count in it"),
-    )  # fmt: skip
+        (
+            named,
+            lambda v: v.scale_set or "no scale set",
+            "node pool {pool} of {where} is named by the nodes of more than one scale set: "
+            "{parts}; a pool is one scale set's, so each counts in a node_pool budget as a pool "
+            "of its own",
+        ),
+        (
+            untagged,
+            lambda v: v.node_pool or "",
+            "the nodes of scale set {scale_set} of {where} name more than one node pool: {parts}; "
+            f"without the {AKS_POOL_TAG} tag a scale set is one pool, so they all count in it",
+        ),
+    )
     for groups, label, sentence in splits:
         for (sub, _, _), parts in groups.items():
             if len(parts) > 1:

@@ -61,8 +61,11 @@ _SCOPE = (
     r"(?P<scope>/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.compute/"
     r"(?:virtualmachines|virtualmachinescalesets|availabilitysets)/[^/]+)"
 )
-_SINGLE = re.compile(_SCOPE + r"/providers/microsoft\.maintenance/scheduledevents/(?P<id>[^/]+)"
-                     r"/acknowledge", re.IGNORECASE)  # fmt: skip
+_SINGLE = re.compile(
+    _SCOPE + r"/providers/microsoft\.maintenance/scheduledevents/(?P<id>[^/]+)"
+    r"/acknowledge",
+    re.IGNORECASE,
+)
 _LIST = re.compile(_SCOPE + r"/providers/microsoft\.maintenance/scheduledevents", re.IGNORECASE)
 _GUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
 MAX_LIST = 100
@@ -101,8 +104,9 @@ def issued_for_arm(issued: Mapping[str, str]) -> Callable[[str], bool]:
 class ArmServer:
     """ARM's acknowledge on https://127.0.0.1:<port>; clients trust `ca_bundle`."""
 
-    def __init__(self, acknowledge: Acknowledge, accept_token: Callable[[str], bool],
-                 host: str = "127.0.0.1") -> None:  # fmt: skip
+    def __init__(
+        self, acknowledge: Acknowledge, accept_token: Callable[[str], bool], host: str = "127.0.0.1"
+    ) -> None:
         self.acknowledge, self.accept_token = acknowledge, accept_token
         self._lock = threading.Lock()
         self._requests: list[AckRequest] = []
@@ -110,8 +114,9 @@ class ArmServer:
         self._script: deque[tuple[int, str | None]] = deque()
         self._certificate = ThrowawayCertificate("se-bridge-arm-")
         self._stopping = threading.Event()
-        self._server = _ArmHTTPServer((host, 0), self._stopping, self._certificate.context,
-                                      self.route)  # fmt: skip
+        self._server = _ArmHTTPServer(
+            (host, 0), self._stopping, self._certificate.context, self.route
+        )
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -122,8 +127,9 @@ class ArmServer:
     # --- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> ArmServer:
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.05,),
-                                        name="arm-acknowledge", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="arm-acknowledge", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -194,8 +200,9 @@ class ArmServer:
         query = urlencode(request.query, doseq=True)
         target = f"{request.path}?{query}" if query else request.path
         with self._lock:
-            self._requests.append(AckRequest(request.method, target, reply.status, scope, ids,
-                                             arrived))  # fmt: skip
+            self._requests.append(
+                AckRequest(request.method, target, reply.status, scope, ids, arrived)
+            )
         return reply
 
     def _answer(  # noqa: PLR0911 - one answer per check, in ARM's order
@@ -207,20 +214,28 @@ class ArmServer:
             status, after = scripted
             extra = (("Retry-After", after),) if after is not None else ()
             if status == 429:
-                return _error(429, "TooManyRequests", "The request is being throttled.",
-                              ("x-ms-failure-cause", "gateway"), *extra), ()  # fmt: skip
-            return _error(status, "InternalServerError", "An internal error occurred.",
-                          *extra), ()  # fmt: skip
+                return _error(
+                    429,
+                    "TooManyRequests",
+                    "The request is being throttled.",
+                    ("x-ms-failure-cause", "gateway"),
+                    *extra,
+                ), ()
+            return _error(status, "InternalServerError", "An internal error occurred.", *extra), ()
         match = single or many
         if match is None:
             return _error(404, "NotFound", "The requested resource was not found."), ()
         if request.method != "POST":
-            return _error(405, "MethodNotAllowed",
-                          f"The method {request.method} is not allowed."), ()  # fmt: skip
+            return _error(
+                405, "MethodNotAllowed", f"The method {request.method} is not allowed."
+            ), ()
         versions = list(request.query.get("api-version", []))
         if versions != [API_VERSION]:
-            return _error(400, "InvalidApiVersionParameter",
-                          f"The api-version '{','.join(versions)}' is invalid."), ()  # fmt: skip
+            return _error(
+                400,
+                "InvalidApiVersionParameter",
+                f"The api-version '{','.join(versions)}' is invalid.",
+            ), ()
         if not self._authorized(request.headers):
             return _error(401, "InvalidAuthenticationToken", "The access token is invalid."), ()
         scope = match.group("scope").lower()
@@ -232,15 +247,20 @@ class ArmServer:
         ids = _ids(request.body)
         if ids is None:
             why = f'expected {{"value": [1 to {MAX_LIST} scheduled event ids]}}'
-            return _error(400, "InvalidRequestContent",
-                          f"The request content was invalid: {why}."), ()  # fmt: skip
+            return _error(
+                400, "InvalidRequestContent", f"The request content was invalid: {why}."
+            ), ()
         missing = [e for e in ids if not self.acknowledge(scope, e)]
         if not missing:
             return _reply(200, {"value": "Successfully Approved"}), tuple(ids)
-        details = [{"target": e, "code": "NotFound", "message": "Scheduled event not found."}
-                   for e in missing]  # fmt: skip
-        message = ("The operation returned different statuses for the Scheduled Events. Review "
-                   "each event's result for details.")  # fmt: skip
+        details = [
+            {"target": e, "code": "NotFound", "message": "Scheduled event not found."}
+            for e in missing
+        ]
+        message = (
+            "The operation returned different statuses for the Scheduled Events. Review "
+            "each event's result for details."
+        )
         error = {"code": "MultiStatusResponse", "message": message, "details": details}
         return _reply(207, {"error": error}), tuple(ids)
 
@@ -267,8 +287,13 @@ def _ids(body: bytes) -> Sequence[str] | None:
 
 
 class _ArmHTTPServer(RoutingHTTPServer):
-    def __init__(self, address: tuple[str, int], stopping: threading.Event,
-                 tls: ssl.SSLContext, route: Callable[[Request], Reply]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: tuple[str, int],
+        stopping: threading.Event,
+        tls: ssl.SSLContext,
+        route: Callable[[Request], Reply],
+    ) -> None:
         super().__init__(address, stopping, tls)
         self._route = route
 

@@ -168,9 +168,13 @@ class Simulator:
             self._log(self.fleet.approve(vm.name, [event.event_id], self.now(), by="ARM"))
             approval = Approval(vm.name, event.event_id, self.now(), 200, event.status, "ARM")
             self._approvals.append(approval)
-            logger.info("Approval received through ARM's acknowledge for event %s (%s's "
-                        "scheduled events): event is %s.", event.event_id, scope,
-                        event.status)  # fmt: skip
+            logger.info(
+                "Approval received through ARM's acknowledge for event %s (%s's "
+                "scheduled events): event is %s.",
+                event.event_id,
+                scope,
+                event.status,
+            )
             return True
 
     def record_approvals(self, vm: str, event_ids: Sequence[str] | None, status: int) -> None:

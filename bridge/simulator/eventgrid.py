@@ -46,8 +46,12 @@ log = logging.getLogger(__name__)
 
 SCHEDULED_TYPE = "Microsoft.ResourceNotifications.MaintenanceResources.ScheduledEventEmitted"
 HEALTH_TYPE = "Microsoft.ResourceNotifications.HealthResources.AvailabilityStatusChanged"
-_STATUS = {"scheduled": "Scheduled", "started": "Started", "completed": "Completed",
-           "canceled": "Canceled"}  # fmt: skip
+_STATUS = {
+    "scheduled": "Scheduled",
+    "started": "Started",
+    "completed": "Completed",
+    "canceled": "Canceled",
+}
 HEALTH_STATES = ("Available", "Unavailable", "Degraded", "Unknown")
 
 
@@ -175,8 +179,14 @@ class EventGridDouble:
             status = _STATUS.get(change.kind)
             if status is None or not change.resources:
                 continue
-            event = next((e for e in self.sim.fleet.events(include_finished=True)
-                          if e.event_id == change.event_id), None)  # fmt: skip
+            event = next(
+                (
+                    e
+                    for e in self.sim.fleet.events(include_finished=True)
+                    if e.event_id == change.event_id
+                ),
+                None,
+            )
             if event is None:
                 continue
             vm = self.sim.fleet.vm(change.resources[0])
@@ -229,8 +239,9 @@ class EventGridDouble:
             return len(self._queue)
 
     def start(self, interval: float = 0.05) -> EventGridDouble:
-        self._thread = threading.Thread(target=self._run, args=(interval,),
-                                        name="event grid double", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=self._run, args=(interval,), name="event grid double", daemon=True
+        )
         self._thread.start()
         return self
 

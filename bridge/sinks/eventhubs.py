@@ -186,8 +186,9 @@ class EventHubsSink(BaseSink):
                 f"string's policy the Send right) ({text})"
             )
         if "not-found" in text.lower() or "notfound" in text.lower():
-            return PermanentError(f"{target} does not exist: check eventhubs.namespace and "
-                                  f"eventhubs.name ({text})")  # fmt: skip
+            return PermanentError(
+                f"{target} does not exist: check eventhubs.namespace and eventhubs.name ({text})"
+            )
         if type(err).__name__ in ("CredentialUnavailableError", "ClientAuthenticationError"):
             return PermanentError(f"no token for Event Hubs ({text}); {advice.CREDENTIAL_ADVICE}")
         return RetryableError(f"cannot reach or send to {target}: {text}")

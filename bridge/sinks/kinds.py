@@ -20,14 +20,23 @@ from bridge.specs import Kind, Kinds
 KINDS: Kinds[Sink] = Kinds(
     "sink",
     Kind("jsonl", "/var/log/se-bridge/events.jsonl", lambda path, _: JsonlSink(Path(path))),
-    Kind("hub", "/var/lib/se-bridge/hub", lambda path, _: HubSink(Path(path)),
-         argument="directory"),
+    Kind(
+        "hub", "/var/lib/se-bridge/hub", lambda path, _: HubSink(Path(path)), argument="directory"
+    ),
     Kind("stdout", None, lambda _, __: StdoutSink()),
-    Kind("eventhubs", None, lambda _, c: EventHubsSink(c.eventhubs, c.identity),
-         lambda _, c: eventhubs.check_settings(c.eventhubs)),
-    Kind("loganalytics", None, lambda _, c: LogAnalyticsSink(c.loganalytics, c.identity),
-         lambda _, c: loganalytics.check_settings(c.loganalytics, "the loganalytics sink")),
-)  # fmt: skip
+    Kind(
+        "eventhubs",
+        None,
+        lambda _, c: EventHubsSink(c.eventhubs, c.identity),
+        lambda _, c: eventhubs.check_settings(c.eventhubs),
+    ),
+    Kind(
+        "loganalytics",
+        None,
+        lambda _, c: LogAnalyticsSink(c.loganalytics, c.identity),
+        lambda _, c: loganalytics.check_settings(c.loganalytics, "the loganalytics sink"),
+    ),
+)
 
 
 def build(spec: str, config: Config | None = None) -> Sink:

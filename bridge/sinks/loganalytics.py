@@ -179,8 +179,12 @@ class LogAnalyticsSink(BaseSink):
         poison = [e for e in errors if isinstance(e, PoisonRecords)]
         if not poison:
             raise max(errors, key=_severity)
-        failed = {id(log) for f, e in zip(failures, errors, strict=True) if e in poison
-                  for log in f.failed_logs}  # fmt: skip
+        failed = {
+            id(log)
+            for f, e in zip(failures, errors, strict=True)
+            if e in poison
+            for log in f.failed_logs
+        }
         suspects = [(r, log) for r, log in zip(batch, logs, strict=True) if id(log) in failed]
         self._isolate(suspects, str(poison[0]))
 

@@ -243,8 +243,13 @@ class PeopleApp:
         except Refused as err:
             return self._refused(method, path, err.status, "Refused", err.reason)
         except Exception as err:  # the state did not answer: say so, keep serving
-            log.warning("answering %s %s failed: %s", method, path,
-                        describe(err, with_type=True), exc_info=True)  # fmt: skip
+            log.warning(
+                "answering %s %s failed: %s",
+                method,
+                path,
+                describe(err, with_type=True),
+                exc_info=True,
+            )
             said = f"the consumer could not answer: {describe(err)}; try again"
             return self._refused(method, path, 500, "Failed", said)
 
@@ -271,8 +276,7 @@ class PeopleApp:
         shown = re.fullmatch(r"/events/([^/]{1,200})", path)
         if shown is not None:
             one = shown.group(1)
-            routes[path] = (("GET",), lambda: self._page(self.sign_in.page(asked), None, 200,
-                                                         one))  # fmt: skip
+            routes[path] = (("GET",), lambda: self._page(self.sign_in.page(asked), None, 200, one))
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
             routes[path] = (("POST",), lambda: self._api_action(asked, path, body, found))
@@ -310,11 +314,18 @@ class PeopleApp:
         caller = self.sign_in.page(asked)
         form = _form(body)
         if not self.csrf.good(form.get("csrf", ""), caller.binding, self.clock()):
-            log.warning("refused a form from %s (%s): its CSRF token is forged or older than "
-                        "%g h", caller.person.name, caller.person.object_id,
-                        CSRF_MAX_AGE / 3600)  # fmt: skip
-            return _html(403, page.refused("this form is stale or was not made by this page: "
-                                           "reload the page and try again"))  # fmt: skip
+            log.warning(
+                "refused a form from %s (%s): its CSRF token is forged or older than %g h",
+                caller.person.name,
+                caller.person.object_id,
+                CSRF_MAX_AGE / 3600,
+            )
+            return _html(
+                403,
+                page.refused(
+                    "this form is stale or was not made by this page: reload the page and try again"
+                ),
+            )
         if isinstance(self.sign_in, LocalSignIn):
             self.sign_in.decides(form)
         kind = form.get("action", "")
@@ -341,11 +352,14 @@ class PeopleApp:
     def _listing(self, person: Person) -> Reply:
         now = self.clock()
         log.debug("%s (%s) listed the open events", person.name, person.object_id)
-        return _json(200, {
-            "Events": [_event_json(e) for e in self.desk.open_events(now)],
-            "Pauses": [_pause_json(p) for p in self.desk.pauses(now)],
-            "Budgets": self.desk.budget_use(),
-        })  # fmt: skip
+        return _json(
+            200,
+            {
+                "Events": [_event_json(e) for e in self.desk.open_events(now)],
+                "Pauses": [_pause_json(p) for p in self.desk.pauses(now)],
+                "Budgets": self.desk.budget_use(),
+            },
+        )
 
     def _api_action(
         self, asked: WSGIEnvironment, path: str, sent: bytes, found: re.Match[str] | None
@@ -403,19 +417,34 @@ class PeopleApp:
         try:
             answer = self.desk.operate(action)
         except Exception as err:
-            log.error("the consumer could not take %s's %s of %s: %s", person.name, kind,
-                      event or action.scope or "the fleet", describe(err, with_type=True),
-                      exc_info=True)  # fmt: skip
+            log.error(
+                "the consumer could not take %s's %s of %s: %s",
+                person.name,
+                kind,
+                event or action.scope or "the fleet",
+                describe(err, with_type=True),
+                exc_info=True,
+            )
             return Answer(False, "Failed", f"the consumer could not take it: {describe(err)}")
-        log.info("%s (%s) asked to %s %s: %s, %s", person.name, person.object_id, kind,
-                 event or action.scope or "the fleet", answer.code, answer.detail)  # fmt: skip
+        log.info(
+            "%s (%s) asked to %s %s: %s, %s",
+            person.name,
+            person.object_id,
+            kind,
+            event or action.scope or "the fleet",
+            answer.code,
+            answer.detail,
+        )
         return answer
 
 
 def _kind(kind: str) -> OperatorKind:
     kinds: dict[str, OperatorKind] = {
-        "approve": "approve", "hold": "hold", "pause": "pause", "resume": "resume"
-    }  # fmt: skip
+        "approve": "approve",
+        "hold": "hold",
+        "pause": "pause",
+        "resume": "resume",
+    }
     return kinds[kind]
 
 

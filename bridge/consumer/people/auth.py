@@ -90,8 +90,12 @@ class EntraVerifier:
         try:
             key = self._keys.get_signing_key_from_jwt(token)
         except jwt.PyJWKClientConnectionError as err:
-            log.warning("cannot fetch Entra ID's signing keys from %s (%s): nobody can be "
-                        "signed in until it answers", self.jwks_url, err)  # fmt: skip
+            log.warning(
+                "cannot fetch Entra ID's signing keys from %s (%s): nobody can be "
+                "signed in until it answers",
+                self.jwks_url,
+                err,
+            )
             raise Refused(503, "the token's signing keys cannot be fetched now") from err
         except jwt.PyJWKClientError as err:
             raise Refused(401, f"the token is not signed by a key of the tenant: {err}") from err
@@ -125,8 +129,11 @@ class EntraVerifier:
         )
         roles = claims.get("roles")
         if not isinstance(roles, list) or self.role not in roles:
-            raise Refused(403, f"{name} does not have the app role {self.role}: ask an owner of "
-                          "the se-bridge app registration to assign it")  # fmt: skip
+            raise Refused(
+                403,
+                f"{name} does not have the app role {self.role}: ask an owner of "
+                "the se-bridge app registration to assign it",
+            )
         return Person(object_id=oid, name=name)
 
 
@@ -214,8 +221,11 @@ class LocalOperator:
         """The proof a decision on the page carries: the operator token itself (a cookie
         alone may have been sent to another page on this machine)."""
         if not token or not _same(token, self.token):
-            raise Refused(403, "give the operator token (the file operator-token in the "
-                          "consumer's state directory) with each decision")  # fmt: skip
+            raise Refused(
+                403,
+                "give the operator token (the file operator-token in the "
+                "consumer's state directory) with each decision",
+            )
         return self.person
 
     def log_in(self, secret: str) -> str:
@@ -237,8 +247,11 @@ class LocalOperator:
             for stale in [s for s, used in self._sessions.items() if now - used > self.idle]:
                 del self._sessions[stale]
             if session not in self._sessions:
-                raise Refused(401, "not signed in, or signed out after "
-                              f"{self.idle / 60:g} minutes unused: sign in again")  # fmt: skip
+                raise Refused(
+                    401,
+                    "not signed in, or signed out after "
+                    f"{self.idle / 60:g} minutes unused: sign in again",
+                )
             self._sessions[session] = now
         return self.person
 
@@ -250,13 +263,20 @@ class LocalOperator:
         except OSError as err:
             token = ""
             if self._token:
-                log.warning("cannot read the operator token file %s (%s): nobody can sign in "
-                            "to the page until it is there again", self.path, err)  # fmt: skip
+                log.warning(
+                    "cannot read the operator token file %s (%s): nobody can sign in "
+                    "to the page until it is there again",
+                    self.path,
+                    err,
+                )
         if token == self._token:
             return
         if self._sessions:
-            log.info("the operator token file %s changed: the page's %d session(s) ended",
-                     self.path, len(self._sessions))  # fmt: skip
+            log.info(
+                "the operator token file %s changed: the page's %d session(s) ended",
+                self.path,
+                len(self._sessions),
+            )
         if self._read:
             self._sessions.clear()
             self.login_code = None

@@ -69,8 +69,10 @@ def api_url(config: Config) -> str:
         f"http://{_host_port(config.people.page_address)}" if config.people.page_address else ""
     )
     if not url:
-        raise ValueError("no approval API to send it to: give --api URL (or set "
-                         "consumer.people.api_url or page_address)")  # fmt: skip
+        raise ValueError(
+            "no approval API to send it to: give --api URL (or set "
+            "consumer.people.api_url or page_address)"
+        )
     if urlsplit(url).scheme not in ("http", "https"):
         raise ValueError(f"--api must be an http(s) URL, got {url!r}")
     return url.rstrip("/")
@@ -94,8 +96,9 @@ def bearer_token(config: Config, url: str) -> str:
                 f"({describe(err)}): give its --state-dir, as the same user"
             ) from err
     if not config.people.audience:
-        raise Failed("set consumer.people.audience (the API's Application ID URI) to sign in "
-                     "with Entra ID")  # fmt: skip
+        raise Failed(
+            "set consumer.people.audience (the API's Application ID URI) to sign in with Entra ID"
+        )
     scope = f"{config.people.audience[0]}/.default"
     try:
         token: str = person_credential().get_token(scope).token
@@ -141,8 +144,10 @@ def _shown(url: str, token: str, event_id: str) -> tuple[str, str]:
     for event in events if isinstance(events, list) else []:
         if isinstance(event, dict) and str(event.get("EventId", "")).lower() == event_id.lower():
             vms = ", ".join(str(vm) for vm in event.get("Vms") or [])
-            print(f"{event.get('EventType')} {event.get('EventId')} on {vms} "
-                  f"(NotBefore {event.get('NotBefore') or 'none'})")  # fmt: skip
+            print(
+                f"{event.get('EventType')} {event.get('EventId')} on {vms} "
+                f"(NotBefore {event.get('NotBefore') or 'none'})"
+            )
             return str(event["EventId"]), str(event.get("ResourcesDigest", ""))
     raise Failed(f"event {event_id} is not open at {url}")
 

@@ -47,8 +47,16 @@ log = logging.getLogger(__name__)
 # A person's reason goes into Decision records and notices: a paragraph, not a document.
 MAX_REASON = 1000
 # Every code `operate` refuses with (docs/people.md#refusals).
-REFUSALS = ("Invalid", "NoReason", "NotOpen", "ResourcesChanged", "Paused", "BadScope",
-            "NotPaused", "NoSigningKey")  # fmt: skip
+REFUSALS = (
+    "Invalid",
+    "NoReason",
+    "NotOpen",
+    "ResourcesChanged",
+    "Paused",
+    "BadScope",
+    "NotPaused",
+    "NoSigningKey",
+)
 
 
 @dataclass(frozen=True)
@@ -206,16 +214,28 @@ class PeopleDesk(Generic[S]):
                 seen = self.consumer.situation(str(action.event_id), now)
                 refused = event_refusal(action, seen, now)
             if refused is not None:
-                log.info("%s by %s (%s) refused: %s: %s", action.kind, action.by.name,
-                         action.by.object_id, refused.code, refused.detail)  # fmt: skip
+                log.info(
+                    "%s by %s (%s) refused: %s: %s",
+                    action.kind,
+                    action.by.name,
+                    action.by.object_id,
+                    refused.code,
+                    refused.detail,
+                )
                 return refused
             if action.kind in ("pause", "resume"):
                 action = replace(action, scope=canonical_scope(action.scope))
             self.operators.record(action)
             self.operated[action.kind] += 1
             what = action.event_id or f"({scope_key(action.scope)})"
-            log.info("%s of %s by %s (%s) recorded: %s", action.kind, what, action.by.name,
-                     action.by.object_id, action.reason or "no reason given")  # fmt: skip
+            log.info(
+                "%s of %s by %s (%s) recorded: %s",
+                action.kind,
+                what,
+                action.by.name,
+                action.by.object_id,
+                action.reason or "no reason given",
+            )
             if seen is None:
                 self.consumer.say(action, now)
             detail = self._decided(seen)
@@ -239,9 +259,11 @@ class PeopleDesk(Generic[S]):
         pause = Pause(action.scope, action.until, action.by, action.reason, action.at)
         if covers(pause, self.consumer.known_vms()):
             return ""
-        return (f"no VM the consumer knows is in {action.scope}: the pause stops no approval "
-                "now, only those of VMs that join it; is the scope spelt as the VMs' "
-                "heartbeats name it?")  # fmt: skip
+        return (
+            f"no VM the consumer knows is in {action.scope}: the pause stops no approval "
+            "now, only those of VMs that join it; is the scope spelt as the VMs' "
+            "heartbeats name it?"
+        )
 
     # --- what people are shown ----------------------------------------------------------------
 
@@ -324,8 +346,11 @@ def refusal(action: OperatorAction, *, can_sign: bool) -> Answer | None:  # noqa
     if len(action.reason) > MAX_REASON:
         return no("Invalid", f"the reason is longer than {MAX_REASON} characters")
     if not can_sign:
-        return no("NoSigningKey", "this consumer has no command signing key "
-                  "(commands.signing_key) to sign what a person decides with")  # fmt: skip
+        return no(
+            "NoSigningKey",
+            "this consumer has no command signing key "
+            "(commands.signing_key) to sign what a person decides with",
+        )
     override = action.kind == "approve" and action.override_budget
     if (action.kind in ("pause", "resume") or override) and not action.reason.strip():
         what = "an override of the budgets" if override else f"a {action.kind}"
@@ -360,16 +385,27 @@ def event_refusal(action: OperatorAction, seen: Situated | None, now: datetime) 
         return Answer(False, "NotOpen", f"no event {action.event_id} is known")
     view = seen.view
     if view.status != "Scheduled":
-        return Answer(False, "NotOpen", f"event {action.event_id} is {view.status}: there is "
-                      "nothing left to decide")  # fmt: skip
+        return Answer(
+            False,
+            "NotOpen",
+            f"event {action.event_id} is {view.status}: there is nothing left to decide",
+        )
     digest = resources_digest(view.resources)
     if action.resources_digest != digest:
-        return Answer(False, "ResourcesChanged", f"the VMs of event {action.event_id} changed "
-                      f"since they were shown to you (now {', '.join(view.resources) or 'none'}, "
-                      f"digest {digest}): look again and decide on what it is now")  # fmt: skip
+        return Answer(
+            False,
+            "ResourcesChanged",
+            f"the VMs of event {action.event_id} changed "
+            f"since they were shown to you (now {', '.join(view.resources) or 'none'}, "
+            f"digest {digest}): look again and decide on what it is now",
+        )
     pause = active_pause(seen.fleet, view, now) if action.kind == "approve" else None
     if pause is not None:
-        return Answer(False, "Paused", f"{pause.where} is paused by {pause.by.name} "
-                      f"({pause.reason}): no early approval while it lasts; resume it "
-                      "first")  # fmt: skip
+        return Answer(
+            False,
+            "Paused",
+            f"{pause.where} is paused by {pause.by.name} "
+            f"({pause.reason}): no early approval while it lasts; resume it "
+            "first",
+        )
     return None

@@ -252,8 +252,12 @@ class OperatorLog:
         """A document's value: `body` signed by this consumer, as signed at `at`."""
         assert self.signer is not None
         signed = iso(at)
-        return {"Action": body, "Signed": signed, "KeyId": self.signer.key_id,
-                "Signature": self.signer.sign_data(signed_bytes(body, signed))}  # fmt: skip
+        return {
+            "Action": body,
+            "Signed": signed,
+            "KeyId": self.signer.key_id,
+            "Signature": self.signer.sign_data(signed_bytes(body, signed)),
+        }
 
     def refresh(self, now: datetime | None = None) -> None:
         """Take in the actions stored since the last look (by any consumer of this state);
@@ -298,9 +302,12 @@ class OperatorLog:
             previous = not current and any(verifies(k, data, signature) for k in self._trusted)
         if not (current or previous):
             self.forged += 1
-            log.error("mark %s in the fleet state is ignored: its signature does not verify "
-                      "with this consumer's key nor a previous one (was the state written by "
-                      "hand?)", doc.key)  # fmt: skip
+            log.error(
+                "mark %s in the fleet state is ignored: its signature does not verify "
+                "with this consumer's key nor a previous one (was the state written by "
+                "hand?)",
+                doc.key,
+            )
             return
         assert isinstance(body, dict)
         self._marks[doc.key] = doc
@@ -316,8 +323,11 @@ class OperatorLog:
         """Sign and store a mark over the one held (best effort: the next look tries again)."""
         assert self.signer is not None
         held = self._docs.get(key)
-        value = {"Mark": body, "KeyId": self.signer.key_id,
-                 "Signature": self.signer.sign_data(signed_bytes(body))}  # fmt: skip
+        value = {
+            "Mark": body,
+            "KeyId": self.signer.key_id,
+            "Signature": self.signer.sign_data(signed_bytes(body)),
+        }
         try:
             self._marks[key] = self._docs[key] = self.store.write(
                 OPERATOR, Doc(key, value, held.etag if held else None)
@@ -331,9 +341,10 @@ class OperatorLog:
         assert self.signer is not None
         if self._since is None:
             self._since = self._now()
-            self._write_mark(KEY_SINCE + self.signer.key_id,
-                             {"Kind": "key", "KeyId": self.signer.key_id,
-                              "At": iso(self._since)})  # fmt: skip
+            self._write_mark(
+                KEY_SINCE + self.signer.key_id,
+                {"Kind": "key", "KeyId": self.signer.key_id, "At": iso(self._since)},
+            )
 
     def _admitted(self, doc: Doc, action: OperatorAction) -> bool:
         """Whether a verified document may apply: not signed by a previous key after this
@@ -366,8 +377,12 @@ class OperatorLog:
         if (key, why) not in self._said:
             self._said.add((key, why))
             self.refused[why] += 1
-            log.error("operator document %s in the fleet state is refused: %s (was the state "
-                      "written by someone without the signing key?)", key, sentence)  # fmt: skip
+            log.error(
+                "operator document %s in the fleet state is refused: %s (was the state "
+                "written by someone without the signing key?)",
+                key,
+                sentence,
+            )
         return False
 
     def _check_standing(self) -> None:
@@ -380,8 +395,11 @@ class OperatorLog:
         self._checked = now
         present = {doc.key for doc in self.store.scan(OPERATOR)}
         horizon = now - KEEP_OPERATOR_ACTIONS
-        standing = {held[0][1] for held in self._scopes.values()
-                    if held[1].kind == "pause" and pause_of(held[1]).active(now)}  # fmt: skip
+        standing = {
+            held[0][1]
+            for held in self._scopes.values()
+            if held[1].kind == "pause" and pause_of(held[1]).active(now)
+        }
         gone = [key for key in (*self._actions, *self._marks) if key not in present]
         for key in gone:
             if key in self._actions and self._stamps[key] < horizon and key not in standing:
@@ -394,15 +412,22 @@ class OperatorLog:
                 pass  # written back already (by another consumer)
             except Exception as err:  # it still applies here; the next look tries again
                 self._checked = None
-                log.warning("operator document %s was deleted from the fleet state and could "
-                            "not be written back yet (%s)", key, describe(err))  # fmt: skip
+                log.warning(
+                    "operator document %s was deleted from the fleet state and could "
+                    "not be written back yet (%s)",
+                    key,
+                    describe(err),
+                )
                 continue
             if key in self._marks:
                 self._marks[key] = self._docs[key]
             what = self._actions.get(key)
-            self._refuse(key, "deleted",
-                         f"it was deleted before its time ({_said(what)}): written back as "
-                         "it was signed; it still applies")  # fmt: skip
+            self._refuse(
+                key,
+                "deleted",
+                f"it was deleted before its time ({_said(what)}): written back as "
+                "it was signed; it still applies",
+            )
 
     @property
     def on_previous_key(self) -> int:
@@ -416,30 +441,39 @@ class OperatorLog:
         why = None
         if self.signer is None:
             why = "this consumer has no signing key to verify it with (commands.signing_key)"
-        elif (not isinstance(body, dict) or not isinstance(signature, str)
-              or not isinstance(signed, str | None)):  # fmt: skip
+        elif (
+            not isinstance(body, dict)
+            or not isinstance(signature, str)
+            or not isinstance(signed, str | None)
+        ):
             why = "it is not signed"
         elif not verifies(self.signer.public_key(), signed_bytes(body, signed), signature):
-            previous = next((k for k in self._trusted
-                             if verifies(k, signed_bytes(body, signed), signature)),
-                            None)  # fmt: skip
+            previous = next(
+                (k for k in self._trusted if verifies(k, signed_bytes(body, signed), signature)),
+                None,
+            )
             if previous is not None:
                 self._previous[doc.key] = (doc, key_id(previous))
             else:
                 mine = key_id(self.signer.public_key())
-                why = (f"its signature (key {doc.value.get('KeyId')}) does not verify with "
-                       f"this consumer's key {mine} nor a previous one "
-                       "(commands.verify_key)")  # fmt: skip
+                why = (
+                    f"its signature (key {doc.value.get('KeyId')}) does not verify with "
+                    f"this consumer's key {mine} nor a previous one "
+                    "(commands.verify_key)"
+                )
         if why is None:
             try:
                 return parse_body(body)  # type: ignore[arg-type]  # a dict, checked above
             except ValueError as err:
                 why = f"it does not hold an operator action ({err})"
         self.forged += 1
-        log.error("operator action %s in the fleet state is ignored: %s; only what a person "
-                  "decided through the API or the page, signed by this consumer, applies (was "
-                  "the state written by hand, or the signing key rotated?)", doc.key,
-                  why)  # fmt: skip
+        log.error(
+            "operator action %s in the fleet state is ignored: %s; only what a person "
+            "decided through the API or the page, signed by this consumer, applies (was "
+            "the state written by hand, or the signing key rotated?)",
+            doc.key,
+            why,
+        )
         return None
 
     def _sign_with_current_key(self, doc: Doc, previous: str) -> None:
@@ -456,10 +490,15 @@ class OperatorLog:
         except Exception as err:  # best effort: the action applies meanwhile, tried next look
             if doc.key not in self._warned:
                 self._warned.add(doc.key)
-                log.warning("operator action %s, signed with the previous key %s, applies but "
-                            "could not be signed again with key %s (%s); tried again at every "
-                            "look: keep that key in commands.verify_key until it is", doc.key,
-                            previous, self.signer.key_id, describe(err))  # fmt: skip
+                log.warning(
+                    "operator action %s, signed with the previous key %s, applies but "
+                    "could not be signed again with key %s (%s); tried again at every "
+                    "look: keep that key in commands.verify_key until it is",
+                    doc.key,
+                    previous,
+                    self.signer.key_id,
+                    describe(err),
+                )
             return
         self._docs[doc.key] = stored
         self._stamps[doc.key] = parse_time(value["Signed"]) or self._now()
@@ -468,9 +507,13 @@ class OperatorLog:
         if not previous:  # still deciding, signed again so that it is not taken as forgotten
             log.debug("operator action %s signed again: it still decides", doc.key)
             return
-        log.info("operator action %s was signed with the previous key %s: re-signed with key %s, "
-                 "so it still applies once that key is gone", doc.key, previous,
-                 self.signer.key_id)  # fmt: skip
+        log.info(
+            "operator action %s was signed with the previous key %s: re-signed with key %s, "
+            "so it still applies once that key is gone",
+            doc.key,
+            previous,
+            self.signer.key_id,
+        )
 
     def _take(self, key: str, action: OperatorAction) -> None:
         self._actions[key] = action
@@ -497,10 +540,15 @@ class OperatorLog:
         if action.kind == "approve" and action.resources_digest != resources_digest(resources):
             if (event_id, action.resources_digest) not in self._lapsed:
                 self._lapsed.add((event_id, action.resources_digest))
-                log.info("the approval of event %s by %s (%s) no longer applies: the event's "
-                         "Resources changed since they were shown (now %s); the policy decides "
-                         "it again, and a person may approve it anew", event_id, action.by.name,
-                         action.by.object_id, ", ".join(resources) or "none")  # fmt: skip
+                log.info(
+                    "the approval of event %s by %s (%s) no longer applies: the event's "
+                    "Resources changed since they were shown (now %s); the policy decides "
+                    "it again, and a person may approve it anew",
+                    event_id,
+                    action.by.name,
+                    action.by.object_id,
+                    ", ".join(resources) or "none",
+                )
             return None
         kind: Literal["approve", "hold"] = "approve" if action.kind == "approve" else "hold"
         return PersonDecision(
@@ -524,8 +572,9 @@ class OperatorLog:
             if action.kind in ("approve", "hold"):
                 deciding = is_open(action.event_id or "")
             else:
-                deciding = (key in standing and action.kind == "pause"
-                            and pause_of(action).active(now))  # fmt: skip
+                deciding = (
+                    key in standing and action.kind == "pause" and pause_of(action).active(now)
+                )
             if deciding:
                 live.append(key)
             elif self._stamps[key] < horizon:
@@ -542,9 +591,12 @@ class OperatorLog:
                 self._forgotten = mark
                 self._write_mark(FORGOTTEN, {"Kind": "forgotten", "At": iso(mark)})
         if spent:
-            log.info("forgot %d operator documents of events that ended and pauses that lifted "
-                     "more than %d days ago; the Decision records keep what people decided",
-                     len(spent), KEEP_OPERATOR_ACTIONS.days)  # fmt: skip
+            log.info(
+                "forgot %d operator documents of events that ended and pauses that lifted "
+                "more than %d days ago; the Decision records keep what people decided",
+                len(spent),
+                KEEP_OPERATOR_ACTIONS.days,
+            )
         return len(spent)
 
     def _drop(self, key: str) -> None:

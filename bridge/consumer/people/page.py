@@ -49,15 +49,19 @@ def render(view: View) -> str:
     ]
     if view.answer is not None:
         state = "accepted" if view.answer.accepted else "refused"
-        parts.append(f'<p class="answer {state}" id="answer" role="status">'
-                     f"{_e(view.answer.code)}: {_e(view.answer.detail)}</p>")  # fmt: skip
+        parts.append(
+            f'<p class="answer {state}" id="answer" role="status">'
+            f"{_e(view.answer.code)}: {_e(view.answer.detail)}</p>"
+        )
         if view.answer.warning:
             parts.append(f'<p class="answer warning">Warning: {_e(view.answer.warning)}</p>')
     if view.only is not None:
         parts.append(f"<h2>Event {_e(view.only)}</h2>")
         if not view.events:
-            parts.append(f'<p class="note">Event {_e(view.only)} is not open: it has started, '
-                         "ended or was canceled.</p>")  # fmt: skip
+            parts.append(
+                f'<p class="note">Event {_e(view.only)} is not open: it has started, '
+                "ended or was canceled.</p>"
+            )
         parts.append('<p><a href="/">All open events</a></p>')
     else:
         parts.append(f"<h2>Open events ({len(view.events)})</h2>")
@@ -112,8 +116,9 @@ def _pauses(view: View) -> list[str]:
             f"<p>Paused: <strong>{_e(scope)}</strong>, {_e(until)}, by {_e(pause.by.name)} "
             f"at {_e(iso(pause.at))}: {_e(pause.reason)}</p>"
         )
-        resume = _form(view.csrf, "resume", f"Resume {scope}", {"scope": pause.scope or ""},
-                       token=view.local)  # fmt: skip
+        resume = _form(
+            view.csrf, "resume", f"Resume {scope}", {"scope": pause.scope or ""}, token=view.local
+        )
         parts.append(said + resume)
     inputs = (
         ("scope", "Scope (empty: the whole fleet; or KIND:VALUE, a budget group)"),
@@ -163,8 +168,10 @@ def _form(
 ) -> str:
     """A decision's form; with `token`, it asks for the operator token (the loopback page,
     where the session cookie alone does not decide)."""
-    fields = [f'<input type="hidden" name="csrf" value="{_e(csrf)}">',
-              f'<input type="hidden" name="action" value="{_e(action)}">']  # fmt: skip
+    fields = [
+        f'<input type="hidden" name="csrf" value="{_e(csrf)}">',
+        f'<input type="hidden" name="action" value="{_e(action)}">',
+    ]
     fields += [f'<input type="hidden" name="{_e(k)}" value="{_e(v)}">' for k, v in hidden.items()]
     for name, text in inputs:
         fields.append(f'<label>{_e(text)} <input type="text" name="{_e(name)}"></label>')
@@ -172,8 +179,10 @@ def _form(
     what = "Reason (required)" if reason else "Reason"
     fields.append(f'<label>{what} <input type="text" name="reason"{required}></label>')
     if token:
-        fields.append('<label>Operator token <input type="password" name="token" '
-                      'autocomplete="current-password" required></label>')  # fmt: skip
+        fields.append(
+            '<label>Operator token <input type="password" name="token" '
+            'autocomplete="current-password" required></label>'
+        )
     fields.append(f'<button type="submit" name="do" value="{_e(action)}">{_e(label)}</button>')
     return f'<form method="post" action="/decide">{"".join(fields)}</form>'
 

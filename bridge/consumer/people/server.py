@@ -121,10 +121,15 @@ class PageServer:
         if isinstance(sign_in, LocalSignIn):
             login = sign_in.operator.write_login(self.url)
             # The code is a secret: in a file only this user reads, never in the log.
-            log.info("the approval page is at %s for one operator on this machine: open the "
-                     "one-time address in %s to sign in (or give the token in %s at %s/login); "
-                     "each decision asks for that token too", self.url, login,
-                     sign_in.operator.path, self.url)  # fmt: skip
+            log.info(
+                "the approval page is at %s for one operator on this machine: open the "
+                "one-time address in %s to sign in (or give the token in %s at %s/login); "
+                "each decision asks for that token too",
+                self.url,
+                login,
+                sign_in.operator.path,
+                self.url,
+            )
         else:
             log.info("the approval page and its API are at %s (Entra ID sign-in)", self.url)
         return self

@@ -114,11 +114,15 @@ def _checked(body: str, sender: str | None, *, full: bool) -> dict[str, object]:
     if record.get("Source", "Agent") != "Agent":
         # Azure's view ends an event for every VM it names: it is read from eventgrid.hub
         # alone, which only the system topics may send to, never from a hub agents send to.
-        raise NotARecord(f"Source {record.get('Source')!r}: a record of Azure's view comes only "
-                         "from eventgrid.hub; one sent with the agents' is refused")  # fmt: skip
+        raise NotARecord(
+            f"Source {record.get('Source')!r}: a record of Azure's view comes only "
+            "from eventgrid.hub; one sent with the agents' is refused"
+        )
     if sender is not None and not _sent_by(record, sender):
-        raise NotARecord(f"VmId {record.get('VmId')!r} does not match the sender's partition "
-                         f"key {sender!r}: refused, one VM may not speak for another")  # fmt: skip
+        raise NotARecord(
+            f"VmId {record.get('VmId')!r} does not match the sender's partition "
+            f"key {sender!r}: refused, one VM may not speak for another"
+        )
     return record
 
 
@@ -225,8 +229,9 @@ class BatchRetry:
                 exc_info=None if expected else err,
             )
         else:
-            log.debug("handling %s failed again (%d): %s", where, self._streak.failures,
-                      describe(err))  # fmt: skip
+            log.debug(
+                "handling %s failed again (%d): %s", where, self._streak.failures, describe(err)
+            )
         self.wait(delay)
 
     def _succeeded(self, where: str) -> None:

@@ -145,25 +145,35 @@ def check_settings(settings: EventGridSettings, records_hub: str = "") -> None:
     if settings.health and not settings.enabled:
         raise ConfigError("eventgrid.health needs eventgrid.enabled: both come from one hub")
     if settings.acknowledge and not settings.enabled:
-        raise ConfigError("eventgrid.acknowledge needs eventgrid.enabled: ARM's acknowledge is "
-                          "addressed to the resource Event Grid names")  # fmt: skip
+        raise ConfigError(
+            "eventgrid.acknowledge needs eventgrid.enabled: ARM's acknowledge is "
+            "addressed to the resource Event Grid names"
+        )
     endpoint = urlsplit(settings.arm_endpoint)
-    if settings.acknowledge and (endpoint.scheme != "https" or not endpoint.hostname
-                                 or endpoint.path not in ("", "/")):  # fmt: skip
-        raise ConfigError(f"eventgrid.arm_endpoint {settings.arm_endpoint!r} is not https://HOST "
-                          "(ARM's endpoint: https://management.azure.com)")  # fmt: skip
+    if settings.acknowledge and (
+        endpoint.scheme != "https" or not endpoint.hostname or endpoint.path not in ("", "/")
+    ):
+        raise ConfigError(
+            f"eventgrid.arm_endpoint {settings.arm_endpoint!r} is not https://HOST "
+            "(ARM's endpoint: https://management.azure.com)"
+        )
     if not settings.enabled:
         return
     if not settings.hub and not settings.connection_string:
-        raise ConfigError("eventgrid.enabled needs eventgrid.hub, the event hub the system "
-                          "topics deliver to")  # fmt: skip
+        raise ConfigError(
+            "eventgrid.enabled needs eventgrid.hub, the event hub the system topics deliver to"
+        )
     if settings.hub and settings.hub.strip().lower() == records_hub.strip().lower():
-        raise ConfigError(f"eventgrid.hub {settings.hub!r} is the hub the agents send to "
-                          "(eventhubs.name): a VM could then send what reads as Azure's word, "
-                          "so give the system topics a hub of their own")  # fmt: skip
+        raise ConfigError(
+            f"eventgrid.hub {settings.hub!r} is the hub the agents send to "
+            "(eventhubs.name): a VM could then send what reads as Azure's word, "
+            "so give the system topics a hub of their own"
+        )
     if not any(s.strip() for s in settings.subscriptions):
-        raise ConfigError("eventgrid.enabled needs eventgrid.subscriptions: the subscriptions "
-                          "whose system topics may be trusted (none is otherwise)")  # fmt: skip
+        raise ConfigError(
+            "eventgrid.enabled needs eventgrid.subscriptions: the subscriptions "
+            "whose system topics may be trusted (none is otherwise)"
+        )
     bad = [s for s in settings.subscriptions if s.strip() and not _GUID.match(s.strip())]
     if bad:
         raise ConfigError(f"eventgrid.subscriptions: {', '.join(bad)} is not a subscription id")
@@ -292,12 +302,18 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
     envelope = _Envelope.of(item)
     kind = envelope.type.lower()
     if kind not in SCHEDULED_TYPES and kind not in (HEALTH_CHANGED, HEALTH_ANNOTATED):
-        raise _Refused("wrong-type", f"event type {_short(envelope.type)} is not one se-bridge "
-                       "reads (scheduled events, resource health)")  # fmt: skip
+        raise _Refused(
+            "wrong-type",
+            f"event type {_short(envelope.type)} is not one se-bridge "
+            "reads (scheduled events, resource health)",
+        )
     topic = _TOPIC.match(envelope.topic)
     if topic is None or topic.group("sub").lower() not in trust.subscriptions:
-        raise _Refused("untrusted-topic", f"topic {_short(envelope.topic)} is not the system "
-                       "topic of a subscription in eventgrid.subscriptions")  # fmt: skip
+        raise _Refused(
+            "untrusted-topic",
+            f"topic {_short(envelope.topic)} is not the system "
+            "topic of a subscription in eventgrid.subscriptions",
+        )
     info = _lower_keys(envelope.data.get("resourceinfo"))
     properties = _lower_keys(info.get("properties"))
     if kind in SCHEDULED_TYPES:
@@ -312,8 +328,11 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
             raise _Refused("malformed", f"not a valid Event record: {problem}")
         parsed.events.append(_identified(record))
     elif kind == HEALTH_ANNOTATED or not trust.health:
-        parsed.ignored.append("a health annotation" if kind == HEALTH_ANNOTATED else
-                              "resource health, which eventgrid.health leaves off")  # fmt: skip
+        parsed.ignored.append(
+            "a health annotation"
+            if kind == HEALTH_ANNOTATED
+            else "resource health, which eventgrid.health leaves off"
+        )
     else:
         change = _health(envelope, properties, topic.group("sub"), trust)
         if isinstance(change, str):
@@ -338,23 +357,28 @@ class _Envelope:
         when = event_time(item.get("time" if cloud else "eventTime"))
         data = _lower_keys(item.get("data"))
         if kind is None or topic is None or when is None or not data:
-            raise _Refused("malformed", "not an Event Grid event (its type, topic, time or "
-                           "data is missing)")  # fmt: skip
+            raise _Refused(
+                "malformed", "not an Event Grid event (its type, topic, time or data is missing)"
+            )
         return cls(_text(item.get("id")) or "", kind, topic, when, data)
 
 
 def _scoped(resource: Resource, subscription: str, trust: Trust) -> None:
     if resource.subscription != subscription.lower():
-        raise _Refused("wrong-subscription", f"resource {_short(resource.id)} is not in "
-                       f"subscription {subscription}, whose topic sent it")  # fmt: skip
+        raise _Refused(
+            "wrong-subscription",
+            f"resource {_short(resource.id)} is not in "
+            f"subscription {subscription}, whose topic sent it",
+        )
     groups = trust.resource_groups
     if (
         groups
         and not {resource.resource_group, f"{resource.subscription}/{resource.resource_group}"}
         & groups
     ):
-        raise _Refused("out-of-scope", f"resource {_short(resource.id)} is outside "
-                       "eventgrid.resource_groups")  # fmt: skip
+        raise _Refused(
+            "out-of-scope", f"resource {_short(resource.id)} is outside eventgrid.resource_groups"
+        )
 
 
 def _event(
@@ -366,8 +390,10 @@ def _event(
 ) -> rt.Event:
     resource = resource_of(info.get("id")) or resource_of(envelope.data.get("subject"))
     if resource is None:
-        raise _Refused("malformed", f"resource id {_short(info.get('id'))} names no VM, scale "
-                       "set or availability set")  # fmt: skip
+        raise _Refused(
+            "malformed",
+            f"resource id {_short(info.get('id'))} names no VM, scale set or availability set",
+        )
     _scoped(resource, subscription, trust)
     event_id = _text(properties.get("eventid")) or _text(info.get("name"))
     if event_id is None or not _GUID.match(event_id):
@@ -381,8 +407,11 @@ def _event(
     if not isinstance(resources, list) or not all(isinstance(r, str) for r in resources):
         raise _Refused("malformed", "Resources is not a list of names")
     if len(resources) > MAX_RESOURCES or any(len(r) > MAX_NAME for r in resources):
-        raise _Refused("too-many-resources", f"Resources lists {len(resources)} names (at most "
-                       f"{MAX_RESOURCES} of at most {MAX_NAME} characters each)")  # fmt: skip
+        raise _Refused(
+            "too-many-resources",
+            f"Resources lists {len(resources)} names (at most "
+            f"{MAX_RESOURCES} of at most {MAX_NAME} characters each)",
+        )
     raw = _text(properties.get("notbefore"))
     not_before = parse_not_before(raw)
     duration = properties.get("durationinseconds")
@@ -433,8 +462,9 @@ def _identified(record: rt.Event) -> rt.Event:
     and names, so that a duplicate delivery (Azure documents them) has the same one."""
     names = "\n".join(sorted(vm_key(n) for n in record["Resources"]))
     event_id, status = record["EventId"].lower(), record["Transition"]
-    record["RecordId"] = record_id("EventGrid", event_id, status, record["TimeGenerated"],
-                                   record["NotBeforeRaw"], names)  # fmt: skip
+    record["RecordId"] = record_id(
+        "EventGrid", event_id, status, record["TimeGenerated"], record["NotBeforeRaw"], names
+    )
     return record
 
 
@@ -493,5 +523,7 @@ def _short(value: object) -> str:
 
 def describe(refusals: Sequence[Refusal]) -> str:
     """Refusals in a sentence for a log line."""
-    return "; ".join(f"{r.code}: {r.detail}" + (f" (id {r.delivery_id})" if r.delivery_id else "")
-                     for r in refusals)  # fmt: skip
+    return "; ".join(
+        f"{r.code}: {r.detail}" + (f" (id {r.delivery_id})" if r.delivery_id else "")
+        for r in refusals
+    )

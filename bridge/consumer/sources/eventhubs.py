@@ -95,10 +95,16 @@ def run_eventhubs(
     if not _ensure_container(store, config, stop, backoff_factory()):
         return
     client = _client(config, store, load_balancing_interval, ownership_expiration)
-    retry = BatchRetry(handler, poison, stop, _describe_hub(config), backoff_factory(), on_done,
-                       bodies=bodies)  # fmt: skip
-    on_batch = _OnBatch(config, retry, backoff_factory(), interval=checkpoint_interval,
-                        probe=client.get_partition_properties)  # fmt: skip
+    retry = BatchRetry(
+        handler, poison, stop, _describe_hub(config), backoff_factory(), on_done, bodies=bodies
+    )
+    on_batch = _OnBatch(
+        config,
+        retry,
+        backoff_factory(),
+        interval=checkpoint_interval,
+        probe=client.get_partition_properties,
+    )
     finished = threading.Event()
     closer = threading.Thread(
         target=_close_when_stopped, args=(client, stop, finished), name="se-bridge eventhubs stop"
@@ -126,9 +132,11 @@ def eventgrid_hub(config: Config) -> Config:
     the records hub's namespace and credentials), in the same consumer group and checkpoint
     container: the SDK keeps each hub's checkpoints and ownership apart by its name."""
     grid = config.eventgrid
-    hub = dataclasses.replace(config.eventhubs, name=grid.hub,
-                              connection_string=grid.connection_string
-                              or config.eventhubs.connection_string)  # fmt: skip
+    hub = dataclasses.replace(
+        config.eventhubs,
+        name=grid.hub,
+        connection_string=grid.connection_string or config.eventhubs.connection_string,
+    )
     return dataclasses.replace(config, eventhubs=hub)
 
 
@@ -198,8 +206,11 @@ def _ensure_container(
     # a release without it gets the container infra/ creates.
     client: Any = getattr(store, "_container_client", None)
     if client is None:
-        log.info("the checkpoint container %s is taken as created by the deployment "
-                 "(infra/modules/storage.bicep)", container)  # fmt: skip
+        log.info(
+            "the checkpoint container %s is taken as created by the deployment "
+            "(infra/modules/storage.bicep)",
+            container,
+        )
         return True
     streak = FailureStreak(backoff)
     while not stop.is_set():
@@ -299,8 +310,7 @@ class _Prober:
         try:
             answer = self._ask(partition)
         except Exception as err:  # asked again at its next idle round; meanwhile no mark moves
-            log.debug("asking partition %s for its last event failed: %s", partition,
-                      describe(err))  # fmt: skip
+            log.debug("asking partition %s for its last event failed: %s", partition, describe(err))
             return True
         with self._changed:
             self._answers[partition] = (asked, answer)
@@ -353,8 +363,9 @@ class _OnBatch:
         if self._retry.stop.is_set():
             return
         partition = context.partition_id
-        where = eventhubs_partition(context.fully_qualified_namespace, context.eventhub_name,
-                                    partition)  # fmt: skip
+        where = eventhubs_partition(
+            context.fully_qualified_namespace, context.eventhub_name, partition
+        )
         if events:
             messages = [Message(str(e.offset), _body(e), _sender(e)) for e in events]
             newest = max((e.enqueued_time for e in events if e.enqueued_time), default=None)
@@ -384,9 +395,12 @@ class _OnBatch:
         try:
             context.update_checkpoint(last)
         except Exception as err:  # the next owner reads again from the previous checkpoint
-            log.info("the checkpoint of partition %s was not written at shutdown (%s); its "
-                     "next reader reads its last records again", context.partition_id,
-                     describe(err))  # fmt: skip
+            log.info(
+                "the checkpoint of partition %s was not written at shutdown (%s); its "
+                "next reader reads its last records again",
+                context.partition_id,
+                describe(err),
+            )
 
     def _read_to_end(self, partition: str) -> datetime | None:
         """When an idle `partition` was found read to its end, by the answer come in since
@@ -395,8 +409,9 @@ class _OnBatch:
         if self._prober is None:
             return None
         if self._asking is None:
-            self._asking = threading.Thread(target=self._prober.run, daemon=True,
-                                            name="se-bridge eventhubs probe")  # fmt: skip
+            self._asking = threading.Thread(
+                target=self._prober.run, daemon=True, name="se-bridge eventhubs probe"
+            )
             self._asking.start()
         found = self._prober.answer(partition)
         self._prober.want(partition)

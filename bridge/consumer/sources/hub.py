@@ -52,8 +52,9 @@ def run_local(
     returned. One consumer per group: two in the same group would both handle everything.
     `bodies`: the messages are not records (Event Grid's deliveries): their bodies go there.
     """
-    retry = BatchRetry(handler, poison, stop, f"local hub {hub_dir}", backoff_factory(), on_done,
-                       bodies=bodies)  # fmt: skip
+    retry = BatchRetry(
+        handler, poison, stop, f"local hub {hub_dir}", backoff_factory(), on_done, bodies=bodies
+    )
     _LocalConsumer(Path(hub_dir), group, batch_size, retry, backoff_factory()).run(poll_interval)
 
 
@@ -113,8 +114,9 @@ class _LocalConsumer:
 
     def _recovered(self) -> None:
         if ended := self._streak.succeeded():
-            log.warning("the local hub in %s works again after %d failed attempts",
-                        self._directory, ended)  # fmt: skip
+            log.warning(
+                "the local hub in %s works again after %d failed attempts", self._directory, ended
+            )
 
     def _drop(self) -> None:
         hub, self._hub = self._hub, None

@@ -134,15 +134,21 @@ def check_settings(settings: EventGridSettings) -> None:
     if interval == 0:
         return
     if not settings.enabled:
-        raise ConfigError("eventgrid.reconcile_interval needs eventgrid.enabled: the reconciler "
-                          "feeds the second source's intake")  # fmt: skip
+        raise ConfigError(
+            "eventgrid.reconcile_interval needs eventgrid.enabled: the reconciler "
+            "feeds the second source's intake"
+        )
     if not LOWEST_INTERVAL <= interval <= 86400:
-        raise ConfigError(f"eventgrid.reconcile_interval {interval:g} is neither 0 (off) nor from "
-                          f"{LOWEST_INTERVAL:g} to 86400 seconds (Resource Graph's quota is "
-                          "shared by every query of the identity)")  # fmt: skip
+        raise ConfigError(
+            f"eventgrid.reconcile_interval {interval:g} is neither 0 (off) nor from "
+            f"{LOWEST_INTERVAL:g} to 86400 seconds (Resource Graph's quota is "
+            "shared by every query of the identity)"
+        )
     if not settings.resource_graph_url.startswith("https://"):
-        raise ConfigError(f"eventgrid.resource_graph_url {settings.resource_graph_url!r} is not "
-                          "an https:// address")  # fmt: skip
+        raise ConfigError(
+            f"eventgrid.resource_graph_url {settings.resource_graph_url!r} is not "
+            "an https:// address"
+        )
 
 
 def queries(trust: Trust, held_down: Sequence[str] = ()) -> dict[str, str]:
@@ -195,8 +201,14 @@ class RequestsTransport:
         self, url: str, headers: Mapping[str, str], body: bytes, limit: int
     ) -> tuple[int, dict[str, str], bytes]:
         try:
-            with self._session.post(url, data=body, headers=dict(headers), timeout=TIMEOUT,
-                                    stream=True, allow_redirects=False) as answer:  # fmt: skip
+            with self._session.post(
+                url,
+                data=body,
+                headers=dict(headers),
+                timeout=TIMEOUT,
+                stream=True,
+                allow_redirects=False,
+            ) as answer:
                 data = bytearray()
                 for chunk in answer.iter_content(64 * 1024):
                     data += chunk
@@ -255,8 +267,9 @@ class ResourceGraph:
             options: dict[str, Any] = {"$top": PAGE_ROWS, "resultFormat": "objectArray"}
             if token:
                 options["$skipToken"] = token
-            page = self._page({"subscriptions": list(subscriptions), "query": query,
-                               "options": options})  # fmt: skip
+            page = self._page(
+                {"subscriptions": list(subscriptions), "query": query, "options": options}
+            )
             data = page.get("data")
             if not isinstance(data, list):
                 raise PermanentError("Resource Graph's answer has no data array")
@@ -268,9 +281,13 @@ class ResourceGraph:
             if not isinstance(next_token, str) or not next_token:
                 return
             token = next_token
-        log.warning("Resource Graph's query %s has more than %d pages of %d rows: the rest is "
-                    "left for Event Grid's deliveries (narrow eventgrid.resource_groups)",
-                    query.split(" ", 1)[0], MAX_PAGES, PAGE_ROWS)  # fmt: skip
+        log.warning(
+            "Resource Graph's query %s has more than %d pages of %d rows: the rest is "
+            "left for Event Grid's deliveries (narrow eventgrid.resource_groups)",
+            query.split(" ", 1)[0],
+            MAX_PAGES,
+            PAGE_ROWS,
+        )
 
     def _page(self, body: dict[str, Any]) -> dict[str, Any]:
         sent = json.dumps(body).encode()
@@ -298,14 +315,18 @@ class ResourceGraph:
         self.cost.bytes_received += len(data)
         if status == 429:
             self.cost.throttled += 1
-            raise ThrottledError("Resource Graph throttled the query (429)",
-                                 parse_retry_after(headers_in.get("retry-after")))  # fmt: skip
+            raise ThrottledError(
+                "Resource Graph throttled the query (429)",
+                parse_retry_after(headers_in.get("retry-after")),
+            )
         if status >= 500 or status == 408:
             raise RetryableError(f"Resource Graph answered {status}")
         if status != 200:
-            raise PermanentError(f"Resource Graph answered {status}: {_error(data)}; the "
-                                 "consumer's identity needs Reader on "
-                                 "eventgrid.subscriptions")  # fmt: skip
+            raise PermanentError(
+                f"Resource Graph answered {status}: {_error(data)}; the "
+                "consumer's identity needs Reader on "
+                "eventgrid.subscriptions"
+            )
         self._mind_quota(headers_in)
         try:
             page = json.loads(data)
@@ -344,16 +365,21 @@ def _error(data: bytes) -> str:
 def as_delivery(row: Mapping[str, Any], table: str, now: datetime) -> str:
     """A row as the delivery of its system topic that would have told it, for `parse`."""
     subscription = row.get("subscriptionId")
-    event_type = HEALTH_CHANGED if table == "healthresources" else (
-        "microsoft.maintenance/scheduledevents/write")  # fmt: skip
-    return json.dumps({
-        "id": f"resource-graph:{row.get('id')}",
-        "topic": f"/subscriptions/{subscription}" if isinstance(subscription, str) else None,
-        "subject": row.get("id"),
-        "eventType": event_type,
-        "eventTime": iso(now),
-        "data": {"resourceInfo": dict(row)},
-    })  # fmt: skip
+    event_type = (
+        HEALTH_CHANGED
+        if table == "healthresources"
+        else ("microsoft.maintenance/scheduledevents/write")
+    )
+    return json.dumps(
+        {
+            "id": f"resource-graph:{row.get('id')}",
+            "topic": f"/subscriptions/{subscription}" if isinstance(subscription, str) else None,
+            "subject": row.get("id"),
+            "eventType": event_type,
+            "eventTime": iso(now),
+            "data": {"resourceInfo": dict(row)},
+        }
+    )
 
 
 @dataclass
@@ -427,8 +453,9 @@ class Known(Protocol):
 class Reconciler:
     """One pass: both queries, their rows through the intake's parser, `plan`, the fold."""
 
-    def __init__(self, graph: ResourceGraph, intake: Intake, known: Known,
-                 now: Callable[[], datetime]) -> None:  # fmt: skip
+    def __init__(
+        self, graph: ResourceGraph, intake: Intake, known: Known, now: Callable[[], datetime]
+    ) -> None:
         self.graph, self.intake, self.known, self._now = graph, intake, known, now
 
     @property
@@ -445,8 +472,9 @@ class Reconciler:
         held = [i for i, doc in health.items() if doc.get("state") in _UNHEALTHY]
         try:
             for table, query in queries(trust, held).items():
-                bodies += [as_delivery(row, table, now)
-                           for row in self.graph.rows(query, subscriptions)]  # fmt: skip
+                bodies += [
+                    as_delivery(row, table, now) for row in self.graph.rows(query, subscriptions)
+                ]
         except DeliveryError:
             self.cost.failed_passes += 1
             raise
@@ -455,9 +483,12 @@ class Reconciler:
         parsed = self.intake.take(bodies, "a Resource Graph row")
         chosen = plan(parsed, self.known.events([e["EventId"] for e in parsed.events]), health)
         if chosen.events or chosen.health:
-            log.info("Resource Graph told of %d event changes and %d health changes Event Grid "
-                     "had not delivered: folded in", len(chosen.events),
-                     len(chosen.health))  # fmt: skip
+            log.info(
+                "Resource Graph told of %d event changes and %d health changes Event Grid "
+                "had not delivered: folded in",
+                len(chosen.events),
+                len(chosen.health),
+            )
             self.intake.fold(chosen.events, chosen.health)
         self.cost.fed_events += len(chosen.events)
         self.cost.fed_health += len(chosen.health)
@@ -476,8 +507,11 @@ class Reconciler:
                 failing = False
             except DeliveryError as err:
                 if not failing:
-                    log.warning("the Resource Graph reconciler's pass failed: %s; Event Grid's "
-                                "deliveries still count, the next pass is in %g s", err,
-                                interval)  # fmt: skip
+                    log.warning(
+                        "the Resource Graph reconciler's pass failed: %s; Event Grid's "
+                        "deliveries still count, the next pass is in %g s",
+                        err,
+                        interval,
+                    )
                 failing = True
             stop.wait(interval)

@@ -398,12 +398,20 @@ class TableStore:
                     "%d documents of %s appeared in its old partition of %s since this process "
                     "moved them: a consumer of a release before the spread writes there; stop "
                     "it (every consumer of one table must run one layout). Moved %d.",
-                    len(entities), collection, self._target(), moved,
-                )  # fmt: skip
+                    len(entities),
+                    collection,
+                    self._target(),
+                    moved,
+                )
             elif entities:
-                log.info("moved %d of %d documents of %s in %s into %d partitions",
-                         moved, len(entities), collection, self._target(),
-                         self.spread[collection])  # fmt: skip
+                log.info(
+                    "moved %d of %d documents of %s in %s into %d partitions",
+                    moved,
+                    len(entities),
+                    collection,
+                    self._target(),
+                    self.spread[collection],
+                )
             self._settled.add(collection)
 
     def _move(self, table: TableClient, collection: str, entity: TableEntity) -> bool:
@@ -419,17 +427,23 @@ class TableStore:
             there = table.get_entity(moved["PartitionKey"], moved["RowKey"])
             if _written(there) < _written(entity):
                 try:
-                    table.update_entity({**moved, **body}, mode=UpdateMode.REPLACE,
-                                        etag=there.metadata["etag"],
-                                        match_condition=MatchConditions.IfNotModified)  # fmt: skip
+                    table.update_entity(
+                        {**moved, **body},
+                        mode=UpdateMode.REPLACE,
+                        etag=there.metadata["etag"],
+                        match_condition=MatchConditions.IfNotModified,
+                    )
                 except AzureError as err:
                     if storageerrors.status_of(err) in (404, 412):
                         return False
                     raise
         try:
-            table.delete_entity(entity["PartitionKey"], entity["RowKey"],
-                                etag=entity.metadata["etag"],
-                                match_condition=MatchConditions.IfNotModified)  # fmt: skip
+            table.delete_entity(
+                entity["PartitionKey"],
+                entity["RowKey"],
+                etag=entity.metadata["etag"],
+                match_condition=MatchConditions.IfNotModified,
+            )
         except AzureError as err:
             if storageerrors.status_of(err) == 412:
                 return False
@@ -459,10 +473,13 @@ class TableStore:
         name = self.table_name
         try:
             return storage.connect(
-                self._storage, self._identity, "table", "fleet state `tables`",
+                self._storage,
+                self._identity,
+                "table",
+                "fleet state `tables`",
                 by_string=lambda text: TableClient.from_connection_string(text, name, **options),
                 by_identity=lambda url, token: TableClient(url, name, credential=token, **options),
-            )  # fmt: skip
+            )
         except ValueError as err:  # found at first use: a person must fix the setting
             raise PermanentError(str(err)) from None
 

@@ -45,12 +45,18 @@ def check(
         return Verdict("Hold", rule.name, failed)
     parts = [
         *drain.waits(fleet, event, draining),
-        *listed("prepare hook not yet succeeded on {names}",
-                 [v for v in blocking if hooks[v] and v not in draining], fleet),
-        *listed("{VM} {names} {has} not said whether {it} {has} a prepare hook",
-                 [v for v in blocking if hooks[v] is None], fleet),
+        *listed(
+            "prepare hook not yet succeeded on {names}",
+            [v for v in blocking if hooks[v] and v not in draining],
+            fleet,
+        ),
+        *listed(
+            "{VM} {names} {has} not said whether {it} {has} a prepare hook",
+            [v for v in blocking if hooks[v] is None],
+            fleet,
+        ),
         *listed("{names} not resolved to one known VM", event.unresolved),
-    ]  # fmt: skip
+    ]
     no_hook = [
         *listed("no prepare hook on {VM} {names}", [v for v in none if v not in refused], fleet),
         *listed("{names} refused the drain (Prepare)", refused, fleet),

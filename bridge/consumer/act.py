@@ -162,18 +162,16 @@ class DecisionPass:
 
         `held`: copies of event documents the caller has (those the batch just stored, the
         tick's kept ones), the others are read. A copy serves to find out whether the event
-        needs anything done (`plan`); only then is it read again (`_settle`). At a Spot
-        eviction storm every VM of a placement group reports each event (issue 15), and each
-        sighting read the event twice more for a decision that did nothing; the tick read
-        every open event twice every 5 s (14,819 at the 100,000-VM freeze wave).
+        needs anything done (`plan`); only then is it read again (`_settle`): at a Spot
+        eviction storm every VM of a placement group reports each event, and each sighting
+        read the event twice more for a decision that did nothing (docs/capacity.md).
         """
         known_vms = self.fleet.snapshot()
         known = self._events(event_keys, held)
         # At most once for the whole pass, after the VMs: each event then starts from this
         # state (with this pass's own commits in it), and reads it again only if a commit
         # conflicts. A read per event was a query per open event per pass on Table Storage,
-        # and a pass held up every batch: at the 100,000-VM freeze wave two consumers fell
-        # 60 s behind. Where a look is costly (see `costly_looks`), a batch's pass decides
+        # and a pass held up every batch (docs/capacity.md). Where a look is costly (see `costly_looks`), a batch's pass decides
         # on the state kept: the re-evaluation pass reads it every reevaluate_interval, and
         # this consumer's writes and the answers it folds keep it. That is safe (a write that
         # adds impact carries the ETags of its groups' locks, and one changed since conflicts
@@ -226,9 +224,8 @@ class DecisionPass:
         # The pass's state first (see `_pass`); after a conflict, what the write contested
         # and what changed it (ledger.py). Where the state kept is older than a look (Table
         # Storage), an event that adds impact first reads its groups' locks and its entry's
-        # shard in the same way: in the 100,000-VM Spot eviction storm with two consumers
-        # most approvals made on the state kept conflicted (0.84 an approval), each decided
-        # twice (tests/benchmarks/ledger_storm.py).
+        # shard in the same way: on the state kept most approvals conflicted and were decided
+        # twice (docs/capacity.md, "Figures behind the code's choices").
         locks = locks_first(first) if self.costly_looks else None
         state = self.ledger.held() if locks is None else self.ledger.read_again(doc.key, locks)
         fresh = locks is not None

@@ -286,8 +286,8 @@ class Consumer:
         no batch since touched an event or the ledger, it looked less than the store's
         feed_interval ago, and the hourly sweep is not due. What another consumer opened
         meanwhile is then seen up to a feed_interval later (it decides what it folds); an
-        idle consumer looked twice every 5 s, 24 requests a minute whatever the fleet
-        did: in benchmark 8's idle run more than the heartbeats cost (issue 35)."""
+        idle consumer that looked at every pass cost more than the heartbeats
+        (docs/capacity.md)."""
         looked, pace = self._looked, self.store.feed_interval
         return (
             pace > 0

@@ -31,10 +31,9 @@ is kept between looks (Table Storage), an approval reads the same way before its
 (`read_again` with its locks, bridge.consumer.act), so that it conflicts only with a write
 made in between. Two decisions in
 different groups touch different documents and do not wait for each other, and no
-document grows with the fleet: a shard holds 1/SHARDS of the open events (issue 15: the
-one ledger document of earlier releases reached Table Storage's entity limit at about
-1,250 open events in a 100,000-VM Spot eviction storm, and every approval of the fleet
-contended for its ETag).
+document grows with the fleet: a shard holds 1/SHARDS of the open events (the one ledger
+document of earlier releases reached Table Storage's entity limit in a Spot eviction storm,
+and every approval of the fleet contended for its ETag: docs/capacity.md).
 
 A decision reads every shard and lock (one scan: the locks sort first, so a lock is never
 read after an entry that a later write of it added), and counts the impact of every entry
@@ -42,7 +41,7 @@ as the single document did. What a state holds therefore meets one rule: for eac
 the version held, every entry a write up to that version added is held (or released since).
 A read after a conflict keeps it: the locks first, then every shard their writes since
 stored. On Table Storage a read of the ledger returns every document written in its last
-10 s, in a Spot eviction storm all 96, and conflicts come with the approvals (issue 15);
+10 s, in a Spot eviction storm all of them, and conflicts come with the approvals;
 a read after a conflict returns a few. A VM the ledger names that this consumer cannot place in a
 group (a name no agent reported, a VM not known) may be in any group: its write bumps
 every lock. Changing SHARDS or LOCKS needs every consumer stopped first.
@@ -130,10 +129,9 @@ LOCKS = 64
 # eviction gives 30 s of notice in all.
 UNREPORTED_TARGET_TIMEOUT = timedelta(seconds=10)
 # Writes a lock remembers the shards of: a consumer's state is at most a re-evaluation pass
-# (5 s) old, and a lock takes well under one write a second in the 100,000-VM Spot eviction
-# storm (2,876 approvals and Started events of 5,000 in about 3 minutes, over 64 locks); a
-# budget of the whole fleet, one lock taking every write, overruns it: then the whole ledger
-# is read.
+# (5 s) old, and a lock takes well under one write a second in a Spot eviction storm
+# (docs/capacity.md); a budget of the whole fleet, one lock taking every write, overruns it:
+# then the whole ledger is read.
 LOCK_LOG = 32
 # A transaction holds the shards it changes and the locks it bumps.
 assert SHARDS + LOCKS + 1 <= TRANSACTION_DOCS

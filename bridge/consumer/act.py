@@ -171,12 +171,13 @@ class DecisionPass:
         # At most once for the whole pass, after the VMs: each event then starts from this
         # state (with this pass's own commits in it), and reads it again only if a commit
         # conflicts. A read per event was a query per open event per pass on Table Storage,
-        # and a pass held up every batch (docs/capacity.md). Where a look is costly (see `costly_looks`), a batch's pass decides
-        # on the state kept: the re-evaluation pass reads it every reevaluate_interval, and
-        # this consumer's writes and the answers it folds keep it. That is safe (a write that
-        # adds impact carries the ETags of its groups' locks, and one changed since conflicts
-        # and reads again); on an older state an event can only wait, for a slot another
-        # consumer freed meanwhile, until the next re-evaluation pass.
+        # and a pass held up every batch (docs/capacity.md). Where a look is costly (see
+        # `costly_looks`), a batch's pass decides on the state kept: the re-evaluation pass
+        # reads it every reevaluate_interval, and this consumer's writes and the answers it
+        # folds keep it. That is safe (a write that adds impact carries the ETags of its
+        # groups' locks, and one changed since conflicts and reads again); on an older state
+        # an event can only wait, for a slot another consumer freed meanwhile, until the next
+        # re-evaluation pass.
         look()
         # The event due soonest gets a free budget slot first, then the longest waiting.
         retry: RetryableError | None = None

@@ -40,7 +40,7 @@ def open_event(event_id: str, *vms: str, ask: str | None = None) -> OpenEvent:
 
 
 @dataclass
-class RecordingDecider:
+class RecordingDesk:
     events: dict[str, OpenEvent] = field(default_factory=dict)
     taken: list[OperatorAction] = field(default_factory=list)
     paused: list[Pause] = field(default_factory=list)

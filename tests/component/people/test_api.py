@@ -22,7 +22,7 @@ from bridge.consumer.people.app import CSP, MAX_BODY
 from bridge.consumer.people.auth import read_token
 from bridge.consumer.people.server import PageError, PageServer, build_app
 from tests.doubles.entra import AUDIENCE, Tenant, serving
-from tests.support.people import NOW, RecordingDecider, open_event
+from tests.support.people import NOW, RecordingDesk, open_event
 
 
 @dataclass(frozen=True)
@@ -83,14 +83,14 @@ def tenant() -> Iterator[Tenant]:
 
 
 @pytest.fixture
-def decider() -> RecordingDecider:
-    decider = RecordingDecider()
+def decider() -> RecordingDesk:
+    decider = RecordingDesk()
     decider.events["ev-1"] = open_event("ev-1", "db-0", "db-1", ask="db-owners until 09:10")
     return decider
 
 
 @pytest.fixture
-def entra(tenant: Tenant, decider: RecordingDecider, tmp_path: Path) -> Iterator[PageServer]:
+def entra(tenant: Tenant, decider: RecordingDesk, tmp_path: Path) -> Iterator[PageServer]:
     settings = PeopleSettings(
         tenant_id=tenant.tenant_id,
         audience=[AUDIENCE],
@@ -107,7 +107,7 @@ DIGEST = open_event("ev-1", "db-0", "db-1").resources_digest
 
 
 def test_a_person_with_the_role_approves_through_the_api(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     token = tenant.token(oid="oid-dana", name="Dana")
     listed = api(entra, "/api/v1/events", token).json()
@@ -134,7 +134,7 @@ def test_a_person_with_the_role_approves_through_the_api(
 
 
 def test_an_identity_without_the_role_is_refused(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     token = tenant.token(name="Eve", roles=("SeBridge.Read",))
     reply = api(entra, "/api/v1/events/ev-1/approve", token, {"ResourcesDigest": DIGEST})
@@ -156,7 +156,7 @@ def test_no_token_or_a_forged_one_is_refused(entra: PageServer, tenant: Tenant) 
 
 
 def test_changed_resources_and_closed_events_are_refused_with_the_reason(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     token = tenant.token()
     stale = api(entra, "/api/v1/events/ev-1/approve", token, {"ResourcesDigest": "0" * 16})
@@ -167,7 +167,7 @@ def test_changed_resources_and_closed_events_are_refused_with_the_reason(
 
 
 def test_pause_and_resume_through_the_api(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     token = tenant.token()
     bad = api(entra, "/api/v1/pause", token, {"Reason": "launch", "Until": "soon"})
@@ -194,7 +194,7 @@ def test_the_api_takes_json_only(entra: PageServer, tenant: Tenant) -> None:
 
 
 def test_the_page_through_app_service_authentication(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     signed_in = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
     page = call(entra, "GET", "/", headers=signed_in)
@@ -209,7 +209,7 @@ def test_the_page_through_app_service_authentication(
 
 
 def test_a_forged_or_borrowed_csrf_token_is_refused(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     dana = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
     eve = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-eve", name="Eve")}
@@ -245,7 +245,7 @@ def test_a_large_body_is_refused_unread(entra: PageServer, tenant: Tenant) -> No
 
 
 def test_what_the_fleet_says_is_escaped(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     decider.events["<b>x"] = open_event("<b>x", "<script>alert(1)</script>")
     page = call(entra, "GET", "/", headers={"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token()}).text
@@ -255,7 +255,7 @@ def test_what_the_fleet_says_is_escaped(
 
 
 def test_the_local_operator_signs_in_once_and_the_cli_uses_the_token(
-    local: PageServer, decider: RecordingDecider, tmp_path: Path
+    local: PageServer, decider: RecordingDesk, tmp_path: Path
 ) -> None:
     assert call(local, "GET", "/").status == 401
     sign_in = local.app.sign_in
@@ -281,7 +281,7 @@ def test_the_local_operator_signs_in_once_and_the_cli_uses_the_token(
 
 
 def test_the_local_page_refuses_a_non_loopback_address(
-    decider: RecordingDecider, tmp_path: Path
+    decider: RecordingDesk, tmp_path: Path
 ) -> None:
     with pytest.raises(PageError, match="not a loopback address"):
         build_app(PeopleSettings(page_address="0.0.0.0:8089"), decider, tmp_path)
@@ -303,7 +303,7 @@ def test_the_consumer_will_not_start_the_local_page_beyond_loopback(
 
 
 def test_a_state_that_does_not_answer_is_a_500_that_says_so(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider, monkeypatch: pytest.MonkeyPatch
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(now: object) -> list[object]:
         raise TimeoutError("the fleet state did not answer")
@@ -318,7 +318,7 @@ def test_a_state_that_does_not_answer_is_a_500_that_says_so(
 
 
 def test_idle_clients_cannot_keep_the_operator_out(
-    decider: RecordingDecider, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    decider: RecordingDesk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 37: 20 idle connections left 6 of 44 pause calls answered. A whole request may
     # take two minutes here, so only the request line's own deadline, the cap per client and
@@ -340,7 +340,7 @@ def test_idle_clients_cannot_keep_the_operator_out(
 
 
 def test_an_events_own_address_shows_it_alone_to_a_signed_in_person(
-    entra: PageServer, tenant: Tenant, decider: RecordingDecider
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     """A notice links to `{page_url}/events/{EventId}` (bridge.notify.notifier.event_link)."""
     decider.events["ev-2"] = open_event("ev-2", "web-0")
@@ -369,7 +369,7 @@ def test_an_events_own_address_shows_it_alone_to_a_signed_in_person(
 
 
 def test_the_local_operator_signs_in_from_a_notices_link_and_lands_on_its_event(
-    local: PageServer, decider: RecordingDecider
+    local: PageServer, decider: RecordingDesk
 ) -> None:
     code = local.app.sign_in.operator.login_code  # type: ignore[union-attr]
     asked = call(local, "GET", "/events/ev-1")

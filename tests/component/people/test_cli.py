@@ -17,14 +17,14 @@ from bridge.consumer.people import client
 from bridge.consumer.people.server import PageServer, build_app
 from bridge.records import parse_time, utc_now
 from tests.doubles.entra import AUDIENCE, Tenant, serving
-from tests.support.people import NOW, RecordingDecider, open_event
+from tests.support.people import NOW, RecordingDesk, open_event
 
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 
 
 @pytest.fixture
-def decider() -> RecordingDecider:
-    decider = RecordingDecider()
+def decider() -> RecordingDesk:
+    decider = RecordingDesk()
     decider.events[EVENT] = open_event(EVENT, "db-0", "db-1")
     return decider
 
@@ -49,7 +49,7 @@ def tenant() -> Iterator[Tenant]:
 
 @pytest.fixture
 def entra(
-    decider: RecordingDecider, tenant: Tenant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    decider: RecordingDesk, tenant: Tenant, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[PageServer]:
     settings = {"TENANT_ID": tenant.tenant_id, "AUDIENCE": AUDIENCE, "JWKS_URL": tenant.jwks_url}
     for key, value in settings.items():
@@ -67,7 +67,7 @@ def run(*args: str) -> int:
 
 def test_the_local_operator_approves_with_the_token_file(
     local: PageServer,
-    decider: RecordingDecider,
+    decider: RecordingDesk,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -99,7 +99,7 @@ def test_without_the_token_file_the_local_page_is_not_reached(
 
 
 def test_pause_and_resume_with_a_scope_and_a_time(
-    local: PageServer, decider: RecordingDecider, tmp_path: Path
+    local: PageServer, decider: RecordingDesk, tmp_path: Path
 ) -> None:
     before = utc_now()
     assert run("pause", "--api", local.url, "--state-dir", str(tmp_path), "--until", "2h",
@@ -149,7 +149,7 @@ def test_an_unreachable_api_is_exit_1(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_a_person_approves_with_their_own_entra_id_token(
     entra: PageServer,
     tenant: Tenant,
-    decider: RecordingDecider,
+    decider: RecordingDesk,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     credential = FakeCredential(tenant.token(oid="oid-dana", name="Dana"))
@@ -167,7 +167,7 @@ def test_a_person_approves_with_their_own_entra_id_token(
 def test_a_person_without_the_role_is_refused_exit_1(
     entra: PageServer,
     tenant: Tenant,
-    decider: RecordingDecider,
+    decider: RecordingDesk,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -188,7 +188,7 @@ def test_the_persons_credential_is_never_a_machines() -> None:
 
 def test_the_api_is_found_from_the_page_address_setting(
     local: PageServer,
-    decider: RecordingDecider,
+    decider: RecordingDesk,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

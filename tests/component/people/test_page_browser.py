@@ -18,15 +18,15 @@ from bridge.consumer.people.app import LocalSignIn
 from bridge.consumer.people.server import PageServer, build_app
 from tests.doubles.entra import AUDIENCE, Tenant, answering, serving
 from tests.support.browser import Chromium
-from tests.support.people import NOW, RecordingDecider, open_event
+from tests.support.people import NOW, RecordingDesk, open_event
 from tests.support.wait import eventually
 
 EVENT = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 
 
 @pytest.fixture
-def decider() -> RecordingDecider:
-    decider = RecordingDecider()
+def decider() -> RecordingDesk:
+    decider = RecordingDesk()
     decider.events[EVENT] = open_event(EVENT, "db-0", "db-1", ask="db-owners until 09:10")
     decider.events["E2"] = open_event("E2", "web-3")
     return decider
@@ -49,7 +49,7 @@ def operator_token(local: PageServer) -> str:
 
 
 def test_a_person_approves_an_event_through_the_page_with_scripting_off(
-    local: PageServer, chromium: Chromium, decider: RecordingDecider
+    local: PageServer, chromium: Chromium, decider: RecordingDesk
 ) -> None:
     driver = chromium.driver
     driver.get(login_url(local))
@@ -73,7 +73,7 @@ def test_a_person_approves_an_event_through_the_page_with_scripting_off(
 
 
 def test_an_override_without_a_reason_is_stopped_by_the_form_and_by_the_consumer(
-    local: PageServer, chromium: Chromium, decider: RecordingDecider
+    local: PageServer, chromium: Chromium, decider: RecordingDesk
 ) -> None:
     driver = chromium.driver
     driver.get(login_url(local))
@@ -90,7 +90,7 @@ def test_an_override_without_a_reason_is_stopped_by_the_form_and_by_the_consumer
 
 
 def test_a_form_from_another_page_is_refused(
-    local: PageServer, chromium: Chromium, decider: RecordingDecider, tmp_path: Path
+    local: PageServer, chromium: Chromium, decider: RecordingDesk, tmp_path: Path
 ) -> None:
     digest = decider.events[EVENT].resources_digest
     hostile = (
@@ -117,7 +117,7 @@ def test_a_form_from_another_page_is_refused(
 
 
 @pytest.fixture
-def entra(decider: RecordingDecider, tmp_path: Path) -> Iterator[tuple[PageServer, Tenant]]:
+def entra(decider: RecordingDesk, tmp_path: Path) -> Iterator[tuple[PageServer, Tenant]]:
     with serving(Tenant()) as tenant:
         settings = PeopleSettings(tenant_id=tenant.tenant_id, audience=[AUDIENCE],
                                   jwks_url=tenant.jwks_url, page_address="127.0.0.1:0")  # fmt: skip
@@ -136,7 +136,7 @@ def signed_in(chromium: Chromium, token: str) -> None:
 
 
 def test_behind_app_service_authentication_the_role_decides_who_may_use_the_page(
-    entra: tuple[PageServer, Tenant], chromium: Chromium, decider: RecordingDecider
+    entra: tuple[PageServer, Tenant], chromium: Chromium, decider: RecordingDesk
 ) -> None:
     server, tenant = entra
     signed_in(chromium, tenant.token(oid="oid-eve", name="Eve", roles=()))
@@ -187,7 +187,7 @@ class CookieCatcher:
 
 
 def test_a_page_on_another_loopback_port_gets_the_cookie_but_cannot_decide_with_it(
-    local: PageServer, chromium: Chromium, decider: RecordingDecider
+    local: PageServer, chromium: Chromium, decider: RecordingDesk
 ) -> None:
     catcher = CookieCatcher()
     try:

@@ -17,12 +17,12 @@ from bridge.consumer.people.app import LocalSignIn, PeopleApp
 from bridge.consumer.people.auth import LocalOperator, read_token
 from bridge.consumer.people.server import PageServer, build_app
 from tests.component.people.test_api import DIGEST, api, call, csrf_of, form
-from tests.support.people import NOW, RecordingDecider, open_event
+from tests.support.people import NOW, RecordingDesk, open_event
 
 
 @pytest.fixture
-def decider() -> RecordingDecider:
-    decider = RecordingDecider()
+def decider() -> RecordingDesk:
+    decider = RecordingDesk()
     decider.events["ev-1"] = open_event("ev-1", "db-0", "db-1")
     return decider
 
@@ -43,7 +43,7 @@ def ticks() -> Ticks:
 
 
 @pytest.fixture
-def page(decider: RecordingDecider, tmp_path: Path, ticks: Ticks) -> Iterator[PageServer]:
+def page(decider: RecordingDesk, tmp_path: Path, ticks: Ticks) -> Iterator[PageServer]:
     operator = LocalOperator.start(tmp_path, idle=600, clock=ticks)
     server = PageServer(PeopleApp(decider, LocalSignIn(operator), lambda: NOW), "127.0.0.1:0")
     yield server.start()
@@ -62,7 +62,7 @@ def signed_in(server: PageServer) -> dict[str, str]:
 
 
 def test_a_session_cookie_alone_cannot_decide(
-    page: PageServer, decider: RecordingDecider, tmp_path: Path
+    page: PageServer, decider: RecordingDesk, tmp_path: Path
 ) -> None:
     # What a page on another loopback port can do with the cookie the browser sent it: read
     # the page, its CSRF token, and post a decision. Without the operator token: refused.
@@ -85,7 +85,7 @@ def test_a_session_cookie_alone_cannot_decide(
 
 
 def test_the_cookie_is_named_for_this_start_and_port_and_the_page_answers_its_own_host_only(
-    page: PageServer, decider: RecordingDecider, tmp_path: Path
+    page: PageServer, decider: RecordingDesk, tmp_path: Path
 ) -> None:
     cookie = signed_in(page)["Cookie"]
     name = cookie.split("=", 1)[0]
@@ -113,7 +113,7 @@ def test_a_session_ends_after_its_idle_time(page: PageServer, ticks: Ticks) -> N
 
 
 def test_every_session_ends_when_the_token_file_is_rewritten(
-    page: PageServer, tmp_path: Path, decider: RecordingDecider
+    page: PageServer, tmp_path: Path, decider: RecordingDesk
 ) -> None:
     session = signed_in(page)
     old = read_token(tmp_path)
@@ -132,7 +132,7 @@ def test_the_idle_time_is_a_setting_with_a_default() -> None:
 
 
 def test_the_one_time_login_code_is_in_no_info_line(
-    decider: RecordingDecider, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    decider: RecordingDesk, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     app = build_app(PeopleSettings(page_address="127.0.0.1:0"), decider, tmp_path, lambda: NOW)

@@ -17,6 +17,13 @@ so the logic is type-checked and tested with the package. Two functions:
   it again with exponential backoff, indefinitely, and the partition waits behind it, as the
   standalone consumer's partition does. Only a host restart during the retries hands the batch
   over afresh, from the last checkpoint. Processing is idempotent, so a re-run is harmless.
+- `eventgrid`, only with eventgrid.enabled (SE_BRIDGE_EVENTGRID_ENABLED, read when the app is
+  indexed): an Event Hubs trigger like `records` (the same connection, consumer group and
+  retry policy) on eventgrid.hub, the hub the scheduled-events and resource-health system
+  topics deliver to (infra/modules/eventgrid.bicep puts it in the records' namespace). Each
+  batch's bodies go to the EventGridIntake `se-bridge consume` builds
+  (bridge.consumer.secondsource.intake_for): a refused delivery is counted, logged at WARNING
+  with what to check, and changes nothing, so it never frees a slot.
 - `page`: an HTTP trigger (every path, GET and POST, anonymous to the host: App Service
   Authentication with Entra ID stands in front of it) serving the approval page and its API
   (bridge/consumer/people/app.py, the WSGI app the standalone consumer serves too, mounted by
@@ -44,7 +51,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 # typing.List, not list[...]: the Python worker checks the trigger parameter's annotation
@@ -58,12 +65,13 @@ import azure.functions as func
 
 from bridge import recordtypes as rt
 from bridge.commands.signing import Signer
-from bridge.config import Config, ConfigError, warn_of_consumer_settings_under_agent
+from bridge.config import Config, ConfigError, load, warn_of_consumer_settings_under_agent
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.people.app import Csrf, EntraSignIn, PeopleApp
 from bridge.consumer.people.auth import verifier_for
 from bridge.consumer.reading import Position, eventhubs_partition
+from bridge.consumer.secondsource import EventGridIntake, intake_for
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.consumer.wiring import build_consumer, state_spec
@@ -85,6 +93,10 @@ log = logging.getLogger(__name__)
 CONNECTION = "SE_BRIDGE_EVENTHUBS"
 EVENT_HUB_NAME = "%SE_BRIDGE_EVENTHUBS_NAME%"
 CONSUMER_GROUP = "%SE_BRIDGE_CONSUMER_CONSUMER_GROUP%"
+# eventgrid.hub: the second source's hub, read through the same connection (infra/ puts it in
+# the records' namespace and lets the app's identity read it).
+EVENTGRID_HUB_NAME = "%SE_BRIDGE_EVENTGRID_HUB%"
+EVENTGRID_PREFIX = "SE_BRIDGE_EVENTGRID_"
 TIMER_SETTING = "SE_BRIDGE_FUNCTIONS_TIMER"
 DEFAULT_TIMER = "*/10 * * * * *"  # NCRONTAB with seconds: every 10 s
 # Retried without end: a batch is never skipped, like the standalone consumer's. The worker
@@ -207,6 +219,7 @@ class ConsumerApp:
         self._consumer: Consumer | None = None
         self._outlet: DecisionOutlet | None = None
         self._people: PeopleApp | None = None
+        self._intake: EventGridIntake | None = None
 
     def consumer(self) -> Consumer:
         with self._lock:
@@ -234,7 +247,15 @@ class ConsumerApp:
                 "consumer.sinks is ignored in Azure Functions: Decision records go to "
                 "Log Analytics (loganalytics.*) or the log"
             )
+        if config.eventgrid.connection_string:
+            log.warning(
+                "eventgrid.connection_string is ignored in Azure Functions: the eventgrid "
+                "function reads eventgrid.hub through the SE_BRIDGE_EVENTHUBS connection"
+            )
         self._outlet = outlet
+        # Event records made of deliveries go where the decisions go, as the standalone
+        # consumer ships them to its sinks: one table holds both sources' records.
+        self._intake = intake_for(config, consumer, outlet)
         log.info(
             "se-bridge consumer ready; policy: %s; decisions to %s",
             consumer.policy.source,
@@ -256,17 +277,26 @@ class ConsumerApp:
         position = _position(events)
         if not records and position.caught_up is None:
             return
-        try:
-            self.consumer().process(records, position)
-        except Exception as err:
-            where = f"{len(records)} records from partition {_partition(events[0])}"
-            log.warning(
-                "handling %s failed: %s; the retry policy runs the batch again, nothing "
-                "is checkpointed before it succeeds",
-                where,
-                describe(err, with_type=True),
-            )
-            raise
+        where = f"{len(records)} records from partition {_partition(events[0])}"
+        _retried(where, lambda: self.consumer().process(records, position))
+
+    def intake(self) -> EventGridIntake | None:
+        """The second source's intake (its counts), None with eventgrid.enabled off."""
+        self.consumer()
+        return self._intake
+
+    def handle_eventgrid(self, events: Sequence[func.EventHubEvent]) -> None:
+        """Fold a batch of Event Grid deliveries in; the intake refuses what it does not trust."""
+        intake = self.intake()
+        if intake is None:
+            # Indexed with eventgrid.enabled, built without it: app settings changed under
+            # a running worker. Failing keeps the batch for the restart that follows.
+            raise ConfigError("the eventgrid function runs, but eventgrid.enabled is off")
+        # A body that is not UTF-8 is no delivery: decoded with replacement, the intake
+        # refuses it (and counts it) as it refuses any other body that is not one.
+        bodies = [e.get_body().decode("utf-8", errors="replace") for e in events]
+        where = f"{len(bodies)} Event Grid deliveries from partition {_partition(events[0])}"
+        _retried(where, lambda: intake.handle(bodies, _position(events)))
 
     def page(self, request: func.HttpRequest) -> func.HttpResponse:
         """The approval page or its API (bridge/consumer/people/app.py) for one request."""
@@ -299,12 +329,27 @@ class ConsumerApp:
     def close(self) -> None:
         """For tests and orderly shutdown; the host normally just ends the process."""
         with self._lock:
+            self._intake = None
             if self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
             if self._outlet is not None:
                 self._outlet.close()
                 self._outlet = None
+
+
+def _retried(where: str, work: Callable[[], None]) -> None:
+    """`work`, a batch's handling; a failure is said and raised, failing the invocation."""
+    try:
+        work()
+    except Exception as err:
+        log.warning(
+            "handling %s failed: %s; the retry policy runs the batch again, nothing "
+            "is checkpointed before it succeeds",
+            where,
+            describe(err, with_type=True),
+        )
+        raise
 
 
 def mount(app: WSGIApplication, request: func.HttpRequest) -> func.HttpResponse:
@@ -401,33 +446,51 @@ def timer_schedule(environ: Mapping[str, str]) -> str:
     return schedule
 
 
+def eventgrid_enabled(environ: Mapping[str, str]) -> bool:
+    """eventgrid.enabled as config reads it from the [eventgrid] app settings; ConfigError
+    when they cannot work."""
+    settings = {k: v for k, v in environ.items() if k.startswith(EVENTGRID_PREFIX)}
+    return load(environ=settings).eventgrid.enabled
+
+
 def build_app(
     backend: ConsumerApp | None = None, environ: Mapping[str, str] | None = None
 ) -> func.FunctionApp:
     """The FunctionApp whose functions hand their work to `backend`."""
     backend = backend or ConsumerApp()
-    schedule = timer_schedule(os.environ if environ is None else environ)
+    environ = os.environ if environ is None else environ
+    schedule = timer_schedule(environ)
     app = func.FunctionApp()
 
-    @app.function_name("records")
-    @app.retry(
-        strategy=RETRY_STRATEGY,
-        max_retry_count=RETRY_FOREVER,
-        minimum_interval=RETRY_MIN,
-        maximum_interval=RETRY_MAX,
-    )
-    @app.event_hub_message_trigger(
-        arg_name="events",
-        connection=CONNECTION,
-        event_hub_name=EVENT_HUB_NAME,
-        consumer_group=CONSUMER_GROUP,
-        cardinality=func.Cardinality.MANY,
-        # The bodies as the agents sent them (bytes, decoded here as UTF-8). Without a data
-        # type a batch may arrive as JSON, whose bodies azure.functions re-serialises.
-        data_type=func.DataType.BINARY,
-    )
+    def batches(name: str, hub: str) -> Callable[[Any], Any]:
+        """A function of batches of the hub `hub`, retried without end."""
+        retry = app.retry(
+            strategy=RETRY_STRATEGY,
+            max_retry_count=RETRY_FOREVER,
+            minimum_interval=RETRY_MIN,
+            maximum_interval=RETRY_MAX,
+        )
+        trigger = app.event_hub_message_trigger(
+            arg_name="events",
+            connection=CONNECTION,
+            event_hub_name=hub,
+            consumer_group=CONSUMER_GROUP,
+            cardinality=func.Cardinality.MANY,
+            # The bodies as they were sent (bytes, decoded here as UTF-8). Without a data
+            # type a batch may arrive as JSON, whose bodies azure.functions re-serialises.
+            data_type=func.DataType.BINARY,
+        )
+        return lambda user: app.function_name(name)(retry(trigger(user)))
+
+    @batches("records", EVENT_HUB_NAME)
     def records(events: List[func.EventHubEvent]) -> None:  # noqa: UP006 - see the import
         backend.handle_events(events)
+
+    if eventgrid_enabled(environ):
+
+        @batches("eventgrid", EVENTGRID_HUB_NAME)
+        def eventgrid(events: List[func.EventHubEvent]) -> None:  # noqa: UP006
+            backend.handle_eventgrid(events)
 
     @app.function_name("page")
     @app.route(

@@ -116,6 +116,19 @@ class EventGridIntake:
                 self.health += len(health)
 
 
+def intake_for(
+    config: Config,
+    consumer: Consumer,
+    emit: Callable[[Sequence[RecordView]], None] | None = None,
+) -> EventGridIntake | None:
+    """The intake of `consumer` when eventgrid.enabled, trusting what [eventgrid] names;
+    None when it is off. `se-bridge consume` and the Azure Functions app both build it here,
+    so a delivery is refused or taken alike whichever of them reads the hub."""
+    if not config.eventgrid.enabled:
+        return None
+    return EventGridIntake(consumer, Trust.of(config.eventgrid), emit)
+
+
 class FleetKnown:
     """The fleet state as the Resource Graph reconciler compares its rows with it."""
 

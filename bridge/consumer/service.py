@@ -34,8 +34,7 @@ from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.people.server import PageError, PageServer
 from bridge.consumer.people.server import build_app as build_page
 from bridge.consumer.reading import Position
-from bridge.consumer.secondsource import EventGridIntake, build_reconciler
-from bridge.consumer.sources.eventgrid import Trust
+from bridge.consumer.secondsource import build_reconciler, intake_for
 from bridge.consumer.sources.eventhubs import eventgrid_hub, run_eventhubs
 from bridge.consumer.sources.hub import run_local
 from bridge.consumer.sources.resourcegraph import Reconciler
@@ -106,9 +105,8 @@ class ConsumerService:
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
         # Azure's own view, beside the agents' (issue 36): off unless eventgrid.enabled.
-        self.intake: EventGridIntake | None = None
-        if config.eventgrid.enabled:
-            self.intake = EventGridIntake(self.consumer, Trust.of(config.eventgrid), self._emit)
+        self.intake = intake_for(config, self.consumer, self._emit)
+        if self.intake is not None:
             self.metrics.watch_eventgrid(self.intake.counts)
         self.reconciler: Reconciler | None = None
         if self.intake is not None and config.eventgrid.reconcile_interval:

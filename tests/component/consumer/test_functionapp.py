@@ -43,7 +43,8 @@ from bridge.simulator.vms import demo_vms
 from bridge.sinks import BaseSink, SpooledRecord
 from tests.doubles.entra import AUDIENCE, Tenant, serving
 from tests.doubles.logs_ingestion import LogsIngestionDouble
-from tests.support.fleetrecords import FleetRecords
+from tests.support import eventgrid as eg
+from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
 from tests.support.records import assert_valid
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -51,6 +52,7 @@ APP_DIR = ROOT / "functions"
 E1 = "C7061BAC-AFDC-4513-B24B-AA5F13A16123"
 E2 = "A1B2C3D4-0000-4000-8000-000000000002"
 RULE = "dcr-00000000000000000000000000000002"
+OTHER_SUB = "0b0b0b0b-9999-4999-8999-999999999999"
 
 
 @dataclass
@@ -671,3 +673,112 @@ def test_every_instance_takes_the_forms_of_the_others(tmp_path: Path) -> None:
     elsewhere = Csrf(functionapp.csrf_secret(signer(other)))
     assert not elsewhere.good(one.make("oid-dana", now), "oid-dana", now)
     assert functionapp.csrf_secret(None) is None
+
+
+# --- Event Grid, the second source (issue 36) -------------------------------------------------
+
+
+def eventgrid_rig(tmp_path: Path, policy: Path | None = None) -> Rig:
+    env = local_env(tmp_path) | {
+        "SE_BRIDGE_EVENTGRID_ENABLED": "true",
+        "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
+        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": SUBSCRIPTION,
+    }
+    if policy is not None:
+        env["SE_BRIDGE_CONSUMER_POLICY"] = str(policy)
+    return make_rig(env, tmp_path)
+
+
+def one_per_set(tmp_path: Path) -> Path:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nbudgets: [{name: one, group: scale_set, max_vms: 1}]\n"
+                      "rules: [{name: all, action: approve}]\n", encoding="utf-8")  # fmt: skip
+    return policy
+
+
+def deliver(rig: Rig, *bodies: str | bytes) -> None:
+    """Invoke the Event Grid function as the worker does, with one batch."""
+    events = [func.EventHubEvent(body=b if isinstance(b, bytes) else b.encode()) for b in bodies]
+    rig.function("eventgrid").get_user_function()(events)
+
+
+def test_with_eventgrid_on_a_second_trigger_reads_its_hub(tmp_path: Path) -> None:
+    rig = eventgrid_rig(tmp_path)
+    try:
+        assert sorted(rig.functions) == ["eventgrid", "page", "records", "reevaluate"]
+        function = rig.function("eventgrid")
+        (raw,) = [json.loads(b) for b in function.get_raw_bindings()]
+        assert raw["type"] == "eventHubTrigger"
+        assert raw["cardinality"].lower() == "many"
+        assert raw["dataType"].lower() == "binary"
+        # The hub infra/ declares in the records' namespace, read with the same identity-based
+        # connection and consumer group; the %setting% is the one config reads.
+        assert raw["connection"] == "SE_BRIDGE_EVENTHUBS"
+        assert raw["eventHubName"] == "%SE_BRIDGE_EVENTGRID_HUB%"
+        assert raw["consumerGroup"] == "%SE_BRIDGE_CONSUMER_CONSUMER_GROUP%"
+        assert load(environ={"SE_BRIDGE_EVENTGRID_HUB": "eg-1"}).eventgrid.hub == "eg-1"
+        # The worker would load it (see test_the_worker_would_load_every_function).
+        hints = typing.get_type_hints(function.get_user_function())
+        assert EventHubTriggerConverter.check_input_type_annotation(hints["events"])
+        # Retried forever as the records' batches are.
+        assert function.get_settings_dict("retry_policy") == rig.function(
+            "records"
+        ).get_settings_dict("retry_policy")
+    finally:
+        rig.backend.close()
+
+
+def test_with_eventgrid_off_the_app_has_no_eventgrid_function(rig: Rig) -> None:
+    assert "eventgrid" not in rig.functions
+    off = {"SE_BRIDGE_EVENTGRID_ENABLED": "false", "SE_BRIDGE_EVENTGRID_HUB": "eventgrid"}
+    assert "eventgrid" not in by_name(build_app(rig.backend, environ=off))
+    with pytest.raises(ConfigError, match="eventgrid"):
+        build_app(rig.backend, environ={"SE_BRIDGE_EVENTGRID_ENABLED": "maybe"})
+
+
+def test_an_event_grid_delivery_folds_in_and_counts_in_a_budget(tmp_path: Path) -> None:
+    rig = eventgrid_rig(tmp_path, one_per_set(tmp_path))
+    try:
+        rig.records(rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1"))
+        # web_2 has no agent: only Azure tells of its reboot, and it holds the set's slot.
+        deliver(rig, eg.scheduled(E2, "Started", ["web_2"], rig.fleet.now))
+        intake = rig.backend.intake()
+        assert intake is not None
+        assert intake.counts().events == 1
+        rig.fleet.advance(1)
+        rig.records(rig.fleet.event("web_0", E1, resources=["web_0"]))
+        assert rig.sent("web_0") == []
+        # Azure's Completed ends it, and the slot goes to web_0's reboot.
+        rig.fleet.advance(30)
+        deliver(rig, eg.scheduled(E2, "Completed", ["web_2"], rig.fleet.now))
+        rig.tick()
+        assert [c["EventId"] for c in rig.sent("web_0")] == [E1]
+    finally:
+        rig.backend.close()
+
+
+def test_a_hostile_delivery_is_refused_counted_logged_and_frees_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    rig = eventgrid_rig(tmp_path, one_per_set(tmp_path))
+    try:
+        rig.records(rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1"))
+        rig.records(rig.fleet.event("web_0", E1, resources=["web_0"], transition="Started"))
+        rig.fleet.advance(1)
+        rig.records(rig.fleet.event("web_1", E2, resources=["web_1"]))
+        assert rig.sent("web_1") == []
+        # A forged Completed from a subscription the consumer does not trust, and bytes
+        # that are no delivery at all: both refused, and web_1 still waits.
+        forged = eg.scheduled(E1, "Completed", ["web_0"], rig.fleet.now, subscription=OTHER_SUB)
+        with caplog.at_level(logging.WARNING, logger="bridge"):
+            deliver(rig, forged, b"\xff not json")
+        rig.tick()
+        assert rig.sent("web_1") == []
+        intake = rig.backend.intake()
+        assert intake is not None
+        counts = intake.counts()
+        assert counts.events == 0
+        assert sum(counts.refused.values()) == 2
+        assert sum("refused an Event Grid delivery" in r.getMessage() for r in caplog.records) == 2
+    finally:
+        rig.backend.close()

@@ -165,6 +165,10 @@ param deployWorkbook bool = true
 @description('Azure\'s own view as a second source (preview, off by default; docs/second-source.md): the scheduled-events system topic of this subscription delivering to an event hub `eventgrid` the consumer reads (eventgrid.enabled).')
 param eventGridSource bool = false
 
+// The hub the system topics deliver to: named here, not read from the module's output, since the
+// first Function App's settings name it and the module needs that app's identity.
+var eventGridHubName = 'eventgrid'
+
 @description('With eventGridSource: also the resource-health system topic (eventgrid.health).')
 param eventGridHealth bool = false
 
@@ -282,6 +286,10 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     queuePrefix: queuePrefix
     queueAccountNames: queueAccountNames
     consumerPolicy: consumerPolicy
+    // The second source is read by the first app, the one infra/ lets read its hub.
+    eventGridHub: (eventGridSource && i == 0) ? eventGridHubName : ''
+    eventGridHealth: eventGridHealth
+    eventGridAcknowledge: eventGridAcknowledge
     peopleClientId: peopleClientId
     peopleTenantId: peopleTenantId
     webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
@@ -342,6 +350,7 @@ module eventGrid 'modules/eventgrid.bicep' = if (eventGridSource) {
   name: 'se-bridge-eventgrid'
   params: {
     eventHubsNamespaceName: eventHubs[0].outputs.namespaceName
+    eventHubName: eventGridHubName
     consumerGroupName: consumerGroupName
     consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
     health: eventGridHealth

@@ -40,6 +40,15 @@ param queuePrefix string
 @description('Every storage account of the per-VM queues, storageAccountName first (SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS when there are several): a VM\'s queue is in the account at index (the first 8 hex digits of its VmId) modulo their number.')
 param queueAccountNames array = []
 
+@description('With main.bicep\'s eventGridSource, on the app whose identity may read it: the event hub the system topics deliver to (SE_BRIDGE_EVENTGRID_HUB), in this app\'s namespace, read through the same Event Hubs connection. Empty: no second source, and no eventgrid function.')
+param eventGridHub string = ''
+
+@description('With eventGridHub: resource health counts in the budgets (SE_BRIDGE_EVENTGRID_HEALTH).')
+param eventGridHealth bool = false
+
+@description('With eventGridHub: approve through ARM\'s acknowledge what no live agent can carry (SE_BRIDGE_EVENTGRID_ACKNOWLEDGE).')
+param eventGridAcknowledge bool = false
+
 @description('Optional policy file deployed with the app (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml; empty: the default policy.')
 param consumerPolicy string = ''
 
@@ -149,6 +158,17 @@ var policySettings = empty(consumerPolicy) ? {} : {
   SE_BRIDGE_CONSUMER_POLICY: consumerPolicy
 }
 
+// Azure's own view, the second source ([eventgrid], docs/second-source.md): the app registers its
+// eventgrid function only with SE_BRIDGE_EVENTGRID_ENABLED, and trusts deliveries of this
+// subscription's system topics only.
+var eventGridSettings = empty(eventGridHub) ? {} : {
+  SE_BRIDGE_EVENTGRID_ENABLED: 'true'
+  SE_BRIDGE_EVENTGRID_HUB: eventGridHub
+  SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS: subscription().subscriptionId
+  SE_BRIDGE_EVENTGRID_HEALTH: eventGridHealth ? 'true' : 'false'
+  SE_BRIDGE_EVENTGRID_ACKNOWLEDGE: eventGridAcknowledge ? 'true' : 'false'
+}
+
 // One account: SE_BRIDGE_STORAGE_ACCOUNT holds the queues, as before.
 var queueSettings = (length(queueAccountNames) > 1) ? {
   SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS: join(queueAccountNames, ',')
@@ -236,7 +256,7 @@ resource settings 'Microsoft.Web/sites/config@2025-03-01' = {
   // checkov:skip=CKV_AZURE_88:Azure Files is not used: Flex Consumption deploys from blob storage and shared keys are off.
   parent: app
   name: 'appsettings'
-  properties: union(baseSettings, policySettings, queueSettings, peopleSettings, notifySettings)
+  properties: union(baseSettings, policySettings, queueSettings, peopleSettings, notifySettings, eventGridSettings)
 }
 
 // App Service Authentication ("Easy Auth") with Entra ID in front of every HTTP request: a

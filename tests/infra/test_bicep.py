@@ -154,7 +154,13 @@ def _conditional_settings(name: str) -> dict[str, object]:
 def _app_settings() -> dict[str, object]:
     settings = bicep.variables(FUNCTION_APP)["baseSettings"]
     assert isinstance(settings, dict)
-    conditional = ("policySettings", "queueSettings", "peopleSettings", "notifySettings")
+    conditional = (
+        "policySettings",
+        "queueSettings",
+        "peopleSettings",
+        "notifySettings",
+        "eventGridSettings",
+    )
     for name in conditional:
         settings = settings | _conditional_settings(name)
     return settings
@@ -163,7 +169,10 @@ def _app_settings() -> dict[str, object]:
 def test_every_settings_variable_is_applied() -> None:
     """A settings variable left out of the union would be a setting the tests see and Azure not."""
     text = FUNCTION_APP.read_text(encoding="utf-8")
-    applied = "baseSettings, policySettings, queueSettings, peopleSettings, notifySettings"
+    applied = (
+        "baseSettings, policySettings, queueSettings, peopleSettings, notifySettings, "
+        "eventGridSettings"
+    )
     assert f"properties: union({applied})" in text
     declared = {name for name in bicep.variables(FUNCTION_APP) if name.endswith("Settings")}
     assert declared == set(applied.split(", "))

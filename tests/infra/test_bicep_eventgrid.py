@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from bridge import config
 from tests.infra.test_bicep import BUILT_IN_ROLES, MAIN, MODULES
 from tests.support import bicep
 
@@ -87,3 +88,34 @@ def test_arms_acknowledge_takes_the_narrowest_role_that_allows_it_and_nothing_el
     assert config["properties"]["principalType"] == "ServicePrincipal"
     for guid, role in names.values():
         assert BUILT_IN_ROLES[guid] == role
+
+
+def test_the_first_function_app_reads_the_hub_behind_eventgridsource_only() -> None:
+    """The app whose identity may read the hub gets the [eventgrid] settings that register its
+    eventgrid function (bridge/consumer/functionapp.py); no other app, and none when off."""
+    main = MAIN.read_text(encoding="utf-8")
+    assert "eventGridHub: (eventGridSource && i == 0) ? eventGridHubName : ''" in main
+    assert "consumerPrincipalId: functionApp[0].outputs.identityPrincipalId" in main
+    params = bicep.parse(MAIN)["modules"]["eventGrid"]["config"]["config"]["params"]
+    assert params["eventHubName"] == "eventGridHubName"
+    assert bicep.variables(MAIN)["eventGridHubName"] == "eventgrid"
+    app = MODULES / "functionapp.bicep"
+    assert bicep.parse(app)["parameters"]["eventGridHub"]["default"] == ""
+    variable = bicep.variables(app)["eventGridSettings"]["operator"]["operands"]
+    assert variable["condition"]["function"] == {
+        "type": "empty",
+        "parameters": {"item_to_test": "eventGridHub"},
+    }
+    assert variable["true_value"] == {}
+    settings = variable["false_value"]
+    assert settings["SE_BRIDGE_EVENTGRID_HUB"] == "eventGridHub"
+    # What se-bridge's config makes of them (the subscription stands for subscription()'s).
+    environ = {
+        "SE_BRIDGE_EVENTGRID_ENABLED": settings["SE_BRIDGE_EVENTGRID_ENABLED"],
+        "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
+        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666",
+    }
+    assert set(settings) == {*environ, "SE_BRIDGE_EVENTGRID_HEALTH",
+                             "SE_BRIDGE_EVENTGRID_ACKNOWLEDGE"}  # fmt: skip
+    settings_of = config.load(environ=environ).eventgrid
+    assert (settings_of.enabled, settings_of.hub) == (True, "eventgrid")

@@ -136,7 +136,9 @@ class DecisionOutlet:
     def __call__(self, records: Sequence[RecordView]) -> None:
         if self.sink is None:
             for record in records:
-                log.info("Decision record: %s", json.dumps(record, ensure_ascii=False))
+                # Event Grid's Event records come here too (the second source).
+                kind = record.get(rt.RECORD_TYPE) or "Decision"
+                log.info("%s record: %s", kind, json.dumps(record, ensure_ascii=False))
             return
         batch = [
             SpooledRecord(seq, str(r.get("RecordId")), str(r.get(rt.RECORD_TYPE)), json.dumps(r))

@@ -736,12 +736,21 @@ def test_with_eventgrid_off_the_app_has_no_eventgrid_function(rig: Rig) -> None:
         build_app(rig.backend, environ={"SE_BRIDGE_EVENTGRID_ENABLED": "maybe"})
 
 
-def test_an_event_grid_delivery_folds_in_and_counts_in_a_budget(tmp_path: Path) -> None:
+def test_an_event_grid_delivery_folds_in_and_counts_in_a_budget(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     rig = eventgrid_rig(tmp_path, one_per_set(tmp_path))
     try:
         rig.records(rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1"))
         # web_2 has no agent: only Azure tells of its reboot, and it holds the set's slot.
-        deliver(rig, eg.scheduled(E2, "Started", ["web_2"], rig.fleet.now))
+        with caplog.at_level(logging.INFO, logger="bridge"):
+            deliver(rig, eg.scheduled(E2, "Started", ["web_2"], rig.fleet.now))
+        # Its Event record goes where the decisions go, as the standalone consumer's does.
+        prefix = "Event record: "
+        (logged,) = [json.loads(r.getMessage()[len(prefix) :]) for r in caplog.records
+                     if r.getMessage().startswith(prefix)]  # fmt: skip
+        assert (logged["Source"], logged["EventId"]) == ("EventGrid", E2)
+        assert_valid(logged)
         intake = rig.backend.intake()
         assert intake is not None
         assert intake.counts().events == 1

@@ -1,7 +1,7 @@
 """The Azure Functions app (Python v2 programming model): a thin wrapper over the consumer core.
 
 `functions/function_app.py`, the file the Functions host loads, is one line over this module,
-so the logic is type-checked and tested with the package. Two functions:
+so the logic is type-checked and tested with the package. Its functions:
 
 - `records`: an Event Hubs trigger taking batches (cardinality many) of the records the agents
   send. Every body is checked with `bridge.consumer.sources.batches.check_record` (size,

@@ -174,6 +174,13 @@ def load_config(environ: Mapping[str, str], app_dir: Path | None = None) -> Conf
     # SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace); config would warn about them as unknown.
     config = wiring.load_config(environ={k: v for k, v in environ.items() if "__" not in k})
     wiring.check_shadow(config.consumer)
+    if config.eventgrid.reconcile_interval:
+        # A setting the app cannot honour is refused, not ignored (docs/second-source.md).
+        raise ConfigError(
+            "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL: the Resource Graph reconciler runs in "
+            "se-bridge consume only, not in the Functions app; set it to 0 here, or run the "
+            "reconciler from a standalone se-bridge consume"
+        )
     policy = config.consumer.policy
     if policy is not None and not policy.is_absolute() and app_dir is not None:
         # A policy file deployed with the app: relative to the app, not the worker's cwd.

@@ -435,6 +435,24 @@ def test_log_analytics_settings_must_be_complete(tmp_path: Path) -> None:
         DecisionOutlet.from_config(load_config(env))
 
 
+def test_the_reconciler_setting_is_refused_where_no_reconciler_runs(tmp_path: Path) -> None:
+    """The Resource Graph reconciler runs in `se-bridge consume` only: a Functions app given an
+    interval says so at start rather than seem to reconcile (issue 36)."""
+    env = {
+        **local_env(tmp_path),
+        "SE_BRIDGE_EVENTGRID_ENABLED": "true",
+        "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
+        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": SUBSCRIPTION,
+        "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300",
+    }
+    with pytest.raises(
+        ConfigError, match=r"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL.*se-bridge consume"
+    ):
+        load_config(env)
+    env["SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL"] = "0"
+    assert load_config(env).eventgrid.reconcile_interval == 0
+
+
 # --- Decision records to Log Analytics -------------------------------------------------------
 
 

@@ -4,7 +4,10 @@ the consumer reads, declared only behind main.bicep's eventGridSource, off by de
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bridge import config
 from bridge.consumer import functionapp
@@ -79,16 +82,27 @@ def test_arms_acknowledge_is_granted_only_behind_both_parameters_off_by_default(
     assert "consumerPrincipalId" in module["config"]["config"]["params"]
 
 
-def test_arms_acknowledge_takes_the_narrowest_role_that_allows_it_and_nothing_else() -> None:
-    names = bicep.role_variables(ACKNOWLEDGE)
-    assert [role for _, role in names.values()] == ["Scheduled Events Contributor"]
-    found = bicep.resources(ACKNOWLEDGE, "Microsoft.Authorization/roleAssignments")
-    (assignment,) = found.values()
+@pytest.mark.parametrize(
+    ("module", "role"),
+    [
+        (ACKNOWLEDGE, "Scheduled Events Contributor"),
+        # Resource Graph answers only with rows of resources the caller may read; Reader
+        # (*/read) is the narrowest built-in role that reads both of the reconciler's tables.
+        (MODULES / "resource-graph-reader.bicep", "Reader"),
+    ],
+    ids=lambda v: v.name if isinstance(v, Path) else v,
+)
+def test_each_fleet_grant_takes_the_narrowest_role_that_allows_it_and_nothing_else(
+    module: Path, role: str
+) -> None:
+    names = bicep.role_variables(module)
+    assert [name for _, name in names.values()] == [role]
+    (assignment,) = bicep.resources(module, "Microsoft.Authorization/roleAssignments").values()
     config = bicep.unlooped(assignment["config"])
     assert "scope" not in config  # the resource group the module is deployed into
     assert config["properties"]["principalType"] == "ServicePrincipal"
-    for guid, role in names.values():
-        assert BUILT_IN_ROLES[guid] == role
+    for guid, name in names.values():
+        assert BUILT_IN_ROLES[guid] == name
 
 
 def test_the_first_function_app_reads_the_hub_behind_eventgridsource_only() -> None:
@@ -123,9 +137,6 @@ def test_the_first_function_app_reads_the_hub_behind_eventgridsource_only() -> N
     assert (settings_of.enabled, settings_of.hub) == (True, "eventgrid")
 
 
-READER = MODULES / "resource-graph-reader.bicep"
-
-
 def _holds(condition: Any, parameters: dict[str, bool]) -> bool:
     """A module's condition, of parameter names, `&&` and `||` (pycep's form), evaluated."""
     if isinstance(condition, str):
@@ -153,19 +164,6 @@ def test_resource_graph_reading_is_granted_only_behind_its_parameter_off_by_defa
     assert module["loop_type"] == modules["armAcknowledge"]["config"]["loop_type"]
     assert module["config"]["scope"] == modules["armAcknowledge"]["config"]["config"]["scope"]
     assert "consumerPrincipalId: functionApp[0].outputs.identityPrincipalId" in main
-
-
-def test_resource_graph_reading_takes_reader_and_nothing_else() -> None:
-    """Resource Graph answers only with rows of resources the caller may read; Reader (*/read)
-    is the narrowest built-in role that reads both maintenanceresources and healthresources."""
-    names = bicep.role_variables(READER)
-    assert [role for _, role in names.values()] == ["Reader"]
-    (assignment,) = bicep.resources(READER, "Microsoft.Authorization/roleAssignments").values()
-    config = bicep.unlooped(assignment["config"])
-    assert "scope" not in config  # the resource group the module is deployed into
-    assert config["properties"]["principalType"] == "ServicePrincipal"
-    for guid, role in names.values():
-        assert BUILT_IN_ROLES[guid] == role
 
 
 def test_the_first_app_reconciles_at_the_interval_only_behind_the_parameter() -> None:

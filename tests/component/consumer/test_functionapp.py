@@ -11,6 +11,7 @@ import logging
 import time
 import typing
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -546,20 +547,27 @@ def test_decisions_log_analytics_refuses_are_logged_whole_and_the_rest_sent(
     assert '{"RecordId": "d2", "RecordType": "Decision"}' in error.getMessage()
 
 
+@contextmanager
+def managed_identity(monkeypatch: pytest.MonkeyPatch, ca_bundle: Path) -> Iterator[None]:
+    """The app's managed identity, its tokens from the IMDS simulator's identity endpoint, and
+    trust in a double's certificate (as in test_loganalytics_sink)."""
+    with SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_bundle))
+        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
+        yield
+
+
 @pytest.fixture
 def log_analytics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Rig, LogsIngestionDouble]]:
-    """The app with Decision records going to the strict Logs Ingestion double, with a
-    managed identity token from the IMDS simulator (as in test_loganalytics_sink)."""
+    """The app with Decision records going to the strict Logs Ingestion double."""
     with (
         LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration()) as double,
-        SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds,
+        managed_identity(monkeypatch, double.ca_bundle),
     ):
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
-        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
         env = {
             **local_env(tmp_path),
             "SE_BRIDGE_LOGANALYTICS_ENDPOINT": double.endpoint,
@@ -880,30 +888,31 @@ def test_a_hostile_delivery_is_refused_counted_logged_and_frees_nothing(
         rig.backend.close()
 
 
-@pytest.fixture
-def reconciled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@contextmanager
+def reconciling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str = ""
 ) -> Iterator[tuple[Rig, ResourceGraphDouble]]:
-    """The app with the second source and its reconciler, asking the Resource Graph double over
-    HTTPS as its managed identity (a token from the IMDS simulator's identity endpoint)."""
-    with (
-        ResourceGraphDouble() as graph,
-        SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds,
-    ):
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(graph.ca_bundle))
-        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
+    """The app with the second source and its reconciler, asking the Resource Graph double
+    (at `path` below its address) over HTTPS as its managed identity."""
+    with ResourceGraphDouble() as graph, managed_identity(monkeypatch, graph.ca_bundle):
         env = eventgrid_env(tmp_path, one_per_set(tmp_path)) | {
             "SE_BRIDGE_IDENTITY_KIND": "managed",
             "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300",
-            "SE_BRIDGE_EVENTGRID_RESOURCE_GRAPH_URL": graph.url,
+            "SE_BRIDGE_EVENTGRID_RESOURCE_GRAPH_URL": graph.url + path,
         }
         made = make_rig(env, tmp_path)
         try:
             yield made, graph
         finally:
             made.backend.close()
+
+
+@pytest.fixture
+def reconciled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Rig, ResourceGraphDouble]]:
+    with reconciling(tmp_path, monkeypatch) as found:
+        yield found
 
 
 def azure_holds(graph: ResourceGraphDouble, delivery: str) -> None:
@@ -970,27 +979,11 @@ def test_a_failed_pass_is_said_once_and_the_next_timer_tries_again(
 ) -> None:
     """As in consume: a failed pass fails nothing else (Event Grid's deliveries still count),
     a run of them is said once at WARNING, and the timer's next tick tries again."""
-    with (
-        ResourceGraphDouble() as graph,
-        SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds,
-    ):
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(graph.ca_bundle))
-        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
-        # An address where Resource Graph answers no query (400): every pass fails.
-        env = eventgrid_env(tmp_path) | {
-            "SE_BRIDGE_IDENTITY_KIND": "managed",
-            "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300",
-            "SE_BRIDGE_EVENTGRID_RESOURCE_GRAPH_URL": f"{graph.url}/elsewhere",
-        }
-        rig = make_rig(env, tmp_path)
-        try:
-            with caplog.at_level(logging.INFO, logger="bridge"):
-                rig.reconcile()
-                rig.reconcile()
-            said = [r for r in caplog.records if "reconciler's pass failed" in r.getMessage()]
-            assert [r.levelno for r in said] == [logging.WARNING]
-            assert [r.status for r in graph.requests] == [400, 400]
-        finally:
-            rig.backend.close()
+    # An address where Resource Graph answers no query (400): every pass fails.
+    with reconciling(tmp_path, monkeypatch, "/elsewhere") as (rig, graph):
+        with caplog.at_level(logging.INFO, logger="bridge"):
+            rig.reconcile()
+            rig.reconcile()
+        said = [r for r in caplog.records if "reconciler's pass failed" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING]
+        assert [r.status for r in graph.requests] == [400, 400]

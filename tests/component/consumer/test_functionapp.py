@@ -475,6 +475,22 @@ def test_with_a_reconcile_interval_a_timer_runs_the_reconciler_on_its_schedule(
     assert TimerRequestConverter.check_input_type_annotation(hints["timer"])
 
 
+def test_a_timer_indexed_with_settings_the_worker_no_longer_has_fails_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """App settings changed under a running worker: the reconcile function was indexed with an
+    interval the consumer was built without. Its invocation fails, naming the settings, rather
+    than seem to reconcile (the host restarts the app on a settings change anyway)."""
+    indexed = eventgrid_env(tmp_path) | {"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300"}
+    backend = ConsumerApp(environ=eventgrid_env(tmp_path))
+    try:
+        timer = by_name(build_app(backend, environ=indexed))["reconcile"]
+        with pytest.raises(ConfigError, match=r"reconcile_interval is 0"):
+            timer.get_user_function()(TimerRequest(past_due=False))
+    finally:
+        backend.close()
+
+
 @pytest.mark.parametrize(
     ("interval", "schedule"),
     [

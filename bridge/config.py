@@ -726,7 +726,8 @@ class EventGridSettings:
         "Seconds between two passes of the Resource Graph reconciler, which reads the scheduled "
         "events and VM health Azure holds and folds in what a lost Event Grid delivery missed "
         "(preview; needs enabled and Reader on eventgrid.subscriptions). 0: off; else 60 to "
-        "86400.",
+        "86400 (in the Azure Functions app, a number of minutes that divides an hour or of "
+        "hours that divides a day).",
         low=0,
         high=86400,
     )

@@ -175,7 +175,16 @@ param eventGridHealth bool = false
 @description('With eventGridSource: the consumer may approve, through ARM\'s acknowledge (preview), an event no live agent can carry (eventgrid.acknowledge): Scheduled Events Contributor on each of eventGridFleetResourceGroups.')
 param eventGridAcknowledge bool = false
 
-@description('With eventGridAcknowledge: the resource groups of the fleet\'s VMs, scale sets and availability sets, in this subscription. Empty: this deployment\'s resource group.')
+@description('With eventGridSource: the first Function App runs the Resource Graph reconciler (preview; eventgrid.reconcile_interval), which catches what a lost Event Grid delivery missed: Reader on each of eventGridFleetResourceGroups.')
+param eventGridReconcile bool = false
+
+// The intervals the Functions app's timer keeps evenly (bridge/consumer/functionapp.py's
+// RECONCILE_INTERVALS): minutes that divide an hour, hours that divide a day.
+@description('With eventGridReconcile: seconds between two passes of the reconciler.')
+@allowed([60, 120, 180, 240, 300, 360, 600, 720, 900, 1200, 1800, 3600, 7200, 10800, 14400, 21600, 28800, 43200, 86400])
+param eventGridReconcileInterval int = 300
+
+@description('With eventGridAcknowledge or eventGridReconcile: the resource groups of the fleet\'s VMs, scale sets and availability sets, in this subscription. Empty: this deployment\'s resource group.')
 param eventGridFleetResourceGroups array = []
 
 param tags object = {
@@ -290,6 +299,7 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     eventGridHub: (eventGridSource && i == 0) ? eventGridHubName : ''
     eventGridHealth: eventGridHealth
     eventGridAcknowledge: eventGridAcknowledge
+    eventGridReconcileInterval: eventGridReconcile ? eventGridReconcileInterval : 0
     peopleClientId: peopleClientId
     peopleTenantId: peopleTenantId
     webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
@@ -362,6 +372,15 @@ module eventGrid 'modules/eventgrid.bicep' = if (eventGridSource) {
 // The first Function App's identity reads the second source, so it is the one that acknowledges.
 module armAcknowledge 'modules/arm-acknowledge.bicep' = [for group in (empty(eventGridFleetResourceGroups) ? [resourceGroup().name] : eventGridFleetResourceGroups): if (eventGridSource && eventGridAcknowledge) {
   name: 'se-bridge-arm-acknowledge-${uniqueString(group)}'
+  scope: resourceGroup(group)
+  params: {
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+  }
+}]
+
+// The same identity reads what Resource Graph holds of the fleet, for the reconciler.
+module resourceGraphReader 'modules/resource-graph-reader.bicep' = [for group in (empty(eventGridFleetResourceGroups) ? [resourceGroup().name] : eventGridFleetResourceGroups): if (eventGridSource && eventGridReconcile) {
+  name: 'se-bridge-resource-graph-reader-${uniqueString(group)}'
   scope: resourceGroup(group)
   params: {
     consumerPrincipalId: functionApp[0].outputs.identityPrincipalId

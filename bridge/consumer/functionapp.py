@@ -35,6 +35,13 @@ so the logic is type-checked and tested with the package. Its functions:
 - `reevaluate`: a timer calling `Consumer.tick` (deferrals, fallbacks, unsent commands).
   Its schedule is SE_BRIDGE_FUNCTIONS_TIMER, read when the app is indexed, or every 10 s.
   A failed tick is not retried: the next one does the same work.
+- `reconcile`, only with eventgrid.enabled and eventgrid.reconcile_interval (read when the app
+  is indexed): a timer making one pass of the Resource Graph reconciler
+  (bridge.consumer.sources.resourcegraph.Reconciler.once, as `se-bridge consume`'s thread
+  does), on the NCRONTAB schedule of that interval (`reconcile_schedule`; an interval no
+  schedule keeps evenly is refused). Its rows go through the eventgrid function's intake, so
+  they are refused, counted and logged alike; a failed pass is logged (once for a run of
+  them), not raised, and the next tick tries again.
 
 Decision records go straight to Log Analytics when loganalytics.endpoint/rule_id are set, else
 to the log as JSON at INFO. There is no local spool: a Function instance's disk is not durable.
@@ -65,14 +72,22 @@ import azure.functions as func
 
 from bridge import recordtypes as rt
 from bridge.commands.signing import Signer
-from bridge.config import Config, ConfigError, load, warn_of_consumer_settings_under_agent
+from bridge.config import (
+    Config,
+    ConfigError,
+    EventGridSettings,
+    load,
+    warn_of_consumer_settings_under_agent,
+)
 from bridge.consumer import wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.people.app import Csrf, EntraSignIn, PeopleApp
 from bridge.consumer.people.auth import verifier_for
 from bridge.consumer.reading import Position, eventhubs_partition
-from bridge.consumer.secondsource import EventGridIntake, intake_for
+from bridge.consumer.secondsource import EventGridIntake, build_reconciler, intake_for
+from bridge.consumer.sources import resourcegraph
 from bridge.consumer.sources.batches import NotARecord, check_record, log_poison
+from bridge.consumer.sources.resourcegraph import Reconciler
 from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.consumer.wiring import build_consumer, state_spec
 from bridge.httpfront import call, environ
@@ -99,6 +114,12 @@ EVENTGRID_HUB_NAME = "%SE_BRIDGE_EVENTGRID_HUB%"
 EVENTGRID_PREFIX = "SE_BRIDGE_EVENTGRID_"
 TIMER_SETTING = "SE_BRIDGE_FUNCTIONS_TIMER"
 DEFAULT_TIMER = "*/10 * * * * *"  # NCRONTAB with seconds: every 10 s
+RECONCILE_SETTING = "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL"
+# The reconciler's intervals an NCRONTAB step keeps evenly: minutes that divide an hour, hours
+# that divide a day (*/7 minutes runs at :56 and again at :00, 4 minutes on).
+_STEP_MINUTES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+_STEP_HOURS = (1, 2, 3, 4, 6, 8, 12, 24)
+RECONCILE_INTERVALS = tuple(60 * m for m in _STEP_MINUTES) + tuple(3600 * h for h in _STEP_HOURS)
 # Retried without end: a batch is never skipped, like the standalone consumer's. The worker
 # reads the intervals with strptime("%H:%M:%S"), so they must stay under a day.
 RETRY_STRATEGY = "exponential_backoff"
@@ -174,13 +195,6 @@ def load_config(environ: Mapping[str, str], app_dir: Path | None = None) -> Conf
     # SE_BRIDGE_EVENTHUBS__fullyQualifiedNamespace); config would warn about them as unknown.
     config = wiring.load_config(environ={k: v for k, v in environ.items() if "__" not in k})
     wiring.check_shadow(config.consumer)
-    if config.eventgrid.reconcile_interval:
-        # A setting the app cannot honour is refused, not ignored (docs/second-source.md).
-        raise ConfigError(
-            "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL: the Resource Graph reconciler runs in "
-            "se-bridge consume only, not in the Functions app; set it to 0 here, or run the "
-            "reconciler from a standalone se-bridge consume"
-        )
     policy = config.consumer.policy
     if policy is not None and not policy.is_absolute() and app_dir is not None:
         # A policy file deployed with the app: relative to the app, not the worker's cwd.
@@ -229,6 +243,8 @@ class ConsumerApp:
         self._outlet: DecisionOutlet | None = None
         self._people: PeopleApp | None = None
         self._intake: EventGridIntake | None = None
+        self._reconciler: Reconciler | None = None
+        self._interval = 0.0
 
     def consumer(self) -> Consumer:
         with self._lock:
@@ -265,6 +281,9 @@ class ConsumerApp:
         # Event records made of deliveries go where the decisions go, as the standalone
         # consumer ships them to its sinks: one table holds both sources' records.
         self._intake = intake_for(config, consumer, outlet)
+        if self._intake is not None and config.eventgrid.reconcile_interval:
+            self._reconciler = build_reconciler(config, self._intake)
+            self._interval = config.eventgrid.reconcile_interval
         log.info(
             "se-bridge consumer ready; policy: %s; decisions to %s",
             consumer.policy.source,
@@ -335,10 +354,28 @@ class ConsumerApp:
             log.info("re-evaluation timer is past due; running it now")
         self.consumer().tick()
 
+    def reconcile(self, timer: func.TimerRequest) -> None:
+        """One pass of the Resource Graph reconciler; a failed one is logged, not raised."""
+        self.consumer()
+        reconciler = self._reconciler
+        if reconciler is None:
+            # Indexed with the interval, built without it: app settings changed under a
+            # running worker, which the host restarts.
+            raise ConfigError(
+                "the reconcile function runs, but eventgrid.reconcile_interval is 0 "
+                "or eventgrid.enabled is off"
+            )
+        if timer.past_due:
+            log.info("the Resource Graph reconciler's timer is past due; passing now")
+        reconciler.once(self._interval)
+
     def close(self) -> None:
         """For tests and orderly shutdown; the host normally just ends the process."""
         with self._lock:
             self._intake = None
+            if self._reconciler is not None:
+                self._reconciler.graph.stop.set()  # a pass waiting out a quota ends
+                self._reconciler = None
             if self._consumer is not None:
                 self._consumer.close()
                 self._consumer = None
@@ -455,11 +492,47 @@ def timer_schedule(environ: Mapping[str, str]) -> str:
     return schedule
 
 
+def _eventgrid_settings(environ: Mapping[str, str]) -> EventGridSettings:
+    """[eventgrid] as config reads it from the app settings; ConfigError when they cannot work."""
+    settings = {k: v for k, v in environ.items() if k.startswith(EVENTGRID_PREFIX)}
+    return load(environ=settings).eventgrid
+
+
 def eventgrid_enabled(environ: Mapping[str, str]) -> bool:
     """eventgrid.enabled as config reads it from the [eventgrid] app settings; ConfigError
     when they cannot work."""
-    settings = {k: v for k, v in environ.items() if k.startswith(EVENTGRID_PREFIX)}
-    return load(environ=settings).eventgrid.enabled
+    return _eventgrid_settings(environ).enabled
+
+
+def reconcile_schedule(interval: float) -> str:
+    """The NCRONTAB schedule (seconds first) of a pass every `interval` seconds; ConfigError
+    when no schedule keeps that pace evenly (RECONCILE_INTERVALS are the ones that do)."""
+    if interval in RECONCILE_INTERVALS:
+        seconds = int(interval)
+        if seconds < 3600:
+            return f"0 */{seconds // 60} * * * *"
+        return "0 0 0 * * *" if seconds == 86400 else f"0 0 */{seconds // 3600} * * *"
+    below = max((i for i in RECONCILE_INTERVALS if i < interval), default=RECONCILE_INTERVALS[0])
+    above = min((i for i in RECONCILE_INTERVALS if i > interval), default=RECONCILE_INTERVALS[-1])
+    raise ConfigError(
+        f"{RECONCILE_SETTING} {interval:g}: the Functions app passes on an NCRONTAB schedule, "
+        "which keeps an even pace only every 1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 minutes or "
+        f"every 1, 2, 3, 4, 6, 8, 12 or 24 hours; set {below} or {above} (seconds)"
+    )
+
+
+def reconcile_timer(environ: Mapping[str, str]) -> str | None:
+    """The reconcile function's schedule from eventgrid.reconcile_interval, None when there is
+    no reconciler (the interval 0, or eventgrid off); ConfigError, as `se-bridge consume`
+    refuses them, when the settings cannot work."""
+    settings = _eventgrid_settings(environ)
+    try:
+        resourcegraph.check_settings(settings)
+    except ConfigError as err:
+        raise ConfigError(f"{RECONCILE_SETTING}: {err}") from err
+    if not (settings.enabled and settings.reconcile_interval):
+        return None
+    return reconcile_schedule(settings.reconcile_interval)
 
 
 def build_app(
@@ -469,6 +542,7 @@ def build_app(
     backend = backend or ConsumerApp()
     environ = os.environ if environ is None else environ
     schedule = timer_schedule(environ)
+    reconciling = reconcile_timer(environ)
     app = func.FunctionApp()
 
     def batches(name: str, hub: str) -> Callable[[Any], Any]:
@@ -517,5 +591,15 @@ def build_app(
     @app.timer_trigger(arg_name="timer", schedule=schedule, use_monitor=False)
     def reevaluate(timer: func.TimerRequest) -> None:
         backend.reevaluate(timer)
+
+    if reconciling is not None:
+
+        @app.function_name("reconcile")
+        # use_monitor: the host keeps the schedule's last run in its storage, so a pass missed
+        # while the app was down (a deployment, scale to zero) runs when it is back, not a whole
+        # interval later; a few storage transactions an interval of minutes or more.
+        @app.timer_trigger(arg_name="timer", schedule=reconciling, use_monitor=True)
+        def reconcile(timer: func.TimerRequest) -> None:
+            backend.reconcile(timer)
 
     return app

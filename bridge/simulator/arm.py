@@ -50,6 +50,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlencode
 
+from bridge.simulator.bearer import Bearer, BearerTokens
 from bridge.simulator.core import Simulator
 from bridge.simulator.imds import Reply, Request
 from bridge.simulator.server import RoutingHTTPServer
@@ -110,7 +111,7 @@ class ArmServer:
         self.acknowledge, self.accept_token = acknowledge, accept_token
         self._lock = threading.Lock()
         self._requests: list[AckRequest] = []
-        self._tokens: list[str] = []
+        self._tokens = BearerTokens()
         self._script: deque[tuple[int, str | None]] = deque()
         self._certificate = ThrowawayCertificate("se-bridge-arm-")
         self._stopping = threading.Event()
@@ -186,8 +187,7 @@ class ArmServer:
 
     @property
     def tokens_seen(self) -> list[str]:
-        with self._lock:
-            return list(self._tokens)
+        return self._tokens.seen
 
     # --- the service -----------------------------------------------------------------------
 
@@ -236,7 +236,7 @@ class ArmServer:
                 "InvalidApiVersionParameter",
                 f"The api-version '{','.join(versions)}' is invalid.",
             ), ()
-        if not self._authorized(request.headers):
+        if self._tokens.check(request.headers, self.accept_token) is not Bearer.ACCEPTED:
             return _error(401, "InvalidAuthenticationToken", "The access token is invalid."), ()
         scope = match.group("scope").lower()
         if single is not None:
@@ -263,14 +263,6 @@ class ArmServer:
         )
         error = {"code": "MultiStatusResponse", "message": message, "details": details}
         return _reply(207, {"error": error}), tuple(ids)
-
-    def _authorized(self, headers: Mapping[str, str]) -> bool:
-        scheme, _, token = (headers.get("authorization") or "").partition(" ")
-        token = token.strip()
-        with self._lock:
-            if token and token not in self._tokens:
-                self._tokens.append(token)
-        return scheme.lower() == "bearer" and bool(token) and self.accept_token(token)
 
 
 def _ids(body: bytes) -> Sequence[str] | None:

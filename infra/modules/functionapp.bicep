@@ -49,6 +49,9 @@ param eventGridHealth bool = false
 @description('With eventGridHub: approve through ARM\'s acknowledge what no live agent can carry (SE_BRIDGE_EVENTGRID_ACKNOWLEDGE).')
 param eventGridAcknowledge bool = false
 
+@description('With eventGridHub: seconds between two passes of the Resource Graph reconciler, the app\'s reconcile timer (SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL); 0: none.')
+param eventGridReconcileInterval int = 0
+
 @description('Optional policy file deployed with the app (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml; empty: the default policy.')
 param consumerPolicy string = ''
 
@@ -159,14 +162,16 @@ var policySettings = empty(consumerPolicy) ? {} : {
 }
 
 // Azure's own view, the second source ([eventgrid], docs/second-source.md): the app registers its
-// eventgrid function only with SE_BRIDGE_EVENTGRID_ENABLED, and trusts deliveries of this
-// subscription's system topics only.
+// eventgrid function only with SE_BRIDGE_EVENTGRID_ENABLED (its reconcile timer only with a
+// SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL over 0), and trusts deliveries of this subscription's
+// system topics only.
 var eventGridSettings = empty(eventGridHub) ? {} : {
   SE_BRIDGE_EVENTGRID_ENABLED: 'true'
   SE_BRIDGE_EVENTGRID_HUB: eventGridHub
   SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS: subscription().subscriptionId
   SE_BRIDGE_EVENTGRID_HEALTH: eventGridHealth ? 'true' : 'false'
   SE_BRIDGE_EVENTGRID_ACKNOWLEDGE: eventGridAcknowledge ? 'true' : 'false'
+  SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL: string(eventGridReconcileInterval)
 }
 
 // One account: SE_BRIDGE_STORAGE_ACCOUNT holds the queues, as before.

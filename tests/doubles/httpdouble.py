@@ -11,6 +11,8 @@ says what to answer (`answer(Asked) -> Reply`), and this module serves it the sa
   answered by `refuse`, unread, and the connection is closed.
 - Answers carry a Content-Length (none for 204), connections are HTTP/1.1 kept alive at most
   30 s idle, and the access log goes to DEBUG without the target, never to stderr.
+- `ListeningDouble` is the start-up a double shares: it listens for as long as a `with` block
+  runs, and lets go of what else it holds in `close`.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler
-from typing import Any
+from types import TracebackType
+from typing import Any, TypeVar
 
 from bridge.simulator.server import ClosingHTTPServer
 
@@ -212,6 +215,34 @@ class Listener:
 def listener(answer: Answer, name: str, host: str = "127.0.0.1", **options: Any) -> Listener:
     """A Listener of a DoubleServer answering with `answer` (options as DoubleServer's)."""
     return Listener(lambda address: DoubleServer(address, answer, **options), host, name)
+
+
+_Double = TypeVar("_Double", bound="ListeningDouble")
+
+
+class ListeningDouble:
+    """The start-up of a double served by a `Listener` of `answer` (options as DoubleServer's)
+    for as long as a `with` block runs, on a free loopback port. A double that holds more (a
+    throwaway certificate, posts it keeps waiting) refines `close` to let go of it too."""
+
+    def __init__(self, answer: Answer, name: str, host: str = "127.0.0.1", **options: Any) -> None:
+        self._listener = listener(answer, name, host, **options)
+
+    def __enter__(self: _Double) -> _Double:
+        self._listener.up()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop listening and close every connection."""
+        self._listener.down()
 
 
 @contextlib.contextmanager

@@ -52,6 +52,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from bridge.simulator.bearer import Bearer, BearerTokens
 from tests.doubles.httpdouble import Asked, Reply, listener
 from tests.doubles.tls import ThrowawayCertificate
 
@@ -254,7 +255,7 @@ class LogsIngestionDouble:
         self._lock = threading.Lock()
         self._records: dict[tuple[str, str], list[dict[str, Any]]] = {}
         self._requests: list[IngestionRequest] = []
-        self._tokens: list[str] = []
+        self._tokens = BearerTokens()
         self._tls_errors: list[str] = []
         self._script: deque[tuple[_Scripted, int | None]] = deque()
         self._certificate = ThrowawayCertificate("logs-ingestion-double-")
@@ -361,8 +362,7 @@ class LogsIngestionDouble:
     @property
     def tokens_seen(self) -> list[str]:
         """Distinct bearer tokens, in the order first seen."""
-        with self._lock:
-            return list(self._tokens)
+        return self._tokens.seen
 
     @property
     def tls_errors(self) -> list[str]:
@@ -497,14 +497,10 @@ class LogsIngestionDouble:
         return stream
 
     def _check_token(self, headers: Mapping[str, str]) -> _Reply | None:
-        scheme, _, token = (headers.get("authorization") or "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        found = self._tokens.check(headers, self.accept_token)
+        if found is Bearer.MISSING:
             return self._unauthorized("A bearer token is required.")
-        with self._lock:
-            if token not in self._tokens:
-                self._tokens.append(token)
-        if not self.accept_token(token):
+        if found is Bearer.REFUSED:
             return self._unauthorized("The provided token is invalid or has expired.")
         return None
 

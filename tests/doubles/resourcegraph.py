@@ -31,11 +31,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from tests.doubles.httpdouble import Asked, Reply, listener
+from tests.doubles.httpdouble import Asked, ListeningDouble, Reply
 from tests.doubles.tls import ThrowawayCertificate
 
 PATH = "/providers/Microsoft.ResourceGraph/resources"
@@ -55,7 +54,7 @@ class GraphRequest:
     bytes_out: int
 
 
-class ResourceGraphDouble:
+class ResourceGraphDouble(ListeningDouble):
     """Resource Graph on https://127.0.0.1:<port> holding `tables` ({table: rows}).
 
     with ResourceGraphDouble() as graph:
@@ -73,26 +72,15 @@ class ResourceGraphDouble:
         self._lock = threading.Lock()
         self._spent: list[float] = []
         self._certificate = ThrowawayCertificate("resource-graph-double-")
-        self._listener = listener(
-            self._serve, "resource-graph-double", tls=self._certificate.context
-        )
+        super().__init__(self._serve, "resource-graph-double", tls=self._certificate.context)
 
-    def __enter__(self) -> ResourceGraphDouble:
-        self._listener.up()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._listener.down()
+    def close(self) -> None:
+        super().close()
         self._certificate.cleanup()
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self._listener.port}"
+        return self._listener.url("https")
 
     @property
     def ca_bundle(self) -> Path:

@@ -12,34 +12,24 @@ from __future__ import annotations
 import json
 import threading
 from collections import defaultdict, deque
-from types import TracebackType
 from typing import Any
 
-from tests.doubles.httpdouble import Asked, Reply, listener
+from tests.doubles.httpdouble import Asked, ListeningDouble, Reply
 
 
-class WebhookReceiver:
+class WebhookReceiver(ListeningDouble):
     def __init__(self) -> None:
+        super().__init__(self._serve, "webhook-receiver")
         self._lock = threading.Lock()
         self._bodies: dict[str, list[Any]] = defaultdict(list)
         self._posts: dict[str, int] = defaultdict(int)
         self._scripts: dict[str, deque[int]] = defaultdict(deque)
         self._hanging: dict[str, threading.Event] = {}
         self._release = threading.Event()
-        self._listener = listener(self._serve, "webhook-receiver")
 
-    def __enter__(self) -> WebhookReceiver:
-        self._listener.up()
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._release.set()
-        self._listener.down()
+    def close(self) -> None:
+        self._release.set()  # a held post ends, or stopping would wait on its handler
+        super().close()
 
     def url(self, path: str) -> str:
         return f"{self._listener.url()}{path}"

@@ -40,6 +40,7 @@ BUILT_IN_ROLES = {
     "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
     "4633458b-17de-408a-b874-0445c86b69e6": "Key Vault Secrets User",
     "b67fe603-310e-4889-b9ee-8257d09d353d": "Scheduled Events Contributor",
+    "acdd72a7-3385-48ef-bd42-f606fba81ae7": "Reader",
 }
 
 
@@ -653,6 +654,7 @@ def test_a_looped_module_is_used_only_by_index() -> None:
         "eventHubs",
         "functionApp",
         "queueStorage",
+        "resourceGraphReader",
     ]
     text = MAIN.read_text(encoding="utf-8")
     for name in looped:

@@ -457,6 +457,7 @@ class Reconciler:
         self, graph: ResourceGraph, intake: Intake, known: Known, now: Callable[[], datetime]
     ) -> None:
         self.graph, self.intake, self.known, self._now = graph, intake, known, now
+        self._failing = False  # the last pass failed (said when the run of failures began)
 
     @property
     def cost(self) -> Cost:
@@ -494,24 +495,29 @@ class Reconciler:
         self.cost.fed_health += len(chosen.health)
         return chosen
 
+    def once(self, interval: float) -> None:
+        """One pass, as `run` and the Functions app's timer make it: a failure is logged, not
+        raised (Event Grid's deliveries still count, and the next pass, `interval` seconds on,
+        tries again), and a run of failures is said once, so a person acts on it once."""
+        try:
+            self.reconcile()
+        except DeliveryError as err:
+            if not self._failing:
+                log.warning(
+                    "the Resource Graph reconciler's pass failed: %s; Event Grid's "
+                    "deliveries still count, the next pass is in %g s",
+                    err,
+                    interval,
+                )
+            self._failing = True
+            return
+        if self._failing:
+            log.info("Resource Graph answers again: the reconciler's passes go on")
+        self._failing = False
+
     def run(self, stop: threading.Event, interval: float) -> None:
-        """A pass every `interval` seconds until `stop`; a failed pass is logged and the
-        next one tries again (a person acts on a run of failures, said once)."""
-        failing = False
+        """A pass every `interval` seconds until `stop`."""
         self.graph.stop = stop
         while not stop.is_set():
-            try:
-                self.reconcile()
-                if failing:
-                    log.info("Resource Graph answers again: the reconciler's passes go on")
-                failing = False
-            except DeliveryError as err:
-                if not failing:
-                    log.warning(
-                        "the Resource Graph reconciler's pass failed: %s; Event Grid's "
-                        "deliveries still count, the next pass is in %g s",
-                        err,
-                        interval,
-                    )
-                failing = True
+            self.once(interval)
             stop.wait(interval)

@@ -11,6 +11,7 @@ import logging
 import time
 import typing
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -36,6 +37,7 @@ from bridge.consumer import functionapp
 from bridge.consumer.functionapp import ConsumerApp, DecisionOutlet, build_app, load_config
 from bridge.consumer.people.app import Csrf
 from bridge.consumer.reading import Position
+from bridge.consumer.sources import resourcegraph
 from bridge.retry import PoisonRecords, RetryableError
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
@@ -43,6 +45,7 @@ from bridge.simulator.vms import demo_vms
 from bridge.sinks import BaseSink, SpooledRecord
 from tests.doubles.entra import AUDIENCE, Tenant, serving
 from tests.doubles.logs_ingestion import LogsIngestionDouble
+from tests.doubles.resourcegraph import ResourceGraphDouble, row_of
 from tests.support import eventgrid as eg
 from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
 from tests.support.records import assert_valid
@@ -75,6 +78,10 @@ class Rig:
 
     def tick(self) -> None:
         self.function("reevaluate").get_user_function()(TimerRequest(past_due=False))
+
+    def reconcile(self, past_due: bool = False) -> None:
+        """Invoke the Resource Graph reconciler's timer as the worker does."""
+        self.function("reconcile").get_user_function()(TimerRequest(past_due=past_due))
 
     def sent(self, name: str) -> list[dict[str, Any]]:
         """The commands in the channel of VM `name`: DIR/<vmid lowercased>/<command_id>.json."""
@@ -435,22 +442,92 @@ def test_log_analytics_settings_must_be_complete(tmp_path: Path) -> None:
         DecisionOutlet.from_config(load_config(env))
 
 
-def test_the_reconciler_setting_is_refused_where_no_reconciler_runs(tmp_path: Path) -> None:
-    """The Resource Graph reconciler runs in `se-bridge consume` only: a Functions app given an
-    interval says so at start rather than seem to reconcile (issue 36)."""
-    env = {
-        **local_env(tmp_path),
-        "SE_BRIDGE_EVENTGRID_ENABLED": "true",
-        "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
-        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": SUBSCRIPTION,
-        "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300",
+def test_with_a_reconcile_interval_a_timer_runs_the_reconciler_on_its_schedule(
+    tmp_path: Path,
+) -> None:
+    """The Resource Graph reconciler runs in the app too: a timer beside reevaluate, one pass a
+    tick, its NCRONTAB schedule derived from eventgrid.reconcile_interval when the app is
+    indexed, as reevaluate's is from SE_BRIDGE_FUNCTIONS_TIMER (issue 36)."""
+    env = eventgrid_env(tmp_path) | {"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300"}
+    assert load_config(env).eventgrid.reconcile_interval == 300  # taken, no longer refused
+    backend = ConsumerApp(environ=env)
+    try:
+        functions = by_name(build_app(backend, environ=env))
+    finally:
+        backend.close()
+    assert sorted(functions) == ["eventgrid", "page", "reconcile", "records", "reevaluate"]
+    timer = functions["reconcile"]
+    assert isinstance(timer.get_trigger(), TimerTrigger)
+    (raw,) = [json.loads(b) for b in timer.get_raw_bindings()]
+    assert raw == {
+        "direction": raw["direction"],
+        "type": "timerTrigger",
+        "name": "timer",
+        "schedule": "0 */5 * * * *",
+        # A pass missed while the app was down (a deployment, scale to zero) runs when it
+        # comes back, not a whole interval later.
+        "useMonitor": True,
     }
-    with pytest.raises(
-        ConfigError, match=r"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL.*se-bridge consume"
-    ):
-        load_config(env)
-    env["SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL"] = "0"
-    assert load_config(env).eventgrid.reconcile_interval == 0
+    assert raw["direction"].lower() == "in"
+    # A failed pass is not retried by the host: the next one does the same work.
+    assert timer.get_settings_dict("retry_policy") is None
+    hints = typing.get_type_hints(timer.get_user_function())
+    assert TimerRequestConverter.check_input_type_annotation(hints["timer"])
+
+
+def test_a_timer_indexed_with_settings_the_worker_no_longer_has_fails_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """App settings changed under a running worker: the reconcile function was indexed with an
+    interval the consumer was built without. Its invocation fails, naming the settings, rather
+    than seem to reconcile (the host restarts the app on a settings change anyway)."""
+    indexed = eventgrid_env(tmp_path) | {"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300"}
+    backend = ConsumerApp(environ=eventgrid_env(tmp_path))
+    try:
+        timer = by_name(build_app(backend, environ=indexed))["reconcile"]
+        with pytest.raises(ConfigError, match=r"reconcile_interval is 0"):
+            timer.get_user_function()(TimerRequest(past_due=False))
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("interval", "schedule"),
+    [
+        (60, "0 */1 * * * *"),
+        (300, "0 */5 * * * *"),
+        (1800, "0 */30 * * * *"),
+        (3600, "0 0 */1 * * *"),
+        (21600, "0 0 */6 * * *"),
+        (86400, "0 0 0 * * *"),
+    ],
+)
+def test_the_reconcilers_schedule_is_its_interval_in_ncrontab(interval: int, schedule: str) -> None:
+    assert functionapp.reconcile_schedule(interval) == schedule
+
+
+@pytest.mark.parametrize("interval", ["90", "420", "5400", "300.5"])
+def test_an_interval_no_ncrontab_schedule_keeps_is_refused_when_the_app_is_indexed(
+    tmp_path: Path, interval: str
+) -> None:
+    """Every 7 minutes is not a schedule NCRONTAB keeps (*/7 runs at :56 and again at :00):
+    the app refuses it rather than reconcile at another pace than the setting says."""
+    env = eventgrid_env(tmp_path) | {"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": interval}
+    with pytest.raises(ConfigError, match=r"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL.*NCRONTAB"):
+        build_app(ConsumerApp(environ=env), environ=env)
+
+
+def test_every_interval_the_app_takes_is_one_consume_takes() -> None:
+    taken = functionapp.RECONCILE_INTERVALS
+    assert taken[0] == 60
+    assert taken[-1] == 86400
+    assert 300 in taken
+    on = {"SE_BRIDGE_EVENTGRID_ENABLED": "true", "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
+          "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": SUBSCRIPTION}  # fmt: skip
+    for interval in taken:
+        assert len(functionapp.reconcile_schedule(interval).split()) == 6
+        settings = load(environ=on | {"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": str(interval)})
+        resourcegraph.check_settings(settings.eventgrid)
 
 
 # --- Decision records to Log Analytics -------------------------------------------------------
@@ -486,20 +563,27 @@ def test_decisions_log_analytics_refuses_are_logged_whole_and_the_rest_sent(
     assert '{"RecordId": "d2", "RecordType": "Decision"}' in error.getMessage()
 
 
+@contextmanager
+def managed_identity(monkeypatch: pytest.MonkeyPatch, ca_bundle: Path) -> Iterator[None]:
+    """The app's managed identity, its tokens from the IMDS simulator's identity endpoint, and
+    trust in a double's certificate (as in test_loganalytics_sink)."""
+    with SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_bundle))
+        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
+        yield
+
+
 @pytest.fixture
 def log_analytics(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[Rig, LogsIngestionDouble]]:
-    """The app with Decision records going to the strict Logs Ingestion double, with a
-    managed identity token from the IMDS simulator (as in test_loganalytics_sink)."""
+    """The app with Decision records going to the strict Logs Ingestion double."""
     with (
         LogsIngestionDouble(RULE, schema.DCR_STREAM, schema.dcr_stream_declaration()) as double,
-        SimulatorServer(Simulator(Fleet(demo_vms(seed=0)))) as imds,
+        managed_identity(monkeypatch, double.ca_bundle),
     ):
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
-        monkeypatch.delenv("CURL_CA_BUNDLE", raising=False)
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", imds.vm_url("vm-0"))
         env = {
             **local_env(tmp_path),
             "SE_BRIDGE_LOGANALYTICS_ENDPOINT": double.endpoint,
@@ -696,7 +780,7 @@ def test_every_instance_takes_the_forms_of_the_others(tmp_path: Path) -> None:
 # --- Event Grid, the second source (issue 36) -------------------------------------------------
 
 
-def eventgrid_rig(tmp_path: Path, policy: Path | None = None) -> Rig:
+def eventgrid_env(tmp_path: Path, policy: Path | None = None) -> dict[str, str]:
     env = local_env(tmp_path) | {
         "SE_BRIDGE_EVENTGRID_ENABLED": "true",
         "SE_BRIDGE_EVENTGRID_HUB": "eventgrid",
@@ -704,7 +788,11 @@ def eventgrid_rig(tmp_path: Path, policy: Path | None = None) -> Rig:
     }
     if policy is not None:
         env["SE_BRIDGE_CONSUMER_POLICY"] = str(policy)
-    return make_rig(env, tmp_path)
+    return env
+
+
+def eventgrid_rig(tmp_path: Path, policy: Path | None = None) -> Rig:
+    return make_rig(eventgrid_env(tmp_path, policy), tmp_path)
 
 
 def one_per_set(tmp_path: Path) -> Path:
@@ -748,6 +836,11 @@ def test_with_eventgrid_on_a_second_trigger_reads_its_hub(tmp_path: Path) -> Non
 
 def test_with_eventgrid_off_the_app_has_no_eventgrid_function(rig: Rig) -> None:
     assert "eventgrid" not in rig.functions
+    assert "reconcile" not in rig.functions
+    # Nor a reconciler without the second source it feeds: refused, as consume refuses it.
+    lone = {"SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300"}
+    with pytest.raises(ConfigError, match=r"reconcile_interval needs eventgrid\.enabled"):
+        build_app(rig.backend, environ=lone)
     off = {"SE_BRIDGE_EVENTGRID_ENABLED": "false", "SE_BRIDGE_EVENTGRID_HUB": "eventgrid"}
     assert "eventgrid" not in by_name(build_app(rig.backend, environ=off))
     with pytest.raises(ConfigError, match="eventgrid"):
@@ -809,3 +902,104 @@ def test_a_hostile_delivery_is_refused_counted_logged_and_frees_nothing(
         assert sum("refused an Event Grid delivery" in r.getMessage() for r in caplog.records) == 2
     finally:
         rig.backend.close()
+
+
+@contextmanager
+def reconciling(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str = ""
+) -> Iterator[tuple[Rig, ResourceGraphDouble]]:
+    """The app with the second source and its reconciler, asking the Resource Graph double
+    (at `path` below its address) over HTTPS as its managed identity."""
+    with ResourceGraphDouble() as graph, managed_identity(monkeypatch, graph.ca_bundle):
+        env = eventgrid_env(tmp_path, one_per_set(tmp_path)) | {
+            "SE_BRIDGE_IDENTITY_KIND": "managed",
+            "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300",
+            "SE_BRIDGE_EVENTGRID_RESOURCE_GRAPH_URL": graph.url + path,
+        }
+        made = make_rig(env, tmp_path)
+        try:
+            yield made, graph
+        finally:
+            made.backend.close()
+
+
+@pytest.fixture
+def reconciled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Rig, ResourceGraphDouble]]:
+    with reconciling(tmp_path, monkeypatch) as found:
+        yield found
+
+
+def azure_holds(graph: ResourceGraphDouble, delivery: str) -> None:
+    """Resource Graph holds what `delivery` announces (in place of that resource's old row)."""
+    row = row_of(delivery)
+    table = "healthresources" if row["type"].startswith("microsoft.resourcehealth") else (
+        "maintenanceresources")  # fmt: skip
+    rows = graph.tables[table]
+    rows[:] = [r for r in rows if r["id"] != row["id"]] + [row]
+
+
+def test_a_lost_delivery_is_caught_by_the_timers_pass_and_holds_the_slot(
+    reconciled: tuple[Rig, ResourceGraphDouble], caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, graph = reconciled
+    rig.records(rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1"))
+    # web_2 has no agent, and Event Grid's delivery of its Started was lost: only Resource
+    # Graph tells of it.
+    azure_holds(graph, eg.scheduled(E2, "Started", ["web_2"], rig.fleet.now))
+    with caplog.at_level(logging.INFO, logger="bridge"):
+        rig.reconcile()
+    assert any("Resource Graph told of 1 event changes" in r.getMessage() for r in caplog.records)
+    intake = rig.backend.intake()
+    assert intake is not None
+    assert intake.counts().events == 1
+    assert graph.requests
+    assert all(r.authorized and r.status == 200 for r in graph.requests)
+    rig.fleet.advance(1)
+    rig.records(rig.fleet.event("web_0", E1, resources=["web_0"]))
+    assert rig.sent("web_0") == []  # web_2 holds the scale set's one slot
+    rig.reconcile()  # nothing new: folded once, not pass after pass
+    assert intake.counts().events == 1
+    # Its Completed was lost too: the next pass ends it, and the slot goes to web_0.
+    azure_holds(graph, eg.scheduled(E2, "Completed", ["web_2"], rig.fleet.now))
+    rig.reconcile(past_due=True)
+    rig.tick()
+    assert [c["EventId"] for c in rig.sent("web_0")] == [E1]
+
+
+def test_rows_are_refused_as_deliveries_are_and_free_nothing(
+    reconciled: tuple[Rig, ResourceGraphDouble], caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, graph = reconciled
+    rig.records(rig.fleet.heartbeat("web_0"), rig.fleet.heartbeat("web_1"))
+    rig.records(rig.fleet.event("web_0", E1, resources=["web_0"], transition="Started"))
+    rig.fleet.advance(1)
+    rig.records(rig.fleet.event("web_1", E2, resources=["web_1"]))
+    # A Completed of web_0's event naming more VMs than any event may: refused, counted and
+    # logged as the hub's deliveries are, and web_1 still waits.
+    names = [f"web_{n}" for n in range(1001)]
+    azure_holds(graph, eg.scheduled(E1, "Completed", names, rig.fleet.now))
+    with caplog.at_level(logging.WARNING, logger="bridge"):
+        rig.reconcile()
+    rig.tick()
+    assert rig.sent("web_1") == []
+    intake = rig.backend.intake()
+    assert intake is not None
+    assert intake.counts().refused == {"too-many-resources": 1}
+    assert sum("refused a Resource Graph row" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_failed_pass_is_said_once_and_the_next_timer_tries_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As in consume: a failed pass fails nothing else (Event Grid's deliveries still count),
+    a run of them is said once at WARNING, and the timer's next tick tries again."""
+    # An address where Resource Graph answers no query (400): every pass fails.
+    with reconciling(tmp_path, monkeypatch, "/elsewhere") as (rig, graph):
+        with caplog.at_level(logging.INFO, logger="bridge"):
+            rig.reconcile()
+            rig.reconcile()
+        said = [r for r in caplog.records if "reconciler's pass failed" in r.getMessage()]
+        assert [r.levelno for r in said] == [logging.WARNING]
+        assert [r.status for r in graph.requests] == [400, 400]

@@ -21,17 +21,24 @@ from tests.component.consumer.test_resource_graph import FailingKnown
 from tests.support.wait import eventually
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[ConsumerService]:
+def built(tmp_path: Path, **settings: str) -> ConsumerService:
+    """A consumer on SQLite and a local hub under `tmp_path`, with `settings` (SE_BRIDGE_...)."""
     environ = {
         "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'queues'}",
         "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "true",
         "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{tmp_path / 'fleet.db'}",
         "SE_BRIDGE_CONSUMER_STATE_DIR": str(tmp_path / "consumer"),
         "SE_BRIDGE_CONSUMER_HUB": str(tmp_path / "hub"),
-        "SE_BRIDGE_CONSUMER_REEVALUATE_INTERVAL": "0.2",
+        "SE_BRIDGE_EVENTGRID_HUB": str(tmp_path / "eventgrid"),
+        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666",
+        **{f"SE_BRIDGE_{key.upper()}": value for key, value in settings.items()},
     }
-    made = ConsumerService(wiring.load_config(environ=environ))
+    return ConsumerService(wiring.load_config(environ=environ))
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[ConsumerService]:
+    made = built(tmp_path, consumer_reevaluate_interval="0.2")
     try:
         yield made
     finally:
@@ -82,17 +89,7 @@ def test_a_failed_event_grid_reader_is_started_again_and_the_consumer_goes_on(
     """Before: the consumer stopped, with exit code 0, which systemd's Restart=on-failure
     does not restart: every approval of the fleet stopped for good."""
     caplog.set_level(logging.INFO, logger="bridge.consumer.service")
-    environ = {
-        "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'queues'}",
-        "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "true",
-        "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{tmp_path / 'fleet.db'}",
-        "SE_BRIDGE_CONSUMER_STATE_DIR": str(tmp_path / "consumer"),
-        "SE_BRIDGE_CONSUMER_HUB": str(tmp_path / "hub"),
-        "SE_BRIDGE_EVENTGRID_ENABLED": "true",
-        "SE_BRIDGE_EVENTGRID_HUB": str(tmp_path / "eventgrid"),
-        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666",
-    }
-    service = ConsumerService(wiring.load_config(environ=environ))
+    service = built(tmp_path, eventgrid_enabled="true")
     real = hub.run_local
     started: list[int] = []
 
@@ -122,19 +119,12 @@ def test_a_failed_event_grid_reader_is_started_again_and_the_consumer_goes_on(
 
 
 def test_the_reconcilers_failed_passes_are_in_the_consumers_metrics(tmp_path: Path) -> None:
-    environ = {
-        "SE_BRIDGE_COMMANDS_CHANNEL": f"local:{tmp_path / 'queues'}",
-        "SE_BRIDGE_COMMANDS_ALLOW_UNSIGNED": "true",
-        "SE_BRIDGE_CONSUMER_STATE": f"sqlite:{tmp_path / 'fleet.db'}",
-        "SE_BRIDGE_CONSUMER_STATE_DIR": str(tmp_path / "consumer"),
-        "SE_BRIDGE_CONSUMER_HUB": str(tmp_path / "hub"),
-        "SE_BRIDGE_EVENTGRID_ENABLED": "true",
-        "SE_BRIDGE_EVENTGRID_HEALTH": "true",
-        "SE_BRIDGE_EVENTGRID_HUB": str(tmp_path / "eventgrid"),
-        "SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666",
-        "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL": "300",
-    }
-    service = ConsumerService(wiring.load_config(environ=environ))
+    service = built(
+        tmp_path,
+        eventgrid_enabled="true",
+        eventgrid_health="true",
+        eventgrid_reconcile_interval="300",
+    )
     try:
         reconciler = service.reconciler
         assert reconciler is not None

@@ -27,6 +27,7 @@ Hubs partitions (a fixed, small number), never a VM or an event. A sample:
     se_bridge_consumer_eventgrid_refused_total{reason="untrusted-topic"} 1.0
     se_bridge_consumer_eventgrid_disagreements_total{field="Resources"} 1.0
     se_bridge_consumer_arm_acknowledge_total{outcome="approved"} 2.0
+    se_bridge_consumer_failures_total{activity="reconcile",kind="OperationalError"} 1.0
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ class ConsumerMetrics:
         fared, by outcome (bridge.consumer.armcarrier.ArmCarrier.outcomes)."""
         self.registry.register(_ArmCollector(counts))
 
+    def watch_failures(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """Ask `counts` at each scrape how often each periodic pass failed, by activity and
+        kind (bridge.consumer.guard.Failures.counts)."""
+        self.registry.register(_FailuresCollector(counts))
+
     def watch_people(self, counts: Callable[[], PeopleCounts]) -> None:
         """Ask `counts` at each scrape for the asks, pauses and people's actions
         (PeopleDesk.counts: no read of the fleet state at a scrape)."""
@@ -198,6 +204,23 @@ class _EventGridCollector(Collector):
         for name, count in sorted(now.disagreements.items()):
             disagreed.add_metric([name], count)
         yield disagreed
+
+
+class _FailuresCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "se_bridge_consumer_failures",
+            "Passes of the consumer's periodic work that failed and were tried again at the "
+            "next, by activity (reevaluate, reconcile, reconcile_row, eventgrid_parse) and kind "
+            "(the error's type).",
+            labels=["activity", "kind"],
+        )
+        for (activity, kind), count in sorted(self._counts().items()):
+            family.add_metric([activity, kind], count)
+        yield family
 
 
 class _PeopleCollector(Collector):

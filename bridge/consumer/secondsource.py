@@ -22,10 +22,12 @@ from bridge.cloud import identity
 from bridge.config import Config
 from bridge.consumer import documents as fs
 from bridge.consumer.core import Consumer
+from bridge.consumer.guard import Failures, Guard
 from bridge.consumer.reading import Position
 from bridge.consumer.sources.eventgrid import HealthChange, Parsed, Trust, describe, parse
 from bridge.consumer.sources.resourcegraph import Reconciler, RequestsTransport, ResourceGraph
 from bridge.records import RecordView, utc_now
+from bridge.redact import redact
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +51,14 @@ class EventGridIntake:
         consumer: Consumer,
         trust: Trust,
         emit: Callable[[Sequence[RecordView]], None] | None = None,
+        failures: Failures | None = None,
     ) -> None:
         """`emit`: where the Event records made of deliveries go besides the fold (the
-        consumer's own sinks, so Log Analytics holds both sources' records in one table)."""
+        consumer's own sinks, so Log Analytics holds both sources' records in one table).
+        `failures`: where the metric finds the messages the parser failed on."""
         self.consumer, self.trust, self._emit = consumer, trust, emit
+        # A message the parser fails on (a bug) is set aside, the rest of its batch goes on.
+        self.guard = Guard("eventgrid_parse", log, failures)
         self.refused: Counter[str] = Counter()  # by refusal code
         self.ignored = 0  # AKS events, health annotations, whole scale sets' health
         self.events = 0  # Event records folded in
@@ -79,8 +85,20 @@ class EventGridIntake:
         """What `bodies` hold that may be folded in, each refusal counted and logged: the
         deliveries of the hub, or the Resource Graph reconciler's rows (`what` one is)."""
         taken = Parsed()
+        lost = 0
         for body in bodies:
-            parsed = parse(body, self.trust)
+            try:
+                parsed = parse(body, self.trust)
+            except Exception as err:  # one message never keeps the others of its batch out
+                lost += 1
+                self.guard.failed(
+                    err,
+                    f"reading {what}",
+                    "it was set aside, nothing of it folded in, and the rest of its batch "
+                    "goes on; report this line with its traceback (it begins "
+                    f"{redact(body[:300])!r})",
+                )
+                continue
             if parsed.refused:
                 with self._counting:
                     self.refused.update(r.code for r in parsed.refused)
@@ -95,6 +113,8 @@ class EventGridIntake:
                 self.ignored += len(parsed.ignored)
             taken.events += parsed.events
             taken.health += parsed.health
+        if bodies and not lost:
+            self.guard.succeeded(f"reading {what}")
         return taken
 
     def fold(
@@ -120,13 +140,14 @@ def intake_for(
     config: Config,
     consumer: Consumer,
     emit: Callable[[Sequence[RecordView]], None] | None = None,
+    failures: Failures | None = None,
 ) -> EventGridIntake | None:
     """The intake of `consumer` when eventgrid.enabled, trusting what [eventgrid] names;
     None when it is off. `se-bridge consume` and the Azure Functions app both build it here,
     so a delivery is refused or taken alike whichever of them reads the hub."""
     if not config.eventgrid.enabled:
         return None
-    return EventGridIntake(consumer, Trust.of(config.eventgrid), emit)
+    return EventGridIntake(consumer, Trust.of(config.eventgrid), emit, failures)
 
 
 class FleetKnown:
@@ -144,12 +165,14 @@ class FleetKnown:
         return {str(d.value.get("resource_id", "")).lower(): d.value for d in docs}
 
 
-def build_reconciler(config: Config, intake: EventGridIntake) -> Reconciler:
+def build_reconciler(
+    config: Config, intake: EventGridIntake, failures: Failures | None = None
+) -> Reconciler:
     """The Resource Graph reconciler of eventgrid.reconcile_interval, as the consumer's
-    identity (azure-identity), feeding `intake`."""
+    identity (azure-identity), feeding `intake`; its failures counted in `failures`."""
     graph = ResourceGraph(
         config.eventgrid.resource_graph_url,
         identity.credential(config.identity),
         RequestsTransport(),
     )
-    return Reconciler(graph, intake, FleetKnown(intake.consumer), utc_now)
+    return Reconciler(graph, intake, FleetKnown(intake.consumer), utc_now, failures)

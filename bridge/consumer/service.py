@@ -30,6 +30,7 @@ from bridge.config import (
 from bridge.consumer import validation, wiring
 from bridge.consumer.armcarrier import ArmCarrier
 from bridge.consumer.command import CONSUME_FLAGS, LOGGING
+from bridge.consumer.guard import Failures, Guard
 from bridge.consumer.metrics import ConsumerMetrics, CountingSender
 from bridge.consumer.people.server import PageError, PageServer
 from bridge.consumer.people.server import build_app as build_page
@@ -43,7 +44,7 @@ from bridge.outbox.delivery import Delivery, interruptible_wait
 from bridge.outbox.spool import Spool, SpoolError
 from bridge.records import RecordView
 from bridge.redact import describe
-from bridge.retry import DeliveryError
+from bridge.retry import Backoff, DeliveryError
 from bridge.sinks import Sink, build
 
 log = logging.getLogger(__name__)
@@ -104,13 +105,19 @@ class ConsumerService:
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)
+        # The periodic passes' failures: each pass is guarded, none ends its thread.
+        self.failures = Failures()
+        self.metrics.watch_failures(self.failures.counts)
+        self._tick_guard = Guard("reevaluate", log, self.failures)
+        self._azure_guard = Guard("eventgrid_read", log, self.failures)
+        self._azure_backoff = Backoff(initial=1.0, maximum=60.0)  # a failed reader's restarts
         # Azure's own view, beside the agents' (issue 36): off unless eventgrid.enabled.
-        self.intake = intake_for(config, self.consumer, self._emit)
+        self.intake = intake_for(config, self.consumer, self._emit, self.failures)
         if self.intake is not None:
             self.metrics.watch_eventgrid(self.intake.counts)
         self.reconciler: Reconciler | None = None
         if self.intake is not None and config.eventgrid.reconcile_interval:
-            self.reconciler = build_reconciler(config, self.intake)
+            self.reconciler = build_reconciler(config, self.intake, self.failures)
         self._telemetry: telemetry.Endpoint | None = None
         self._page: PageServer | None = None
         self._notifier = telemetry.SystemdNotifier()
@@ -229,38 +236,56 @@ class ConsumerService:
                 thread.join()
 
     def _read_azure(self, stop: threading.Event) -> None:
-        """Event Grid's hub, until `stop`: a failure here stops the consumer, as the
-        records' reader's does (a second source that silently stopped would be worse)."""
-        assert self.intake is not None
-        settings = self.config.consumer
-        try:
-            if settings.hub is not None:  # the local hub: Event Grid's is a directory too
-                run_local(
-                    self.config.eventgrid.hub,
-                    self._process,
-                    stop,
-                    bodies=self._azure,
-                    group=settings.consumer_group,
+        """Event Grid's hub, until `stop`. A reader that fails is started again after a
+        backoff, from its checkpoints: the consumer goes on meanwhile with the agents' records
+        and what it holds of Azure's view (it stopped here once, exiting 0, which systemd's
+        Restart=on-failure does not restart)."""
+        backoff = self._azure_backoff
+        hub = self.config.eventgrid.hub
+        while not stop.is_set():
+            try:
+                self._read_azure_hub(stop)
+            except Exception as err:  # after start-up the consumer keeps running
+                delay = backoff.delay_for(err)
+                self._azure_guard.failed(
+                    err,
+                    f"reading Event Grid's hub {hub}",
+                    "its deliveries wait in the hub and are read from the last checkpoint "
+                    f"when the reader starts again, in {delay:.0f} s; the agents' records go "
+                    "on meanwhile; check eventgrid.hub and eventgrid.connection_string (or "
+                    "the identity's Event Hubs Data Receiver role), and report this line "
+                    "with its traceback if they are right",
                 )
-                return
-            run_eventhubs(
-                eventgrid_hub(self.config),
+            else:
+                delay = backoff.next_delay()  # returned before `stop`: not a tight loop
+            interruptible_wait(stop, delay)
+
+    def _read_azure_hub(self, stop: threading.Event) -> None:
+        settings = self.config.consumer
+        if settings.hub is not None:  # the local hub: Event Grid's is a directory too
+            run_local(
+                self.config.eventgrid.hub,
                 self._process,
                 stop,
-                load_balancing_interval=settings.load_balancing_interval,
-                checkpoint_interval=settings.checkpoint_interval,
                 bodies=self._azure,
+                group=settings.consumer_group,
             )
-        except Exception:
-            log.exception(
-                "reading Event Grid's hub %s failed: the consumer stops", self.config.eventgrid.hub
-            )
-            stop.set()
+            return
+        run_eventhubs(
+            eventgrid_hub(self.config),
+            self._process,
+            stop,
+            load_balancing_interval=settings.load_balancing_interval,
+            checkpoint_interval=settings.checkpoint_interval,
+            bodies=self._azure,
+        )
 
     def _azure(self, bodies: list[str], position: Position) -> None:
         intake = self.intake
         assert intake is not None
         self._handled(lambda: intake.handle(bodies, position))
+        self._azure_guard.succeeded(f"reading Event Grid's hub {self.config.eventgrid.hub}")
+        self._azure_backoff.reset()
 
     def _read_records(self, stop: threading.Event) -> None:
         if self.config.consumer.hub is not None:
@@ -291,14 +316,20 @@ class ConsumerService:
             self._notifier.watchdog()
             try:
                 self.consumer.tick()
-                self._tick_error = None
-            except Exception as err:
+            except Exception as err:  # the timer never stops: the next pass runs on schedule
                 self._tick_error = describe(err)
-                log.warning(
-                    "re-evaluating deferred events failed (%s); trying again in %gs",
+                self._tick_guard.failed(
                     err,
-                    self.config.consumer.reevaluate_interval,
+                    "re-evaluating the open events",
+                    "deferred events are not approved, unsent commands not sent and slots "
+                    "not released until a pass goes through; the next is in "
+                    f"{self.config.consumer.reevaluate_interval:g} s (check that the fleet "
+                    "state, consumer.state, answers; if it does, report this line with its "
+                    "traceback)",
                 )
+                continue
+            self._tick_error = None
+            self._tick_guard.succeeded("re-evaluating the open events")
 
     def _mode(self) -> str:
         if self.config.consumer.mode != "shadow":

@@ -187,6 +187,7 @@ class _Line:
         self._posting: Post | None = None  # the post under way, which the close cuts
         self._streak = FailureStreak(Backoff(delivery.first_backoff, delivery.max_backoff))
         self.failing = False
+        self._broken_kinds: set[str] = set()  # kinds of errors said (`_broken`)
         metrics.failing.labels(target.name).set(0)
         self._thread = threading.Thread(target=self._run, name=f"notify-{target.name}", daemon=True)
         self._thread.start()
@@ -254,7 +255,10 @@ class _Line:
                 if not self._queue or self._abandon.is_set():
                     return
                 notice = self._queue.popleft()
-            self._deliver(notice)
+            try:
+                self._deliver(notice)
+            except Exception as err:  # one notice (a format's bug) never ends the target's line
+                self._broken(notice, err)
 
     def _deliver(self, notice: Notice) -> None:
         body = json.dumps(self._target.format(notice)).encode("utf-8")
@@ -287,6 +291,27 @@ class _Line:
                 self.failing = False
                 self._metrics.failing.labels(name).set(0)
                 return
+
+    def _broken(self, notice: Notice, err: Exception) -> None:
+        """A notice that could not be made or posted for another reason than the webhook's:
+        given up and counted; each kind of error said once, with its traceback."""
+        self._metrics.notices.labels(self._target.name, "given_up").inc()
+        kind = type(err).__name__
+        if kind in self._broken_kinds:
+            log.debug("gave up another notice to %s: %s", self._target.name, describe(err))
+            return
+        self._broken_kinds.add(kind)
+        log.error(
+            "gave up a notice (%s, event %s) to notify target %s: making or posting it failed "
+            "(%s); the target's later notices go on, and later failures of this kind are "
+            'counted in se_bridge_consumer_notifications_total{outcome="given_up"}, not '
+            "said again; report this line with its traceback",
+            notice.kind,
+            notice.event_id,
+            self._target.name,
+            describe(err, with_type=True),
+            exc_info=err,
+        )
 
     def _give_up(self, notice: Notice, err: DeliveryError, attempts: int) -> None:
         self.failing = True

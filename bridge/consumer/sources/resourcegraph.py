@@ -83,6 +83,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import requests
 
 from bridge.config import ConfigError, EventGridSettings
+from bridge.consumer.guard import Failures, Guard
 from bridge.consumer.sources.eventgrid import (
     HEALTH_CHANGED,
     HealthChange,
@@ -394,23 +395,36 @@ def plan(
     parsed: Parsed,
     events_known: Mapping[str, Mapping[str, Any]],
     health_known: Mapping[str, Mapping[str, Any]],
+    failed: Callable[[Exception, str], None] | None = None,
 ) -> Plan:
     """The rows of `parsed` to fold: `events_known` the stored event documents by EventId
-    (lower case), `health_known` the stored health documents by resource id (lower case)."""
+    (lower case), `health_known` the stored health documents by resource id (lower case).
+    `failed(error, which row)`: a row that cannot be compared (a stored document of a shape
+    nobody wrote) is told there and left out, the rest go on; without it, the error raises."""
     chosen = Plan()
     for record in parsed.events:
-        held = events_known.get(record["EventId"].lower())
-        if _tells_more(record, held):
-            chosen.events.append(record)
+        try:
+            if _tells_more(record, events_known.get(record["EventId"].lower())):
+                chosen.events.append(record)
+        except Exception as err:
+            if failed is None:
+                raise
+            failed(err, f"event {record['EventId']}")
     for change in parsed.health:
-        doc = health_known.get(change.resource.id.lower())
-        if doc is None:
-            if change.state in _UNHEALTHY:  # Available of a VM never held down: nothing new
+        try:
+            if _health_tells_more(change, health_known.get(change.resource.id.lower())):
                 chosen.health.append(change)
-            continue
-        if iso(change.at) > str(doc.get("at", "")):
-            chosen.health.append(change)
+        except Exception as err:
+            if failed is None:
+                raise
+            failed(err, f"the health of {change.resource.vm_name or change.resource.id}")
     return chosen
+
+
+def _health_tells_more(change: HealthChange, doc: Mapping[str, Any] | None) -> bool:
+    if doc is None:
+        return change.state in _UNHEALTHY  # Available of a VM never held down: nothing new
+    return iso(change.at) > str(doc.get("at", ""))
 
 
 def _tells_more(record: rt.Event, held: Mapping[str, Any] | None) -> bool:
@@ -451,38 +465,42 @@ class Known(Protocol):
 
 
 class Reconciler:
-    """One pass: both queries, their rows through the intake's parser, `plan`, the fold."""
+    """One pass: both queries, their rows through the intake's parser, `plan`, the fold.
+
+    A pass never ends the loop that makes it (`once`, `run`): whatever fails is counted
+    (`guard`, `rows`: bridge.consumer.guard) and said once per kind, and the next pass runs
+    on schedule. One row that cannot be compared or folded keeps no other row of its pass
+    out: it is left for the next pass, which tries it again."""
 
     def __init__(
-        self, graph: ResourceGraph, intake: Intake, known: Known, now: Callable[[], datetime]
+        self,
+        graph: ResourceGraph,
+        intake: Intake,
+        known: Known,
+        now: Callable[[], datetime],
+        failures: Failures | None = None,
     ) -> None:
+        """`failures`: where the metric finds the reconciler's counts (`se-bridge consume`'s)."""
         self.graph, self.intake, self.known, self._now = graph, intake, known, now
-        self._failing = False  # the last pass failed (said when the run of failures began)
+        self.guard = Guard("reconcile", log, failures)  # whole passes that failed
+        self.rows = Guard("reconcile_row", log, failures)  # rows left out of a pass
+        self._left_out = 0
 
     @property
     def cost(self) -> Cost:
         return self.graph.cost
 
     def reconcile(self) -> Plan:
-        """One pass; DeliveryError when a query failed (nothing of that pass is folded)."""
-        trust = self.intake.trust
-        subscriptions = sorted(trust.subscriptions)
-        bodies: list[str] = []
-        now = self._now() - LAG
-        health = self.known.health() if trust.health else {}
-        held = [i for i, doc in health.items() if doc.get("state") in _UNHEALTHY]
+        """One pass; DeliveryError when a query failed, or what else failed before the rows
+        were planned (the fleet state): nothing of that pass is folded then. A row that
+        cannot be planned or folded is counted in `rows` and left out; the rest are folded."""
         try:
-            for table, query in queries(trust, held).items():
-                bodies += [
-                    as_delivery(row, table, now) for row in self.graph.rows(query, subscriptions)
-                ]
-        except DeliveryError:
+            chosen = self._chosen()
+        except Exception:
             self.cost.failed_passes += 1
             raise
         finally:
             self.cost.passes += 1
-        parsed = self.intake.take(bodies, "a Resource Graph row")
-        chosen = plan(parsed, self.known.events([e["EventId"] for e in parsed.events]), health)
         if chosen.events or chosen.health:
             log.info(
                 "Resource Graph told of %d event changes and %d health changes Event Grid "
@@ -490,30 +508,98 @@ class Reconciler:
                 len(chosen.events),
                 len(chosen.health),
             )
-            self.intake.fold(chosen.events, chosen.health)
-        self.cost.fed_events += len(chosen.events)
-        self.cost.fed_health += len(chosen.health)
-        return chosen
+        folded = self._fold(chosen)
+        if not self._left_out:
+            self.rows.succeeded("folding Resource Graph's rows")
+        self.cost.fed_events += len(folded.events)
+        self.cost.fed_health += len(folded.health)
+        return folded
+
+    def _chosen(self) -> Plan:
+        self._left_out = 0  # rows of this pass that could not be planned or folded
+        trust = self.intake.trust
+        subscriptions = sorted(trust.subscriptions)
+        bodies: list[str] = []
+        now = self._now() - LAG
+        health = self.known.health() if trust.health else {}
+        held = [i for i, doc in health.items() if doc.get("state") in _UNHEALTHY]
+        for table, query in queries(trust, held).items():
+            bodies += [
+                as_delivery(row, table, now) for row in self.graph.rows(query, subscriptions)
+            ]
+        parsed = self.intake.take(bodies, "a Resource Graph row")
+        known = self.known.events([e["EventId"] for e in parsed.events])
+        return plan(parsed, known, health, self._row_failed)
+
+    def _fold(self, chosen: Plan) -> Plan:
+        """Fold what `chosen` holds, all at once; if that fails, each row alone, so that one
+        that cannot be folded keeps no other out. What was folded."""
+        folded = Plan()
+        for events, health in ((chosen.events, []), ([], chosen.health)):
+            if not (events or health):
+                continue
+            try:
+                self.intake.fold(events, health)
+            except Exception:  # one row, or the state: each alone tells which
+                for record in events:
+                    if self._fold_one([record], [], f"event {record['EventId']}"):
+                        folded.events.append(record)
+                for change in health:
+                    which = f"the health of {change.resource.vm_name or change.resource.id}"
+                    if self._fold_one([], [change], which):
+                        folded.health.append(change)
+                continue
+            folded.events += events
+            folded.health += health
+        return folded
+
+    def _fold_one(
+        self, events: Sequence[rt.Event], health: Sequence[HealthChange], which: str
+    ) -> bool:
+        try:
+            self.intake.fold(events, health)
+        except Exception as err:
+            self._row_failed(err, which)
+            return False
+        return True
+
+    def _row_failed(self, err: Exception, which: str) -> None:
+        self._left_out += 1
+        self.rows.failed(
+            err,
+            f"folding Resource Graph's row of {which}",
+            "the pass's other rows go on, and the next pass tries this one again; if it "
+            "fails pass after pass, report this line with its traceback (until then Event "
+            "Grid's deliveries of it still count)",
+        )
 
     def once(self, interval: float) -> None:
-        """One pass, as `run` and the Functions app's timer make it: a failure is logged, not
-        raised (Event Grid's deliveries still count, and the next pass, `interval` seconds on,
-        tries again), and a run of failures is said once, so a person acts on it once."""
+        """One pass, as `run` and the Functions app's timer make it: whatever fails is logged
+        and counted, not raised (Event Grid's deliveries still count, and the next pass,
+        `interval` seconds on, tries again), and each kind of failure in a run of them is
+        said once, so a person acts on it once. Resource Graph's own failures (unreachable,
+        throttled past the retries, the identity refused) are a WARNING; anything else (the
+        fleet state failing, a bug) an ERROR with its traceback."""
         try:
             self.reconcile()
         except DeliveryError as err:
-            if not self._failing:
-                log.warning(
-                    "the Resource Graph reconciler's pass failed: %s; Event Grid's "
-                    "deliveries still count, the next pass is in %g s",
-                    err,
-                    interval,
-                )
-            self._failing = True
+            self.guard.failed(
+                err,
+                "the Resource Graph reconciler's pass",
+                f"Event Grid's deliveries still count, the next pass is in {interval:g} s",
+                level=logging.WARNING,
+            )
             return
-        if self._failing:
-            log.info("Resource Graph answers again: the reconciler's passes go on")
-        self._failing = False
+        except Exception as err:  # the loop never ends: the next pass runs on schedule
+            self.guard.failed(
+                err,
+                "the Resource Graph reconciler's pass",
+                f"nothing of it was folded; Event Grid's deliveries still count, the next "
+                f"pass is in {interval:g} s; check that the fleet state (consumer.state) "
+                "answers, and report this line with its traceback if it does",
+            )
+            return
+        self.guard.succeeded("the Resource Graph reconciler")
 
     def run(self, stop: threading.Event, interval: float) -> None:
         """A pass every `interval` seconds until `stop`."""

@@ -5,8 +5,9 @@ real consumer core on SQLite and the real client code over HTTPS (the Resource G
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ import pytest
 from azure.core.credentials import AccessToken
 
 from bridge.consumer.secondsource import EventGridIntake, FleetKnown
-from bridge.consumer.sources.eventgrid import Trust
+from bridge.consumer.sources import eventgrid
+from bridge.consumer.sources.eventgrid import Parsed, Trust
 from bridge.consumer.sources.resourcegraph import (
     Reconciler,
     RequestsTransport,
@@ -269,4 +271,97 @@ def test_a_run_of_failed_passes_is_said_once_and_the_next_pass_tries_again(
         runner.join(timeout=30)
     said = [r.getMessage() for r in caplog.records if "reconciler's pass failed" in r.getMessage()]
     assert len(said) == 1, said
-    assert any("Resource Graph answers again" in r.getMessage() for r in caplog.records)
+    assert any("reconciler works again" in r.getMessage() for r in caplog.records)
+
+
+# --- a pass that fails for another reason than Resource Graph's (issue 36, review) ------------
+
+E3 = "B2C3D4E5-0000-4000-8000-000000000003"
+
+
+class FailingKnown:
+    """The fleet state as the reconciler reads it, failing the first `failures` reads (a
+    SQLite database locked, a Table Storage outage)."""
+
+    def __init__(self, inner: FleetKnown, failures: int) -> None:
+        self.inner, self.failures = inner, failures
+
+    def events(self, event_ids: Sequence[str]) -> Mapping[str, Mapping[str, Any]]:
+        return self.inner.events(event_ids)
+
+    def health(self) -> Mapping[str, Mapping[str, Any]]:
+        if self.failures:
+            self.failures -= 1
+            raise sqlite3.OperationalError("database is locked")
+        return self.inner.health()
+
+
+def test_a_pass_the_fleet_state_fails_is_said_at_error_once_and_the_next_pass_runs(
+    rec: Reconciled, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="bridge.consumer.sources.resourcegraph")
+    rec.reconciler.known = FailingKnown(FleetKnown(rec.consumer), failures=2)
+    rec.row(E2, "Started", ["web_2"])  # Event Grid's delivery of it was lost
+    stop = threading.Event()
+    runner = threading.Thread(target=rec.reconciler.run, args=(stop, 0.01))
+    runner.start()
+    try:
+        # A reconciler thread that died would never fold the row: not waited for past its death.
+        eventually(lambda: rec.intake.events == 1 or not runner.is_alive(), 60, "a later pass")
+        assert runner.is_alive(), "the reconciler's thread ended on a failed pass"
+        assert rec.intake.events == 1
+    finally:
+        stop.set()
+        runner.join(timeout=30)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]
+    assert "OperationalError" in errors[0].getMessage()
+    assert "the next pass" in errors[0].getMessage()
+    assert rec.reconciler.guard.counts() == {"OperationalError": 2}
+    assert rec.reconciler.cost.failed_passes == 2
+    assert any("works again" in r.getMessage() for r in caplog.records)
+
+
+def test_one_row_that_cannot_be_folded_keeps_no_other_row_of_its_pass_out(
+    rec: Reconciled, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    process = rec.consumer.process
+
+    def buggy(records: Sequence[Any], position: Any = None) -> None:
+        if any(r.get("EventId") == E2 for r in records):
+            raise KeyError("a bug in the handling of one event")
+        process(records, position)
+
+    monkeypatch.setattr(rec.consumer, "process", buggy)
+    rec.row(E2, "Started", ["web_2"])
+    rec.row(E3, "Started", ["web_3"])
+    rec.health_row("web_1", "Unavailable")
+    rec.reconciler.once(300)  # raises nothing
+    assert rec.consumer.explain(E2) is None
+    assert rec.consumer.explain(E3) is not None  # the other row of the pass is folded
+    assert rec.intake.health == 1  # and so is the health row
+    assert rec.reconciler.rows.counts() == {"KeyError": 1}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert E2 in errors[0]
+
+
+def test_one_row_the_parser_fails_on_keeps_no_other_row_of_its_pass_out(
+    rec: Reconciled, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = eventgrid.parse
+
+    def buggy(body: str, trust: Trust) -> Parsed:
+        if E2 in body:
+            raise TypeError("a bug in the parser")
+        return real(body, trust)
+
+    monkeypatch.setattr("bridge.consumer.secondsource.parse", buggy)
+    rec.row(E2, "Started", ["web_2"])
+    rec.row(E3, "Started", ["web_3"])
+    rec.reconciler.once(300)
+    assert rec.consumer.explain(E3) is not None
+    assert rec.intake.guard.counts() == {"TypeError": 1}
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "a Resource Graph row" in errors[0]

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from bridge.config import load
 from bridge.notify import formats, kinds
 from bridge.notify.formats import SAMPLE
+from bridge.notify.notice import Notice
 from bridge.notify.notifier import Delivery, Notifier, Target
 from tests.doubles.hostile_webhook import HostileWebhook
 from tests.doubles.keyvault import KeyVaultDouble
@@ -259,3 +260,28 @@ def test_the_close_cuts_a_post_to_a_dripping_webhook() -> None:
         eventually(lambda: hostile.counts()[1] > 0, what="the answer begun")
         notifier.close(0)
         eventually(lambda: not notifier.alive(), what="the post cut off at the close")
+
+
+def test_a_notice_its_format_fails_on_is_given_up_and_the_target_takes_the_next(
+    receiver: WebhookReceiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bug in a format for one notice (or a notice no format expected) ends neither the
+    target's thread nor its later notices (issue 36's review: a thread must not stop for good)."""
+
+    def fragile(notice: Notice) -> formats.Body:
+        if notice.event_id == "odd":
+            raise KeyError("a field this format did not expect")
+        return formats.generic(notice)
+
+    registry = CollectorRegistry()
+    notifier = Notifier([Target("any", fragile, hook(receiver, "any"))], FAST, registry)
+    for event in ("odd", "odd", "next"):
+        notifier.notify(replace(SAMPLE, target="any", event_id=event))
+    eventually(lambda: receiver.bodies("/hooks/any") or not notifier.alive(), 60, "the next")
+    assert notifier.alive() == ("any",)
+    assert [b["EventId"] for b in receiver.bodies("/hooks/any")] == ["next"]
+    assert sample(2, registry, "any", "given_up")
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1, errors
+    assert "KeyError" in errors[0]
+    notifier.close(5)

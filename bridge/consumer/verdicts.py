@@ -208,18 +208,7 @@ def failure(
     if fs.standing(event) == _said(verdict):
         return None
     resources = [_valid_text(str(r)) for r in event.get("resources") or []]
-    record = verdict_record(
-        resources,
-        view=view,
-        verdict=verdict,
-        action="Defer",
-        target=None,
-        command=None,
-        voice=voice,
-        now=now,
-        failing=failing,
-    )
-    return Said(fs.event_key(view.event_id), record, _standing(view, verdict, record))
+    return _said_alone(resources, view, verdict, "Defer", voice=voice, now=now, failing=failing)
 
 
 def released(
@@ -233,11 +222,26 @@ def released(
 ) -> Said:
     """That the event's budget slot was released though no VM reported its end (`why`)."""
     verdict = Verdict("Release", RELEASE_RULE, why)
+    resources = event.get("resources") or []
+    return _said_alone(resources, view, verdict, "Release", voice=voice, now=now, failing=failing)
+
+
+def _said_alone(
+    resources: Sequence[str],
+    view: EventView,
+    verdict: Verdict,
+    action: rt.DecisionAction,
+    *,
+    voice: Voice,
+    now: datetime,
+    failing: Sequence[str],
+) -> Said:
+    """A decision that targets no VM and sends nothing, said as `action`."""
     record = verdict_record(
-        event.get("resources") or [],
+        resources,
         view=view,
         verdict=verdict,
-        action="Release",
+        action=action,
         target=None,
         command=None,
         voice=voice,

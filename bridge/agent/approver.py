@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from bridge import recordtypes as rt
+from bridge.agent.advisory import is_recommendation
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
 from bridge.commands.message import LATE, Command, resources_digest
@@ -370,7 +371,11 @@ class Approver:
         if went is not None:
             detail = self._late_detail(request, went)
             return Attempt("Refused", detail, replace(base, detail=detail, late=went))
-        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
+        refusal = (
+            _advisory(event, request.event_id)
+            or _refusal(document, event, request.event_id)
+            or _changed(event, request)
+        )
         if refusal is not None:
             return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
         return self._start(request, base)
@@ -427,6 +432,19 @@ class Approver:
             while len(self._seen) > SEEN_MEMORY:
                 del self._seen[min(self._seen, key=lambda k: self._seen[k]["until"])]
             return {"seen": {k: dict(v) for k, v in self._seen.items()}}
+
+
+def _advisory(event: ParsedEvent | None, event_id: str) -> str | None:
+    """A Spot rebalance recommendation is never approved, whoever asks: acknowledging it does
+    nothing, and an approval counted for it would hold a budget for nothing. The agent never
+    makes it an Event record; this is the last guard, should IMDS list one in the document
+    the approvals read."""
+    if event is None or not is_recommendation(event.present.get("EventType")):
+        return None
+    return (
+        f"event {event_id} is a Spot rebalance recommendation: an advisory, never approved "
+        "(no StartRequests was sent)"
+    )
 
 
 def request_for(command: Command) -> Request:

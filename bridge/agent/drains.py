@@ -268,6 +268,12 @@ class DrainJobs:
             return False  # the platform has begun: a drain now only cordons for nothing
         return self._on_sight or event.get("EventType") == "Preempt"
 
+    def advise(self, records: Sequence[rt.Advisory]) -> list[Job]:
+        """None: a drain on a rebalance recommendation is the consumer's to grant (docs/
+        policy.md#spot-rebalance-recommendations), and the Preempt that may follow drains
+        at once, on its fast path, as before."""
+        return []
+
     def awaits(self, record: rt.Event) -> bool:
         """Whether the drain of this event's prepare comes on a grant (a central policy)."""
         return (

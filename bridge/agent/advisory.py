@@ -141,7 +141,7 @@ def advise(
     state: AdviceState = {}
     problems: list[str] = []
     for entry in found:
-        key = _key(entry)
+        key = _key(entry, origin)
         if key in state:
             problems.append(f"recommendation {state[key]['EventId']} appears more than once")
             continue
@@ -159,11 +159,14 @@ def _get(entry: Mapping[str, Any], folded: str) -> Any:
     return next((v for k, v in entry.items() if str(k).strip().lower() == folded), None)
 
 
-def _key(entry: Mapping[str, Any]) -> str:
+def _key(entry: Mapping[str, Any], origin: Origin) -> str:
+    """The EventId; without one, a digest of what the entry says and of this VM (two Spot
+    VMs each told the same id-less sample are two recommendations, not one)."""
     event_id = _get(entry, "eventid")
     if isinstance(event_id, str) and event_id.strip():
         return event_id.strip().lower()
-    text = json.dumps({str(k): v for k, v in entry.items()}, sort_keys=True, default=str)
+    said = {str(k): v for k, v in entry.items()}
+    text = json.dumps([origin.identity.key(origin.host_name), said], sort_keys=True, default=str)
     return "digest-" + hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

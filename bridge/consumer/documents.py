@@ -179,6 +179,9 @@ class EventDocument(Told, total=False):
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
     asked: Asked  # when the consumer first asked a person about it (an `ask` rule)
     azure: AzureView  # the event as Event Grid tells it (the second source, issue 36)
+    # A Spot rebalance recommendation (Advisory records), not an event: never approved
+    # (bridge.policy.gates.rebalance); a reporter's status is Scheduled while it is Raised.
+    advisory: bool
 
 
 class Asked(TypedDict):
@@ -407,7 +410,7 @@ _EVENT_FIELDS = {
 
 
 def merge_event(value: EventDocument, record: RecordView, heard: str = "") -> bool:
-    """Fold an Event or Hook record into an event document; True when it changed.
+    """Fold an Event, Hook or Advisory record into an event document; True when it changed.
 
     `heard`: the consumer's clock now (ISO), kept when the record changed the event.
     """
@@ -416,6 +419,8 @@ def merge_event(value: EventDocument, record: RecordView, heard: str = "") -> bo
         _merge_event_record(value, record)
     elif record.get(RECORD_TYPE) == "Hook":
         _merge_hook_record(value, record)
+    elif record.get(RECORD_TYPE) == "Advisory":
+        _merge_advisory_record(value, record)
     changed = repr(value) != before
     if changed and heard:
         value["heard"] = max(heard, value.get("heard", ""))
@@ -522,6 +527,21 @@ def _record_scope(record: RecordView) -> Scope:
         field_of(record, "SubscriptionId"),
         (group or "").lower() or None,
         (scale_set or "").lower() or None,
+    )
+
+
+def _merge_advisory_record(value: EventDocument, record: RecordView) -> None:
+    """A recommendation as its reporter tells it: Scheduled while Raised, Gone once Cleared.
+    One that names no VM (Azure's only public sample names none) is its reporter's own, as
+    the agent takes it (AffectsThisVm null)."""
+    value["advisory"] = True
+    named = field_of(record, "Resources") or []
+    own = field_of(record, "VmName")
+    if not named and record.get("AffectsThisVm") is not False and own:
+        named = [own]
+    raised = record.get("AdvisoryState") == "Raised"
+    _merge_event_record(
+        value, {**record, "Resources": named, "EventStatus": "Scheduled" if raised else None}
     )
 
 
@@ -772,6 +792,7 @@ def event_view(
         drains=drain_views(value.get("drains")),
         disagreements=disagreements(agents, azure, said if reports else None),
         azure=None if azure is None else str(azure.get("status")),
+        advisory=bool(value.get("advisory")),
     )
 
 

@@ -62,7 +62,8 @@ def test_split_leaves_a_document_without_recommendations_as_it_is() -> None:
 def test_split_reads_any_case_and_leaves_what_is_no_document_to_the_normaliser() -> None:
     lower = {"documentincarnation": 2, "events": [{"eventtype": "spotrebalancerecommendation"}]}
     assert split(lower) == ({"documentincarnation": 2, "events": []}, lower["events"])
-    for raw in (None, [], "x", {"Events": "nope"}, {"DocumentIncarnation": 1}):
+    nothing: list[object] = [None, [], "x", {"Events": "nope"}, {"DocumentIncarnation": 1}]
+    for raw in nothing:
         assert split(raw) == (raw, [])
 
 

@@ -357,11 +357,21 @@ class Agent:
 
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
+        advised: frozenset[str] = frozenset()
+        if self.config.agent.spot_rebalance:
+            advised = frozenset(
+                k for k, v in self.advice.items() if v["AffectsThisVm"] is not False
+            )
+            self.approver.advised(advised)
+            if self.drains is not None:
+                self.drains.advised(advised)
         self.approver.observe(self.state)
         self.prepare.observe(self.state, polled=self._poll.last_success is not None)
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
             own = listener.own_events(self.state)
+            if advised:  # a drain's grant may come for one: the inbox is read as for an event
+                scheduled, affects, own = True, True, own | advised
             self.listener.update(self.origin.identity.vm_id, scheduled, affects, own)
         if self.local is not None:
             self.local.observe(self.state, self.origin)

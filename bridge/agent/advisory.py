@@ -45,19 +45,14 @@ from typing import Any, TypedDict, cast
 
 from bridge import recordtypes as rt
 from bridge.imdstime import parse_time
-from bridge.records import Origin, iso, vm_key
+from bridge.records import REBALANCE_EVENT_TYPE, Origin, is_recommendation, iso, vm_key
+
+__all__ = ["REBALANCE_EVENT_TYPE", "is_recommendation"]  # also read from here by the agent
 
 REBALANCE_API_VERSION = "2024-07-09"
-REBALANCE_EVENT_TYPE = "SpotRebalanceRecommendation"
 # What an IMDS that does not serve an api-version answers: 404 (the handler above) or 400
 # (the Scheduled Events docs).
 NOT_SERVED = frozenset({400, 404})
-
-
-def is_recommendation(event_type: object) -> bool:
-    return (
-        isinstance(event_type, str) and event_type.strip().lower() == "spotrebalancerecommendation"
-    )
 
 
 def not_served(status: int) -> bool:

@@ -540,9 +540,12 @@ def _merge_advisory_record(value: EventDocument, record: RecordView) -> None:
     if not named and record.get("AffectsThisVm") is not False and own:
         named = [own]
     raised = record.get("AdvisoryState") == "Raised"
-    _merge_event_record(
-        value, {**record, "Resources": named, "EventStatus": "Scheduled" if raised else None}
-    )
+    status = "Scheduled" if raised else None
+    # Event Grid's view reads its status from Transition (bridge.consumer.sources.eventgrid).
+    told = {**record, "Resources": named, "EventStatus": status}
+    if record.get("Source") == "EventGrid":
+        told["Transition"] = "Scheduled" if raised else "Completed"
+    _merge_event_record(value, told)
 
 
 def _merge_hook_record(value: EventDocument, record: RecordView) -> None:

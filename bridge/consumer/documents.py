@@ -26,7 +26,7 @@ from bridge.consumer.drains import DrainNote, drain_views, merged_drain
 from bridge.consumer.sources.eventgrid import Resource, resource_of
 from bridge.consumer.state import Doc, layout
 from bridge.policy.model import EventView, Scope, VmView, scope_of
-from bridge.records import RecordView, parse_time, record_id, vm_key
+from bridge.records import RecordView, is_recommendation, parse_time, record_id, vm_key
 from bridge.recordtypes import RECORD_TYPE
 
 
@@ -416,6 +416,10 @@ def merge_event(value: EventDocument, record: RecordView, heard: str = "") -> bo
     """
     before = repr(value)
     if record.get(RECORD_TYPE) == "Event":
+        if is_recommendation(record.get("EventType")):
+            # An agent with agent.spot_rebalance off, should its api-version list one: an
+            # advisory all the same, never approved.
+            value["advisory"] = True
         _merge_event_record(value, record)
     elif record.get(RECORD_TYPE) == "Hook":
         _merge_hook_record(value, record)

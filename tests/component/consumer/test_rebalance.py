@@ -74,3 +74,14 @@ def test_without_a_rebalance_section_a_recommendation_is_only_recorded(tmp_path:
     # Nothing was taken from the budget: an event on the other node is approved at once.
     rig.consumer.process([rig.fleet.event("n1", E2)])
     assert [c[0] for c in sent(rig)] == ["Prepare"]  # its drain first, as any event's
+
+
+def test_a_recommendation_an_agent_wrote_as_an_event_is_never_approved(tmp_path: Path) -> None:
+    # An agent with agent.spot_rebalance off, should the GA api-version ever list one.
+    rig = nodes(tmp_path / "fleet.db", None)
+    event = rig.fleet.event("n0", E1, event_type="SpotRebalanceRecommendation")
+    rig.consumer.process([event])
+    rig.fleet.advance(60)
+    rig.consumer.tick()
+    assert sent(rig) == []
+    assert read_ledger(rig.store).events == {}

@@ -23,8 +23,9 @@ The format (EXAMPLE_POLICY_YAML below uses every part of it):
   Days: Mon..Sun or full names, weekdays, weekend, daily. Times: "HH:MM"; an end
   at or before the start wraps past midnight and belongs to the day it opened.
 - `rebalance:` (optional): `drain: true` drains the Kubernetes node of a Spot VM with a
-  rebalance recommendation at once, a drain granted within the budgets; the recommendation is
-  never approved (docs/policy.md#spot-rebalance-recommendations). Left out: nothing is done.
+  rebalance recommendation at once, a drain granted within the budgets; `notify: NAME` tells
+  the notification target NAME of it, once. The recommendation is never approved
+  (docs/policy.md#spot-rebalance-recommendations). Left out: nothing is done.
 
 Errors name the file, line and field (`policy.yaml:14: rules[2].action.approve_when_ready.
 deadline: expected a duration such as 10m or 90s, got 'soon'`; list indexes count from 0);
@@ -141,6 +142,7 @@ rules:                          # first match wins
     action: hold                # match omitted: matches every event
 rebalance:                      # Spot rebalance recommendations: never approved
   drain: true                   # drain a node at once, within the budgets
+  notify: ops                   # and tell the target ops, once
 """
 
 
@@ -244,8 +246,18 @@ def _policy(root: YamlNode) -> Policy:
 
 
 def _rebalance(node: YamlNode) -> Rebalance:
-    fields = node.mapping(("drain",), required=("drain",))
-    return Rebalance(drain=_switch(fields["drain"]))
+    fields = node.mapping(("drain", "notify"))
+    if not fields:
+        node.fail("empty: give drain, notify or both, or leave rebalance out")
+    target = (
+        fields["notify"].text("a notification target's name").strip()
+        if "notify" in fields
+        else None
+    )
+    if target == "":
+        fields["notify"].fail("empty: name a notification target of [[notify.targets]]")
+    drain = _switch(fields["drain"]) if "drain" in fields else False
+    return Rebalance(drain=drain, notify=target)
 
 
 def _switch(node: YamlNode) -> bool:
@@ -497,8 +509,11 @@ def summary(policy: Policy) -> list[str]:
     lines += [f"  rule {rule.name}: {describe_rule(rule)}" for rule in policy.rules]
     lines += [f"  budget {budget.name}: {describe_budget(budget)}" for budget in policy.budgets]
     if policy.rebalance is not None:
-        drain = "drain the node at once" if policy.rebalance.drain else "record only"
-        lines.append(f"  rebalance: {drain} (a Spot rebalance recommendation is never approved)")
+        drain = "drain the node at once" if policy.rebalance.drain else "drain nothing"
+        told = f", tell {policy.rebalance.notify}" if policy.rebalance.notify else ""
+        lines.append(
+            f"  rebalance: {drain}{told} (a Spot rebalance recommendation is never approved)"
+        )
     return lines
 
 

@@ -146,9 +146,11 @@ class Budget:
 class Rebalance:
     """What the policy does on a Spot rebalance recommendation (an Advisory, never approved):
     `drain` the Kubernetes node of each VM it names at once, a drain granted within the
-    budgets as any drain is (docs/policy.md#spot-rebalance-recommendations)."""
+    budgets as any drain is; `notify` the notification target told of it, once (None:
+    nobody) (docs/policy.md#spot-rebalance-recommendations)."""
 
     drain: bool = False
+    notify: str | None = None
 
 
 @dataclass(frozen=True)
@@ -416,6 +418,8 @@ class Verdict:
     # A Defer that grants the drains of these VMs (a Prepare command to each): the budgets
     # let the event through, and its approval waits for their nodes to be drained.
     grant: tuple[str, ...] = ()
+    # The notification target told of this decision if it is the event's first (rebalance).
+    notify: str | None = None
 
 
 NO_RULE = "(no rule)"

@@ -5,12 +5,14 @@ budgets as any drain is (it takes a slot of the node's pool, and holds it until 
 recommendation clears, the VM is evicted, or its agent falls silent).
 
 It always returns the Verdict: Ignore (nothing to do), Defer (a drain to grant, or granted and
-not finished, or drained: the slot stays taken), or Hold (a drain ended without the node ready).
+not finished, or drained: the slot stays taken), or Hold (a drain ended without the node ready,
+or nothing to drain but a target to tell: `rebalance.notify`, told of the first decision).
 Never Approve: nothing is sent to IMDS for an advisory.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from bridge.policy.budgets import check_budgets
@@ -21,10 +23,22 @@ from bridge.policy.wording import explained, listed, node_names
 ADVISORY = "a Spot rebalance recommendation is an advisory: nothing to approve"
 
 
-def check(  # noqa: PLR0911 - one verdict a step, as the module's docstring lists them
+def check(
     policy: Policy, fleet: FleetView, event: EventView, now: datetime, notes: list[str]
 ) -> Verdict:
-    """The verdict on the advisory `event`; pure."""
+    """The verdict on the advisory `event`, with the target to tell (rebalance.notify); pure."""
+    settings = policy.rebalance
+    verdict = _decide(policy, fleet, event, now, notes)
+    if settings is None or settings.notify is None:
+        return verdict
+    # An Ignore is never said: with a target to tell, nothing to do is a Hold, said once.
+    kind = "Hold" if verdict.kind == "Ignore" else verdict.kind
+    return replace(verdict, kind=kind, notify=settings.notify)
+
+
+def _decide(  # noqa: PLR0911 - one verdict a step, as the module's docstring lists them
+    policy: Policy, fleet: FleetView, event: EventView, now: datetime, notes: list[str]
+) -> Verdict:
     settings = policy.rebalance
     if settings is None or not settings.drain:
         why = f"{ADVISORY} (the policy drains nothing on one: no rebalance.drain)"

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bridge.config import ConsumerSettings
+from bridge.consumer.core import Consumer
 from bridge.consumer.documents import event_key
 from bridge.consumer.ledger import read_ledger
 from bridge.policy.model import REBALANCE_RULE, Action, Budget, Match, Policy, Rebalance, Rule
 from tests.component.consumer.test_core import E1, E2, Rig
+from tests.component.consumer.test_people import Notices
 from tests.support.records import assert_valid
 
 POOL = "aks-pool1-12345678-vmss"
@@ -85,3 +88,17 @@ def test_a_recommendation_an_agent_wrote_as_an_event_is_never_approved(tmp_path:
     rig.consumer.tick()
     assert sent(rig) == []
     assert read_ledger(rig.store).events == {}
+
+
+def test_rebalance_notify_tells_its_target_once(tmp_path: Path) -> None:
+    rig = nodes(tmp_path / "fleet.db", Rebalance(drain=True, notify="ops"))
+    told = Notices()
+    rig.consumer = Consumer(rig.store, rig.sender, rig.consumer.policy, rig.decisions.extend,
+                            ConsumerSettings(), now=lambda: rig.fleet.now,
+                            notifier=told)  # fmt: skip
+    rig.consumer.process([rig.fleet.advisory("n0", E1)])
+    rig.fleet.advance(5)
+    rig.consumer.process([rig.fleet.drain("n0", E1, "Drained", exit_code=0)])
+    rig.consumer.tick()
+    assert [(n.kind, n.target, n.event_id) for n in told.told] == [("rebalance", "ops", E1)]
+    assert told.told[0].event_type == "SpotRebalanceRecommendation"

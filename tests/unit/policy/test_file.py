@@ -69,7 +69,7 @@ def test_example_policy_loads_to_the_model_it_documents() -> None:
             Budget("db-quarter", "tag:tier", max_percent=25.0),
         ),
         source="example.yaml",
-        rebalance=Rebalance(drain=True),
+        rebalance=Rebalance(drain=True, notify="ops"),
     )
     assert loads(policyfile.EXAMPLE_POLICY_YAML, "example.yaml") == expected
 
@@ -415,14 +415,23 @@ def test_check_command_summarises_a_valid_file(
         "  rule everything-else: every event -> hold",
         "  budget one-web-vm-at-a-time: at most 1 VM impacted per scale_set",
         "  budget db-quarter: at most 25% (at least 1 VM) impacted per tag:tier",
-        "  rebalance: drain the node at once (a Spot rebalance recommendation is never approved)",
+        "  rebalance: drain the node at once, tell ops (a Spot rebalance recommendation is never "
+        "approved)",
     ]
 
 
-@pytest.mark.parametrize(("section", "drain"), [("{drain: true}", True), ("{drain: false}", False)])
-def test_the_rebalance_section(section: str, drain: bool) -> None:
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("{drain: true}", Rebalance(drain=True)),
+        ("{drain: false}", Rebalance()),
+        ("{notify: ops}", Rebalance(notify="ops")),
+        ("{drain: true, notify: ops}", Rebalance(drain=True, notify="ops")),
+    ],
+)
+def test_the_rebalance_section(section: str, expected: Rebalance) -> None:
     body = f"version: 1\nrules: [{{name: r, action: hold}}]\nrebalance: {section}\n"
-    assert loads(body).rebalance == Rebalance(drain=drain)
+    assert loads(body).rebalance == expected
     assert loads("version: 1\nrules: [{name: r, action: hold}]\n").rebalance is None
 
 
@@ -430,8 +439,9 @@ def test_the_rebalance_section(section: str, drain: bool) -> None:
     ("section", "error"),
     [
         ("{drain: maybe}", "rebalance.drain: expected true or false, got 'maybe'"),
-        ("{}", "rebalance.drain: missing (required)"),
-        ("{drain: true, notify: x}", "rebalance"),
+        ("{}", "rebalance: empty: give drain, notify or both"),
+        ("{drain: true, ask: x}", "rebalance"),
+        ("{notify: ''}", "rebalance.notify: expected a notification target's name"),
     ],
 )
 def test_a_wrong_rebalance_section_is_named(section: str, error: str) -> None:

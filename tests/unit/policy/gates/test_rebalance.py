@@ -102,3 +102,16 @@ def test_a_pause_stops_the_drain_as_it_stops_an_approval() -> None:
     verdict = rebalance.check(DRAIN, paused, advice(), NOW, [])
     assert (verdict.kind, verdict.grant) == ("Defer", ())
     assert "paused" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("policy", "kind"),
+    [
+        (Policy(rules=(APPROVE_ALL,), rebalance=Rebalance(notify="ops")), "Hold"),
+        (replace(DRAIN, rebalance=Rebalance(drain=True, notify="ops")), "Defer"),
+    ],
+    ids=["told, nothing drained: a Hold, said", "told and drained"],
+)
+def test_notify_names_the_target_on_the_verdict(policy: Policy, kind: str) -> None:
+    verdict = rebalance.check(policy, fleet(node(0)), advice(), NOW, [])
+    assert (verdict.kind, verdict.notify) == (kind, "ops")

@@ -46,6 +46,8 @@ SCHEDULED_EVENTS_VERSIONS = (
 # The GA version: what a client that names none of the others is served by default.
 LATEST_VERSION = "2020-07-01"
 REBALANCE_VERSION = "2024-07-09"
+# Served, never listed among the newest versions a 400 names: IMDS's docs list GA ones.
+PREVIEW_VERSIONS = frozenset({REBALANCE_VERSION})
 REBALANCE_TYPE = "SpotRebalanceRecommendation"
 
 # The api-version that first returned each optional field, from the release notes in the

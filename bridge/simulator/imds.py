@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bridge.simulator.faults import Decision
-from bridge.simulator.fleet import SCHEDULED_EVENTS_VERSIONS, UnknownEventError
+from bridge.simulator.fleet import PREVIEW_VERSIONS, SCHEDULED_EVENTS_VERSIONS, UnknownEventError
 
 if TYPE_CHECKING:
     from bridge.simulator.core import Simulator
@@ -169,7 +169,7 @@ def _validate(
     served = [v for v in endpoint.versions if v not in unserved]
     if version in served:
         return None
-    newest = sorted(served, reverse=True)[:3]
+    newest = sorted((v for v in served if v not in PREVIEW_VERSIONS), reverse=True)[:3]
     error = INVALID_VERSION_ERROR if version else MISSING_VERSION_ERROR
     return json_reply(400, {"error": error, "newest-versions": newest})
 

@@ -182,6 +182,14 @@ class AgentSettings:
     log_backups: int = _setting(
         5, "Rotated log files kept beside the current one.", low=1, high=100
     )
+    spot_rebalance: bool = _setting(
+        False,
+        "On a Spot VM (instance metadata's compute.priority), poll Scheduled Events at "
+        "api-version 2024-07-09 (preview) instead of imds.api_version: the same one request a "
+        "poll, which also lists Spot rebalance recommendations, written as Advisory records "
+        "and never approved (docs/policy.md#spot-rebalance-recommendations). Other VMs poll as "
+        "before.",
+    )
 
 
 @dataclass(frozen=True)
@@ -238,6 +246,13 @@ class HooksSettings:
         300.0, "Seconds a hook may run before it is killed.", low=1, high=86400
     )
     max_concurrent: int = _setting(4, "Hooks that may run at once.", low=1, high=64)
+    on_rebalance: bool = _setting(
+        False,
+        "Also run the prepare command when a Spot rebalance recommendation naming this VM "
+        "appears (agent.spot_rebalance): SE_BRIDGE_EVENT_TYPE is "
+        "SpotRebalanceRecommendation and the Advisory record is on stdin. Nothing is "
+        "approved after it, and no recover command follows it.",
+    )
     environment: list[str] = _setting(
         [],
         "Names of the agent's environment variables also passed to hooks; by default a hook "

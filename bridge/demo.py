@@ -430,6 +430,8 @@ def summarise(record: rt.Record) -> str:
     if record[RECORD_TYPE] == "Hook":
         result = "timed out" if record["HookTimedOut"] else f"exit {record['HookExitCode']}"
         return f"Hook  {record['HookPhase']:<9} {record['EventId'][:8]} {result}"
+    if record[RECORD_TYPE] == "Advisory":
+        return f"Advisory Spot rebalance {record['EventId'][:8]} {record['AdvisoryState']}"
     return f"Heartbeat {record['HeartbeatReason']}"
 
 

@@ -26,6 +26,18 @@ def is_event(record: RecordView) -> TypeGuard[rt.Event]:
     return record.get(rt.RECORD_TYPE) == "Event"
 
 
+# The EventType of a Spot rebalance recommendation (bridge.agent.advisory says where that is
+# known from): an advisory, never an event to approve, by the agent or Event Grid's delivery.
+REBALANCE_EVENT_TYPE = "SpotRebalanceRecommendation"
+
+
+def is_recommendation(event_type: object) -> bool:
+    """Whether an EventType names a Spot rebalance recommendation (any case)."""
+    return (
+        isinstance(event_type, str) and event_type.strip().lower() == "spotrebalancerecommendation"
+    )
+
+
 def is_decision(record: RecordView) -> TypeGuard[rt.Decision]:
     """Whether `record` is a Decision record, as `is_event` tells an Event record."""
     return record.get(rt.RECORD_TYPE) == "Decision"

@@ -13,9 +13,10 @@ from typing import Final, Literal, TypedDict
 # Field names the code spells as strings, to read a record it has not typed yet.
 RECORD_TYPE: Final = "RecordType"
 
-RecordType = Literal["Event", "Heartbeat", "Hook", "Approval", "Decision"]
+RecordType = Literal["Event", "Heartbeat", "Hook", "Approval", "Decision", "Advisory"]
 Transition = Literal["Scheduled", "Started", "Updated", "Completed", "Canceled"]
 Source = Literal["Agent", "EventGrid"]
+AdvisoryState = Literal["Raised", "Cleared"]
 HeartbeatReason = Literal["Start", "Periodic", "Stop", "Node"]
 HookPhase = Literal["prepare", "recover"]
 DrainStatus = Literal[
@@ -121,7 +122,7 @@ class _HookRequired(_Shared):
     RecordType: Literal["Hook"]
     EventId: str
     EventType: str | None
-    Transition: Transition
+    Transition: Transition | None
     HookPhase: HookPhase
     TriggerRecordId: str
     HookExitCode: int | None
@@ -197,4 +198,20 @@ class Decision(_DecisionRequired, total=False):
     PauseUntil: str | None
 
 
-Record = Event | Heartbeat | Hook | Approval | Decision
+class Advisory(_Shared):
+    """A record of RecordType "Advisory"."""
+
+    RecordType: Literal["Advisory"]
+    EventId: str
+    EventType: str | None
+    EventStatus: str | None
+    Resources: list[str]
+    NotBefore: str | None
+    NotBeforeRaw: str | None
+    Description: str | None
+    AffectsThisVm: bool | None
+    AdvisoryState: AdvisoryState
+    Source: Source
+
+
+Record = Event | Heartbeat | Hook | Approval | Decision | Advisory

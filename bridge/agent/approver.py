@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol, TypeVar
 
 from bridge import recordtypes as rt
+from bridge.agent.advisory import is_recommendation
 from bridge.agent.document import ParsedDocument, ParsedEvent, is_started, parse_document
 from bridge.agent.imds import excerpt
 from bridge.commands.message import LATE, Command, resources_digest
@@ -136,6 +137,9 @@ class Approver:
         # Started, or Ended (in an earlier document, not in the last). A command for one that
         # Started or Ended came too late; one no look ever found may be other VMs' only.
         self._observed: OrderedDict[str, str] = OrderedDict()
+        # The Spot rebalance recommendations naming this VM (or none) open now: a Prepare for
+        # one grants its drain (rebalance.drain); nothing ever approves one.
+        self._advised: frozenset[str] = frozenset()
 
     def handled(self, command_id: str) -> str | None:
         """How this agent ended the command `command_id` before (Approved, ...); None if new."""
@@ -161,6 +165,11 @@ class Approver:
                 self._observed.move_to_end(key)
             while len(self._observed) > MEMORY:
                 self._observed.popitem(last=False)
+
+    def advised(self, keys: frozenset[str]) -> None:
+        """The recommendations (EventIds, lower case) open now (from the poll loop)."""
+        with self._lock:
+            self._advised = keys
 
     def _went_ahead(self, event_id: str) -> str | None:
         """Started or Ended when the agent's last look found the event past Scheduled; None
@@ -242,6 +251,12 @@ class Approver:
         request = request_for(command)
         if command.expired(self._now()):
             return self._expired(command, request)
+        with self._lock:
+            advised = command.event_id.lower() in self._advised
+        if advised:
+            # Listed only at the preview api-version the poll reads (the approvals read the
+            # GA one): the poll loop's last look vouches for it.
+            return self._granted(command)
         look = self._look(request)
         if isinstance(look, Attempt):
             return look
@@ -256,6 +271,10 @@ class Approver:
             refused = replace(base, detail=why, late=went)
             self.record(refused, seen_until=command.expires_at)
             return Attempt("Refused", refused.detail, refused)
+        return self._granted(command)
+
+    def _granted(self, command: Command) -> Attempt:
+        """A Prepare checked: its drain starts, and the command is seen."""
         assert self._prepare is not None  # only called with it set
         self._prepare.grant(command.event_id, command.command_id)
         with self._save_lock:
@@ -370,7 +389,11 @@ class Approver:
         if went is not None:
             detail = self._late_detail(request, went)
             return Attempt("Refused", detail, replace(base, detail=detail, late=went))
-        refusal = _refusal(document, event, request.event_id) or _changed(event, request)
+        refusal = (
+            _advisory(event, request.event_id)
+            or _refusal(document, event, request.event_id)
+            or _changed(event, request)
+        )
         if refusal is not None:
             return Attempt("Refused", refusal, replace(base, outcome="Refused", detail=refusal))
         return self._start(request, base)
@@ -427,6 +450,19 @@ class Approver:
             while len(self._seen) > SEEN_MEMORY:
                 del self._seen[min(self._seen, key=lambda k: self._seen[k]["until"])]
             return {"seen": {k: dict(v) for k, v in self._seen.items()}}
+
+
+def _advisory(event: ParsedEvent | None, event_id: str) -> str | None:
+    """A Spot rebalance recommendation is never approved, whoever asks: acknowledging it does
+    nothing, and an approval counted for it would hold a budget for nothing. The agent never
+    makes it an Event record; this is the last guard, should IMDS list one in the document
+    the approvals read."""
+    if event is None or not is_recommendation(event.present.get("EventType")):
+        return None
+    return (
+        f"event {event_id} is a Spot rebalance recommendation: an advisory, never approved "
+        "(no StartRequests was sent)"
+    )
 
 
 def request_for(command: Command) -> Request:

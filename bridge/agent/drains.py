@@ -25,6 +25,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from bridge import recordtypes as rt
+from bridge.agent.advisory import REBALANCE_EVENT_TYPE
 from bridge.agent.document import is_started
 from bridge.agent.hooks import hook_fields, phase_for
 from bridge.agent.metrics import AgentMetrics
@@ -45,6 +46,9 @@ HOOK_NAME = "drain"
 MAX_OUTPUT = 4096
 WATCH_INTERVAL = 60.0  # seconds between looks at the node (its pool, someone else's cordon)
 OUTCOMES = {"Drained": "drained", "GaveUp": "gave_up", "Failed": "failed"}
+# How long a drain a rebalance recommendation was granted may take: an hour, as pods a
+# PodDisruptionBudget holds may take; the Preempt that may come meanwhile drains on its own.
+ADVISORY_DRAIN_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class DrainJob:
     event_id: str
     event_type: str | None
     not_before: str | None
-    transition: rt.Transition
+    transition: rt.Transition | None  # None: an advisory's (bridge.agent.advisory)
     trigger: str  # TriggerRecordId: the Event record, or the Prepare command, that called for it
     after: str | None = None  # the drain is the first step: it waits for none
     earlier_ok: bool = True
@@ -69,7 +73,7 @@ class DrainJob:
         event_type: Any,
         not_before: Any,
         *,
-        transition: rt.Transition,
+        transition: rt.Transition | None,
         trigger: str,
     ) -> DrainJob:
         return cls(
@@ -185,6 +189,10 @@ class DrainJobs:
         # taint names one of them, and the end of that one hands the marks to another.
         self._holding: list[str] = []
         self._open: frozenset[str] | None = None  # events of the last observation
+        self._events: frozenset[str] = frozenset()  # of them, the normaliser's
+        # Of them, the Spot rebalance recommendations naming this VM (or none) now open: a
+        # drain the consumer granted for one holds the node until it clears.
+        self._advised: frozenset[str] = frozenset()
         self._polled = False  # IMDS answered since start: the open events are current
         self._health = NodeHealth(name="")
         self._changed = False
@@ -268,6 +276,34 @@ class DrainJobs:
             return False  # the platform has begun: a drain now only cordons for nothing
         return self._on_sight or event.get("EventType") == "Preempt"
 
+    def advise(self, records: Sequence[rt.Advisory]) -> list[Job]:
+        """The uncordon of each recommendation that cleared (it finds nothing to undo when
+        no drain was granted for it). Its drain is never planned here: the consumer grants
+        it (rebalance.drain, docs/policy.md#spot-rebalance-recommendations), and the Preempt
+        that may follow drains at once, on its fast path, as before."""
+        jobs: list[Job] = []
+        for record in records:
+            if record["AdvisoryState"] != "Cleared" or record["AffectsThisVm"] is False:
+                continue
+            jobs.append(
+                DrainJob.make(
+                    "recover",
+                    record["EventId"],
+                    record["EventType"],
+                    None,
+                    transition=None,
+                    trigger=record["RecordId"],
+                )
+            )
+        return jobs
+
+    def advised(self, keys: frozenset[str]) -> None:
+        """The recommendations naming this VM (or none) open now (EventIds, lower case)."""
+        with self._lock:
+            self._advised = keys
+            if self._open is not None:
+                self._open = self._events | keys
+
     def awaits(self, record: rt.Event) -> bool:
         """Whether the drain of this event's prepare comes on a grant (a central policy)."""
         return (
@@ -289,6 +325,9 @@ class DrainJobs:
         """The drain of `event_id` a verified Prepare granted (from the command listener)."""
         saved = state["events"].get(event_id.lower()) if state is not None else None
         event: Mapping[str, Any] = saved or {}
+        with self._lock:
+            if event_id.lower() in self._advised:
+                event = {"EventType": REBALANCE_EVENT_TYPE}
         return DrainJob.make(
             "prepare",
             event_id,
@@ -349,7 +388,8 @@ class DrainJobs:
         """The agent's last observation: which events are open (from the poll loop)."""
         events = state["events"] if state is not None else {}
         with self._lock:
-            self._open = frozenset(str(k).lower() for k in events)
+            self._events = frozenset(str(k).lower() for k in events)
+            self._open = self._events | self._advised
             self._polled = self._polled or polled
 
     def stop(self, timeout: float) -> None:
@@ -390,7 +430,12 @@ class DrainJobs:
 
     def _prepare(self, job: DrainJob) -> Report | None:
         self.drainer.node_name = self.node_name()
-        if job.event_type not in self.settings.event_types:
+        # A recommendation's drain is the policy's own ask (rebalance.drain): not a type of
+        # kubernetes.event_types, it drains all the same.
+        if (
+            job.event_type not in self.settings.event_types
+            and job.event_type != REBALANCE_EVENT_TYPE
+        ):
             return Report(
                 "Drained",
                 f"event type {job.event_type} does not drain the node "
@@ -416,7 +461,11 @@ class DrainJobs:
 
     def _remaining(self, job: DrainJob) -> float:
         """Seconds until the drain must stop: NotBefore less give_up_before (a Preempt: its
-        NotBefore, 30 s away at most); none when the event has no NotBefore."""
+        NotBefore, 30 s away at most); none when the event has no NotBefore. A rebalance
+        recommendation has no NotBefore and nothing waits for it: its drain goes on until the
+        node is empty, the recommendation clears (`ended`), or ADVISORY_DRAIN_SECONDS pass."""
+        if job.event_type == REBALANCE_EVENT_TYPE:
+            return ADVISORY_DRAIN_SECONDS
         not_before = parse_time(job.not_before)
         if not_before is None:
             return 0.0

@@ -13,7 +13,7 @@ from typing import Any
 
 from bridge import recordtypes as rt
 from bridge.agent.hookproc import HookOutcome
-from bridge.agent.hooks import HookJob, HookRunner, hook_record, plan
+from bridge.agent.hooks import HookJob, HookRunner, advisory_jobs, hook_record, plan
 from bridge.agent.metrics import AgentMetrics
 from bridge.agent.normalise import NormaliserState
 from bridge.agent.prepare import Book, Job, StepName
@@ -71,6 +71,12 @@ class HookJobs:
                 records, prepare=settings.prepare is not None, recover=settings.recover is not None
             )
         )
+
+    def advise(self, records: Sequence[rt.Advisory]) -> list[Job]:
+        """The prepare hooks new Advisory records call for, with hooks.on_rebalance."""
+        if self.runner is None or self._settings.prepare is None:
+            return []
+        return list(advisory_jobs(records)) if self._settings.on_rebalance else []
 
     def awaits(self, record: rt.Event) -> bool:
         return False  # never granted: its prepare is planned at sight

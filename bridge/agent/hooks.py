@@ -57,18 +57,19 @@ ENV_FIELDS: tuple[tuple[str, str], ...] = (
 
 @dataclass(frozen=True)
 class HookJob:
-    """One hook to run: `phase` for the Event record `trigger`. Its id is deterministic."""
+    """One hook to run: `phase` for the Event record `trigger` (or, hooks.on_rebalance, a
+    Raised Advisory record). Its id is deterministic."""
 
     job_id: str
     phase: Phase
-    trigger: rt.Event = field(hash=False)
+    trigger: rt.Event | rt.Advisory = field(hash=False)
     # A prepare after the drain (bridge.agent.prepare): held until the step `after` ended for
     # the event; `earlier_ok`, once released: whether it succeeded.
     after: str | None = None
     earlier_ok: bool = True
 
     @classmethod
-    def for_event(cls, record: rt.Event, phase: Phase) -> HookJob:
+    def for_event(cls, record: rt.Event | rt.Advisory, phase: Phase) -> HookJob:
         return cls(record_id(record["RecordId"], phase), phase, record.copy())
 
     @property
@@ -92,11 +93,11 @@ class HookJob:
         if not isinstance(job_id, str) or phase not in PHASES or not isinstance(trigger, dict):
             raise ValueError("not a hook job payload")
         after = payload.get("after")
-        # The Event record `for_event` kept, as the spool gave it back.
+        # The record `for_event` kept, as the spool gave it back.
         return cls(
             job_id,
             phase,
-            cast(rt.Event, dict(trigger)),
+            cast(rt.Event | rt.Advisory, dict(trigger)),
             after if isinstance(after, str) else None,
             payload.get("earlier_ok") is not False,
         )
@@ -136,6 +137,22 @@ def plan(records: Sequence[RecordView], *, prepare: bool, recover: bool) -> list
             log.warning("event record without a RecordId: no %s hook", phase)
             continue
         job = HookJob.for_event(record, phase)
+        jobs.setdefault(job.job_id, job)
+    return list(jobs.values())
+
+
+def advisory_jobs(records: Sequence[RecordView]) -> list[HookJob]:
+    """The prepare hooks these records' Raised Advisories call for (hooks.on_rebalance): one
+    naming this VM, or naming no VM (AffectsThisVm null: run, to be safe, as for an event).
+    Never a recover: nothing was approved, and a Cleared recommendation means the VM was
+    evicted or the risk passed."""
+    jobs: dict[str, HookJob] = {}
+    for record in records:
+        if record.get(rt.RECORD_TYPE) != "Advisory" or record.get("AdvisoryState") != "Raised":
+            continue
+        if record.get("AffectsThisVm") is False or not isinstance(record.get("RecordId"), str):
+            continue
+        job = HookJob.for_event(cast(rt.Advisory, record), "prepare")
         jobs.setdefault(job.job_id, job)
     return list(jobs.values())
 

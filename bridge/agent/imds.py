@@ -46,6 +46,15 @@ MAX_BODY = {"scheduledevents": 4 * 1024 * 1024, "instance": 1024 * 1024}
 MAX_OTHER_BODY = 64 * 1024
 
 
+class Refused(PermanentError):
+    """IMDS refused the request (a 4xx but 429): `status` says how, for a caller that tells
+    an api-version it does not serve (400 or 404) from other refusals."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class AnswerTooLarge(http.client.HTTPException):
     """IMDS sent more than the endpoint's cap: refused, never read to its end."""
 
@@ -334,9 +343,10 @@ class ImdsClient:
     def events_url(self) -> str:
         return self.base_url + EVENTS_PATH
 
-    def scheduled_events(self) -> bytes:
-        """The raw body of the Scheduled Events document; raises a bridge.retry failure."""
-        return self._call("GET", EVENTS_PATH, self.api_version).content
+    def scheduled_events(self, version: str | None = None) -> bytes:
+        """The raw body of the Scheduled Events document, at `version` (None: the client's
+        api-version); raises a bridge.retry failure (Refused for a 4xx but 429)."""
+        return self._call("GET", EVENTS_PATH, version or self.api_version).content
 
     def start_events(self, event_ids: list[str]) -> int:
         """Approve events (POST StartRequests); the HTTP status IMDS answered with."""
@@ -387,6 +397,8 @@ def _raise_for(answer: Answer, method: str, url: str) -> None:
         raise ThrottledError(what, parse_retry_after(answer.retry_after))
     if status in TRANSIENT:
         raise RetryableError(what)
+    if 400 <= status < 500:
+        raise Refused(what, status)
     raise PermanentError(what)
 
 
@@ -418,6 +430,15 @@ def parse_instance(raw: Mapping[str, Any]) -> VmIdentity:
         platform_update_domain=_number(compute.get("platformUpdateDomain")),
         tags=_tags(compute.get("tagsList"), compute.get("tags")),
     )
+
+
+def is_spot(raw: Mapping[str, Any]) -> bool:
+    """Whether instance metadata says this VM is a Spot VM: compute.priority "Spot" (the
+    other values are "Regular" and the retired "Low"; a Spot VM's evictionPolicy is
+    "Deallocate" or "Delete", a regular one's empty, as in the sample above's fuller form)."""
+    compute = raw.get("compute")
+    priority = compute.get("priority") if isinstance(compute, Mapping) else None
+    return isinstance(priority, str) and priority.strip().lower() == "spot"
 
 
 # Azure's vmId is a GUID; anything else (an emulator's, a hostile answer's "x/../y") cannot

@@ -40,6 +40,8 @@ class InstanceMetadata:
         self.origin = Origin(self._named(saved), host_name)
         self._next = 0.0
         self._warned = False
+        # compute.priority is Spot, as instance metadata last said (False until it answers).
+        self.spot = False
 
     def due(self, at: float) -> bool:
         """Whether a refresh is due at `at` (the monotonic clock)."""
@@ -49,7 +51,8 @@ class InstanceMetadata:
         """Ask instance metadata (`fetch`, which raises a bridge.retry failure) who this VM
         is; True when the answer changed the identity."""
         try:
-            identity = imds.parse_instance(fetch())
+            raw = fetch()
+            identity = imds.parse_instance(raw)
         except DeliveryError as err:
             self._failed(err)
             return False
@@ -59,6 +62,7 @@ class InstanceMetadata:
             return False
         self._next = self._clock() + self._every
         self._warned = False
+        self.spot = imds.is_spot(raw)
         identity = self._named(identity)
         if identity == self.origin.identity:
             return False

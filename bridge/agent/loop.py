@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -19,7 +19,7 @@ from typing import Any
 
 from bridge import recordtypes as rt
 from bridge import telemetry
-from bridge.agent import imds, listener
+from bridge.agent import advisory, imds, listener
 from bridge.agent.approver import Approver
 from bridge.agent.drains import DrainJobs
 from bridge.agent.heartbeats import Heartbeats, PollHealth
@@ -87,6 +87,10 @@ class Agent:
         self.listener, self.local = parts.listener, parts.local
         self.drains = parts.drains
         self.state, dropped = restore(self.spool.load_state(StateKey.NORMALISER))
+        # Spot rebalance recommendations seen (agent.spot_rebalance), and whether IMDS serves
+        # the api-version that lists them: it is a preview, so not everywhere.
+        self.advice = advisory.restore(self.spool.load_state(StateKey.ADVISORIES))
+        self._rebalance_served = True
         for problem in dropped:
             log.warning("%s (in the spool %s)", problem, self.spool.path)
         self.metrics.watch(self.spool, self.delivery.status, lambda: self.state)
@@ -230,7 +234,10 @@ class Agent:
         # loop does its housekeeping (heartbeats, hooks, local mode), and taken up again next
         # cycle; the request's own deadline ends it (imds.timeout).
         if self._pending is None:
-            self._pending = self._calls.polls.submit(self.imds.scheduled_events)
+            if self._rebalance_version():
+                self._pending = self._calls.polls.submit(self._rebalance_poll)
+            else:  # every other VM: the one request it always made, at imds.api_version
+                self._pending = self._calls.polls.submit(self.imds.scheduled_events)
         try:
             wait = max(STALL_WAIT, self.config.agent.poll_interval)
             body = self._calls.result(self._pending, wait)
@@ -255,6 +262,32 @@ class Agent:
             self._observe(body)
         return self.config.agent.poll_interval
 
+    def _rebalance_version(self) -> bool:
+        """Whether this poll asks for api-version 2024-07-09: agent.spot_rebalance is on,
+        instance metadata says this is a Spot VM, and IMDS has not said it does not serve it."""
+        return self.config.agent.spot_rebalance and self._instance.spot and self._rebalance_served
+
+    def _rebalance_poll(self) -> bytes:
+        """The document at api-version 2024-07-09, which lists the ordinary events (Preempt
+        among them) and the recommendations: one request, as every poll. Where IMDS does not
+        serve it, the GA version at once, and for the rest of this run (on the poll's worker)."""
+        try:
+            return self.imds.scheduled_events(advisory.REBALANCE_API_VERSION)
+        except imds.Refused as err:
+            if not advisory.not_served(err.status):
+                raise
+            self._rebalance_served = False
+            log.warning(
+                "IMDS does not serve Scheduled Events api-version %s here (%s): Spot "
+                "rebalance recommendations are not read until the agent restarts, and polls "
+                "go to api-version %s; the preview needs the Microsoft.Compute/SpotPlus "
+                "feature on the subscription",
+                advisory.REBALANCE_API_VERSION,
+                err,
+                self.imds.api_version,
+            )
+            return self.imds.scheduled_events()
+
     def _observe(self, body: bytes) -> None:
         try:
             raw = json.loads(body)
@@ -264,18 +297,34 @@ class Agent:
             )
             return
         ctx = Context(self._now(), self.origin, self._boot_id, self._gap())
+        advice = None
+        if self.config.agent.spot_rebalance:
+            # Out before the normaliser sees the document: a recommendation is never an
+            # Event record, so nothing approves it and no StartRequests names it.
+            raw, found = advisory.split(raw)
+            advice = advisory.advise(self.advice, found, self.origin, ctx.now)
         result = normalise(self.state, raw, ctx)
-        for problem in result.problems:
+        problems = [*result.problems, *(advice.problems if advice else [])]
+        for problem in problems:
             self._problem(problem.partition(":")[0], problem)
-        if not result.problems:
+        if not problems:
             self._warned.clear()  # a clean document ends every streak
-        self._commit(result.records, result.state)
+        self._commit(result.records, result.state, advice)
 
-    def _commit(self, records: list[rt.Event], state: NormaliserState) -> None:
-        jobs = self.prepare.plan(records)
+    def _commit(
+        self,
+        records: list[rt.Event],
+        state: NormaliserState,
+        advice: advisory.Advice | None = None,
+    ) -> None:
+        advisories = advice.records if advice is not None else []
+        jobs = self.prepare.plan(records) + self.prepare.advise(advisories)
         saved = [(j.job_id, j.to_payload()) for j in jobs]
+        states: dict[str, Mapping[str, Any]] = {StateKey.NORMALISER: state}
+        if advice is not None:
+            states[StateKey.ADVISORIES] = advice.state
         try:
-            self.spool.commit(records, state={StateKey.NORMALISER: state}, jobs=saved)
+            self.spool.commit([*records, *advisories], state=states, jobs=saved)
         except SPOOL_ERRORS as err:
             # The state did not advance either, so the next poll observes the same change
             # again and makes the same records, with the same RecordIds.
@@ -292,11 +341,15 @@ class Agent:
         if self._spool_failing:
             log.warning("the spool %s accepts records again", self.spool.path)
             self._spool_failing = False
-        self.metrics.made(records)
+        self.metrics.made([*records, *advisories])
         self.state = state
+        if advice is not None:
+            self.advice = advice.state
         self._last_commit = time.monotonic()
         for record in records:
             log.info("%s", describe(record))
+        for advised in advisories:
+            log.info("%s", describe_advisory(advised))
         self._notify_approvers()
         # After the steps know the new events (IMDS's view): a drain looks whether its event
         # is still open.
@@ -304,11 +357,21 @@ class Agent:
 
     def _notify_approvers(self) -> None:
         """After each observation: wake the command listener, let local mode decide."""
+        advised: frozenset[str] = frozenset()
+        if self.config.agent.spot_rebalance:
+            advised = frozenset(
+                k for k, v in self.advice.items() if v["AffectsThisVm"] is not False
+            )
+            self.approver.advised(advised)
+            if self.drains is not None:
+                self.drains.advised(advised)
         self.approver.observe(self.state)
         self.prepare.observe(self.state, polled=self._poll.last_success is not None)
         if self.listener is not None:
             scheduled, affects = listener.scheduled_here(self.state)
             own = listener.own_events(self.state)
+            if advised:  # a drain's grant may come for one: the inbox is read as for an event
+                scheduled, affects, own = True, True, own | advised
             self.listener.update(self.origin.identity.vm_id, scheduled, affects, own)
         if self.local is not None:
             self.local.observe(self.state, self.origin)
@@ -375,6 +438,17 @@ def describe(record: rt.Event) -> str:
         f"resources {_some(record['Resources'])}" if record.get("Resources") else "",
     ]
     return "; ".join(p for p in parts if p)
+
+
+def describe_advisory(record: rt.Advisory) -> str:
+    """One line a person reads in the agent's log for each Advisory record."""
+    if record["AdvisoryState"] == "Cleared":
+        return f"Spot rebalance recommendation {record['EventId']} is gone from the document"
+    whose = {True: "this VM", False: "another VM", None: "no VM named: taken as this VM's"}
+    return (
+        f"Spot rebalance recommendation {record['EventId']} ({whose[record['AffectsThisVm']]}): "
+        "the eviction risk of this Spot VM rose; nothing is approved, a Preempt may follow"
+    )
 
 
 SHOWN_RESOURCES = 20  # a log line is for a person: a scale set's 1,000 names are not

@@ -74,6 +74,10 @@ class PrepareStep(Protocol):
     def plan(self, records: Sequence[rt.Event]) -> list[Job]:
         """The jobs these new Event records call for, prepare and recover."""
 
+    def advise(self, records: Sequence[rt.Advisory]) -> list[Job]:
+        """The jobs these new Advisory records call for (run at once, never held: an
+        advisory is approved by nobody, so nothing waits for the VM to be ready)."""
+
     def awaits(self, record: rt.Event) -> bool:
         """Whether this step's prepare job for `record`'s event comes later (on a grant)."""
 
@@ -165,6 +169,11 @@ class Preparation:
                     job = step.held(job, before.name)  # noqa: PLW2901 - the held form of it
                 jobs.append(job)
         return jobs
+
+    def advise(self, records: Sequence[rt.Advisory]) -> list[Job]:
+        """The jobs these new Advisory records call for, each step's own; saved and submitted
+        as `plan`'s are."""
+        return [job for step in self.steps for job in step.advise(records)]
 
     @staticmethod
     def _takes(step: PrepareStep, records: Sequence[rt.Event], event_id: str) -> bool:

@@ -26,7 +26,7 @@ from bridge.consumer.drains import DrainNote, drain_views, merged_drain
 from bridge.consumer.sources.eventgrid import Resource, resource_of
 from bridge.consumer.state import Doc, layout
 from bridge.policy.model import EventView, Scope, VmView, scope_of
-from bridge.records import RecordView, parse_time, record_id, vm_key
+from bridge.records import RecordView, is_recommendation, parse_time, record_id, vm_key
 from bridge.recordtypes import RECORD_TYPE
 
 
@@ -179,6 +179,9 @@ class EventDocument(Told, total=False):
     released: str  # the consumer's clock when its budget slot was released (all VMs gone)
     asked: Asked  # when the consumer first asked a person about it (an `ask` rule)
     azure: AzureView  # the event as Event Grid tells it (the second source, issue 36)
+    # A Spot rebalance recommendation (Advisory records), not an event: never approved
+    # (bridge.policy.gates.rebalance); a reporter's status is Scheduled while it is Raised.
+    advisory: bool
 
 
 class Asked(TypedDict):
@@ -407,15 +410,21 @@ _EVENT_FIELDS = {
 
 
 def merge_event(value: EventDocument, record: RecordView, heard: str = "") -> bool:
-    """Fold an Event or Hook record into an event document; True when it changed.
+    """Fold an Event, Hook or Advisory record into an event document; True when it changed.
 
     `heard`: the consumer's clock now (ISO), kept when the record changed the event.
     """
     before = repr(value)
     if record.get(RECORD_TYPE) == "Event":
+        if is_recommendation(record.get("EventType")):
+            # An agent with agent.spot_rebalance off, should its api-version list one: an
+            # advisory all the same, never approved.
+            value["advisory"] = True
         _merge_event_record(value, record)
     elif record.get(RECORD_TYPE) == "Hook":
         _merge_hook_record(value, record)
+    elif record.get(RECORD_TYPE) == "Advisory":
+        _merge_advisory_record(value, record)
     changed = repr(value) != before
     if changed and heard:
         value["heard"] = max(heard, value.get("heard", ""))
@@ -523,6 +532,24 @@ def _record_scope(record: RecordView) -> Scope:
         (group or "").lower() or None,
         (scale_set or "").lower() or None,
     )
+
+
+def _merge_advisory_record(value: EventDocument, record: RecordView) -> None:
+    """A recommendation as its reporter tells it: Scheduled while Raised, Gone once Cleared.
+    One that names no VM (Azure's only public sample names none) is its reporter's own, as
+    the agent takes it (AffectsThisVm null)."""
+    value["advisory"] = True
+    named = field_of(record, "Resources") or []
+    own = field_of(record, "VmName")
+    if not named and record.get("AffectsThisVm") is not False and own:
+        named = [own]
+    raised = record.get("AdvisoryState") == "Raised"
+    status = "Scheduled" if raised else None
+    # Event Grid's view reads its status from Transition (bridge.consumer.sources.eventgrid).
+    told = {**record, "Resources": named, "EventStatus": status}
+    if record.get("Source") == "EventGrid":
+        told["Transition"] = "Scheduled" if raised else "Completed"
+    _merge_event_record(value, told)
 
 
 def _merge_hook_record(value: EventDocument, record: RecordView) -> None:
@@ -772,6 +799,7 @@ def event_view(
         drains=drain_views(value.get("drains")),
         disagreements=disagreements(agents, azure, said if reports else None),
         azure=None if azure is None else str(azure.get("status")),
+        advisory=bool(value.get("advisory")),
     )
 
 

@@ -85,11 +85,16 @@ def vm_mutations(
     return {vm_id: _folder(merge, mine, heard) for vm_id, mine in by_vm.items()}
 
 
+# The records an event document folds; an Advisory makes one too, marked as an advisory: the
+# policy never approves it (bridge.policy.gates.rebalance), but may drain its node.
+_EVENT_RECORDS = ("Event", "Hook", "Advisory")
+
+
 def event_mutations(records: Sequence[RecordView], heard: str) -> dict[str, Mutation]:
     by_event: dict[str, list[RecordView]] = {}
     for record in records:
         event_id = record.get("EventId")
-        if record.get(rt.RECORD_TYPE) in ("Event", "Hook") and isinstance(event_id, str):
+        if record.get(rt.RECORD_TYPE) in _EVENT_RECORDS and isinstance(event_id, str):
             by_event.setdefault(fs.event_key(event_id), []).append(record)
     return {key: _folder(fs.merge_event, mine, heard) for key, mine in by_event.items()}
 

@@ -79,7 +79,7 @@ class EventGridIntake:
     def handle(self, bodies: Sequence[str], position: Position | None = None) -> None:
         """Fold the deliveries `bodies` in (a batch of one partition of the hub, `position`)."""
         taken = self.take(bodies)
-        self.fold(taken.events, taken.health, position)
+        self.fold([*taken.events, *taken.advisories], taken.health, position)
 
     def take(self, bodies: Sequence[str], what: str = "an Event Grid delivery") -> Parsed:
         """What `bodies` hold that may be folded in, each refusal counted and logged: the
@@ -112,6 +112,7 @@ class EventGridIntake:
             with self._counting:
                 self.ignored += len(parsed.ignored)
             taken.events += parsed.events
+            taken.advisories += parsed.advisories
             taken.health += parsed.health
         if bodies and not lost:
             self.guard.succeeded(f"reading {what}")
@@ -119,7 +120,7 @@ class EventGridIntake:
 
     def fold(
         self,
-        events: Sequence[rt.Event],
+        events: Sequence[rt.Event | rt.Advisory],
         health: Sequence[HealthChange],
         position: Position | None = None,
     ) -> None:

@@ -290,6 +290,8 @@ def _notice(
         kind, target = "asked", verdict.asked
     elif verdict.asked and was == "Ask" and person is None:
         kind, target = "timed_out", verdict.asked
+    elif verdict.notify and was is None:  # a Spot rebalance recommendation, told once
+        kind, target = "rebalance", verdict.notify
     elif person is not None and verdict.kind in ("Approve", "Hold"):
         kind = (
             "held" if verdict.kind == "Hold" else "override" if verdict.override else ("approved")

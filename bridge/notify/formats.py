@@ -37,6 +37,7 @@ _SAID: dict[NoticeKind, str] = {
     "override": "Approved over a budget",
     "paused": "Early approvals paused",
     "resumed": "Early approvals resumed",
+    "rebalance": "Spot eviction risk rose (a rebalance recommendation, never approved)",
 }
 
 SAMPLE = Notice(

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-NoticeKind = Literal["asked", "approved", "held", "timed_out", "override", "paused", "resumed"]
+NoticeKind = Literal[
+    "asked", "approved", "held", "timed_out", "override", "paused", "resumed", "rebalance"
+]
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ class StateKey:
     DELIVERY: Final = "delivery"  # bridge.outbox.delivery: {"sinks": {name: SinkTrouble}}
     DRAIN: Final = "drain"  # bridge.agent.drains: the node's drain now, for `se-bridge status`
     DRAIN_HOLDS: Final = "drain-holds"  # bridge.agent.drains: {"events": [EventId, ...]}
+    ADVISORIES: Final = "advisories"  # bridge.agent.advisory.AdviceState
     WAL_RESERVE: Final = "wal-reserve"  # this module: the blob that keeps the WAL's size
     WAL_RESTART: Final = "wal-restart"  # this module: the acks' write that restarts the WAL
 

@@ -11,7 +11,8 @@ decision before any rule (gates.person), then the rule's gate (gates.ready, gate
 gates.ask, and gates.drain for every approving action), the pauses (gates.pause), the budgets
 (bridge.policy.budgets) and the VM that carries the approval (bridge.policy.carrier). Each gate
 returns None to let the event through, or the Verdict that stops it, and says why in the
-explanation's lines.
+explanation's lines. A Spot rebalance recommendation (`EventView.advisory`) goes to
+gates.rebalance alone, before any rule or person: it is never approved.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from datetime import datetime
 
 from bridge.policy.budgets import check_budgets
 from bridge.policy.carrier import carrier_name, choose_target
-from bridge.policy.gates import ask, drain, pause, person, ready, window
+from bridge.policy.gates import ask, drain, pause, person, ready, rebalance, window
 from bridge.policy.matching import mismatch
 from bridge.policy.model import (
     ARM_CARRIER,
@@ -41,6 +42,8 @@ def evaluate(policy: Policy, fleet: FleetView, event: EventView, now: datetime) 
         why = f"the event is {event.status}: nothing to approve"
         return Verdict("Ignore", NO_RULE, why, explanation=(why,))
     notes: list[str] = [f"agents and Event Grid disagree: {line}" for line in event.disagreements]
+    if event.advisory:  # before any rule or person: an advisory is never approved
+        return rebalance.check(policy, fleet, event, now, notes)
     rule = None
     for candidate in policy.rules:
         miss = mismatch(candidate.match, fleet, event)

@@ -22,6 +22,10 @@ The format (EXAMPLE_POLICY_YAML below uses every part of it):
   NotBefore) counts from when the consumer first asked; on_deadline approve or hold (default).
   Days: Mon..Sun or full names, weekdays, weekend, daily. Times: "HH:MM"; an end
   at or before the start wraps past midnight and belongs to the day it opened.
+- `rebalance:` (optional): `drain: true` drains the Kubernetes node of a Spot VM with a
+  rebalance recommendation at once, a drain granted within the budgets; `notify: NAME` tells
+  the notification target NAME of it, once. The recommendation is never approved
+  (docs/policy.md#spot-rebalance-recommendations). Left out: nothing is done.
 
 Errors name the file, line and field (`policy.yaml:14: rules[2].action.approve_when_ready.
 deadline: expected a duration such as 10m or 90s, got 'soon'`; list indexes count from 0);
@@ -55,6 +59,7 @@ from bridge.policy.model import (
     Match,
     Policy,
     Range,
+    Rebalance,
     Rule,
     Window,
     group_kind,
@@ -135,6 +140,9 @@ rules:                          # first match wins
           - {days: weekdays, start: "23:00", end: "02:00"}   # wraps past midnight
   - name: everything-else
     action: hold                # match omitted: matches every event
+rebalance:                      # Spot rebalance recommendations: never approved
+  drain: true                   # drain a node at once, within the budgets
+  notify: ops                   # and tell the target ops, once
 """
 
 
@@ -226,12 +234,37 @@ def _syntax_error(exc: yaml.MarkedYAMLError, source: str) -> str:
 #       action: {approve_when_ready: {deadline: 10m, on_deadline: hold}}
 #     - {name: everything-else, action: hold}
 def _policy(root: YamlNode) -> Policy:
-    fields = root.mapping(("version", "budgets", "rules"), required=("version", "rules"))
+    keys = ("version", "budgets", "rules", "rebalance")
+    fields = root.mapping(keys, required=("version", "rules"))
     version = fields["version"].integer()
     if version != 1:
         fields["version"].fail(f"this se-bridge reads policy version 1, got {version}")
     budgets = _budgets(fields["budgets"]) if "budgets" in fields else ()
-    return Policy(rules=_rules(fields["rules"]), budgets=budgets, source=root.source)
+    rebalance = _rebalance(fields["rebalance"]) if "rebalance" in fields else None
+    rules = _rules(fields["rules"])
+    return Policy(rules=rules, budgets=budgets, source=root.source, rebalance=rebalance)
+
+
+def _rebalance(node: YamlNode) -> Rebalance:
+    fields = node.mapping(("drain", "notify"))
+    if not fields:
+        node.fail("empty: give drain, notify or both, or leave rebalance out")
+    target = (
+        fields["notify"].text("a notification target's name").strip()
+        if "notify" in fields
+        else None
+    )
+    if target == "":
+        fields["notify"].fail("empty: name a notification target of [[notify.targets]]")
+    drain = _switch(fields["drain"]) if "drain" in fields else False
+    return Rebalance(drain=drain, notify=target)
+
+
+def _switch(node: YamlNode) -> bool:
+    word = node.text("true or false").strip().lower()
+    if word not in ("true", "false"):
+        node.fail(f"expected true or false, got {word!r}")
+    return word == "true"
 
 
 def _rules(node: YamlNode) -> tuple[Rule, ...]:
@@ -475,6 +508,12 @@ def summary(policy: Policy) -> list[str]:
     lines = [f"{policy.source}: valid policy, {counts} (first matching rule wins)"]
     lines += [f"  rule {rule.name}: {describe_rule(rule)}" for rule in policy.rules]
     lines += [f"  budget {budget.name}: {describe_budget(budget)}" for budget in policy.budgets]
+    if policy.rebalance is not None:
+        drain = "drain the node at once" if policy.rebalance.drain else "drain nothing"
+        told = f", tell {policy.rebalance.notify}" if policy.rebalance.notify else ""
+        lines.append(
+            f"  rebalance: {drain}{told} (a Spot rebalance recommendation is never approved)"
+        )
     return lines
 
 

@@ -143,10 +143,23 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Rebalance:
+    """What the policy does on a Spot rebalance recommendation (an Advisory, never approved):
+    `drain` the Kubernetes node of each VM it names at once, a drain granted within the
+    budgets as any drain is; `notify` the notification target told of it, once (None:
+    nobody) (docs/policy.md#spot-rebalance-recommendations)."""
+
+    drain: bool = False
+    notify: str | None = None
+
+
+@dataclass(frozen=True)
 class Policy:
     rules: tuple[Rule, ...]
     budgets: tuple[Budget, ...] = ()
     source: str = "built-in default"
+    # None: a recommendation is recorded and nothing more (the agent's hook may still run).
+    rebalance: Rebalance | None = None
 
 
 @dataclass(frozen=True)
@@ -347,6 +360,8 @@ class EventView:
     # Where the agents and Event Grid tell the event differently, a sentence each.
     disagreements: tuple[str, ...] = ()
     azure: str | None = None  # its status as Event Grid tells it; None: Event Grid has not
+    # A Spot rebalance recommendation (Advisory records), not an event: never approved.
+    advisory: bool = False
 
     @property
     def counted(self) -> list[str]:
@@ -403,9 +418,13 @@ class Verdict:
     # A Defer that grants the drains of these VMs (a Prepare command to each): the budgets
     # let the event through, and its approval waits for their nodes to be drained.
     grant: tuple[str, ...] = ()
+    # The notification target told of this decision if it is the event's first (rebalance).
+    notify: str | None = None
 
 
 NO_RULE = "(no rule)"
+# The DecisionRule of what the policy's `rebalance` section decided about an advisory.
+REBALANCE_RULE = "(rebalance)"
 
 
 # What a person's approval is checked as where a rule's would be (the drain gate).

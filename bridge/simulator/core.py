@@ -80,6 +80,9 @@ class Simulator:
         # The access tokens issued, and for which resource: what a test double of a service
         # checks a bearer token against (ARM's acknowledge, bridge.simulator.arm).
         self.issued: dict[str, str] = {}
+        # api-versions this IMDS refuses as unsupported (a 400, as for an unknown one): a
+        # region or subscription without a preview, such as 2024-07-09 without SpotPlus.
+        self.unserved_versions: set[str] = set()
         # Told every change, under the simulator's lock (the Event Grid double, issue 36).
         self.observers: list[Callable[[Sequence[Change]], None]] = []
 
@@ -265,15 +268,20 @@ class Simulator:
 
     # -- counters ------------------------------------------------------------------------
 
-    def record_request(self, vm: str, method: str, endpoint: str, status: int) -> None:
+    def record_request(
+        self, vm: str, method: str, endpoint: str, status: int, version: str | None = None
+    ) -> None:
         with self._lock:
             counter = self._counters[vm]
             counter[method] += 1
             counter[f"{method} {endpoint}"] += 1
             counter[f"status {status}"] += 1
+            if version is not None:
+                counter[f"{method} {endpoint} {version}"] += 1
 
     def counters(self) -> dict[str, dict[str, int]]:
-        """Per VM: "GET", "POST", "GET scheduledevents", "status 200", ... (absent = 0)."""
+        """Per VM: "GET", "POST", "GET scheduledevents", "GET scheduledevents 2020-07-01"
+        (by api-version), "status 200", ... (absent = 0)."""
         with self._lock:
             return {vm: dict(counter) for vm, counter in self._counters.items()}
 

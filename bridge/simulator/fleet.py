@@ -39,8 +39,16 @@ SCHEDULED_EVENTS_VERSIONS = (
     "2019-04-01",
     "2019-08-01",
     "2020-07-01",
+    # Preview: adds the Spot rebalance recommendation (bridge.agent.advisory says where
+    # that is known from); the documents of older versions never list one.
+    "2024-07-09",
 )
-LATEST_VERSION = SCHEDULED_EVENTS_VERSIONS[-1]
+# The GA version: what a client that names none of the others is served by default.
+LATEST_VERSION = "2020-07-01"
+REBALANCE_VERSION = "2024-07-09"
+# Served, never listed among the newest versions a 400 names: IMDS's docs list GA ones.
+PREVIEW_VERSIONS = frozenset({REBALANCE_VERSION})
+REBALANCE_TYPE = "SpotRebalanceRecommendation"
 
 # The api-version that first returned each optional field, from the release notes in the
 # Scheduled Events docs ("2019-04-01: added Event Description", "2019-08-01: EventSource",
@@ -300,6 +308,8 @@ class Fleet:
             ev = known[event_id.lower()]
             if ev.status != SCHEDULED or ev.approved_at is not None:
                 continue  # approving twice is allowed and changes nothing
+            if ev.spec.event_type == REBALANCE_TYPE:
+                continue  # "acknowledging them has no effect" (an advisory)
             ev.approved_at, ev.approved_by = ts, by or vm
             delay = f"; it starts in {ev.approval_delay:.1f} s" if ev.approval_delay > 0 else ""
             changes.append(self._change("approved", ev, ts, f"by {by or vm}{delay}"))
@@ -401,7 +411,11 @@ class Fleet:
                 ]
             }
         """
-        events = [render_event(ev, api_version) for ev in self.events_for(vm)]
+        events = [
+            render_event(ev, api_version)
+            for ev in self.events_for(vm)
+            if api_version >= REBALANCE_VERSION or ev.spec.event_type != REBALANCE_TYPE
+        ]
         return {"DocumentIncarnation": self._incarnation[vm], "Events": events}
 
 

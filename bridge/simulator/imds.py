@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from bridge.simulator.faults import Decision
-from bridge.simulator.fleet import SCHEDULED_EVENTS_VERSIONS, UnknownEventError
+from bridge.simulator.fleet import PREVIEW_VERSIONS, SCHEDULED_EVENTS_VERSIONS, UnknownEventError
 
 if TYPE_CHECKING:
     from bridge.simulator.core import Simulator
@@ -124,7 +124,7 @@ def serve(sim: Simulator, vm: str, request: Request, wait: Callable[[float], obj
         sim.record_request(vm, request.method, name, 404)
         return json_reply(404, {"error": "Not found"})
     reply = _answer(sim, vm, ENDPOINTS[name], request, decision)
-    sim.record_request(vm, request.method, name, reply.status)
+    sim.record_request(vm, request.method, name, reply.status, request.param("api-version") or "")
     if name == "scheduledevents" and request.method == "POST":
         sim.record_approvals(vm, parse_start_requests(request.body)[0], reply.status)
     return reply
@@ -144,7 +144,7 @@ def endpoint_of(path: str) -> str | None:
 def _answer(
     sim: Simulator, vm: str, endpoint: _Endpoint, request: Request, decision: Decision
 ) -> Reply:
-    problem = _validate(endpoint, request)
+    problem = _validate(endpoint, request, sim.unserved_versions)
     if problem is not None:
         return problem
     if decision.status is not None:
@@ -157,16 +157,19 @@ def _answer(
     return reply
 
 
-def _validate(endpoint: _Endpoint, request: Request) -> Reply | None:
+def _validate(
+    endpoint: _Endpoint, request: Request, unserved: Collection[str] = ()
+) -> Reply | None:
     if request.headers.get("metadata", "").lower() != "true":
         return json_reply(400, {"error": METADATA_HEADER_ERROR})
     if request.method not in endpoint.methods:
         allow = (("Allow", ", ".join(endpoint.methods)),)
         return json_reply(405, {"error": "Method not allowed"}, allow)
     version = request.param("api-version")
-    if version in endpoint.versions:
+    served = [v for v in endpoint.versions if v not in unserved]
+    if version in served:
         return None
-    newest = sorted(endpoint.versions, reverse=True)[:3]
+    newest = sorted((v for v in served if v not in PREVIEW_VERSIONS), reverse=True)[:3]
     error = INVALID_VERSION_ERROR if version else MISSING_VERSION_ERROR
     return json_reply(400, {"error": error, "newest-versions": newest})
 

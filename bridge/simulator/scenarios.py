@@ -25,6 +25,8 @@ HOST_MAINTENANCE = "Host server is undergoing maintenance."
 USER_REBOOT = "Virtual machine is going to be restarted as requested by authorized user."
 USER_REDEPLOY = "Virtual machine is going to be redeployed as requested by authorized user."
 SPOT_EVICTION = "Virtual machine is being evicted because Azure needs the capacity back."
+# Azure publishes no Description for a recommendation; this one says what it means.
+SPOT_REBALANCE = "The eviction risk of this Spot virtual machine has risen."
 SCALE_IN = "Virtual machine is going to be deleted as requested by authorized user."
 HARDWARE_FAILURE = "Virtual machine is being restarted because the host had a hardware failure."
 
@@ -117,6 +119,21 @@ def _spot_preempt(fleet: Fleet, opts: ScenarioOptions) -> Outcome:
     return Outcome(events=(spec,))
 
 
+def _spot_rebalance(fleet: Fleet, opts: ScenarioOptions) -> Outcome:
+    """A rebalance recommendation for one Spot VM (api-version 2024-07-09 only); no Preempt
+    follows unless another scenario schedules one. Its NotBefore and run time mean nothing
+    to an advisory: it stays in the document for the notice plus the run time."""
+    resources = _pick(fleet, opts, 1, lambda vm: vm.priority == "Spot")
+    spec = EventSpec(
+        event_type="SpotRebalanceRecommendation",
+        resources=resources,
+        notice=15 * MINUTE if opts.notice is None else opts.notice,
+        run_time=opts.run_time,
+        description=SPOT_REBALANCE,
+    )
+    return Outcome(events=(spec,))
+
+
 def _vmss_terminate(fleet: Fleet, opts: ScenarioOptions) -> Outcome:
     notice = 10 * MINUTE if opts.notice is None else opts.notice
     if not 5 * MINUTE <= notice <= 15 * MINUTE:
@@ -194,6 +211,11 @@ SCENARIOS: dict[str, Scenario] = {
             _single("Redeploy", "User", 10 * MINUTE, USER_REDEPLOY),
         ),
         Scenario("spot-preempt", "Spot eviction, 30 s notice", _spot_preempt),
+        Scenario(
+            "spot-rebalance",
+            "Spot rebalance recommendation (preview api-version 2024-07-09)",
+            _spot_rebalance,
+        ),
         Scenario("vmss-terminate", "Scale-set instance deleted, 10 min notice", _vmss_terminate),
         Scenario("canceled", "Reboot scheduled, then canceled before NotBefore", _canceled),
         Scenario("hardware-failure", "Reboot that appears directly as Started", _hardware_failure),

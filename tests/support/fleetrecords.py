@@ -153,6 +153,34 @@ class FleetRecords:
         )
         return record
 
+    def advisory(
+        self,
+        name: str,
+        event_id: str,
+        state: str = "Raised",
+        *,
+        resources: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """A Spot rebalance recommendation's Advisory record as VM `name`'s agent writes it
+        (bridge.agent.advisory); `resources` None: it names the VM itself."""
+        origin = self.origins[name]
+        named = resources if resources is not None else [str(origin.identity.vm_name)]
+        rid = origin.record_id("Advisory", event_id, state)
+        record = common_fields(origin, "Advisory", rid, self.now)
+        record.update(
+            EventId=event_id,
+            EventType="SpotRebalanceRecommendation",
+            EventStatus="Scheduled",
+            Resources=named,
+            NotBefore=None,
+            NotBeforeRaw="",
+            Description=None,
+            AffectsThisVm=(origin.identity.vm_name in named) if named else None,
+            AdvisoryState=state,
+            Source="Agent",
+        )
+        return record
+
     def approval(
         self, command: Command, outcome: Outcome = "Approved", detail: str | None = None
     ) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def test_one_typed_dict_per_record_type_with_the_fields_the_schema_allows_and_re
     ("field", "kind", "annotation"),
     [
         ("Transition", "Event", "Transition"),  # the Event clause takes the null away
-        ("Transition", "Hook", "Transition"),
+        ("Transition", "Hook", "Transition | None"),  # null: a hook run for an Advisory
         ("DocumentIncarnation", "Event", "int | None"),
         ("DocumentIncarnation", "Heartbeat", "int | None"),
         ("EventId", "Approval", "str | None"),

@@ -86,7 +86,7 @@ from bridge import recordtypes as rt
 from bridge.config import ConfigError, EventGridSettings
 from bridge.consumer import validation
 from bridge.imdstime import parse_time as parse_not_before
-from bridge.records import iso, record_id, vm_key
+from bridge.records import is_recommendation, iso, record_id, vm_key
 
 SCHEDULED_TYPES = frozenset(
     {
@@ -260,6 +260,8 @@ class Parsed:
     """What one message held."""
 
     events: list[rt.Event] = field(default_factory=list)
+    # Spot rebalance recommendations: Advisory records, never Events (never approved).
+    advisories: list[rt.Advisory] = field(default_factory=list)
     health: list[HealthChange] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # why each event was left aside
@@ -323,6 +325,13 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
         record = _event(envelope, info, properties, topic.group("sub"), trust)
         # What the schema refuses (text that is not Unicode, a number past any column) is
         # refused here, as an agent's record would be at the consumer's door.
+        if is_recommendation(record["EventType"]):
+            advisory = _advisory(record)
+            problem = validation.problem(cast(dict[str, object], advisory))
+            if problem is not None:
+                raise _Refused("malformed", f"not a valid Advisory record: {problem}")
+            parsed.advisories.append(advisory)
+            return
         problem = validation.problem(cast(dict[str, object], record))
         if problem is not None:
             raise _Refused("malformed", f"not a valid Event record: {problem}")
@@ -453,6 +462,38 @@ def _event(
         "AffectsThisVm": None,
         "Inferred": False,
         "ChangedFields": [],
+        "Source": "EventGrid",
+    }
+
+
+def _advisory(event: rt.Event) -> rt.Advisory:
+    """A delivery whose EventType is SpotRebalanceRecommendation as an Advisory record: Raised
+    while Azure says Scheduled or Started, Cleared once Completed or Canceled. Whether Azure
+    sends the recommendation on this topic at all, and in this shape, no public sample shows
+    (bridge.agent.advisory): it is read as any scheduled event is, and never approved."""
+    status = event["Transition"]
+    state: rt.AdvisoryState = "Cleared" if status in ("Completed", "Canceled") else "Raised"
+    keep = ("SchemaVersion", "TimeGenerated", "VmId", "VmName", "ResourceId", "SubscriptionId",
+            "ResourceGroup", "Location", "Zone", "VmScaleSetName", "PlatformFaultDomain",
+            "PlatformUpdateDomain", "HostName", "AgentVersion")  # fmt: skip
+    common = cast(rt.Common, {k: v for k, v in event.items() if k in keep})
+    names = "\n".join(sorted(vm_key(n) for n in event["Resources"]))
+    rid = record_id(
+        "EventGrid", "Advisory", event["EventId"].lower(), state, event["TimeGenerated"], names
+    )
+    return {
+        **common,
+        "RecordId": rid,
+        rt.RECORD_TYPE: "Advisory",
+        "EventId": event["EventId"],
+        "EventType": event["EventType"],
+        "EventStatus": event["EventStatus"],
+        "Resources": list(event["Resources"]),
+        "NotBefore": event["NotBefore"],
+        "NotBeforeRaw": event["NotBeforeRaw"],
+        "Description": event["Description"],
+        "AffectsThisVm": None,
+        "AdvisoryState": state,
         "Source": "EventGrid",
     }
 

@@ -171,9 +171,10 @@ def test_a_redirect_is_not_followed_and_is_permanent(
 @pytest.mark.parametrize(
     ("reply", "kind", "text"),
     [
+        # Refused: a PermanentError that keeps the status (bridge.agent.advisory reads it).
         (Reply(400, b'{ "error": "Bad request: . Required metadata header not specified" }'),
-         PermanentError, "Required metadata header"),
-        (Reply(404, b"nope"), PermanentError, "404"),
+         imds.Refused, "Required metadata header"),
+        (Reply(404, b"nope"), imds.Refused, "404"),
         (Reply(410, b""), RetryableError, "410"),
         (Reply(500, b""), RetryableError, "500"),
         (Reply(503, b""), RetryableError, "503"),

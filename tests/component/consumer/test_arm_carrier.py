@@ -190,3 +190,16 @@ def test_the_consumer_is_built_with_arm_in_front_only_when_eventgrid_acknowledge
         assert consumer.decider.last_resort is on
     finally:
         consumer.close()
+
+
+def test_a_spot_rebalance_recommendation_from_event_grid_is_never_acknowledged(
+    tmp_path: Path, arm: ArmDouble
+) -> None:
+    # Before issue 40 it was an Event record like any other, and ARM approved it here.
+    rig = ArmRig(tmp_path / "fleet.db", arm, "web_0", "web_1")
+    rig.azure(E1, "Scheduled", ["web_3"], event_type="SpotRebalanceRecommendation")
+    rig.fleet.advance(120)
+    rig.consumer.tick()
+    assert arm.acknowledged() == []
+    assert rig.through_agents() == []
+    assert not [d for d in rig.decisions if d["DecisionAction"] == "Approve"]

@@ -565,6 +565,8 @@ def test_request_counters_count_each_vm_and_can_be_reset(
         "POST": 1,
         "GET scheduledevents": 4,
         "POST scheduledevents": 1,
+        "GET scheduledevents 2020-07-01": 4,  # by api-version too
+        "POST scheduledevents 2020-07-01": 1,
         "status 200": 4,
         "status 400": 1,
     }

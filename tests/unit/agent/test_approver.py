@@ -29,6 +29,7 @@ class Imds:
 
     def __init__(self) -> None:
         self.events: dict[str, str] = {EVENT: "Scheduled"}  # EventId -> EventStatus
+        self.event_type = "Reboot"
         self.reads = 0
         self.posts: list[list[str]] = []
         self.down = False
@@ -38,7 +39,7 @@ class Imds:
         if self.down:
             raise RetryableError("IMDS did not answer")
         events = [
-            {"EventId": event_id, "EventType": "Reboot", "ResourceType": "VirtualMachine",
+            {"EventId": event_id, "EventType": self.event_type, "ResourceType": "VirtualMachine",
              "Resources": ["WestNO_0"], "EventStatus": status, "NotBefore": "",
              "Description": "", "EventSource": "Platform", "DurationInSeconds": -1}
             for event_id, status in self.events.items()
@@ -172,3 +173,15 @@ def test_a_prepare_command_is_never_taken_for_an_approval(rig: Rig) -> None:
     assert (rig.imds.reads, rig.imds.posts) == (0, [])
     assert rig.outcomes == [attempt.outcome]
     assert not rig.approver.approved(EVENT)
+
+
+def test_a_spot_rebalance_recommendation_is_never_approved(rig: Rig) -> None:
+    # Should IMDS list the recommendation where the approvals read (their api-version),
+    # and a command name it, no StartRequests goes out: an advisory is approved by nobody.
+    rig.imds.event_type = "SpotRebalanceRecommendation"
+    attempt = rig.approver.consider(command())
+    assert attempt.kind == "Refused"
+    assert "Spot rebalance recommendation" in attempt.detail
+    assert rig.imds.posts == []
+    assert not rig.approver.approved(EVENT)
+    assert [o.outcome for o in rig.outcomes] == ["Refused"]

@@ -146,8 +146,11 @@ BAD_HEADER = b'{ "error": "Bad request: . Required metadata header not specified
 @pytest.mark.parametrize(
     ("answer", "kind", "text"),
     [
-        (response(400, BAD_HEADER), PermanentError, "Required metadata header not specified"),
-        (response(404, b"nope"), PermanentError, "404"),
+        # Refused: a PermanentError that keeps the status (a 400 or a 404 also says an
+        # api-version is not served: bridge.agent.advisory).
+        (response(400, BAD_HEADER), imds.Refused, "Required metadata header not specified"),
+        (response(404, b"nope"), imds.Refused, "404"),
+        (response(501), PermanentError, "501"),
         (response(410), RetryableError, "410"),
         (response(500), RetryableError, "500"),
         (response(503), RetryableError, "503"),
@@ -165,6 +168,9 @@ def test_failures_map_onto_kinds(answer: Any, kind: type[Exception], text: str) 
     assert text in str(info.value)
     if kind is ThrottledError:
         assert info.value.retry_after == 7.0  # type: ignore[attr-defined]
+    if kind is imds.Refused:
+        assert isinstance(info.value, PermanentError)
+        assert info.value.status in (400, 404)  # type: ignore[attr-defined]
 
 
 def test_requests_carry_header_version_and_long_first_timeout() -> None:

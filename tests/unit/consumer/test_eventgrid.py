@@ -341,3 +341,29 @@ def test_off_by_default() -> None:
     assert EventGridSettings().health is False
     assert EventGridSettings().acknowledge is False
     check_settings(EventGridSettings())
+
+
+@pytest.mark.parametrize(
+    ("status", "state"),
+    [("Scheduled", "Raised"), ("Started", "Raised"), ("Completed", "Cleared")],
+)
+def test_a_spot_rebalance_recommendation_is_an_advisory_never_an_event(
+    status: str, state: str
+) -> None:
+    # No public sample shows one on this topic: the docs' own delivery, its EventType the
+    # one IMDS uses at api-version 2024-07-09 (bridge.agent.advisory).
+    delivery = scheduled()
+    props(delivery)["EventType"] = "SpotRebalanceRecommendation"
+    props(delivery)["EventStatus"] = status
+    parsed = parse(json.dumps(delivery), TRUST)
+    assert (parsed.events, parsed.refused) == ([], [])
+    [advisory] = parsed.advisories
+    assert validation.problem(dict(advisory)) is None
+    assert (advisory["RecordType"], advisory["AdvisoryState"], advisory["Source"]) == (
+        "Advisory",
+        state,
+        "EventGrid",
+    )
+    assert advisory["Resources"] == ["myvmss_1", "myvmss_2"]
+    again = parse(json.dumps(delivery), TRUST).advisories[0]
+    assert again["RecordId"] == advisory["RecordId"]  # a duplicate delivery folds once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,7 +16,7 @@ from bridge.config import ConfigError
 from bridge.policy import file as policyfile
 from bridge.policy import model as policy
 from bridge.policy.file import PolicyError, load, loads
-from bridge.policy.model import Action, Budget, Match, Policy, Range, Rule, Window
+from bridge.policy.model import Action, Budget, Match, Policy, Range, Rebalance, Rule, Window
 
 HOLD_ALL = Rule("everything-else", Match(), Action("hold"))
 
@@ -68,6 +69,7 @@ def test_example_policy_loads_to_the_model_it_documents() -> None:
             Budget("db-quarter", "tag:tier", max_percent=25.0),
         ),
         source="example.yaml",
+        rebalance=Rebalance(drain=True, notify="ops"),
     )
     assert loads(policyfile.EXAMPLE_POLICY_YAML, "example.yaml") == expected
 
@@ -413,7 +415,39 @@ def test_check_command_summarises_a_valid_file(
         "  rule everything-else: every event -> hold",
         "  budget one-web-vm-at-a-time: at most 1 VM impacted per scale_set",
         "  budget db-quarter: at most 25% (at least 1 VM) impacted per tag:tier",
+        "  rebalance: drain the node at once, tell ops (a Spot rebalance recommendation is never "
+        "approved)",
     ]
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ("{drain: true}", Rebalance(drain=True)),
+        ("{drain: false}", Rebalance()),
+        ("{notify: ops}", Rebalance(notify="ops")),
+        ("{drain: true, notify: ops}", Rebalance(drain=True, notify="ops")),
+    ],
+)
+def test_the_rebalance_section(section: str, expected: Rebalance) -> None:
+    body = f"version: 1\nrules: [{{name: r, action: hold}}]\nrebalance: {section}\n"
+    assert loads(body).rebalance == expected
+    assert loads("version: 1\nrules: [{name: r, action: hold}]\n").rebalance is None
+
+
+@pytest.mark.parametrize(
+    ("section", "error"),
+    [
+        ("{drain: maybe}", "rebalance.drain: expected true or false, got 'maybe'"),
+        ("{}", "rebalance: empty: give drain, notify or both"),
+        ("{drain: true, ask: x}", "rebalance"),
+        ("{notify: ''}", "rebalance.notify: expected a notification target's name"),
+    ],
+)
+def test_a_wrong_rebalance_section_is_named(section: str, error: str) -> None:
+    body = f"version: 1\nrules: [{{name: r, action: hold}}]\nrebalance: {section}\n"
+    with pytest.raises(policyfile.PolicyError, match=re.escape(error)):
+        loads(body)
 
 
 def test_check_command_prints_the_error_and_exits_2(

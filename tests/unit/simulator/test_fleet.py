@@ -330,6 +330,7 @@ _SHAPES = {
     "2019-04-01": [*_BASE_KEYS, "Description"],
     "2019-08-01": [*_BASE_KEYS, "Description", "EventSource"],
     "2020-07-01": [*_BASE_KEYS, "Description", "EventSource", "DurationInSeconds"],
+    "2024-07-09": [*_BASE_KEYS, "Description", "EventSource", "DurationInSeconds"],
 }
 
 
@@ -421,6 +422,7 @@ _SCENARIOS = [
     Expected("platform-reboot", "Reboot", "Platform", 900, ["vm-0"], ["vm-0"]),
     Expected("redeploy", "Redeploy", "User", 600, ["vm-0"], ["vm-0"]),
     Expected("spot-preempt", "Preempt", "Platform", 30, ["web_2"], WEB),
+    Expected("spot-rebalance", "SpotRebalanceRecommendation", "Platform", 900, ["web_2"], WEB),
     Expected("vmss-terminate", "Terminate", "User", 600, ["web_2"], WEB),
     Expected("canceled", "Reboot", "Platform", 900, ["vm-0"], ["vm-0"]),
     Expected("hardware-failure", "Reboot", "Platform", 0, ["vm-0"], ["vm-0"], "Started"),
@@ -502,3 +504,15 @@ def test_scenarios_refuse_what_they_cannot_do(
 def test_scenarios_needing_a_kind_of_vm_say_so_on_a_plain_fleet(name: str) -> None:
     with pytest.raises(SimulationError, match="name the VM"):
         scenarios.run(name, Fleet(numbered_vms(2)), T0)
+
+
+def test_a_rebalance_recommendation_is_listed_at_the_preview_version_only() -> None:
+    fleet = demo_fleet()
+    [advice] = scenarios.run("spot-rebalance", fleet, T0)
+    [preempt] = scenarios.run("spot-preempt", fleet, T0)
+    listed = {v: [e["EventId"] for e in fleet.document("web_2", v)["Events"]] for v in _SHAPES}
+    assert listed.pop("2024-07-09") == [advice, preempt]
+    assert all(ids == [preempt] for ids in listed.values())
+    # "acknowledging them has no effect": a POST naming it changes nothing.
+    assert fleet.approve("web_2", [advice], T0 + 1) == []
+    assert fleet.event(advice).approved_at is None

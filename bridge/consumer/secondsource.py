@@ -95,6 +95,7 @@ class EventGridIntake:
                 self.ignored += len(parsed.ignored)
             taken.events += parsed.events
             taken.health += parsed.health
+            taken.runs += parsed.runs
         return taken
 
     def fold(
@@ -126,7 +127,7 @@ def intake_for(
     so a delivery is refused or taken alike whichever of them reads the hub."""
     if not config.eventgrid.enabled:
         return None
-    return EventGridIntake(consumer, Trust.of(config.eventgrid), emit)
+    return EventGridIntake(consumer, Trust.of(config.eventgrid, config.patchruns.enabled), emit)
 
 
 class FleetKnown:

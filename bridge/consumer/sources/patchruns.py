@@ -56,7 +56,7 @@ Microsoft.Maintenance.PostMaintenanceEvent, `eventTime` 2023-05-09T15:55:00.3717
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -184,3 +184,160 @@ def notice(
 def _short(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
+
+
+# Which VMs a run patches: the configuration's assignments, through Resource Graph.
+#
+# A configuration is assigned to a VM or a scale set one by one (a `configurationAssignments`
+# resource under it, `properties.resourceId` the VM's or the set's id) or by a dynamic scope
+# (one at a subscription, `properties.filter` with resourceTypes, resourceGroups, locations,
+# osTypes and tagSettings {tags: {name: [values]}, filterOperator: Any or All}): the .NET and
+# JavaScript SDKs' ConfigurationAssignmentProperties and ConfigurationAssignmentFilter
+# Properties, and the Bicep of Update Manager's dynamic scope samples. Both are rows of
+# Resource Graph's `maintenanceresources`, type `microsoft.maintenance/configurationassignments`
+# (the query the Update Manager portal itself sends, seen in its HAR samples). A row, as
+# Resource Graph answers (objectArray), of each kind:
+#
+#     {"id": "/subscriptions/{sub}/resourcegroups/rg-web/providers/microsoft.compute/
+#             virtualmachinescalesets/web/providers/microsoft.maintenance/
+#             configurationassignments/tuesday-web",
+#      "name": "tuesday-web", "type": "microsoft.maintenance/configurationassignments",
+#      "subscriptionId": "{sub}", "resourceGroup": "rg-web",
+#      "properties": {"maintenanceConfigurationId": "/subscriptions/{sub}/resourcegroups/
+#                       rg-patch/providers/microsoft.maintenance/maintenanceconfigurations/tuesday",
+#                     "resourceId": "/subscriptions/{sub}/resourcegroups/rg-web/providers/
+#                       microsoft.compute/virtualmachinescalesets/web"}}
+#
+#     {"id": "/subscriptions/{sub}/providers/microsoft.maintenance/configurationassignments/
+#             tuesday-dynamic", "name": "tuesday-dynamic", "subscriptionId": "{sub}",
+#      "type": "microsoft.maintenance/configurationassignments", "resourceGroup": "",
+#      "properties": {"maintenanceConfigurationId": "<as above>",
+#                     "resourceId": "/subscriptions/{sub}",
+#                     "filter": {"resourceTypes": ["Microsoft.Compute/virtualMachines"],
+#                                "resourceGroups": ["rg-web"], "locations": ["westeurope"],
+#                                "osTypes": ["Linux"], "tagSettings": {"filterOperator": "Any",
+#                                "tags": {"patch": ["tuesday"]}}}}}
+#
+# A dynamic scope's VMs are the `resources` rows of type microsoft.compute/virtualmachines of
+# its subscription that its filter takes (evaluated here: the query only narrows by resource
+# group and location, with names that are Azure's, so that nothing a row says is ever written
+# into a query). Every query is bounded and paged, its 429s waited out (ResourceGraph.rows).
+
+ASSIGNMENTS = "microsoft.maintenance/configurationassignments"
+VIRTUAL_MACHINES = "microsoft.compute/virtualmachines"
+MAX_SCOPES = 20  # dynamic scopes of one configuration read per run (Azure allows more)
+_NAME = re.compile(r"^[-\w._()]{1,90}$")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The compute resources a run patches: VM or scale set ids, lower case."""
+
+    resources: frozenset[str]
+    dynamic_scopes: int = 0
+    notes: tuple[str, ...] = ()  # what was left out, and why
+
+
+Rows = Callable[[str, list[str]], Iterable[Mapping[str, Any]]]
+
+
+def assignment_query(configuration_id: str) -> str:
+    """The configuration's assignments (`configuration_id` checked by the parser)."""
+    if _CONFIG.match(configuration_id) is None:
+        raise ValueError(f"{configuration_id!r} is not a maintenance configuration's id")
+    return (
+        f"maintenanceresources | where type =~ '{ASSIGNMENTS}'"
+        " | where tolower(tostring(properties.maintenanceConfigurationId)) == "
+        f"'{configuration_id.lower()}'"
+        " | project id, name, type, subscriptionId, resourceGroup, properties"
+    )
+
+
+def scope_query(filter_: Mapping[str, Any]) -> str:
+    """The VMs a dynamic scope's filter may take, narrowed where its names are Azure's."""
+    query = f"resources | where type =~ '{VIRTUAL_MACHINES}'"
+    for column, key in (("resourceGroup", "resourcegroups"), ("location", "locations")):
+        names = _names(filter_.get(key))
+        if names and all(_NAME.match(n) for n in names):
+            query += f" | where {column} in~ (" + ", ".join(f"'{n}'" for n in names) + ")"
+    return (
+        query + " | project id, name, type, subscriptionId, resourceGroup, location, tags,"
+        " osType = tostring(properties.storageProfile.osDisk.osType)"
+    )
+
+
+def resolve(run: RunNotice, rows: Rows) -> Resolved:
+    """The VMs and scale sets `run`'s configuration is assigned to, in the run's trusted
+    subscriptions; `rows(query, subscriptions)` is ResourceGraph.rows."""
+    subscriptions = list(run.subscriptions)
+    wanted = run.configuration_id.lower()
+    found: set[str] = set()
+    scopes: list[tuple[str, Mapping[str, Any]]] = []
+    for row in rows(assignment_query(run.configuration_id), subscriptions):
+        properties = _lower(row.get("properties"))
+        if str(row.get("type", "")).lower() != ASSIGNMENTS:
+            continue
+        if str(properties.get("maintenanceconfigurationid", "")).lower() != wanted:
+            continue
+        target = str(properties.get("resourceid", "")).strip().lower()
+        filter_ = properties.get("filter")
+        if isinstance(filter_, Mapping):
+            sub = str(row.get("subscriptionId", "")).lower()
+            if sub in run.subscriptions:
+                scopes.append((sub, _lower(filter_)))
+        elif _COMPUTE.match(target) and target.split("/")[2] in run.subscriptions:
+            found.add(target)
+    notes: list[str] = []
+    if len(scopes) > MAX_SCOPES:
+        notes.append(f"{len(scopes)} dynamic scopes; the first {MAX_SCOPES} were read")
+    for sub, filter_ in scopes[:MAX_SCOPES]:
+        for row in rows(scope_query(filter_), [sub]):
+            vm = str(row.get("id", "")).strip().lower()
+            if _COMPUTE.match(vm) and vm.split("/")[2] == sub and takes(filter_, row):
+                found.add(vm)
+    return Resolved(frozenset(found), min(len(scopes), MAX_SCOPES), tuple(notes))
+
+
+def takes(filter_: Mapping[str, Any], vm: Mapping[str, Any]) -> bool:
+    """Whether a dynamic scope's filter (keys lower case) takes the VM row `vm`."""
+    types = {t.lower() for t in _names(filter_.get("resourcetypes"))}
+    if str(vm.get("type", "")).lower() != VIRTUAL_MACHINES or (
+        types and VIRTUAL_MACHINES not in types
+    ):
+        return False
+    for key, column in (
+        ("resourcegroups", "resourceGroup"),
+        ("locations", "location"),
+        ("ostypes", "osType"),
+    ):
+        allowed = {n.lower() for n in _names(filter_.get(key))}
+        if allowed and str(vm.get(column, "")).lower() not in allowed:
+            return False
+    settings = _lower(filter_.get("tagsettings"))
+    wanted = _lower(settings.get("tags"))
+    if not wanted:
+        return True
+    tags = {str(k).lower(): str(v) for k, v in _lower(vm.get("tags")).items()}
+    hits = [
+        name in tags and (not _names(values) or tags[name] in _names(values))
+        for name, values in wanted.items()
+    ]
+    return all(hits) if str(settings.get("filteroperator", "Any")).lower() == "all" else any(hits)
+
+
+_COMPUTE = re.compile(
+    r"^/subscriptions/[0-9a-f-]{36}/resourcegroups/[^/]+/providers/microsoft\.compute/"
+    r"(?:virtualmachines|virtualmachinescalesets)/[^/]+$"
+)
+
+
+def _names(value: object) -> list[str]:
+    if not isinstance(value, list):
+        return []
+    return [v.strip() for v in value if isinstance(v, str) and v.strip()]
+
+
+def _lower(value: object) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k).lower(): v for k, v in value.items()}

@@ -37,6 +37,8 @@ _SAID: dict[NoticeKind, str] = {
     "override": "Approved over a budget",
     "paused": "Early approvals paused",
     "resumed": "Early approvals resumed",
+    "patch_over_budget": "A patch run runs over a budget",
+    "patch_cancelled": "A patch run was cancelled before its cut-off",
 }
 
 SAMPLE = Notice(

@@ -6,7 +6,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-NoticeKind = Literal["asked", "approved", "held", "timed_out", "override", "paused", "resumed"]
+NoticeKind = Literal[
+    "asked",
+    "approved",
+    "held",
+    "timed_out",
+    "override",
+    "paused",
+    "resumed",
+    "patch_over_budget",
+    "patch_cancelled",
+]
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,20 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from bridge import host
 from bridge import recordtypes as rt
-from bridge.cloud.applyupdates import Cancelled
-from bridge.config import ConfigError, PatchRunSettings
+from bridge.cloud import identity
+from bridge.cloud.applyupdates import ArmCancel, Cancelled
+from bridge.config import Config, ConfigError, PatchRunSettings
 from bridge.consumer.decisionrecord import Voice
 from bridge.consumer.notices import NoticeQueue
-from bridge.consumer.sources.patchruns import Resolved, RunNotice
+from bridge.consumer.sources.patchruns import Resolved, RunNotice, resolve
+from bridge.consumer.sources.resourcegraph import RequestsTransport, ResourceGraph
 from bridge.consumer.state import Conflict, Store, update
 from bridge.consumer.state.layout import PATCHRUN
 from bridge.notify.notice import Notice, NoticeKind
@@ -39,6 +43,9 @@ from bridge.policy.model import Budget, FleetView, VmView
 from bridge.policy.patchruns import RunView, counted_until, impact, members
 from bridge.records import Origin, RecordView, VmIdentity, iso, parse_time, record_id
 from bridge.retry import DeliveryError
+
+if TYPE_CHECKING:
+    from bridge.consumer.core import Consumer
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +91,43 @@ def rule_of(settings: PatchRunSettings) -> PatchRule:
     )
 
 
+def install(
+    consumer: Consumer, config: Config, emit: Callable[[Sequence[RecordView]], None]
+) -> PatchRuns:
+    """PatchRuns for `consumer` as [patchruns] and [eventgrid] say, with the consumer's
+    identity for Resource Graph and ARM: its runs counted in every budget the consumer checks,
+    decided on each tick (`Consumer.patch_runs`)."""
+    credential = identity.credential(config.identity)
+    graph = ResourceGraph(config.eventgrid.resource_graph_url, credential, RequestsTransport())
+    cancel = None
+    if config.patchruns.cancel:
+        arm = ArmCancel(
+            credential, config.eventgrid.arm_endpoint, api_version=config.patchruns.api_version
+        )
+        cancel = arm.cancel
+    parts = Parts(
+        resolve=lambda notice: resolve(notice, graph.rows),
+        fleet=consumer.fleet_view,
+        budgets=lambda: consumer.policy.budgets,
+        emit=emit,
+        cancel=cancel,
+        notices=consumer.dispatch.notifier,
+        voice=Voice(consumer.policy.source, host.host_name(), consumer.settings.mode == "shadow"),
+    )
+    runs = PatchRuns(
+        consumer.store, config.patchruns, parts, consumer.current_time, lock=consumer.lock
+    )
+    attach(consumer, runs)
+    return runs
+
+
+def attach(consumer: Consumer, runs: PatchRuns) -> None:
+    """Make `consumer` count and decide `runs`: its budgets count the runs' VMs from their
+    start, its tick decides them again, its Event Grid intake hands it their events."""
+    consumer.patch_runs = runs
+    consumer.fleet.vms.patch_impact = lambda vms: runs.impact(vms, consumer.current_time())
+
+
 def run_key(run_id: str) -> str:
     """A run's document key: a name Table Storage takes (a run id has slashes)."""
     return record_id("patchrun", run_id.lower())
@@ -116,12 +160,17 @@ class PatchRuns:
         settings: PatchRunSettings,
         parts: Parts,
         now: Callable[[], datetime],
+        *,
+        lock: AbstractContextManager[Any] | None = None,
     ) -> None:
+        """`lock`: the consumer's, which its tick holds when it calls `tick` and which the
+        fleet's view takes: one lock, so the hub's reader and the timer never wait on each
+        other's."""
         self.store, self.parts, self._now = store, parts, now
         self.rule = rule_of(settings)
         self.grace = timedelta(seconds=settings.grace)
         self.outcomes: Counter[str] = Counter()
-        self._lock = threading.Lock()
+        self._lock = lock or threading.RLock()
 
     # --- what the budgets count ------------------------------------------------------------
 

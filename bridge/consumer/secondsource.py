@@ -57,6 +57,7 @@ class EventGridIntake:
         self.ignored = 0  # AKS events, health annotations, whole scale sets' health
         self.events = 0  # Event records folded in
         self.health = 0  # health changes folded in
+        self.runs = 0  # patch runs' pre- and post-maintenance events taken
         # The hub's reader and the Resource Graph reconciler count from their own threads.
         self._counting = threading.Lock()
 
@@ -74,6 +75,10 @@ class EventGridIntake:
         """Fold the deliveries `bodies` in (a batch of one partition of the hub, `position`)."""
         taken = self.take(bodies)
         self.fold(taken.events, taken.health, position)
+        if taken.runs and self.consumer.patch_runs is not None:
+            self.consumer.patch_runs.take(taken.runs)  # Update Manager's (issue 40)
+            with self._counting:
+                self.runs += len(taken.runs)
 
     def take(self, bodies: Sequence[str], what: str = "an Event Grid delivery") -> Parsed:
         """What `bodies` hold that may be folded in, each refusal counted and logged: the

@@ -757,8 +757,9 @@ class PatchRunSettings:
         "run",
         "What a patch run that would take a budget group over its limit gets: run (it runs, "
         "counted, with a WARNING and a Decision record), ask (a person of patchruns.ask_target "
-        "decides until the run's cancellation cut-off), or cancel (se-bridge cancels it "
-        "through applyUpdates before the cut-off; needs patchruns.cancel).",
+        "decides until two cancel_margins before the run's cancellation cut-off), or cancel "
+        "(se-bridge cancels it through applyUpdates before the cut-off; needs "
+        "patchruns.cancel).",
         choices=("run", "ask", "cancel"),
     )
     cancel: bool = _setting(

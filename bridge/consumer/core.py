@@ -51,7 +51,7 @@ from bridge.consumer.state import Doc, Store, update_many
 from bridge.consumer.views import VmSnapshot
 from bridge.policy.budgets import budget_use
 from bridge.policy.evaluation import evaluate
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView
+from bridge.policy.model import EventView, FleetView, Person, Policy, Verdict, VmView
 from bridge.records import RecordView, iso, parse_time, utc_now
 
 if TYPE_CHECKING:
@@ -255,6 +255,12 @@ class Consumer:
             if s.view.status != "Scheduled":
                 return Explained(s.view, taken=fs.event_document(s.doc).get("decision"))
             return Explained(s.view, evaluate(self.policy, s.fleet, s.view, now))
+
+    def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> tuple[str, str]:
+        """The people desk's port to the patch runs (bridge.consumer.patchruns.PatchRuns)."""
+        if self.patch_runs is None:
+            return "NotOpen", "patch runs are off here (patchruns.enabled)"
+        return self.patch_runs.answer(run, said, by, reason)
 
     def current_time(self) -> datetime:
         """The consumer's clock (what patch runs are counted and decided by)."""

@@ -39,7 +39,7 @@ from bridge.consumer.state import Conflict, Store, update
 from bridge.consumer.state.layout import PATCHRUN
 from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.gates.patchrun import PatchRule, PatchVerdict, breaches, decide
-from bridge.policy.model import Budget, FleetView, VmView
+from bridge.policy.model import Budget, FleetView, Person, VmView
 from bridge.policy.patchruns import RunView, counted_until, impact, members
 from bridge.records import Origin, RecordView, VmIdentity, iso, parse_time, record_id
 from bridge.retry import DeliveryError
@@ -191,17 +191,32 @@ class PatchRuns:
             else:
                 self._post(notice)
 
-    def answer(self, run_id: str, said: Literal["run", "cancel"], by: str, reason: str) -> None:
-        """A person's answer to an ask about the run `run_id` (the people desk's port)."""
+    def answer(self, run: str, said: str, by: Person, reason: str) -> tuple[str, str]:
+        """A person's answer to the ask about `run` (its run id, or `(patch:CONFIG/RUN)` as
+        notices and Decision records name it): (code, detail) for the people desk."""
+        found = next(
+            (v for v in self.runs() if run.lower() in (v.run_id, subject(v).lower())), None
+        )
+        if found is None:
+            return "NotOpen", f"no patch run {run[:200]!r} is known"
+
+        took: list[bool] = []
 
         def note(value: dict[str, Any]) -> bool:
-            if not value.get("run_id") or value.get("answer"):
+            took.clear()
+            if value.get("decided") != "Ask" or value.get("answer"):
                 return False
-            value["answer"], value["answered_by"], value["answer_reason"] = said, by, reason
+            value.update(answer=said, answered_by=by.name, answered_by_id=by.object_id,
+                         answer_reason=reason)  # fmt: skip
+            took.append(True)
             return True
 
-        if update(self.store, PATCHRUN, run_key(run_id), note) is not None:
-            self.tick()
+        stored = update(self.store, PATCHRUN, run_key(found.run_id), note)
+        if stored is None or not took:
+            return "NotAsked", "nobody is asked about this run now (decided, or answered)"
+        self._decide(found.run_id)
+        said_now = (self.store.read(PATCHRUN, run_key(found.run_id)) or stored).value.get("said")
+        return "Accepted", f"decided: {' '.join(map(str, said_now or []))}"
 
     def tick(self) -> None:
         """Decide again the runs still open to a decision (an ask's deadline, a cancel that
@@ -433,7 +448,7 @@ class PatchRuns:
             "PolicySource": voice.policy_source,
             "DecisionMode": "shadow" if voice.shadow else "normal",
             "DecisionExplanation": "\n".join(explanation) or None,
-            "DecidedBy": None,
+            "DecidedBy": value.get("answered_by_id"),
             "DecidedByName": str(by) if by else None,
             "OperatorReason": value.get("answer_reason"),
             "BudgetOverride": verdict.kind == "Run" and bool(verdict.breaches),

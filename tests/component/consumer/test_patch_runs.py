@@ -19,7 +19,7 @@ from bridge.consumer.patchruns import Parts, PatchRuns, check_settings
 from bridge.consumer.sources.patchruns import Resolved, RunNotice
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.notify.notice import Notice
-from bridge.policy.model import Budget, FleetView, VmView
+from bridge.policy.model import Budget, FleetView, Person, VmView
 from bridge.retry import RetryableError
 
 UTC = timezone.utc
@@ -34,6 +34,7 @@ START = PRE_AT + 35 * MIN
 CUTOFF = START - 10 * MIN
 RUN_ID = f"{CONFIG}/providers/microsoft.maintenance/applyupdates/20261208020000".lower()
 ONE = (Budget("one-at-a-time", "scale_set", max_vms=1),)
+ADA = Person("6f1c2a9e-0000-4000-8000-00000000ada0", "Ada")
 
 
 def pre(at: datetime = PRE_AT) -> RunNotice:
@@ -171,10 +172,22 @@ def test_a_run_over_a_budget_asks_until_two_margins_before_the_cut_off(tmp_path:
     r.now += 5 * MIN
     r.runs.tick()
     assert len(r.records) == 1  # still waiting: no second record
-    r.runs.answer(RUN_ID, "cancel", "Ada", "the scale set is one-at-a-time")
+    answered = r.runs.answer("(patch:tuesday/20261208020000)", "cancel", ADA, "one at a time")
+    assert answered[0] == "Accepted"
+    assert r.runs.answer(RUN_ID, "run", ADA, "changed my mind")[0] == "NotAsked"  # decided
     assert r.cancels == [(CONFIG, "20261208020000")]
     assert r.actions()[-1] == ("Cancel", "ops answered cancel: cancelled before its cut-off")
     assert r.records[-1]["DecidedByName"] == "Ada"
+    assert r.records[-1]["DecidedBy"] == ADA.object_id
+    assert r.records[-1]["OperatorReason"] == "one at a time"
+
+
+def test_a_person_cannot_answer_a_run_nobody_asked_about(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    assert r.runs.answer(RUN_ID, "cancel", ADA, "why not")[0] == "NotOpen"
+    r.runs.take([pre()])  # runs over the budget: nobody is asked
+    assert r.runs.answer(RUN_ID, "cancel", ADA, "why not")[0] == "NotAsked"
+    assert r.cancels == []
 
 
 def test_an_unanswered_ask_takes_its_on_deadline(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from bridge.consumer.state.layout import PATCHRUN
 from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.gates.patchrun import PatchRule, PatchVerdict, breaches, decide
 from bridge.policy.model import Budget, FleetView, Person, VmView
-from bridge.policy.patchruns import RunView, counted_until, impact, members
+from bridge.policy.patchruns import RunView, counted_until, impact, index_of, members
 from bridge.records import Origin, RecordView, VmIdentity, iso, parse_time, record_id
 from bridge.retry import DeliveryError
 
@@ -300,9 +300,10 @@ class PatchRuns:
             value, now = doc.value, self._now()
             run = _view(value)
             fleet = self.parts.fleet()
-            run_vms = _counted(run, fleet)
+            index = index_of(fleet.vms.values())
+            run_vms = _counted(run, index)
             overlapping = {
-                other.key: _counted(other, fleet)
+                other.key: _counted(other, index)
                 for other in self.runs()
                 if other.run_id != run.run_id
                 and not other.cancelled
@@ -461,9 +462,9 @@ class PatchRuns:
         self.parts.emit([record])
 
 
-def _counted(run: RunView, fleet: FleetView) -> frozenset[str]:
+def _counted(run: RunView, index: Mapping[str, frozenset[str]]) -> frozenset[str]:
     """What `run` counts: its known VMs' VmIds and the names of the others."""
-    known, unknown = members(run.resources, fleet.vms.values())
+    known, unknown = members(run.resources, index)
     return known | frozenset(unknown)
 
 

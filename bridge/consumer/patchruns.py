@@ -171,11 +171,21 @@ class PatchRuns:
         self.grace = timedelta(seconds=settings.grace)
         self.outcomes: Counter[str] = Counter()
         self._lock = lock or threading.RLock()
+        self._held: tuple[datetime, list[RunView]] | None = None  # (read at, runs)
 
     # --- what the budgets count ------------------------------------------------------------
 
     def runs(self) -> list[RunView]:
-        return [_view(doc.value) for doc in self.store.scan(PATCHRUN) if doc.value.get("run_id")]
+        """Every run stored: read at most every feed_interval where a read costs a query
+        (Table Storage), as the health documents are; at once after this process wrote."""
+        now = self._now()
+        every = timedelta(seconds=self.store.feed_interval)
+        held = self._held
+        if held is None or not self.store.feed_interval or abs(now - held[0]) >= every:
+            docs = self.store.scan(PATCHRUN)
+            held = (now, [_view(doc.value) for doc in docs if doc.value.get("run_id")])
+            self._held = held
+        return held[1]
 
     def impact(self, vms: Mapping[str, VmView], now: datetime) -> dict[str, frozenset[str]]:
         """The runs counting at `now`, as FleetView.impacted's pseudo events."""
@@ -212,6 +222,7 @@ class PatchRuns:
             return True
 
         stored = update(self.store, PATCHRUN, run_key(found.run_id), note)
+        self._held = None
         if stored is None or not took:
             return "NotAsked", "nobody is asked about this run now (decided, or answered)"
         self._decide(found.run_id)
@@ -276,6 +287,7 @@ class PatchRuns:
             return True
 
         update(self.store, PATCHRUN, key, create)
+        self._held = None
         self._decide(notice.run_id)
 
     def _post(self, notice: RunNotice) -> None:
@@ -285,6 +297,7 @@ class PatchRuns:
             value["post_at"], value["status"] = iso(notice.at), notice.status
             return True
 
+        self._held = None
         if update(self.store, PATCHRUN, run_key(notice.run_id), end) is None:
             log.info(
                 "a post-maintenance event of run %s, whose pre-event se-bridge did not read: "
@@ -317,7 +330,10 @@ class PatchRuns:
             answer = value.get("answer") if value.get("answer") in ("run", "cancel") else None
             verdict = decide(self.rule, run, broken, now, answer)
             retry = False
-            if verdict.kind == "Cancel" and not run.cancelled:
+            shadow = self.parts.voice is not None and self.parts.voice.shadow
+            if verdict.kind == "Cancel" and not run.cancelled and not shadow:
+                # A shadow consumer says what it would do (DecisionMode shadow), and never
+                # cancels: the live consumer decides.
                 verdict, retry = self._cancel(run, verdict)
             decided = "Retry" if retry else verdict.kind
             if value.get("said") == [verdict.kind, verdict.reason]:
@@ -374,6 +390,7 @@ class PatchRuns:
             value.update(fields)
             return True
 
+        self._held = None
         update(self.store, PATCHRUN, run_key(run_id), mark)
 
     def _note(self, run: RunView, verdict: PatchVerdict, value: Mapping[str, Any]) -> None:

@@ -15,6 +15,7 @@ import pytest
 from bridge.cloud.applyupdates import Cancelled
 from bridge.config import ConfigError, PatchRunSettings
 from bridge.consumer import validation
+from bridge.consumer.decisionrecord import Voice
 from bridge.consumer.patchruns import Parts, PatchRuns, check_settings
 from bridge.consumer.sources.patchruns import Resolved, RunNotice
 from bridge.consumer.state.sqlite import SqliteStore
@@ -148,6 +149,16 @@ def test_a_run_over_a_budget_is_cancelled_before_its_cut_off_once(tmp_path: Path
     assert [n.kind for n in r.notices.sent] == ["patch_cancelled"]
     assert r.runs.outcomes == {"cancelled": 1}
     assert r.counted(START) == frozenset()  # a cancelled run impacts nothing
+
+
+def test_a_shadow_consumer_says_it_would_cancel_and_never_does(tmp_path: Path) -> None:
+    r = rig(tmp_path, on_breach="cancel", cancel=True)
+    r.runs.parts = replace(r.runs.parts, voice=Voice("policy.yaml", "host", shadow=True))
+    r.runs.take([pre()])
+    assert r.cancels == []
+    assert r.actions() == [("Cancel", "on_breach cancel: cancelled before its cut-off")]
+    assert r.records[0]["DecisionMode"] == "shadow"
+    assert len(r.counted(START)) == 4  # the live consumer decides: still counted here
 
 
 def test_a_cancel_wanted_too_late_is_refused_and_said(tmp_path: Path) -> None:

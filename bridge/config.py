@@ -754,6 +754,68 @@ class EventGridSettings:
     )
 
 
+@dataclass(frozen=True)
+class PatchRunSettings:
+    """Guest patch runs of Azure Update Manager counted in the budgets (issue 40; preview
+    events; docs/planned-disruptions.md)."""
+
+    enabled: bool = _setting(
+        False,
+        "Read Update Manager's pre- and post-maintenance events (Microsoft.Maintenance."
+        "PreMaintenanceEvent and PostMaintenanceEvent) from eventgrid.hub, resolve each run's "
+        "VMs through Resource Graph (the configuration's assignments and dynamic scopes) and "
+        "count them as impacted in every budget from the run's start to its post-event. Needs "
+        "eventgrid.enabled and Reader on eventgrid.subscriptions. Off: those events are left "
+        "aside.",
+    )
+    on_breach: str = _setting(
+        "run",
+        "What a patch run that would take a budget group over its limit gets: run (it runs, "
+        "counted, with a WARNING and a Decision record), ask (a person of patchruns.ask_target "
+        "decides until two cancel_margins before the run's cancellation cut-off), or cancel "
+        "(se-bridge cancels it through applyUpdates before the cut-off; needs "
+        "patchruns.cancel).",
+        choices=("run", "ask", "cancel"),
+    )
+    cancel: bool = _setting(
+        False,
+        "Allow se-bridge to cancel a patch run (Microsoft.Maintenance applyUpdates with status "
+        "Cancel, preview API), by on_breach cancel or a person's answer: the strongest action "
+        "it takes on Azure. Needs the role infra/ grants with patchRunCancel.",
+    )
+    ask_target: str = _setting(
+        "",
+        "The people asked about a run that would break a budget (on_breach ask), as an ask "
+        "rule's target names them on the people desk (consumer.people).",
+    )
+    on_deadline: str = _setting(
+        "run",
+        "What an unanswered ask does at its deadline (patchruns.cancel_margin before the "
+        "cut-off): run, or cancel (needs patchruns.cancel).",
+        choices=("run", "cancel"),
+    )
+    cancel_margin: float = _setting(
+        120.0,
+        "Seconds before a run's cancellation cut-off after which se-bridge no longer asks ARM "
+        "to cancel it: the request must reach Azure before the cut-off, never after.",
+        low=30,
+        high=1800,
+    )
+    grace: float = _setting(
+        1800.0,
+        "Seconds after a run's scheduled end (the pre-event's endDateTime) its VMs stay "
+        "counted when its post-event never comes: the window ends the installs, and a VM "
+        "rebooted at its very end is back within this.",
+        low=0,
+        high=86400,
+    )
+    api_version: str = _setting(
+        "2023-10-01-preview",
+        "The Microsoft.Maintenance api-version of the applyUpdates cancel (a preview one: "
+        "the examples of Azure's REST specs name this one).",
+    )
+
+
 # Sections that live in another's table: [consumer.people] is Config.people, and its
 # environment variables are SE_BRIDGE_CONSUMER_PEOPLE_<KEY>.
 NESTED = {"people": "consumer"}
@@ -775,6 +837,7 @@ class Config:
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     people: PeopleSettings = field(default_factory=PeopleSettings)
     eventgrid: EventGridSettings = field(default_factory=EventGridSettings)
+    patchruns: PatchRunSettings = field(default_factory=PatchRunSettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]

@@ -30,7 +30,17 @@ DrainStatus = Literal[
 ]
 ApprovalSource = Literal["Central", "Local", "ARM"]
 ApprovalOutcome = Literal["Approved", "Refused", "Failed"]
-DecisionAction = Literal["Approve", "Defer", "Hold", "Release", "Ask", "Pause", "Resume"]
+DecisionAction = Literal[
+    "Approve",
+    "Defer",
+    "Hold",
+    "Release",
+    "Ask",
+    "Pause",
+    "Resume",
+    "Run",
+    "Cancel",
+]
 DecisionMode = Literal["normal", "shadow"]
 
 

@@ -187,6 +187,25 @@ param eventGridReconcileInterval int = 300
 @description('With eventGridAcknowledge or eventGridReconcile: the resource groups of the fleet\'s VMs, scale sets and availability sets, in this subscription. Empty: this deployment\'s resource group.')
 param eventGridFleetResourceGroups array = []
 
+@description('With eventGridSource: count Update Manager\'s patch runs in the budgets (preview events; patchruns.enabled; docs/planned-disruptions.md): the system topics of patchRunConfigurations deliver their pre- and post-maintenance events to the second source\'s hub; Reader on patchRunConfigurationsResourceGroup (and on eventGridFleetResourceGroups) lets the consumer read each run\'s VMs through Resource Graph.')
+param patchRuns bool = false
+
+@description('With patchRuns: the maintenance configurations\' resource ids, all in patchRunConfigurationsResourceGroup of this subscription.')
+param patchRunConfigurations array = []
+
+@description('With patchRuns: the resource group of patchRunConfigurations.')
+param patchRunConfigurationsResourceGroup string = ''
+
+@description('With patchRuns: the configurations\' region (their system topics must be in it).')
+param patchRunConfigurationsLocation string = ''
+
+@description('With patchRuns: what a run over a budget gets (patchruns.on_breach): run, ask, or cancel (needs patchRunCancel).')
+@allowed(['run', 'ask', 'cancel'])
+param patchRunOnBreach string = 'run'
+
+@description('With patchRuns: the consumer may cancel a run through applyUpdates before its cut-off (patchruns.cancel; preview API): a custom role with applyUpdates/write on patchRunConfigurationsResourceGroup only.')
+param patchRunCancel bool = false
+
 param tags object = {
   application: 'se-bridge'
 }
@@ -300,6 +319,9 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     eventGridHealth: eventGridHealth
     eventGridAcknowledge: eventGridAcknowledge
     eventGridReconcileInterval: eventGridReconcile ? eventGridReconcileInterval : 0
+    patchRuns: eventGridSource && patchRuns && i == 0
+    patchRunOnBreach: patchRunOnBreach
+    patchRunCancel: patchRunCancel
     peopleClientId: peopleClientId
     peopleTenantId: peopleTenantId
     webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
@@ -386,6 +408,40 @@ module resourceGraphReader 'modules/resource-graph-reader.bicep' = [for group in
     consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
   }
 }]
+
+// Update Manager's runs reach the second source's hub; the consumer reads the configurations'
+// assignments (Reader, as the reconciler reads the fleet's groups) and, with patchRunCancel,
+// may cancel their runs.
+module patchRunTopics 'modules/patch-runs.bicep' = if (eventGridSource && patchRuns) {
+  name: 'se-bridge-patch-runs'
+  params: {
+    eventHubsNamespaceName: eventHubs[0].outputs.namespaceName
+    eventHubName: eventGridHubName
+    configurationIds: patchRunConfigurations
+    location: patchRunConfigurationsLocation
+    prefix: '${prefix}-${suffix}'
+    tags: tags
+  }
+  dependsOn: [
+    eventGrid
+  ]
+}
+
+module patchRunReader 'modules/resource-graph-reader.bicep' = if (eventGridSource && patchRuns) {
+  name: 'se-bridge-patch-run-reader'
+  scope: resourceGroup(empty(patchRunConfigurationsResourceGroup) ? resourceGroup().name : patchRunConfigurationsResourceGroup)
+  params: {
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+  }
+}
+
+module patchRunCanceller 'modules/patch-run-cancel.bicep' = if (eventGridSource && patchRuns && patchRunCancel) {
+  name: 'se-bridge-patch-run-cancel'
+  scope: resourceGroup(empty(patchRunConfigurationsResourceGroup) ? resourceGroup().name : patchRunConfigurationsResourceGroup)
+  params: {
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+  }
+}
 
 module workbook 'modules/workbook.bicep' = if (deployWorkbook) {
   name: 'se-bridge-workbook'

@@ -148,8 +148,8 @@ class ArmAcknowledge:
         except requests.RequestException as err:
             raise RetryableError(f"ARM did not answer: {type(err).__name__}") from None
         status = response.status_code
-        answer = _json(text)
-        said = _said(status, answer)
+        answer = answer_of(text)
+        said = said_of(status, answer)
         if status == 429:
             self.throttled += 1
             raise ThrottledError(said, parse_retry_after(response.headers.get("Retry-After")))
@@ -171,14 +171,14 @@ class ArmAcknowledge:
         raise PermanentError(said)
 
 
-def _json(text: bytes) -> Any:
+def answer_of(text: bytes) -> Any:
     try:
         return json.loads(text)
     except ValueError:
         return None
 
 
-def _said(status: int, answer: Any) -> str:
+def said_of(status: int, answer: Any) -> str:
     """`HTTP 404 NotFound: Scheduled event not found.` (ARM's error code and message)."""
     error = answer.get("error") if isinstance(answer, dict) else None
     if not isinstance(error, dict):

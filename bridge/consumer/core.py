@@ -51,11 +51,13 @@ from bridge.consumer.state import Doc, Store, update_many
 from bridge.consumer.views import VmSnapshot
 from bridge.policy.budgets import budget_use
 from bridge.policy.evaluation import evaluate
-from bridge.policy.model import EventView, FleetView, Policy, Verdict, VmView
+from bridge.policy.model import EventView, FleetView, Person, Policy, Verdict, VmView
 from bridge.records import RecordView, iso, parse_time, utc_now
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from bridge.consumer.patchruns import PatchRuns
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +128,8 @@ class Consumer:
         # What people do and are shown (the approval page, its API, the metrics, status).
         self.desk: PeopleDesk[Seen] = PeopleDesk(self, self.operators, policy, self._lock, now=now)
         self.pending = Pending()  # as of the last tick, for the metrics: no read at a scrape
+        # Update Manager's patch runs (patchruns.enabled; bridge.consumer.patchruns.install).
+        self.patch_runs: PatchRuns | None = None
         # When the last pass that looked found nothing open or counted; None: the next looks.
         self._looked: datetime | None = None
         # What a batch merges is replayed from Event Hubs if lost, as long as it is on disk
@@ -225,12 +229,17 @@ class Consumer:
     def budget_use(self) -> dict[str, float]:
         """Per budget, how full its fullest group is now (read only; for the metrics)."""
         with self._lock:
+            return budget_use(self.policy.budgets, self.fleet_view(), self._now())
+
+    def fleet_view(self) -> FleetView:
+        """The fleet as the budgets see it now: every event, cordon, health report and patch
+        run counted (read only)."""
+        with self._lock:
             known = self.fleet.snapshot()
             state = self.ledger.read()
             impacted = known.by_vm_id(state.impact, reach=state.reach)
             reach = {**state.reach, **known.health_reach}
-            fleet = FleetView(known.vms, impacted, self._alive_within, reach=reach)
-            return budget_use(self.policy.budgets, fleet, self._now())
+            return FleetView(known.vms, impacted, self._alive_within, reach=reach)
 
     def explain(self, event_id: str) -> Explained | None:
         """What the policy decides about `event_id` now, and why, as a pass would see it; once
@@ -247,6 +256,21 @@ class Consumer:
                 return Explained(s.view, taken=fs.event_document(s.doc).get("decision"))
             return Explained(s.view, evaluate(self.policy, s.fleet, s.view, now))
 
+    def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> tuple[str, str]:
+        """The people desk's port to the patch runs (bridge.consumer.patchruns.PatchRuns)."""
+        if self.patch_runs is None:
+            return "NotOpen", "patch runs are off here (patchruns.enabled)"
+        return self.patch_runs.answer(run, said, by, reason)
+
+    def current_time(self) -> datetime:
+        """The consumer's clock (what patch runs are counted and decided by)."""
+        return self._now()
+
+    @property
+    def lock(self) -> threading.RLock:
+        """The lock every decision is taken under (patch runs take it too)."""
+        return self._lock
+
     @property
     def _alive_within(self) -> timedelta:
         return timedelta(seconds=self.settings.alive_within)
@@ -257,6 +281,8 @@ class Consumer:
         """Look again at every open event: deferrals, fallbacks, unsent commands, stale ones."""
         with self._lock:
             now = self._now()
+            if self.patch_runs is not None:
+                self.patch_runs.tick()  # an ask's deadline, a cancel to try again (issue 40)
             self.marks.look()  # the others' read marks, for the release rule of this pass
             if self._quiet(now):
                 self.operators.refresh(now)

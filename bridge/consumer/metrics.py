@@ -48,6 +48,16 @@ from bridge.consumer.secondsource import EventGridCounts
 from bridge.records import RecordView, parse_time
 from bridge.recordtypes import RECORD_TYPE
 
+PATCH_OUTCOMES = (
+    "fits",
+    "over_budget",
+    "asked",
+    "cancelled",
+    "too_late",
+    "cancel_failed",
+    "unresolved",
+)
+
 
 class ConsumerMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -160,6 +170,11 @@ class ConsumerMetrics:
         """Ask `counts` at each scrape how often each periodic pass failed, by activity and
         kind (bridge.consumer.guard.Failures.counts)."""
         self.registry.register(_FailuresCollector(counts))
+
+    def watch_patch_runs(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        """Ask `counts` at each scrape what became of Update Manager's patch runs, by outcome
+        (bridge.consumer.patchruns.PatchRuns.outcomes)."""
+        self.registry.register(_PatchRunCollector(counts))
 
     def watch_people(self, counts: Callable[[], PeopleCounts]) -> None:
         """Ask `counts` at each scrape for the asks, pauses and people's actions
@@ -293,6 +308,23 @@ class _ArmCollector(Collector):
             "throttled past the retries, or the identity refused: sent again at the next pass).",
             "outcome",
             ("approved", "refused", "failed"),
+            self._counts(),
+        )
+
+
+class _PatchRunCollector(Collector):
+    def __init__(self, counts: Callable[[], Mapping[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        yield _by_label(
+            "se_bridge_consumer_patch_runs",
+            "Update Manager's patch runs decided, by outcome: fits, over_budget (let run over a "
+            "budget), asked, cancelled (through applyUpdates before the cut-off), too_late (a "
+            "cancel wanted past the cut-off's margin: refused, the run ran), cancel_failed "
+            "(ARM refused or could not be reached), unresolved (its VMs could not be read).",
+            "outcome",
+            PATCH_OUTCOMES,
             self._counts(),
         )
 

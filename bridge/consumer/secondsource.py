@@ -63,6 +63,7 @@ class EventGridIntake:
         self.ignored = 0  # AKS events, health annotations, whole scale sets' health
         self.events = 0  # Event records folded in
         self.health = 0  # health changes folded in
+        self.runs = 0  # patch runs' pre- and post-maintenance events taken
         # The hub's reader and the Resource Graph reconciler count from their own threads.
         self._counting = threading.Lock()
 
@@ -80,6 +81,10 @@ class EventGridIntake:
         """Fold the deliveries `bodies` in (a batch of one partition of the hub, `position`)."""
         taken = self.take(bodies)
         self.fold([*taken.events, *taken.advisories], taken.health, position)
+        if taken.runs and self.consumer.patch_runs is not None:
+            self.consumer.patch_runs.take(taken.runs)  # Update Manager's (issue 40)
+            with self._counting:
+                self.runs += len(taken.runs)
 
     def take(self, bodies: Sequence[str], what: str = "an Event Grid delivery") -> Parsed:
         """What `bodies` hold that may be folded in, each refusal counted and logged: the
@@ -114,6 +119,7 @@ class EventGridIntake:
             taken.events += parsed.events
             taken.advisories += parsed.advisories
             taken.health += parsed.health
+            taken.runs += parsed.runs
         if bodies and not lost:
             self.guard.succeeded(f"reading {what}")
         return taken
@@ -148,7 +154,9 @@ def intake_for(
     so a delivery is refused or taken alike whichever of them reads the hub."""
     if not config.eventgrid.enabled:
         return None
-    return EventGridIntake(consumer, Trust.of(config.eventgrid), emit, failures)
+    return EventGridIntake(
+        consumer, Trust.of(config.eventgrid, config.patchruns.enabled), emit, failures
+    )
 
 
 class FleetKnown:

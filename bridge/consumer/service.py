@@ -102,6 +102,9 @@ class ConsumerService:
         carrier = self.consumer.sender
         if isinstance(carrier, ArmCarrier):  # eventgrid.acknowledge
             self.metrics.watch_arm(lambda: dict(carrier.outcomes))
+        runs = self.consumer.patch_runs
+        if runs is not None:  # patchruns.enabled
+            self.metrics.watch_patch_runs(lambda: dict(runs.outcomes))
         counted = CountingSender(self.consumer.sender, self.metrics)
         self.consumer.sender = self.consumer.dispatch.sender = counted
         self.poison = PoisonFile(state_dir / "poison.jsonl", self.metrics.refusal)

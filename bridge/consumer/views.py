@@ -21,6 +21,9 @@ from bridge.records import parse_time, utc_now, vm_key
 
 log = logging.getLogger(__name__)
 
+# (the VMs known) -> the patch runs counting now, as pseudo events (FleetView.impacted)
+PatchImpact = Callable[[Mapping[str, VmView]], dict[str, frozenset[str]]]
+
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
 RESCAN_EVENTS = timedelta(minutes=5)
@@ -102,6 +105,8 @@ class VmSnapshot:
         self._cordoned: dict[str, frozenset[str]] = {}
         # The VMs resource health reports down (fs.HealthDocument), read once a snapshot.
         self._health_docs = fleet.health()
+        self._patch_impact = fleet.patch_impact
+        self._patches: dict[str, frozenset[str]] | None = None  # once a snapshot
         # What they impact (HEALTH + VmId or name), where a name may be, and since when.
         self.health_reach: dict[str, frozenset[Scope]] = {}
         self.unhealthy: dict[str, tuple[str, datetime]] = {}
@@ -169,6 +174,11 @@ class VmSnapshot:
         # VM resource health reports down whatever its agent says.
         resolved.update(self._cordoned)
         resolved.update(self._health_impact())
+        if self._patch_impact is not None:
+            # A patch run's VMs count in every budget from its start (issue 40).
+            if self._patches is None:
+                self._patches = self._patch_impact(self.vms)
+            resolved.update(self._patches)
         if version is not None:
             self._resolved = (version, self._generation, resolved)
         return resolved
@@ -258,6 +268,9 @@ class FleetCache:
         # What the heartbeats' node pools and the scale sets disagree on, as last said.
         self._disputes: set[str] = set()
         self.health_counts = False  # the health source is on (Consumer's `health`)
+        # Update Manager's patch runs counting now, as pseudo events of the VMs given
+        # (bridge.consumer.patchruns.PatchRuns.impact); None while patchruns is off.
+        self.patch_impact: PatchImpact | None = None
         self._now = now
         self._health: list[Doc] = []
         self._health_looks = _Paced(now)

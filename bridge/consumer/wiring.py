@@ -19,7 +19,7 @@ from bridge.cloud import identity
 from bridge.cloud.armack import ArmAcknowledge
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, ConsumerSettings, load
-from bridge.consumer import armcarrier
+from bridge.consumer import armcarrier, patchruns
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
 from bridge.consumer.sources import eventgrid, resourcegraph
@@ -28,7 +28,7 @@ from bridge.consumer.state.kinds import KINDS as STORES
 from bridge.notify import kinds as notify_kinds
 from bridge.policy import file as policyfile
 from bridge.policy.model import DEFAULT_POLICY, Policy
-from bridge.records import utc_now
+from bridge.records import RecordView, utc_now
 from bridge.recordtypes import Approval
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ def load_config(
             "give Event Grid's deliveries a directory of their own"
         )
     resourcegraph.check_settings(config.eventgrid)
+    patchruns.check_settings(config.patchruns, config.eventgrid.enabled)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:
@@ -158,6 +159,9 @@ def build_consumer(
         armcarrier.install(
             consumer, arm, cast(Callable[[Sequence[Approval]], None], emit), now, host.host_name()
         )
+    if config.patchruns.enabled:
+        # The consumer's sinks take a patch run's Decision records as the policy's.
+        patchruns.install(consumer, config, cast(Callable[[Sequence[RecordView]], None], emit))
     return consumer
 
 

@@ -38,6 +38,8 @@ _SAID: dict[NoticeKind, str] = {
     "paused": "Early approvals paused",
     "resumed": "Early approvals resumed",
     "rebalance": "Spot eviction risk rose (a rebalance recommendation, never approved)",
+    "patch_over_budget": "A patch run runs over a budget",
+    "patch_cancelled": "A patch run was cancelled before its cut-off",
 }
 
 SAMPLE = Notice(

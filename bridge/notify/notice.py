@@ -7,7 +7,16 @@ from datetime import datetime
 from typing import Literal
 
 NoticeKind = Literal[
-    "asked", "approved", "held", "timed_out", "override", "paused", "resumed", "rebalance"
+    "asked",
+    "approved",
+    "held",
+    "timed_out",
+    "override",
+    "paused",
+    "resumed",
+    "rebalance",
+    "patch_over_budget",
+    "patch_cancelled",
 ]
 
 

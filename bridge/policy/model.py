@@ -51,6 +51,9 @@ HELD = "held:"
 # A VM resource health reports Unavailable or Degraded counts in every budget as impacted by
 # this pseudo event until it is Available again (issue 36), whatever its agent says.
 HEALTH = "health:"
+# A guest patch run of Azure Update Manager (issue 40): its VMs count in every budget as
+# impacted by this pseudo event + the run's id from its start to its post-event (or its bound).
+PATCH = "patch:"
 # The carrier of last resort (issue 36): ARM's acknowledge, when no live agent can carry an
 # approval (bridge.policy.carrier.choose_target). It stands where a VmId would as the target of
 # a verdict, a ledger entry and the command kept for a resend; no channel ever sees it

@@ -31,6 +31,20 @@ of its VMs does (it then starts); acknowledging an approved event again answers 
         # the consumer: eventgrid.arm_endpoint = arm.endpoint, REQUESTS_CA_BUNDLE = arm.ca_bundle,
         # its managed identity from AZURE_POD_IDENTITY_AUTHORITY_HOST = imds.vm_url("web_0")
 
+It also answers the maintenance RP's cancel of a patch run (issue 40), as the REST spec's
+example gives it (ApplyUpdates_CreateOrUpdate_CancelMaintenance.json, 2023-10-01-preview):
+
+    PUT {configuration}/providers/Microsoft.Maintenance/applyUpdates/{yyyyMMddHHmmss}
+        ?api-version=2023-10-01-preview                {"properties": {"status": "Cancel"}}
+    200 {"id": "...", "name": "...", "type": "Microsoft.Maintenance/applyUpdates",
+         "properties": {"status": "Cancelled", "resourceId": "{configuration}"}}
+
+where {configuration} is /subscriptions/S/resourcegroups/G/providers/Microsoft.Maintenance/
+maintenanceConfigurations/{name}. `cancel_run(configuration, run)` says "Cancelled" (also
+again: ARM's PUT is idempotent), "NotFound" (404) or "TooLate" (409 Conflict: Microsoft does
+not document the answer to a cancel after the cut-off; this double's guess, which the client
+reads as a refusal). Without `cancel_run` every run is NotFound.
+
 `script(429, retry_after="2")` answers the next requests before any check, as ARM throttles
 (`Retry-After` in seconds, `x-ms-failure-cause: gateway`). Tokens are kept in `tokens_seen` for
 tests' assertions only, never in `requests` nor in a log.
@@ -73,6 +87,15 @@ MAX_LIST = 100
 JSON = "application/json; charset=utf-8"
 
 Acknowledge = Callable[[str, str], bool]  # (scope, event id) -> the event exists there
+CANCEL_API_VERSION = "2023-10-01-preview"
+_RUN = re.compile(
+    r"(?P<config>/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.maintenance/"
+    r"maintenanceconfigurations/[^/]+)/providers/microsoft\.maintenance/applyupdates/"
+    r"(?P<run>\d{14})",
+    re.IGNORECASE,
+)
+# (configuration id lower case, run name) -> "Cancelled", "NotFound" or "TooLate"
+CancelRun = Callable[[str, str], str]
 
 
 @dataclass(frozen=True)
@@ -106,9 +129,15 @@ class ArmServer:
     """ARM's acknowledge on https://127.0.0.1:<port>; clients trust `ca_bundle`."""
 
     def __init__(
-        self, acknowledge: Acknowledge, accept_token: Callable[[str], bool], host: str = "127.0.0.1"
+        self,
+        acknowledge: Acknowledge,
+        accept_token: Callable[[str], bool],
+        host: str = "127.0.0.1",
+        *,
+        cancel_run: CancelRun | None = None,
     ) -> None:
         self.acknowledge, self.accept_token = acknowledge, accept_token
+        self.cancel_run: CancelRun = cancel_run or (lambda _config, _run: "NotFound")
         self._lock = threading.Lock()
         self._requests: list[AckRequest] = []
         self._tokens = BearerTokens()
@@ -193,10 +222,15 @@ class ArmServer:
 
     def route(self, request: Request) -> Reply:
         arrived = time.monotonic()
+        run = _RUN.fullmatch(request.path)
         single, many = _SINGLE.fullmatch(request.path), _LIST.fullmatch(request.path)
         match = single or many
         scope = match.group("scope").lower() if match else None
-        reply, ids = self._answer(request, single, many)
+        if run is not None:
+            scope = run.group("config").lower()
+            reply, ids = self._cancel(request, run)
+        else:
+            reply, ids = self._answer(request, single, many)
         query = urlencode(request.query, doseq=True)
         target = f"{request.path}?{query}" if query else request.path
         with self._lock:
@@ -263,6 +297,55 @@ class ArmServer:
         )
         error = {"code": "MultiStatusResponse", "message": message, "details": details}
         return _reply(207, {"error": error}), tuple(ids)
+
+    def _cancel(  # noqa: PLR0911 - one answer per check, in ARM's order
+        self, request: Request, run: re.Match[str]
+    ) -> tuple[Reply, tuple[str, ...]]:
+        """A patch run's applyUpdates PUT (its checks in ARM's order, as `_answer`'s)."""
+        with self._lock:
+            scripted = self._script.popleft() if self._script else None
+        if scripted is not None:
+            status, after = scripted
+            extra = (("Retry-After", after),) if after is not None else ()
+            code = "TooManyRequests" if status == 429 else "InternalServerError"
+            return _error(status, code, "The request is being throttled.", *extra), ()
+        name = run.group("run")
+        if request.method != "PUT":
+            return _error(
+                405, "MethodNotAllowed", f"The method {request.method} is not allowed."
+            ), ()
+        versions = list(request.query.get("api-version", []))
+        if versions != [CANCEL_API_VERSION]:
+            return _error(
+                400,
+                "InvalidApiVersionParameter",
+                f"The api-version '{','.join(versions)}' is invalid.",
+            ), ()
+        if self._tokens.check(request.headers, self.accept_token) is not Bearer.ACCEPTED:
+            return _error(401, "InvalidAuthenticationToken", "The access token is invalid."), ()
+        try:
+            wanted: object = json.loads(request.body)["properties"]["status"]
+        except (ValueError, KeyError, TypeError):
+            wanted = None
+        if wanted != "Cancel":
+            return _error(
+                400, "InvalidRequestContent", 'expected {"properties": {"status": "Cancel"}}'
+            ), (name,)
+        config = run.group("config")
+        said = self.cancel_run(config.lower(), name)
+        if said == "NotFound":
+            return _error(404, "NotFound", "The maintenance run was not found."), (name,)
+        if said == "TooLate":
+            return _error(
+                409, "Conflict", "The cancellation cut-off of the maintenance run has passed."
+            ), (name,)
+        body = {
+            "id": f"{config}/providers/microsoft.maintenance/applyupdates/{name}".lower(),
+            "name": name,
+            "type": "Microsoft.Maintenance/applyUpdates",
+            "properties": {"status": "Cancelled", "resourceId": config.lower()},
+        }
+        return _reply(200, body), (name,)
 
 
 def _ids(body: bytes) -> Sequence[str] | None:

@@ -52,6 +52,16 @@ param eventGridAcknowledge bool = false
 @description('With eventGridHub: seconds between two passes of the Resource Graph reconciler, the app\'s reconcile timer (SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL); 0: none.')
 param eventGridReconcileInterval int = 0
 
+@description('With eventGridHub: count Update Manager\'s patch runs in the budgets (SE_BRIDGE_PATCHRUNS_ENABLED).')
+param patchRuns bool = false
+
+@description('With patchRuns: what a run over a budget gets (SE_BRIDGE_PATCHRUNS_ON_BREACH).')
+@allowed(['run', 'ask', 'cancel'])
+param patchRunOnBreach string = 'run'
+
+@description('With patchRuns: the consumer may cancel a run (SE_BRIDGE_PATCHRUNS_CANCEL).')
+param patchRunCancel bool = false
+
 @description('Optional policy file deployed with the app (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml; empty: the default policy.')
 param consumerPolicy string = ''
 
@@ -172,6 +182,9 @@ var eventGridSettings = empty(eventGridHub) ? {} : {
   SE_BRIDGE_EVENTGRID_HEALTH: eventGridHealth ? 'true' : 'false'
   SE_BRIDGE_EVENTGRID_ACKNOWLEDGE: eventGridAcknowledge ? 'true' : 'false'
   SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL: string(eventGridReconcileInterval)
+  SE_BRIDGE_PATCHRUNS_ENABLED: patchRuns ? 'true' : 'false'
+  SE_BRIDGE_PATCHRUNS_ON_BREACH: patchRunOnBreach
+  SE_BRIDGE_PATCHRUNS_CANCEL: patchRunCancel ? 'true' : 'false'
 }
 
 // One account: SE_BRIDGE_STORAGE_ACCOUNT holds the queues, as before.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import datetime, timezone
 
 from bridge.simulator.arm import API_VERSION, AckRequest, ArmServer, issued_for_arm
 
@@ -24,7 +25,10 @@ class ArmDouble(ArmServer):
     def __init__(self, *, accept_token: Callable[[str], bool] | None = None) -> None:
         self._offered: dict[tuple[str, str], bool] = {}  # (scope, event id) -> acknowledged
         self._offered_lock = threading.Lock()
-        super().__init__(self._acknowledge, accept_token or bool)
+        # (configuration id, run name) -> [cut-off, cancels taken]: Update Manager's runs.
+        self._runs: dict[tuple[str, str], list[object]] = {}
+        self.clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+        super().__init__(self._acknowledge, accept_token or bool, cancel_run=self._cancel_run)
 
     def __enter__(self) -> ArmDouble:
         self.start()
@@ -40,6 +44,29 @@ class ArmDouble(ArmServer):
         """The event ids acknowledged so far (each once, whatever the retries)."""
         with self._offered_lock:
             return sorted(e for (_, e), done in self._offered.items() if done)
+
+    def offer_run(self, configuration_id: str, run: str, cutoff: datetime) -> None:
+        """A patch run of `configuration_id` that may be cancelled until `cutoff`."""
+        with self._offered_lock:
+            self._runs.setdefault((configuration_id.lower(), run), [cutoff, 0])
+
+    def cancels(self, configuration_id: str, run: str) -> int:
+        """How many cancels of the run ARM took (each PUT answered Cancelled)."""
+        with self._offered_lock:
+            found = self._runs.get((configuration_id.lower(), run))
+            return int(str(found[1])) if found else 0
+
+    def _cancel_run(self, configuration_id: str, run: str) -> str:
+        with self._offered_lock:
+            found = self._runs.get((configuration_id, run))
+            if found is None:
+                return "NotFound"
+            cutoff = found[0]
+            assert isinstance(cutoff, datetime)
+            if self.clock() > cutoff:
+                return "TooLate"
+            found[1] = int(str(found[1])) + 1
+            return "Cancelled"
 
     def _acknowledge(self, scope: str, event_id: str) -> bool:
         key = (scope.lower(), event_id.lower())

@@ -132,7 +132,10 @@ def test_the_first_function_app_reads_the_hub_behind_eventgridsource_only() -> N
     }
     assert set(settings) == {*environ, "SE_BRIDGE_EVENTGRID_HEALTH",
                              "SE_BRIDGE_EVENTGRID_ACKNOWLEDGE",
-                             "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL"}  # fmt: skip
+                             "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL",
+                             # Update Manager's patch runs come from the same hub (issue 40).
+                             "SE_BRIDGE_PATCHRUNS_ENABLED", "SE_BRIDGE_PATCHRUNS_ON_BREACH",
+                             "SE_BRIDGE_PATCHRUNS_CANCEL"}  # fmt: skip
     settings_of = config.load(environ=environ).eventgrid
     assert (settings_of.enabled, settings_of.hub) == (True, "eventgrid")
 

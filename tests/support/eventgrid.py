@@ -124,3 +124,52 @@ def health(
         "time": iso(at),
     }
     return json.dumps(delivery)
+
+
+def configuration_id(name: str = "tuesday", resource_group: str = "rg-patch") -> str:
+    """A maintenance configuration's id (the topic of its pre- and post-maintenance events)."""
+    return (
+        f"/subscriptions/{SUBSCRIPTION}/resourceGroups/{resource_group}/providers/"
+        f"Microsoft.Maintenance/maintenanceConfigurations/{name}"
+    )
+
+
+def maintenance(
+    kind: str,
+    start: datetime,
+    at: datetime,
+    *,
+    configuration: str | None = None,
+    window: timedelta = timedelta(hours=3),
+    cutoff_before: timedelta = timedelta(minutes=10),
+) -> str:
+    """Update Manager's pre- or post-maintenance delivery (`kind` "pre" or "post") of the run
+    starting at `start`, sent at `at` (the shape of tests/data/patchruns)."""
+    config = configuration or configuration_id()
+    run = f"{config}/providers/microsoft.maintenance/applyupdates/{start:%Y%m%d%H%M%S}"
+    data: dict[str, Any] = {
+        "correlationId": run,
+        "maintenanceConfigurationId": config,
+        "startDateTime": iso(start),
+        "endDateTime": iso(start + window),
+        "resourceSubscriptionIds": [SUBSCRIPTION],
+    }
+    if kind == "pre":
+        data["cancellationCutOffDateTime"] = iso(start - cutoff_before)
+    else:
+        data["status"] = "Succeeded"
+    return json.dumps(
+        [
+            {
+                "id": run,
+                "topic": config,
+                "subject": config.rpartition("/")[2],
+                "data": data,
+                "eventType": f"Microsoft.Maintenance.{'Pre' if kind == 'pre' else 'Post'}"
+                "MaintenanceEvent",
+                "eventTime": iso(at),
+                "dataVersion": "1.0",
+                "metadataVersion": "1",
+            }
+        ]
+    )

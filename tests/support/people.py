@@ -12,7 +12,7 @@ from typing import Any
 from bridge.commands.message import resources_digest
 from bridge.consumer.people.desk import Answer, OpenEvent
 from bridge.consumer.people.operatorlog import OperatorAction
-from bridge.policy.model import Pause
+from bridge.policy.model import Pause, Person
 
 NOW = datetime(2026, 11, 27, 9, 0, tzinfo=timezone.utc)
 
@@ -45,6 +45,19 @@ class RecordingDesk:
     taken: list[OperatorAction] = field(default_factory=list)
     paused: list[Pause] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Patch runs asked about, by `(patch:CONFIG/RUN)`, and the answers taken (issue 40).
+    patch_asks: set[str] = field(default_factory=set)
+    patch_answers: list[tuple[str, str, str, str]] = field(default_factory=list)
+
+    def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> Answer:
+        with self.lock:
+            if not reason:
+                return Answer(False, "NoReason", "say why")
+            if run not in self.patch_asks:
+                return Answer(False, "NotAsked", f"nobody is asked about {run}")
+            self.patch_asks.discard(run)
+            self.patch_answers.append((run, said, by.object_id, reason))
+            return Answer(True, "Accepted", f"decided: {said}")
 
     def operate(self, action: OperatorAction) -> Answer:
         with self.lock:

@@ -9,7 +9,9 @@ Routes (docs/people.md#the-api):
   open): where the links in notices lead (bridge.notify.notifier.event_link).
 - `POST /decide`: a form of the page (CSRF token checked first; 403 when it is forged or old).
 - `GET /api/v1/events`, `POST /api/v1/events/{id}/approve|hold`, `POST /api/v1/pause`,
-  `POST /api/v1/resume`: the JSON API of `se-bridge approve|hold|pause|resume`. Only a bearer
+  `POST /api/v1/resume`: the JSON API of `se-bridge approve|hold|pause|resume`;
+  `POST /api/v1/patchruns/{configuration}/{run}/run|cancel`: a person's answer to the ask
+  about an Update Manager patch run (issue 40; `{"Reason": "..."}`). Only a bearer
   token signs a call in (never a cookie, nor the header App Service Authentication adds), and
   a POST must say `Content-Type: application/json`: a page of another site cannot make a
   browser send either, so the API needs no CSRF token.
@@ -78,6 +80,8 @@ class Desk(Protocol):
     def pauses(self, now: datetime) -> list[Pause]: ...
 
     def budget_use(self) -> dict[str, float]: ...
+
+    def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> Answer: ...
 
 
 def header(asked: WSGIEnvironment, name: str) -> str:
@@ -280,6 +284,9 @@ class PeopleApp:
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
             routes[path] = (("POST",), lambda: self._api_action(asked, path, body, found))
+        patch = re.fullmatch(r"/api/v1/patchruns/([-\w._]{1,128})/(\d{14})/(run|cancel)", path)
+        if patch is not None:
+            routes[path] = (("POST",), lambda: self._patch_answer(asked, body, patch))
         if path not in routes:
             return _text(404, "not found")
         allowed, serve = routes[path]
@@ -385,6 +392,21 @@ class PeopleApp:
             "until": _str(body.get("Until")),
         }
         answer = self._act(person, kind, event, fields)
+        return _json(200 if answer.accepted else 409, _answer_json(answer))
+
+    def _patch_answer(self, asked: WSGIEnvironment, sent: bytes, found: re.Match[str]) -> Reply:
+        """A person's answer to the ask about a patch run, signed in as the API's callers."""
+        person = self.sign_in.api(asked)
+        if header(asked, "content-type").split(";")[0].strip() != JSON:
+            return _json(415, _answer_json(Answer(False, "BadRequest", "send JSON")))
+        try:
+            body = json.loads(sent or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            return _json(400, _answer_json(Answer(False, "BadRequest", "the body is no object")))
+        run = f"(patch:{found.group(1)}/{found.group(2)})"
+        answer = self.desk.answer_patch_run(run, found.group(3), person, _str(body.get("Reason")))
         return _json(200 if answer.accepted else 409, _answer_json(answer))
 
     # --- one path for both -----------------------------------------------------------------

@@ -34,6 +34,7 @@ from bridge.policy.model import (
     EventView,
     FleetView,
     Pause,
+    Person,
     PersonDecision,
     Policy,
     VmView,
@@ -56,6 +57,7 @@ REFUSALS = (
     "BadScope",
     "NotPaused",
     "NoSigningKey",
+    "NotAsked",
 )
 
 
@@ -170,6 +172,11 @@ class ConsumerPort(Protocol[S]):
 
     def budget_use(self) -> dict[str, float]: ...
 
+    def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> tuple[str, str]:
+        """A person's answer (`said`: run or cancel) to the ask about the patch run `run`
+        (`(patch:CONFIGURATION/RUN)`): (code, detail), code Accepted, NotOpen or NotAsked."""
+        ...
+
 
 # --- the desk -------------------------------------------------------------------------------
 
@@ -240,6 +247,25 @@ class PeopleDesk(Generic[S]):
                 self.consumer.say(action, now)
             detail = self._decided(seen)
             return Answer(True, "Accepted", detail, self._covers_nothing(action))
+
+    def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> Answer:
+        """A person's answer to the ask about an Update Manager patch run (issue 40): `run`
+        (let it run over the budget) or `cancel` (cancelled through applyUpdates, if its
+        cut-off's margin has not passed). The Decision record it leads to names the person
+        and their reason; refused like an event's action without a reason."""
+        if said not in ("run", "cancel"):
+            return Answer(False, "Invalid", f"answer {said[:40]!r} is neither run nor cancel")
+        if not reason.strip():
+            return Answer(False, "NoReason", "say why: the Decision record carries it")
+        if len(reason) > MAX_REASON:
+            return Answer(False, "Invalid", f"a reason of at most {MAX_REASON} characters")
+        with self._lock:
+            code, detail = self.consumer.answer_patch_run(run, said, by, reason.strip())
+        log.info("%s (%s) answered %s to patch run %s: %s, %s",
+                 by.name, by.object_id, said, run, code, detail)  # fmt: skip
+        if code == "Accepted":
+            self.operated[f"patch_{said}"] += 1
+        return Answer(code == "Accepted", code, detail)
 
     def _decided(self, seen: S | None) -> str:
         """Decide on what was just recorded: the event of `seen` (None: every open event)."""

@@ -85,6 +85,7 @@ from bridge import __version__
 from bridge import recordtypes as rt
 from bridge.config import ConfigError, EventGridSettings
 from bridge.consumer import validation
+from bridge.consumer.sources import patchruns
 from bridge.imdstime import parse_time as parse_not_before
 from bridge.records import is_recommendation, iso, record_id, vm_key
 
@@ -129,13 +130,15 @@ class Trust:
     subscriptions: frozenset[str]
     resource_groups: frozenset[str] = frozenset()
     health: bool = False
+    patch_runs: bool = False  # Update Manager's pre- and post-maintenance events (patchruns)
 
     @classmethod
-    def of(cls, settings: EventGridSettings) -> Trust:
+    def of(cls, settings: EventGridSettings, patch_runs: bool = False) -> Trust:
         return cls(
             frozenset(s.strip().lower() for s in settings.subscriptions if s.strip()),
             frozenset(g.strip().lower() for g in settings.resource_groups if g.strip()),
             settings.health,
+            patch_runs,
         )
 
 
@@ -265,6 +268,7 @@ class Parsed:
     health: list[HealthChange] = field(default_factory=list)
     refused: list[Refusal] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # why each event was left aside
+    runs: list[patchruns.RunNotice] = field(default_factory=list)  # patch runs' events
 
 
 class _Refused(ValueError):
@@ -303,11 +307,14 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
         raise _Refused("malformed", f"a JSON {type(item).__name__}, not an event")
     envelope = _Envelope.of(item)
     kind = envelope.type.lower()
+    if kind in patchruns.TYPES:
+        _run(envelope, kind, trust, parsed)
+        return
     if kind not in SCHEDULED_TYPES and kind not in (HEALTH_CHANGED, HEALTH_ANNOTATED):
         raise _Refused(
             "wrong-type",
             f"event type {_short(envelope.type)} is not one se-bridge "
-            "reads (scheduled events, resource health)",
+            "reads (scheduled events, resource health, patch runs)",
         )
     topic = _TOPIC.match(envelope.topic)
     if topic is None or topic.group("sub").lower() not in trust.subscriptions:
@@ -319,23 +326,7 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
     info = _lower_keys(envelope.data.get("resourceinfo"))
     properties = _lower_keys(info.get("properties"))
     if kind in SCHEDULED_TYPES:
-        if str(info.get("type", "")).lower() == AKS_EVENTS:
-            parsed.ignored.append("an AKS scheduled event (the cluster's own, not a VM's)")
-            return
-        record = _event(envelope, info, properties, topic.group("sub"), trust)
-        # What the schema refuses (text that is not Unicode, a number past any column) is
-        # refused here, as an agent's record would be at the consumer's door.
-        if is_recommendation(record["EventType"]):
-            advisory = _advisory(record)
-            problem = validation.problem(cast(dict[str, object], advisory))
-            if problem is not None:
-                raise _Refused("malformed", f"not a valid Advisory record: {problem}")
-            parsed.advisories.append(advisory)
-            return
-        problem = validation.problem(cast(dict[str, object], record))
-        if problem is not None:
-            raise _Refused("malformed", f"not a valid Event record: {problem}")
-        parsed.events.append(_identified(record))
+        _scheduled(envelope, info, properties, topic.group("sub"), trust, parsed)
     elif kind == HEALTH_ANNOTATED or not trust.health:
         parsed.ignored.append(
             "a health annotation"
@@ -348,6 +339,55 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
             parsed.ignored.append(change)
         else:
             parsed.health.append(change)
+
+
+def _scheduled(
+    envelope: _Envelope,
+    info: dict[str, Any],
+    properties: dict[str, Any],
+    subscription: str,
+    trust: Trust,
+    parsed: Parsed,
+) -> None:
+    """A scheduled event: an Event record, or an Advisory for a rebalance recommendation."""
+    if str(info.get("type", "")).lower() == AKS_EVENTS:
+        parsed.ignored.append("an AKS scheduled event (the cluster's own, not a VM's)")
+        return
+    record = _event(envelope, info, properties, subscription, trust)
+    # What the schema refuses (text that is not Unicode, a number past any column) is
+    # refused here, as an agent's record would be at the consumer's door.
+    if is_recommendation(record["EventType"]):
+        advisory = _advisory(record)
+        problem = validation.problem(cast(dict[str, object], advisory))
+        if problem is not None:
+            raise _Refused("malformed", f"not a valid Advisory record: {problem}")
+        parsed.advisories.append(advisory)
+        return
+    problem = validation.problem(cast(dict[str, object], record))
+    if problem is not None:
+        raise _Refused("malformed", f"not a valid Event record: {problem}")
+    parsed.events.append(_identified(record))
+
+
+def _run(envelope: _Envelope, kind: str, trust: Trust, parsed: Parsed) -> None:
+    """A patch run's pre- or post-maintenance event (bridge.consumer.sources.patchruns)."""
+    if not trust.patch_runs:
+        parsed.ignored.append("a patch run's event, which patchruns.enabled leaves off")
+        return
+    try:
+        parsed.runs.append(
+            patchruns.notice(
+                kind,
+                envelope.topic,
+                envelope.data,
+                at=envelope.time,
+                delivery_id=envelope.id,
+                trusted=trust.subscriptions,
+                time_of=event_time,
+            )
+        )
+    except patchruns.PatchRefused as err:
+        raise _Refused(err.code, str(err)) from None
 
 
 @dataclass(frozen=True)

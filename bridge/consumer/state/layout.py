@@ -11,6 +11,8 @@ VM, EVENT, LEDGER = "vm", "event", "ledger"
 OPERATOR = "operator"
 # VMs as resource health reports them (issue 36): one document per VM Azure reported on.
 HEALTH = "health"
+# Update Manager's patch runs (issue 40): one document per run, kept until a day after it ends.
+PATCHRUN = "patchrun"
 # Table Storage partitions of each collection (bridge.consumer.state.tables): where every VM
 # of a placement group reports each event, a Spot eviction storm asks several times one
 # partition's target of `event` and `vm` (the figures are in

@@ -419,3 +419,22 @@ def test_a_client_that_drips_its_request_is_cut_off_at_the_deadline(
         pytest.fail("a client dripping its request held its slot for 30 s")
     finally:
         client.close()
+
+
+def test_a_person_answers_the_ask_about_a_patch_run_through_the_api(
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
+) -> None:
+    decider.patch_asks.add("(patch:tuesday/20261208020000)")
+    token = tenant.token(oid="oid-dana", name="Dana")
+    path = "/api/v1/patchruns/tuesday/20261208020000/cancel"
+    assert api(entra, path, token, {"Reason": ""}).json()["Code"] == "NoReason"
+    reply = api(entra, path, token, {"Reason": "the web tier patches one VM at a time"})
+    assert (reply.status, reply.json()["Code"]) == (200, "Accepted")
+    assert decider.patch_answers == [("(patch:tuesday/20261208020000)", "cancel", "oid-dana",
+                                      "the web tier patches one VM at a time")]  # fmt: skip
+    again = api(entra, path, token, {"Reason": "twice"})
+    assert (again.status, again.json()["Code"]) == (409, "NotAsked")
+    # Nobody without the role answers, and the answer is one of the two.
+    outsider = tenant.token(oid="oid-eve", name="Eve", roles=("SeBridge.Read",))
+    assert api(entra, path, outsider, {"Reason": "x"}).status == 403
+    assert api(entra, "/api/v1/patchruns/tuesday/20261208020000/skip", token, {}).status == 404

@@ -1,0 +1,166 @@
+"""The patch-run gate (issue 40, item 1): what a guest patch run of Azure Update Manager gets
+when it would take a budget group over its limit. Pure: the run, the fleet, the rule, a
+person's answer and the clock in; a PatchVerdict out.
+
+Update Manager starts a run whatever se-bridge thinks: the one thing that stops it is a cancel
+(the maintenance RP's applyUpdates with status Cancel) before its cancellation cut-off. So the
+rule (`PatchRule`, the [patchruns] settings) says, for a run that would break a budget:
+
+- run: it runs, its VMs counted; a WARNING and a Decision record say which budget it breaks.
+- ask: a person decides until `ask_deadline` (two cancel margins before the cut-off, so that
+  their cancel, or on_deadline cancel, still reaches ARM in time); unanswered, on_deadline.
+- cancel: se-bridge cancels it, only with patchruns.cancel on, and only until `cancel_by`
+  (one margin before the cut-off). Never after: past it the cancel is refused, said, and the
+  run is counted as running. A run that fits is never cancelled, whatever the rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Literal
+
+from bridge.policy.groups import groups_of
+from bridge.policy.model import Budget, FleetView
+from bridge.policy.patchruns import RunView
+
+PatchKind = Literal["Run", "Ask", "Cancel"]
+
+
+@dataclass(frozen=True)
+class PatchRule:
+    """The [patchruns] settings' rule."""
+
+    on_breach: Literal["run", "ask", "cancel"] = "run"
+    cancel: bool = False  # cancelling is allowed at all
+    ask_target: str = ""
+    on_deadline: Literal["run", "cancel"] = "run"
+    margin: timedelta = timedelta(minutes=2)
+
+
+@dataclass(frozen=True)
+class PatchVerdict:
+    kind: PatchKind
+    reason: str
+    warn: bool = False  # a run that breaks a budget runs: said at WARNING
+    deadline: datetime | None = None  # an ask's
+    breaches: tuple[str, ...] = ()
+    explanation: tuple[str, ...] = field(default=())
+    too_late: bool = False  # a cancel was wanted after cancel_by: refused
+
+
+def cancel_by(run: RunView, rule: PatchRule) -> datetime | None:
+    """The last moment se-bridge asks ARM to cancel `run`: a margin before its cut-off."""
+    return None if run.cutoff is None else run.cutoff - rule.margin
+
+
+def ask_deadline(run: RunView, rule: PatchRule) -> datetime | None:
+    """Until when a person is asked: a margin before `cancel_by`."""
+    last = cancel_by(run, rule)
+    return None if last is None else last - rule.margin
+
+
+def breaches(
+    budgets: Iterable[Budget],
+    fleet: FleetView,
+    run: RunView,
+    run_vms: frozenset[str],
+    now: datetime,
+    *,
+    overlapping: Mapping[str, frozenset[str]] | None = None,
+    notes: list[str] | None = None,
+) -> list[str]:
+    """The budgets `run_vms` (VmIds, and names of VMs no agent reports) would break, each a
+    line: a group's impacted VMs and the run's together over its limit. Impacted: every other
+    event and run of FleetView.impacted, and the runs `overlapping` this one's window that
+    have not started yet (two configurations that split a scale set, each of which fits,
+    may run at once). Names no VM is known by count in the `fleet` budgets."""
+    impacted = {**fleet.impacted, **(overlapping or {})}
+    others = {vm for key, vms in impacted.items() if key != run.key for vm in vms}
+    known = [v for v in fleet.vms.values() if v.vm_id in run_vms or v.vm_id in others
+             or fleet.alive(v.vm_id, now)]  # fmt: skip
+    unknown = {v for v in run_vms if v not in fleet.vms}
+    broken: list[str] = []
+    for budget in budgets:
+        groups = groups_of(budget.group, known)
+        if budget.group == "fleet" and unknown:
+            groups = {k: g | unknown for k, g in groups.items()} or {"fleet": set(unknown)}
+        for key, group in sorted(groups.items()):
+            mine = group & run_vms
+            if not mine:
+                continue
+            busy = (group & others) - mine
+            limit = budget.limit(len(group))
+            line = (
+                f"budget {budget.name}: {key} has {len(busy)} of {len(group)} VMs impacted; "
+                f"the run patches {len(mine)} of them at once"
+            )
+            if len(busy | mine) > limit:
+                broken.append(f"{line}, more than the {limit} allowed")
+            elif notes is not None:
+                notes.append(f"{line}, within the limit of {limit}")
+    return broken
+
+
+def decide(
+    rule: PatchRule,
+    run: RunView,
+    broken: list[str],
+    now: datetime,
+    answer: Literal["run", "cancel"] | None = None,
+) -> PatchVerdict:
+    """What `run` gets now, `broken` the budgets it would break (`breaches`), `answer` a
+    person's when one was asked and answered."""
+    said = tuple(broken)
+    if not broken:
+        return PatchVerdict("Run", "the run fits every budget")
+    if run.cancelled:
+        return PatchVerdict("Cancel", "the run was cancelled", breaches=said)
+    wanted: Literal["run", "cancel"]
+    why: str
+    if answer is not None:
+        wanted, why = answer, f"{rule.ask_target or 'a person'} answered {answer}"
+    elif rule.on_breach == "ask":
+        deadline = ask_deadline(run, rule)
+        if deadline is not None and now < deadline:
+            return PatchVerdict(
+                "Ask",
+                f"asked {rule.ask_target}; waiting for an answer until "
+                f"{deadline:%Y-%m-%d %H:%M:%S}Z, then {rule.on_deadline}",
+                deadline=deadline,
+                breaches=said,
+            )
+        wanted = rule.on_deadline
+        why = f"nobody answered {rule.ask_target} in time: on_deadline {rule.on_deadline}"
+    else:
+        wanted, why = ("cancel", "on_breach cancel") if rule.on_breach == "cancel" else (
+            "run", "on_breach run")  # fmt: skip
+    if wanted == "run":
+        return PatchVerdict("Run", f"{why}: it runs over the budget", warn=True, breaches=said)
+    return _cancel(rule, run, why, said, now)
+
+
+def _cancel(
+    rule: PatchRule, run: RunView, why: str, said: tuple[str, ...], now: datetime
+) -> PatchVerdict:
+    """A cancel that is wanted: taken when allowed and not too late, else the run runs."""
+    if not rule.cancel:
+        return PatchVerdict(
+            "Run",
+            f"{why}, but patchruns.cancel is off: it runs over the budget",
+            warn=True,
+            breaches=said,
+        )
+    last = cancel_by(run, rule)
+    if last is None or now > last:
+        until = "no cut-off" if last is None else f"{last:%Y-%m-%d %H:%M:%S}Z"
+        return PatchVerdict(
+            "Run",
+            f"{why}, but too late to cancel (se-bridge cancels until {until}, "
+            "a margin before the cut-off, never after): it runs over the budget",
+            warn=True,
+            breaches=said,
+            too_late=True,
+        )
+    return PatchVerdict("Cancel", f"{why}: cancelled before its cut-off", breaches=said)

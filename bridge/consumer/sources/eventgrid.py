@@ -326,7 +326,7 @@ def _one(item: object, trust: Trust, parsed: Parsed) -> None:
     info = _lower_keys(envelope.data.get("resourceinfo"))
     properties = _lower_keys(info.get("properties"))
     if kind in SCHEDULED_TYPES:
-        _scheduled(envelope, info, properties, topic.group("sub"), trust, parsed)
+        _scheduled(envelope, info, properties, topic.group("sub"), trust=trust, parsed=parsed)
     elif kind == HEALTH_ANNOTATED or not trust.health:
         parsed.ignored.append(
             "a health annotation"
@@ -346,6 +346,7 @@ def _scheduled(
     info: dict[str, Any],
     properties: dict[str, Any],
     subscription: str,
+    *,
     trust: Trust,
     parsed: Parsed,
 ) -> None:

@@ -55,6 +55,9 @@ NO_CARRIER = "no live VM reports the event to carry the approval"
 # less the record's) was lagging, stopped, or got the record late: what it had read then is
 # not what the records' times say (docs/policy.md#what-a-replay-cannot-reproduce).
 READ_LAG = timedelta(seconds=60)
+# The re-evaluation pass while no event waits for one (Replayer): what only time passing
+# decides (a VM's silence, a stale event) is found up to this much later than by the consumer.
+IDLE_PASS = timedelta(seconds=60)
 
 MarkKind = Literal["person", "silence", "timing", "drain"]
 
@@ -213,6 +216,14 @@ class Replayer:
     the history did not send by then (give or take `read_lag`, how much later the consumer
     may have read a record than it was written) is answered at once, as its VM would have;
     what the history holds answers the others.
+
+    The re-evaluation pass (`tick`) runs every consumer.reevaluate_interval while an event
+    waits for one (its last decision a Defer or an Ask, or an approval not answered yet),
+    else every IDLE_PASS, and at each time the history shows the consumer deciding. A pass
+    over events that wait for nothing decides nothing, and one at every interval of a month
+    (half a million, each reading every event of the last stale_after) is what a replay
+    would spend its time on. What a pass finds only by time passing (a VM silent for
+    alive_within, a stale event) it finds up to IDLE_PASS later than the consumer did.
     """
 
     def __init__(
@@ -243,19 +254,30 @@ class Replayer:
         self.assumed: dict[str, list[str]] = {}  # event key -> CommandIds answered by us
         self.prepared: dict[str, list[str]] = {}  # event key -> VMs granted a drain by us
         self._interval = timedelta(seconds=settings.reevaluate_interval)
-        self._next_tick = start + self._interval
+        self._idle = max(self._interval, IDLE_PASS)
+        self._ticked = start
+        self._waiting: set[str] = set()  # events a pass may decide again
+        self._awaiting: dict[str, str] = {}  # CommandId -> its event, until answered
+        self._noted = 0  # decisions looked at for `_waiting`
+        self._latest: dict[str, tuple[str, str | None, str | None, str]] = {}  # event -> said
 
     def close(self) -> None:
         self.consumer.close()
 
-    def feed(self, records: Sequence[RecordView], ticks: Sequence[datetime] = ()) -> None:
-        """Fold `records` (in time order) batch by batch, each on its own time, with a
-        re-evaluation pass every consumer.reevaluate_interval and at each of `ticks` (the
-        times the history shows the consumer deciding). A batch is one time's records, or
-        a run of heartbeats up to the next pass (a heartbeat decides nothing; folding each
-        alone costs half as much again)."""
-        extra = iter(sorted(ticks))
-        pending = next(extra, None)
+    @property
+    def _next_tick(self) -> datetime:
+        return self._ticked + (self._interval if self._waiting else self._idle)
+
+    def feed(self, records: Sequence[RecordView], decided: Sequence[rt.Decision] = ()) -> None:
+        """Fold `records` (in time order) batch by batch, each on its own time, with the
+        re-evaluation passes due between them, and one at the time of each of `decided` (the
+        history's Decision records) that the replay has not decided so already: the consumer
+        took it in a pass. A batch is one time's records, or a run of heartbeats up to the
+        next pass (a heartbeat decides nothing; folding each alone costs half as much
+        again)."""
+        hints = iter(sorted((_time(d), n) for n, d in enumerate(decided)))
+        hint = next(hints, None)
+        pending = hint[0] if hint else None
         batch: list[RecordView] = []
         at: datetime | None = None
         beats = True
@@ -273,16 +295,24 @@ class Replayer:
                     if batch and at is not None:
                         self._process(batch, at)
                         batch, beats = [], True
-                    self._tick(due)
+                        continue  # what it decided may bring the next pass forward
                     if pending is not None and due == pending:
-                        pending = next(extra, None)
+                        if self._differs(decided[hint[1]] if hint else None):
+                            self._tick(due)
+                        hint = next(hints, None)
+                        pending = hint[0] if hint else None
+                    else:
+                        self._tick(due)
+                if not beat:
+                    self._heard(record)
                 batch.append(record)
                 at, beats = when, beats and beat
             if batch and at is not None:
                 self._process(batch, at)
-            while pending is not None:  # the history's last decisions
-                self._tick(pending)
-                pending = next(extra, None)
+            while hint is not None:  # the history's last decisions
+                if self._differs(decided[hint[1]]):
+                    self._tick(hint[0])
+                hint = next(hints, None)
 
     def until(self, end: datetime) -> None:
         """Run the re-evaluation passes due up to `end` (after the last record)."""
@@ -297,15 +327,45 @@ class Replayer:
 
     def _tick(self, at: datetime) -> None:
         self.clock = max(self.clock, at)
-        if at >= self._next_tick:
-            self._next_tick = at + self._interval
+        self._ticked = max(self._ticked, at)
         self.consumer.tick()
         self._answer()
 
+    def _differs(self, theirs: rt.Decision | None) -> bool:
+        """Whether the replay stands on another decision about the event of `theirs` than
+        the history's record says was taken then."""
+        if theirs is None or _about_no_event(theirs):
+            return False
+        return self._latest.get(fs.event_key(theirs["EventId"])) != decided(theirs).said
+
+    def _heard(self, record: RecordView) -> None:
+        """What a record says of the events that wait: an answer to an approval, or an
+        event no longer Scheduled (for that VM)."""
+        kind = record.get(rt.RECORD_TYPE)
+        if kind == "Approval":
+            key = self._awaiting.pop(str(record.get("CommandId")), None)
+            if key is not None:
+                self._waiting.discard(key)
+        elif kind == "Event" and record.get("EventStatus") != "Scheduled":
+            self._waiting.discard(fs.event_key(str(record.get("EventId"))))
+
     def _answer(self) -> None:
-        """Answer the approvals the history never sent, as their VMs would have at once
-        (the ledger's own fold of an Approval record); a Prepare the history never sent is
-        noted: nothing can say how its drain would have gone."""
+        """Note which events wait for a pass, from the decisions just said; answer the
+        approvals the history never sent, as their VMs would have at once (the ledger's own
+        fold of an Approval record); a Prepare the history never sent is noted: nothing can
+        say how its drain would have gone."""
+        for decision in self.decisions[self._noted :]:
+            if _about_no_event(decision):
+                continue
+            key, action = fs.event_key(decision["EventId"]), decision["DecisionAction"]
+            self._latest[key] = decided(decision).said
+            if action in ("Defer", "Ask") or decision.get("CommandId"):
+                self._waiting.add(key)
+            else:
+                self._waiting.discard(key)
+            if decision.get("CommandId"):
+                self._awaiting[str(decision["CommandId"])] = key
+        self._noted = len(self.decisions)
         sent, self._commands.sent = self._commands.sent, []
         answers: list[RecordView] = []
         for command in sent:
@@ -317,11 +377,11 @@ class Replayer:
                 self.prepared.setdefault(key, []).append(command.vm_id)
                 continue
             self.assumed.setdefault(key, []).append(command.command_id)
+            self._awaiting.pop(command.command_id, None)
+            self._waiting.discard(key)
             answers.append(_approved(command, self.clock))
         if answers:
-            touched = self.consumer.ledger.note_approvals(answers)
-            if touched:
-                self.consumer.tick()
+            self.consumer.ledger.note_approvals(answers)
 
 
 def _approved(command: Command, now: datetime) -> RecordView:
@@ -380,7 +440,7 @@ def replay(
             policy, settings, first, sent=sent, read_lag=read_lag, last_resort=last_resort
         )
         try:
-            replayer.feed(history.agents, [_time(d) for d in history.decisions])
+            replayer.feed(history.agents, history.decisions)
             replayer.until(last)
         finally:
             replayer.close()

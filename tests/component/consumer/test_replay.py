@@ -10,7 +10,10 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bridge import recordtypes as rt
+from bridge.cli import build_parser
 from bridge.config import ConsumerSettings
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import read_records
@@ -188,3 +191,74 @@ def test_a_log_analytics_export_replays_as_the_records_do(tmp_path: Path) -> Non
     assert replay(history, policy(1), ConsumerSettings()).differing == ()
     done = replay(history, policy(2), ConsumerSettings())
     assert [e.event_id for e in done.differing] == ["E2"]
+
+
+# --- se-bridge policy replay -------------------------------------------------------------------
+
+
+def run_replay(tmp_path: Path, budget: int, *argv: str) -> int:
+    """`se-bridge policy replay` through the command line's parser, in this process, over
+    a_week_day's history as the agents' and the consumer's jsonl sinks hold it."""
+    live = a_week_day()
+    agents, decisions = tmp_path / "agents.jsonl", tmp_path / "decisions.jsonl"
+    agents.write_text("".join(json.dumps(r) + "\n" for r in live.agents), "utf-8")
+    decisions.write_text("".join(json.dumps(r) + "\n" for r in live.decisions), "utf-8")
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY % budget, "utf-8")
+    args = build_parser().parse_args(["policy", "replay", "--policy", str(policy_file),
+                                      "--records", str(agents), "--records", str(decisions),
+                                      *argv])  # fmt: skip
+    code: int = args.func(args)
+    return code
+
+
+def test_the_command_exits_0_when_nothing_differed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_replay(tmp_path, 1)
+    said = capsys.readouterr().out
+    assert code == 0, said
+    assert "3 events: 0 would differ, 0 marked" in said
+    assert "user-initiated   Approve 2, Defer 1  Approve 2, Defer 1  0" in said
+
+
+def test_the_command_exits_1_and_shows_each_sides_decisions_and_budgets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_replay(tmp_path, 2)
+    said = capsys.readouterr().out
+    assert code == 1, said
+    assert "1 event would have been decided differently:" in said
+    assert "  event E2: Reboot from User, web_1" in said
+    assert "Defer by user-initiated: budget one-per-set:" in said
+    assert "has 1 of 4 VMs impacted; 1 more fit the limit of 2" in said
+    assert "event E1" not in said  # decided the same: listed only with --all
+
+
+def test_the_commands_json_names_what_differs_as_records_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_replay(tmp_path, 2, "--json")
+    said = json.loads(capsys.readouterr().out)
+    assert code == 1
+    assert (said["Events"], said["Differing"], said["Marked"], said["Same"]) == (3, 1, 0, 2)
+    assert said["RecordedDecisions"] == 4
+    [e2] = said["EventsReplayed"]
+    assert (e2["EventId"], e2["Differs"], e2["Counted"]) == ("E2", True, True)
+    assert [d["DecisionAction"] for d in e2["Recorded"]] == ["Defer", "Approve"]
+    assert [d["DecisionAction"] for d in e2["Replayed"]] == ["Approve"]
+    assert e2["Replayed"][0]["Budgets"][0].endswith("1 more fit the limit of 2")
+    rules = {r["DecisionRule"]: r for r in said["Rules"]}
+    assert rules["user-initiated"]["Replayed"] == {"Approve": 2}
+    assert rules["user-initiated"]["EventsDiffering"] == 1
+
+
+def test_decisions_alone_are_refused_naming_what_a_replay_needs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    decisions = tmp_path / "decisions.jsonl"
+    decisions.write_text("".join(json.dumps(r) + "\n" for r in a_week_day().decisions), "utf-8")
+    args = build_parser().parse_args(["policy", "replay", "--records", str(decisions)])
+    assert args.func(args) == 2
+    said = capsys.readouterr().err
+    assert "no Event record: a replay needs the agents' records" in said

@@ -218,12 +218,13 @@ class Replayer:
     what the history holds answers the others.
 
     The re-evaluation pass (`tick`) runs every consumer.reevaluate_interval while an event
-    waits for one (its last decision a Defer or an Ask, or an approval not answered yet),
-    else every IDLE_PASS, and at each time the history shows the consumer deciding. A pass
-    over events that wait for nothing decides nothing, and one at every interval of a month
-    (half a million, each reading every event of the last stale_after) is what a replay
-    would spend its time on. What a pass finds only by time passing (a VM silent for
-    alive_within, a stale event) it finds up to IDLE_PASS later than the consumer did.
+    waits for one (its last decision a Defer or an Ask), else every IDLE_PASS, and at the
+    time of each decision of the history the replay has not taken (`feed`). A pass over
+    events that wait for nothing decides nothing, and one at every interval of a month (half
+    a million, each reading every event of the last stale_after) is what a replay would
+    spend its time on. What a pass finds only by time passing (a VM silent for alive_within,
+    an approval unanswered for approval_timeout, a stale event) it finds up to IDLE_PASS
+    later than the consumer did, unless the history's decisions say when.
     """
 
     def __init__(
@@ -257,7 +258,6 @@ class Replayer:
         self._idle = max(self._interval, IDLE_PASS)
         self._ticked = start
         self._waiting: set[str] = set()  # events a pass may decide again
-        self._awaiting: dict[str, str] = {}  # CommandId -> its event, until answered
         self._noted = 0  # decisions looked at for `_waiting`
         self._latest: dict[str, tuple[str, str | None, str | None, str]] = {}  # event -> said
 
@@ -339,14 +339,8 @@ class Replayer:
         return self._latest.get(fs.event_key(theirs["EventId"])) != decided(theirs).said
 
     def _heard(self, record: RecordView) -> None:
-        """What a record says of the events that wait: an answer to an approval, or an
-        event no longer Scheduled (for that VM)."""
-        kind = record.get(rt.RECORD_TYPE)
-        if kind == "Approval":
-            key = self._awaiting.pop(str(record.get("CommandId")), None)
-            if key is not None:
-                self._waiting.discard(key)
-        elif kind == "Event" and record.get("EventStatus") != "Scheduled":
+        """An event no longer Scheduled (for the VM that says so) waits for no pass."""
+        if record.get(rt.RECORD_TYPE) == "Event" and record.get("EventStatus") != "Scheduled":
             self._waiting.discard(fs.event_key(str(record.get("EventId"))))
 
     def _answer(self) -> None:
@@ -359,12 +353,10 @@ class Replayer:
                 continue
             key, action = fs.event_key(decision["EventId"]), decision["DecisionAction"]
             self._latest[key] = decided(decision).said
-            if action in ("Defer", "Ask") or decision.get("CommandId"):
+            if action in ("Defer", "Ask"):
                 self._waiting.add(key)
             else:
                 self._waiting.discard(key)
-            if decision.get("CommandId"):
-                self._awaiting[str(decision["CommandId"])] = key
         self._noted = len(self.decisions)
         sent, self._commands.sent = self._commands.sent, []
         answers: list[RecordView] = []
@@ -377,8 +369,6 @@ class Replayer:
                 self.prepared.setdefault(key, []).append(command.vm_id)
                 continue
             self.assumed.setdefault(key, []).append(command.command_id)
-            self._awaiting.pop(command.command_id, None)
-            self._waiting.discard(key)
             answers.append(_approved(command, self.clock))
         if answers:
             self.consumer.ledger.note_approvals(answers)

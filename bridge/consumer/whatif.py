@@ -78,8 +78,8 @@ def render(done: Replay, policy: Policy, *, every: bool = False) -> str:
             lines += _event_lines(event)
     if marked:
         lines.append(
-            f"\n{_count(len(marked), 'event')} differ for reasons a replay cannot reproduce "
-            "(marked, not counted):"
+            f"\n{_count(len(marked), 'event')} {'differs' if len(marked) == 1 else 'differ'} "
+            "for reasons a replay cannot reproduce (marked, not counted):"
         )
         for event in marked:
             lines += _event_lines(event)

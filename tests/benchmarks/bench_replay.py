@@ -75,8 +75,8 @@ def history(records: int) -> list[dict[str, Any]]:
             out.append(later.pop(0)[1])
         name = names[n % len(names)]
         out.append(fleet.heartbeat(name))
-        if n % every == every - 1:
-            out += _reboot(fleet, names[(n * 7) % len(names)], later)
+        if n % every == every - 1:  # VMs far apart in turn: a set's reboots rarely overlap
+            out += _reboot(fleet, names[(n // every * 379) % len(names)], later)
         n += 1
         fleet.advance(step)
     return out[:records]

@@ -56,8 +56,9 @@ NO_CARRIER = "no live VM reports the event to carry the approval"
 # not what the records' times say (docs/policy.md#what-a-replay-cannot-reproduce).
 READ_LAG = timedelta(seconds=60)
 # The re-evaluation pass while no event waits for one (Replayer): what only time passing
-# decides (a VM's silence, a stale event) is found up to this much later than by the consumer.
-IDLE_PASS = timedelta(seconds=60)
+# decides (a VM's silence, an unanswered approval, a stale event) is found up to this much later
+# than by the consumer, unless the history's decisions say when.
+IDLE_PASS = timedelta(seconds=300)
 
 MarkKind = Literal["person", "silence", "timing", "drain"]
 

@@ -17,15 +17,16 @@ files of the agents' and the consumer's sinks. A sample, one record a line:
 The agents' records go, in TimeGenerated order, through the production consumer
 (bridge.consumer.core.Consumer: its fold, its decision pass, the policy's `evaluate`, the
 ledger) over an in-memory state, on a clock set to each batch's time, with the re-evaluation
-pass (`tick`) every consumer.reevaluate_interval and at each time the history shows the
-consumer deciding. Nothing is re-implemented: a replay cannot drift from what the consumer
-does. The Decision records it says are then compared, event by event, with the history's.
+pass (`tick`) as `Replayer` says. Nothing is re-implemented: a replay cannot drift from what
+the consumer does. The Decision records it says are then compared, event by event, with the
+history's.
 
 What the history answered stays the history's: the platform starts and ends events when the
 records say, an approval the consumer sent is answered (or not) by the history's Approval
 record. An approval the history never sent is taken as approved by its VM at once (`assumed`),
 as a cooperative agent approves. What a replay cannot reproduce is marked, not counted as a
-difference (`Mark`): a person's part, the agents' silence, the timing of reads.
+difference (`Mark`): a person's part, the agents' silence, the timing of reads, a drain the
+history never ran.
 """
 
 from __future__ import annotations

@@ -151,8 +151,7 @@ examples:
   se-bridge policy explain --state sqlite:/var/lib/se-bridge/fleet.db --event C7061BAC-...
   se-bridge policy explain --config consumer.toml --event C7061BAC-... --json
   se-bridge policy replay --policy new-policy.yaml --records last-month.json
-  se-bridge policy replay --policy policy.yaml --records web_0.jsonl --records web_1.jsonl \
-      --records decisions.jsonl
+  se-bridge policy replay --records web_0.jsonl --records web_1.jsonl --records decisions.jsonl
 """
 
 

@@ -166,8 +166,9 @@ def run(options: Options) -> Result:
                 f"{found.decisions:,} decisions), the replay itself",
                 f"{found.replay:.1f} s wall, {found.cpu:.1f} s CPU ({rate:,.0f} records/s); "
                 f"{found.differing} differing",
-                "< 60 s (1,000,000 records)",
-                found.replay < TARGET_SECONDS if found.records >= 1_000_000 else None,
+                "< 60 s CPU (1,000,000 records)",
+                # CPU, not wall: the machines it runs on are shared.
+                found.cpu < TARGET_SECONDS if found.records >= 1_000_000 else None,
             ),
             Row(
                 "13b",

@@ -103,6 +103,14 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replay(args: argparse.Namespace) -> int:
+    if not _installed("policy replay"):
+        return 2
+    from bridge.consumer import whatif  # noqa: PLC0415 - the consumer extra, checked above
+
+    return whatif.run_replay(args)
+
+
 def _explain(args: argparse.Namespace) -> int:
     if not _installed("policy explain"):
         return 2
@@ -142,15 +150,18 @@ examples:
   se-bridge policy explain --policy policy.yaml --records /var/lib/se-bridge/records.jsonl
   se-bridge policy explain --state sqlite:/var/lib/se-bridge/fleet.db --event C7061BAC-...
   se-bridge policy explain --config consumer.toml --event C7061BAC-... --json
+  se-bridge policy replay --policy new-policy.yaml --records last-month.json
+  se-bridge policy replay --records web_0.jsonl --records web_1.jsonl --records decisions.jsonl
 """
 
 
 def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """The `policy` sub-command and its `check` and `explain`."""
+    """The `policy` sub-command and its `check`, `explain` and `replay`."""
     top = subparsers.add_parser(
         "policy",
-        help="check a policy file, or explain a decision",
-        description="Check an approval policy, or explain what it decides about one event.",
+        help="check a policy file, explain a decision, or replay history through a policy",
+        description="Check an approval policy, explain what it decides about one event, or "
+        "replay recorded history through it.",
         epilog=POLICY_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -187,3 +198,43 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
     )
     explain.add_argument("--json", action="store_true", help="print one JSON object")
     explain.set_defaults(func=_explain)
+    add_replay_parser(commands)
+
+
+def add_replay_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`policy replay`: recorded history through a policy, what would have differed."""
+    what = commands.add_parser(
+        "replay",
+        help="replay recorded history through a policy: what would have been decided otherwise",
+        description="Run recorded history (the agents' records and the consumer's Decision "
+        "records) through a policy with the consumer's own code, and print what would have "
+        "differed from what was decided, per event and per rule, with the budgets' "
+        "arithmetic. Writes nothing. Exit 0 when nothing differed, 1 when something did, 2 on "
+        "a bad policy, setting or file.",
+        epilog=POLICY_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML settings file (the consumer's)"
+    )
+    add_flags(what, "consumer.policy")
+    what.add_argument(
+        "--records",
+        type=Path,
+        metavar="FILE",
+        action="append",
+        required=True,
+        help="history: a Log Analytics export (az ... -o json) or jsonl files of the agents' "
+        "and the consumer's sinks (repeatable)",
+    )
+    what.add_argument(
+        "--read-lag",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="an event the consumer first decided later than this after its first record was "
+        "read late: differences meanwhile are marked, not counted (default 60)",
+    )
+    what.add_argument("--all", action="store_true", help="list the events decided the same way too")
+    what.add_argument("--json", action="store_true", help="print one JSON object")
+    what.set_defaults(func=_replay)

@@ -22,13 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
-from itertools import groupby
 from pathlib import Path
 from typing import Any, cast
 
@@ -40,6 +37,7 @@ from bridge.consumer import armcarrier, validation, wiring
 from bridge.consumer import documents as fs
 from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer, Explained
+from bridge.consumer.replay import History, Replayer
 from bridge.consumer.state.memory import MemoryStore
 from bridge.policy.model import EventView, Policy
 from bridge.records import RecordView, is_decision, is_event, iso, parse_time, utc_now
@@ -130,41 +128,19 @@ def _replay(
     records: Sequence[rt.Record], event_id: str, policy: Policy, config: Config
 ) -> fs.StandingDecision | None:
     """The decision `event_id` stood on once a consumer had read `records` as they came: in
-    TimeGenerated order, on a clock at each one's time, re-evaluating after each (a shadow
-    consumer: it decides and sends nothing)."""
-    clock = [newest(records)]
-    settings = replace(config.consumer, mode="shadow")
-    consumer = Consumer(
-        MemoryStore(), NoCommands(), policy, ignore_decisions, settings, now=lambda: clock[0]
-    )
-    consumer.decider.last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
+    TimeGenerated order, on a clock at each one's time (`policy replay`'s Replayer: it
+    decides and sends nothing)."""
+    history = History.of(records)
+    if not history.agents:
+        return None
+    start = parse_time(history.agents[0].get("TimeGenerated")) or newest(records)
+    replayer = Replayer(policy, config.consumer, start, last_resort=armcarrier.wanted(config))
     try:
-        with _quiet():
-            for at, batch in groupby(sorted(records, key=_stamp), key=_stamp):
-                clock[0] = parse_time(at) or clock[0]
-                consumer.process(list(batch))
-                consumer.tick()
-        found = consumer.explain(event_id)
+        replayer.feed(history.agents)
+        found = replayer.consumer.explain(event_id)
     finally:
-        consumer.close()
+        replayer.close()
     return found.taken if found is not None else None
-
-
-def _stamp(record: rt.Record) -> str:
-    return str(record.get("TimeGenerated"))
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    """A replay's decisions are not news: the consumer's INFO lines about them (approved, did
-    not send) would read as if something had happened."""
-    chatty = logging.getLogger("bridge.consumer")
-    level = chatty.level
-    chatty.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        chatty.setLevel(level)
 
 
 def _from_state(event: str | None, policy: Policy, config: Config) -> tuple[str, Found]:
@@ -207,6 +183,14 @@ def ignore_decisions(records: Sequence[RecordView]) -> None:
 def read_records(path: Path) -> list[rt.Record]:
     """The records in a JSON (one record or a list) or JSONL file, or a Log Analytics export
     of whole rows; ConfigError when none, or when one lacks a field or is refused."""
+    records = records_in(path)
+    if not any(is_event(r) for r in records):
+        raise ConfigError(f"--records {path} holds no Event record")
+    return records
+
+
+def records_in(path: Path) -> list[rt.Record]:
+    """`read_records` of a file that may hold no Event record (a consumer's decisions)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -227,17 +211,15 @@ def read_records(path: Path) -> list[rt.Record]:
         missing = [f for f in schema.required_fields(record.get("RecordType")) if f not in record]
         if missing:
             raise ConfigError(
-                f"--records {path}: record {number} lacks {', '.join(missing)}: explain needs "
-                "whole records, every column (an export of a query that keeps some columns, "
-                "with project, leaves the rest out; docs/getting-started.md, step 3, exports "
-                "them all)"
+                f"--records {path}: record {number} lacks {', '.join(missing)}: explain and "
+                "replay need whole records, every column (an export of a query that keeps "
+                "some columns, with project, leaves the rest out; docs/getting-started.md, "
+                "step 3, exports them all)"
             )
         problem = validation.problem(record)
         if problem is not None:
             raise ConfigError(f"--records {path}: record {number} is refused: {problem}")
         records.append(cast(rt.Record, record))  # the schema says it is one
-    if not any(is_event(r) for r in records):
-        raise ConfigError(f"--records {path} holds no Event record")
     return records
 
 

@@ -27,6 +27,7 @@ from tests.benchmarks import (
     bench_node_drain,
     bench_quota,
     bench_reconciler,
+    bench_replay,
 )
 from tests.benchmarks.report import render_table
 from tests.benchmarks.rig import ROOT, Options, Result, say
@@ -44,6 +45,7 @@ BENCHES: dict[str, Callable[[Options], Result]] = {
     "10": bench_eventgrid.run,
     "11": bench_arm_ack.run,
     "12": bench_reconciler.run,
+    "13": bench_replay.run,
 }
 
 

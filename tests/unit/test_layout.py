@@ -40,7 +40,8 @@ SDK_LOADERS = (
 # their sub-command runs (bridge/consumer/command.py, bridge/demo.py), so an agent-only install
 # starts and says what to install.
 ON_DEMAND = ("bridge.consumer.service", "bridge.consumer.explain", "bridge.consumer.people.client",
-             "bridge.consumer.people.app", "bridge.consumer.status")  # fmt: skip
+             "bridge.consumer.people.app", "bridge.consumer.status",
+             "bridge.consumer.whatif")  # fmt: skip
 
 
 def loaded_after(code: str) -> list[str]:

@@ -9,7 +9,9 @@ state, as a second consumer process holds of a shared file or table.
 
 from __future__ import annotations
 
+import bisect
 import itertools
+import marshal
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +31,9 @@ class _Row:
     etag: str
     text: str
     rev: int  # the collection's mark when it was written (scan_changes)
+    # The value as read back, marshalled on its first read: each later read is a private copy
+    # at a fraction of a JSON decode (a replay reads every event at every pass, issue 40).
+    frozen: bytes | None = None
 
 
 @dataclass
@@ -39,6 +44,9 @@ class _Shared:
     rows: dict[str, dict[str, _Row]] = field(default_factory=dict)
     revs: dict[str, int] = field(default_factory=dict)
     etags: itertools.count[int] = field(default_factory=itertools.count)
+    # Per collection, (rev, key) of every write in order: what changed since a mark is found
+    # without looking at every row (the fleet's VMs, at every batch of a replay).
+    log: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
 
 
 class MemoryStore:
@@ -108,11 +116,18 @@ class MemoryStore:
         seen = known or {}
         with self._shared.lock:
             rows = self._rows(collection)
+            if since is None:
+                keys: Iterable[str] = rows
+            else:
+                log = self._shared.log.get(collection, [])
+                start = bisect.bisect_right(log, since, key=lambda entry: entry[0])
+                keys = {key for _, key in log[start:]}
             wanted = [
                 key
-                for key in sorted(rows)
-                if (since is None or rows[key].rev > since)
-                and ((held := seen.get(key)) is None or held.etag != rows[key].etag)
+                for key in sorted(keys)
+                if (row := rows.get(key)) is not None
+                and (since is None or row.rev > since)
+                and ((held := seen.get(key)) is None or held.etag != row.etag)
             ]
             return [_doc(key, rows[key]) for key in wanted], self._shared.revs.get(collection, 0)
 
@@ -138,9 +153,19 @@ class MemoryStore:
 
     def _put(self, collection: str, doc: Doc, text: str, rev: int) -> Doc:
         etag = f"m{next(self._shared.etags)}"
-        self._rows(collection)[doc.key] = _Row(etag, text, rev)
+        rows = self._rows(collection)
+        rows[doc.key] = _Row(etag, text, rev)
+        log = self._shared.log.setdefault(collection, [])
+        log.append((rev, doc.key))
+        if len(log) > 4 * len(rows) + 1024:  # what was written over since: kept once
+            log[:] = sorted((row.rev, key) for key, row in rows.items())
         return Doc(doc.key, doc.value, etag)
 
 
 def _doc(key: str, row: _Row) -> Doc:
-    return Doc(key, decode_value(row.text), row.etag)
+    if row.frozen is None:
+        value = decode_value(row.text)
+        row.frozen = marshal.dumps(value)
+        return Doc(key, value, row.etag)
+    thawed: dict[str, object] = marshal.loads(row.frozen)  # noqa: S302 - our own bytes
+    return Doc(key, thawed, row.etag)

@@ -15,8 +15,18 @@ from datetime import datetime
 
 from bridge import recordtypes as rt
 from bridge.consumer.decisionrecord import identity_of
+from bridge.consumer.sources.patchruns import Rows, resolve_configuration
 from bridge.policy.model import Budget, FleetView
-from bridge.policy.upcoming import Planned, ahead, upcoming
+from bridge.policy.upcoming import (
+    HORIZON,
+    Planned,
+    Schedule,
+    ahead,
+    parse_schedule,
+    plan,
+    planned_runs,
+    upcoming,
+)
 from bridge.records import Origin, VmIdentity, iso, record_id
 
 
@@ -51,3 +61,40 @@ def upcoming_records(
             "BudgetBreaks": broken.get((row.configuration, row.start), []),
         })  # fmt: skip
     return records
+
+
+CONFIGURATIONS = "microsoft.maintenance/maintenanceconfigurations"
+
+
+def configuration_query() -> str:
+    """Every guest patching configuration of the subscriptions, its window in `properties`."""
+    return (
+        f"resources | where type =~ '{CONFIGURATIONS}'"
+        " | where tostring(properties.maintenanceScope) =~ 'InGuestPatch'"
+        " | project id, name, type, properties"
+    )
+
+
+def read_runs(
+    rows: Rows, subscriptions: Sequence[str], now: datetime
+) -> tuple[list[Planned], list[str]]:
+    """The runs of the next 14 days of every guest patching configuration in `subscriptions`
+    (lower case), each with the resources it patches, and a sentence per configuration whose
+    schedule cannot be read. `rows(query, subscriptions)` is ResourceGraph.rows (paged,
+    bounded, its 429s waited). A configuration with no run ahead costs no assignment query."""
+    trusted = [s.lower() for s in subscriptions]
+    refused: list[str] = []
+    schedules: list[tuple[Schedule, frozenset[str]]] = []
+    for row in rows(configuration_query(), trusted):
+        if str(row.get("type", "")).lower() != CONFIGURATIONS:
+            continue
+        try:
+            schedule = parse_schedule(row)
+        except (ValueError, TypeError) as err:
+            refused.append(f"{err}: its runs are not counted ahead")
+            continue
+        if not planned_runs(schedule, now, HORIZON):
+            continue
+        found = resolve_configuration(schedule.configuration, trusted, rows)
+        schedules.append((schedule, found.resources))
+    return plan(schedules, now, HORIZON), refused

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from bridge.consumer.weekahead import upcoming_records
+from bridge.consumer.weekahead import read_runs, upcoming_records
 from bridge.policy.model import Budget
 from bridge.policy.upcoming import Planned
 from tests.support.records import assert_valid
@@ -59,3 +59,51 @@ def test_a_run_that_fits_has_no_breaks_and_a_stable_record_id() -> None:
     # The same run of the same VM read again is the same record: a sink deduplicates on it.
     assert once[0]["RecordId"] == again[0]["RecordId"]
     assert once[0]["TimeGenerated"] != again[0]["TimeGenerated"]
+
+
+SUB = "8d5f9c8e-1111-4222-8333-444455556666"
+CONFIG_ID = (
+    f"/subscriptions/{SUB}/resourceGroups/rg-patch/providers/Microsoft.Maintenance/"
+    "maintenanceConfigurations/web-tue-0200"
+)
+SCALE_SET = (
+    f"/subscriptions/{SUB}/resourceGroups/rg-web/providers/Microsoft.Compute/"
+    "virtualMachineScaleSets/web"
+)
+
+
+def _graph(query: str, subscriptions: list[str]) -> list[dict[str, object]]:
+    """Resource Graph as the consumer's client returns its rows (a double)."""
+    assert subscriptions == [SUB]
+    if query.startswith("resources "):
+        return [
+            {"id": CONFIG_ID, "name": "web-tue-0200",
+             "type": "microsoft.maintenance/maintenanceconfigurations",
+             "properties": {"maintenanceScope": "InGuestPatch", "maintenanceWindow": {
+                 "startDateTime": "2024-06-01 02:00", "duration": "03:55",
+                 "timeZone": "W. Europe Standard Time", "recurEvery": "Week Tuesday"}}},
+            {"id": CONFIG_ID.replace("web-tue-0200", "hourly"), "name": "hourly",
+             "type": "microsoft.maintenance/maintenanceconfigurations",
+             "properties": {"maintenanceScope": "InGuestPatch", "maintenanceWindow": {
+                 "startDateTime": "2024-06-01 02:00", "duration": "03:55",
+                 "timeZone": "UTC", "recurEvery": "6Hours"}}},
+        ]  # fmt: skip
+    assert query.startswith(
+        "maintenanceresources | where type =~ 'microsoft.maintenance/configurationassignments'"
+    )
+    return [{"id": f"{SCALE_SET}/providers/Microsoft.Maintenance/configurationAssignments/a1",
+             "type": "microsoft.maintenance/configurationassignments", "subscriptionId": SUB,
+             "properties": {"maintenanceConfigurationId": CONFIG_ID,
+                            "resourceId": SCALE_SET}}]  # fmt: skip
+
+
+def test_the_read_finds_each_configurations_runs_and_resources_and_names_what_it_refuses() -> None:
+    runs, refused = read_runs(_graph, [SUB], NOW)
+    assert [(r.name, r.start) for r in runs] == [
+        ("web-tue-0200", datetime(2024, 6, 18, 0, tzinfo=timezone.utc)),
+        ("web-tue-0200", datetime(2024, 6, 25, 0, tzinfo=timezone.utc)),
+    ]
+    assert runs[0].resources == frozenset({SCALE_SET.lower()})
+    assert len(refused) == 1
+    assert "hourly" in refused[0]
+    assert "6Hours" in refused[0]

@@ -403,7 +403,7 @@ class Seen:
         return f"{on}: still waiting for a person when the demo stopped"
 
 
-def summarise(record: rt.Record) -> str:
+def summarise(record: rt.Record) -> str:  # noqa: PLR0911 - one line per record type
     if record[RECORD_TYPE] == "Decision":
         target = f" via {record['TargetVmName']}" if record["TargetVmName"] else ""
         if record["DecisionAction"] == "Approve" and not record["TargetVmId"]:
@@ -432,6 +432,8 @@ def summarise(record: rt.Record) -> str:
         return f"Hook  {record['HookPhase']:<9} {record['EventId'][:8]} {result}"
     if record[RECORD_TYPE] == "Advisory":
         return f"Advisory Spot rebalance {record['EventId'][:8]} {record['AdvisoryState']}"
+    if record[RECORD_TYPE] == "Upcoming":
+        return f"Upcoming {record['MaintenanceConfiguration']} {record['WindowStart']}"
     return f"Heartbeat {record['HeartbeatReason']}"
 
 

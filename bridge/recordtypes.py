@@ -13,7 +13,7 @@ from typing import Final, Literal, TypedDict
 # Field names the code spells as strings, to read a record it has not typed yet.
 RECORD_TYPE: Final = "RecordType"
 
-RecordType = Literal["Event", "Heartbeat", "Hook", "Approval", "Decision", "Advisory"]
+RecordType = Literal["Event", "Heartbeat", "Hook", "Approval", "Decision", "Advisory", "Upcoming"]
 Transition = Literal["Scheduled", "Started", "Updated", "Completed", "Canceled"]
 Source = Literal["Agent", "EventGrid"]
 AdvisoryState = Literal["Raised", "Cleared"]
@@ -42,6 +42,7 @@ DecisionAction = Literal[
     "Cancel",
 ]
 DecisionMode = Literal["normal", "shadow"]
+UpcomingSource = Literal["MaintenanceConfiguration"]
 
 
 class _Shared(TypedDict):
@@ -224,4 +225,16 @@ class Advisory(_Shared):
     Source: Source
 
 
-Record = Event | Heartbeat | Hook | Approval | Decision | Advisory
+class Upcoming(_Shared):
+    """A record of RecordType "Upcoming"."""
+
+    RecordType: Literal["Upcoming"]
+    UpcomingSource: UpcomingSource
+    MaintenanceConfiguration: str
+    MaintenanceConfigurationId: str
+    WindowStart: str
+    WindowEnd: str
+    BudgetBreaks: list[str]
+
+
+Record = Event | Heartbeat | Hook | Approval | Decision | Advisory | Upcoming

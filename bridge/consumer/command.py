@@ -17,6 +17,9 @@ from pathlib import Path
 from bridge import extras
 from bridge.config import add_flags
 from bridge.policy import file as policyfile
+from bridge.policy import schedulefile
+from bridge.policy.model import Budget
+from bridge.records import parse_time, utc_now
 
 # The settings each command takes as options, in the order --help lists them; their names,
 # helps and types are the settings' (bridge.config.Flag).
@@ -100,7 +103,27 @@ def _check(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return 2
     print("\n".join(policyfile.summary(policy)))
-    return 0
+    if args.schedule is None:
+        return 0
+    return _check_schedule(policy.budgets, args.schedule, args.at)
+
+
+def _check_schedule(budgets: tuple[Budget, ...], path: Path, at: str | None) -> int:
+    """The patch schedules of `path` over the next 14 days against `budgets`: exit 1 on a
+    break, 2 on a file it cannot read."""
+    now = parse_time(at) if at else utc_now()
+    if now is None:
+        print(f"--at {at!r} is not a time (ISO 8601, such as 2024-06-17T09:00:00Z)",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        runs, fleet, configurations = schedulefile.load(path, now)
+    except schedulefile.ScheduleError as err:
+        print(err, file=sys.stderr)
+        return 2
+    lines, found = schedulefile.report(budgets, runs, fleet, configurations, now)
+    print("\n".join(lines))
+    return 1 if found else 0
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -147,6 +170,7 @@ def add_consume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentP
 POLICY_EXAMPLES = """\
 examples:
   se-bridge policy check /etc/se-bridge/policy.yaml
+  se-bridge policy check policy.yaml --schedule schedules.json   # the next 14 days' patch runs
   se-bridge policy explain --policy policy.yaml --records /var/lib/se-bridge/records.jsonl
   se-bridge policy explain --state sqlite:/var/lib/se-bridge/fleet.db --event C7061BAC-...
   se-bridge policy explain --config consumer.toml --event C7061BAC-... --json
@@ -172,6 +196,17 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="Check a policy file: exit 0 and a summary, or exit 2 and what is wrong.",
     )
     check.add_argument("file", type=Path, metavar="FILE", help="the policy file (YAML)")
+    check.add_argument(
+        "--schedule",
+        type=Path,
+        metavar="FILE",
+        help="also check the patch runs of the next 14 days of these maintenance "
+        "configurations (JSON, docs/planned-disruptions.md) against the budgets: exit 1 on a "
+        "break",
+    )
+    check.add_argument(
+        "--at", metavar="TIME", help="with --schedule: from this time (ISO 8601; default: now)"
+    )
     check.set_defaults(func=_check)
     explain = commands.add_parser(
         "explain",

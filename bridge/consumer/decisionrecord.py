@@ -144,7 +144,7 @@ def _record(
 ) -> rt.Decision:
     view = subject.view
     return {
-        **Origin(_identity(target), voice.host_name).common("Decision", rid, now),
+        **Origin(identity_of(target), voice.host_name).common("Decision", rid, now),
         rt.RECORD_TYPE: "Decision",
         "EventId": subject.event_id,
         "EventType": view.event_type if view else None,
@@ -176,7 +176,8 @@ def _record(
     }
 
 
-def _identity(vm: VmView | None) -> VmIdentity:
+def identity_of(vm: VmView | None) -> VmIdentity:
+    """A record's VM fields for `vm` as the fleet knows it (none: all unknown)."""
     if vm is None:
         return VmIdentity()
     return VmIdentity(

@@ -56,7 +56,7 @@ Microsoft.Maintenance.PostMaintenanceEvent, `eventTime` 2023-05-09T15:55:00.3717
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -269,11 +269,17 @@ def scope_query(filter_: Mapping[str, Any]) -> str:
 def resolve(run: RunNotice, rows: Rows) -> Resolved:
     """The VMs and scale sets `run`'s configuration is assigned to, in the run's trusted
     subscriptions; `rows(query, subscriptions)` is ResourceGraph.rows."""
-    subscriptions = list(run.subscriptions)
-    wanted = run.configuration_id.lower()
+    return resolve_configuration(run.configuration_id, run.subscriptions, rows)
+
+
+def resolve_configuration(configuration_id: str, trusted: Sequence[str], rows: Rows) -> Resolved:
+    """The VMs and scale sets configuration `configuration_id` is assigned to, in the
+    `trusted` subscriptions (lower case): its assignments and its dynamic scopes."""
+    subscriptions = list(trusted)
+    wanted = configuration_id.lower()
     found: set[str] = set()
     scopes: list[tuple[str, Mapping[str, Any]]] = []
-    for row in rows(assignment_query(run.configuration_id), subscriptions):
+    for row in rows(assignment_query(configuration_id), subscriptions):
         properties = _lower(row.get("properties"))
         if str(row.get("type", "")).lower() != ASSIGNMENTS:
             continue
@@ -283,9 +289,9 @@ def resolve(run: RunNotice, rows: Rows) -> Resolved:
         filter_ = properties.get("filter")
         if isinstance(filter_, Mapping):
             sub = str(row.get("subscriptionId", "")).lower()
-            if sub in run.subscriptions:
+            if sub in subscriptions:
                 scopes.append((sub, _lower(filter_)))
-        elif _COMPUTE.match(target) and target.split("/")[2] in run.subscriptions:
+        elif _COMPUTE.match(target) and target.split("/")[2] in subscriptions:
             found.add(target)
     notes: list[str] = []
     if len(scopes) > MAX_SCOPES:

@@ -61,6 +61,18 @@ def ask_deadline(run: RunView, rule: PatchRule) -> datetime | None:
     return None if last is None else last - rule.margin
 
 
+@dataclass(frozen=True)
+class Breach:
+    """A budget group a run would take over its limit: `count` of its VMs impacted at once
+    (the run's and the others'), more than `limit`."""
+
+    budget: str
+    group: str
+    count: int
+    limit: int
+    line: str
+
+
 def breaches(
     budgets: Iterable[Budget],
     fleet: FleetView,
@@ -71,17 +83,32 @@ def breaches(
     overlapping: Mapping[str, frozenset[str]] | None = None,
     notes: list[str] | None = None,
 ) -> list[str]:
-    """The budgets `run_vms` (VmIds, and names of VMs no agent reports) would break, each a
-    line: a group's impacted VMs and the run's together over its limit. Impacted: every other
-    event and run of FleetView.impacted, and the runs `overlapping` this one's window that
-    have not started yet (two configurations that split a scale set, each of which fits,
-    may run at once). Names no VM is known by count in the `fleet` budgets."""
+    """The budgets `run_vms` would break, each a line (`breach_list`)."""
+    found = breach_list(budgets, fleet, run, run_vms, now, overlapping=overlapping, notes=notes)
+    return [b.line for b in found]
+
+
+def breach_list(
+    budgets: Iterable[Budget],
+    fleet: FleetView,
+    run: RunView,
+    run_vms: frozenset[str],
+    now: datetime,
+    *,
+    overlapping: Mapping[str, frozenset[str]] | None = None,
+    notes: list[str] | None = None,
+) -> list[Breach]:
+    """The budgets `run_vms` (VmIds, and names of VMs no agent reports) would break: a group's
+    impacted VMs and the run's together over its limit. Impacted: every other event and run of
+    FleetView.impacted, and the runs `overlapping` this one's window that have not started yet
+    (two configurations that split a scale set, each of which fits, may run at once). Names no
+    VM is known by count in the `fleet` budgets."""
     impacted = {**fleet.impacted, **(overlapping or {})}
     others = {vm for key, vms in impacted.items() if key != run.key for vm in vms}
     known = [v for v in fleet.vms.values() if v.vm_id in run_vms or v.vm_id in others
              or fleet.alive(v.vm_id, now)]  # fmt: skip
     unknown = {v for v in run_vms if v not in fleet.vms}
-    broken: list[str] = []
+    broken: list[Breach] = []
     for budget in budgets:
         groups = groups_of(budget.group, known)
         if budget.group == "fleet" and unknown:
@@ -97,7 +124,8 @@ def breaches(
                 f"the run patches {len(mine)} of them at once"
             )
             if len(busy | mine) > limit:
-                broken.append(f"{line}, more than the {limit} allowed")
+                line = f"{line}, more than the {limit} allowed"
+                broken.append(Breach(budget.name, key, len(busy | mine), limit, line))
             elif notes is not None:
                 notes.append(f"{line}, within the limit of {limit}")
     return broken

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -15,7 +16,7 @@ import pytest
 
 from bridge import __version__
 from tests.support import lock
-from tools import release
+from tools import lockfile, release, sbom
 
 pytestmark = pytest.mark.release
 
@@ -55,6 +56,24 @@ def test_a_release_is_the_sdist_the_wheel_and_each_targets_requirements_and_sbom
             requirements.read_bytes()
             == (ROOT / "packaging" / "requirements" / f"{target}.txt").read_bytes()
         )
+
+
+@pytest.mark.parametrize("target", sbom.TARGETS)
+def test_the_sbom_lists_every_locked_package_with_its_hashes(dist: Path, target: str) -> None:
+    # The release's SBOM, written by tools/sbom.py as `./dev sbom` writes it: writing it again
+    # here would cost about 4 s of CPU a target, on the two cores that limit CI's test run.
+    document = json.loads((dist / f"se-bridge-{target}-{__version__}.cdx.json").read_text("utf-8"))
+    assert document["bomFormat"] == "CycloneDX"
+    assert document["specVersion"] == "1.6"
+    described = document["metadata"]["component"]
+    assert (described["name"], described["version"]) == ("se-bridge", __version__)
+    text = (lockfile.EXPORTS / f"{target}.txt").read_text(encoding="utf-8")
+    pins = set(re.findall(r"^([A-Za-z0-9._-]+==\S+)", text, re.MULTILINE))
+    listed = {f"{c['name']}=={c['version']}" for c in document["components"]}
+    assert listed == pins
+    for component in document["components"]:
+        hashes = [h for ref in component["externalReferences"] for h in ref.get("hashes", [])]
+        assert hashes, component["name"]
 
 
 def test_sha256sums_checks_every_file_and_catches_a_changed_one(dist: Path, tmp_path: Path) -> None:

@@ -1,11 +1,11 @@
 """The supply chain: compatible ranges in pyproject.toml, one lock file with hashes and its
-exports, the Function App's folder installing in hash-checking mode in a fresh venv, and the
-SBOM. (The Dockerfile's and install-agent.sh's installs from the lock are tested beside them:
-test_dockerfile.py, tests/infra/test_bicep_onboarding.py.)"""
+exports, the Function App's folder installing in hash-checking mode in a fresh venv. (The
+Dockerfile's and install-agent.sh's installs from the lock are tested beside them:
+test_dockerfile.py, tests/infra/test_bicep_onboarding.py; each target's SBOM in
+test_release.py, on the release's SBOMs, which tools/sbom.py wrote.)"""
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -17,7 +17,7 @@ import pytest
 
 from bridge import __version__
 from tests.support import lock, sourcetree
-from tools import functionapp, lockfile, sbom
+from tools import functionapp, lockfile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -135,19 +135,3 @@ def test_a_folder_not_made_by_the_tool_is_never_emptied(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match=r"not made by \./dev functionapp"), sourcetree.building():
         functionapp.build(tmp_path)
     assert (tmp_path / "precious.txt").read_text(encoding="utf-8") == "keep me"
-
-
-@pytest.mark.parametrize("target", sbom.TARGETS)
-def test_the_sbom_lists_every_locked_package_with_its_hashes(target: str, tmp_path: Path) -> None:
-    document = json.loads(sbom.write(target, tmp_path).read_text(encoding="utf-8"))
-    assert document["bomFormat"] == "CycloneDX"
-    assert document["specVersion"] == "1.6"
-    described = document["metadata"]["component"]
-    assert (described["name"], described["version"]) == ("se-bridge", __version__)
-    text = (lockfile.EXPORTS / f"{target}.txt").read_text(encoding="utf-8")
-    pins = set(re.findall(r"^([A-Za-z0-9._-]+==\S+)", text, re.MULTILINE))
-    listed = {f"{c['name']}=={c['version']}" for c in document["components"]}
-    assert listed == pins
-    for component in document["components"]:
-        hashes = [h for ref in component["externalReferences"] for h in ref.get("hashes", [])]
-        assert hashes, component["name"]

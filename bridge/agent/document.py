@@ -127,6 +127,7 @@ def _event(item: object, problems: list[str]) -> ParsedEvent | None:
     if not isinstance(event_id, str) or not event_id.strip():
         problems.append(f"skipped an event without an EventId: {str(dict(item))[:80]!r}")
         return None
+    event_id = _unicode(event_id, "EventId", problems, event_id)
     present: dict[str, Any] = {}
     for name in EVENT_FIELDS:
         source = "notbefore" if name == "NotBeforeRaw" else name.lower()
@@ -137,12 +138,12 @@ def _event(item: object, problems: list[str]) -> ParsedEvent | None:
 
 def _field(name: str, value: Any, problems: list[str], event_id: str) -> Any:
     if name == "Resources":
-        return _resources(value)
+        return [_unicode(r, name, problems, event_id) for r in _resources(value)]
     if name == "DurationInSeconds":
         return _duration(value, problems, event_id)
     if value is None:
         return None
-    return value if isinstance(value, str) else str(value)
+    return _unicode(value if isinstance(value, str) else str(value), name, problems, event_id)
 
 
 def _resources(value: Any) -> list[str]:
@@ -153,6 +154,25 @@ def _resources(value: Any) -> list[str]:
     if isinstance(value, list):
         return [v if isinstance(v, str) else str(v) for v in value if v is not None]
     return [str(value)]
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _unicode(text: str, name: str, problems: list[str], event_id: str) -> str:
+    """`text` as Unicode text. JSON's escapes let an unpaired surrogate through ("\\ud800"),
+    which UTF-8 cannot carry: it broke the record id and made a record the consumer refuses.
+    The event is kept, each such character replaced by U+FFFD, and the problem said."""
+    if text.isascii():
+        return text
+    fixed, count = _SURROGATE.subn("\ufffd", text)
+    if count:
+        shown = _SURROGATE.sub("\ufffd", event_id)
+        problems.append(
+            f"event {shown}: {name} held text that is not valid Unicode (an unpaired "
+            "surrogate); it is kept with U+FFFD in its place"
+        )
+    return fixed
 
 
 def _duration(value: Any, problems: list[str], event_id: str) -> int | None:

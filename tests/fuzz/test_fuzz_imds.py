@@ -69,6 +69,8 @@ def decode(body: bytes) -> Any:
 @example(first=SEEDS[0], second=b'{"DocumentIncarnation": "\\u00b2", "Events": []}', gap=1.0)
 @example(first=SEEDS[0], second=b'{"DocumentIncarnation": "' + b"9" * 5000 + b'", "Events": []}',
          gap=1.0)  # fmt: skip
+@example(first=SEEDS[0], second=b'{"DocumentIncarnation": 0, "Events": [{"EventId": "\\ud800"}]}',
+         gap=1.0)  # fmt: skip
 def test_any_two_bodies_in_a_row_give_valid_records_or_problems(
     first: bytes, second: bytes, gap: float
 ) -> None:

@@ -60,3 +60,22 @@ def test_record_fields_of_the_wrong_type_are_not_folded_into_the_fleet_state() -
     assert value["duration"] is None
     assert value["event_type"] is None
     assert fleetstate.status(value) == fleetstate.GONE
+
+
+@pytest.mark.parametrize("field", ["EventId", "Description", "EventType", "Resources"])
+def test_text_that_is_not_unicode_is_kept_with_a_replacement_and_a_problem(field: str) -> None:
+    # JSON lets "\ud800" through (an unpaired surrogate); UTF-8 cannot carry it, so the
+    # EventId crashed the normaliser (uuid5) and any other field made the record one the
+    # consumer refuses. The event is kept, its text with U+FFFD, and the problem is said.
+    from bridge.agent.normalise import Context, normalise
+    from tests.support.records import ORIGIN, T0, assert_valid
+
+    event: dict[str, object] = {"EventId": "e1", "EventType": "Reboot", "EventStatus": "Scheduled"}
+    event[field] = ["web\ud800"] if field == "Resources" else "x\ud800y"
+    result = normalise(None, {"DocumentIncarnation": 1, "Events": [event]}, Context(T0, ORIGIN))
+    [record] = result.records
+    assert_valid(record)
+    assert "\ufffd" in str(record[field])  # type: ignore[literal-required]
+    for value in record.values():
+        str(value).encode("utf-8")  # every text is Unicode now
+    assert any("not valid Unicode" in p for p in result.problems), result.problems

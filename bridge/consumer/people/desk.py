@@ -58,6 +58,7 @@ REFUSALS = (
     "NotPaused",
     "NoSigningKey",
     "NotAsked",
+    "Advisory",
 )
 
 
@@ -104,6 +105,9 @@ class OpenEvent:
     asked: AskState | None  # the same, as values
     person: PersonDecision | None  # the last decision a person made about it
     pause: Pause | None  # the pause that stops its approval now
+    # A Spot rebalance recommendation (an Advisory): never approved; `reason` says what the
+    # policy's rebalance section did on it (drained, notified, nothing).
+    advisory: bool = False
 
 
 @dataclass(frozen=True)
@@ -323,6 +327,7 @@ class PeopleDesk(Generic[S]):
             asked=ask,
             person=view.person,
             pause=verdict.pause or active_pause(fleet, view, now),
+            advisory=view.advisory,
         )
 
     def pauses(self, now: datetime) -> list[Pause]:
@@ -410,6 +415,16 @@ def event_refusal(action: OperatorAction, seen: Situated | None, now: datetime) 
     if seen is None:
         return Answer(False, "NotOpen", f"no event {action.event_id} is known")
     view = seen.view
+    if view.advisory:
+        # The rebalance gate runs before a person's decision: an approve or a hold would be
+        # recorded and change nothing, so it is refused rather than accepted in vain.
+        return Answer(
+            False,
+            "Advisory",
+            f"{action.event_id} is a Spot rebalance recommendation, an advisory: it is never "
+            "approved or held; the policy's rebalance section decides what is done on it "
+            "(drain, notify)",
+        )
     if view.status != "Scheduled":
         return Answer(
             False,

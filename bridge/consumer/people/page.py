@@ -139,7 +139,24 @@ def _budgets(budgets: dict[str, float]) -> list[str]:
     return [*parts, f"<table><tr><th>Budget</th><th>Holds</th></tr>{rows}</table>"]
 
 
+def _advisory(event: OpenEvent) -> str:
+    """A Spot rebalance recommendation: what it is and what the policy did, no forms (the
+    rebalance gate decides before any person's decision, and the desk refuses one)."""
+    why = "".join(f"<li>{_e(line)}</li>" for line in event.explanation)
+    return (
+        f'<section class="event advisory" id="event-{_e(event.event_id)}">'
+        f"<h3>Advisory: {_e(event.event_type)} {_e(event.event_id)}</h3>"
+        f"<p>VMs: {_e(', '.join(event.vms))}</p>"
+        "<p>A Spot rebalance recommendation: Azure may evict these VMs soon. It is an "
+        "advisory, never approved or held here; the policy's rebalance section acts on it.</p>"
+        f"<p>What the policy did: {_e(event.action)}: {_e(event.reason)}</p>"
+        f"<ul>{why}</ul></section>"
+    )
+
+
 def _event(event: OpenEvent, csrf: str, local: bool) -> str:
+    if event.advisory:
+        return _advisory(event)
     ident = {"event": event.event_id, "digest": event.resources_digest}
     not_before = iso(event.not_before) if event.not_before else "none given (it may start now)"
     ask = f"<p>Asked: {_e(event.ask)}</p>" if event.ask else ""

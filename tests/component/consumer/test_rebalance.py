@@ -143,7 +143,7 @@ def test_people_see_a_recommendation_as_an_advisory_they_cannot_approve_or_hold(
     assert 'value="override"' not in html
     # An approve or a hold through the API (the desk) is refused, and says why.
     for kind in ("approve", "hold"):
-        action = OperatorAction(kind, alice, "go", now, event_id=E1,  # type: ignore[arg-type]
+        action = OperatorAction(kind, alice, "go", now, event_id=E1,
                                 resources_digest=shown.resources_digest)  # fmt: skip
         answer = rig.consumer.desk.operate(action)
         assert (answer.accepted, answer.code) == (False, "Advisory")

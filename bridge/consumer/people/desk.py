@@ -111,6 +111,24 @@ class OpenEvent:
 
 
 @dataclass(frozen=True)
+class PatchAsk:
+    """An Update Manager patch run a person is asked about (issue 40; the page lists it): run
+    it over the budget, or cancel it, until `deadline` (a margin before its cut-off)."""
+
+    subject: str  # `(patch:CONFIGURATION/RUN)`, as notices and Decision records name it
+    configuration: str  # the maintenance configuration's id
+    name: str  # the run's name, yyyyMMddHHmmss
+    vms: int  # the VMs it counts
+    start: datetime
+    end: datetime  # its window's end
+    cutoff: datetime | None  # Azure's cancellation cut-off
+    target: str  # who is asked
+    deadline: datetime | None  # until when the answer is taken
+    on_deadline: str  # what happens unanswered: run or cancel
+    breaches: tuple[str, ...]  # the budgets it would break, a sentence each
+
+
+@dataclass(frozen=True)
 class PeopleCounts:
     """What the metrics say of people (bridge.consumer.metrics)."""
 
@@ -175,6 +193,10 @@ class ConsumerPort(Protocol[S]):
     def known_vms(self) -> Iterable[VmView]: ...
 
     def budget_use(self) -> dict[str, float]: ...
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
+        """The patch runs a person is asked about now, the soonest first."""
+        ...
 
     def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> tuple[str, str]:
         """A person's answer (`said`: run or cancel) to the ask about the patch run `run`
@@ -329,6 +351,11 @@ class PeopleDesk(Generic[S]):
             pause=verdict.pause or active_pause(fleet, view, now),
             advisory=view.advisory,
         )
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
+        """The patch runs a person is asked about now, as the page lists them."""
+        with self._lock:
+            return self.consumer.patch_runs_asked(now)
 
     def pauses(self, now: datetime) -> list[Pause]:
         """The pauses in force at `now`, fleet-wide first."""

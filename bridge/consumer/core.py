@@ -239,7 +239,9 @@ class Consumer:
             state = self.ledger.read()
             impacted = known.by_vm_id(state.impact, reach=state.reach)
             reach = {**state.reach, **known.health_reach}
-            return FleetView(known.vms, impacted, self._alive_within, reach=reach)
+            return FleetView(
+                known.vms, impacted, self._alive_within, reach=reach, patch_runs=known.patch_runs
+            )
 
     def explain(self, event_id: str) -> Explained | None:
         """What the policy decides about `event_id` now, and why, as a pass would see it; once

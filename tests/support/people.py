@@ -70,6 +70,11 @@ class RecordingDesk:
     patch_answers: list[tuple[str, str, str, str]] = field(default_factory=list)
     patch_shown: list[PatchAsk] = field(default_factory=list)  # what the page lists of them
 
+    def ask_patch(self, subject: str) -> None:
+        """Ask about the patch run `subject` (`(patch:CONFIG/RUN)`), as `patch_ask` shows it."""
+        self.patch_asks.add(subject)
+        self.patch_shown.append(patch_ask(subject))
+
     def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
         with self.lock:
             return [a for a in self.patch_shown if a.subject in self.patch_asks]

@@ -58,24 +58,14 @@ def render(view: View) -> str:
         if view.answer.warning:
             parts.append(f'<p class="answer warning">Warning: {_e(view.answer.warning)}</p>')
     if view.only_run is not None:
-        parts.append(f"<h2>Patch run {_e(view.only_run)}</h2>")
-        if not view.patch_asks:
-            parts.append(
-                f'<p class="note">Patch run {_e(view.only_run)} is not asked about now: it was '
-                "answered, or its deadline passed and it was decided.</p>"
-            )
-        parts.append('<p><a href="/">All open events</a></p>')
+        gone = "is not asked about now: it was answered, or its deadline passed and it was decided"
+        parts += _alone(f"Patch run {view.only_run}", gone, bool(view.patch_asks))
         parts += [_patch_ask(a, view.csrf, view.local) for a in view.patch_asks]
         parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
         return _document("se-bridge approvals", "".join(parts))
     if view.only is not None:
-        parts.append(f"<h2>Event {_e(view.only)}</h2>")
-        if not view.events:
-            parts.append(
-                f'<p class="note">Event {_e(view.only)} is not open: it has started, '
-                "ended or was canceled.</p>"
-            )
-        parts.append('<p><a href="/">All open events</a></p>')
+        gone = "is not open: it has started, ended or was canceled"
+        parts += _alone(f"Event {view.only}", gone, bool(view.events))
     else:
         parts.append(f"<h2>Open events ({len(view.events)})</h2>")
         if not view.events:
@@ -88,6 +78,14 @@ def render(view: View) -> str:
     parts += _pauses(view)
     parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
     return _document("se-bridge approvals", "".join(parts))
+
+
+def _alone(what: str, gone: str, shown: bool) -> list[str]:
+    """The heading of a page with one thing alone (a notice's link), and why it is not there."""
+    said = [f"<h2>{_e(what)}</h2>"]
+    if not shown:
+        said.append(f'<p class="note">{_e(what)} {_e(gone)}.</p>')
+    return [*said, '<p><a href="/">All open events</a></p>']
 
 
 def login(reason: str | None, then: str = "/") -> str:

@@ -23,7 +23,7 @@ from bridge.consumer.people.auth import read_token
 from bridge.consumer.people.server import PageError, PageServer, build_app
 from bridge.notify.notifier import event_link
 from tests.doubles.entra import AUDIENCE, Tenant, serving
-from tests.support.people import NOW, RecordingDesk, open_event, patch_ask
+from tests.support.people import NOW, RecordingDesk, open_event
 
 
 @dataclass(frozen=True)
@@ -445,8 +445,7 @@ def test_the_page_lists_the_patch_run_asks_and_takes_their_answers(
     entra: PageServer, tenant: Tenant, decider: RecordingDesk
 ) -> None:
     subject = "(patch:tuesday/20261208020000)"
-    decider.patch_asks.add(subject)
-    decider.patch_shown.append(patch_ask(subject))
+    decider.ask_patch(subject)
     dana = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
     shown = call(entra, "GET", "/", headers=dana)
     assert shown.status == 200
@@ -476,8 +475,7 @@ def test_a_patch_runs_own_address_shows_its_ask_alone(
 ) -> None:
     """A patch run's notice links to `{page_url}/patchruns/{configuration}/{run}`."""
     subject = "(patch:tuesday/20261208020000)"
-    decider.patch_asks.add(subject)
-    decider.patch_shown.append(patch_ask(subject))
+    decider.ask_patch(subject)
     dana = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
     assert call(entra, "GET", "/patchruns/tuesday/20261208020000").status == 401
     shown = call(entra, "GET", "/patchruns/tuesday/20261208020000", headers=dana)

@@ -17,7 +17,7 @@ from bridge.consumer.people.app import LocalSignIn, PeopleApp
 from bridge.consumer.people.auth import LocalOperator, read_token
 from bridge.consumer.people.server import PageServer, build_app
 from tests.component.people.test_api import DIGEST, api, call, csrf_of, form
-from tests.support.people import NOW, RecordingDesk, open_event, patch_ask
+from tests.support.people import NOW, RecordingDesk, open_event
 
 
 @pytest.fixture
@@ -154,8 +154,7 @@ def test_a_session_cookie_alone_cannot_answer_a_patch_run(
     page: PageServer, decider: RecordingDesk, tmp_path: Path
 ) -> None:
     subject = "(patch:tuesday/20261208020000)"
-    decider.patch_asks.add(subject)
-    decider.patch_shown.append(patch_ask(subject))
+    decider.ask_patch(subject)
     stolen = signed_in(page)
     shown = call(page, "GET", "/", headers=stolen)
     fields = {"csrf": csrf_of(shown.text), "action": "patch_cancel", "run": subject,

@@ -163,6 +163,7 @@ class DecisionPass:
             pauses=pauses,
             unhealthy=known_vms.unhealthy,
             last_resort=self.last_resort,
+            patch_runs=known_vms.patch_runs,
         )
         vouched = self.marks.vouched(FleetView(known_vms.vms, {}, alive_within))
         return Situation(doc, view, fleet, entry, vouched, self.dispatch.failing())

@@ -42,7 +42,7 @@ from bridge.consumer.fleet import Fleet
 from bridge.consumer.fold import Intake, Once, event_mutations, vm_mutations
 from bridge.consumer.ledger import ApprovalLedger, Emit, LedgerState
 from bridge.consumer.notices import NoticeQueue
-from bridge.consumer.people.desk import PeopleDesk
+from bridge.consumer.people.desk import PatchAsk, PeopleDesk
 from bridge.consumer.people.operatorlog import OperatorAction, OperatorLog
 from bridge.consumer.reading import Position, ReadMarks
 from bridge.consumer.release import Housekeeping, Pending, pending
@@ -239,7 +239,9 @@ class Consumer:
             state = self.ledger.read()
             impacted = known.by_vm_id(state.impact, reach=state.reach)
             reach = {**state.reach, **known.health_reach}
-            return FleetView(known.vms, impacted, self._alive_within, reach=reach)
+            return FleetView(
+                known.vms, impacted, self._alive_within, reach=reach, patch_runs=known.patch_runs
+            )
 
     def explain(self, event_id: str) -> Explained | None:
         """What the policy decides about `event_id` now, and why, as a pass would see it; once
@@ -261,6 +263,10 @@ class Consumer:
         if self.patch_runs is None:
             return "NotOpen", "patch runs are off here (patchruns.enabled)"
         return self.patch_runs.answer(run, said, by, reason)
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
+        """The people desk's port: the patch runs a person is asked about now."""
+        return [] if self.patch_runs is None else self.patch_runs.asks()
 
     def current_time(self) -> datetime:
         """The consumer's clock (what patch runs are counted and decided by)."""

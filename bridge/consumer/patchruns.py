@@ -33,6 +33,7 @@ from bridge.cloud.applyupdates import ArmCancel, Cancelled
 from bridge.config import Config, ConfigError, PatchRunSettings
 from bridge.consumer.decisionrecord import Voice
 from bridge.consumer.notices import NoticeQueue
+from bridge.consumer.people.desk import PatchAsk
 from bridge.consumer.sources.patchruns import Resolved, RunNotice, resolve
 from bridge.consumer.sources.resourcegraph import RequestsTransport, ResourceGraph
 from bridge.consumer.state import Conflict, Store, update
@@ -229,6 +230,31 @@ class PatchRuns:
         said_now = (self.store.read(PATCHRUN, run_key(found.run_id)) or stored).value.get("said")
         return "Accepted", f"decided: {' '.join(map(str, said_now or []))}"
 
+    def asks(self) -> list[PatchAsk]:
+        """The runs a person is asked about and has not answered, the soonest first."""
+        asked = []
+        for doc in self.store.scan(PATCHRUN):
+            value = doc.value
+            if not value.get("run_id") or value.get("decided") != "Ask" or value.get("answer"):
+                continue
+            run = _view(value)
+            asked.append(
+                PatchAsk(
+                    subject=subject(run),
+                    configuration=run.configuration,
+                    name=str(value.get("name") or run.run_id[-14:]),
+                    vms=int(value.get("vms") or 0),
+                    start=run.start,
+                    end=run.end,
+                    cutoff=run.cutoff,
+                    target=self.rule.ask_target or "",
+                    deadline=parse_time(value.get("deadline")),
+                    on_deadline=self.rule.on_deadline,
+                    breaches=tuple(str(b) for b in value.get("breaches") or ()),
+                )
+            )
+        return sorted(asked, key=lambda a: (a.start, a.subject))
+
     def tick(self) -> None:
         """Decide again the runs still open to a decision (an ask's deadline, a cancel that
         failed and may be tried again before its margin), and forget those long over."""
@@ -341,7 +367,15 @@ class PatchRuns:
                 return  # decided so before: one record, one notice
             self._note(run, verdict, value)
             self._record(run, verdict, (*broken, *notes), value)
-            self._mark(run.run_id, said=[verdict.kind, verdict.reason], decided=decided)
+            self._mark(
+                run.run_id,
+                said=[verdict.kind, verdict.reason],
+                decided=decided,
+                # What the page shows of an ask (`asks`): the count and the budgets broken.
+                vms=len(run_vms),
+                breaches=list(verdict.breaches),
+                deadline=iso(verdict.deadline) if verdict.deadline else None,
+            )
 
     def _cancel(self, run: RunView, verdict: PatchVerdict) -> tuple[PatchVerdict, bool]:
         """Send the cancel: the verdict as it turned out, and whether to try again."""

@@ -50,6 +50,8 @@ class Report(CheckReport):
     state: str = ""
     pauses: list[dict[str, Any]] = field(default_factory=list)
     asks: list[dict[str, Any]] = field(default_factory=list)
+    # Spot rebalance recommendations open: never asks, never approved; what the policy did.
+    advisories: list[dict[str, Any]] = field(default_factory=list)
     overrides: list[dict[str, Any]] = field(default_factory=list)
     forged: int = 0
     on_previous_key: int = 0
@@ -147,6 +149,17 @@ def assess(
             f"{pause.by.name}: early approvals wait",
         )
     for event in events:
+        if event.advisory:
+            report.advisories.append(
+                {
+                    "event_id": event.event_id,
+                    "event_type": event.event_type,
+                    "vms": list(event.vms),
+                    "action": event.action,
+                    "reason": event.reason,
+                }
+            )
+            continue
         if event.asked is None:
             continue
         waited = (now - event.asked.since) if event.asked.since else timedelta(0)
@@ -220,6 +233,12 @@ def render(report: Report) -> str:
         f"  {a['event_id']} {a['event_type']} on {', '.join(a['vms'])}: asked {a['target']}"
         f" {_age(timedelta(seconds=a['age_seconds']))} ago, NotBefore {a['not_before']}"
         for a in report.asks
+    ]
+    lines.append(f"advisories open (never approved): {len(report.advisories)}")
+    lines += [
+        f"  {a['event_id']} {a['event_type']} on {', '.join(a['vms'])}: "
+        f"{a['action']}: {a['reason']}"
+        for a in report.advisories
     ]
     lines.append(
         f"budget overrides in the last {OVERRIDES_WITHIN.total_seconds() / 3600:g} h: "

@@ -107,6 +107,9 @@ class VmSnapshot:
         self._health_docs = fleet.health()
         self._patch_impact = fleet.patch_impact
         self._patches: dict[str, frozenset[str]] | None = None  # once a snapshot
+        # The patch runs' keys of the impact `by_vm_id` gives (FleetView.patch_runs): made
+        # once a snapshot, so that a budget check names the runs without a scan of it.
+        self.patch_runs: tuple[str, ...] = ()
         # What they impact (HEALTH + VmId or name), where a name may be, and since when.
         self.health_reach: dict[str, frozenset[Scope]] = {}
         self.unhealthy: dict[str, tuple[str, datetime]] = {}
@@ -178,6 +181,7 @@ class VmSnapshot:
             # A patch run's VMs count in every budget from its start (issue 40).
             if self._patches is None:
                 self._patches = self._patch_impact(self.vms)
+                self.patch_runs = tuple(sorted(self._patches))
             resolved.update(self._patches)
         if version is not None:
             self._resolved = (version, self._generation, resolved)

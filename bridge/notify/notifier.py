@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -172,7 +173,16 @@ logging.getLogger("urllib3.connectionpool").addFilter(_HIDDEN)
 def event_link(page_url: str, event_id: str | None) -> str:
     """The approval page's address for `event_id` (the page itself for the whole fleet)."""
     base = page_url.rstrip("/")
-    return f"{base}/" if event_id is None else f"{base}/events/{quote(event_id, safe='')}"
+    if event_id is None:
+        return f"{base}/"
+    run = _PATCH_SUBJECT.fullmatch(event_id)
+    if run is not None:  # a patch run's ask: its own address (a slash would not be one path)
+        return f"{base}/patchruns/{quote(run.group(1), safe='')}/{run.group(2)}"
+    return f"{base}/events/{quote(event_id, safe='')}"
+
+
+# A patch run as notices name it (bridge.consumer.patchruns.subject).
+_PATCH_SUBJECT = re.compile(r"\(patch:([-\w._]{1,128})/(\d{14})\)")
 
 
 class _Line:

@@ -227,6 +227,7 @@ def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
     held = [v for v in busy if v in fleet.impacted.get(HELD + v, ()) and v not in nodes]
     sick = sorted(v for v in busy if v in fleet.unhealthy and v not in nodes and v not in held)
     said = [
+        *_patched(fleet, busy),
         *(
             f"{fleet.vms[v].name if v in fleet.vms else v} {fleet.unhealthy[v][0].lower()} since "
             f"{fleet.unhealthy[v][1]:%H:%M} (resource health)"
@@ -240,6 +241,28 @@ def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
         ),
     ]
     return f" ({'; '.join(said)})" if said else ""
+
+
+def _patched(fleet: FleetView, busy: Iterable[str]) -> list[str]:
+    """Which patch runs count VMs of `busy`: "N by patch run CONFIGURATION/RUN" each. Only
+    the runs' keys carried on the fleet are looked at (few, made once per pass), so a check
+    costs nothing more when no run counts."""
+    if not fleet.patch_runs:
+        return []
+    busy = set(busy)
+    said = []
+    for key in fleet.patch_runs:
+        count = len(busy & fleet.impacted.get(key, frozenset()))
+        if count:
+            said.append(f"{count} by patch run {_run_name(key)}")
+    return said
+
+
+def _run_name(key: str) -> str:
+    """`CONFIGURATION/RUN` of a run's key (PATCH + its id, lower case), as its notices and
+    Decision records name it in `(patch:CONFIGURATION/RUN)`."""
+    config = key.partition("maintenanceconfigurations/")[2].partition("/")[0]
+    return f"{config or '?'}/{key[-14:]}"
 
 
 def cordoned_impact(vms: Iterable[VmView]) -> dict[str, frozenset[str]]:

@@ -394,6 +394,9 @@ class FleetView:
     unhealthy: Mapping[str, tuple[str, datetime]] = field(default_factory=dict)
     # ARM's acknowledge may carry an approval no live agent can (eventgrid.acknowledge).
     last_resort: bool = False
+    # The keys of `impacted` that are patch runs (PATCH + run id), made once per pass: a
+    # budget's explanation names the runs that fill a group without a scan of `impacted`.
+    patch_runs: tuple[str, ...] = ()
 
     def alive(self, vm_id: str, now: datetime) -> bool:
         vm = self.vms.get(vm_id)

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from bridge.commands.message import resources_digest
-from bridge.consumer.people.desk import Answer, OpenEvent
+from bridge.consumer.people.desk import Answer, OpenEvent, PatchAsk
 from bridge.consumer.people.operatorlog import OperatorAction
 from bridge.policy.model import Pause, Person
 
@@ -39,6 +39,26 @@ def open_event(event_id: str, *vms: str, ask: str | None = None) -> OpenEvent:
     return OpenEvent(**shown, **{k: v for k, v in besides.items() if k in names})
 
 
+def patch_ask(subject: str) -> PatchAsk:
+    """A patch run of 4 VMs over a budget of one, asked about until 5 minutes before its
+    cut-off."""
+    config = subject[len("(patch:") :].split("/", maxsplit=1)[0]
+    return PatchAsk(
+        subject=subject,
+        configuration=f"/subscriptions/s/resourceGroups/rg/providers/Microsoft.Maintenance/"
+        f"maintenanceConfigurations/{config}",
+        name=subject.rstrip(")").rpartition("/")[2],
+        vms=4,
+        start=NOW + timedelta(minutes=30),
+        end=NOW + timedelta(hours=3),
+        cutoff=NOW + timedelta(minutes=20),
+        target="ops",
+        deadline=NOW + timedelta(minutes=16),
+        on_deadline="run",
+        breaches=("budget one-at-a-time: 4 of 1 VMs of scale_set web",),
+    )
+
+
 @dataclass
 class RecordingDesk:
     events: dict[str, OpenEvent] = field(default_factory=dict)
@@ -48,6 +68,16 @@ class RecordingDesk:
     # Patch runs asked about, by `(patch:CONFIG/RUN)`, and the answers taken (issue 40).
     patch_asks: set[str] = field(default_factory=set)
     patch_answers: list[tuple[str, str, str, str]] = field(default_factory=list)
+    patch_shown: list[PatchAsk] = field(default_factory=list)  # what the page lists of them
+
+    def ask_patch(self, subject: str) -> None:
+        """Ask about the patch run `subject` (`(patch:CONFIG/RUN)`), as `patch_ask` shows it."""
+        self.patch_asks.add(subject)
+        self.patch_shown.append(patch_ask(subject))
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
+        with self.lock:
+            return [a for a in self.patch_shown if a.subject in self.patch_asks]
 
     def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> Answer:
         with self.lock:

@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, quote, urlsplit
 
 from bridge.consumer.people import page
 from bridge.consumer.people.auth import EntraVerifier, LocalOperator, Refused
-from bridge.consumer.people.desk import Answer, OpenEvent
+from bridge.consumer.people.desk import Answer, OpenEvent, PatchAsk
 from bridge.consumer.people.operatorlog import OperatorAction, OperatorKind
 from bridge.policy.model import Pause, Person
 from bridge.records import iso, parse_time, utc_now
@@ -82,6 +82,8 @@ class Desk(Protocol):
     def budget_use(self) -> dict[str, float]: ...
 
     def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> Answer: ...
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]: ...
 
 
 def header(asked: WSGIEnvironment, name: str) -> str:
@@ -281,6 +283,13 @@ class PeopleApp:
         if shown is not None:
             one = shown.group(1)
             routes[path] = (("GET",), lambda: self._page(self.sign_in.page(asked), None, 200, one))
+        run = re.fullmatch(r"/patchruns/([-\w._]{1,128})/(\d{14})", path)
+        if run is not None:
+            subject = f"(patch:{run.group(1)}/{run.group(2)})"
+            routes[path] = (
+                ("GET",),
+                lambda: self._page(self.sign_in.page(asked), None, 200, only_run=subject),
+            )
         found = re.fullmatch(r"/api/v1/events/([^/]{1,200})/(approve|hold)", path)
         if found is not None:
             routes[path] = (("POST",), lambda: self._api_action(asked, path, body, found))
@@ -295,13 +304,23 @@ class PeopleApp:
     # --- the page --------------------------------------------------------------------------
 
     def _page(
-        self, caller: Caller, answer: Answer | None, status: int, only: str | None = None
+        self,
+        caller: Caller,
+        answer: Answer | None,
+        status: int,
+        only: str | None = None,
+        *,
+        only_run: str | None = None,
     ) -> Reply:
         now = self.clock()
-        events = self.desk.open_events(now)
+        events = self.desk.open_events(now) if only_run is None else []
+        patch_asks = self.desk.patch_runs_asked(now) if only is None else []
         if only is not None:
             events = [e for e in events if e.event_id == only]
             status = status if events else 404
+        if only_run is not None:
+            patch_asks = [a for a in patch_asks if a.subject == only_run]
+            status = status if patch_asks else 404
         body = page.render(
             page.View(
                 person=caller.person,
@@ -313,6 +332,8 @@ class PeopleApp:
                 answer=answer,
                 now=now,
                 only=only,
+                patch_asks=tuple(patch_asks),
+                only_run=only_run,
             )
         )
         return _html(status, body)
@@ -336,6 +357,12 @@ class PeopleApp:
         if isinstance(self.sign_in, LocalSignIn):
             self.sign_in.decides(form)
         kind = form.get("action", "")
+        if kind in ("patch_run", "patch_cancel"):
+            said = kind.removeprefix("patch_")
+            answer = self.desk.answer_patch_run(
+                form.get("run", "")[:200], said, caller.person, form.get("reason", "")
+            )
+            return self._page(caller, answer, 200 if answer.accepted else 409)
         if kind == "override":
             form["override"], kind = "1", "approve"
         answer = self._act(caller.person, kind, form.get("event") or None, form)

@@ -58,6 +58,7 @@ REFUSALS = (
     "NotPaused",
     "NoSigningKey",
     "NotAsked",
+    "Advisory",
 )
 
 
@@ -104,6 +105,27 @@ class OpenEvent:
     asked: AskState | None  # the same, as values
     person: PersonDecision | None  # the last decision a person made about it
     pause: Pause | None  # the pause that stops its approval now
+    # A Spot rebalance recommendation (an Advisory): never approved; `reason` says what the
+    # policy's rebalance section did on it (drained, notified, nothing).
+    advisory: bool = False
+
+
+@dataclass(frozen=True)
+class PatchAsk:
+    """An Update Manager patch run a person is asked about (issue 40; the page lists it): run
+    it over the budget, or cancel it, until `deadline` (a margin before its cut-off)."""
+
+    subject: str  # `(patch:CONFIGURATION/RUN)`, as notices and Decision records name it
+    configuration: str  # the maintenance configuration's id
+    name: str  # the run's name, yyyyMMddHHmmss
+    vms: int  # the VMs it counts
+    start: datetime
+    end: datetime  # its window's end
+    cutoff: datetime | None  # Azure's cancellation cut-off
+    target: str  # who is asked
+    deadline: datetime | None  # until when the answer is taken
+    on_deadline: str  # what happens unanswered: run or cancel
+    breaches: tuple[str, ...]  # the budgets it would break, a sentence each
 
 
 @dataclass(frozen=True)
@@ -171,6 +193,10 @@ class ConsumerPort(Protocol[S]):
     def known_vms(self) -> Iterable[VmView]: ...
 
     def budget_use(self) -> dict[str, float]: ...
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
+        """The patch runs a person is asked about now, the soonest first."""
+        ...
 
     def answer_patch_run(self, run: str, said: str, by: Person, reason: str) -> tuple[str, str]:
         """A person's answer (`said`: run or cancel) to the ask about the patch run `run`
@@ -323,7 +349,13 @@ class PeopleDesk(Generic[S]):
             asked=ask,
             person=view.person,
             pause=verdict.pause or active_pause(fleet, view, now),
+            advisory=view.advisory,
         )
+
+    def patch_runs_asked(self, now: datetime) -> list[PatchAsk]:
+        """The patch runs a person is asked about now, as the page lists them."""
+        with self._lock:
+            return self.consumer.patch_runs_asked(now)
 
     def pauses(self, now: datetime) -> list[Pause]:
         """The pauses in force at `now`, fleet-wide first."""
@@ -410,6 +442,16 @@ def event_refusal(action: OperatorAction, seen: Situated | None, now: datetime) 
     if seen is None:
         return Answer(False, "NotOpen", f"no event {action.event_id} is known")
     view = seen.view
+    if view.advisory:
+        # The rebalance gate runs before a person's decision: an approve or a hold would be
+        # recorded and change nothing, so it is refused rather than accepted in vain.
+        return Answer(
+            False,
+            "Advisory",
+            f"{action.event_id} is a Spot rebalance recommendation, an advisory: it is never "
+            "approved or held; the policy's rebalance section decides what is done on it "
+            "(drain, notify)",
+        )
     if view.status != "Scheduled":
         return Answer(
             False,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 
-from bridge.consumer.people.desk import Answer, OpenEvent
+from bridge.consumer.people.desk import Answer, OpenEvent, PatchAsk
 from bridge.policy.model import Pause, Person
 from bridge.records import iso
 
@@ -37,6 +37,8 @@ class View:
     answer: Answer | None
     now: datetime
     only: str | None = None  # the one event asked for (a notice's link), else every open event
+    patch_asks: tuple[PatchAsk, ...] = ()  # the patch runs a person is asked about
+    only_run: str | None = None  # the one patch run asked for (`(patch:C/R)`, a notice's link)
 
 
 def render(view: View) -> str:
@@ -55,23 +57,35 @@ def render(view: View) -> str:
         )
         if view.answer.warning:
             parts.append(f'<p class="answer warning">Warning: {_e(view.answer.warning)}</p>')
+    if view.only_run is not None:
+        gone = "is not asked about now: it was answered, or its deadline passed and it was decided"
+        parts += _alone(f"Patch run {view.only_run}", gone, bool(view.patch_asks))
+        parts += [_patch_ask(a, view.csrf, view.local) for a in view.patch_asks]
+        parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
+        return _document("se-bridge approvals", "".join(parts))
     if view.only is not None:
-        parts.append(f"<h2>Event {_e(view.only)}</h2>")
-        if not view.events:
-            parts.append(
-                f'<p class="note">Event {_e(view.only)} is not open: it has started, '
-                "ended or was canceled.</p>"
-            )
-        parts.append('<p><a href="/">All open events</a></p>')
+        gone = "is not open: it has started, ended or was canceled"
+        parts += _alone(f"Event {view.only}", gone, bool(view.events))
     else:
         parts.append(f"<h2>Open events ({len(view.events)})</h2>")
         if not view.events:
             parts.append('<p class="note">No event is open.</p>')
     parts += [_event(e, view.csrf, view.local) for e in view.events]
+    if view.only is None and view.patch_asks:
+        parts.append(f"<h2>Patch runs asked about ({len(view.patch_asks)})</h2>")
+        parts += [_patch_ask(a, view.csrf, view.local) for a in view.patch_asks]
     parts += _budgets(view.budgets)
     parts += _pauses(view)
     parts.append(f'<p class="note">As of {_e(iso(view.now))}. Reload for what changed.</p>')
     return _document("se-bridge approvals", "".join(parts))
+
+
+def _alone(what: str, gone: str, shown: bool) -> list[str]:
+    """The heading of a page with one thing alone (a notice's link), and why it is not there."""
+    said = [f"<h2>{_e(what)}</h2>"]
+    if not shown:
+        said.append(f'<p class="note">{_e(what)} {_e(gone)}.</p>')
+    return [*said, '<p><a href="/">All open events</a></p>']
 
 
 def login(reason: str | None, then: str = "/") -> str:
@@ -139,7 +153,24 @@ def _budgets(budgets: dict[str, float]) -> list[str]:
     return [*parts, f"<table><tr><th>Budget</th><th>Holds</th></tr>{rows}</table>"]
 
 
+def _advisory(event: OpenEvent) -> str:
+    """A Spot rebalance recommendation: what it is and what the policy did, no forms (the
+    rebalance gate decides before any person's decision, and the desk refuses one)."""
+    why = "".join(f"<li>{_e(line)}</li>" for line in event.explanation)
+    return (
+        f'<section class="event advisory" id="event-{_e(event.event_id)}">'
+        f"<h3>Advisory: {_e(event.event_type)} {_e(event.event_id)}</h3>"
+        f"<p>VMs: {_e(', '.join(event.vms))}</p>"
+        "<p>A Spot rebalance recommendation: Azure may evict these VMs soon. It is an "
+        "advisory, never approved or held here; the policy's rebalance section acts on it.</p>"
+        f"<p>What the policy did: {_e(event.action)}: {_e(event.reason)}</p>"
+        f"<ul>{why}</ul></section>"
+    )
+
+
 def _event(event: OpenEvent, csrf: str, local: bool) -> str:
+    if event.advisory:
+        return _advisory(event)
     ident = {"event": event.event_id, "digest": event.resources_digest}
     not_before = iso(event.not_before) if event.not_before else "none given (it may start now)"
     ask = f"<p>Asked: {_e(event.ask)}</p>" if event.ask else ""
@@ -152,6 +183,27 @@ def _event(event: OpenEvent, csrf: str, local: bool) -> str:
         + _form(csrf, "approve", "Approve now", ident, reason=False, token=local)
         + _form(csrf, "override", "Approve over the budget", ident, token=local)
         + _form(csrf, "hold", "Hold until NotBefore", ident, reason=False, token=local)
+        + "</section>"
+    )
+
+
+def _patch_ask(ask: PatchAsk, csrf: str, local: bool) -> str:
+    """An Update Manager patch run that would break a budget: run it over the budget or
+    cancel it (through applyUpdates), until the ask's deadline before its cut-off."""
+    ident = {"run": ask.subject}
+    cutoff = iso(ask.cutoff) if ask.cutoff else "none given"
+    deadline = iso(ask.deadline) if ask.deadline else cutoff
+    broken = "".join(f"<li>{_e(line)}</li>" for line in ask.breaches)
+    return (
+        f'<section class="event patchrun" id="patchrun-{_e(ask.subject)}">'
+        f"<h3>Patch run {_e(ask.name)} of {_e(ask.configuration)}</h3>"
+        f"<p>{ask.vms} VMs, from {_e(iso(ask.start))} to {_e(iso(ask.end))}<br>"
+        f"Cut-off (Azure cancels nothing after it): {_e(cutoff)}<br>"
+        f"Asked: {_e(ask.target)}, until {_e(deadline)}; unanswered, it is "
+        f"{'cancelled' if ask.on_deadline == 'cancel' else 'let run'}</p>"
+        f"<p>It would break:</p><ul>{broken}</ul>"
+        + _form(csrf, "patch_run", "Let it run over the budget", ident, token=local)
+        + _form(csrf, "patch_cancel", "Cancel the run", ident, token=local)
         + "</section>"
     )
 

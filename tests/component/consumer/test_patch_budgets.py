@@ -48,6 +48,9 @@ def test_a_patch_runs_vms_hold_the_budget_from_its_start_to_its_post_event(
     assert rig.approved() == []  # the scale set's slot is the patch run's
     # web_0's own event aside, the run impacts the other three of the set.
     assert any("web has 3 of 4 VMs impacted" in line for line in rig.explain(E1))
+    # ... and says which run fills it, as the run's own Decision record does.
+    run = f"tuesday/{start:%Y%m%d%H%M%S}"
+    assert any(f"3 by patch run {run}" in line for line in rig.explain(E1)), rig.explain(E1)
     rig.fleet.advance(60)
     rig.intake.handle([eg.maintenance("post", start, rig.fleet.now)])
     rig.consumer.tick()

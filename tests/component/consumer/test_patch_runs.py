@@ -193,6 +193,21 @@ def test_a_run_over_a_budget_asks_until_two_margins_before_the_cut_off(tmp_path:
     assert r.records[-1]["OperatorReason"] == "one at a time"
 
 
+def test_the_open_asks_say_what_a_person_decides_on(tmp_path: Path) -> None:
+    r = rig(tmp_path, on_breach="ask", ask_target="ops", cancel=True, on_deadline="cancel")
+    assert r.runs.asks() == []
+    r.runs.take([pre()])
+    (ask,) = r.runs.asks()
+    assert ask.subject == "(patch:tuesday/20261208020000)"
+    assert (ask.configuration, ask.name, ask.vms) == (CONFIG, "20261208020000", 4)
+    assert (ask.start, ask.cutoff, ask.target) == (START, CUTOFF, "ops")
+    assert ask.deadline == datetime(2026, 12, 8, 1, 46, tzinfo=UTC)
+    assert ask.on_deadline == "cancel"
+    assert any("one-at-a-time" in line for line in ask.breaches), ask.breaches
+    r.runs.answer(ask.subject, "run", ADA, "the web tier can take it")
+    assert r.runs.asks() == []  # answered: nothing left to ask
+
+
 def test_a_person_cannot_answer_a_run_nobody_asked_about(tmp_path: Path) -> None:
     r = rig(tmp_path)
     assert r.runs.answer(RUN_ID, "cancel", ADA, "why not")[0] == "NotOpen"

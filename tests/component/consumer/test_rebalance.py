@@ -5,13 +5,29 @@ clears."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from bridge.commands.signing import Signer
 from bridge.config import ConsumerSettings
+from bridge.consumer import status
 from bridge.consumer.core import Consumer
 from bridge.consumer.documents import event_key
 from bridge.consumer.ledger import read_ledger
-from bridge.policy.model import REBALANCE_RULE, Action, Budget, Match, Policy, Rebalance, Rule
+from bridge.consumer.people import page
+from bridge.consumer.people.operatorlog import OperatorAction
+from bridge.policy.model import (
+    REBALANCE_RULE,
+    Action,
+    Budget,
+    Match,
+    Person,
+    Policy,
+    Rebalance,
+    Rule,
+)
 from tests.component.consumer.test_core import E1, E2, Rig
 from tests.component.consumer.test_people import Notices
 from tests.support.records import assert_valid
@@ -102,3 +118,41 @@ def test_rebalance_notify_tells_its_target_once(tmp_path: Path) -> None:
     rig.consumer.tick()
     assert [(n.kind, n.target, n.event_id) for n in told.told] == [("rebalance", "ops", E1)]
     assert told.told[0].event_type == "SpotRebalanceRecommendation"
+
+
+def test_people_see_a_recommendation_as_an_advisory_they_cannot_approve_or_hold(
+    tmp_path: Path,
+) -> None:
+    rig = nodes(tmp_path / "fleet.db", Rebalance(drain=True, notify="ops"))
+    alice = Person("oid-alice", "Alice")
+    rig.consumer = Consumer(rig.store, rig.sender, rig.consumer.policy, rig.decisions.extend,
+                            ConsumerSettings(), now=lambda: rig.fleet.now,
+                            signer=Signer(Ed25519PrivateKey.generate()))  # fmt: skip
+    rig.consumer.process([rig.fleet.advisory("n0", E1)])
+    now = rig.fleet.now
+    (shown,) = rig.consumer.desk.open_events(now)
+    assert shown.advisory
+    assert "drain not finished on n0" in shown.reason
+    # The page says what it is and what the policy did, and offers no approve or hold.
+    html = page.render(page.View(alice, False, "csrf", [shown], [], {}, None, now))
+    assert "advisory" in html
+    assert "never approved" in html
+    assert "drain not finished on n0" in html
+    assert 'value="approve"' not in html
+    assert 'value="hold"' not in html
+    assert 'value="override"' not in html
+    # An approve or a hold through the API (the desk) is refused, and says why.
+    for kind in ("approve", "hold"):
+        action = OperatorAction(kind, alice, "go", now, event_id=E1,
+                                resources_digest=shown.resources_digest)  # fmt: skip
+        answer = rig.consumer.desk.operate(action)
+        assert (answer.accepted, answer.code) == (False, "Advisory")
+        assert "never approved" in answer.detail
+    assert sent(rig) == [("Prepare", "n0", E1)]
+    # `status --consumer` lists it as an advisory, never as an ask.
+    report = status.assess("state", pauses=[], events=[shown], actions=[], forged=0, now=now,
+                           ask_age=timedelta(hours=1))  # fmt: skip
+    assert report.asks == []
+    assert [(a["event_id"], a["action"]) for a in report.advisories] == [(E1, "Defer")]
+    assert "advisories open (never approved): 1" in status.render(report)
+    assert "drain not finished on n0" in status.render(report)

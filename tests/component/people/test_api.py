@@ -21,6 +21,7 @@ from bridge.consumer.people import server as server_module
 from bridge.consumer.people.app import CSP, MAX_BODY
 from bridge.consumer.people.auth import read_token
 from bridge.consumer.people.server import PageError, PageServer, build_app
+from bridge.notify.notifier import event_link
 from tests.doubles.entra import AUDIENCE, Tenant, serving
 from tests.support.people import NOW, RecordingDesk, open_event
 
@@ -438,3 +439,57 @@ def test_a_person_answers_the_ask_about_a_patch_run_through_the_api(
     outsider = tenant.token(oid="oid-eve", name="Eve", roles=("SeBridge.Read",))
     assert api(entra, path, outsider, {"Reason": "x"}).status == 403
     assert api(entra, "/api/v1/patchruns/tuesday/20261208020000/skip", token, {}).status == 404
+
+
+def test_the_page_lists_the_patch_run_asks_and_takes_their_answers(
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
+) -> None:
+    subject = "(patch:tuesday/20261208020000)"
+    decider.ask_patch(subject)
+    dana = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
+    shown = call(entra, "GET", "/", headers=dana)
+    assert shown.status == 200
+    text = shown.text
+    assert "Patch runs asked about (1)" in text
+    assert "maintenanceConfigurations/tuesday" in text
+    assert "4 VMs" in text
+    assert "budget one-at-a-time: 4 of 1" in text
+    assert "2026-11-27T09:20:00.000Z" in text  # the cut-off
+    assert 'value="patch_run"' in text
+    assert 'value="patch_cancel"' in text
+    # A form with a forged CSRF token answers nothing, as for events.
+    fields = {"action": "patch_cancel", "run": subject, "reason": "one-at-a-time"}
+    assert form(entra, {**fields, "csrf": "1.0"}, dana).status == 403
+    assert decider.patch_answers == []
+    answered = form(entra, {**fields, "csrf": csrf_of(text)}, dana)
+    assert answered.status == 200, answered.text
+    assert "Accepted" in answered.text
+    assert decider.patch_answers == [(subject, "cancel", "oid-dana", "one-at-a-time")]
+    again = form(entra, {**fields, "csrf": csrf_of(text)}, dana)
+    assert again.status == 409
+    assert "NotAsked" in again.text
+
+
+def test_a_patch_runs_own_address_shows_its_ask_alone(
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
+) -> None:
+    """A patch run's notice links to `{page_url}/patchruns/{configuration}/{run}`."""
+    subject = "(patch:tuesday/20261208020000)"
+    decider.ask_patch(subject)
+    dana = {"X-MS-TOKEN-AAD-ID-TOKEN": tenant.token(oid="oid-dana", name="Dana")}
+    assert call(entra, "GET", "/patchruns/tuesday/20261208020000").status == 401
+    shown = call(entra, "GET", "/patchruns/tuesday/20261208020000", headers=dana)
+    assert shown.status == 200, shown.text
+    assert 'value="patch_cancel"' in shown.text
+    assert "event-ev-1" not in shown.text
+    gone = call(entra, "GET", "/patchruns/tuesday/20261201020000", headers=dana)
+    assert gone.status == 404
+    assert "is not asked about" in gone.text
+
+
+def test_a_patch_run_notice_links_to_its_ask() -> None:
+    link = event_link("https://se-bridge.example/", "(patch:tuesday/20261208020000)")
+    assert link == "https://se-bridge.example/patchruns/tuesday/20261208020000"
+    assert (
+        event_link("https://se-bridge.example", "ev-1") == "https://se-bridge.example/events/ev-1"
+    )

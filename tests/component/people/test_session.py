@@ -148,3 +148,19 @@ def test_the_one_time_login_code_is_in_no_info_line(
         assert str(where) in caplog.text
     finally:
         server.close()
+
+
+def test_a_session_cookie_alone_cannot_answer_a_patch_run(
+    page: PageServer, decider: RecordingDesk, tmp_path: Path
+) -> None:
+    subject = "(patch:tuesday/20261208020000)"
+    decider.ask_patch(subject)
+    stolen = signed_in(page)
+    shown = call(page, "GET", "/", headers=stolen)
+    fields = {"csrf": csrf_of(shown.text), "action": "patch_cancel", "run": subject,
+              "reason": "one at a time"}  # fmt: skip
+    assert form(page, fields, stolen).status == 403
+    assert decider.patch_answers == []
+    accepted = form(page, {**fields, "token": read_token(tmp_path)}, stolen)
+    assert accepted.status == 200, accepted.text
+    assert [a[1] for a in decider.patch_answers] == ["cancel"]

@@ -260,6 +260,10 @@ def _checked(value: object) -> tuple[dict[str, Any], None] | tuple[object, str]:
     if not isinstance(value, dict):
         return value, "is not a JSON object"
     record = schema.record_from_row(value) if schema.is_table_row(value) else value
+    problem = validation.problem(record)
+    if problem is None:
+        return record, None
+    # The schema requires every field: what lacks one is named with what most often left it out.
     missing = [f for f in schema.required_fields(record.get("RecordType")) if f not in record]
     if missing:
         return record, (
@@ -267,8 +271,7 @@ def _checked(value: object) -> tuple[dict[str, Any], None] | tuple[object, str]:
             "(an export of a query that keeps some columns, with project, leaves the rest out; "
             "docs/getting-started.md, step 3, exports them all)"
         )
-    problem = validation.problem(record)
-    return (record, None) if problem is None else (record, f"is refused: {problem}")
+    return record, f"is refused: {problem}"
 
 
 def _text(value: object) -> str | None:

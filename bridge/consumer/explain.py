@@ -24,7 +24,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -189,38 +189,93 @@ def read_records(path: Path) -> list[rt.Record]:
     return records
 
 
-def records_in(path: Path) -> list[rt.Record]:
-    """`read_records` of a file that may hold no Event record (a consumer's decisions)."""
+@dataclass(frozen=True)
+class SetAside:
+    """A record of a --records file left out, and why (a replay goes on without it, as the
+    live consumer sets a refused record aside: docs/policy.md#replaying-history)."""
+
+    path: Path
+    number: int  # the line of a JSONL file, the item of a JSON list
+    where: str  # "line" or "record"
+    record_id: str | None
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.where} {self.number} {self.reason}"
+
+
+def records_in(path: Path, aside: list[SetAside] | None = None) -> list[rt.Record]:
+    """`read_records` of a file that may hold no Event record (a consumer's decisions).
+
+    Without `aside`, a record that is not one (not JSON, lacking a field, refused) is a
+    ConfigError; with it, the record is added there (in file order) and the others are read.
+    """
+    left: list[SetAside] | None = None if aside is None else []
+    records = _records_in(path, left)
+    if aside is not None and left:
+        aside += sorted(left, key=lambda a: a.number)
+    return records
+
+
+def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
+    values: list[tuple[int, object]] = []
+    where = "record"
     try:
         parsed = json.loads(text)
-        values = parsed if isinstance(parsed, list) else [parsed]
+        values = list(enumerate(parsed if isinstance(parsed, list) else [parsed], 1))
     except ValueError:
-        try:
-            values = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError as err:
-            raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
+        where, values, bad = "line", [], None
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                values.append((number, json.loads(line)))
+            except ValueError as err:
+                if aside is None:
+                    raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
+                bad = bad or err
+                aside.append(SetAside(path, number, where, None, f"is not JSON: {err}"))
+        if bad is not None and not values:
+            raise ConfigError(f"--records {path} is neither JSON nor JSONL: {bad}") from bad
     records: list[rt.Record] = []
-    for number, value in enumerate(values, 1):
-        if not isinstance(value, dict):
-            raise ConfigError(f"--records {path}: record {number} is not a JSON object")
-        record = schema.record_from_row(value) if schema.is_table_row(value) else value
-        missing = [f for f in schema.required_fields(record.get("RecordType")) if f not in record]
-        if missing:
-            raise ConfigError(
-                f"--records {path}: record {number} lacks {', '.join(missing)}: explain and "
-                "replay need whole records, every column (an export of a query that keeps "
-                "some columns, with project, leaves the rest out; docs/getting-started.md, "
-                "step 3, exports them all)"
-            )
-        problem = validation.problem(record)
-        if problem is not None:
-            raise ConfigError(f"--records {path}: record {number} is refused: {problem}")
-        records.append(cast(rt.Record, record))  # the schema says it is one
+    for number, value in values:
+        record, reason = _checked(value)
+        if reason is None:
+            records.append(cast(rt.Record, record))  # the schema says it is one
+            continue
+        if aside is None:
+            raise ConfigError(f"--records {path}: {where} {number} {reason}")
+        record_id = record.get("RecordId") if isinstance(record, dict) else None
+        aside.append(SetAside(path, number, where, _text(record_id), reason))
     return records
+
+
+def _checked(value: object) -> tuple[dict[str, Any], None] | tuple[object, str]:
+    """The record `value` (a JSON value read) is (made one when it is a Log Analytics row),
+    or why it is not one the consumer folds in."""
+    if not isinstance(value, dict):
+        return value, "is not a JSON object"
+    record = schema.record_from_row(value) if schema.is_table_row(value) else value
+    problem = validation.problem(record)
+    if problem is None:
+        return record, None
+    # The schema requires every field: what lacks one is named with what most often left it out.
+    missing = [f for f in schema.required_fields(record.get("RecordType")) if f not in record]
+    if missing:
+        return record, (
+            f"lacks {', '.join(missing)}: explain and replay need whole records, every column "
+            "(an export of a query that keeps some columns, with project, leaves the rest out; "
+            "docs/getting-started.md, step 3, exports them all)"
+        )
+    return record, f"is refused: {problem}"
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def last_event(records: Sequence[rt.Record]) -> str:

@@ -23,7 +23,7 @@ from typing import Any
 from bridge import recordtypes as rt
 from bridge.config import ConfigError, given
 from bridge.consumer import armcarrier, wiring
-from bridge.consumer.explain import records_in
+from bridge.consumer.explain import SetAside, records_in
 from bridge.consumer.replay import Decided, EventReplay, Replay, replay
 from bridge.policy.model import Policy
 from bridge.records import is_event, iso
@@ -35,7 +35,8 @@ def run_replay(args: argparse.Namespace) -> int:
     try:
         config = wiring.load_config(args.config, flags=given(args, "consumer.policy"))
         policy = wiring.load_policy(config.consumer.policy)
-        history = read_history(args.records)
+        aside: list[SetAside] = []
+        history = read_history(args.records, aside)
     except ConfigError as err:
         print(f"se-bridge: {err}", file=sys.stderr)
         return BAD_INPUT
@@ -46,20 +47,23 @@ def run_replay(args: argparse.Namespace) -> int:
         last_resort=armcarrier.wanted(config),  # ARM's acknowledge, as the live one
         read_lag=timedelta(seconds=args.read_lag),
     )
-    shown = (render_json if args.json else render)(done, policy, every=args.all)
+    shown = (render_json if args.json else render)(done, policy, every=args.all, aside=aside)
     print(shown)
     return DIFFERED if done.differing else SAME
 
 
-def read_history(paths: Sequence[Path]) -> list[rt.Record]:
+def read_history(paths: Sequence[Path], aside: list[SetAside]) -> list[rt.Record]:
     """The records of every file (`policy explain`'s reading of each); ConfigError when none
-    holds an Event record."""
-    records = [r for path in paths for r in records_in(path)]
+    holds an Event record. A record the consumer would refuse goes to `aside`, as the live
+    consumer sets it aside, and the others are replayed: one record never stops the rest."""
+    records = [r for path in paths for r in records_in(path, aside)]
     if not any(is_event(r) for r in records):
         named = ", ".join(str(p) for p in paths)
+        refused = f" ({_count(len(aside), 'record')} set aside: {aside[0]})" if aside else ""
         raise ConfigError(
             f"--records {named}: no Event record: a replay needs the agents' records "
-            "(an export of SeBridgeRecords_CL, or their jsonl sinks), not only Decision records"
+            "(an export of SeBridgeRecords_CL, or their jsonl sinks), not only Decision "
+            f"records{refused}"
         )
     return records
 
@@ -67,10 +71,16 @@ def read_history(paths: Sequence[Path]) -> list[rt.Record]:
 # --- the table -------------------------------------------------------------------------------
 
 
-def render(done: Replay, policy: Policy, *, every: bool = False) -> str:
-    """The replay as a person reads it: what was replayed, a line per event that differs with
-    each side's decisions and their budgets, the marked ones, and a table per rule."""
+def render(
+    done: Replay, policy: Policy, *, every: bool = False, aside: Sequence[SetAside] = ()
+) -> str:
+    """The replay as a person reads it: what was replayed, the records set aside and why, a
+    line per event that differs with each side's decisions and their budgets, the marked
+    ones, and a table per rule."""
     lines = _header(done, policy)
+    if aside:
+        lines.append(f"\n{_count(len(aside), 'record')} set aside (not replayed):")
+        lines += [f"  {a}" for a in aside]
     differing, marked = done.differing, done.marked
     if differing:
         lines.append(f"\n{_count(len(differing), 'event')} would have been decided differently:")
@@ -177,13 +187,24 @@ def _when(moment: datetime | None) -> str:
 # --- JSON ------------------------------------------------------------------------------------
 
 
-def render_json(done: Replay, policy: Policy, *, every: bool = False) -> str:
+def render_json(
+    done: Replay, policy: Policy, *, every: bool = False, aside: Sequence[SetAside] = ()
+) -> str:
     """One object: what was replayed, every event that differs (counted or marked; with
     `every`, all of them), the rules' tallies. Field names are the records' where they say
     the same."""
     return json.dumps(
         {
             "Records": done.records,
+            "SetAside": [
+                {
+                    "File": str(a.path),
+                    "Where": f"{a.where} {a.number}",
+                    "RecordId": a.record_id,
+                    "Reason": a.reason,
+                }
+                for a in aside
+            ],
             "From": _when(done.first) if done.first else None,
             "To": _when(done.last) if done.last else None,
             "PolicySource": policy.source,

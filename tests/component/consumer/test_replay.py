@@ -196,12 +196,15 @@ def test_a_log_analytics_export_replays_as_the_records_do(tmp_path: Path) -> Non
 # --- se-bridge policy replay -------------------------------------------------------------------
 
 
-def run_replay(tmp_path: Path, budget: int, *argv: str) -> int:
+def run_replay(tmp_path: Path, budget: int, *argv: str, poison: Sequence[str] = ()) -> int:
     """`se-bridge policy replay` through the command line's parser, in this process, over
-    a_week_day's history as the agents' and the consumer's jsonl sinks hold it."""
+    a_week_day's history as the agents' and the consumer's jsonl sinks hold it (with the
+    lines of `poison` among the agents' after their first record)."""
     live = a_week_day()
     agents, decisions = tmp_path / "agents.jsonl", tmp_path / "decisions.jsonl"
-    agents.write_text("".join(json.dumps(r) + "\n" for r in live.agents), "utf-8")
+    lines = [json.dumps(r) + "\n" for r in live.agents]
+    lines[1:1] = [line + "\n" for line in poison]
+    agents.write_text("".join(lines), "utf-8")
     decisions.write_text("".join(json.dumps(r) + "\n" for r in live.decisions), "utf-8")
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text(POLICY % budget, "utf-8")
@@ -262,3 +265,38 @@ def test_decisions_alone_are_refused_naming_what_a_replay_needs(
     assert args.func(args) == 2
     said = capsys.readouterr().err
     assert "no Event record: a replay needs the agents' records" in said
+
+
+def poison() -> tuple[str, ...]:
+    """A record the consumer refuses (a heartbeat of the history whose PendingEvents, a
+    count, says "many"), a line that is not JSON, and a JSON value that is not a record."""
+    heartbeat = next(r for r in a_week_day().agents if r["RecordType"] == "Heartbeat")
+    refused = {**heartbeat, "RecordId": "bad-1", "PendingEvents": "many"}
+    return json.dumps(refused), '{"RecordType": "Heartbeat", "VmId": ', "[1, 2]"
+
+
+def test_refused_records_are_set_aside_and_the_replay_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_replay(tmp_path, 2, poison=poison())
+    said = capsys.readouterr().out
+    assert code == 1, said  # the decisions still differ, as without the poison
+    assert "1 event would have been decided differently:" in said
+    assert "3 records set aside (not replayed):" in said
+    assert "agents.jsonl: line 2 is refused: PendingEvents" in said
+    assert "agents.jsonl: line 3 is not JSON" in said
+    assert "agents.jsonl: line 4 is not a JSON object" in said
+
+
+def test_the_same_policy_still_exits_0_with_records_set_aside_and_json_lists_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = run_replay(tmp_path, 1, "--json", poison=poison())
+    said = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert (said["Events"], said["Differing"], said["Same"]) == (3, 0, 3)
+    aside = said["SetAside"]
+    assert [a["Where"] for a in aside] == ["line 2", "line 3", "line 4"]
+    assert {a["File"] for a in aside} == {str(tmp_path / "agents.jsonl")}
+    assert aside[0]["RecordId"] == "bad-1"
+    assert aside[0]["Reason"].startswith("is refused: PendingEvents")

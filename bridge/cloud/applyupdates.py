@@ -36,31 +36,18 @@ started); 401 and 403 are PermanentErrors naming the role to grant. Tokens are n
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import requests
-
-from bridge.cloud.armack import (
-    ATTEMPTS,
-    ENDPOINT,
-    MAX_BODY,
-    MAX_WAIT,
-    SCOPE,
-    TIMEOUT,
-    answer_of,
-    said_of,
-)
-from bridge.retry import Backoff, PermanentError, RetryableError, ThrottledError, parse_retry_after
+from bridge.cloud.armack import ATTEMPTS, ENDPOINT, ArmCaller
+from bridge.retry import Backoff, PermanentError
 
 if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
 
-log = logging.getLogger(__name__)
 
 API_VERSION = "2023-10-01-preview"
 ROLE = "se-bridge patch run canceller (infra/, patchRunCancel)"
@@ -80,7 +67,7 @@ class Cancelled:
     said: str  # ARM's status ("Cancelled"), or its error
 
 
-class ArmCancel:
+class ArmCancel(ArmCaller):
     """Cancels patch runs on one ARM endpoint, as one identity."""
 
     def __init__(
@@ -93,17 +80,8 @@ class ArmCancel:
         backoff: Backoff | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self._credential = credential
-        self.endpoint = endpoint.rstrip("/")
+        super().__init__(credential, endpoint, attempts=attempts, backoff=backoff, sleep=sleep)
         self.api_version = api_version
-        self._attempts = attempts
-        self._backoff = backoff or Backoff(initial=0.5, maximum=MAX_WAIT)
-        self._sleep = sleep
-        self._session = requests.Session()
-        self.throttled = 0  # 429s answered so far (the metrics)
-
-    def close(self) -> None:
-        self._session.close()
 
     def cancel(self, configuration_id: str, run: str) -> Cancelled:
         """Cancel the run `run` (yyyyMMddHHmmss) of the maintenance configuration."""
@@ -114,42 +92,11 @@ class ArmCancel:
         url = (
             f"{self.endpoint}{configuration_id}/providers/Microsoft.Maintenance/applyUpdates/{run}"
         )
-        self._backoff.reset()
-        for attempt in range(1, self._attempts + 1):
-            try:
-                return self._put(url)
-            except RetryableError as err:
-                if attempt == self._attempts:
-                    raise
-                wait = self._backoff.delay_for(err)
-                log.debug("ARM's cancel of run %s: %s; trying again in %.1f s", run, err, wait)
-                self._sleep(wait)
-        raise AssertionError("unreachable")  # pragma: no cover
+        return self.retried(f"cancel of run {run}", lambda: self._put(url))
 
     def _put(self, url: str) -> Cancelled:
-        token = self._credential.get_token(SCOPE).token
-        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
-        try:
-            response = self._session.put(
-                url,
-                params={"api-version": self.api_version},
-                json={"properties": {"status": "Cancel"}},
-                headers=headers,
-                timeout=TIMEOUT,
-                stream=True,
-            )
-            with response:
-                text = response.raw.read(MAX_BODY + 1, decode_content=True)
-        except requests.RequestException as err:
-            raise RetryableError(f"ARM did not answer: {type(err).__name__}") from None
-        status = response.status_code
-        answer = answer_of(text)
-        said = said_of(status, answer)
-        if status == 429:
-            self.throttled += 1
-            raise ThrottledError(said, parse_retry_after(response.headers.get("Retry-After")))
-        if status >= 500:
-            raise RetryableError(said)
+        body = {"properties": {"status": "Cancel"}}
+        status, answer, said = self.send("PUT", url, body, api_version=self.api_version)
         if status in (200, 201):
             return Cancelled(True, _status(answer) or "Cancelled")
         if status in (404, 409):

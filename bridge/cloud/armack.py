@@ -46,7 +46,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import requests
 
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from azure.core.credentials import TokenCredential
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 API_VERSION = "2025-10-01-preview"
 ENDPOINT = "https://management.azure.com"
@@ -83,8 +84,11 @@ class Acknowledged:
     refused: dict[str, str] = field(default_factory=dict)
 
 
-class ArmAcknowledge:
-    """Acknowledges scheduled events on one ARM endpoint, as one identity."""
+class ArmCaller:
+    """Calls to one ARM endpoint as one identity: a token per call, an answer read at most
+    MAX_BODY far, and a 429 (its Retry-After, capped) or a 5xx tried again with the one
+    jittered backoff (bridge.retry). The actions (acknowledge here, a patch run's cancel in
+    bridge.cloud.applyupdates) say what each other status means."""
 
     def __init__(
         self,
@@ -106,38 +110,32 @@ class ArmAcknowledge:
     def close(self) -> None:
         self._session.close()
 
-    def acknowledge(self, resource_id: str, event_ids: Sequence[str]) -> Acknowledged:
-        """Approve `event_ids` (GUIDs) of the compute resource `resource_id`; one id takes the
-        single form, several the list form."""
-        if not _COMPUTE.fullmatch(resource_id):
-            raise PermanentError(f"{resource_id!r} is not a VM, scale set or availability set id")
-        ids = list(dict.fromkeys(event_ids))
-        if not 1 <= len(ids) <= MAX_IDS or not all(_GUID.fullmatch(e) for e in ids):
-            raise PermanentError(f"ARM acknowledges 1 to {MAX_IDS} event GUIDs at once: {ids!r}")
-        base = f"{self.endpoint}{resource_id}/providers/Microsoft.Maintenance/scheduledevents"
-        if len(ids) == 1:
-            url, body = f"{base}/{ids[0]}/acknowledge", None
-        else:
-            url, body = base, {"value": ids}
+    def retried(self, what: str, call: Callable[[], _T]) -> _T:
+        """`call`'s answer, tried up to `attempts` times while it raises RetryableError."""
         self._backoff.reset()
         for attempt in range(1, self._attempts + 1):
             try:
-                return self._post(url, body, ids)
+                return call()
             except RetryableError as err:
                 if attempt == self._attempts:
                     raise
                 wait = self._backoff.delay_for(err)
-                log.debug("ARM's acknowledge of %s: %s; trying again in %.1f s", ids, err, wait)
+                log.debug("ARM's %s: %s; trying again in %.1f s", what, err, wait)
                 self._sleep(wait)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _post(self, url: str, body: dict[str, Any] | None, ids: list[str]) -> Acknowledged:
+    def send(
+        self, method: str, url: str, body: dict[str, Any] | None, *, api_version: str
+    ) -> tuple[int, Any, str]:
+        """ARM's status, its decoded answer (None when not JSON) and its words for them
+        (`said_of`); ThrottledError on a 429, RetryableError on a 5xx or no answer."""
         token = self._credential.get_token(SCOPE).token
         headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
         try:
-            response = self._session.post(
+            response = self._session.request(
+                method,
                 url,
-                params={"api-version": API_VERSION},
+                params={"api-version": api_version},
                 json=body,
                 headers=headers,
                 timeout=TIMEOUT,
@@ -155,6 +153,29 @@ class ArmAcknowledge:
             raise ThrottledError(said, parse_retry_after(response.headers.get("Retry-After")))
         if status >= 500:
             raise RetryableError(said)
+        return status, answer, said
+
+
+class ArmAcknowledge(ArmCaller):
+    """Acknowledges scheduled events on one ARM endpoint, as one identity."""
+
+    def acknowledge(self, resource_id: str, event_ids: Sequence[str]) -> Acknowledged:
+        """Approve `event_ids` (GUIDs) of the compute resource `resource_id`; one id takes the
+        single form, several the list form."""
+        if not _COMPUTE.fullmatch(resource_id):
+            raise PermanentError(f"{resource_id!r} is not a VM, scale set or availability set id")
+        ids = list(dict.fromkeys(event_ids))
+        if not 1 <= len(ids) <= MAX_IDS or not all(_GUID.fullmatch(e) for e in ids):
+            raise PermanentError(f"ARM acknowledges 1 to {MAX_IDS} event GUIDs at once: {ids!r}")
+        base = f"{self.endpoint}{resource_id}/providers/Microsoft.Maintenance/scheduledevents"
+        if len(ids) == 1:
+            url, body = f"{base}/{ids[0]}/acknowledge", None
+        else:
+            url, body = base, {"value": ids}
+        return self.retried(f"acknowledge of {ids}", lambda: self._post(url, body, ids))
+
+    def _post(self, url: str, body: dict[str, Any] | None, ids: list[str]) -> Acknowledged:
+        status, answer, said = self.send("POST", url, body, api_version=API_VERSION)
         if status == 200:
             return Acknowledged(tuple(ids))
         if status == 207:

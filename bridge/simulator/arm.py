@@ -259,19 +259,9 @@ class ArmServer:
         match = single or many
         if match is None:
             return _error(404, "NotFound", "The requested resource was not found."), ()
-        if request.method != "POST":
-            return _error(
-                405, "MethodNotAllowed", f"The method {request.method} is not allowed."
-            ), ()
-        versions = list(request.query.get("api-version", []))
-        if versions != [API_VERSION]:
-            return _error(
-                400,
-                "InvalidApiVersionParameter",
-                f"The api-version '{','.join(versions)}' is invalid.",
-            ), ()
-        if self._tokens.check(request.headers, self.accept_token) is not Bearer.ACCEPTED:
-            return _error(401, "InvalidAuthenticationToken", "The access token is invalid."), ()
+        refused = self._refused(request, "POST", API_VERSION)
+        if refused is not None:
+            return refused, ()
         scope = match.group("scope").lower()
         if single is not None:
             event_id = single.group("id")
@@ -298,9 +288,22 @@ class ArmServer:
         error = {"code": "MultiStatusResponse", "message": message, "details": details}
         return _reply(207, {"error": error}), tuple(ids)
 
-    def _cancel(  # noqa: PLR0911 - one answer per check, in ARM's order
-        self, request: Request, run: re.Match[str]
-    ) -> tuple[Reply, tuple[str, ...]]:
+    def _refused(self, request: Request, method: str, api_version: str) -> Reply | None:
+        """ARM's answer to a call with the wrong method, api-version or token; None when right."""
+        if request.method != method:
+            return _error(405, "MethodNotAllowed", f"The method {request.method} is not allowed.")
+        versions = list(request.query.get("api-version", []))
+        if versions != [api_version]:
+            return _error(
+                400,
+                "InvalidApiVersionParameter",
+                f"The api-version '{','.join(versions)}' is invalid.",
+            )
+        if self._tokens.check(request.headers, self.accept_token) is not Bearer.ACCEPTED:
+            return _error(401, "InvalidAuthenticationToken", "The access token is invalid.")
+        return None
+
+    def _cancel(self, request: Request, run: re.Match[str]) -> tuple[Reply, tuple[str, ...]]:
         """A patch run's applyUpdates PUT (its checks in ARM's order, as `_answer`'s)."""
         with self._lock:
             scripted = self._script.popleft() if self._script else None
@@ -310,19 +313,9 @@ class ArmServer:
             code = "TooManyRequests" if status == 429 else "InternalServerError"
             return _error(status, code, "The request is being throttled.", *extra), ()
         name = run.group("run")
-        if request.method != "PUT":
-            return _error(
-                405, "MethodNotAllowed", f"The method {request.method} is not allowed."
-            ), ()
-        versions = list(request.query.get("api-version", []))
-        if versions != [CANCEL_API_VERSION]:
-            return _error(
-                400,
-                "InvalidApiVersionParameter",
-                f"The api-version '{','.join(versions)}' is invalid.",
-            ), ()
-        if self._tokens.check(request.headers, self.accept_token) is not Bearer.ACCEPTED:
-            return _error(401, "InvalidAuthenticationToken", "The access token is invalid."), ()
+        refused = self._refused(request, "PUT", CANCEL_API_VERSION)
+        if refused is not None:
+            return refused, ()
         try:
             wanted: object = json.loads(request.body)["properties"]["status"]
         except (ValueError, KeyError, TypeError):

@@ -61,7 +61,10 @@ DELETE = "DELETE FROM docs WHERE collection = ? AND key = ? AND etag = ?"
 READ = "SELECT etag, value FROM docs WHERE collection = ? AND key = ?"
 ETAG = "SELECT etag FROM docs WHERE collection = ? AND key = ?"
 SCAN = "SELECT key, etag, value FROM docs WHERE collection = ? ORDER BY key"
-CHANGES = "SELECT key, etag, value FROM docs WHERE collection = ? AND rev > ? ORDER BY key"
+# No ORDER BY: asked for key order, SQLite walks the whole collection by its primary key
+# (at 100,000 VM documents half of the consumer's CPU in the freeze wave) instead of taking
+# the few changed rows from docs_rev; they are sorted after.
+CHANGES = "SELECT key, etag, value FROM docs WHERE collection = ? AND rev > ?"
 # SQLite's default limit on host parameters is 999 in old builds; two go to the collection.
 READ_MANY_CHUNK = 900
 
@@ -202,7 +205,7 @@ class SqliteStore:
         if since is None:
             rows = self._run(lambda c: c.execute(SCAN, (collection,)).fetchall())
         else:
-            rows = self._run(lambda c: c.execute(CHANGES, (collection, since)).fetchall())
+            rows = sorted(self._run(lambda c: c.execute(CHANGES, (collection, since)).fetchall()))
         seen = known or {}
         # A document at an ETag the caller knows is the value it already has: not decoded.
         return [

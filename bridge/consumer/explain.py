@@ -37,7 +37,7 @@ from bridge.consumer import armcarrier, validation, wiring
 from bridge.consumer import documents as fs
 from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer, Explained
-from bridge.consumer.replay import History, Replayer
+from bridge.consumer.replay import History, Replayer, collector_off
 from bridge.consumer.state.memory import MemoryStore
 from bridge.policy.model import EventView, Policy
 from bridge.records import RecordView, is_decision, is_event, iso, parse_time, utc_now
@@ -211,7 +211,8 @@ def records_in(path: Path, aside: list[SetAside] | None = None) -> list[rt.Recor
     ConfigError; with it, the record is added there (in file order) and the others are read.
     """
     left: list[SetAside] | None = None if aside is None else []
-    records = _records_in(path, left)
+    with collector_off():  # a file of a million records: see collector_off
+        records = _records_in(path, left)
     if aside is not None and left:
         aside += sorted(left, key=lambda a: a.number)
     return records

@@ -179,7 +179,7 @@ class History:
                 said.setdefault((str(record["RecordId"]), iso(at)), record)
             else:
                 timed.append((at, n, record))
-        timed.sort(key=lambda item: (item[0], item[1]))
+        timed.sort()  # by time, then file order: no two share `n`, no record is compared
         modes = {str(d.get("DecisionMode") or "normal") for d in said.values()}
         mode = "normal" if "normal" in modes else next(iter(modes), None)
         decisions = sorted(

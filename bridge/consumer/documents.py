@@ -267,15 +267,14 @@ def event_key(event_id: str) -> str:
 
 # --- VMs -------------------------------------------------------------------------------
 
-_IDENTITY_ITEMS = tuple(_IDENTITY.items())
-
-
 # Record fields whose values are whole numbers; every other field folded here is text (or a
 # list of text, Resources). A record is outside input: a field of another type is taken as
 # absent rather than stored, where it would break the policy and the budgets later.
 _WHOLE_FIELDS = frozenset(
     {"PlatformFaultDomain", "PlatformUpdateDomain", "DurationInSeconds", "DocumentIncarnation"}
 )
+# The identity fields, each with whether it is a whole number (else text): looked up once.
+_IDENTITY_ITEMS = tuple((key, field, field in _WHOLE_FIELDS) for key, field in _IDENTITY.items())
 
 
 def field_of(record: RecordView, name: str) -> Any:
@@ -310,9 +309,13 @@ def merge_vm(
     if partition is not None:
         value["partition"] = partition
     fields = cast(dict[str, Any], value)
-    for key, field in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
+    for key, field, whole in _IDENTITY_ITEMS:  # field_of inlined: this runs for every record
         given = record.get(field)
-        if isinstance(given, str) if field not in _WHOLE_FIELDS else _whole(given):
+        if (
+            (isinstance(given, int) and not isinstance(given, bool))
+            if whole
+            else isinstance(given, str)
+        ):
             fields[key] = given
     _merge_resource_id(fields, record)
     heartbeat, tags = record.get(RECORD_TYPE) == "Heartbeat", record.get("Tags")

@@ -31,6 +31,7 @@ history never ran.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -178,7 +179,7 @@ class History:
                 said.setdefault((str(record["RecordId"]), iso(at)), record)
             else:
                 timed.append((at, n, record))
-        timed.sort(key=lambda item: (item[0], item[1]))
+        timed.sort()  # by time, then file order: no two share `n`, no record is compared
         modes = {str(d.get("DecisionMode") or "normal") for d in said.values()}
         mode = "normal" if "normal" in modes else next(iter(modes), None)
         decisions = sorted(
@@ -403,6 +404,23 @@ def _quiet() -> Iterator[None]:
         chatty.setLevel(level)
 
 
+@contextmanager
+def collector_off() -> Iterator[None]:
+    """Python's cycle collector paused while a history is read or replayed, and resumed after
+    (one paused before stays paused). A replay makes few cycles (about 19,000 objects of them
+    for 100,000 records, freed once the collector runs again), but each of the collector's
+    passes walks the records held in memory, a million for a large history, again and again:
+    a quarter of the time of reading a history and of replaying it (issue 40,
+    docs/benchmarks.md, 13)."""
+    running = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if running:
+            gc.enable()
+
+
 # --- the replay -------------------------------------------------------------------------------
 
 
@@ -416,6 +434,18 @@ def replay(
 ) -> Replay:
     """`records` (a history: agents' records and the consumer's Decision records, in any
     order) through `policy`, and what would have differed from what was decided."""
+    with collector_off():
+        return _replay(records, policy, settings, last_resort=last_resort, read_lag=read_lag)
+
+
+def _replay(
+    records: Iterable[RecordView],
+    policy: Policy,
+    settings: ConsumerSettings,
+    *,
+    last_resort: bool,
+    read_lag: timedelta,
+) -> Replay:
     history = History.of(records)
     times = [_time(r) for r in (*history.agents[:1], *history.agents[-1:])]
     times += [_time(d) for d in history.decisions[:1]] + [_time(d) for d in history.decisions[-1:]]

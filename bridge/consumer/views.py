@@ -319,13 +319,9 @@ class FleetCache:
     def _take(self, docs: Iterable[Doc]) -> None:
         for doc in docs:
             view, before = fs.vm_view(doc.key, fs.vm_document(doc)), self._vms.get(doc.key)
-            if before is None or (scope_of(before), before.name, before.last_seen is None) != (
-                scope_of(view),
-                view.name,
-                view.last_seen is None,
-            ):
+            if before is None or _renamed(before, view):
                 self._index = None  # the same unless a name, its scope or a stop changed
-            if before is None or _placement(before) != _placement(view):
+            if before is None or _moved(before, view):
                 self._groups = {}  # a heartbeat moves no VM: the groups stay
             self._vms[doc.key] = view
             self._docs[doc.key] = doc
@@ -395,19 +391,45 @@ class FleetCache:
         self._disputes = said
 
 
-def _placement(vm: VmView) -> tuple[object, ...]:
-    """What puts a VM in its budget groups (policy.model.group_key)."""
-    return (
-        vm.subscription_id,
-        vm.resource_group,
-        vm.scale_set,
-        vm.location,
-        vm.zone,
-        vm.fault_domain,
-        vm.update_domain,
-        tuple(sorted(vm.tags.items())),
-        vm.node_pool,
+def _renamed(before: VmView, view: VmView) -> bool:
+    """Whether what the name index holds of a VM changed: its name, its scope, a stop."""
+    if (before.name, before.subscription_id, before.resource_group, before.scale_set) == (
+        view.name,
+        view.subscription_id,
+        view.resource_group,
+        view.scale_set,
+    ):  # the fields the scope is made of, as they are: the same scope (every heartbeat)
+        return (before.last_seen is None) != (view.last_seen is None)
+    return (scope_of(before), before.name, before.last_seen is None) != (
+        scope_of(view),
+        view.name,
+        view.last_seen is None,
     )
+
+
+def _moved(before: VmView, view: VmView) -> bool:
+    """Whether a VM moved between budget groups: what puts it in them differs
+    (policy.model.group_key). Its tags compared as dicts: the same as their sorted items,
+    without sorting them at every heartbeat."""
+    return (
+        before.subscription_id,
+        before.resource_group,
+        before.scale_set,
+        before.location,
+        before.zone,
+        before.fault_domain,
+        before.update_domain,
+        before.node_pool,
+    ) != (
+        view.subscription_id,
+        view.resource_group,
+        view.scale_set,
+        view.location,
+        view.zone,
+        view.fault_domain,
+        view.update_domain,
+        view.node_pool,
+    ) or before.tags != view.tags
 
 
 NameIndex = tuple[fs.Names, dict[str, list[str]]]

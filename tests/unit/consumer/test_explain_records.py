@@ -4,12 +4,13 @@ jsonl, or the rows a Log Analytics query exported with az; and says what a recor
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from bridge.config import ConfigError
-from bridge.consumer.explain import read_records
+from bridge.consumer.explain import _json_line, read_records
 from tests.support.laexport import az_rows, every_column
 from tests.support.records import ORIGIN, T0, common_fields, event_record
 
@@ -54,3 +55,18 @@ def test_a_few_columns_are_refused_naming_what_is_missing(tmp_path: Path) -> Non
     assert "TimeGenerated" not in said.split("lacks", 1)[1]
     assert "every column" in said
     assert "is not a record" not in said
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['{"a": 1}', '{"a": 1}  ', '  {"a": 1}', "\ufeff{}", '{"a": 1} {"b": 2}', '{"a": 1},',
+     '{"a": ', "[1, 2]", '"text"', "12", "nul", '{"a": "\\ud800"}', '{"a": NaN}'],
+)  # fmt: skip
+def test_a_line_reads_as_json_loads_reads_it(line: str) -> None:
+    try:
+        expected: object = json.loads(line)
+    except ValueError as err:
+        with pytest.raises(type(err), match=re.escape(str(err))):
+            _json_line(line)
+    else:
+        assert repr(_json_line(line)) == repr(expected)

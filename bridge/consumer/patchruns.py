@@ -232,28 +232,7 @@ class PatchRuns:
 
     def asks(self) -> list[PatchAsk]:
         """The runs a person is asked about and has not answered, the soonest first."""
-        asked = []
-        for doc in self.store.scan(PATCHRUN):
-            value = doc.value
-            if not value.get("run_id") or value.get("decided") != "Ask" or value.get("answer"):
-                continue
-            run = _view(value)
-            asked.append(
-                PatchAsk(
-                    subject=subject(run),
-                    configuration=run.configuration,
-                    name=str(value.get("name") or run.run_id[-14:]),
-                    vms=int(value.get("vms") or 0),
-                    start=run.start,
-                    end=run.end,
-                    cutoff=run.cutoff,
-                    target=self.rule.ask_target or "",
-                    deadline=parse_time(value.get("deadline")),
-                    on_deadline=self.rule.on_deadline,
-                    breaches=tuple(str(b) for b in value.get("breaches") or ()),
-                )
-            )
-        return sorted(asked, key=lambda a: (a.start, a.subject))
+        return asks_in(self.store, self.rule)
 
     def tick(self) -> None:
         """Decide again the runs still open to a decision (an ask's deadline, a cancel that
@@ -511,6 +490,33 @@ class PatchRuns:
             "PauseUntil": None,
         }
         self.parts.emit([record])
+
+
+def asks_in(store: Store, rule: PatchRule) -> list[PatchAsk]:
+    """The runs of `store` a person is asked about and has not answered, the soonest first:
+    what the approval page and `se-bridge status --consumer` list (read only)."""
+    asked = []
+    for doc in store.scan(PATCHRUN):
+        value = doc.value
+        if not value.get("run_id") or value.get("decided") != "Ask" or value.get("answer"):
+            continue
+        run = _view(value)
+        asked.append(
+            PatchAsk(
+                subject=subject(run),
+                configuration=run.configuration,
+                name=str(value.get("name") or run.run_id[-14:]),
+                vms=int(value.get("vms") or 0),
+                start=run.start,
+                end=run.end,
+                cutoff=run.cutoff,
+                target=rule.ask_target or "",
+                deadline=parse_time(value.get("deadline")),
+                on_deadline=rule.on_deadline,
+                breaches=tuple(str(b) for b in value.get("breaches") or ()),
+            )
+        )
+    return sorted(asked, key=lambda a: (a.start, a.subject))
 
 
 def _counted(run: RunView, index: Mapping[str, frozenset[str]]) -> frozenset[str]:

@@ -40,8 +40,8 @@ from bridge.consumer.state import Conflict, Store, update
 from bridge.consumer.state.layout import PATCHRUN
 from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.gates.patchrun import PatchRule, PatchVerdict, breaches, decide
-from bridge.policy.model import Budget, FleetView, Person, VmView
-from bridge.policy.patchruns import RunView, counted_until, impact, index_of, members
+from bridge.policy.model import Budget, FleetView, Person, Scope, VmView
+from bridge.policy.patchruns import RunView, counted, counted_until, index_of, members, places
 from bridge.records import Origin, RecordView, VmIdentity, iso, parse_time, record_id
 from bridge.retry import DeliveryError
 
@@ -126,7 +126,7 @@ def attach(consumer: Consumer, runs: PatchRuns) -> None:
     """Make `consumer` count and decide `runs`: its budgets count the runs' VMs from their
     start, its tick decides them again, its Event Grid intake hands it their events."""
     consumer.patch_runs = runs
-    consumer.fleet.vms.patch_impact = lambda vms: runs.impact(vms, consumer.current_time())
+    consumer.fleet.vms.patch_impact = lambda vms: runs.counted(vms, consumer.current_time())
 
 
 def run_key(run_id: str) -> str:
@@ -190,7 +190,14 @@ class PatchRuns:
 
     def impact(self, vms: Mapping[str, VmView], now: datetime) -> dict[str, frozenset[str]]:
         """The runs counting at `now`, as FleetView.impacted's pseudo events."""
-        return impact(self.runs(), vms, now, self.grace)
+        return self.counted(vms, now)[0]
+
+    def counted(
+        self, vms: Mapping[str, VmView], now: datetime
+    ) -> tuple[dict[str, frozenset[str]], dict[str, frozenset[Scope]]]:
+        """The runs counting at `now`, as pseudo events, and where the names of their VMs no
+        agent reports may be (FleetView.reach; bridge.policy.patchruns.counted)."""
+        return counted(self.runs(), vms, now, self.grace)
 
     # --- what comes in -----------------------------------------------------------------------
 
@@ -287,10 +294,25 @@ class PatchRuns:
                 end=iso(notice.end),
                 cutoff=iso(notice.cutoff) if notice.cutoff else None,
                 resources=sorted(resolved.resources),
+                whole=sorted(resolved.whole),
+                unread=sorted(resolved.unread),
+                placed=dict(sorted(resolved.placed.items())),
+                notes=list(resolved.notes),
                 seen=iso(now),
             )
             return True
 
+        if resolved.unread:
+            self.outcomes["instances_unread"] += 1
+            log.warning(
+                "patch run %s of %s: the instances of %d scale sets could not be read through "
+                "Resource Graph (%s); the run counts as breaking every budget (worst case), and "
+                "patchruns.on_breach decides it (check Reader on eventgrid.subscriptions)",
+                notice.name,
+                notice.configuration_id,
+                len(resolved.unread),
+                "; ".join(resolved.notes) or "no reason given",
+            )
         update(self.store, PATCHRUN, key, create)
         self._held = None
         self._decide(notice.run_id)
@@ -329,9 +351,19 @@ class PatchRuns:
                 and run.start < counted_until(other, self.grace)
             }
             notes: list[str] = []
+            budgets = self.parts.budgets()
             broken = breaches(
-                self.parts.budgets(), fleet, run, run_vms, now, overlapping=overlapping, notes=notes
+                budgets,
+                fleet,
+                run,
+                run_vms,
+                now,
+                overlapping=overlapping,
+                notes=notes,
+                places=places(run, index),
             )
+            broken += _unread(run, budgets)
+            notes += [str(n) for n in value.get("notes") or ()]  # what Resource Graph left out
             answer = value.get("answer") if value.get("answer") in ("run", "cancel") else None
             verdict = decide(self.rule, run, broken, now, answer)
             retry = False
@@ -521,8 +553,21 @@ def asks_in(store: Store, rule: PatchRule) -> list[PatchAsk]:
 
 def _counted(run: RunView, index: Mapping[str, frozenset[str]]) -> frozenset[str]:
     """What `run` counts: its known VMs' VmIds and the names of the others."""
-    known, unknown = members(run.resources, index)
+    known, unknown = members(run.resources, index, run.whole)
     return known | frozenset(unknown)
+
+
+def _unread(run: RunView, budgets: Sequence[Budget]) -> list[str]:
+    """A line per budget for the scale sets whose instances could not be read: how many VMs
+    they hold is not known, so the run is taken to break every budget (the worst case)."""
+    if not run.unread:
+        return []
+    names = ", ".join(sorted(r.rpartition("/")[2] for r in run.unread))
+    return [
+        f"budget {budget.name}: the instances of scale set {names} could not be read through "
+        "Resource Graph: counted as more than its limit (worst case)"
+        for budget in budgets
+    ]
 
 
 def _view(value: Mapping[str, Any]) -> RunView:
@@ -538,4 +583,7 @@ def _view(value: Mapping[str, Any]) -> RunView:
         frozenset(str(r) for r in value.get("resources") or ()),
         parse_time(value.get("post_at")),
         bool(value.get("cancelled")),
+        frozenset(str(r) for r in value.get("whole") or ()),
+        frozenset(str(r) for r in value.get("unread") or ()),
+        {str(k): str(v) for k, v in (value.get("placed") or {}).items()},
     )

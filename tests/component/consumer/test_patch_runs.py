@@ -290,3 +290,47 @@ def test_patch_runs_need_the_second_source() -> None:
     with pytest.raises(ConfigError, match=r"needs eventgrid\.enabled"):
         check_settings(PatchRunSettings(enabled=True), eventgrid_enabled=False)
     check_settings(PatchRunSettings(), eventgrid_enabled=False)  # off: nothing checked
+
+
+def test_a_scale_set_whose_instances_could_not_be_read_breaks_every_budget_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 40 leftover 1: how many VMs it holds is not known, so the worst case decides.
+    r = rig(tmp_path, on_breach="cancel", cancel=True)
+    r.vms.clear()  # no agent reports the set
+    unread = Resolved(frozenset({SET}), notes=("the instances of 1 scale sets could not be read "
+                      "(Resource Graph answered 403): counted as breaking every budget "
+                      "(worst case)",), unread=frozenset({SET}))  # fmt: skip
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: unread)
+    with caplog.at_level(logging.WARNING):
+        r.runs.take([pre()])
+    assert [a for a, _ in r.actions()] == ["Cancel"]
+    assert r.cancels == [(CONFIG, "20261208020000")]
+    explanation = str(r.records[0]["DecisionExplanation"])
+    assert "the instances of scale set web could not be read" in explanation
+    assert "Resource Graph answered 403" in explanation
+    warned = [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING]
+    assert any("counts as breaking every budget (worst case)" in m for m in warned), warned
+    assert r.runs.outcomes["instances_unread"] == 1
+
+
+def test_a_scale_set_no_agent_reports_counts_every_instance(tmp_path: Path) -> None:
+    # Issue 40 leftover 1: before, the set counted as one name and fit max_vms 1.
+    r = rig(tmp_path)
+    r.vms.clear()
+    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(4))
+    whole = Resolved(instances | {SET}, whole=frozenset({SET}))
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: whole)
+    r.runs.take([pre()])
+    ((action, reason),) = r.actions()
+    assert (action, reason) == ("Run", "on_breach run: it runs over the budget")
+    assert "web (VMs no agent reports) has 0 of 4 VMs impacted; the run patches 4" in str(
+        r.records[0]["DecisionExplanation"]
+    )
+    # Counted as the set's VMs, where they are: a part of the run that reaches that set only.
+    found, reach = r.runs.counted(r.vms, START)
+    assert found == {
+        f"patch:{RUN_ID}": frozenset(),
+        f"patch:0:{RUN_ID}": {"web_0", "web_1", "web_2", "web_3"},
+    }
+    assert reach == {f"patch:0:{RUN_ID}": {(SUB, "rg-web", "web")}}

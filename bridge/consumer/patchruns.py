@@ -342,14 +342,16 @@ class PatchRuns:
             fleet = self.parts.fleet()
             index = index_of(fleet.vms.values())
             run_vms = _counted(run, index)
-            overlapping = {
-                other.key: _counted(other, index)
+            others = [
+                other
                 for other in self.runs()
                 if other.run_id != run.run_id
                 and not other.cancelled
                 and other.start < run.end + self.grace
                 and run.start < counted_until(other, self.grace)
-            }
+            ]
+            overlapping = {other.key: _counted(other, index) for other in others}
+            where = _places(run, others, index)
             notes: list[str] = []
             budgets = self.parts.budgets()
             broken = breaches(
@@ -360,7 +362,7 @@ class PatchRuns:
                 now,
                 overlapping=overlapping,
                 notes=notes,
-                places=places(run, index),
+                places=where,
             )
             broken += _unread(run, budgets)
             notes += [str(n) for n in value.get("notes") or ()]  # what Resource Graph left out
@@ -555,6 +557,18 @@ def _counted(run: RunView, index: Mapping[str, frozenset[str]]) -> frozenset[str
     """What `run` counts: its known VMs' VmIds and the names of the others."""
     known, unknown = members(run.resources, index, run.whole)
     return known | frozenset(unknown)
+
+
+def _places(
+    run: RunView, others: Sequence[RunView], index: Mapping[str, frozenset[str]]
+) -> dict[str, Scope | None]:
+    """Where the names of VMs no agent reports of `run` and of the runs overlapping it are;
+    a name two runs place apart may be either: where it is, unknown (counted everywhere)."""
+    found = places(run, index)
+    for other in others:
+        for name, scope in places(other, index).items():
+            found[name] = scope if found.get(name, scope) == scope else None
+    return found
 
 
 def _unread(run: RunView, budgets: Sequence[Budget]) -> list[str]:

@@ -55,8 +55,9 @@ class RunView:
 
     def owns(self, key: str) -> bool:
         """Whether `key` of FleetView.impacted is one of this run's pseudo events."""
+        number, colon, run_id = key.removeprefix(PATCH).partition(":")
         return key == self.key or (
-            key.startswith(PATCH) and key.endswith(f":{self.run_id}") and key[len(PATCH)].isdigit()
+            key.startswith(PATCH) and bool(colon) and number.isdigit() and run_id == self.run_id
         )
 
 

@@ -107,9 +107,9 @@ def breach_list(
     FleetView.impacted, and the runs `overlapping` this one's window that have not started yet
     (two configurations that split a scale set, each of which fits, may run at once). Names no
     VM is known by count in the `fleet` budgets; with `places` (name -> where Resource Graph
-    placed it, None: nobody could tell), in the other budgets' groups too: each group that can
-    hold it, or a group of their own (a scale set no agent reports), and a name not placed in
-    every group (the worst case)."""
+    placed it, None: nobody could tell; of this run's names and of the other runs'), in the
+    other budgets' groups too: each group that can hold it, or a group of their own (a scale
+    set no agent reports), and a name not placed in every group (the worst case)."""
     impacted = {**fleet.impacted, **(overlapping or {})}
     others = {vm for key, vms in impacted.items() if not run.owns(key) for vm in vms}
     known = [v for v in fleet.vms.values() if v.vm_id in run_vms or v.vm_id in others
@@ -121,7 +121,11 @@ def breach_list(
         if budget.group == "fleet" and unknown:
             groups = {k: g | unknown for k, g in groups.items()} or {"fleet": set(unknown)}
         elif places is not None and unknown:
-            groups = _with_names(budget.group, groups, fleet, {n: places.get(n) for n in unknown})
+            # The other runs' names `places` says where they are (runs that overlap) count in
+            # those groups too: two runs that split a set no agent reports add up.
+            theirs = {n for n in others if n in places and n not in fleet.vms}
+            named = {n: places.get(n) for n in unknown | theirs}
+            groups = _with_names(budget.group, groups, fleet, named)
         for key, group in sorted(groups.items()):
             mine = group & run_vms
             if not mine:

@@ -168,3 +168,15 @@ def test_a_name_resource_graph_could_not_place_counts_in_every_group() -> None:
         "the run's VMs no agent reports: 1 where nobody could tell (ghost), counted in every "
         "group (worst case)"
     )
+
+
+def test_two_runs_that_split_a_scale_set_no_agent_reports_break_it_together() -> None:
+    two = (Budget("two-at-a-time", "scale_set", max_vms=2),)
+    places: dict[str, Scope | None] = {f"web_{n}": WEB for n in range(4)}
+    half = frozenset({"web_0", "web_1"})
+    assert not breaches(two, fleet(), RUN, half, NOW, places=places)
+    other = {"patch:run2": frozenset({"web_2", "web_3"})}
+    assert breaches(two, fleet(), RUN, half, NOW, overlapping=other, places=places) == [
+        "budget two-at-a-time: s/rg/web (VMs no agent reports) has 2 of 4 VMs impacted; the run "
+        "patches 2 of them at once, more than the 2 allowed"
+    ]

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -293,10 +293,9 @@ class PatchRuns:
                 start=iso(notice.start),
                 end=iso(notice.end),
                 cutoff=iso(notice.cutoff) if notice.cutoff else None,
-                resources=sorted(resolved.resources),
+                **stored_resources(resolved.resources, resolved.placed),
                 whole=sorted(resolved.whole),
                 unread=sorted(resolved.unread),
-                placed=dict(sorted(resolved.placed.items())),
                 notes=list(resolved.notes),
                 seen=iso(now),
             )
@@ -588,16 +587,78 @@ def _view(value: Mapping[str, Any]) -> RunView:
     start, end = parse_time(value.get("start")), parse_time(value.get("end"))
     assert start is not None  # written by `_pre` alone
     assert end is not None
+    resources, placed = read_resources(value)
     return RunView(
         str(value["run_id"]),
         str(value.get("configuration", "")),
         start,
         end,
         parse_time(value.get("cutoff")),
-        frozenset(str(r) for r in value.get("resources") or ()),
+        resources,
         parse_time(value.get("post_at")),
         bool(value.get("cancelled")),
         frozenset(str(r) for r in value.get("whole") or ()),
         frozenset(str(r) for r in value.get("unread") or ()),
-        {str(k): str(v) for k, v in (value.get("placed") or {}).items()},
+        placed,
     )
+
+
+# A run's resources as its document keeps them: grouped by subscription and resource group, each
+# a short tail (`v:NAME` a VM, `v:NAME@SET` one Resource Graph placed in scale set SET, `v:NAME@`
+# in none, `s:SET` a scale set, `i:SET/N` a Uniform set's instance), so that a run of
+# MAX_INSTANCES instances stays far inside a fleet state document (MAX_VALUE_CHARS: Table
+# Storage's 1 MiB entity); as full ids, 10,000 instances and their places took about 3 MB.
+_PROVIDER = "/providers/microsoft.compute/"
+
+
+def stored_resources(resources: Iterable[str], placed: Mapping[str, str]) -> dict[str, Any]:
+    """`resources` and `placed` as a run's document keeps them (`read_resources`)."""
+    compute: dict[str, list[str]] = {}
+    other: list[str] = []
+    for resource in sorted(resources):
+        head, found, tail = resource.partition(_PROVIDER)
+        parts = head.split("/")
+        kind = tail.split("/")
+        if not found or len(parts) != 5 or any("/" in p or "@" in p for p in kind):
+            other.append(resource)
+            continue
+        where = f"{parts[2]}/{parts[4]}"
+        if len(kind) == 2 and kind[0] == "virtualmachines":
+            short = f"v:{kind[1]}" + (f"@{placed[resource]}" if resource in placed else "")
+        elif len(kind) == 2 and kind[0] == "virtualmachinescalesets":
+            short = f"s:{kind[1]}"
+        elif (
+            len(kind) == 4 and kind[0] == "virtualmachinescalesets" and kind[2] == "virtualmachines"
+        ):
+            short = f"i:{kind[1]}/{kind[3]}"
+        else:
+            other.append(resource)
+            continue
+        compute.setdefault(where, []).append(short)
+    return {"compute": compute, "resources": other, "placed": {
+        r: placed[r] for r in other if r in placed}}  # fmt: skip
+
+
+def read_resources(value: Mapping[str, Any]) -> tuple[frozenset[str], dict[str, str]]:
+    """A run's resources and where Resource Graph placed its VMs, as `stored_resources` kept
+    them (a document of an earlier release keeps `resources` and `placed` as they are)."""
+    resources = {str(r) for r in value.get("resources") or ()}
+    placed = {str(k): str(v) for k, v in (value.get("placed") or {}).items()}
+    for where, shorts in (value.get("compute") or {}).items():
+        sub, _, group = str(where).partition("/")
+        base = f"/subscriptions/{sub}/resourcegroups/{group}{_PROVIDER}"
+        for short in shorts:
+            kind, _, rest = str(short).partition(":")
+            if kind == "v":
+                name, at, scale_set = rest.partition("@")
+                resource = f"{base}virtualmachines/{name}"
+                if at:
+                    placed[resource] = scale_set
+            elif kind == "s":
+                resource = f"{base}virtualmachinescalesets/{rest}"
+            else:
+                scale_set, _, number = rest.partition("/")
+                resource = f"{base}virtualmachinescalesets/{scale_set}/virtualmachines/{number}"
+                placed[resource] = scale_set
+            resources.add(resource)
+    return frozenset(resources), placed

@@ -4,6 +4,7 @@ wanted too late; a run whose post-event never comes; a delivery that repeats."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,7 @@ from bridge.consumer import validation
 from bridge.consumer.decisionrecord import Voice
 from bridge.consumer.patchruns import Parts, PatchRuns, check_settings
 from bridge.consumer.sources.patchruns import Resolved, RunNotice
+from bridge.consumer.state import MAX_VALUE_CHARS
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.notify.notice import Notice
 from bridge.policy.model import Budget, FleetView, Person, VmView
@@ -334,3 +336,29 @@ def test_a_scale_set_no_agent_reports_counts_every_instance(tmp_path: Path) -> N
         f"patch:0:{RUN_ID}": {"web_0", "web_1", "web_2", "web_3"},
     }
     assert reach == {f"patch:0:{RUN_ID}": {(SUB, "rg-web", "web")}}
+
+
+def test_a_run_of_the_most_instances_read_fits_one_table_storage_entity(tmp_path: Path) -> None:
+    # 10,000 instances as full ids and their places took about 3 MB of JSON, and the store
+    # refused the run's document: Table Storage keeps at most 1 MiB an entity.
+    r = rig(tmp_path)
+    r.vms.clear()
+    flex = SET.replace("/web", "/flex")
+    uniform = {f"{SET}/virtualmachines/{n}": "web" for n in range(5000)}
+    flexible = {f"/subscriptions/{SUB}/resourcegroups/rg-web-nodes/providers/microsoft.compute/"
+                f"virtualmachines/flex_{n:06x}": "flex" for n in range(5000)}  # fmt: skip
+    direct = (
+        f"/subscriptions/{SUB}/resourcegroups/rg-db/providers/microsoft.compute/virtualmachines/db1"
+    )
+    resolved = Resolved(frozenset({SET, flex, direct, *uniform, *flexible}),
+                        whole=frozenset({SET, flex}),
+                        placed={**uniform, **flexible, direct: ""})  # fmt: skip
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: resolved)
+    r.runs.take([pre()])
+    (doc,) = r.runs.store.scan("patchrun")
+    assert len(json.dumps(doc.value)) < MAX_VALUE_CHARS / 2
+    # ... and reads back as it was resolved.
+    (view,) = r.runs.runs()
+    assert view.resources == resolved.resources
+    assert view.whole == resolved.whole
+    assert dict(view.placed) == {**uniform, **flexible, direct: ""}

@@ -619,7 +619,7 @@ def stored_resources(resources: Iterable[str], placed: Mapping[str, str]) -> dic
         head, found, tail = resource.partition(_PROVIDER)
         parts = head.split("/")
         kind = tail.split("/")
-        if not found or len(parts) != 5 or any("/" in p or "@" in p for p in kind):
+        if not found or len(parts) != 5 or "@" in tail or ":" in tail:
             other.append(resource)
             continue
         where = f"{parts[2]}/{parts[4]}"

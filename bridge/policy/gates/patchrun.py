@@ -156,12 +156,17 @@ def _with_names(
     hold them (`can_hold`; a name not placed: every group); a name no known group holds forms
     a group with the others of its scale set or resource group's availability sets."""
     out = {key: set(group) for key, group in groups.items()}
-    samples = {key: fleet.vms[next(iter(sorted(g)))] for key, g in groups.items() if g}
-    for name, scope in sorted(names.items(), key=lambda item: item[0]):
+    samples = {key: fleet.vms[min(g)] for key, g in groups.items() if g}
+    by_scope: dict[Scope | None, set[str]] = {}
+    for name, scope in names.items():
+        by_scope.setdefault(scope, set()).add(name)
+    # A scope at a time (a run's names share a few): 10,000 instances and 1,000 groups cost
+    # a check per scope and group, not per name and group.
+    for scope, named in sorted(by_scope.items(), key=lambda item: repr(item[0])):
         held = False
         for key, sample in samples.items():
             if scope is None or can_hold(kind, sample, (scope,)):
-                out[key].add(name)
+                out[key] |= named
                 held = True
         if held or (kind in ("scale_set", "node_pool") and scope is not None and not scope[2]):
             continue  # a VM in no scale set is in no such group
@@ -169,7 +174,7 @@ def _with_names(
             label = f"(anywhere){NO_AGENT}"
         else:
             label = f"{scope[0]}/{scope[1]}/{scope[2] or 'availability set'}{NO_AGENT}"
-        out.setdefault(label, set()).add(name)
+        out.setdefault(label, set()).update(named)
     return out
 
 

@@ -490,6 +490,13 @@ class PatchRuns:
         now = self._now()
         action: rt.DecisionAction = verdict.kind
         rid = record_id("Decision", run_key(run.run_id), action, verdict.reason)
+        listed = _listed(run.resources)
+        said = list(explanation)
+        if len(listed) < len(run.resources):
+            said.append(
+                f"the run patches {len(run.resources)} resources; the record lists the first "
+                f"{len(listed)}"
+            )
         voice = self.parts.voice or Voice("(patch runs)", "")
         by = value.get("answered_by")
         record: rt.Decision = {
@@ -499,7 +506,7 @@ class PatchRuns:
             "EventType": "PatchRun",
             "EventSource": "UpdateManager",
             "DurationInSeconds": int((run.end - run.start).total_seconds()),
-            "Resources": sorted(run.resources),
+            "Resources": listed,
             "NotBefore": iso(run.start),
             "EventStatus": None,
             "DecisionAction": action,
@@ -511,7 +518,7 @@ class PatchRuns:
             "Attempt": 0,
             "PolicySource": voice.policy_source,
             "DecisionMode": "shadow" if voice.shadow else "normal",
-            "DecisionExplanation": "\n".join(explanation) or None,
+            "DecisionExplanation": "\n".join(said) or None,
             "DecidedBy": value.get("answered_by_id"),
             "DecidedByName": str(by) if by else None,
             "OperatorReason": value.get("answer_reason"),
@@ -556,6 +563,23 @@ def _counted(run: RunView, index: Mapping[str, frozenset[str]]) -> frozenset[str
     """What `run` counts: its known VMs' VmIds and the names of the others."""
     known, unknown = members(run.resources, index, run.whole)
     return known | frozenset(unknown)
+
+
+# What a Decision record lists of a run's resources: a Log Analytics column keeps 64 KB and a
+# Logs Ingestion call takes 1 MB, and a run of 10,000 instances is about 1.5 MB of ids.
+RECORDED_CHARS = 30_000
+
+
+def _listed(resources: Iterable[str]) -> list[str]:
+    """The first of `resources` (sorted) that fit RECORDED_CHARS of JSON."""
+    listed: list[str] = []
+    size = 2
+    for resource in sorted(resources):
+        size += len(resource) + 4
+        if size > RECORDED_CHARS:
+            break
+        listed.append(resource)
+    return listed
 
 
 def _places(

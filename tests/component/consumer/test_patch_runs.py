@@ -362,3 +362,23 @@ def test_a_run_of_the_most_instances_read_fits_one_table_storage_entity(tmp_path
     assert view.resources == resolved.resources
     assert view.whole == resolved.whole
     assert dict(view.placed) == {**uniform, **flexible, direct: ""}
+
+
+def test_a_decision_record_of_a_run_of_thousands_of_instances_stays_small(tmp_path: Path) -> None:
+    # Every instance id in Resources made a record of about 1.5 MB at 10,000 instances: more
+    # than a Logs Ingestion call takes, and past a Log Analytics column's 64 KB.
+    r = rig(tmp_path)
+    r.vms.clear()
+    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(4000))
+    whole = Resolved(instances | {SET}, whole=frozenset({SET}))
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: whole)
+    r.runs.take([pre()])
+    (record,) = r.records
+    assert validation.problem(record) is None
+    listed = record["Resources"]
+    assert isinstance(listed, list)
+    assert len(json.dumps(listed)) < 32_000
+    assert set(listed) < instances | {SET}
+    assert f"the run patches 4001 resources; the record lists the first {len(listed)}" in str(
+        record["DecisionExplanation"]
+    )

@@ -41,7 +41,15 @@ from bridge.consumer.state.layout import PATCHRUN
 from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.gates.patchrun import PatchRule, PatchVerdict, breaches, decide
 from bridge.policy.model import Budget, FleetView, Person, Scope, VmView
-from bridge.policy.patchruns import RunView, counted, counted_until, index_of, members, places
+from bridge.policy.patchruns import (
+    RunView,
+    counted,
+    counted_until,
+    index_of,
+    members,
+    name_of,
+    places,
+)
 from bridge.records import Origin, RecordView, VmIdentity, iso, parse_time, record_id
 from bridge.retry import DeliveryError
 
@@ -470,7 +478,7 @@ class PatchRuns:
                     target,
                     subject(run),
                     "PatchRun",
-                    tuple(sorted(r.rpartition("/")[2] for r in run.resources)),
+                    tuple(sorted({name_of(r) for r in run.resources})),
                     run.start,
                     (verdict.reason, *verdict.breaches),
                     value.get("answered_by"),

@@ -329,6 +329,8 @@ def test_a_scale_set_no_agent_reports_counts_every_instance(tmp_path: Path) -> N
     assert "web (VMs no agent reports) has 0 of 4 VMs impacted; the run patches 4" in str(
         r.records[0]["DecisionExplanation"]
     )
+    # Its notice names the instances as scheduled events do, not by their instance ids.
+    assert r.notices.sent[0].vms == ("web", "web_0", "web_1", "web_2", "web_3")
     # Counted as the set's VMs, where they are: a part of the run that reaches that set only.
     found, reach = r.runs.counted(r.vms, START)
     assert found == {

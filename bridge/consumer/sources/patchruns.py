@@ -354,12 +354,17 @@ def instances_queries(scale_sets: Sequence[str]) -> tuple[str, str]:
 def resolve(run: RunNotice, rows: Rows) -> Resolved:
     """The VMs and scale sets `run`'s configuration is assigned to, in the run's trusted
     subscriptions; `rows(query, subscriptions)` is ResourceGraph.rows."""
-    return resolve_configuration(run.configuration_id, run.subscriptions, rows)
+    return resolve_configuration(run.configuration_id, run.subscriptions, rows, instances=True)
 
 
-def resolve_configuration(configuration_id: str, trusted: Sequence[str], rows: Rows) -> Resolved:
+def resolve_configuration(
+    configuration_id: str, trusted: Sequence[str], rows: Rows, *, instances: bool = False
+) -> Resolved:
     """The VMs and scale sets configuration `configuration_id` is assigned to, in the
-    `trusted` subscriptions (lower case): its assignments and its dynamic scopes."""
+    `trusted` subscriptions (lower case): its assignments and its dynamic scopes. With
+    `instances` (a run about to start), also its scale sets' instances and where its VMs are
+    (two or three more queries); the week ahead's read, which resolves every configuration,
+    does without."""
     subscriptions = list(trusted)
     wanted = configuration_id.lower()
     found: set[str] = set()
@@ -390,11 +395,14 @@ def resolve_configuration(configuration_id: str, trusted: Sequence[str], rows: R
                 found.add(vm)
                 dynamic.add(vm)
                 _place(placed, vm, row)
-    _place_assigned(found - dynamic, placed, subscriptions, rows, notes)
-    whole, unread, instances = _instances(found, subscriptions, rows, notes)
-    for vm, row in instances.items():
-        found.add(vm)
-        _place(placed, vm, row)
+    whole: frozenset[str] = frozenset()
+    unread: frozenset[str] = frozenset()
+    if instances:
+        _place_assigned(found - dynamic, placed, subscriptions, rows, notes)
+        whole, unread, read = _instances(found, subscriptions, rows, notes)
+        for vm, row in read.items():
+            found.add(vm)
+            _place(placed, vm, row)
     return Resolved(
         frozenset(found),
         min(len(scopes), MAX_SCOPES),

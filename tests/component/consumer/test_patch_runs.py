@@ -316,14 +316,21 @@ def test_a_scale_set_whose_instances_could_not_be_read_breaks_every_budget_warne
     assert r.runs.outcomes["instances_unread"] == 1
 
 
-def test_a_scale_set_no_agent_reports_counts_every_instance(tmp_path: Path) -> None:
-    # Issue 40 leftover 1: before, the set counted as one name and fit max_vms 1.
+def agentless_set(tmp_path: Path, count: int) -> tuple[Rig, frozenset[str]]:
+    """A rig whose run patches a scale set of `count` instances no agent reports, read whole
+    from Resource Graph, its pre-event taken."""
     r = rig(tmp_path)
     r.vms.clear()
-    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(4))
+    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(count))
     whole = Resolved(instances | {SET}, whole=frozenset({SET}))
     r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: whole)
     r.runs.take([pre()])
+    return r, instances
+
+
+def test_a_scale_set_no_agent_reports_counts_every_instance(tmp_path: Path) -> None:
+    # Issue 40 leftover 1: before, the set counted as one name and fit max_vms 1.
+    r, _ = agentless_set(tmp_path, 4)
     ((action, reason),) = r.actions()
     assert (action, reason) == ("Run", "on_breach run: it runs over the budget")
     assert "web (VMs no agent reports) has 0 of 4 VMs impacted; the run patches 4" in str(
@@ -369,12 +376,7 @@ def test_a_run_of_the_most_instances_read_fits_one_table_storage_entity(tmp_path
 def test_a_decision_record_of_a_run_of_thousands_of_instances_stays_small(tmp_path: Path) -> None:
     # Every instance id in Resources made a record of about 1.5 MB at 10,000 instances: more
     # than a Logs Ingestion call takes, and past a Log Analytics column's 64 KB.
-    r = rig(tmp_path)
-    r.vms.clear()
-    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(4000))
-    whole = Resolved(instances | {SET}, whole=frozenset({SET}))
-    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: whole)
-    r.runs.take([pre()])
+    r, instances = agentless_set(tmp_path, 4000)
     (record,) = r.records
     assert validation.problem(record) is None
     listed = record["Resources"]

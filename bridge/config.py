@@ -637,6 +637,14 @@ class KubernetesSettings:
         DRAINED_EVENT_TYPES,
         "The event types that drain the node; others are ready at once, undrained.",
     )
+    rebalance_drain_for: float = _setting(
+        3600.0,
+        "Seconds a drain the consumer granted on a Spot rebalance recommendation may take "
+        "before it gives up (nothing waits for it: no NotBefore bounds it; the Preempt that "
+        "may follow drains on its own).",
+        low=1,
+        high=86400,
+    )
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,6 @@ HOOK_NAME = "drain"
 MAX_OUTPUT = 4096
 WATCH_INTERVAL = 60.0  # seconds between looks at the node (its pool, someone else's cordon)
 OUTCOMES = {"Drained": "drained", "GaveUp": "gave_up", "Failed": "failed"}
-# How long a drain a rebalance recommendation was granted may take: an hour, as pods a
-# PodDisruptionBudget holds may take; the Preempt that may come meanwhile drains on its own.
-ADVISORY_DRAIN_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -463,9 +460,11 @@ class DrainJobs:
         """Seconds until the drain must stop: NotBefore less give_up_before (a Preempt: its
         NotBefore, 30 s away at most); none when the event has no NotBefore. A rebalance
         recommendation has no NotBefore and nothing waits for it: its drain goes on until the
-        node is empty, the recommendation clears (`ended`), or ADVISORY_DRAIN_SECONDS pass."""
+        node is empty, the recommendation clears (`ended`), or kubernetes.rebalance_drain_for
+        passes (an hour by default, as pods a PodDisruptionBudget holds may take; the Preempt
+        that may come meanwhile drains on its own)."""
         if job.event_type == REBALANCE_EVENT_TYPE:
-            return ADVISORY_DRAIN_SECONDS
+            return self.settings.rebalance_drain_for
         not_before = parse_time(job.not_before)
         if not_before is None:
             return 0.0

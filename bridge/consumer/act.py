@@ -153,7 +153,8 @@ class DecisionPass:
         pauses = self.people.pauses(now) if self.people else ()
         if self.people is not None:
             view = replace(view, person=self.people.decision_for(view.event_id, view.resources))
-        reach = {**state.reach, **known_vms.health_reach} if known_vms.health_reach else state.reach
+        extra = known_vms.reach
+        reach = {**state.reach, **extra} if extra else state.reach
         fleet = FleetView(
             known_vms.vms,
             impacted,

@@ -238,7 +238,7 @@ class Consumer:
             known = self.fleet.snapshot()
             state = self.ledger.read()
             impacted = known.by_vm_id(state.impact, reach=state.reach)
-            reach = {**state.reach, **known.health_reach}
+            reach = {**state.reach, **known.reach}
             return FleetView(
                 known.vms, impacted, self._alive_within, reach=reach, patch_runs=known.patch_runs
             )

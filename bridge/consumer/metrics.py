@@ -56,6 +56,7 @@ PATCH_OUTCOMES = (
     "too_late",
     "cancel_failed",
     "unresolved",
+    "instances_unread",
 )
 
 
@@ -322,7 +323,9 @@ class _PatchRunCollector(Collector):
             "Update Manager's patch runs decided, by outcome: fits, over_budget (let run over a "
             "budget), asked, cancelled (through applyUpdates before the cut-off), too_late (a "
             "cancel wanted past the cut-off's margin: refused, the run ran), cancel_failed "
-            "(ARM refused or could not be reached), unresolved (its VMs could not be read).",
+            "(ARM refused or could not be reached), unresolved (its VMs could not be read), "
+            "instances_unread (a scale set's instances could not be read: the run counted as "
+            "breaking every budget; also counted by what was decided).",
             "outcome",
             PATCH_OUTCOMES,
             self._counts(),

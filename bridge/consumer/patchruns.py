@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -40,8 +40,16 @@ from bridge.consumer.state import Conflict, Store, update
 from bridge.consumer.state.layout import PATCHRUN
 from bridge.notify.notice import Notice, NoticeKind
 from bridge.policy.gates.patchrun import PatchRule, PatchVerdict, breaches, decide
-from bridge.policy.model import Budget, FleetView, Person, VmView
-from bridge.policy.patchruns import RunView, counted_until, impact, index_of, members
+from bridge.policy.model import Budget, FleetView, Person, Scope, VmView
+from bridge.policy.patchruns import (
+    RunView,
+    counted,
+    counted_until,
+    index_of,
+    members,
+    name_of,
+    places,
+)
 from bridge.records import Origin, RecordView, VmIdentity, iso, parse_time, record_id
 from bridge.retry import DeliveryError
 
@@ -126,7 +134,7 @@ def attach(consumer: Consumer, runs: PatchRuns) -> None:
     """Make `consumer` count and decide `runs`: its budgets count the runs' VMs from their
     start, its tick decides them again, its Event Grid intake hands it their events."""
     consumer.patch_runs = runs
-    consumer.fleet.vms.patch_impact = lambda vms: runs.impact(vms, consumer.current_time())
+    consumer.fleet.vms.patch_impact = lambda vms: runs.counted(vms, consumer.current_time())
 
 
 def run_key(run_id: str) -> str:
@@ -190,7 +198,14 @@ class PatchRuns:
 
     def impact(self, vms: Mapping[str, VmView], now: datetime) -> dict[str, frozenset[str]]:
         """The runs counting at `now`, as FleetView.impacted's pseudo events."""
-        return impact(self.runs(), vms, now, self.grace)
+        return self.counted(vms, now)[0]
+
+    def counted(
+        self, vms: Mapping[str, VmView], now: datetime
+    ) -> tuple[dict[str, frozenset[str]], dict[str, frozenset[Scope]]]:
+        """The runs counting at `now`, as pseudo events, and where the names of their VMs no
+        agent reports may be (FleetView.reach; bridge.policy.patchruns.counted)."""
+        return counted(self.runs(), vms, now, self.grace)
 
     # --- what comes in -----------------------------------------------------------------------
 
@@ -232,28 +247,7 @@ class PatchRuns:
 
     def asks(self) -> list[PatchAsk]:
         """The runs a person is asked about and has not answered, the soonest first."""
-        asked = []
-        for doc in self.store.scan(PATCHRUN):
-            value = doc.value
-            if not value.get("run_id") or value.get("decided") != "Ask" or value.get("answer"):
-                continue
-            run = _view(value)
-            asked.append(
-                PatchAsk(
-                    subject=subject(run),
-                    configuration=run.configuration,
-                    name=str(value.get("name") or run.run_id[-14:]),
-                    vms=int(value.get("vms") or 0),
-                    start=run.start,
-                    end=run.end,
-                    cutoff=run.cutoff,
-                    target=self.rule.ask_target or "",
-                    deadline=parse_time(value.get("deadline")),
-                    on_deadline=self.rule.on_deadline,
-                    breaches=tuple(str(b) for b in value.get("breaches") or ()),
-                )
-            )
-        return sorted(asked, key=lambda a: (a.start, a.subject))
+        return asks_in(self.store, self.rule)
 
     def tick(self) -> None:
         """Decide again the runs still open to a decision (an ask's deadline, a cancel that
@@ -307,11 +301,25 @@ class PatchRuns:
                 start=iso(notice.start),
                 end=iso(notice.end),
                 cutoff=iso(notice.cutoff) if notice.cutoff else None,
-                resources=sorted(resolved.resources),
+                **stored_resources(resolved.resources, resolved.placed),
+                whole=sorted(resolved.whole),
+                unread=sorted(resolved.unread),
+                notes=list(resolved.notes),
                 seen=iso(now),
             )
             return True
 
+        if resolved.unread:
+            self.outcomes["instances_unread"] += 1
+            log.warning(
+                "patch run %s of %s: the instances of %d scale sets could not be read through "
+                "Resource Graph (%s); the run counts as breaking every budget (worst case), and "
+                "patchruns.on_breach decides it (check Reader on eventgrid.subscriptions)",
+                notice.name,
+                notice.configuration_id,
+                len(resolved.unread),
+                "; ".join(resolved.notes) or "no reason given",
+            )
         update(self.store, PATCHRUN, key, create)
         self._held = None
         self._decide(notice.run_id)
@@ -341,18 +349,30 @@ class PatchRuns:
             fleet = self.parts.fleet()
             index = index_of(fleet.vms.values())
             run_vms = _counted(run, index)
-            overlapping = {
-                other.key: _counted(other, index)
+            others = [
+                other
                 for other in self.runs()
                 if other.run_id != run.run_id
                 and not other.cancelled
                 and other.start < run.end + self.grace
                 and run.start < counted_until(other, self.grace)
-            }
+            ]
+            overlapping = {other.key: _counted(other, index) for other in others}
+            where = _places(run, others, index)
             notes: list[str] = []
+            budgets = self.parts.budgets()
             broken = breaches(
-                self.parts.budgets(), fleet, run, run_vms, now, overlapping=overlapping, notes=notes
+                budgets,
+                fleet,
+                run,
+                run_vms,
+                now,
+                overlapping=overlapping,
+                notes=notes,
+                places=where,
             )
+            broken += _unread(run, budgets)
+            notes += [str(n) for n in value.get("notes") or ()]  # what Resource Graph left out
             answer = value.get("answer") if value.get("answer") in ("run", "cancel") else None
             verdict = decide(self.rule, run, broken, now, answer)
             retry = False
@@ -458,7 +478,7 @@ class PatchRuns:
                     target,
                     subject(run),
                     "PatchRun",
-                    tuple(sorted(r.rpartition("/")[2] for r in run.resources)),
+                    tuple(sorted({name_of(r) for r in run.resources})),
                     run.start,
                     (verdict.reason, *verdict.breaches),
                     value.get("answered_by"),
@@ -478,6 +498,13 @@ class PatchRuns:
         now = self._now()
         action: rt.DecisionAction = verdict.kind
         rid = record_id("Decision", run_key(run.run_id), action, verdict.reason)
+        listed = _listed(run.resources)
+        said = list(explanation)
+        if len(listed) < len(run.resources):
+            said.append(
+                f"the run patches {len(run.resources)} resources; the record lists the first "
+                f"{len(listed)}"
+            )
         voice = self.parts.voice or Voice("(patch runs)", "")
         by = value.get("answered_by")
         record: rt.Decision = {
@@ -487,7 +514,7 @@ class PatchRuns:
             "EventType": "PatchRun",
             "EventSource": "UpdateManager",
             "DurationInSeconds": int((run.end - run.start).total_seconds()),
-            "Resources": sorted(run.resources),
+            "Resources": listed,
             "NotBefore": iso(run.start),
             "EventStatus": None,
             "DecisionAction": action,
@@ -499,7 +526,7 @@ class PatchRuns:
             "Attempt": 0,
             "PolicySource": voice.policy_source,
             "DecisionMode": "shadow" if voice.shadow else "normal",
-            "DecisionExplanation": "\n".join(explanation) or None,
+            "DecisionExplanation": "\n".join(said) or None,
             "DecidedBy": value.get("answered_by_id"),
             "DecidedByName": str(by) if by else None,
             "OperatorReason": value.get("answer_reason"),
@@ -513,23 +540,157 @@ class PatchRuns:
         self.parts.emit([record])
 
 
+def asks_in(store: Store, rule: PatchRule) -> list[PatchAsk]:
+    """The runs of `store` a person is asked about and has not answered, the soonest first:
+    what the approval page and `se-bridge status --consumer` list (read only)."""
+    asked = []
+    for doc in store.scan(PATCHRUN):
+        value = doc.value
+        if not value.get("run_id") or value.get("decided") != "Ask" or value.get("answer"):
+            continue
+        run = _view(value)
+        asked.append(
+            PatchAsk(
+                subject=subject(run),
+                configuration=run.configuration,
+                name=str(value.get("name") or run.run_id[-14:]),
+                vms=int(value.get("vms") or 0),
+                start=run.start,
+                end=run.end,
+                cutoff=run.cutoff,
+                target=rule.ask_target or "",
+                deadline=parse_time(value.get("deadline")),
+                on_deadline=rule.on_deadline,
+                breaches=tuple(str(b) for b in value.get("breaches") or ()),
+            )
+        )
+    return sorted(asked, key=lambda a: (a.start, a.subject))
+
+
 def _counted(run: RunView, index: Mapping[str, frozenset[str]]) -> frozenset[str]:
     """What `run` counts: its known VMs' VmIds and the names of the others."""
-    known, unknown = members(run.resources, index)
+    known, unknown = members(run.resources, index, run.whole)
     return known | frozenset(unknown)
+
+
+# What a Decision record lists of a run's resources: a Log Analytics column keeps 64 KB and a
+# Logs Ingestion call takes 1 MB, and a run of 10,000 instances is about 1.5 MB of ids.
+RECORDED_CHARS = 30_000
+
+
+def _listed(resources: Iterable[str]) -> list[str]:
+    """The first of `resources` (sorted) that fit RECORDED_CHARS of JSON."""
+    listed: list[str] = []
+    size = 2
+    for resource in sorted(resources):
+        size += len(resource) + 4
+        if size > RECORDED_CHARS:
+            break
+        listed.append(resource)
+    return listed
+
+
+def _places(
+    run: RunView, others: Sequence[RunView], index: Mapping[str, frozenset[str]]
+) -> dict[str, Scope | None]:
+    """Where the names of VMs no agent reports of `run` and of the runs overlapping it are;
+    a name two runs place apart may be either: where it is, unknown (counted everywhere)."""
+    found = places(run, index)
+    for other in others:
+        for name, scope in places(other, index).items():
+            found[name] = scope if found.get(name, scope) == scope else None
+    return found
+
+
+def _unread(run: RunView, budgets: Sequence[Budget]) -> list[str]:
+    """A line per budget for the scale sets whose instances could not be read: how many VMs
+    they hold is not known, so the run is taken to break every budget (the worst case)."""
+    if not run.unread:
+        return []
+    names = ", ".join(sorted(r.rpartition("/")[2] for r in run.unread))
+    return [
+        f"budget {budget.name}: the instances of scale set {names} could not be read through "
+        "Resource Graph: counted as more than its limit (worst case)"
+        for budget in budgets
+    ]
 
 
 def _view(value: Mapping[str, Any]) -> RunView:
     start, end = parse_time(value.get("start")), parse_time(value.get("end"))
     assert start is not None  # written by `_pre` alone
     assert end is not None
+    resources, placed = read_resources(value)
     return RunView(
         str(value["run_id"]),
         str(value.get("configuration", "")),
         start,
         end,
         parse_time(value.get("cutoff")),
-        frozenset(str(r) for r in value.get("resources") or ()),
+        resources,
         parse_time(value.get("post_at")),
         bool(value.get("cancelled")),
+        frozenset(str(r) for r in value.get("whole") or ()),
+        frozenset(str(r) for r in value.get("unread") or ()),
+        placed,
     )
+
+
+# A run's resources as its document keeps them: grouped by subscription and resource group, each
+# a short tail (`v:NAME` a VM, `v:NAME@SET` one Resource Graph placed in scale set SET, `v:NAME@`
+# in none, `s:SET` a scale set, `i:SET/N` a Uniform set's instance), so that a run of
+# MAX_INSTANCES instances stays far inside a fleet state document (MAX_VALUE_CHARS: Table
+# Storage's 1 MiB entity); as full ids, 10,000 instances and their places took about 3 MB.
+_PROVIDER = "/providers/microsoft.compute/"
+
+
+def stored_resources(resources: Iterable[str], placed: Mapping[str, str]) -> dict[str, Any]:
+    """`resources` and `placed` as a run's document keeps them (`read_resources`)."""
+    compute: dict[str, list[str]] = {}
+    other: list[str] = []
+    for resource in sorted(resources):
+        head, found, tail = resource.partition(_PROVIDER)
+        parts = head.split("/")
+        kind = tail.split("/")
+        if not found or len(parts) != 5 or "@" in tail or ":" in tail:
+            other.append(resource)
+            continue
+        where = f"{parts[2]}/{parts[4]}"
+        if len(kind) == 2 and kind[0] == "virtualmachines":
+            short = f"v:{kind[1]}" + (f"@{placed[resource]}" if resource in placed else "")
+        elif len(kind) == 2 and kind[0] == "virtualmachinescalesets":
+            short = f"s:{kind[1]}"
+        elif (
+            len(kind) == 4 and kind[0] == "virtualmachinescalesets" and kind[2] == "virtualmachines"
+        ):
+            short = f"i:{kind[1]}/{kind[3]}"
+        else:
+            other.append(resource)
+            continue
+        compute.setdefault(where, []).append(short)
+    return {"compute": compute, "resources": other, "placed": {
+        r: placed[r] for r in other if r in placed}}  # fmt: skip
+
+
+def read_resources(value: Mapping[str, Any]) -> tuple[frozenset[str], dict[str, str]]:
+    """A run's resources and where Resource Graph placed its VMs, as `stored_resources` kept
+    them (a document of an earlier release keeps `resources` and `placed` as they are)."""
+    resources = {str(r) for r in value.get("resources") or ()}
+    placed = {str(k): str(v) for k, v in (value.get("placed") or {}).items()}
+    for where, shorts in (value.get("compute") or {}).items():
+        sub, _, group = str(where).partition("/")
+        base = f"/subscriptions/{sub}/resourcegroups/{group}{_PROVIDER}"
+        for short in shorts:
+            kind, _, rest = str(short).partition(":")
+            if kind == "v":
+                name, at, scale_set = rest.partition("@")
+                resource = f"{base}virtualmachines/{name}"
+                if at:
+                    placed[resource] = scale_set
+            elif kind == "s":
+                resource = f"{base}virtualmachinescalesets/{rest}"
+            else:
+                scale_set, _, number = rest.partition("/")
+                resource = f"{base}virtualmachinescalesets/{scale_set}/virtualmachines/{number}"
+                placed[resource] = scale_set
+            resources.add(resource)
+    return frozenset(resources), placed

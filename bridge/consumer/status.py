@@ -2,7 +2,9 @@
 fleet state (read only), as a monitoring check.
 
 It shows the pauses in force (scope, until when, by whom, why), the asks pending with how long
-each has waited, and the budget overrides of the last 24 hours. What people decided is in the
+each has waited, the Update Manager patch runs a person is asked about (with [patchruns] on:
+configuration, window, cut-off, the budgets they would break), and the budget overrides of the
+last 24 hours. What people decided is in the
 state's `operator` documents, and only those signed with the consumer's own key count
 (bridge.consumer.people.operatorlog): the check verifies them with the same key, from the same
 setting (commands.signing_key), so it shows exactly what the consumer applies; a document that
@@ -35,7 +37,8 @@ from bridge.consumer import wiring
 from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import NoCommands, ignore_decisions
-from bridge.consumer.people.desk import OpenEvent
+from bridge.consumer.patchruns import asks_in, rule_of
+from bridge.consumer.people.desk import OpenEvent, PatchAsk
 from bridge.consumer.people.operatorlog import OperatorAction
 from bridge.monitoring import LEVELS, WARNING, CheckReport, emit, said, unknown
 from bridge.policy.model import Pause
@@ -53,6 +56,8 @@ class Report(CheckReport):
     # Spot rebalance recommendations open: never asks, never approved; what the policy did.
     advisories: list[dict[str, Any]] = field(default_factory=list)
     overrides: list[dict[str, Any]] = field(default_factory=list)
+    # Update Manager's patch runs a person is asked about (issue 40): apart from event asks.
+    patch_runs: list[dict[str, Any]] = field(default_factory=list)
     forged: int = 0
     on_previous_key: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # operator documents refused, by why
@@ -92,7 +97,7 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
         pauses, events = desk.pauses(now), desk.open_events(now)
         actions = desk.actions(now - OVERRIDES_WITHIN)
         counts = desk.counts()  # after the reads: what they found forged or refused
-        return assess(
+        report = assess(
             spec,
             pauses=pauses,
             events=events,
@@ -103,6 +108,9 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
             now=now,
             ask_age=ask_age,
         )
+        if config.patchruns.enabled:
+            add_patch_asks(report, asks_in(store, rule_of(config.patchruns)))
+        return report
     finally:
         consumer.close()
 
@@ -219,6 +227,38 @@ def assess(
     return report
 
 
+def add_patch_asks(report: Report, asks: Sequence[PatchAsk]) -> None:
+    """The patch runs a person is asked about, as the approval page lists them; pure. They
+    change no level: a run nobody answers gets patchruns.on_deadline at its deadline."""
+    report.patch_runs += [
+        {
+            "run": ask.subject,
+            "configuration": ask.configuration,
+            "start": iso(ask.start),
+            "end": iso(ask.end),
+            "cutoff": iso(ask.cutoff) if ask.cutoff else None,
+            "target": ask.target,
+            "deadline": iso(ask.deadline) if ask.deadline else None,
+            "on_deadline": ask.on_deadline,
+            "vms": ask.vms,
+            "breaches": list(ask.breaches),
+        }
+        for ask in asks
+    ]
+
+
+def _patch_lines(report: Report) -> list[str]:
+    lines = [f"patch runs asked about: {len(report.patch_runs)}"]
+    for run in report.patch_runs:
+        budgets = sorted({b.split(":", 1)[0].removeprefix("budget ") for b in run["breaches"]})
+        lines.append(
+            f"  {run['run']} {run['start']} to {run['end']}, cut-off {run['cutoff'] or 'none'}: "
+            f"asked {run['target']} until {run['deadline'] or 'the cut-off'}, then "
+            f"{run['on_deadline']}; {run['vms']} VMs; breaks budget {', '.join(budgets)}"
+        )
+    return lines
+
+
 def render(report: Report) -> str:
     lines = [f"{LEVELS[report.level]}: se-bridge consumer state {report.state}"]
     lines += [f"  {problem}" for problem in report.problems]
@@ -234,6 +274,7 @@ def render(report: Report) -> str:
         f" {_age(timedelta(seconds=a['age_seconds']))} ago, NotBefore {a['not_before']}"
         for a in report.asks
     ]
+    lines += _patch_lines(report)
     lines.append(f"advisories open (never approved): {len(report.advisories)}")
     lines += [
         f"  {a['event_id']} {a['event_type']} on {', '.join(a['vms'])}: "

@@ -22,7 +22,11 @@ from bridge.records import parse_time, utc_now, vm_key
 log = logging.getLogger(__name__)
 
 # (the VMs known) -> the patch runs counting now, as pseudo events (FleetView.impacted)
-PatchImpact = Callable[[Mapping[str, VmView]], dict[str, frozenset[str]]]
+# The patch runs counting now, of the VMs given: their pseudo events and where the names of
+# VMs no agent reports may be (bridge.policy.patchruns.counted).
+PatchImpact = Callable[
+    [Mapping[str, VmView]], tuple[dict[str, frozenset[str]], dict[str, frozenset[Scope]]]
+]
 
 # Where a look costs a query (Table Storage), the events are read in full this often, and
 # between two such reads only those written since (EventIndex).
@@ -113,6 +117,8 @@ class VmSnapshot:
         # What they impact (HEALTH + VmId or name), where a name may be, and since when.
         self.health_reach: dict[str, frozenset[Scope]] = {}
         self.unhealthy: dict[str, tuple[str, datetime]] = {}
+        # Where the names of the patch runs' VMs no agent reports may be (made with them).
+        self.patch_reach: dict[str, frozenset[Scope]] = {}
         self._scan()
 
     def _scan(self) -> None:
@@ -180,12 +186,20 @@ class VmSnapshot:
         if self._patch_impact is not None:
             # A patch run's VMs count in every budget from its start (issue 40).
             if self._patches is None:
-                self._patches = self._patch_impact(self.vms)
+                self._patches, self.patch_reach = self._patch_impact(self.vms)
                 self.patch_runs = tuple(sorted(self._patches))
             resolved.update(self._patches)
         if version is not None:
             self._resolved = (version, self._generation, resolved)
         return resolved
+
+    @property
+    def reach(self) -> dict[str, frozenset[Scope]]:
+        """Where the names resource health and the patch runs count may be (FleetView.reach,
+        beside the ledger's): known once `by_vm_id` has made their impact."""
+        if not self.patch_reach:
+            return self.health_reach
+        return {**self.health_reach, **self.patch_reach}
 
     def _health_impact(self) -> dict[str, frozenset[str]]:
         """The VMs resource health reports Unavailable or Degraded, as pseudo events: by

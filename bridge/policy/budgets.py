@@ -20,6 +20,7 @@ from bridge.policy.groups import (
 from bridge.policy.model import (
     CORDONED,
     HELD,
+    PATCH,
     Budget,
     EventView,
     FleetView,
@@ -244,25 +245,45 @@ def _cordoned(fleet: FleetView, busy: Iterable[str]) -> str:
 
 
 def _patched(fleet: FleetView, busy: Iterable[str]) -> list[str]:
-    """Which patch runs count VMs of `busy`: "N by patch run CONFIGURATION/RUN" each. Only
-    the runs' keys carried on the fleet are looked at (few, made once per pass), so a check
+    """Which patch runs count VMs of `busy`: "N by patch run CONFIGURATION/RUN" each, once
+    per run whatever its parts (`RunView.part_key`), saying how many of them are VMs no agent
+    reports whose place nobody could tell (counted in every group, the worst case). Only the
+    runs' keys carried on the fleet are looked at (few, made once per pass), so a check
     costs nothing more when no run counts."""
     if not fleet.patch_runs:
         return []
     busy = set(busy)
-    said = []
+    counts: dict[str, tuple[int, int]] = {}
     for key in fleet.patch_runs:
-        count = len(busy & fleet.impacted.get(key, frozenset()))
-        if count:
-            said.append(f"{count} by patch run {_run_name(key)}")
+        mine = busy & fleet.impacted.get(key, frozenset())
+        if not mine:
+            continue
+        name, whole = _run_name(key)
+        # A run's own key holds the names no scope was found for (the others have parts).
+        anywhere = len(mine - fleet.vms.keys()) if whole else 0
+        count, unplaced = counts.get(name, (0, 0))
+        counts[name] = (count + len(mine), unplaced + anywhere)
+    said = []
+    for name, (count, unplaced) in counts.items():
+        line = f"{count} by patch run {name}"
+        if unplaced:
+            line += (
+                f", {unplaced} of them VMs no agent reports that Resource Graph could not place, "
+                "counted in every group"
+            )
+        said.append(line)
     return said
 
 
-def _run_name(key: str) -> str:
-    """`CONFIGURATION/RUN` of a run's key (PATCH + its id, lower case), as its notices and
-    Decision records name it in `(patch:CONFIGURATION/RUN)`."""
+def _run_name(key: str) -> tuple[str, bool]:
+    """`CONFIGURATION/RUN` of a run's key (PATCH + its id, lower case; or a part of it,
+    PATCH + N: + its id), as its notices and Decision records name it in
+    `(patch:CONFIGURATION/RUN)`; and whether the key is the run's own (not a part)."""
     config = key.partition("maintenanceconfigurations/")[2].partition("/")[0]
-    return f"{config or '?'}/{key[-14:]}"
+    rest = key[len(PATCH) :]
+    number, colon, run_id = rest.partition(":")
+    part = bool(colon) and number.isdigit()
+    return f"{config or '?'}/{(run_id if part else rest)[-14:]}", not part
 
 
 def cordoned_impact(vms: Iterable[VmView]) -> dict[str, frozenset[str]]:

@@ -15,7 +15,8 @@ No Resource Graph emulator exists, so this answers what the service answers on t
         queries a `window` of seconds, 15 in 5 s as documented) or while scripted (`throttle`)
 
 over TLS on 127.0.0.1 with a throwaway CA (`ca_bundle`, for REQUESTS_CA_BUNDLE). The query is
-not KQL-evaluated: its first word names the table (maintenanceresources, healthresources),
+not KQL-evaluated: its first word names the table (maintenanceresources, healthresources,
+resources, computeresources; `refuse` answers a table's queries with a status of its own),
 whose rows are what the test put; the request's subscriptions narrow them, and so do the two
 clauses the reconciler writes: `resourceGroup in~ ('a', 'b')`, and `availabilityState) !=
 'Available' or tolower(tostring(properties.targetResourceId)) in ('id', ...)`. `requests`
@@ -67,6 +68,7 @@ class ResourceGraphDouble(ListeningDouble):
             "maintenanceresources": [], "healthresources": []}  # fmt: skip
         self.quota, self.window = quota, window
         self.throttle = 0  # the next `throttle` queries get 429, before the quota's count
+        self.refuse: dict[str, int] = {}  # table -> the status its queries get (403: no Reader)
         self.retry_after = 1
         self.requests: list[GraphRequest] = []
         self._lock = threading.Lock()
@@ -114,6 +116,12 @@ class ResourceGraphDouble(ListeningDouble):
         except (ValueError, KeyError, TypeError):
             return 400, _error("BadRequest", "the body is not a query request"), [], "", 0
         table = query.split("|", 1)[0].strip().lower()
+        if table in self.refuse:
+            code = self.refuse[table]
+            refused = _error("AuthorizationFailed", "The client does not have "
+                             "authorization to perform action "
+                             "'Microsoft.ResourceGraph/resources/read'.")  # fmt: skip
+            return code, refused, [], table, 0
         offset = int(base64.b64decode(options["$skipToken"])) if options.get("$skipToken") else 0
         page = offset // max(1, int(options.get("$top", 1000)))
         with self._lock:

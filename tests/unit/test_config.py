@@ -56,6 +56,12 @@ def test_lists_from_environment_and_file(tmp_path: Path) -> None:
     assert load(path, environ={}).sink_specs() == ["stdout"]
 
 
+def test_a_rebalance_drain_lasts_an_hour_at_most_unless_set(tmp_path: Path) -> None:
+    assert load(environ={}).kubernetes.rebalance_drain_for == 3600
+    path = write(tmp_path, "[kubernetes]\nrebalance_drain_for = 900\n")
+    assert load(path, environ={}).kubernetes.rebalance_drain_for == 900
+
+
 def test_hook_commands_string_or_argv(tmp_path: Path) -> None:
     path = write(tmp_path, '[hooks]\nprepare = "drain.sh --all, now"\nrecover = ["a", "b,c"]\n')
     hooks = load(path, environ={}).hooks
@@ -79,6 +85,11 @@ ERRORS = {
     "bad identity kind": (
         {"SE_BRIDGE_IDENTITY_KIND": "password"},
         "identity.kind (from SE_BRIDGE_IDENTITY_KIND): must be one of auto, managed",
+    ),
+    "rebalance drain cap out of range": (
+        {"SE_BRIDGE_KUBERNETES_REBALANCE_DRAIN_FOR": "0"},
+        "kubernetes.rebalance_drain_for (from SE_BRIDGE_KUBERNETES_REBALANCE_DRAIN_FOR): must "
+        "be between 1 and 86400",
     ),
     "bad choice": (
         {"SE_BRIDGE_AGENT_LOG_LEVEL": "chatty"},

@@ -8,7 +8,8 @@ Routes (docs/people.md#the-api):
 - `GET /events/{id}`: the same page with that one event alone (404 once it is no longer
   open): where the links in notices lead (bridge.notify.notifier.event_link).
 - `POST /decide`: a form of the page (CSRF token checked first; 403 when it is forged or old).
-- `GET /api/v1/events`, `POST /api/v1/events/{id}/approve|hold`, `POST /api/v1/pause`,
+- `GET /api/v1/events` (the open events, each with its Advisory flag, the patch-run asks, the
+  pauses, the budgets), `POST /api/v1/events/{id}/approve|hold`, `POST /api/v1/pause`,
   `POST /api/v1/resume`: the JSON API of `se-bridge approve|hold|pause|resume`;
   `POST /api/v1/patchruns/{configuration}/{run}/run|cancel`: a person's answer to the ask
   about an Update Manager patch run (issue 40; `{"Reason": "..."}`). Only a bearer
@@ -390,6 +391,7 @@ class PeopleApp:
             200,
             {
                 "Events": [_event_json(e) for e in self.desk.open_events(now)],
+                "PatchRuns": [_patch_json(a) for a in self.desk.patch_runs_asked(now)],
                 "Pauses": [_pause_json(p) for p in self.desk.pauses(now)],
                 "Budgets": self.desk.budget_use(),
             },
@@ -544,6 +546,28 @@ def _event_json(event: OpenEvent) -> dict[str, Any]:
         "Explanation": list(event.explanation),
         "Ask": event.ask,
         "ResourcesDigest": event.resources_digest,
+        # A Spot rebalance recommendation: never approved, an approve or hold is refused.
+        "Advisory": event.advisory,
+    }
+
+
+def _patch_json(ask: PatchAsk) -> dict[str, Any]:
+    """A patch run asked about, as the page lists it; answered at
+    POST /api/v1/patchruns/{configuration}/{run}/run|cancel."""
+    config, _, run = ask.subject.removeprefix("(patch:").removesuffix(")").partition("/")
+    return {
+        "Run": ask.subject,
+        "Configuration": ask.configuration,
+        "Name": ask.name,
+        "Vms": ask.vms,
+        "Start": _time(ask.start),
+        "End": _time(ask.end),
+        "CutOff": _time(ask.cutoff),
+        "Asked": ask.target,
+        "Deadline": _time(ask.deadline),
+        "OnDeadline": ask.on_deadline,
+        "Breaches": list(ask.breaches),
+        "Page": f"/patchruns/{config}/{run}",
     }
 
 

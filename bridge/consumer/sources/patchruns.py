@@ -57,9 +57,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal
+
+from bridge.retry import DeliveryError
 
 PRE = "microsoft.maintenance.premaintenanceevent"
 POST = "microsoft.maintenance.postmaintenanceevent"
@@ -225,17 +227,38 @@ def _short(value: object) -> str:
 
 ASSIGNMENTS = "microsoft.maintenance/configurationassignments"
 VIRTUAL_MACHINES = "microsoft.compute/virtualmachines"
+INSTANCES = "microsoft.compute/virtualmachinescalesets/virtualmachines"
 MAX_SCOPES = 20  # dynamic scopes of one configuration read per run (Azure allows more)
+# A scale set assigned to a run is read instance by instance, so that each counts in the
+# budgets, agent or not: at most MAX_SCALE_SETS sets and MAX_INSTANCES instances a run (two
+# queries, each paged: 10 pages of 1,000 rows at most, well inside ResourceGraph.rows' 50, so
+# a bound reached is seen here and never a silent truncation). Past either, or when Resource
+# Graph fails, the sets not read are `unread`: the run counts as breaking every budget (worst
+# case), said at WARNING by the consumer.
+MAX_SCALE_SETS = 50
+MAX_INSTANCES = 10_000
+# VMs assigned one by one whose scale set Resource Graph is asked (one query a run); the rest
+# count as names that may be anywhere (worst case).
+MAX_PLACED = 500
 _NAME = re.compile(r"^[-\w._()]{1,90}$")
+_SAFE_ID = re.compile(r"^/subscriptions/[0-9a-f-]{36}(?:/[-\w._()]{1,128}){6,8}$")
 
 
 @dataclass(frozen=True)
 class Resolved:
-    """The compute resources a run patches: VM or scale set ids, lower case."""
+    """The compute resources a run patches: VM, scale-set instance or scale set ids, lower
+    case. A scale set whose instances were read counts by them (`whole`: its agents' VMs too,
+    none by its name); one in `unread` counts as breaking every budget. `placed`: of the VM
+    ids, those Resource Graph placed, each with the name of its (flexible) scale set or ""
+    (none, or an availability set): where its name counts when no agent reports it; a VM not
+    placed may be in any group (worst case)."""
 
     resources: frozenset[str]
     dynamic_scopes: int = 0
     notes: tuple[str, ...] = ()  # what was left out, and why
+    whole: frozenset[str] = frozenset()
+    unread: frozenset[str] = frozenset()
+    placed: Mapping[str, str] = field(default_factory=dict)
 
 
 Rows = Callable[[str, list[str]], Iterable[Mapping[str, Any]]]
@@ -262,19 +285,86 @@ def scope_query(filter_: Mapping[str, Any]) -> str:
             query += f" | where {column} in~ (" + ", ".join(f"'{n}'" for n in names) + ")"
     return (
         query + " | project id, name, type, subscriptionId, resourceGroup, location, tags,"
-        " osType = tostring(properties.storageProfile.osDisk.osType)"
+        " osType = tostring(properties.storageProfile.osDisk.osType),"
+        f" {_SCALE_SET_COLUMN}"
     )
+
+
+# A VM's flexible scale set, as `resources` holds it (properties.virtualMachineScaleSet.id of
+# the VM's model, Microsoft.Compute/virtualMachines REST reference); "" when it is in none.
+_SCALE_SET_COLUMN = "scaleSet = tolower(tostring(properties.virtualMachineScaleSet.id))"
+
+
+def placement_query(vm_ids: Sequence[str]) -> str:
+    """The scale sets of the VMs `vm_ids` (ids checked to be Azure's: nothing a row says is
+    written into a query unless it is)."""
+    listed = ", ".join(f"'{i}'" for i in vm_ids)
+    return (
+        f"resources | where type =~ '{VIRTUAL_MACHINES}' | where tolower(id) in ({listed})"
+        f" | project id, name, type, subscriptionId, resourceGroup, {_SCALE_SET_COLUMN}"
+    )
+
+
+# A scale set's instances (issue 40 leftover 1). Microsoft publishes no Resource Graph row of
+# either kind; these are shaped as its references give them: the table and type from Resource
+# Graph's table reference ("computeresources: microsoft.compute/virtualmachinescalesets/
+# virtualmachines"), an instance's id from the REST reference of Virtual Machine Scale Set VMs
+# (.../virtualMachineScaleSets/{vmScaleSetName}/virtualMachines/{instanceId}), its name as
+# scheduled events name it (`myvmss_1` in the Event Grid sample of bridge.consumer.sources.
+# resourcegraph), and a Flexible set's VM from the VM reference (properties.
+# virtualMachineScaleSet.id); `scaleSet` is the column the queries below project:
+#
+#     {"id": "/subscriptions/{sub}/resourcegroups/rg-web/providers/microsoft.compute/
+#             virtualmachinescalesets/web/virtualmachines/3",
+#      "name": "web_3", "type": "microsoft.compute/virtualmachinescalesets/virtualmachines",
+#      "subscriptionId": "{sub}", "resourceGroup": "rg-web",
+#      "scaleSet": "/subscriptions/{sub}/resourcegroups/rg-web/providers/microsoft.compute/
+#                   virtualmachinescalesets/web"}
+#
+#     {"id": "/subscriptions/{sub}/resourceGroups/rg-web/providers/Microsoft.Compute/
+#             virtualMachines/flex_a1b2c3", "name": "flex_a1b2c3",
+#      "type": "microsoft.compute/virtualmachines", "subscriptionId": "{sub}",
+#      "resourceGroup": "rg-web", "scaleSet": "/subscriptions/{sub}/resourcegroups/rg-web/
+#      providers/microsoft.compute/virtualmachinescalesets/flex"}
+#
+# Nothing a row says is trusted: an instance counts only when its id is under a set the run
+# names (Uniform) or its scaleSet is one (Flexible); anything else is left out.
+
+
+def instances_queries(scale_sets: Sequence[str]) -> tuple[str, str]:
+    """The instances of `scale_sets` (ids checked to be Azure's): a Uniform set's are rows of
+    `computeresources`, type microsoft.compute/virtualmachinescalesets/virtualmachines, their
+    ids under the set's (Resource Graph's table reference, "computeresources"); a Flexible
+    set's are VMs of `resources` naming it in properties.virtualMachineScaleSet.id."""
+    listed = ", ".join(f"'{i}'" for i in scale_sets)
+    uniform = (
+        f"computeresources | where type =~ '{INSTANCES}'"
+        " | extend scaleSet = tolower(strcat_array(array_slice(split(id, '/'), 0, 8), '/'))"
+        f" | where scaleSet in ({listed})"
+        " | project id, name, type, subscriptionId, resourceGroup, scaleSet"
+    )
+    flexible = (
+        f"resources | where type =~ '{VIRTUAL_MACHINES}' | extend {_SCALE_SET_COLUMN}"
+        f" | where scaleSet in ({listed})"
+        " | project id, name, type, subscriptionId, resourceGroup, scaleSet"
+    )
+    return uniform, flexible
 
 
 def resolve(run: RunNotice, rows: Rows) -> Resolved:
     """The VMs and scale sets `run`'s configuration is assigned to, in the run's trusted
     subscriptions; `rows(query, subscriptions)` is ResourceGraph.rows."""
-    return resolve_configuration(run.configuration_id, run.subscriptions, rows)
+    return resolve_configuration(run.configuration_id, run.subscriptions, rows, instances=True)
 
 
-def resolve_configuration(configuration_id: str, trusted: Sequence[str], rows: Rows) -> Resolved:
+def resolve_configuration(
+    configuration_id: str, trusted: Sequence[str], rows: Rows, *, instances: bool = False
+) -> Resolved:
     """The VMs and scale sets configuration `configuration_id` is assigned to, in the
-    `trusted` subscriptions (lower case): its assignments and its dynamic scopes."""
+    `trusted` subscriptions (lower case): its assignments and its dynamic scopes. With
+    `instances` (a run about to start), also its scale sets' instances and where its VMs are
+    (two or three more queries); the week ahead's read, which resolves every configuration,
+    does without."""
     subscriptions = list(trusted)
     wanted = configuration_id.lower()
     found: set[str] = set()
@@ -294,6 +384,8 @@ def resolve_configuration(configuration_id: str, trusted: Sequence[str], rows: R
         elif _COMPUTE.match(target) and target.split("/")[2] in subscriptions:
             found.add(target)
     notes: list[str] = []
+    placed: dict[str, str] = {}
+    dynamic: set[str] = set()  # their rows say their scale sets already
     if len(scopes) > MAX_SCOPES:
         notes.append(f"{len(scopes)} dynamic scopes; the first {MAX_SCOPES} were read")
     for sub, filter_ in scopes[:MAX_SCOPES]:
@@ -301,7 +393,122 @@ def resolve_configuration(configuration_id: str, trusted: Sequence[str], rows: R
             vm = str(row.get("id", "")).strip().lower()
             if _COMPUTE.match(vm) and vm.split("/")[2] == sub and takes(filter_, row):
                 found.add(vm)
-    return Resolved(frozenset(found), min(len(scopes), MAX_SCOPES), tuple(notes))
+                dynamic.add(vm)
+                _place(placed, vm, row)
+    whole: frozenset[str] = frozenset()
+    unread: frozenset[str] = frozenset()
+    if instances:
+        _place_assigned(found - dynamic, placed, subscriptions, rows, notes)
+        whole, unread, read = _instances(found, subscriptions, rows, notes)
+        for vm, row in read.items():
+            found.add(vm)
+            _place(placed, vm, row)
+    return Resolved(
+        frozenset(found),
+        min(len(scopes), MAX_SCOPES),
+        tuple(notes),
+        whole=whole,
+        unread=unread,
+        placed=placed,
+    )
+
+
+def _place(placed: dict[str, str], vm: str, row: Mapping[str, Any]) -> None:
+    """Note the scale set a VM row names (a projected `scaleSet`: a set's id, or "")."""
+    if vm.split("/")[-2] != "virtualmachines" or "scaleSet" not in row:
+        return
+    named = str(row.get("scaleSet") or "").strip().lower()
+    placed[vm] = named.rpartition("/")[2] if named else ""
+
+
+def _place_assigned(
+    found: set[str], placed: dict[str, str], subscriptions: list[str], rows: Rows, notes: list[str]
+) -> None:
+    """Ask Resource Graph the scale set of each VM assigned one by one (at most MAX_PLACED);
+    a VM it does not place may be in any group. Its failure costs only that precision."""
+    wanted = sorted(r for r in found if r not in placed and _kind(r) == "vm" and _SAFE_ID.match(r))
+    if not wanted:
+        return
+    if len(wanted) > MAX_PLACED:
+        notes.append(
+            f"{len(wanted)} VMs assigned one by one; where the first {MAX_PLACED} are was "
+            "read, the others may be in any group (worst case)"
+        )
+    try:
+        for row in rows(placement_query(wanted[:MAX_PLACED]), subscriptions):
+            vm = str(row.get("id", "")).strip().lower()
+            if vm in found and str(row.get("type", "")).lower() == VIRTUAL_MACHINES:
+                _place(placed, vm, row)
+    except DeliveryError as err:
+        notes.append(f"where the VMs assigned one by one are could not be read ({err}): each "
+                     "may be in any group (worst case)")  # fmt: skip
+
+
+def _instances(
+    found: set[str], subscriptions: list[str], rows: Rows, notes: list[str]
+) -> tuple[frozenset[str], frozenset[str], dict[str, Mapping[str, Any]]]:
+    """The instances of the scale sets of `found`: (the sets read whole, the sets not read,
+    each instance's id with its row)."""
+    sets = sorted(r for r in found if _kind(r) == "scale_set")
+    readable = [r for r in sets if _SAFE_ID.match(r)][:MAX_SCALE_SETS]
+    unread = set(sets) - set(readable)
+    if unread:
+        notes.append(
+            f"the instances of {len(unread)} scale sets were not read (more than "
+            f"{MAX_SCALE_SETS}, or an id that is not Azure's): counted as breaking every "
+            "budget (worst case)"
+        )
+    if not readable:
+        return frozenset(), frozenset(unread), {}
+    try:
+        instances = _read_instances(readable, subscriptions, rows)
+    except DeliveryError as err:
+        notes.append(
+            f"the instances of {len(readable)} scale sets could not be read ({err}): counted "
+            "as breaking every budget (worst case)"
+        )
+        return frozenset(), frozenset(sets), {}
+    if instances is None:
+        notes.append(
+            f"the scale sets hold more than {MAX_INSTANCES} instances: not read, counted as "
+            "breaking every budget (worst case)"
+        )
+        return frozenset(), frozenset(sets), {}
+    return frozenset(readable), frozenset(unread), instances
+
+
+def _read_instances(
+    readable: list[str], subscriptions: list[str], rows: Rows
+) -> dict[str, Mapping[str, Any]] | None:
+    """Each instance of `readable`'s sets by its id, with its row; None past MAX_INSTANCES."""
+    instances: dict[str, Mapping[str, Any]] = {}
+    wanted = set(readable)
+    for query in instances_queries(readable):
+        for row in rows(query, subscriptions):
+            vm = str(row.get("id", "")).strip().lower()
+            named = str(row.get("scaleSet") or "").strip().lower()
+            if not named or _instance_of(vm, row, wanted) != named:
+                continue
+            instances[vm] = row
+            if len(instances) > MAX_INSTANCES:
+                return None
+    return instances
+
+
+def _instance_of(vm: str, row: Mapping[str, Any], wanted: set[str]) -> str:
+    """The scale set (of `wanted`) whose instance the row `vm` is, else ""."""
+    kind = str(row.get("type", "")).lower()
+    if kind == INSTANCES:
+        parent, _, instance = vm.rpartition("/virtualmachines/")
+        return parent if parent in wanted and _NAME.match(instance) else ""
+    if kind == VIRTUAL_MACHINES and _COMPUTE.match(vm):
+        named = str(row.get("scaleSet") or "").strip().lower()
+        return named if named in wanted else ""
+    return ""
+
+
+def _kind(resource: str) -> str:
+    return "scale_set" if resource.split("/")[-2] == "virtualmachinescalesets" else "vm"
 
 
 def takes(filter_: Mapping[str, Any], vm: Mapping[str, Any]) -> bool:

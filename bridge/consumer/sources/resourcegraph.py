@@ -64,7 +64,8 @@ and a health row (healthresources):
 What a pass feeds (`plan`), so that a row never undoes what Event Grid said since: Resource
 Graph lags Event Grid by minutes, so an event's row is dated `LAG` back and folded only when
 it tells more than the fleet state holds (no such event; a later status; a Completed or
-Canceled of an event still open; other names or another NotBefore at the same status), and a
+Canceled of an event still open; other names or another NotBefore at the same status; a Spot
+rebalance recommendation as an Advisory record, as the Event Grid path takes it), and a
 health row only when it is newer (`occurredTime`, as deliveries are folded). A row's absence
 says nothing: it never ends an event or frees a VM.
 """
@@ -385,9 +386,11 @@ def as_delivery(row: Mapping[str, Any], table: str, now: datetime) -> str:
 
 @dataclass
 class Plan:
-    """What one pass folds: the rows that tell more than the fleet state holds."""
+    """What one pass folds: the rows that tell more than the fleet state holds. A Spot
+    rebalance recommendation's row is an Advisory record among `events`, as the Event Grid
+    path folds it (never approved)."""
 
-    events: list[rt.Event] = field(default_factory=list)
+    events: list[rt.Event | rt.Advisory] = field(default_factory=list)
     health: list[HealthChange] = field(default_factory=list)
 
 
@@ -402,7 +405,8 @@ def plan(
     `failed(error, which row)`: a row that cannot be compared (a stored document of a shape
     nobody wrote) is told there and left out, the rest go on; without it, the error raises."""
     chosen = Plan()
-    for record in parsed.events:
+    records: list[rt.Event | rt.Advisory] = [*parsed.events, *parsed.advisories]
+    for record in records:
         try:
             if _tells_more(record, events_known.get(record["EventId"].lower())):
                 chosen.events.append(record)
@@ -427,9 +431,8 @@ def _health_tells_more(change: HealthChange, doc: Mapping[str, Any] | None) -> b
     return iso(change.at) > str(doc.get("at", ""))
 
 
-def _tells_more(record: rt.Event, held: Mapping[str, Any] | None) -> bool:
-    status = record["Transition"]
-    rank = _RANK[status]
+def _tells_more(record: rt.Event | rt.Advisory, held: Mapping[str, Any] | None) -> bool:
+    rank = _RANK[_status_of(record)]
     if held is None:
         return rank < 2  # an end of an event nobody holds ends nothing
     azure = held.get("azure")
@@ -446,6 +449,14 @@ def _tells_more(record: rt.Event, held: Mapping[str, Any] | None) -> bool:
     )
 
 
+def _status_of(record: rt.Event | rt.Advisory) -> str:
+    """The status Azure told: an Advisory's as the fold takes it (documents.
+    _merge_advisory_record: Scheduled while Raised, Completed once Cleared)."""
+    if record["RecordType"] == "Advisory":
+        return "Scheduled" if record["AdvisoryState"] == "Raised" else "Completed"
+    return record["Transition"]
+
+
 class Intake(Protocol):
     """What the reconciler feeds (bridge.consumer.secondsource.EventGridIntake)."""
 
@@ -453,7 +464,9 @@ class Intake(Protocol):
 
     def take(self, bodies: Sequence[str], what: str = ...) -> Parsed: ...
 
-    def fold(self, events: Sequence[rt.Event], health: Sequence[HealthChange]) -> None: ...
+    def fold(
+        self, events: Sequence[rt.Event | rt.Advisory], health: Sequence[HealthChange]
+    ) -> None: ...
 
 
 class Known(Protocol):
@@ -528,7 +541,7 @@ class Reconciler:
                 as_delivery(row, table, now) for row in self.graph.rows(query, subscriptions)
             ]
         parsed = self.intake.take(bodies, "a Resource Graph row")
-        known = self.known.events([e["EventId"] for e in parsed.events])
+        known = self.known.events([e["EventId"] for e in (*parsed.events, *parsed.advisories)])
         return plan(parsed, known, health, self._row_failed)
 
     def _fold(self, chosen: Plan) -> Plan:
@@ -554,7 +567,7 @@ class Reconciler:
         return folded
 
     def _fold_one(
-        self, events: Sequence[rt.Event], health: Sequence[HealthChange], which: str
+        self, events: Sequence[rt.Event | rt.Advisory], health: Sequence[HealthChange], which: str
     ) -> bool:
         try:
             self.intake.fold(events, health)

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from bridge.policy.groups import groups_of
-from bridge.policy.model import Budget, FleetView
+from bridge.policy.groups import can_hold, groups_of
+from bridge.policy.model import Budget, FleetView, Scope
 from bridge.policy.patchruns import RunView
 
 PatchKind = Literal["Run", "Ask", "Cancel"]
@@ -82,9 +82,12 @@ def breaches(
     *,
     overlapping: Mapping[str, frozenset[str]] | None = None,
     notes: list[str] | None = None,
+    places: Mapping[str, Scope | None] | None = None,
 ) -> list[str]:
     """The budgets `run_vms` would break, each a line (`breach_list`)."""
-    found = breach_list(budgets, fleet, run, run_vms, now, overlapping=overlapping, notes=notes)
+    found = breach_list(
+        budgets, fleet, run, run_vms, now, overlapping=overlapping, notes=notes, places=places
+    )
     return [b.line for b in found]
 
 
@@ -97,14 +100,18 @@ def breach_list(
     *,
     overlapping: Mapping[str, frozenset[str]] | None = None,
     notes: list[str] | None = None,
+    places: Mapping[str, Scope | None] | None = None,
 ) -> list[Breach]:
     """The budgets `run_vms` (VmIds, and names of VMs no agent reports) would break: a group's
     impacted VMs and the run's together over its limit. Impacted: every other event and run of
     FleetView.impacted, and the runs `overlapping` this one's window that have not started yet
     (two configurations that split a scale set, each of which fits, may run at once). Names no
-    VM is known by count in the `fleet` budgets."""
+    VM is known by count in the `fleet` budgets; with `places` (name -> where Resource Graph
+    placed it, None: nobody could tell; of this run's names and of the other runs'), in the
+    other budgets' groups too: each group that can hold it, or a group of their own (a scale
+    set no agent reports), and a name not placed in every group (the worst case)."""
     impacted = {**fleet.impacted, **(overlapping or {})}
-    others = {vm for key, vms in impacted.items() if key != run.key for vm in vms}
+    others = {vm for key, vms in impacted.items() if not run.owns(key) for vm in vms}
     known = [v for v in fleet.vms.values() if v.vm_id in run_vms or v.vm_id in others
              or fleet.alive(v.vm_id, now)]  # fmt: skip
     unknown = {v for v in run_vms if v not in fleet.vms}
@@ -113,6 +120,12 @@ def breach_list(
         groups = groups_of(budget.group, known)
         if budget.group == "fleet" and unknown:
             groups = {k: g | unknown for k, g in groups.items()} or {"fleet": set(unknown)}
+        elif places is not None and unknown:
+            # The other runs' names `places` says where they are (runs that overlap) count in
+            # those groups too: two runs that split a set no agent reports add up.
+            theirs = {n for n in others if n in places and n not in fleet.vms}
+            named = {n: places.get(n) for n in unknown | theirs}
+            groups = _with_names(budget.group, groups, fleet, named)
         for key, group in sorted(groups.items()):
             mine = group & run_vms
             if not mine:
@@ -128,7 +141,70 @@ def breach_list(
                 broken.append(Breach(budget.name, key, len(busy | mine), limit, line))
             elif notes is not None:
                 notes.append(f"{line}, within the limit of {limit}")
+    if notes is not None and places is not None and unknown:
+        notes.append(_where_said({n: places.get(n) for n in unknown}))
     return broken
+
+
+NO_AGENT = " (VMs no agent reports)"
+
+
+def _with_names(
+    kind: str, groups: dict[str, set[str]], fleet: FleetView, names: Mapping[str, Scope | None]
+) -> dict[str, set[str]]:
+    """`groups` (of known VMs) with the run's names no agent reports in each group that can
+    hold them (`can_hold`; a name not placed: every group); a name no known group holds forms
+    a group with the others of its scale set or resource group's availability sets."""
+    out = {key: set(group) for key, group in groups.items()}
+    samples = {key: fleet.vms[min(g)] for key, g in groups.items() if g}
+    by_scope: dict[Scope | None, set[str]] = {}
+    for name, scope in names.items():
+        by_scope.setdefault(scope, set()).add(name)
+    # A scope at a time (a run's names share a few): 10,000 instances and 1,000 groups cost
+    # a check per scope and group, not per name and group.
+    for scope, named in sorted(by_scope.items(), key=lambda item: repr(item[0])):
+        held = False
+        for key, sample in samples.items():
+            if scope is None or can_hold(kind, sample, (scope,)):
+                out[key] |= named
+                held = True
+        if held or (kind in ("scale_set", "node_pool") and scope is not None and not scope[2]):
+            continue  # a VM in no scale set is in no such group
+        if scope is None:
+            label = f"(anywhere){NO_AGENT}"
+        else:
+            label = f"{scope[0]}/{scope[1]}/{scope[2] or 'availability set'}{NO_AGENT}"
+        out.setdefault(label, set()).update(named)
+    return out
+
+
+def _where_said(names: Mapping[str, Scope | None]) -> str:
+    """Where the run's names no agent reports counted, for the Decision's explanation."""
+    placed: dict[str, list[str]] = {}
+    nowhere = sorted(n for n, scope in names.items() if scope is None)
+    for name, scope in sorted(names.items(), key=lambda item: item[0]):
+        if scope is not None:
+            where = f"{scope[0]}/{scope[1]}/{scope[2] or 'availability set'}"
+            placed.setdefault(where, []).append(name)
+    parts = [
+        f"{len(listed)} in {where} ({_few(listed)})" for where, listed in sorted(placed.items())
+    ]
+    said = "the run's VMs no agent reports: "
+    if parts:
+        said += f"{'; '.join(parts)}, where Resource Graph placed them"
+    if nowhere:
+        said += "; " if parts else ""
+        said += (
+            f"{len(nowhere)} where nobody could tell ({_few(nowhere)}), counted in every group "
+            "(worst case)"
+        )
+    return said
+
+
+def _few(names: list[str], shown: int = 3) -> str:
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"
 
 
 def decide(

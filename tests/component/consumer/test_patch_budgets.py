@@ -4,6 +4,7 @@ from the run's start to its post-event; the real consumer core over a real SQLit
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from bridge.consumer.patchruns import Parts, PatchRuns, attach
 from bridge.consumer.secondsource import EventGridIntake
 from bridge.consumer.sources.eventgrid import Trust
 from bridge.consumer.sources.patchruns import Resolved
-from tests.component.consumer.test_core import E1
+from tests.component.consumer.test_core import E1, E2
 from tests.component.consumer.test_second_source import Rig
 from tests.support import eventgrid as eg
 from tests.support.fleetrecords import SUBSCRIPTION
@@ -62,3 +63,37 @@ def test_with_patch_runs_off_the_events_are_left_aside(tmp_path: Path) -> None:
     rig.intake.handle([eg.maintenance("pre", rig.fleet.now, rig.fleet.now)])
     assert rig.intake.counts().ignored == 1
     assert rig.intake.counts().refused == {}
+
+
+def test_a_runs_agentless_scale_set_counts_where_resource_graph_placed_it(
+    tmp_path: Path,
+) -> None:
+    # Issue 40 leftover 2: before, the run's VMs no agent reports counted in every group, and
+    # the api set's run held the web set's slot.
+    api = eg.compute_id("rg-app", "virtualMachineScaleSets", "api").lower()
+    ghost = eg.compute_id("rg-app", "virtualMachines", "ghost").lower()
+    instances = frozenset(f"{api}/virtualmachines/{n}" for n in range(3))
+    rig, runs = patched(tmp_path / "fleet.db")
+    resolved = Resolved(instances | {api}, whole=frozenset({api}))
+    runs.parts = replace(runs.parts, resolve=lambda _notice: resolved)
+    start = rig.fleet.now + timedelta(minutes=35)
+    rig.intake.handle([eg.maintenance("pre", start, rig.fleet.now)])
+    assert runs.outcomes == {"over_budget": 1}  # 3 instances of api at once, max_vms 1
+    explanation = str(rig.decisions[-1]["DecisionExplanation"])
+    assert "3 in " in explanation
+    assert "/rg-app/api (api_0, api_1, api_2), where Resource Graph placed them" in explanation
+    rig.fleet.advance(36 * 60)
+    rig.agent("web_0", E1, resources=["web_0"])
+    assert rig.approved() == [E1]  # api's instances are not web's
+    # A VM Resource Graph could not place may be web's: the worst case holds web_1's event.
+    rig.fleet.advance(60)
+    later = rig.fleet.now + timedelta(minutes=35)
+    runs.parts = replace(runs.parts, resolve=lambda _notice: Resolved(frozenset({ghost})))
+    rig.intake.handle([eg.maintenance("pre", later, rig.fleet.now)])
+    rig.fleet.advance(36 * 60)
+    rig.agent("web_1", E2, resources=["web_1"])
+    assert E2 not in rig.approved()
+    said = " ".join(rig.explain(E2))
+    assert (
+        "VMs no agent reports that Resource Graph could not place, counted in every group" in said
+    )

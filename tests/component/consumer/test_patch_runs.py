@@ -4,6 +4,7 @@ wanted too late; a run whose post-event never comes; a delivery that repeats."""
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
@@ -18,6 +19,7 @@ from bridge.consumer import validation
 from bridge.consumer.decisionrecord import Voice
 from bridge.consumer.patchruns import Parts, PatchRuns, check_settings
 from bridge.consumer.sources.patchruns import Resolved, RunNotice
+from bridge.consumer.state import MAX_VALUE_CHARS
 from bridge.consumer.state.sqlite import SqliteStore
 from bridge.notify.notice import Notice
 from bridge.policy.model import Budget, FleetView, Person, VmView
@@ -290,3 +292,97 @@ def test_patch_runs_need_the_second_source() -> None:
     with pytest.raises(ConfigError, match=r"needs eventgrid\.enabled"):
         check_settings(PatchRunSettings(enabled=True), eventgrid_enabled=False)
     check_settings(PatchRunSettings(), eventgrid_enabled=False)  # off: nothing checked
+
+
+def test_a_scale_set_whose_instances_could_not_be_read_breaks_every_budget_warned(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Issue 40 leftover 1: how many VMs it holds is not known, so the worst case decides.
+    r = rig(tmp_path, on_breach="cancel", cancel=True)
+    r.vms.clear()  # no agent reports the set
+    unread = Resolved(frozenset({SET}), notes=("the instances of 1 scale sets could not be read "
+                      "(Resource Graph answered 403): counted as breaking every budget "
+                      "(worst case)",), unread=frozenset({SET}))  # fmt: skip
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: unread)
+    with caplog.at_level(logging.WARNING):
+        r.runs.take([pre()])
+    assert [a for a, _ in r.actions()] == ["Cancel"]
+    assert r.cancels == [(CONFIG, "20261208020000")]
+    explanation = str(r.records[0]["DecisionExplanation"])
+    assert "the instances of scale set web could not be read" in explanation
+    assert "Resource Graph answered 403" in explanation
+    warned = [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING]
+    assert any("counts as breaking every budget (worst case)" in m for m in warned), warned
+    assert r.runs.outcomes["instances_unread"] == 1
+
+
+def agentless_set(tmp_path: Path, count: int) -> tuple[Rig, frozenset[str]]:
+    """A rig whose run patches a scale set of `count` instances no agent reports, read whole
+    from Resource Graph, its pre-event taken."""
+    r = rig(tmp_path)
+    r.vms.clear()
+    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(count))
+    whole = Resolved(instances | {SET}, whole=frozenset({SET}))
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: whole)
+    r.runs.take([pre()])
+    return r, instances
+
+
+def test_a_scale_set_no_agent_reports_counts_every_instance(tmp_path: Path) -> None:
+    # Issue 40 leftover 1: before, the set counted as one name and fit max_vms 1.
+    r, _ = agentless_set(tmp_path, 4)
+    ((action, reason),) = r.actions()
+    assert (action, reason) == ("Run", "on_breach run: it runs over the budget")
+    assert "web (VMs no agent reports) has 0 of 4 VMs impacted; the run patches 4" in str(
+        r.records[0]["DecisionExplanation"]
+    )
+    # Its notice names the instances as scheduled events do, not by their instance ids.
+    assert r.notices.sent[0].vms == ("web", "web_0", "web_1", "web_2", "web_3")
+    # Counted as the set's VMs, where they are: a part of the run that reaches that set only.
+    found, reach = r.runs.counted(r.vms, START)
+    assert found == {
+        f"patch:{RUN_ID}": frozenset(),
+        f"patch:0:{RUN_ID}": {"web_0", "web_1", "web_2", "web_3"},
+    }
+    assert reach == {f"patch:0:{RUN_ID}": {(SUB, "rg-web", "web")}}
+
+
+def test_a_run_of_the_most_instances_read_fits_one_table_storage_entity(tmp_path: Path) -> None:
+    # 10,000 instances as full ids and their places took about 3 MB of JSON, and the store
+    # refused the run's document: Table Storage keeps at most 1 MiB an entity.
+    r = rig(tmp_path)
+    r.vms.clear()
+    flex = SET.replace("/web", "/flex")
+    uniform = {f"{SET}/virtualmachines/{n}": "web" for n in range(5000)}
+    flexible = {f"/subscriptions/{SUB}/resourcegroups/rg-web-nodes/providers/microsoft.compute/"
+                f"virtualmachines/flex_{n:06x}": "flex" for n in range(5000)}  # fmt: skip
+    direct = (
+        f"/subscriptions/{SUB}/resourcegroups/rg-db/providers/microsoft.compute/virtualmachines/db1"
+    )
+    resolved = Resolved(frozenset({SET, flex, direct, *uniform, *flexible}),
+                        whole=frozenset({SET, flex}),
+                        placed={**uniform, **flexible, direct: ""})  # fmt: skip
+    r.runs.parts = replace(r.runs.parts, resolve=lambda _notice: resolved)
+    r.runs.take([pre()])
+    (doc,) = r.runs.store.scan("patchrun")
+    assert len(json.dumps(doc.value)) < MAX_VALUE_CHARS / 2
+    # ... and reads back as it was resolved.
+    (view,) = r.runs.runs()
+    assert view.resources == resolved.resources
+    assert view.whole == resolved.whole
+    assert dict(view.placed) == {**uniform, **flexible, direct: ""}
+
+
+def test_a_decision_record_of_a_run_of_thousands_of_instances_stays_small(tmp_path: Path) -> None:
+    # Every instance id in Resources made a record of about 1.5 MB at 10,000 instances: more
+    # than a Logs Ingestion call takes, and past a Log Analytics column's 64 KB.
+    r, instances = agentless_set(tmp_path, 4000)
+    (record,) = r.records
+    assert validation.problem(record) is None
+    listed = record["Resources"]
+    assert isinstance(listed, list)
+    assert len(json.dumps(listed)) < 32_000
+    assert set(listed) < instances | {SET}
+    assert f"the run patches 4001 resources; the record lists the first {len(listed)}" in str(
+        record["DecisionExplanation"]
+    )

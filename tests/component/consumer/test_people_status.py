@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bridge import cli
 from bridge.commands import signing
 from bridge.commands.signing import Signer
-from bridge.config import load
+from bridge.config import PatchRunSettings, load
 from bridge.consumer import wiring
 from bridge.consumer.people.operatorlog import (
     KEEP_OPERATOR_ACTIONS,
@@ -27,6 +27,7 @@ from bridge.consumer.people.operatorlog import (
 )
 from bridge.consumer.state import Doc
 from bridge.policy import file as policyfile
+from tests.component.consumer import test_patch_runs as patchrig
 from tests.component.consumer.test_core import E1, E2
 from tests.component.consumer.test_people import ALICE, BOB, People
 
@@ -189,3 +190,41 @@ def test_what_keeps_it_from_looking_is_unknown(rig: Rig, monkeypatch: pytest.Mon
     assert "signing_key" in checked.json()["problems"][0]
     monkeypatch.setenv("SE_BRIDGE_COMMANDS_SIGNING_KEY", "file:/nowhere/key.pem")
     assert rig.status().code == 3
+
+
+def test_the_patch_runs_asked_about_are_listed_apart_from_the_event_asks(
+    rig: Rig, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: the approval page listed them, `status --consumer` did not (issue 40 leftover 4).
+    runs = patchrig.Rig(rig.db, PatchRunSettings(enabled=True, on_breach="ask", ask_target="ops"))
+    runs.runs.take([patchrig.pre()])  # 4 VMs of a scale set under max_vms 1: asked
+    rig.people.event("db_0", E1)
+    monkeypatch.setenv("SE_BRIDGE_EVENTGRID_ENABLED", "true")
+    monkeypatch.setenv("SE_BRIDGE_EVENTGRID_HUB", "eventgrid")
+    monkeypatch.setenv("SE_BRIDGE_EVENTGRID_SUBSCRIPTIONS", patchrig.SUB)
+    monkeypatch.setenv("SE_BRIDGE_PATCHRUNS_ENABLED", "true")
+    monkeypatch.setenv("SE_BRIDGE_PATCHRUNS_ON_BREACH", "ask")
+    monkeypatch.setenv("SE_BRIDGE_PATCHRUNS_ASK_TARGET", "ops")
+    body = rig.status("--json").json()
+    assert [a["event_id"] for a in body["asks"]] == [E1], body
+    (run,) = body["patch_runs"]
+    assert run["run"] == "(patch:tuesday/20261208020000)"
+    assert run["configuration"] == patchrig.CONFIG
+    assert (run["start"], run["end"], run["cutoff"]) == (
+        "2026-12-08T02:00:00.000Z", "2026-12-08T05:00:00.000Z", "2026-12-08T01:50:00.000Z"
+    )  # fmt: skip
+    assert (run["target"], run["deadline"], run["on_deadline"], run["vms"]) == (
+        "ops", "2026-12-08T01:46:00.000Z", "run", 4
+    )  # fmt: skip
+    assert len(run["breaches"]) == 1
+    assert "more than the 1 allowed" in run["breaches"][0]
+    text = rig.status().out
+    assert "patch runs asked about: 1" in text
+    assert (
+        "  (patch:tuesday/20261208020000) 2026-12-08T02:00:00.000Z to 2026-12-08T05:00:00.000Z, "
+        "cut-off 2026-12-08T01:50:00.000Z: asked ops until 2026-12-08T01:46:00.000Z, then run; "
+        "4 VMs; breaks budget one-at-a-time"
+    ) in text
+    # Without [patchruns] nothing of them is read.
+    monkeypatch.delenv("SE_BRIDGE_PATCHRUNS_ENABLED")
+    assert rig.status("--json").json()["patch_runs"] == []

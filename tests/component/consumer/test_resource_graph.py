@@ -365,3 +365,25 @@ def test_one_row_the_parser_fails_on_keeps_no_other_row_of_its_pass_out(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1, errors
     assert "a Resource Graph row" in errors[0]
+
+
+def test_a_lost_rebalance_recommendation_is_carried_as_an_advisory_never_approved(
+    rec: Reconciled,
+) -> None:
+    # Before: the reconciler planned Event records only, and dropped the recommendation that
+    # the Event Grid path carries (issue 40's leftover 6).
+    rec.row(E2, "Scheduled", ["web_0"], event_type="SpotRebalanceRecommendation")
+    chosen = rec.reconciler.reconcile()
+    assert [(e["RecordType"], e["EventId"]) for e in chosen.events] == [("Advisory", E2)]
+    found = rec.consumer.explain(E2)
+    assert found is not None
+    assert found.view.advisory
+    rec.fleet.advance(120)
+    rec.consumer.tick()
+    assert rec.approved() == []
+    # Told once: the next pass finds it held and folds it no more.
+    assert rec.reconciler.reconcile().events == []
+    # Its Completed, lost too, clears it.
+    rec.row(E2, "Completed", ["web_0"], event_type="SpotRebalanceRecommendation")
+    assert [e["AdvisoryState"] for e in rec.reconciler.reconcile().events] == ["Cleared"]  # type: ignore[typeddict-item]
+    assert rec.approved() == []

@@ -88,3 +88,20 @@ def test_the_preempt_after_a_recommendation_drains_at_once(
     [drained] = until(spot, lambda: hooks(spot, "Drained"), "the Preempt's drain")
     assert (drained["EventId"], drained["EventType"]) == (preempt, "Preempt")
     assert kube.node(NODE)["spec"]["unschedulable"] is True
+
+
+def test_a_granted_drain_gives_up_at_kubernetes_rebalance_drain_for(
+    sim: Sim, spot: SpotHarness, kube: KubeApiDouble, tmp_path: Path
+) -> None:
+    # The cap was an hour, hard-coded (issue 40 leftover 5): a budget that never lets the pod
+    # go now holds the node for the setting's seconds, not longer.
+    simulator, _ = sim
+    kube.add_budget("shop", "web-pdb", {"app": "web"}, allowed=0)
+    advice = simulator.add_event(EventSpec(REBALANCE, (VM,)))
+    spot.start(kubernetes=settings(kube, tmp_path, rebalance_drain_for=2))
+    spot.poll(2)
+    spot.inbox.put(prepare(simulator, advice))
+    [gave_up] = until(spot, lambda: hooks(spot, "GaveUp"), "the drain giving up at its cap")
+    assert (gave_up["EventId"], gave_up["HookTimedOut"]) == (advice, True)
+    assert gave_up["DrainBlockers"][0]["PodDisruptionBudget"] == "web-pdb"
+    assert spot.records("Approval") == []

@@ -8,9 +8,10 @@ import json
 import re
 import socket
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,6 +123,7 @@ def test_a_person_with_the_role_approves_through_the_api(
                             "budget zones: 1 of 2 used"],
             "Ask": "db-owners until 09:10",
             "ResourcesDigest": DIGEST,
+            "Advisory": False,
         }
     ]  # fmt: skip
     reply = api(entra, "/api/v1/events/ev-1/approve", token,
@@ -493,3 +495,33 @@ def test_a_patch_run_notice_links_to_its_ask() -> None:
     assert (
         event_link("https://se-bridge.example", "ev-1") == "https://se-bridge.example/events/ev-1"
     )
+
+
+def test_the_listing_marks_advisories_and_lists_the_patch_run_asks(
+    entra: PageServer, tenant: Tenant, decider: RecordingDesk
+) -> None:
+    # Before: the page showed both, the JSON listing neither (issue 40 leftover 3).
+    decider.events["ev-spot"] = replace(
+        open_event("ev-spot", "spot-0"), event_type="SpotRebalanceRecommendation", advisory=True
+    )
+    decider.ask_patch("(patch:tuesday/20261208020000)")
+    listed: dict[str, Any] = api(entra, "/api/v1/events", tenant.token()).json()
+    flags = {e["EventId"]: e["Advisory"] for e in listed["Events"]}
+    assert flags == {"ev-1": False, "ev-spot": True}
+    assert listed["PatchRuns"] == [
+        {
+            "Run": "(patch:tuesday/20261208020000)",
+            "Configuration": "/subscriptions/s/resourceGroups/rg/providers/Microsoft.Maintenance/"
+            "maintenanceConfigurations/tuesday",
+            "Name": "20261208020000",
+            "Vms": 4,
+            "Start": "2026-11-27T09:30:00.000Z",
+            "End": "2026-11-27T12:00:00.000Z",
+            "CutOff": "2026-11-27T09:20:00.000Z",
+            "Asked": "ops",
+            "Deadline": "2026-11-27T09:16:00.000Z",
+            "OnDeadline": "run",
+            "Breaches": ["budget one-at-a-time: 4 of 1 VMs of scale_set web"],
+            "Page": "/patchruns/tuesday/20261208020000",
+        }
+    ]

@@ -11,7 +11,7 @@ from typing import Literal
 import pytest
 
 from bridge.policy.gates.patchrun import PatchKind, PatchRule, breaches, decide
-from bridge.policy.model import Budget
+from bridge.policy.model import Budget, Scope
 from bridge.policy.patchruns import RunView
 from tests.unit.policy.test_model import NOW, fleet, vm
 
@@ -125,3 +125,58 @@ def test_vms_no_agent_reports_count_in_a_fleet_budget() -> None:
     budget = (Budget("fleet-two", "fleet", max_vms=2),)
     assert breaches(budget, fleet(), RUN, frozenset({"a", "b", "c"}), NOW)
     assert not breaches(budget, fleet(), RUN, frozenset({"a", "b"}), NOW)
+
+
+# Issue 40 leftovers 1 and 2: the run's VMs no agent reports count in the groups that can hold
+# them, as Resource Graph placed them; where it could not, in every group (worst case).
+
+WEB: Scope = ("s", "rg", "web")
+
+
+def test_a_scale_set_no_agent_reports_breaks_its_budget_instance_by_instance() -> None:
+    names = {f"web_{n}": WEB for n in range(4)}
+    notes: list[str] = []
+    found = breaches(ONE, fleet(), RUN, frozenset(names), NOW, places=names, notes=notes)
+    assert found == [
+        "budget one-at-a-time: s/rg/web (VMs no agent reports) has 0 of 4 VMs impacted; the run "
+        "patches 4 of them at once, more than the 1 allowed"
+    ]
+    assert notes[-1] == (
+        "the run's VMs no agent reports: 4 in s/rg/web (web_0, web_1, web_2 and 1 more), "
+        "where Resource Graph placed them"
+    )
+
+
+def test_names_count_in_the_group_that_holds_them_and_nowhere_else() -> None:
+    vms = [vm(0, subscription_id="s", scale_set="web"), vm(1, subscription_id="s", scale_set="db")]
+    places: dict[str, Scope | None] = {"db_1": ("s", "rg", "db")}
+    assert not breaches(ONE, fleet(*vms), RUN, frozenset({"id0", "db_1"}), NOW, places=places)
+    assert breaches(ONE, fleet(*vms), RUN, frozenset({"id0", "web_9"}), NOW,
+                    places={"web_9": WEB})  # fmt: skip
+
+
+def test_a_name_resource_graph_could_not_place_counts_in_every_group() -> None:
+    vms = [vm(0, subscription_id="s", scale_set="web"), vm(1, subscription_id="s", scale_set="db")]
+    notes: list[str] = []
+    found = breaches(ONE, fleet(*vms), RUN, frozenset({"id0", "ghost"}), NOW,
+                     places={"ghost": None}, notes=notes)  # fmt: skip
+    assert found == [
+        "budget one-at-a-time: s/rg/web has 0 of 2 VMs impacted; the run patches 2 of them at "
+        "once, more than the 1 allowed"
+    ]
+    assert notes[-1] == (
+        "the run's VMs no agent reports: 1 where nobody could tell (ghost), counted in every "
+        "group (worst case)"
+    )
+
+
+def test_two_runs_that_split_a_scale_set_no_agent_reports_break_it_together() -> None:
+    two = (Budget("two-at-a-time", "scale_set", max_vms=2),)
+    places: dict[str, Scope | None] = {f"web_{n}": WEB for n in range(4)}
+    half = frozenset({"web_0", "web_1"})
+    assert not breaches(two, fleet(), RUN, half, NOW, places=places)
+    other = {"patch:run2": frozenset({"web_2", "web_3"})}
+    assert breaches(two, fleet(), RUN, half, NOW, overlapping=other, places=places) == [
+        "budget two-at-a-time: s/rg/web (VMs no agent reports) has 2 of 4 VMs impacted; the run "
+        "patches 2 of them at once, more than the 2 allowed"
+    ]

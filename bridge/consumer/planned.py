@@ -14,8 +14,9 @@ counted is the pool's first nodes by name.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from typing import TypeVar
 
 from bridge import recordtypes as rt
 from bridge.consumer.decisionrecord import identity_of
@@ -38,6 +39,7 @@ SERVICE_HEALTH = "servicehealth/"
 AKS = "aks/"
 CLUSTER_NAME_TAG = "aks-managed-cluster-name"
 CLUSTER_RG_TAG = "aks-managed-cluster-rg"
+T = TypeVar("T")
 _INSTANCE = re.compile(
     r"^(?P<base>/subscriptions/[^/]+/resourcegroups/[^/]+/providers/microsoft\.compute/)"
     r"virtualmachinescalesets/(?P<set>[^/]+)/virtualmachines/(?P<n>\d+)$"
@@ -165,6 +167,27 @@ def upcoming_more(
     return records
 
 
+def _read(  # noqa: PLR0917 - a reader's arguments and where its sentences go
+    what: str,
+    reader: Callable[[Rows, Sequence[str], datetime], tuple[list[T], list[str]]],
+    rows: Rows,
+    subscriptions: Sequence[str],
+    now: datetime,
+    problems: list[str],
+) -> list[T]:
+    """What `reader` reads, its sentences added to `problems`; nothing, and a sentence, when
+    Resource Graph does not answer for it."""
+    try:
+        found, said = reader(rows, subscriptions, now)
+    except (RetryableError, PermanentError) as err:
+        problems.append(
+            f"{what} not read: {err} (the consumer's identity needs Reader on the subscriptions)"
+        )
+        return []
+    problems += said
+    return found
+
+
 def more_upcoming(  # noqa: PLR0917 - the week ahead's call, as read_runs'
     rows: Rows,
     subscriptions: Sequence[str],
@@ -181,24 +204,10 @@ def more_upcoming(  # noqa: PLR0917 - the week ahead's call, as read_runs'
     answer for is said and the other is still read. `alongside`: the maintenance
     configurations' runs (weekahead.read_runs), counted where their windows overlap."""
     problems: list[str] = []
-    maintenance: list[Maintenance] = []
-    notices: list[AksNotice] = []
-    try:
-        maintenance, said = read_service_health(rows, subscriptions, now)
-        problems += said
-    except (RetryableError, PermanentError) as err:
-        problems.append(
-            f"Service Health's planned maintenance was not read: {err} (the consumer's "
-            "identity needs Reader on the subscriptions)"
-        )
-    try:
-        notices, said = read_aks_notices(rows, subscriptions, now)
-        problems += said
-    except (RetryableError, PermanentError) as err:
-        problems.append(
-            f"AKS's upgrade notices were not read: {err} (the consumer's identity needs "
-            "Reader on the subscriptions)"
-        )
+    maintenance = _read("Service Health's planned maintenance was", read_service_health, rows,
+                        subscriptions, now, problems)  # fmt: skip
+    notices = _read("AKS's upgrade notices were", read_aks_notices, rows, subscriptions, now,
+                    problems)  # fmt: skip
     records = upcoming_more(
         budgets, fleet, maintenance, notices, now, host_name=host_name, alongside=alongside
     )

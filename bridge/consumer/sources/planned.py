@@ -33,10 +33,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, TypeVar
 
 from bridge.consumer.sources.eventgrid import event_time
 from bridge.consumer.sources.patchruns import Rows
@@ -74,6 +74,7 @@ _CLUSTER_ID = re.compile(
 )
 _TICKS_EPOCH = datetime(1, 1, 1, tzinfo=timezone.utc)
 MAX_TEXT = 300
+T = TypeVar("T")
 
 
 class Unreadable(ValueError):
@@ -117,6 +118,24 @@ def moment(value: object) -> datetime | None:
             return None
     found = event_time(value)
     return None if found is None or found.year < 2 else found
+
+
+def _parsed(
+    found: Iterable[Mapping[str, Any]],
+    kind: str,
+    parse: Callable[[Mapping[str, Any]], T],
+    problems: list[str],
+    consequence: str = "it is not counted ahead",
+) -> Iterator[T]:
+    """What `parse` makes of each row of type `kind` (the others are another query's); a row it
+    refuses is a sentence in `problems`, and the next row is read."""
+    for row in found:
+        if _text(row.get("type")).lower() != kind:
+            continue
+        try:
+            yield parse(row)
+        except ValueError as err:
+            problems.append(f"{err}: {consequence}")
 
 
 # --- Service Health -------------------------------------------------------------------------
@@ -254,14 +273,8 @@ def read_service_health(
     trusted = [s.lower() for s in subscriptions]
     problems: list[str] = []
     found: dict[str, Maintenance] = {}
-    for row in rows(event_query(), trusted):
-        if _text(row.get("type")).lower() != EVENTS or not _planned(row):
-            continue
-        try:
-            event = parse_event(row)
-        except ValueError as err:
-            problems.append(f"{err}: it is not counted ahead")
-            continue
+    planned = (row for row in rows(event_query(), trusted) if _planned(row))
+    for event in _parsed(planned, EVENTS, parse_event, problems):
         if not event.subscriptions <= set(trusted):
             continue
         if event.end <= now or event.start >= now + horizon:
@@ -272,14 +285,9 @@ def read_service_health(
     if not found:
         return [], problems
     resources: dict[str, set[str]] = {t: set() for t in found}
-    for row in rows(impacted_query(found), trusted):
-        if _text(row.get("type")).lower() != IMPACTED:
-            continue
-        try:
-            impacted = parse_impacted(row)
-        except ValueError as err:
-            problems.append(f"{err}: it is not counted ahead")
-            continue
+    for impacted in _parsed(
+        rows(impacted_query(found), trusted), IMPACTED, parse_impacted, problems
+    ):
         if impacted is None or impacted[0] not in resources:
             continue
         tracking, target = impacted
@@ -472,14 +480,7 @@ def read_aks_notices(
     problems: list[str] = []
     latest: dict[tuple[str, str], AksNotice] = {}
     moved: set[tuple[str, str]] = set()
-    for row in rows(notice_query(), trusted):
-        if _text(row.get("type")).lower() != SCHEDULED_EVENTS:
-            continue
-        try:
-            notice = parse_notice(row)
-        except ValueError as err:
-            problems.append(f"{err}: it is not counted ahead")
-            continue
+    for notice in _parsed(rows(notice_query(), trusted), SCHEDULED_EVENTS, parse_notice, problems):
         if notice.subscription not in trusted:
             continue
         key = (notice.cluster_id, notice.event_id.lower())
@@ -494,14 +495,9 @@ def read_aks_notices(
     if not ahead:
         return [], problems
     clusters: dict[str, Cluster] = {}
-    for row in rows(cluster_query(n.cluster_id for n in ahead), trusted):
-        if _text(row.get("type")).lower() != CLUSTERS:
-            continue
-        try:
-            cluster = parse_cluster(row)
-        except ValueError as err:
-            problems.append(f"{err}: its notices count its nodes with AKS's default surge")
-            continue
+    found = rows(cluster_query(n.cluster_id for n in ahead), trusted)
+    why = "its notices count its nodes with AKS's default surge"
+    for cluster in _parsed(found, CLUSTERS, parse_cluster, problems, why):
         clusters[cluster.cluster_id] = cluster
     ahead = [replace(n, cluster=clusters.get(n.cluster_id)) for n in ahead]
     return sorted(ahead, key=lambda n: (n.start, n.cluster_id, n.event_id)), problems

@@ -5,10 +5,7 @@ turned into Upcoming records with the budgets their windows would break."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-
-import pytest
 
 from bridge.consumer.planned import more_upcoming
 from bridge.consumer.sources.planned import read_aks_notices, read_service_health
@@ -33,14 +30,6 @@ from tests.unit.consumer.test_planned import (
     notice_row,
 )
 from tests.unit.policy.test_model import NOW, fleet
-
-
-@pytest.fixture
-def graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResourceGraphDouble]:
-    with ResourceGraphDouble() as double:
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        yield double
 
 
 def client(graph: ResourceGraphDouble, slept: list[float] | None = None) -> ResourceGraph:

@@ -46,9 +46,9 @@ _INSTANCE = re.compile(
 )
 
 
-def maintenance_planned(maintenance: Maintenance, fleet: FleetView) -> Planned:
-    """A planned maintenance as the budgets see a run: its window, the resources it names."""
-    index = index_of(fleet.vms.values())
+def maintenance_planned(maintenance: Maintenance, index: Mapping[str, frozenset[str]]) -> Planned:
+    """A planned maintenance as the budgets see a run: its window, the resources it names
+    (`index`: the fleet's index_of)."""
     resources = frozenset(_known_as(r, index) for r in maintenance.resources)
     return Planned(
         SERVICE_HEALTH + maintenance.tracking_id, maintenance.start, maintenance.end, resources
@@ -114,35 +114,36 @@ def upcoming_more(
     scheduled for, each with the budgets its window would break, counting the other
     disruptions and the runs `alongside` (the maintenance configurations', which have their
     own records) whose windows overlap it."""
-    by_maintenance = [(m, maintenance_planned(m, fleet)) for m in maintenance]
+    index = index_of(fleet.vms.values())
+    planned = [maintenance_planned(m, index) for m in maintenance]
     by_notice = [(n, aks_planned(n, fleet)) for n in notices]
-    runs = [*alongside, *(p for _, p in by_maintenance), *(p for _, p in by_notice)]
+    runs = [*alongside, *planned, *(p for _, p in by_notice)]
     broken: dict[tuple[str, datetime], list[str]] = {}
     for breach in ahead(budgets, fleet, runs, now):
         broken.setdefault((breach.configuration, breach.start), []).append(breach.line)
+    events = {(p.name, p.start): m for p, m in zip(planned, maintenance, strict=True)}
     records: list[rt.Upcoming] = []
-    for event, planned in by_maintenance:
-        breaks = broken.get((planned.name, planned.start), [])
-        for row in upcoming(fleet, [planned]):
-            vm = fleet.vms.get(row.vm_id) if row.vm_id else None
-            identity = identity_of(vm) if vm else VmIdentity(vm_name=row.vm)
-            rid = record_id("upcoming", "servicehealth", event.tracking_id.lower(),
-                            row.vm_id or row.vm)  # fmt: skip
-            records.append({
-                **Origin(identity, host_name).common("Upcoming", rid, now),
-                rt.RECORD_TYPE: "Upcoming",
-                "UpcomingSource": "ServiceHealth",
-                "MaintenanceConfiguration": None,
-                "MaintenanceConfigurationId": None,
-                "WindowStart": iso(event.start),
-                "WindowEnd": iso(event.end),
-                "BudgetBreaks": list(breaks),
-                "NoticeId": event.tracking_id,
-                "NoticeTitle": event.title,
-                "NoticeKind": None,
-                "AksCluster": None,
-            })  # fmt: skip
-    for notice, planned in by_notice:
+    for row in upcoming(fleet, planned):
+        event = events[(row.configuration, row.start)]
+        vm = fleet.vms.get(row.vm_id) if row.vm_id else None
+        identity = identity_of(vm) if vm else VmIdentity(vm_name=row.vm)
+        rid = record_id("upcoming", "servicehealth", event.tracking_id.lower(),
+                        row.vm_id or row.vm)  # fmt: skip
+        records.append({
+            **Origin(identity, host_name).common("Upcoming", rid, now),
+            rt.RECORD_TYPE: "Upcoming",
+            "UpcomingSource": "ServiceHealth",
+            "MaintenanceConfiguration": None,
+            "MaintenanceConfigurationId": None,
+            "WindowStart": iso(event.start),
+            "WindowEnd": iso(event.end),
+            "BudgetBreaks": list(broken.get((row.configuration, row.start), [])),
+            "NoticeId": event.tracking_id,
+            "NoticeTitle": event.title,
+            "NoticeKind": None,
+            "AksCluster": None,
+        })  # fmt: skip
+    for notice, aks in by_notice:
         cluster_id = notice.cluster_resource_id
         identity = VmIdentity(
             resource_id=cluster_id,
@@ -158,7 +159,7 @@ def upcoming_more(
             "MaintenanceConfigurationId": None,
             "WindowStart": iso(notice.start),
             "WindowEnd": iso(notice.end),
-            "BudgetBreaks": broken.get((planned.name, planned.start), []),
+            "BudgetBreaks": broken.get((aks.name, aks.start), []),
             "NoticeId": notice.event_id,
             "NoticeTitle": notice.title,
             "NoticeKind": notice.kind,

@@ -114,7 +114,7 @@ def moment(value: object) -> datetime | None:
             return None
         try:
             return _TICKS_EPOCH + timedelta(microseconds=int(value) // 10)
-        except OverflowError:
+        except (OverflowError, ValueError):  # past year 9999, or NaN
             return None
     found = event_time(value)
     return None if found is None or found.year < 2 else found

@@ -174,6 +174,8 @@ def test_times_are_ticks_their_digits_or_iso_text() -> None:
     assert moment(1) is None
     assert moment("0001-01-01T00:00:00.0000000Z") is None
     assert moment(True) is None
+    assert moment(float("nan")) is None
+    assert moment(10**30) is None
     assert moment("next Tuesday") is None
 
 

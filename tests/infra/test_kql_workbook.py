@@ -146,7 +146,11 @@ def test_the_next_14_days_shows_each_day_and_group_and_marks_budget_breaks() -> 
                 "Disruptions": "dynamic", "BudgetBreaks": "dynamic",
                 "VmsAhead": "long"}  # fmt: skip
     assert {name: columns.get(name) for name in expected} == expected
-    for name in ("next-14-days-grid", "next-14-days-tiles"):
+    breaks = _columns("next-14-days-breaks-grid")
+    expected = {"Day": "datetime", "Budget": "string", "BudgetGroup": "string", "Limit": "int",
+                "Disruptions": "dynamic", "Lines": "dynamic"}  # fmt: skip
+    assert {name: breaks.get(name) for name in expected} == expected
+    for name in ("next-14-days-grid", "next-14-days-tiles", "next-14-days-breaks-grid"):
         item = _kql_items()[name]
         assert item["timeContext"] == {"durationMs": 2 * workbook.DAY_MS}, name
         assert "timeContextFromParameter" not in item, name

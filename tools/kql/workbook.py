@@ -118,6 +118,12 @@ def items() -> list[Item]:
             "table",
             fixed_ms=WEEK_AHEAD_MS,
         ),
+        _query(
+            "next-14-days-breaks-grid",
+            "Per day and budget group, the groups a disruption would take over their limit",
+            "table",
+            fixed_ms=WEEK_AHEAD_MS,
+        ),
         _text(
             "shadow-heading",
             "## Shadow decisions\n"

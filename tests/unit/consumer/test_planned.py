@@ -5,6 +5,7 @@ kept, and the Upcoming records they make, with the budgets their windows would b
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
@@ -32,6 +33,7 @@ from bridge.policy.upcoming import Planned
 from bridge.retry import PermanentError
 from tests.support.records import assert_valid
 from tests.unit.policy.test_model import NOW, fleet, vm
+from tools.kql.workbook import ROOT
 
 SUB = "8d5f9c8e-1111-4222-8333-444455556666"
 OTHER = "22222222-2222-2222-2222-222222222222"
@@ -282,6 +284,19 @@ def test_a_scale_sets_vm_is_the_fleets_vm_of_that_name_when_its_agent_gave_no_id
     instance = compute("virtualMachineScaleSets", "web") + "/virtualMachines/2"
     records = upcoming_more(ONE, fleet(named), [_maintenance(instance)], [], NOW, host_name="c")
     assert [(r["VmName"], r["VmId"]) for r in records] == [("web_2", named.vm_id)]
+
+
+def test_the_workbooks_budget_group_view_reads_the_lines_the_records_carry() -> None:
+    query = (ROOT / "infra/workbook/queries/next-14-days-breaks-grid.kql").read_text("utf-8")
+    patterns = dict(re.findall(r"(\w+) = (?:toint\()?extract\(@\"([^\"]+)\", 1", query))
+    assert set(patterns) == {"Budget", "BudgetGroup", "Disruption", "Limit"}
+    records = upcoming_more(ONE, fleet(*WEB), [_maintenance(compute("virtualMachineScaleSets",
+                            "web"))], [], NOW, host_name="c")  # fmt: skip
+    line = records[0]["BudgetBreaks"][0]
+    read = {name: re.search(pattern, line) for name, pattern in patterns.items()}
+    assert {name: m.group(1) if m else None for name, m in read.items()} == {
+        "Budget": "one-at-a-time", "BudgetGroup": f"{SUB}/rg-web/web", "Disruption": "PYN_-ZL8",
+        "Limit": "1"}  # fmt: skip
 
 
 def test_a_maintenance_that_fits_breaks_nothing_and_read_again_is_the_same_record() -> None:

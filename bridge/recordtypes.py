@@ -42,7 +42,7 @@ DecisionAction = Literal[
     "Cancel",
 ]
 DecisionMode = Literal["normal", "shadow"]
-UpcomingSource = Literal["MaintenanceConfiguration"]
+UpcomingSource = Literal["MaintenanceConfiguration", "ServiceHealth", "AksUpgrade"]
 
 
 class _Shared(TypedDict):
@@ -225,16 +225,27 @@ class Advisory(_Shared):
     Source: Source
 
 
-class Upcoming(_Shared):
-    """A record of RecordType "Upcoming"."""
+class _UpcomingRequired(_Shared):
+    """The fields every Upcoming record has."""
 
     RecordType: Literal["Upcoming"]
     UpcomingSource: UpcomingSource
-    MaintenanceConfiguration: str
-    MaintenanceConfigurationId: str
+    MaintenanceConfiguration: str | None
+    MaintenanceConfigurationId: str | None
     WindowStart: str
     WindowEnd: str
     BudgetBreaks: list[str]
+
+
+class Upcoming(_UpcomingRequired, total=False):
+    """A record of RecordType "Upcoming". Older producers leave out NoticeId, NoticeTitle,
+    NoticeKind, AksCluster.
+    """
+
+    NoticeId: str | None
+    NoticeTitle: str | None
+    NoticeKind: str | None
+    AksCluster: str | None
 
 
 Record = Event | Heartbeat | Hook | Approval | Decision | Advisory | Upcoming

@@ -159,6 +159,14 @@ param drainBlockedMinutes int = 15
 @description('Alert when early approvals have been paused for this many hours.')
 param pauseActiveHours int = 8
 
+@description('The consumer reads the week ahead (preview sources; docs/planned-disruptions.md#the-week-ahead) and writes Upcoming records: enables the upcoming-budget-break alert.')
+param weekAhead bool = false
+
+@description('With weekAhead: alert when a disruption within this many days would break a budget (1-14).')
+@minValue(1)
+@maxValue(14)
+param upcomingBudgetBreakDays int = 3
+
 @description('Deploy the workbook.')
 param deployWorkbook bool = true
 
@@ -369,6 +377,8 @@ module alerts 'modules/alerts.bicep' = if (deployAlerts) {
     askPendingMinutes: askPendingMinutes
     drainBlockedMinutes: drainBlockedMinutes
     pauseActiveHours: pauseActiveHours
+    weekAhead: weekAhead
+    upcomingBudgetBreakDays: upcomingBudgetBreakDays
     tags: tags
   }
   dependsOn: [

@@ -59,6 +59,10 @@ def upcoming_records(
             "WindowStart": iso(row.start),
             "WindowEnd": iso(row.end),
             "BudgetBreaks": broken.get((row.configuration, row.start), []),
+            "NoticeId": None,
+            "NoticeTitle": None,
+            "NoticeKind": None,
+            "AksCluster": None,
         })  # fmt: skip
     return records
 

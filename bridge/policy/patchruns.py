@@ -72,7 +72,7 @@ def counting(run: RunView, now: datetime, grace: timedelta) -> bool:
     return not run.cancelled and run.start <= now < counted_until(run, grace)
 
 
-def _vm_ids(vm: VmView) -> tuple[str, ...]:
+def vm_ids(vm: VmView) -> tuple[str, ...]:
     """The ids (lower case) an assignment may name `vm` by: its own, or its scale set's."""
     if not vm.subscription_id or not vm.resource_group:
         return (vm.resource_id,) if vm.resource_id else ()
@@ -98,7 +98,7 @@ def index_of(vms: Iterable[VmView]) -> dict[str, frozenset[str]]:
     the fleet per run)."""
     index: dict[str, set[str]] = {}
     for vm in vms:
-        for found in _vm_ids(vm):
+        for found in vm_ids(vm):
             index.setdefault(found, set()).add(vm.vm_id)
     return {key: frozenset(ids) for key, ids in index.items()}
 

@@ -46,6 +46,14 @@ param drainBlockedMinutes int = 15
 @maxValue(24)
 param pauseActiveHours int = 8
 
+@description('The week ahead is on (the consumer writes Upcoming records, weekahead settings; docs/planned-disruptions.md): enables the upcoming-budget-break rule. Off: the rule is deployed disabled.')
+param weekAhead bool = false
+
+@description('With weekAhead: alert when a disruption the week ahead foresees within this many days would break a budget.')
+@minValue(1)
+@maxValue(14)
+param upcomingBudgetBreakDays int = 3
+
 param tags object = {}
 
 var actions = empty(actionGroupId) ? [] : [
@@ -67,6 +75,8 @@ var drainText = loadTextContent('../kql/alerts/drain-blocked.kql')
 var drainQuery = 'let BlockedFor = ${drainBlockedMinutes}m;\n${join(skip(split(drainText, '\n'), 1), '\n')}'
 var pauseText = loadTextContent('../kql/alerts/pause-long.kql')
 var pauseQuery = 'let PausedFor = ${pauseActiveHours}h;\n${join(skip(split(pauseText, '\n'), 1), '\n')}'
+var upcomingText = loadTextContent('../kql/alerts/upcoming-budget-break.kql')
+var upcomingQuery = 'let AheadFor = ${upcomingBudgetBreakDays}d;\n${join(skip(split(upcomingText, '\n'), 1), '\n')}'
 
 // windowSize bounds TimeGenerated for the query. Event-like rules look back an hour, so that
 // records ingested late are still seen, and keep only what was first ingested in the last
@@ -81,6 +91,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'PT1H'
     query: loadTextContent('../kql/alerts/impactful-event-scheduled.kql')
+    enabled: true
   }
   {
     name: 'approval-overdue'
@@ -90,6 +101,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'P1D'
     query: overdueQuery
+    enabled: true
   }
   {
     name: 'heartbeat-missing'
@@ -99,6 +111,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'P1D'
     query: heartbeatQuery
+    enabled: true
   }
   {
     name: 'spool-backlog-growing'
@@ -108,6 +121,7 @@ var rules = [
     frequency: 'PT15M'
     window: 'PT1H'
     query: spoolQuery
+    enabled: true
   }
   {
     name: 'preempt-spike'
@@ -117,6 +131,7 @@ var rules = [
     frequency: 'PT15M'
     window: 'PT1H'
     query: preemptQuery
+    enabled: true
   }
   {
     name: 'approval-failed'
@@ -126,6 +141,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'PT1H'
     query: loadTextContent('../kql/alerts/approval-failed.kql')
+    enabled: true
   }
   {
     name: 'ask-pending'
@@ -135,6 +151,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'P1D'
     query: askQuery
+    enabled: true
   }
   {
     name: 'budget-override'
@@ -144,6 +161,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'PT1H'
     query: loadTextContent('../kql/alerts/budget-override.kql')
+    enabled: true
   }
   {
     name: 'drain-blocked'
@@ -153,6 +171,7 @@ var rules = [
     frequency: 'PT5M'
     window: 'P1D'
     query: drainQuery
+    enabled: true
   }
   {
     // Two days, the longest window a log alert takes: a pause older than that drops out.
@@ -163,6 +182,18 @@ var rules = [
     frequency: 'PT15M'
     window: 'P2D'
     query: pauseQuery
+    enabled: true
+  }
+  {
+    // Days ahead: hourly is soon enough, and the latest pass is within a day.
+    name: 'upcoming-budget-break'
+    title: 'se-bridge: a disruption ahead would break a budget'
+    description: 'A maintenance configuration\'s run, a Service Health planned maintenance or an AKS upgrade within ${upcomingBudgetBreakDays} days would take more of a budget group at once than the policy allows.'
+    severity: 3
+    frequency: 'PT1H'
+    window: 'P1D'
+    query: upcomingQuery
+    enabled: weekAhead
   }
 ]
 
@@ -175,7 +206,7 @@ resource alert 'Microsoft.Insights/scheduledQueryRules@2026-03-01' = [for rule i
     displayName: rule.title
     description: rule.description
     severity: rule.severity
-    enabled: true
+    enabled: rule.enabled
     scopes: [
       workspaceId
     ]

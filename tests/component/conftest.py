@@ -11,6 +11,7 @@ from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
 from tests.doubles.keyvault import KeyVaultDouble
+from tests.doubles.resourcegraph import ResourceGraphDouble
 from tests.support.approvals import Harness
 
 
@@ -40,3 +41,12 @@ def key_vault(
         vault.reachable(monkeypatch)
         monkeypatch.setenv("AZURE_POD_IDENTITY_AUTHORITY_HOST", sim[1].vm_url("vm-0"))
         yield vault
+
+
+@pytest.fixture
+def graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResourceGraphDouble]:
+    """The Resource Graph double on HTTPS, its throwaway CA trusted by the real client."""
+    with ResourceGraphDouble() as double:
+        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        yield double

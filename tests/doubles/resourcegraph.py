@@ -16,11 +16,13 @@ No Resource Graph emulator exists, so this answers what the service answers on t
 
 over TLS on 127.0.0.1 with a throwaway CA (`ca_bundle`, for REQUESTS_CA_BUNDLE). The query is
 not KQL-evaluated: its first word names the table (maintenanceresources, healthresources,
-resources, computeresources; `refuse` answers a table's queries with a status of its own),
-whose rows are what the test put; the request's subscriptions narrow them, and so do the two
-clauses the reconciler writes: `resourceGroup in~ ('a', 'b')`, and `availabilityState) !=
-'Available' or tolower(tostring(properties.targetResourceId)) in ('id', ...)`. `requests`
-lists what came (never the token).
+resources, computeresources, servicehealthresources, containerserviceeventresources; `refuse`
+answers a table's queries with a status of its own), whose rows are what the test put; the
+request's subscriptions narrow them, and so do the clauses the consumer writes: `type =~
+'kind'` (a row without a type is kept), `resourceGroup in~ ('a', 'b')`, `availabilityState) !=
+'Available' or tolower(tostring(properties.targetResourceId)) in ('id', ...)`, the week ahead's
+`TrackingId in ('PYN_-ZL8', ...)` (an impacted resource's event, from its id) and `tolower(id)
+in ('id', ...)`. `requests` lists what came (never the token).
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ from tests.doubles.tls import ThrowawayCertificate
 PATH = "/providers/Microsoft.ResourceGraph/resources"
 _GROUPS = re.compile(r"resourceGroup in~ \(([^)]*)\)")
 _HELD = re.compile(r"targetResourceId\)\) in \(([^)]*)\)")
+_TYPE = re.compile(r"\| where type =~ '([^']*)'")
+_TRACKING = re.compile(r"\| where TrackingId in \(([^)]*)\)")
+_IDS = re.compile(r"\| where tolower\(id\) in \(([^)]*)\)")
+_EVENT = re.compile(r"/events/([^/]+)/", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,8 @@ class ResourceGraphDouble(ListeningDouble):
 
     def __init__(self, *, quota: int = 15, window: float = 5.0) -> None:
         self.tables: dict[str, list[dict[str, Any]]] = {
-            "maintenanceresources": [], "healthresources": []}  # fmt: skip
+            "maintenanceresources": [], "healthresources": [], "resources": [],
+            "servicehealthresources": [], "containerserviceeventresources": []}  # fmt: skip
         self.quota, self.window = quota, window
         self.throttle = 0  # the next `throttle` queries get 429, before the quota's count
         self.refuse: dict[str, int] = {}  # table -> the status its queries get (403: no Reader)
@@ -143,6 +150,18 @@ class ResourceGraphDouble(ListeningDouble):
             ids = {i.strip().strip("'") for i in held.group(1).split(",")} if held else set()
             rows = [r for r in rows if r["properties"].get("availabilityState") != "Available"
                     or str(r["properties"].get("targetResourceId", "")).lower() in ids]  # fmt: skip
+        kind = _TYPE.search(query)
+        if kind:
+            rows = [r for r in rows if str(r.get("type", kind.group(1))).lower()
+                    == kind.group(1).lower()]  # fmt: skip
+        tracking = _TRACKING.search(query)
+        if tracking:
+            named = _names(tracking.group(1))
+            rows = [r for r in rows if _event_of(r) in named]
+        listed = _IDS.search(query)
+        if listed:
+            named = _names(listed.group(1))
+            rows = [r for r in rows if str(r.get("id", "")).lower() in named]
         groups = _GROUPS.search(query)
         if groups:
             names = {g.strip().strip("'").lower() for g in groups.group(1).split(",")}
@@ -157,6 +176,16 @@ class ResourceGraphDouble(ListeningDouble):
         headers = [("x-ms-user-quota-remaining", str(remaining)),
                    ("x-ms-user-quota-resets-after", resets_after)]  # fmt: skip
         return 200, answer, headers, table, page
+
+
+def _event_of(row: dict[str, Any]) -> str:
+    """The tracking id of the Service Health event an impacted resource's id names."""
+    found = _EVENT.search(str(row.get("id", "")))
+    return found.group(1).lower() if found else ""
+
+
+def _names(listed: str) -> set[str]:
+    return {n.strip().strip("'").lower() for n in listed.split(",")}
 
 
 def _error(code: str, message: str) -> dict[str, Any]:

@@ -108,7 +108,7 @@ def test_every_loaded_file_exists(path: Path) -> None:
 def test_loaded_files_are_found() -> None:
     kql = bicep.INFRA / "kql"
     alerts = {p.resolve() for p in (kql / "alerts").glob("*.kql")}
-    assert len(alerts) == 10
+    assert len(alerts) == 11
     assert set(bicep.loaded_files(ALERTS)) == alerts  # one rule per alert query, no more
     assert (kql / "dcr-transform.kql").resolve() in bicep.loaded_files(MODULES / "ingestion.bicep")
     workbook = (bicep.INFRA / "workbook" / "se-bridge.workbook.json").resolve()
@@ -137,10 +137,21 @@ def test_parameterised_alerts_replace_their_first_line_with_the_same_name() -> N
         "ask-pending.kql",
         "drain-blocked.kql",
         "pause-long.kql",
+        "upcoming-budget-break.kql",
     }
     for file, name in replaced.items():
         first = (bicep.INFRA / "kql" / "alerts" / file).read_text(encoding="utf-8").splitlines()[0]
         assert re.fullmatch(rf"let {name} = .+;", first), f"{file} line 1 is {first!r}"
+
+
+def test_the_upcoming_budget_break_alert_is_enabled_only_with_the_week_ahead() -> None:
+    rules = {r["name"]: r for r in bicep.variables(ALERTS)["rules"]}
+    assert rules["upcoming-budget-break"]["enabled"] == "weekAhead"
+    assert all(r["enabled"] is True for n, r in rules.items() if n != "upcoming-budget-break")
+    text = MAIN.read_text(encoding="utf-8")
+    assert "param weekAhead bool = false" in text
+    assert "weekAhead: weekAhead" in text
+    assert "upcomingBudgetBreakDays: upcomingBudgetBreakDays" in text
 
 
 def _conditional_settings(name: str) -> dict[str, object]:

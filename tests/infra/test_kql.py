@@ -132,6 +132,14 @@ ALERT_COLUMNS = {
         "OperatorReason": "string",
         "PauseUntil": "datetime",
     },
+    "infra/kql/alerts/upcoming-budget-break.kql": {
+        "WindowStart": "datetime",
+        "DaysAhead": "real",
+        "UpcomingSource": "string",
+        "BudgetBreak": "string",
+        "WindowEnd": "datetime",
+        "Vms": "dynamic",
+    },
 }
 
 

@@ -136,3 +136,24 @@ def test_kubernetes_section_shows_drains_now_their_blockers_durations_and_pools(
     pools = _columns("node-pools-grid")
     for column in ("Pool", "Nodes", "DrainingNow", "CordonedByOthers", "P95MinutesToDrain"):
         assert column in pools
+
+
+def test_the_next_14_days_shows_each_day_and_group_and_marks_budget_breaks() -> None:
+    headings = " ".join(i["content"]["json"] for i in _content()["items"] if i["type"] == 1)
+    assert "The next 14 days" in headings
+    columns = _columns("next-14-days-grid")
+    expected = {"Day": "datetime", "Group": "string", "BreaksABudget": "bool",
+                "Disruptions": "dynamic", "BudgetBreaks": "dynamic",
+                "VmsAhead": "long"}  # fmt: skip
+    assert {name: columns.get(name) for name in expected} == expected
+    breaks = _columns("next-14-days-breaks-grid")
+    expected = {"Day": "datetime", "Budget": "string", "BudgetGroup": "string", "Limit": "int",
+                "Disruptions": "dynamic", "Lines": "dynamic"}  # fmt: skip
+    assert {name: breaks.get(name) for name in expected} == expected
+    for name in ("next-14-days-grid", "next-14-days-tiles", "next-14-days-breaks-grid"):
+        item = _kql_items()[name]
+        assert item["timeContext"] == {"durationMs": 2 * workbook.DAY_MS}, name
+        assert "timeContextFromParameter" not in item, name
+        # Each RecordId's newest record, of each consumer's latest pass.
+        assert "arg_max(TimeGenerated" in item["query"], name
+        assert "LastPass" in item["query"], name

@@ -27,6 +27,7 @@ REQUIRED = (
     "infra/kql/alerts/budget-override.kql",
     "infra/kql/alerts/drain-blocked.kql",
     "infra/kql/alerts/pause-long.kql",
+    "infra/kql/alerts/upcoming-budget-break.kql",
     "infra/kql/queries/open-events.kql",
     "infra/kql/queries/maintenance-next-24h.kql",
     "infra/kql/queries/vm-history.kql",
@@ -43,6 +44,7 @@ PARAMETERS = {
     "infra/kql/alerts/ask-pending.kql": ("let AskPendingFor = 30m;", "2h"),
     "infra/kql/alerts/drain-blocked.kql": ("let BlockedFor = 15m;", "45m"),
     "infra/kql/alerts/pause-long.kql": ("let PausedFor = 8h;", "20h"),
+    "infra/kql/alerts/upcoming-budget-break.kql": ("let AheadFor = 3d;", "14d"),
 }
 
 T = "SeBridgeRecords_CL"

@@ -32,6 +32,9 @@ OPEN_EVENTS_MS = 14 * DAY_MS
 # What runs on the nodes now: heartbeats come every 5 minutes and a blocked drain is reported
 # every minute, so a day back sees every node and every drain still running.
 NODES_NOW_MS = DAY_MS
+# The week ahead: a consumer writes every upcoming disruption at each pass (at least daily), and
+# the queries keep each consumer's latest pass, so two days back always holds one.
+WEEK_AHEAD_MS = 2 * DAY_MS
 
 Item = dict[str, Any]
 
@@ -99,6 +102,28 @@ def items() -> list[Item]:
         ),
         _query("upcoming-tiles", "Open events", "tiles", fixed_ms=OPEN_EVENTS_MS),
         _query("upcoming-grid", "Open events, soonest first", "table", fixed_ms=OPEN_EVENTS_MS),
+        _text(
+            "next-14-days-heading",
+            "## The next 14 days\n"
+            "What the consumer's latest week-ahead pass foresees (`Upcoming` records): maintenance "
+            "configurations' runs, Service Health's planned maintenance and AKS upgrades, per day "
+            "and group (a scale set, a VM outside one, an AKS cluster). `BreaksABudget` marks the "
+            "days a disruption would take more of a budget group at once than the policy allows; "
+            "`BudgetBreaks` says which (looks back two days, whatever the time range).",
+        ),
+        _query("next-14-days-tiles", "The next 14 days", "tiles", fixed_ms=WEEK_AHEAD_MS),
+        _query(
+            "next-14-days-grid",
+            "Per day and group, the days over a budget first",
+            "table",
+            fixed_ms=WEEK_AHEAD_MS,
+        ),
+        _query(
+            "next-14-days-breaks-grid",
+            "Per day and budget group, the groups a disruption would take over their limit",
+            "table",
+            fixed_ms=WEEK_AHEAD_MS,
+        ),
         _text(
             "shadow-heading",
             "## Shadow decisions\n"

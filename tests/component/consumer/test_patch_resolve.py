@@ -4,7 +4,6 @@ its 429s waited out, and only in the run's trusted subscriptions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -60,15 +59,6 @@ def vm_row(
         "type": "microsoft.compute/virtualmachines", "subscriptionId": SUB,
         "resourceGroup": rg, "location": "westeurope", "tags": tags or {}, "osType": os,
     }  # fmt: skip
-
-
-@pytest.fixture
-def graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResourceGraphDouble]:
-    with ResourceGraphDouble() as double:
-        double.tables["resources"] = []
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        yield double
 
 
 def client(graph: ResourceGraphDouble, slept: list[float]) -> ResourceGraph:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,14 +41,6 @@ class Token:
     def get_token(self, *scopes: str, **kwargs: Any) -> AccessToken:
         self.scopes += scopes
         return AccessToken("eyJ0eXAiOiJKV1QifQ.e30.c2ln", 2**31)
-
-
-@pytest.fixture
-def graph(monkeypatch: pytest.MonkeyPatch) -> Iterator[ResourceGraphDouble]:
-    with ResourceGraphDouble() as double:
-        monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(double.ca_bundle))
-        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-        yield double
 
 
 class Reconciled(Rig):

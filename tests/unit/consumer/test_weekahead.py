@@ -44,6 +44,9 @@ def test_a_record_per_vm_of_the_run_each_naming_the_budget_it_breaks() -> None:
     assert first["WindowStart"] == "2024-06-18T00:00:00.000Z"
     assert first["WindowEnd"] == "2024-06-18T02:00:00.000Z"
     assert first["HostName"] == "consumer-1"
+    # The other sources' fields, null for a configuration's run.
+    assert [first.get(k, "left out") for k in ("NoticeId", "NoticeKind", "AksCluster")] == [
+        None, None, None]  # fmt: skip
     assert len(first["BudgetBreaks"]) == 1
     assert "one-at-a-time" in first["BudgetBreaks"][0]
     assert "patches 4 of them at once, more than the 1 allowed" in first["BudgetBreaks"][0]

@@ -2,7 +2,9 @@
 fleet state (read only), as a monitoring check.
 
 It shows the pauses in force (scope, until when, by whom, why), the asks pending with how long
-each has waited, and the budget overrides of the last 24 hours. What people decided is in the
+each has waited, the budget overrides of the last 24 hours, and, where the week ahead is read
+(weekahead.enabled), the planned runs of the next 14 days that would break a budget, from the
+newest pass's summary (bridge.consumer.weekaheadpass). What people decided is in the
 state's `operator` documents, and only those signed with the consumer's own key count
 (bridge.consumer.people.operatorlog): the check verifies them with the same key, from the same
 setting (commands.signing_key), so it shows exactly what the consumer applies; a document that
@@ -13,7 +15,8 @@ The exit code follows `se-bridge status` (the monitoring-plugin convention):
 
 - 0 OK;
 - 1 WARNING: a pause holds (early approvals wait), an ask has been pending longer than
-  `--ask-age`, or operator documents do not verify (written by hand, or the key rotated);
+  `--ask-age`, operator documents do not verify (written by hand, or the key rotated), or a
+  planned run of the days ahead would break a budget;
 - 3 UNKNOWN: whatever stops the check from looking (a bad setting or policy, no signing key to
   verify with, a state that does not answer); with `--json` still one object.
 
@@ -37,6 +40,7 @@ from bridge.consumer.core import Consumer
 from bridge.consumer.explain import NoCommands, ignore_decisions
 from bridge.consumer.people.desk import OpenEvent
 from bridge.consumer.people.operatorlog import OperatorAction
+from bridge.consumer.weekaheadpass import read_summary
 from bridge.monitoring import LEVELS, WARNING, CheckReport, emit, said, unknown
 from bridge.policy.model import Pause
 from bridge.records import iso, utc_now
@@ -56,6 +60,8 @@ class Report(CheckReport):
     forged: int = 0
     on_previous_key: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # operator documents refused, by why
+    # The newest week-ahead pass's summary (weekaheadpass.summarize); None: never read.
+    week_ahead: dict[str, Any] | None = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,7 +98,7 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
         pauses, events = desk.pauses(now), desk.open_events(now)
         actions = desk.actions(now - OVERRIDES_WITHIN)
         counts = desk.counts()  # after the reads: what they found forged or refused
-        return assess(
+        report = assess(
             spec,
             pauses=pauses,
             events=events,
@@ -103,6 +109,8 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
             now=now,
             ask_age=ask_age,
         )
+        week_ahead(report, read_summary(store))
+        return report
     finally:
         consumer.close()
 
@@ -219,6 +227,38 @@ def assess(
     return report
 
 
+def week_ahead(report: Report, summary: dict[str, Any] | None) -> None:
+    """The week ahead's runs that would break a budget, each a WARNING; pure."""
+    report.week_ahead = summary
+    if not summary:
+        return
+    count = int(summary.get("breaking_total", 0))
+    if count:
+        report.flag(
+            WARNING,
+            f"{count} planned runs of the next 14 days would break a budget (read at "
+            f"{summary.get('at')}): split or move them before they run "
+            "(docs/planned-disruptions.md)",
+        )
+
+
+def week_ahead_lines(summary: dict[str, Any] | None) -> list[str]:
+    """What render says of the week ahead: a line per break of each listed run."""
+    if not summary:
+        return []
+    lines = [
+        f"week ahead: {summary.get('breaking_total', 0)} runs would break a budget, "
+        f"{summary.get('others', 0)} others (read at {summary.get('at')}; "
+        f"{summary.get('problems', 0)} not readable)"
+    ]
+    for run in summary.get("breaking") or ():
+        lines += [f"  break: {line}" for line in run.get("breaks") or ()]
+    unlisted = int(summary.get("breaking_total", 0)) - len(summary.get("breaking") or ())
+    if unlisted > 0:
+        lines.append(f"  and {unlisted} more runs that would break a budget")
+    return lines
+
+
 def render(report: Report) -> str:
     lines = [f"{LEVELS[report.level]}: se-bridge consumer state {report.state}"]
     lines += [f"  {problem}" for problem in report.problems]
@@ -249,6 +289,7 @@ def render(report: Report) -> str:
         f"{o['reason']}"
         for o in report.overrides
     ]
+    lines += week_ahead_lines(report.week_ahead)
     return "\n".join(printable(line) for line in lines)
 
 

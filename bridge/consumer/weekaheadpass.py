@@ -16,6 +16,10 @@ summary, for example:
                    "start": "2026-12-08T01:00:00.000Z", "end": "2026-12-08T04:55:00.000Z",
                    "vms": 4, "breaks": ["web-tue-0200 at 2026-12-08 01:00Z: budget one: ..."]}]}
 
+The summary also says when the days ahead were last read: a pass within the interval of it
+(a restarted consumer's first, or another consumer's of the same fleet state) reads nothing, so
+that several consumers read once an interval between them.
+
 A pass that fails is counted (`se_bridge_consumer_failures_total{activity="weekahead"}`), said
 once per kind of failure (bridge.consumer.guard), and the next pass, an interval on, tries again;
 nothing else of the consumer waits on it or stops because of it.
@@ -28,7 +32,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bridge import host
@@ -42,7 +46,7 @@ from bridge.consumer.state.layout import WEEKAHEAD
 from bridge.consumer.weekahead import read_runs, week_ahead
 from bridge.policy.model import FleetView
 from bridge.policy.upcoming import Planned
-from bridge.records import RecordView, iso, utc_now
+from bridge.records import RecordView, iso, parse_time, utc_now
 from bridge.retry import DeliveryError
 
 if TYPE_CHECKING:
@@ -54,6 +58,9 @@ SUMMARY = "summary"  # the one document of the collection
 MAX_LISTED = 50  # runs that would break a budget listed in the summary; the rest are counted
 MAX_PROBLEMS = 10  # sentences of what could not be read kept in the summary
 MAX_SAID = 300  # characters of each kept sentence
+# A pass within this part of the interval of the newest one reads nothing: timers drift by
+# seconds, and a pass a little early must not be skipped for a whole interval.
+SOON = 0.9
 _SUBSCRIPTION = re.compile(r"^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 
 
@@ -191,6 +198,8 @@ class WeekAheadPass:
         traceback."""
         what = "reading the week ahead"
         try:
+            if self._read_lately(interval):
+                return
             records, problems = self.read()
             for problem in problems:
                 log.warning("the week ahead: %s", problem)
@@ -223,6 +232,18 @@ class WeekAheadPass:
             len(records),
             sum(1 for r in records if r["BudgetBreaks"]),
         )
+
+    def _read_lately(self, interval: float) -> bool:
+        """Whether a pass (another consumer's of this fleet state, or this one's before a
+        restart) read the days ahead within `interval`: every consumer passes as it starts and
+        on its own timer, and one read an interval is what the setting asks for."""
+        last = read_summary(self.consumer.store)
+        at = parse_time(last.get("at")) if last else None
+        now = self.consumer.current_time()
+        if at is None or not timedelta(0) <= now - at < interval * SOON * timedelta(seconds=1):
+            return False
+        log.debug("the week ahead was read at %s: the next read is an interval after", iso(at))
+        return True
 
     def run(self, stop: threading.Event, interval: float) -> None:
         """A pass now, then every `interval` seconds until `stop`."""

@@ -155,6 +155,18 @@ def test_a_pass_writes_an_upcoming_record_per_vm_and_run_naming_the_budget_it_br
     assert {r.table for r in rig.graph.requests} == {"resources", "maintenanceresources"}
 
 
+def test_a_restart_or_another_consumer_within_the_interval_reads_nothing_again(rig: Rig) -> None:
+    """Every consumer of one fleet state (and one restarted) passes as it starts: the newest
+    pass's summary says when the days ahead were last read, and a pass within the interval of
+    it asks Resource Graph nothing and writes nothing."""
+    rig.passed_once()
+    asked = len(rig.graph.requests)
+    written = len(rig.decisions())
+    rig.passed_once()
+    assert len(rig.graph.requests) == asked
+    assert len(rig.decisions()) == written
+
+
 def test_a_failing_resource_graph_is_a_counted_failure_and_the_next_pass_goes_through(
     rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bridge.commands.signing import Signer
-from bridge.config import Config, ConfigError, given
+from bridge.config import Config, ConfigError, WeekAheadSettings, given
 from bridge.consumer import wiring
 from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer
@@ -43,10 +43,11 @@ from bridge.consumer.people.operatorlog import OperatorAction
 from bridge.consumer.weekaheadpass import read_summary
 from bridge.monitoring import LEVELS, WARNING, CheckReport, emit, said, unknown
 from bridge.policy.model import Pause
-from bridge.records import iso, utc_now
+from bridge.records import iso, parse_time, utc_now
 from bridge.redact import describe, printable
 
 OVERRIDES_WITHIN = timedelta(hours=24)  # the overrides listed: the last day's, as the issue asks
+STALE_MARGIN = timedelta(minutes=30)  # a week-ahead read this late past two intervals is overdue
 
 
 @dataclass
@@ -109,7 +110,7 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
             now=now,
             ask_age=ask_age,
         )
-        week_ahead(report, read_summary(store))
+        week_ahead(report, read_summary(store), config.weekahead, now)
         return report
     finally:
         consumer.close()
@@ -227,8 +228,11 @@ def assess(
     return report
 
 
-def week_ahead(report: Report, summary: dict[str, Any] | None) -> None:
-    """The week ahead's runs that would break a budget, each a WARNING; pure."""
+def week_ahead(
+    report: Report, summary: dict[str, Any] | None, settings: WeekAheadSettings, now: datetime
+) -> None:
+    """The week ahead's runs that would break a budget, and a read overdue, each a WARNING;
+    pure."""
     report.week_ahead = summary
     if not summary:
         return
@@ -239,6 +243,15 @@ def week_ahead(report: Report, summary: dict[str, Any] | None) -> None:
             f"{count} planned runs of the next 14 days would break a budget (read at "
             f"{summary.get('at')}): split or move them before they run "
             "(docs/planned-disruptions.md)",
+        )
+    read = parse_time(summary.get("at"))
+    overdue = timedelta(seconds=2 * settings.interval) + STALE_MARGIN
+    if settings.enabled and read is not None and now - read > overdue:
+        report.flag(
+            WARNING,
+            f"the week ahead was last read at {summary.get('at')}, more than two "
+            f"weekahead.intervals ago: see the consumer's log (its failures are counted in "
+            'se_bridge_consumer_failures_total{activity="weekahead"})',
         )
 
 

@@ -10,7 +10,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -234,6 +234,22 @@ def test_status_lists_the_runs_that_would_break_a_budget(
     assert code == 1
     assert found["week_ahead"]["breaking"][0]["name"] == "web-tue-0200"
     assert found["week_ahead"]["others"] == 0
+
+
+def test_status_warns_when_the_week_ahead_has_not_been_read_for_two_intervals(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rig.passed_once()
+    for key, value in rig.env.items():
+        monkeypatch.setenv(key, value)
+    later = datetime.now(timezone.utc) + timedelta(hours=13)  # the interval is 6 h
+    monkeypatch.setattr("bridge.consumer.status.utc_now", lambda: later)
+    capsys.readouterr()
+    code = cli.main(["status", "--consumer"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "the week ahead was last read at" in out
+    assert "weekahead" in out  # where to look: the consumer's log of activity weekahead
 
 
 def test_policy_check_azure_prints_each_break_and_exits_1(

@@ -205,8 +205,8 @@ class WeekAheadPass:
                 log.warning("the week ahead: %s", problem)
             if records:
                 self._emit(records)
-            store_summary(self.consumer.store,
-                          summarize(records, problems, self.consumer.current_time()))  # fmt: skip
+            summary = summarize(records, problems, self.consumer.current_time())
+            store_summary(self.consumer.store, summary)
         except DeliveryError as err:
             self.guard.failed(
                 err,
@@ -228,9 +228,11 @@ class WeekAheadPass:
             return
         self.guard.succeeded("the week ahead")
         log.info(
-            "the week ahead: %d Upcoming records written, %d runs would break a budget",
+            "the week ahead: %d Upcoming records written of %d runs, %d of which would "
+            "break a budget",
             len(records),
-            sum(1 for r in records if r["BudgetBreaks"]),
+            summary["runs"],
+            summary["breaking_total"],
         )
 
     def _read_lately(self, interval: float) -> bool:

@@ -31,11 +31,14 @@ from tools.kql_check import KqlText
 
 pytestmark = pytest.mark.e2e
 
-# The workbook's query of the next 14 days (written beside the workbook's other queries). It
-# reads the columns below of the Upcoming records; the test checks both against each other.
-QUERY = Path(__file__).resolve().parents[2] / "infra/workbook/queries/upcoming-14-days.kql"
-READ = ("RecordType", "UpcomingSource", "VmName", "VmScaleSetName", "WindowStart", "WindowEnd",
-        "BudgetBreaks", "MaintenanceConfiguration", "TimeGenerated", "RecordId")  # fmt: skip
+# The workbook's queries of the next 14 days (the week-ahead sources' change writes them beside
+# the workbook's other queries). They read the columns below of the Upcoming records; the test
+# checks both against each other.
+QUERIES = [Path(__file__).resolve().parents[2] / "infra/workbook/queries" / name
+           for name in ("next-14-days-grid.kql", "next-14-days-breaks-grid.kql")]  # fmt: skip
+READ = ("RecordType", "UpcomingSource", "VmName", "VmScaleSetName", "ResourceGroup", "HostName",
+        "WindowStart", "WindowEnd", "BudgetBreaks", "MaintenanceConfiguration", "TimeGenerated",
+        "RecordId")  # fmt: skip
 
 
 def tomorrow_at_two(now: datetime) -> datetime:
@@ -124,12 +127,11 @@ PROBE = """SeBridgeRecords_CL
 def test_a_14_day_query_of_these_records_is_valid_kql_and_so_is_the_workbooks() -> None:
     """Every column the records above are checked to carry is one the record schema gives Log
     Analytics, and a query of the next 14 days of them passes the Kusto parser; so does the
-    workbook's own query of them, once it is written (infra/workbook/queries/)."""
+    workbook's own queries of them, once they are written (infra/workbook/queries/)."""
     columns = {c["name"] for c in schema.dcr_stream_declaration()["columns"]}
     assert set(READ) <= columns
     texts = [KqlText("probe: the next 14 days", PROBE)]
-    if QUERY.exists():
-        texts.append(KqlText(str(QUERY), QUERY.read_text(encoding="utf-8")))
+    texts += [KqlText(str(q), q.read_text(encoding="utf-8")) for q in QUERIES if q.exists()]
     results = kql_check.run(texts)
     for result in results:
         assert result.errors == [], (result.name, result.errors)

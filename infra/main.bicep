@@ -159,6 +159,9 @@ param drainBlockedMinutes int = 15
 @description('Alert when early approvals have been paused for this many hours.')
 param pauseActiveHours int = 8
 
+@description('The first Function App reads the week ahead (weekahead.enabled; docs/planned-disruptions.md#the-week-ahead): every weekAheadInterval, the maintenance configurations of this subscription, their assignments and the VMs they patch, through Resource Graph, written as Upcoming records naming the budgets each run would break: Reader on each of weekAheadResourceGroups.')
+param weekAhead bool = false
+
 @description('Deploy the workbook.')
 param deployWorkbook bool = true
 
@@ -205,9 +208,6 @@ param patchRunOnBreach string = 'run'
 
 @description('With patchRuns: the consumer may cancel a run through applyUpdates before its cut-off (patchruns.cancel; preview API): a custom role with applyUpdates/write on patchRunConfigurationsResourceGroup only.')
 param patchRunCancel bool = false
-
-@description('The first Function App reads the week ahead (weekahead.enabled; docs/planned-disruptions.md#the-week-ahead): every weekAheadInterval, the maintenance configurations of this subscription, their assignments and the VMs they patch, through Resource Graph, written as Upcoming records naming the budgets each run would break: Reader on each of weekAheadResourceGroups.')
-param weekAhead bool = false
 
 // The intervals the Functions app's timer keeps evenly (functionapp.RECONCILE_INTERVALS) that
 // weekahead.interval takes (15 minutes or more).

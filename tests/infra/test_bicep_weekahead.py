@@ -50,8 +50,11 @@ def test_the_apps_settings_are_the_week_ahead_settings_se_bridge_reads() -> None
     text = APP.read_text(encoding="utf-8")
     assert "SE_BRIDGE_WEEKAHEAD_SUBSCRIPTIONS: subscription().subscriptionId" in text
     assert re.search(r"properties: union\([^)]*\bweekAheadSettings\b", text)
-    environ = {"SE_BRIDGE_WEEKAHEAD_ENABLED": "true", "SE_BRIDGE_WEEKAHEAD_INTERVAL": "21600",
-               "SE_BRIDGE_WEEKAHEAD_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666"}  # fmt: skip
+    environ = {
+        "SE_BRIDGE_WEEKAHEAD_ENABLED": "true",
+        "SE_BRIDGE_WEEKAHEAD_INTERVAL": "21600",
+        "SE_BRIDGE_WEEKAHEAD_SUBSCRIPTIONS": "8d5f9c8e-1111-4222-8333-444455556666",
+    }
     assert functionapp.week_ahead_timer(environ) == "0 0 */6 * * *"
 
 

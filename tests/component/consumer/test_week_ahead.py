@@ -216,22 +216,29 @@ def test_a_schedule_that_cannot_be_read_is_a_warning_naming_its_configuration(
     assert summary["problems"] == 1
 
 
+def status(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str]:
+    """`se-bridge status --consumer` with the consumer's settings: its exit code and stdout."""
+    for key, value in rig.env.items():
+        monkeypatch.setenv(key, value)
+    capsys.readouterr()
+    code = cli.main(["status", "--consumer", *extra])
+    return code, capsys.readouterr().out
+
+
 def test_status_lists_the_runs_that_would_break_a_budget(
     rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rig.passed_once()
-    for key, value in rig.env.items():
-        monkeypatch.setenv(key, value)
-    capsys.readouterr()
-    code = cli.main(["status", "--consumer"])
-    out = capsys.readouterr().out
+    code, out = status(rig, monkeypatch, capsys)
     assert code == 1, out  # WARNING: a budget would break within the days ahead
     assert "week ahead: 2 runs would break a budget, 0 others" in out
     breaks = [line for line in out.splitlines() if line.startswith("  break:")]
     assert len(breaks) == 2, out
     assert all("web-tue-0200" in line and "budget one" in line for line in breaks)
-    code = cli.main(["status", "--consumer", "--json"])
-    found = json.loads(capsys.readouterr().out)
+    code, out = status(rig, monkeypatch, capsys, "--json")
+    found = json.loads(out)
     assert code == 1
     assert found["week_ahead"]["breaking"][0]["name"] == "web-tue-0200"
     assert found["week_ahead"]["others"] == 0
@@ -241,13 +248,9 @@ def test_status_warns_when_the_week_ahead_has_not_been_read_for_two_intervals(
     rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     rig.passed_once()
-    for key, value in rig.env.items():
-        monkeypatch.setenv(key, value)
     later = datetime.now(timezone.utc) + timedelta(hours=13)  # the interval is 6 h
     monkeypatch.setattr("bridge.consumer.status.utc_now", lambda: later)
-    capsys.readouterr()
-    code = cli.main(["status", "--consumer"])
-    out = capsys.readouterr().out
+    code, out = status(rig, monkeypatch, capsys)
     assert code == 1, out
     assert "the week ahead was last read at" in out
     assert "weekahead" in out  # where to look: the consumer's log of activity weekahead

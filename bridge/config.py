@@ -756,8 +756,8 @@ class EventGridSettings:
     )
     resource_graph_url: str = _setting(
         "https://management.azure.com",
-        "Azure Resource Manager's address, where the reconciler asks Resource Graph (another "
-        "cloud's, such as https://management.usgovcloudapi.net).",
+        "Azure Resource Manager's address, where the reconciler, the patch runs and the week "
+        "ahead ask Resource Graph (another cloud's, such as https://management.usgovcloudapi.net).",
         url=True,
     )
 
@@ -824,6 +824,34 @@ class PatchRunSettings:
     )
 
 
+@dataclass(frozen=True)
+class WeekAheadSettings:
+    """The week ahead (issue 40): the maintenance configurations' runs of the next 14 days,
+    read from Resource Graph and checked against the budgets (docs/planned-disruptions.md)."""
+
+    enabled: bool = _setting(
+        False,
+        "Read the guest patching maintenance configurations of weekahead.subscriptions (or "
+        "eventgrid.subscriptions) through Resource Graph every weekahead.interval, and write an "
+        "Upcoming record per VM and run of the next 14 days, naming the budgets the run would "
+        "break; `se-bridge status --consumer` lists the breaks. Needs Reader on those "
+        "subscriptions. Off: nothing is read.",
+    )
+    interval: float = _setting(
+        21600.0,
+        "Seconds between two reads of the week ahead (each costs one Resource Graph query, "
+        "and one more per configuration with a run ahead). In the Azure Functions app, a number "
+        "of minutes that divides an hour or of hours that divides a day.",
+        low=900,
+        high=86400,
+    )
+    subscriptions: list[str] = _setting(
+        [],
+        "The subscription ids whose maintenance configurations, assignments and dynamic "
+        "scopes are read. Empty: eventgrid.subscriptions.",
+    )
+
+
 # Sections that live in another's table: [consumer.people] is Config.people, and its
 # environment variables are SE_BRIDGE_CONSUMER_PEOPLE_<KEY>.
 NESTED = {"people": "consumer"}
@@ -846,6 +874,7 @@ class Config:
     people: PeopleSettings = field(default_factory=PeopleSettings)
     eventgrid: EventGridSettings = field(default_factory=EventGridSettings)
     patchruns: PatchRunSettings = field(default_factory=PatchRunSettings)
+    weekahead: WeekAheadSettings = field(default_factory=WeekAheadSettings)
 
     def sink_specs(self) -> list[str]:
         return self.agent.sinks or [f"jsonl:{self.agent.state_dir / 'records.jsonl'}"]

@@ -159,7 +159,7 @@ param drainBlockedMinutes int = 15
 @description('Alert when early approvals have been paused for this many hours.')
 param pauseActiveHours int = 8
 
-@description('The consumer reads the week ahead (preview sources; docs/planned-disruptions.md#the-week-ahead) and writes Upcoming records: enables the upcoming-budget-break alert.')
+@description('The first Function App reads the week ahead (weekahead.enabled; docs/planned-disruptions.md#the-week-ahead): every weekAheadInterval, the maintenance configurations of this subscription, their assignments and the VMs they patch, through Resource Graph, written as Upcoming records naming the budgets each run would break: Reader on each of weekAheadResourceGroups.')
 param weekAhead bool = false
 
 @description('With weekAhead: alert when a disruption within this many days would break a budget (1-14).')
@@ -213,6 +213,15 @@ param patchRunOnBreach string = 'run'
 
 @description('With patchRuns: the consumer may cancel a run through applyUpdates before its cut-off (patchruns.cancel; preview API): a custom role with applyUpdates/write on patchRunConfigurationsResourceGroup only.')
 param patchRunCancel bool = false
+
+// The intervals the Functions app's timer keeps evenly (functionapp.RECONCILE_INTERVALS) that
+// weekahead.interval takes (15 minutes or more).
+@description('With weekAhead: seconds between two reads.')
+@allowed([900, 1200, 1800, 3600, 7200, 10800, 14400, 21600, 28800, 43200, 86400])
+param weekAheadInterval int = 21600
+
+@description('With weekAhead: the resource groups, in this subscription, of the maintenance configurations, their assignments and the fleet\'s VMs and scale sets, where Reader is granted. Empty: this deployment\'s resource group. Dynamic scopes live at the subscription: reading them needs Reader there, which infra/ does not grant.')
+param weekAheadResourceGroups array = []
 
 param tags object = {
   application: 'se-bridge'
@@ -330,6 +339,8 @@ module functionApp 'modules/functionapp.bicep' = [for i in range(0, eventHubName
     patchRuns: eventGridSource && patchRuns && i == 0
     patchRunOnBreach: patchRunOnBreach
     patchRunCancel: patchRunCancel
+    weekAhead: weekAhead && i == 0
+    weekAheadInterval: weekAheadInterval
     peopleClientId: peopleClientId
     peopleTenantId: peopleTenantId
     webhookSecretName: empty(notifyWebhookUrl) ? '' : keyVault.outputs.webhookSecretName
@@ -444,6 +455,16 @@ module patchRunReader 'modules/resource-graph-reader.bicep' = if (eventGridSourc
     consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
   }
 }
+
+// The week ahead reads the configurations, their assignments and the fleet's VMs (Resource
+// Graph answers only with the rows of resources its caller may read).
+module weekAheadReader 'modules/resource-graph-reader.bicep' = [for group in (empty(weekAheadResourceGroups) ? [resourceGroup().name] : weekAheadResourceGroups): if (weekAhead) {
+  name: 'se-bridge-week-ahead-reader-${uniqueString(group)}'
+  scope: resourceGroup(group)
+  params: {
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+  }
+}]
 
 module patchRunCanceller 'modules/patch-run-cancel.bicep' = if (eventGridSource && patchRuns && patchRunCancel) {
   name: 'se-bridge-patch-run-cancel'

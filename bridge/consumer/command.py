@@ -103,6 +103,12 @@ def _check(args: argparse.Namespace) -> int:
         print(err, file=sys.stderr)
         return 2
     print("\n".join(policyfile.summary(policy)))
+    if args.azure:
+        if not _installed("policy check --azure"):
+            return 2
+        from bridge.consumer import weekaheadcheck  # noqa: PLC0415 - the consumer extra
+
+        return weekaheadcheck.run(args, policy)
     if args.schedule is None:
         return 0
     return _check_schedule(policy.budgets, args.schedule, args.at)
@@ -171,6 +177,7 @@ POLICY_EXAMPLES = """\
 examples:
   se-bridge policy check /etc/se-bridge/policy.yaml
   se-bridge policy check policy.yaml --schedule schedules.json   # the next 14 days' patch runs
+  se-bridge policy check policy.yaml --azure --config consumer.toml   # ... as Azure holds them
   se-bridge policy explain --policy policy.yaml --records /var/lib/se-bridge/records.jsonl
   se-bridge policy explain --state sqlite:/var/lib/se-bridge/fleet.db --event C7061BAC-...
   se-bridge policy explain --config consumer.toml --event C7061BAC-... --json
@@ -196,7 +203,8 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         description="Check a policy file: exit 0 and a summary, or exit 2 and what is wrong.",
     )
     check.add_argument("file", type=Path, metavar="FILE", help="the policy file (YAML)")
-    check.add_argument(
+    ahead = check.add_mutually_exclusive_group()
+    ahead.add_argument(
         "--schedule",
         type=Path,
         metavar="FILE",
@@ -204,9 +212,26 @@ def add_policy_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPa
         "configurations (JSON, docs/planned-disruptions.md) against the budgets: exit 1 on a "
         "break",
     )
-    check.add_argument(
-        "--at", metavar="TIME", help="with --schedule: from this time (ISO 8601; default: now)"
+    ahead.add_argument(
+        "--azure",
+        action="store_true",
+        help="also check the patch runs of the next 14 days of the maintenance configurations "
+        "Azure holds (read through Resource Graph as the consumer's identity, of "
+        "weekahead.subscriptions) against the budgets, with the VMs of the consumer's fleet "
+        "state: exit 1 on a break",
     )
+    check.add_argument(
+        "--at",
+        metavar="TIME",
+        help="with --schedule or --azure: from this time (ISO 8601; default: now)",
+    )
+    check.add_argument(
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="with --azure: TOML settings file (the consumer's)",
+    )
+    add_flags(check, "consumer.state", before="with --azure: ")
     check.set_defaults(func=_check)
     explain = commands.add_parser(
         "explain",

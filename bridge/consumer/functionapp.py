@@ -42,6 +42,10 @@ so the logic is type-checked and tested with the package. Its functions:
   schedule keeps evenly is refused). Its rows go through the eventgrid function's intake, so
   they are refused, counted and logged alike; a failed pass is logged (once for a run of
   them), not raised, and the next tick tries again.
+- `weekahead`, only with weekahead.enabled (read when the app is indexed): a timer making one
+  pass of the week ahead (bridge.consumer.weekaheadpass.WeekAheadPass.once, as `se-bridge
+  consume`'s thread does) on the NCRONTAB schedule of weekahead.interval; its Upcoming records
+  go where the Decision records go, and a failed pass is logged and counted, not raised.
 
 Decision records go straight to Log Analytics when loganalytics.endpoint/rule_id are set, else
 to the log as JSON at INFO. There is no local spool: a Function instance's disk is not durable.
@@ -76,10 +80,11 @@ from bridge.config import (
     Config,
     ConfigError,
     EventGridSettings,
+    WeekAheadSettings,
     load,
     warn_of_consumer_settings_under_agent,
 )
-from bridge.consumer import wiring
+from bridge.consumer import weekaheadpass, wiring
 from bridge.consumer.core import Consumer
 from bridge.consumer.people.app import Csrf, EntraSignIn, PeopleApp
 from bridge.consumer.people.auth import verifier_for
@@ -115,6 +120,8 @@ EVENTGRID_PREFIX = "SE_BRIDGE_EVENTGRID_"
 TIMER_SETTING = "SE_BRIDGE_FUNCTIONS_TIMER"
 DEFAULT_TIMER = "*/10 * * * * *"  # NCRONTAB with seconds: every 10 s
 RECONCILE_SETTING = "SE_BRIDGE_EVENTGRID_RECONCILE_INTERVAL"
+WEEKAHEAD_SETTING = "SE_BRIDGE_WEEKAHEAD_INTERVAL"
+WEEKAHEAD_PREFIXES = ("SE_BRIDGE_WEEKAHEAD_", EVENTGRID_PREFIX)
 # The reconciler's intervals an NCRONTAB step keeps evenly: minutes that divide an hour, hours
 # that divide a day (*/7 minutes runs at :56 and again at :00, 4 minutes on).
 _STEP_MINUTES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
@@ -245,6 +252,8 @@ class ConsumerApp:
         self._intake: EventGridIntake | None = None
         self._reconciler: Reconciler | None = None
         self._interval = 0.0
+        self._week_ahead: weekaheadpass.WeekAheadPass | None = None
+        self._week_interval = 0.0
 
     def consumer(self) -> Consumer:
         with self._lock:
@@ -284,6 +293,9 @@ class ConsumerApp:
         if self._intake is not None and config.eventgrid.reconcile_interval:
             self._reconciler = build_reconciler(config, self._intake)
             self._interval = config.eventgrid.reconcile_interval
+        # Upcoming records go where the decisions go, as the standalone consumer's do.
+        self._week_ahead = weekaheadpass.build(config, consumer, outlet)
+        self._week_interval = config.weekahead.interval
         log.info(
             "se-bridge consumer ready; policy: %s; decisions to %s",
             consumer.policy.source,
@@ -369,10 +381,25 @@ class ConsumerApp:
             log.info("the Resource Graph reconciler's timer is past due; passing now")
         reconciler.once(self._interval)
 
+    def week_ahead(self, timer: func.TimerRequest) -> None:
+        """One pass of the week ahead; a failed one is logged and counted, not raised."""
+        self.consumer()
+        week = self._week_ahead
+        if week is None:
+            # Indexed with the week ahead on, built with it off: app settings changed under a
+            # running worker, which the host restarts.
+            raise ConfigError("the weekahead function runs, but weekahead.enabled is off")
+        if timer.past_due:
+            log.info("the week ahead's timer is past due; passing now")
+        week.once(self._week_interval)
+
     def close(self) -> None:
         """For tests and orderly shutdown; the host normally just ends the process."""
         with self._lock:
             self._intake = None
+            if self._week_ahead is not None:
+                self._week_ahead.graph.stop.set()  # a pass waiting out a quota ends
+                self._week_ahead = None
             if self._reconciler is not None:
                 self._reconciler.graph.stop.set()  # a pass waiting out a quota ends
                 self._reconciler = None
@@ -504,9 +531,10 @@ def eventgrid_enabled(environ: Mapping[str, str]) -> bool:
     return _eventgrid_settings(environ).enabled
 
 
-def reconcile_schedule(interval: float) -> str:
+def reconcile_schedule(interval: float, setting: str = RECONCILE_SETTING) -> str:
     """The NCRONTAB schedule (seconds first) of a pass every `interval` seconds; ConfigError
-    when no schedule keeps that pace evenly (RECONCILE_INTERVALS are the ones that do)."""
+    naming `setting` when no schedule keeps that pace evenly (RECONCILE_INTERVALS are the
+    ones that do)."""
     if interval in RECONCILE_INTERVALS:
         seconds = int(interval)
         if seconds < 3600:
@@ -515,7 +543,7 @@ def reconcile_schedule(interval: float) -> str:
     below = max((i for i in RECONCILE_INTERVALS if i < interval), default=RECONCILE_INTERVALS[0])
     above = min((i for i in RECONCILE_INTERVALS if i > interval), default=RECONCILE_INTERVALS[-1])
     raise ConfigError(
-        f"{RECONCILE_SETTING} {interval:g}: the Functions app passes on an NCRONTAB schedule, "
+        f"{setting} {interval:g}: the Functions app passes on an NCRONTAB schedule, "
         "which keeps an even pace only every 1, 2, 3, 4, 5, 6, 10, 12, 15, 20 or 30 minutes or "
         f"every 1, 2, 3, 4, 6, 8, 12 or 24 hours; set {below} or {above} (seconds)"
     )
@@ -535,6 +563,21 @@ def reconcile_timer(environ: Mapping[str, str]) -> str | None:
     return reconcile_schedule(settings.reconcile_interval)
 
 
+def week_ahead_timer(environ: Mapping[str, str]) -> str | None:
+    """The weekahead function's schedule from weekahead.interval, None with the week ahead
+    off; ConfigError, as `se-bridge consume` refuses them, when the settings cannot work."""
+    settings = {k: v for k, v in environ.items() if k.startswith(WEEKAHEAD_PREFIXES)}
+    config = load(environ=settings)
+    week: WeekAheadSettings = config.weekahead
+    try:
+        weekaheadpass.check_settings(week, config.eventgrid)
+    except ConfigError as err:
+        raise ConfigError(f"{WEEKAHEAD_SETTING}: {err}") from err
+    if not week.enabled:
+        return None
+    return reconcile_schedule(week.interval, WEEKAHEAD_SETTING)
+
+
 def build_app(
     backend: ConsumerApp | None = None, environ: Mapping[str, str] | None = None
 ) -> func.FunctionApp:
@@ -543,6 +586,7 @@ def build_app(
     environ = os.environ if environ is None else environ
     schedule = timer_schedule(environ)
     reconciling = reconcile_timer(environ)
+    weekly = week_ahead_timer(environ)
     app = func.FunctionApp()
 
     def batches(name: str, hub: str) -> Callable[[Any], Any]:
@@ -601,5 +645,13 @@ def build_app(
         @app.timer_trigger(arg_name="timer", schedule=reconciling, use_monitor=True)
         def reconcile(timer: func.TimerRequest) -> None:
             backend.reconcile(timer)
+
+    if weekly is not None:
+
+        @app.function_name("weekahead")
+        # use_monitor: a pass missed while the app was down runs when it is back.
+        @app.timer_trigger(arg_name="timer", schedule=weekly, use_monitor=True)
+        def weekahead(timer: func.TimerRequest) -> None:
+            backend.week_ahead(timer)
 
     return app

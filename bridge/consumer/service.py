@@ -27,7 +27,7 @@ from bridge.config import (
     warn_if_secrets_readable,
     warn_of_consumer_settings_under_agent,
 )
-from bridge.consumer import validation, wiring
+from bridge.consumer import validation, weekaheadpass, wiring
 from bridge.consumer.armcarrier import ArmCarrier
 from bridge.consumer.command import CONSUME_FLAGS, LOGGING
 from bridge.consumer.guard import Failures, Guard
@@ -121,6 +121,8 @@ class ConsumerService:
         self.reconciler: Reconciler | None = None
         if self.intake is not None and config.eventgrid.reconcile_interval:
             self.reconciler = build_reconciler(config, self.intake, self.failures)
+        # The week ahead (issue 40): off unless weekahead.enabled.
+        self.week_ahead = weekaheadpass.build(config, self.consumer, self._emit, self.failures)
         self._telemetry: telemetry.Endpoint | None = None
         self._page: PageServer | None = None
         self._notifier = telemetry.SystemdNotifier()
@@ -221,14 +223,18 @@ class ConsumerService:
             azure.append(
                 threading.Thread(target=self._read_azure, args=(stop,), name="se-bridge eventgrid")
             )
+        # Resource Graph's periodic passes, each guarded: one that fails ends no thread.
+        periodic: list[tuple[Callable[[threading.Event, float], None], float, str]] = []
         if self.reconciler is not None:
-            azure.append(
-                threading.Thread(
-                    target=self.reconciler.run,
-                    args=(stop, self.config.eventgrid.reconcile_interval),
-                    name="se-bridge resource graph",
-                )
-            )
+            every = self.config.eventgrid.reconcile_interval
+            periodic.append((self.reconciler.run, every, "se-bridge resource graph"))
+        if self.week_ahead is not None:
+            every = self.config.weekahead.interval
+            periodic.append((self.week_ahead.run, every, "se-bridge week ahead"))
+        azure += [
+            threading.Thread(target=run, args=(stop, every), name=name)
+            for run, every, name in periodic
+        ]
         for thread in azure:
             thread.start()
         try:

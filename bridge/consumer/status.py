@@ -3,8 +3,10 @@ fleet state (read only), as a monitoring check.
 
 It shows the pauses in force (scope, until when, by whom, why), the asks pending with how long
 each has waited, the Update Manager patch runs a person is asked about (with [patchruns] on:
-configuration, window, cut-off, the budgets they would break), and the budget overrides of the
-last 24 hours. What people decided is in the
+configuration, window, cut-off, the budgets they would break), the budget overrides of the
+last 24 hours, and, where the week ahead is read (weekahead.enabled), the planned runs of the
+next 14 days that would break a budget, from the newest pass's summary
+(bridge.consumer.weekaheadpass). What people decided is in the
 state's `operator` documents, and only those signed with the consumer's own key count
 (bridge.consumer.people.operatorlog): the check verifies them with the same key, from the same
 setting (commands.signing_key), so it shows exactly what the consumer applies; a document that
@@ -15,7 +17,8 @@ The exit code follows `se-bridge status` (the monitoring-plugin convention):
 
 - 0 OK;
 - 1 WARNING: a pause holds (early approvals wait), an ask has been pending longer than
-  `--ask-age`, or operator documents do not verify (written by hand, or the key rotated);
+  `--ask-age`, operator documents do not verify (written by hand, or the key rotated), or a
+  planned run of the days ahead would break a budget;
 - 3 UNKNOWN: whatever stops the check from looking (a bad setting or policy, no signing key to
   verify with, a state that does not answer); with `--json` still one object.
 
@@ -32,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from bridge.commands.signing import Signer
-from bridge.config import Config, ConfigError, given
+from bridge.config import Config, ConfigError, WeekAheadSettings, given
 from bridge.consumer import wiring
 from bridge.consumer.command import LOOK_FLAGS
 from bridge.consumer.core import Consumer
@@ -40,12 +43,14 @@ from bridge.consumer.explain import NoCommands, ignore_decisions
 from bridge.consumer.patchruns import asks_in, rule_of
 from bridge.consumer.people.desk import OpenEvent, PatchAsk
 from bridge.consumer.people.operatorlog import OperatorAction
+from bridge.consumer.weekaheadpass import read_summary
 from bridge.monitoring import LEVELS, WARNING, CheckReport, emit, said, unknown
 from bridge.policy.model import Pause
-from bridge.records import iso, utc_now
+from bridge.records import iso, parse_time, utc_now
 from bridge.redact import describe, printable
 
 OVERRIDES_WITHIN = timedelta(hours=24)  # the overrides listed: the last day's, as the issue asks
+STALE_MARGIN = timedelta(minutes=30)  # a week-ahead read this late past two intervals is overdue
 
 
 @dataclass
@@ -61,6 +66,8 @@ class Report(CheckReport):
     forged: int = 0
     on_previous_key: int = 0
     refused: dict[str, int] = field(default_factory=dict)  # operator documents refused, by why
+    # The newest week-ahead pass's summary (weekaheadpass.summarize); None: never read.
+    week_ahead: dict[str, Any] | None = None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +117,7 @@ def _look(config: Config, spec: str, ask_age: timedelta) -> Report:
         )
         if config.patchruns.enabled:
             add_patch_asks(report, asks_in(store, rule_of(config.patchruns)))
+        week_ahead(report, read_summary(store), config.weekahead, now)
         return report
     finally:
         consumer.close()
@@ -256,6 +264,49 @@ def _patch_lines(report: Report) -> list[str]:
             f"asked {run['target']} until {run['deadline'] or 'the cut-off'}, then "
             f"{run['on_deadline']}; {run['vms']} VMs; breaks budget {', '.join(budgets)}"
         )
+
+
+def week_ahead(
+    report: Report, summary: dict[str, Any] | None, settings: WeekAheadSettings, now: datetime
+) -> None:
+    """The week ahead's runs that would break a budget, and a read overdue, each a WARNING;
+    pure."""
+    report.week_ahead = summary
+    if not summary:
+        return
+    count = int(summary.get("breaking_total", 0))
+    if count:
+        report.flag(
+            WARNING,
+            f"{count} planned runs of the next 14 days would break a budget (read at "
+            f"{summary.get('at')}): split or move them before they run "
+            "(docs/planned-disruptions.md)",
+        )
+    read = parse_time(summary.get("at"))
+    overdue = timedelta(seconds=2 * settings.interval) + STALE_MARGIN
+    if settings.enabled and read is not None and now - read > overdue:
+        report.flag(
+            WARNING,
+            f"the week ahead was last read at {summary.get('at')}, more than two "
+            f"weekahead.intervals ago: see the consumer's log (its failures are counted in "
+            'se_bridge_consumer_failures_total{activity="weekahead"})',
+        )
+
+
+def week_ahead_lines(summary: dict[str, Any] | None) -> list[str]:
+    """What render says of the week ahead: a line per break of each listed run."""
+    if not summary:
+        return []
+    lines = [
+        f"week ahead: {summary.get('breaking_total', 0)} runs would break a budget, "
+        f"{summary.get('others', 0)} others (read at {summary.get('at')}; "
+        f"{summary.get('problems', 0)} not readable)"
+    ]
+    for run in summary.get("breaking") or ():
+        lines += [f"  break: {line}" for line in run.get("breaks") or ()]
+    unlisted = int(summary.get("breaking_total", 0)) - len(summary.get("breaking") or ())
+    if unlisted > 0:
+        lines.append(f"  and {unlisted} more runs that would break a budget")
     return lines
 
 
@@ -290,6 +341,7 @@ def render(report: Report) -> str:
         f"{o['reason']}"
         for o in report.overrides
     ]
+    lines += week_ahead_lines(report.week_ahead)
     return "\n".join(printable(line) for line in lines)
 
 

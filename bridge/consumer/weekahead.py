@@ -15,6 +15,7 @@ from datetime import datetime
 
 from bridge import recordtypes as rt
 from bridge.consumer.decisionrecord import identity_of
+from bridge.consumer.planned import more_upcoming
 from bridge.consumer.sources.patchruns import Rows, resolve_configuration
 from bridge.policy.model import Budget, FleetView
 from bridge.policy.upcoming import (
@@ -102,3 +103,24 @@ def read_runs(
         found = resolve_configuration(schedule.configuration, trusted, rows)
         schedules.append((schedule, found.resources))
     return plan(schedules, now, HORIZON), refused
+
+
+def week_ahead(
+    rows: Rows,
+    subscriptions: Sequence[str],
+    fleet: FleetView,
+    budgets: Sequence[Budget],
+    now: datetime,
+    *,
+    host_name: str,
+) -> tuple[list[rt.Upcoming], list[str]]:
+    """One pass of the week ahead: the Upcoming records of every source of planned
+    maintenance, and a sentence per thing a source could not read (each naming it). Each
+    source adds its records and its sentences here, in turn."""
+    runs, problems = read_runs(rows, subscriptions, now)
+    records = upcoming_records(budgets, fleet, runs, now, host_name=host_name)
+    # Service Health and AKS: their windows count together with the configurations' runs.
+    more, unread = more_upcoming(
+        rows, subscriptions, fleet, budgets, now, host_name, alongside=runs
+    )
+    return [*records, *more], [*problems, *unread]

@@ -19,7 +19,7 @@ from bridge.cloud import identity
 from bridge.cloud.armack import ArmAcknowledge
 from bridge.commands import signing
 from bridge.config import Config, ConfigError, ConsumerSettings, load
-from bridge.consumer import armcarrier, patchruns
+from bridge.consumer import armcarrier, patchruns, weekaheadpass
 from bridge.consumer.core import Consumer
 from bridge.consumer.ledger import Emit
 from bridge.consumer.sources import eventgrid, resourcegraph
@@ -58,6 +58,7 @@ def load_config(
         )
     resourcegraph.check_settings(config.eventgrid)
     patchruns.check_settings(config.patchruns, config.eventgrid.enabled)
+    weekaheadpass.check_settings(config.weekahead, config.eventgrid)
     try:
         telemetry.check_address("consumer.metrics_address", config.consumer.metrics_address)
     except ValueError as err:

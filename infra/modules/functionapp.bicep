@@ -62,6 +62,12 @@ param patchRunOnBreach string = 'run'
 @description('With patchRuns: the consumer may cancel a run (SE_BRIDGE_PATCHRUNS_CANCEL).')
 param patchRunCancel bool = false
 
+@description('Read the week ahead (SE_BRIDGE_WEEKAHEAD_ENABLED): the app\'s weekahead timer.')
+param weekAhead bool = false
+
+@description('With weekAhead: seconds between two reads (SE_BRIDGE_WEEKAHEAD_INTERVAL).')
+param weekAheadInterval int = 21600
+
 @description('Optional policy file deployed with the app (SE_BRIDGE_CONSUMER_POLICY), such as policy.yaml; empty: the default policy.')
 param consumerPolicy string = ''
 
@@ -187,6 +193,14 @@ var eventGridSettings = empty(eventGridHub) ? {} : {
   SE_BRIDGE_PATCHRUNS_CANCEL: patchRunCancel ? 'true' : 'false'
 }
 
+// The week ahead ([weekahead], docs/planned-disruptions.md): the app registers its weekahead
+// timer only with SE_BRIDGE_WEEKAHEAD_ENABLED, and reads this subscription's configurations.
+var weekAheadSettings = weekAhead ? {
+  SE_BRIDGE_WEEKAHEAD_ENABLED: 'true'
+  SE_BRIDGE_WEEKAHEAD_INTERVAL: string(weekAheadInterval)
+  SE_BRIDGE_WEEKAHEAD_SUBSCRIPTIONS: subscription().subscriptionId
+} : {}
+
 // One account: SE_BRIDGE_STORAGE_ACCOUNT holds the queues, as before.
 var queueSettings = (length(queueAccountNames) > 1) ? {
   SE_BRIDGE_COMMANDS_QUEUE_ACCOUNTS: join(queueAccountNames, ',')
@@ -274,7 +288,7 @@ resource settings 'Microsoft.Web/sites/config@2025-03-01' = {
   // checkov:skip=CKV_AZURE_88:Azure Files is not used: Flex Consumption deploys from blob storage and shared keys are off.
   parent: app
   name: 'appsettings'
-  properties: union(baseSettings, policySettings, queueSettings, peopleSettings, notifySettings, eventGridSettings)
+  properties: union(baseSettings, policySettings, queueSettings, peopleSettings, notifySettings, eventGridSettings, weekAheadSettings)
 }
 
 // App Service Authentication ("Easy Auth") with Entra ID in front of every HTTP request: a

@@ -57,6 +57,13 @@ class Rig:
         self.commands, self.decisions = root / "commands", root / "decisions.jsonl"
         self.arm = ArmDouble(accept_token=issued_for_arm(self.sim.issued))
         self.consumer: Proc | None = None
+        # What other end-to-end tests of Azure's planned maintenance add to this rig (the
+        # week ahead's, tests/e2e/test_week_ahead.py): settings, sinks, certificates to trust.
+        self.more_config = ""
+        self.more_env: dict[str, str] = {}
+        self.more_args: tuple[str, ...] = ()
+        self.more_cas: list[Path] = []
+        self.key = root / "signing.pem"
         vm = self.sim.fleet.vm("web_0")
         self.subscription, self.group = vm.subscription_id, vm.resource_group
         self.configuration = (
@@ -76,7 +83,7 @@ class Rig:
     def start(self) -> Rig:
         self.server.start()
         self.arm.start()
-        key = self.root / "signing.pem"
+        key = self.key
         signing.keygen(key)
         signer = signing.load_signer(CommandsSettings(signing_key=f"file:{key}"),
                                      IdentitySettings())  # fmt: skip
@@ -85,27 +92,34 @@ class Rig:
         for vm in AGENTS:
             args = ("--sink", f"hub:{self.hub}", "--commands", f"local:{self.commands}")
             Agent(self.procs, vm, self.server.vm_url(vm), args=args, env=verify).start()
-        policy, config = self.root / "policy.yaml", self.root / "consumer.toml"
+        policy = self.root / "policy.yaml"
         policy.write_text(POLICY, encoding="utf-8")
+        return self.start_consumer()
+
+    def start_consumer(self) -> Rig:
+        """`se-bridge consume` (again, after a stop), reading the fleet state it left."""
+        config, policy = self.root / "consumer.toml", self.root / "policy.yaml"
         config.write_text(
             "[consumer]\nreevaluate_interval = 0.5\n\n[eventgrid]\nenabled = true\n"
             f'hub = "{self.grid_hub}"\nsubscriptions = ["{self.subscription}"]\n'
             f'arm_endpoint = "{self.arm.endpoint}"\nresource_graph_url = "{self.graph.url}"\n\n'
-            '[patchruns]\nenabled = true\non_breach = "cancel"\ncancel = true\n',
+            '[patchruns]\nenabled = true\non_breach = "cancel"\ncancel = true\n'
+            f"{self.more_config}",
             encoding="utf-8",
         )
         bundle = self.root / "ca-bundle.pem"
-        bundle.write_bytes(Path(self.arm.ca_bundle).read_bytes()
-                           + Path(self.graph.ca_bundle).read_bytes())  # fmt: skip
-        env = {"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{key}",
+        cas = [Path(self.arm.ca_bundle), Path(self.graph.ca_bundle), *self.more_cas]
+        bundle.write_bytes(b"".join(ca.read_bytes() for ca in cas))
+        env = {"SE_BRIDGE_COMMANDS_SIGNING_KEY": f"file:{self.key}",
                "SE_BRIDGE_IDENTITY_KIND": "managed",
                **self.arm.client_environment(self.server.vm_url("web_0")),
-               "REQUESTS_CA_BUNDLE": str(bundle), "CURL_CA_BUNDLE": str(bundle)}  # fmt: skip
+               "REQUESTS_CA_BUNDLE": str(bundle), "CURL_CA_BUNDLE": str(bundle),
+               **self.more_env}  # fmt: skip
         self.consumer = self.procs.bridge(
             "consumer", "consume", "--hub", str(self.hub), "--commands", f"local:{self.commands}",
             "--state", f"sqlite:{self.root / 'fleet.db'}", "--policy", str(policy),
             "--state-dir", str(self.root / "consumer"), "--sink", f"jsonl:{self.decisions}",
-            "--config", str(config), "--metrics-address", "0", env=env,
+            "--config", str(config), "--metrics-address", "0", *self.more_args, env=env,
         )  # fmt: skip
         return self
 

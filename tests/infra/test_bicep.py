@@ -173,6 +173,7 @@ def _app_settings() -> dict[str, object]:
         "peopleSettings",
         "notifySettings",
         "eventGridSettings",
+        "weekAheadSettings",
     )
     for name in conditional:
         settings = settings | _conditional_settings(name)
@@ -184,7 +185,7 @@ def test_every_settings_variable_is_applied() -> None:
     text = FUNCTION_APP.read_text(encoding="utf-8")
     applied = (
         "baseSettings, policySettings, queueSettings, peopleSettings, notifySettings, "
-        "eventGridSettings"
+        "eventGridSettings, weekAheadSettings"
     )
     assert f"properties: union({applied})" in text
     declared = {name for name in bicep.variables(FUNCTION_APP) if name.endswith("Settings")}
@@ -667,6 +668,7 @@ def test_a_looped_module_is_used_only_by_index() -> None:
         "functionApp",
         "queueStorage",
         "resourceGraphReader",
+        "weekAheadReader",
     ]
     text = MAIN.read_text(encoding="utf-8")
     for name in looped:

@@ -41,7 +41,7 @@ SDK_LOADERS = (
 # starts and says what to install.
 ON_DEMAND = ("bridge.consumer.service", "bridge.consumer.explain", "bridge.consumer.people.client",
              "bridge.consumer.people.app", "bridge.consumer.status",
-             "bridge.consumer.whatif")  # fmt: skip
+             "bridge.consumer.whatif", "bridge.consumer.weekaheadcheck")  # fmt: skip
 
 
 def loaded_after(code: str) -> list[str]:

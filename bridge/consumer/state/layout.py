@@ -13,6 +13,8 @@ OPERATOR = "operator"
 HEALTH = "health"
 # Update Manager's patch runs (issue 40): one document per run, kept until a day after it ends.
 PATCHRUN = "patchrun"
+# The week ahead (issue 40): one document, the newest pass's summary, bounded in size.
+WEEKAHEAD = "weekahead"
 # Table Storage partitions of each collection (bridge.consumer.state.tables): where every VM
 # of a placement group reports each event, a Spot eviction storm asks several times one
 # partition's target of `event` and `vm` (the figures are in

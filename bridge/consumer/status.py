@@ -264,6 +264,7 @@ def _patch_lines(report: Report) -> list[str]:
             f"asked {run['target']} until {run['deadline'] or 'the cut-off'}, then "
             f"{run['on_deadline']}; {run['vms']} VMs; breaks budget {', '.join(budgets)}"
         )
+    return lines
 
 
 def week_ahead(

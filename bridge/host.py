@@ -6,6 +6,7 @@ tests can check each platform's answer on any machine.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import ntpath
@@ -144,8 +145,11 @@ def install_stop_handler(callback: Callable[[], None], system: str | None = None
         if fired:
             return
         fired = True
-        log.info("received signal %d: stopping", signum)
-        callback()
+        callback()  # first: nothing below may keep the process from stopping
+        # A signal that comes while the main thread writes to the same stream makes this a
+        # reentrant write, which raises: before, out of the handler and before the stop.
+        with contextlib.suppress(RuntimeError):
+            log.info("received signal %d: stopping", signum)
 
     for sig in signals:
         signal.signal(sig, handle)

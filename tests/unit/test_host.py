@@ -145,3 +145,18 @@ def test_stop_handler_on_ctrl_c() -> None:
     host.install_stop_handler(lambda: calls.append(1))
     signal.raise_signal(signal.SIGINT)
     assert calls == [1]
+
+
+@pytest.mark.usefixtures("saved_handlers")
+def test_a_signal_during_a_write_to_stderr_still_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Seen in CI: the stop signal came while the main thread was writing a log line to
+    # stderr; the handler's own log line was a reentrant write, which raised out of the
+    # handler before it asked for the stop, and the agent never exited.
+    def reentrant(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("reentrant call inside <_io.BufferedWriter name='<stderr>'>")
+
+    monkeypatch.setattr(host.log, "info", reentrant)
+    calls: list[int] = []
+    host.install_stop_handler(lambda: calls.append(1))
+    signal.raise_signal(signal.SIGTERM)
+    assert calls == [1]

@@ -220,8 +220,11 @@ param patchRunCancel bool = false
 @allowed([900, 1200, 1800, 3600, 7200, 10800, 14400, 21600, 28800, 43200, 86400])
 param weekAheadInterval int = 21600
 
-@description('With weekAhead: the resource groups, in this subscription, of the maintenance configurations, their assignments and the fleet\'s VMs and scale sets, where Reader is granted. Empty: this deployment\'s resource group. Dynamic scopes live at the subscription: reading them needs Reader there, which infra/ does not grant.')
+@description('With weekAhead: the resource groups, in this subscription, of the maintenance configurations, their assignments and the fleet\'s VMs and scale sets, where Reader is granted. Empty: this deployment\'s resource group. Dynamic scopes, Service Health and AKS notices live at the subscription: see weekAheadSubscriptionReader.')
 param weekAheadResourceGroups array = []
+
+@description('With weekAhead: grant the consumer\'s identity Reader on this subscription, which Service Health\'s planned maintenance, AKS\'s upgrade notices and maintenance configurations\' dynamic scopes need (Resource Graph answers their rows only to a reader of the subscription). The deployer must be allowed to assign roles at the subscription (Owner or User Access Administrator there).')
+param weekAheadSubscriptionReader bool = false
 
 param tags object = {
   application: 'se-bridge'
@@ -465,6 +468,16 @@ module weekAheadReader 'modules/resource-graph-reader.bicep' = [for group in (em
     consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
   }
 }]
+
+// Service Health's, AKS's and dynamic scopes' rows are the subscription's: read only by a
+// reader of the subscription.
+module weekAheadSubscriptionRead 'modules/subscription-reader.bicep' = if (weekAhead && weekAheadSubscriptionReader) {
+  name: 'se-bridge-week-ahead-subscription-reader'
+  scope: subscription()
+  params: {
+    consumerPrincipalId: functionApp[0].outputs.identityPrincipalId
+  }
+}
 
 module patchRunCanceller 'modules/patch-run-cancel.bicep' = if (eventGridSource && patchRuns && patchRunCancel) {
   name: 'se-bridge-patch-run-cancel'

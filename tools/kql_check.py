@@ -26,7 +26,22 @@ ROOT = Path(__file__).resolve().parent.parent
 CHECKER = ROOT / "tools" / "kql" / "check.js"
 TABLE = "SeBridgeRecords_CL"
 DCR_TRANSFORM = "infra/kql/dcr-transform.kql"
-Schema = Literal["workspace", "dcr"]
+Schema = Literal["workspace", "dcr", "resourcegraph"]
+
+# The Resource Graph tables the consumer queries (the reconciler, patch runs, the week ahead),
+# each with the columns every Resource Graph table has ("Understand the Azure Resource Graph
+# query language", learn.microsoft.com/azure/governance/resource-graph/concepts/query-language:
+# a row is a resource as ARM returns it, plus its subscription and resource group).
+RESOURCE_GRAPH_COLUMNS = {
+    "id": "string", "name": "string", "type": "string", "tenantId": "string", "kind": "string",
+    "location": "string", "resourceGroup": "string", "subscriptionId": "string",
+    "managedBy": "string", "sku": "dynamic", "plan": "dynamic", "properties": "dynamic",
+    "tags": "dynamic", "identity": "dynamic", "zones": "dynamic", "extendedLocation": "dynamic",
+}  # fmt: skip
+RESOURCE_GRAPH_TABLES = (
+    "resources", "computeresources", "maintenanceresources", "healthresources",
+    "servicehealthresources", "containerserviceeventresources",
+)  # fmt: skip
 
 # "Supported KQL features in Azure Monitor transformations" (learn.microsoft.com,
 # azure-monitor/data-collection/data-collection-transformations-kql): only what it lists works
@@ -97,6 +112,7 @@ def schemas() -> dict[Schema, dict[str, dict[str, str]]]:
     return {
         "workspace": {TABLE: dict(schema.columns())},
         "dcr": {"source": {c["name"]: c["type"] for c in stream}},
+        "resourcegraph": {t: dict(RESOURCE_GRAPH_COLUMNS) for t in RESOURCE_GRAPH_TABLES},
     }
 
 

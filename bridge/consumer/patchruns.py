@@ -38,7 +38,7 @@ from bridge.consumer.sources.patchruns import Resolved, RunNotice, resolve
 from bridge.consumer.sources.resourcegraph import RequestsTransport, ResourceGraph
 from bridge.consumer.state import Conflict, Store, update
 from bridge.consumer.state.layout import PATCHRUN
-from bridge.notify.notice import Notice, NoticeKind
+from bridge.notify.notice import Notice, NoticeKind, listed
 from bridge.policy.gates.patchrun import PatchRule, PatchVerdict, breaches, decide
 from bridge.policy.model import Budget, FleetView, Person, Scope, VmView
 from bridge.policy.patchruns import (
@@ -472,19 +472,21 @@ class PatchRuns:
                 "%s runs over a budget: %s; %s", where, verdict.reason, "; ".join(verdict.breaches)
             )
         if self.parts.notices is not None:
+            names, more = listed(sorted({name_of(r) for r in run.resources}))
             self.parts.notices.notify(
                 Notice(
                     kind,
                     target,
                     subject(run),
                     "PatchRun",
-                    tuple(sorted({name_of(r) for r in run.resources})),
+                    names,
                     run.start,
                     (verdict.reason, *verdict.breaches),
                     value.get("answered_by"),
                     value.get("answer_reason"),
                     None,
                     self._now(),
+                    more,
                 )
             )
 

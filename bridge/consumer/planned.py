@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TypeVar
 
@@ -50,9 +51,8 @@ def maintenance_planned(maintenance: Maintenance, index: Mapping[str, frozenset[
     """A planned maintenance as the budgets see a run: its window, the resources it names
     (`index`: the fleet's index_of)."""
     resources = frozenset(_known_as(r, index) for r in maintenance.resources)
-    return Planned(
-        SERVICE_HEALTH + maintenance.tracking_id, maintenance.start, maintenance.end, resources
-    )
+    return Planned(SERVICE_HEALTH + maintenance.tracking_id, maintenance.start,
+                   maintenance.end, resources, "ServiceHealth")  # fmt: skip
 
 
 def _known_as(resource: str, index: Mapping[str, frozenset[str]]) -> str:
@@ -97,7 +97,7 @@ def aks_planned(notice: AksNotice, fleet: FleetView) -> Planned:
         for vm in sorted(nodes, key=lambda v: v.name)[: settings.batch(len(nodes))]:
             resources.update(vm_ids(vm)[:1])
     label = f"{AKS}{notice.cluster_name} {notice.kind}"
-    return Planned(label, notice.start, notice.end, frozenset(resources))
+    return Planned(label, notice.start, notice.end, frozenset(resources), "AksUpgrade")
 
 
 def upcoming_more(
@@ -117,9 +117,9 @@ def upcoming_more(
     index = index_of(fleet.vms.values())
     planned = [maintenance_planned(m, index) for m in maintenance]
     by_notice = [(n, aks_planned(n, fleet)) for n in notices]
-    runs = [*alongside, *planned, *(p for _, p in by_notice)]
+    runs = [*planned, *(p for _, p in by_notice)]
     broken: dict[tuple[str, datetime], list[str]] = {}
-    for breach in ahead(budgets, fleet, runs, now):
+    for breach in ahead(budgets, fleet, runs, now, alongside=alongside):
         broken.setdefault((breach.configuration, breach.start), []).append(breach.line)
     events = {(p.name, p.start): m for p, m in zip(planned, maintenance, strict=True)}
     records: list[rt.Upcoming] = []
@@ -189,6 +189,33 @@ def _read(  # noqa: PLR0917 - a reader's arguments and where its sentences go
     return found
 
 
+@dataclass(frozen=True)
+class MoreAhead:
+    """What the other sources tell of the days ahead."""
+
+    maintenance: list[Maintenance]
+    notices: list[AksNotice]
+    problems: list[str]
+
+    def planned(self, fleet: FleetView) -> list[Planned]:
+        """Their windows as the budgets count them (`fleet`'s VMs)."""
+        index = index_of(fleet.vms.values())
+        return [*(maintenance_planned(m, index) for m in self.maintenance),
+                *(aks_planned(n, fleet) for n in self.notices)]  # fmt: skip
+
+
+def read_more(rows: Rows, subscriptions: Sequence[str], now: datetime) -> MoreAhead:
+    """Service Health's planned maintenance and AKS's upgrade notices in `subscriptions`
+    within 14 days, and a sentence per row or source that cannot be read (a source Resource
+    Graph does not answer for is said and the other is still read)."""
+    problems: list[str] = []
+    maintenance = _read("Service Health's planned maintenance was", read_service_health, rows,
+                        subscriptions, now, problems)  # fmt: skip
+    notices = _read("AKS's upgrade notices were", read_aks_notices, rows, subscriptions, now,
+                    problems)  # fmt: skip
+    return MoreAhead(maintenance, notices, problems)
+
+
 def more_upcoming(  # noqa: PLR0917 - the week ahead's call, as read_runs'
     rows: Rows,
     subscriptions: Sequence[str],
@@ -204,12 +231,7 @@ def more_upcoming(  # noqa: PLR0917 - the week ahead's call, as read_runs'
     `rows(query, subscriptions)` is ResourceGraph.rows; a source Resource Graph does not
     answer for is said and the other is still read. `alongside`: the maintenance
     configurations' runs (weekahead.read_runs), counted where their windows overlap."""
-    problems: list[str] = []
-    maintenance = _read("Service Health's planned maintenance was", read_service_health, rows,
-                        subscriptions, now, problems)  # fmt: skip
-    notices = _read("AKS's upgrade notices were", read_aks_notices, rows, subscriptions, now,
-                    problems)  # fmt: skip
-    records = upcoming_more(
-        budgets, fleet, maintenance, notices, now, host_name=host_name, alongside=alongside
-    )
-    return records, problems
+    more = read_more(rows, subscriptions, now)
+    records = upcoming_more(budgets, fleet, more.maintenance, more.notices, now,
+                            host_name=host_name, alongside=alongside)  # fmt: skip
+    return records, more.problems

@@ -15,7 +15,7 @@ from datetime import datetime
 
 from bridge import recordtypes as rt
 from bridge.consumer.decisionrecord import identity_of
-from bridge.consumer.planned import more_upcoming
+from bridge.consumer.planned import read_more, upcoming_more
 from bridge.consumer.sources.patchruns import Rows, resolve_configuration
 from bridge.policy.model import Budget, FleetView
 from bridge.policy.upcoming import (
@@ -38,10 +38,12 @@ def upcoming_records(
     now: datetime,
     *,
     host_name: str,
+    alongside: Sequence[Planned] = (),
 ) -> list[rt.Upcoming]:
-    """An Upcoming record per VM per run of `runs`, with the budgets its run would break."""
+    """An Upcoming record per VM per run of `runs`, with the budgets its run would break,
+    counting the other sources' windows `alongside` where they overlap it."""
     broken: dict[tuple[str, datetime], list[str]] = {}
-    for breach in ahead(budgets, fleet, runs, now):
+    for breach in ahead(budgets, fleet, runs, now, alongside=alongside):
         broken.setdefault((breach.configuration, breach.start), []).append(breach.line)
     records: list[rt.Upcoming] = []
     for row in upcoming(fleet, runs):
@@ -118,9 +120,12 @@ def week_ahead(
     maintenance, and a sentence per thing a source could not read (each naming it). Each
     source adds its records and its sentences here, in turn."""
     runs, problems = read_runs(rows, subscriptions, now)
-    records = upcoming_records(budgets, fleet, runs, now, host_name=host_name)
-    # Service Health and AKS: their windows count together with the configurations' runs.
-    more, unread = more_upcoming(
-        rows, subscriptions, fleet, budgets, now, host_name, alongside=runs
+    # Service Health and AKS: their windows and the configurations' runs count together, each
+    # source's records naming the others' windows that make its breaks.
+    more = read_more(rows, subscriptions, now)
+    records = upcoming_records(
+        budgets, fleet, runs, now, host_name=host_name, alongside=more.planned(fleet)
     )
-    return [*records, *more], [*problems, *unread]
+    records += upcoming_more(budgets, fleet, more.maintenance, more.notices, now,
+                             host_name=host_name, alongside=runs)  # fmt: skip
+    return records, [*problems, *more.problems]

@@ -1,8 +1,9 @@
 """`se-bridge policy check POLICY --azure` (issue 40, item 2; docs/planned-disruptions.md
 #check-the-schedules-before-they-run): the maintenance configurations Azure holds, read once
 through Resource Graph as the consumer's identity (its settings: `--config`, the environment),
-their runs of the next 14 days checked against POLICY's budgets with the VMs of the consumer's
-fleet state (read only), printed as `policy check --schedule` prints a file's: a BREAK line per
+their runs of the next 14 days, with Service Health's planned maintenance and AKS's upgrade
+notices overlapping them, checked against POLICY's budgets with the VMs of the consumer's fleet
+state (read only), printed as `policy check --schedule` prints a file's: a BREAK line per
 run and group, exit 1 when there is one, 2 when the settings or Azure cannot be read.
 """
 
@@ -31,7 +32,7 @@ def run(args: argparse.Namespace, policy: Policy) -> int:
         return 2
     try:
         config = wiring.load_config(args.config, flags=given(args, "consumer.state"))
-        runs, fleet, problems = check_azure(config, _fleet(config, policy), now)
+        runs, others, fleet, problems = check_azure(config, _fleet(config, policy), now)
     except ConfigError as err:
         print(f"se-bridge: configuration error: {err}", file=sys.stderr)
         return 2
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace, policy: Policy) -> int:
     for problem in problems:
         print(f"WARNING {problem}", file=sys.stderr)
     configurations = len({run.configuration.lower() for run in runs})
-    lines, found = schedulefile.report(policy.budgets, runs, fleet, configurations, now)
+    lines, found = schedulefile.report(policy.budgets, runs, fleet, configurations, now, others)
     print("\n".join(lines))
     return 1 if found else 0
 

@@ -40,6 +40,7 @@ from bridge import recordtypes as rt
 from bridge.cloud import identity
 from bridge.config import Config, ConfigError, EventGridSettings, WeekAheadSettings
 from bridge.consumer.guard import Failures, Guard
+from bridge.consumer.planned import read_more
 from bridge.consumer.sources.resourcegraph import RequestsTransport, ResourceGraph
 from bridge.consumer.state import Doc, Store, update
 from bridge.consumer.state.layout import WEEKAHEAD
@@ -58,6 +59,9 @@ SUMMARY = "summary"  # the one document of the collection
 MAX_LISTED = 50  # runs that would break a budget listed in the summary; the rest are counted
 MAX_PROBLEMS = 10  # sentences of what could not be read kept in the summary
 MAX_SAID = 300  # characters of each kept sentence
+# A break's line names up to 3 overlapping windows of other sources (bridge.policy.upcoming
+# .NAMED), about 500 characters: kept whole.
+MAX_BREAK_SAID = 600
 # A pass within this part of the interval of the newest one reads nothing: timers drift by
 # seconds, and a pass a little early must not be skipped for a whole interval.
 SOON = 0.9
@@ -124,8 +128,8 @@ def summarize(
         found["vms"] += 1
         said = record.get("BudgetBreaks")
         for line in said if isinstance(said, list) else ():
-            if str(line)[:MAX_SAID] not in found["breaks"]:
-                found["breaks"].append(str(line)[:MAX_SAID])
+            if str(line)[:MAX_BREAK_SAID] not in found["breaks"]:
+                found["breaks"].append(str(line)[:MAX_BREAK_SAID])
     breaking = [run for _, run in sorted(runs.items()) if run["breaks"]]
     return {
         "at": iso(now),
@@ -280,10 +284,11 @@ def build(
 
 def check_azure(
     config: Config, fleet: FleetView, now: datetime, real_now: datetime | None = None
-) -> tuple[list[Planned], FleetView, list[str]]:
-    """The runs of the 14 days from `now` of the configurations Azure holds (read once as
-    the consumer's identity), the fleet as the budgets count it then (the VMs live now taken
-    as live then), and what could not be read."""
+) -> tuple[list[Planned], list[Planned], FleetView, list[str]]:
+    """The runs of the 14 days from `now` of the configurations Azure holds and the other
+    sources' windows (Service Health, AKS; read once as the consumer's identity), the fleet
+    as the budgets count it then (the VMs live now taken as live then), and what could not
+    be read."""
     subscriptions = check_subscriptions(config.weekahead, config.eventgrid)
     graph = ResourceGraph(
         config.eventgrid.resource_graph_url,
@@ -291,9 +296,11 @@ def check_azure(
         RequestsTransport(),
     )
     runs, problems = read_runs(graph.rows, subscriptions, now)
+    more = read_more(graph.rows, subscriptions, now)
     looked = real_now or utc_now()
     vms = {
         key: replace(vm, last_seen=now) if fleet.alive(key, looked) else vm
         for key, vm in fleet.vms.items()
     }
-    return runs, FleetView(vms, impacted={}, alive_within=fleet.alive_within), problems
+    then = FleetView(vms, impacted={}, alive_within=fleet.alive_within)
+    return runs, more.planned(then), then, [*problems, *more.problems]

@@ -20,7 +20,7 @@ Body = dict[str, Any]
 Format = Callable[[Notice], Body]
 
 GENERIC_SCHEMA_VERSION = 1
-SHOWN_VMS = 10  # chat formats name this many VMs, then say how many more (generic: all)
+SHOWN_VMS = 10  # chat formats name this many VMs, then say how many more (generic: all it has)
 MAX_LINE = 500  # an explanation line longer than this is cut in the chat formats
 LINK_TITLE = "Open the approval page"
 # A name an Azure VM can have (letters, digits, . _ -; a scale set's instance is name_N, and
@@ -64,7 +64,7 @@ def headline(notice: Notice) -> str:
     """One line: what happened, to what, by whom."""
     said = _SAID[notice.kind]
     if notice.event_id is not None:
-        said += f": {notice.event_type or 'Event'} of {_vm_list(notice.vms)}"
+        said += f": {notice.event_type or 'Event'} of {_vm_list(notice.vms, notice.more_vms)}"
     return said + (f", by {notice.by}" if notice.by else "")
 
 
@@ -73,7 +73,8 @@ def generic(notice: Notice) -> Body:
 
     {"SchemaVersion": 1, "Kind": "asked",
      "EventId": "C7061BAC-AF74-4E0E-9A4A-4B5D8B1B2C3D", "EventType": "Reboot",
-     "Vms": ["sql-primary-0", "sql-replica-1"], "NotBefore": "2026-11-27T09:30:00.000Z",
+     "Vms": ["sql-primary-0", "sql-replica-1"], "VmsNotListed": 0,
+     "NotBefore": "2026-11-27T09:30:00.000Z",
      "Explanation": ["rule ask-db (ask: dba, deadline 30m, then hold)",
                      "budget one-per-set: 0 of 1 in use"],
      "DecidedBy": null, "Reason": null,
@@ -86,6 +87,7 @@ def generic(notice: Notice) -> Body:
         "EventId": notice.event_id,
         "EventType": notice.event_type,
         "Vms": list(notice.vms),
+        "VmsNotListed": notice.more_vms,
         "NotBefore": iso(notice.not_before) if notice.not_before else None,
         "Explanation": list(notice.explanation),
         "DecidedBy": notice.by,
@@ -212,7 +214,7 @@ def _facts(notice: Notice) -> list[tuple[str, str]]:
     facts = [
         ("Event", notice.event_id),
         ("Type", notice.event_type),
-        ("VMs", _vm_list(notice.vms) if notice.vms else None),
+        ("VMs", _vm_list(notice.vms, notice.more_vms) if notice.vms else None),
         ("Not before", iso(notice.not_before) if notice.not_before else None),
         ("Decided by", notice.by),
         ("Reason", _cut(notice.reason) if notice.reason else None),
@@ -220,9 +222,9 @@ def _facts(notice: Notice) -> list[tuple[str, str]]:
     return [(title, value) for title, value in facts if value]
 
 
-def _vm_list(vms: tuple[str, ...]) -> str:
+def _vm_list(vms: tuple[str, ...], unlisted: int = 0) -> str:
     shown = ", ".join(vms[:SHOWN_VMS])
-    more = len(vms) - SHOWN_VMS
+    more = max(0, len(vms) - SHOWN_VMS) + unlisted
     return f"{shown} and {more} more" if more > 0 else shown or "no VM"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -41,3 +42,15 @@ class Notice:
     reason: str | None
     link: str | None
     at: datetime
+    more_vms: int = 0  # VMs it concerns beyond those `vms` names (listed: a patch run's thousands)
+
+
+# A notice names at most this many VMs: a patch run of a 10,000-VM scale set is one notice, and
+# every name would make a webhook body of hundreds of kilobytes no person reads.
+MAX_VMS = 20
+
+
+def listed(names: Iterable[str], limit: int = MAX_VMS) -> tuple[tuple[str, ...], int]:
+    """The first `limit` of `names`, in their order, and how many more there are."""
+    every = tuple(names)
+    return every[:limit], max(0, len(every) - limit)

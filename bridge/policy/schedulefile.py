@@ -91,19 +91,28 @@ def _vm(row: Any, number: int, path: Path, now: datetime) -> VmView:
     )
 
 
-def report(
+def report(  # noqa: PLR0917 - policy check's arguments, as before `others`
     budgets: Sequence[Budget], runs: Sequence[Planned], fleet: FleetView, configurations: int,
-    now: datetime,
+    now: datetime, others: Sequence[Planned] = (),
 ) -> tuple[list[str], list[AheadBreach]]:  # fmt: skip
-    """The lines `policy check --schedule` prints, and the breaks."""
-    found = ahead(budgets, fleet, runs, now)
+    """The lines `policy check --schedule` (and `--azure`) prints, and the breaks: of the
+    configurations' `runs` and of the other sources' windows `others` (Service Health, AKS),
+    counted together where they overlap, each break naming the windows that made it."""
+    found = sorted(ahead(budgets, fleet, [*runs, *others], now),
+                   key=lambda b: (b.start, b.configuration))  # fmt: skip
     days = HORIZON // timedelta(days=1)
     lines = [
         f"BREAK {b.start:%Y-%m-%d %H:%M}Z {b.configuration}: budget {b.budget}, group "
         f"{b.group}: {b.count} VMs at once, limit {b.limit}"
+        + (f" (with {', '.join(b.sources)})" if b.sources else "")
         for b in found
     ]
-    head = f"{len(runs)} runs of {configurations} configurations in the next {days} days"
+    head = f"{len(runs)} runs of {configurations} configurations"
+    if others:
+        head += (
+            f" and {len(others)} window{'' if len(others) == 1 else 's'} of Service Health or AKS"
+        )
+    head += f" in the next {days} days"
     if found:
         lines.append(f"{head}: {len(found)} would break a budget")
     else:

@@ -17,7 +17,9 @@ Hourly schedules exist for other maintenance scopes, not for guest patching: ref
 
 A run's budget check is the patch-run gate's (bridge.policy.gates.patchrun.breach_list), with
 the other runs whose windows overlap it counted as impacted: two configurations that split a
-scale set fit only if their windows do not overlap.
+scale set fit only if their windows do not overlap. The other sources' windows (Service Health's
+planned maintenance, AKS upgrades: bridge.consumer.planned) are runs here too, so one arithmetic
+counts every source, and a break names the overlapping windows that made it.
 """
 
 from __future__ import annotations
@@ -260,19 +262,32 @@ def planned_runs(
     return runs
 
 
+PlannedSource = Literal["MaintenanceConfiguration", "ServiceHealth", "AksUpgrade"]
+
+
 @dataclass(frozen=True)
 class Planned:
     """A configuration's run in the days ahead and the resources it patches (its assignments
     and dynamic scopes resolved: bridge.consumer.sources.patchruns.resolve)."""
 
-    configuration: str  # its resource id
+    configuration: str  # its resource id (another source's: its label, bridge.consumer.planned)
     start: datetime
     end: datetime
     resources: frozenset[str]  # VM and scale set ids, lower case
+    source: PlannedSource = "MaintenanceConfiguration"  # the Upcoming record's UpcomingSource
 
     @property
     def name(self) -> str:
         return self.configuration.rstrip("/").rpartition("/")[2]
+
+    @property
+    def said(self) -> str:
+        """The run as a break names it among the windows that made it."""
+        if self.source == "ServiceHealth":
+            return f"Service Health's planned maintenance {self.name}"
+        if self.source == "AksUpgrade":
+            return f"AKS upgrade {self.name}"
+        return f"maintenance configuration {self.name}'s run at {self.start:%Y-%m-%d %H:%M}Z"
 
     def view(self) -> RunView:
         """As the patch-run gate sees a run (no cut-off yet: none is known days ahead)."""
@@ -307,32 +322,55 @@ class AheadBreach:
     count: int  # VMs of the group impacted at once: the run's and the overlapping runs'
     limit: int
     line: str
+    sources: tuple[str, ...] = ()  # the overlapping windows whose VMs the group counted
 
 
 def ahead(
-    budgets: Sequence[Budget], fleet: FleetView, runs: Sequence[Planned], now: datetime
+    budgets: Sequence[Budget],
+    fleet: FleetView,
+    runs: Sequence[Planned],
+    now: datetime,
+    *,
+    alongside: Sequence[Planned] = (),
 ) -> list[AheadBreach]:
-    """The budgets each run of `runs` would break, counting the other runs whose windows
-    overlap it. What is impacted now (events, drains) is left out: it will be over by then;
-    the VMs live now are the groups' members."""
+    """The budgets each run of `runs` would break, counting the other runs, and the windows
+    `alongside` (another source's, whose own breaks are told elsewhere), that overlap it; each
+    break names the overlapping windows whose VMs are in the group it breaks. What is
+    impacted now (events, drains) is left out: it will be over by then; the VMs live now are
+    the groups' members."""
     calm = replace(fleet, impacted={})
     index = index_of(fleet.vms.values())
-    vms = {id(run): _counted(run, index) for run in runs}
+    every = [*runs, *alongside]
+    vms = {id(run): _counted(run, index) for run in every}
     found: list[AheadBreach] = []
     for run in runs:
-        overlapping = {
-            other.view().key: vms[id(other)]
-            for other in runs
-            if other is not run and other.start < run.end and run.start < other.end
-        }
+        others = [o for o in every if o is not run and o.start < run.end and run.start < o.end]
+        overlapping = {other.view().key: vms[id(other)] for other in others}
         for breach in breach_list(
             budgets, calm, run.view(), vms[id(run)], now, overlapping=overlapping
         ):
+            sources = tuple(_with(other, vms[id(other)] & breach.busy) for other in others
+                            if vms[id(other)] & breach.busy)  # fmt: skip
             said = f"{run.name} at {run.start:%Y-%m-%d %H:%M}Z: {breach.line}"
+            said += f"; with {_named(sources)}" if sources else ""
             where = (run.start.date(), run.name, run.start)
             found.append(AheadBreach(*where, breach.budget, breach.group, breach.count,
-                                     breach.limit, said))  # fmt: skip
+                                     breach.limit, said, sources))  # fmt: skip
     return found
+
+
+NAMED = 3  # overlapping windows a break's line names; the rest it counts
+
+
+def _named(sources: Sequence[str]) -> str:
+    """The windows that made a break, as its line says them: a line stays a line."""
+    more = len(sources) - NAMED
+    listed = ", ".join(sources[:NAMED])
+    return f"{listed} and {more} other window{'' if more == 1 else 's'}" if more > 0 else listed
+
+
+def _with(other: Planned, counted: frozenset[str]) -> str:
+    return f"{other.said} ({len(counted)} VM{'' if len(counted) == 1 else 's'})"
 
 
 def _counted(run: Planned, index: Mapping[str, frozenset[str]]) -> frozenset[str]:

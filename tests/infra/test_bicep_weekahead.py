@@ -68,3 +68,45 @@ def test_reading_is_reader_on_the_named_groups_only_behind_the_parameter() -> No
     reader = MODULES / "resource-graph-reader.bicep"
     assert [name for _, name in bicep.role_variables(reader).values()] == ["Reader"]
     assert "scope: resourceGroup(group)" in text.split("module weekAheadReader", 1)[1][:400]
+
+
+SUBSCRIPTION_READER = MODULES / "subscription-reader.bicep"
+
+
+def test_reader_at_the_subscription_is_granted_only_behind_its_own_parameter() -> None:
+    """Service Health's events and impacted resources, AKS's notices and dynamic scopes are
+    subscription-level rows: Resource Graph answers them only to a Reader of the
+    subscription. Off by default: the deployer must be allowed to grant it there."""
+    main = MAIN.read_text(encoding="utf-8")
+    assert re.search(r"^param weekAheadSubscriptionReader bool = false$", main, re.MULTILINE)
+    module = bicep.parse(MAIN)["modules"]["weekAheadSubscriptionRead"]
+    assert module["detail"]["path"] == "modules/subscription-reader.bicep"
+    condition = module["config"]["condition"]["operator"]
+    assert condition["type"] == "and"
+    assert set(condition["operands"].values()) == {"weekAhead", "weekAheadSubscriptionReader"}
+    config = bicep.unlooped(module["config"])
+    assert config["scope"]["function"] == {
+        "type": "subscription",
+        "parameters": {"subscription_id": None},
+    }  # this deployment's subscription, none other
+    assert set(config["params"]) == {"consumerPrincipalId"}
+    assert (
+        "consumerPrincipalId: functionApp[0].outputs.identityPrincipalId"
+        in main.split("module weekAheadSubscriptionRead", 1)[1][:400]
+    )
+
+
+def test_the_subscription_grant_is_reader_only_named_deterministically() -> None:
+    text = SUBSCRIPTION_READER.read_text(encoding="utf-8")
+    assert re.search(r"^targetScope = 'subscription'$", text, re.MULTILINE)
+    assert [name for _, name in bicep.role_variables(SUBSCRIPTION_READER).values()] == ["Reader"]
+    (assignment,) = bicep.resources(
+        SUBSCRIPTION_READER, "Microsoft.Authorization/roleAssignments"
+    ).values()
+    config = bicep.unlooped(assignment["config"])
+    assert "scope" not in config  # the subscription the module is deployed to
+    assert config["properties"]["principalType"] == "ServicePrincipal"
+    # The same name each deployment: deploying again finds the assignment, adds none.
+    assert "name: guid(subscription().id, consumerPrincipalId, reader)" in text
+    definition = "subscriptionResourceId('Microsoft.Authorization/roleDefinitions', reader)"
+    assert f"roleDefinitionId: {definition}" in text

@@ -71,6 +71,7 @@ class Breach:
     count: int
     limit: int
     line: str
+    busy: frozenset[str] = frozenset()  # the group's VMs the others impact (not the run's)
 
 
 def breaches(
@@ -138,7 +139,9 @@ def breach_list(
             )
             if len(busy | mine) > limit:
                 line = f"{line}, more than the {limit} allowed"
-                broken.append(Breach(budget.name, key, len(busy | mine), limit, line))
+                broken.append(
+                    Breach(budget.name, key, len(busy | mine), limit, line, frozenset(busy))
+                )
             elif notes is not None:
                 notes.append(f"{line}, within the limit of {limit}")
     if notes is not None and places is not None and unknown:

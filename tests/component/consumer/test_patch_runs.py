@@ -21,6 +21,7 @@ from bridge.consumer.patchruns import Parts, PatchRuns, check_settings
 from bridge.consumer.sources.patchruns import Resolved, RunNotice
 from bridge.consumer.state import MAX_VALUE_CHARS
 from bridge.consumer.state.sqlite import SqliteStore
+from bridge.notify import formats
 from bridge.notify.notice import Notice
 from bridge.policy.model import Budget, FleetView, Person, VmView
 from bridge.retry import RetryableError
@@ -105,6 +106,18 @@ class Rig:
 
 def rig(tmp_path: Path, **settings: Any) -> Rig:
     return Rig(tmp_path / "fleet.db", PatchRunSettings(enabled=True, **settings))
+
+
+def test_a_huge_runs_notice_names_its_first_vms_and_counts_the_others(tmp_path: Path) -> None:
+    r = rig(tmp_path)
+    instances = frozenset(f"{SET}/virtualmachines/{n}" for n in range(1000))
+    r.resources = frozenset({SET}) | instances
+    r.runs.take([pre()])
+    (notice,) = r.notices.sent
+    names = sorted({"web", *(f"web_{n}" for n in range(1000))})
+    assert notice.vms == tuple(names[:20])
+    assert notice.more_vms == 981
+    assert len(json.dumps(formats.generic(notice))) < 4000
 
 
 def test_a_run_that_fits_runs_counted_from_its_start_and_is_recorded(tmp_path: Path) -> None:

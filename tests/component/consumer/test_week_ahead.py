@@ -33,6 +33,7 @@ from tests.doubles.resourcegraph import ResourceGraphDouble
 from tests.support.fleetrecords import SUBSCRIPTION, FleetRecords
 from tests.support.processes import run_bridge
 from tests.support.records import assert_valid
+from tests.unit.consumer.test_planned import event_row, impacted_row, ticks
 
 POLICY = "version: 1\nbudgets: [{name: one, group: scale_set, max_vms: 1}]\n" \
          "rules: [{name: all, action: approve}]\n"  # fmt: skip
@@ -256,12 +257,17 @@ def test_status_warns_when_the_week_ahead_has_not_been_read_for_two_intervals(
     assert "weekahead" in out  # where to look: the consumer's log of activity weekahead
 
 
-def test_policy_check_azure_prints_each_break_and_exits_1(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def check_azure(
+    rig: Rig,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    heard: list[dict[str, Any]],
+) -> tuple[Any, list[str]]:
+    """`policy check --azure` at a Monday (2026-12-07 09:00Z) by a consumer that has heard
+    `heard`; it exits 1: what it printed and its BREAK lines."""
     service = rig.service(SE_BRIDGE_WEEKAHEAD_ENABLED="false")
     try:
-        service.consumer.process(fleet_records())
+        service.consumer.process(heard)
     finally:
         service.close()
     for key, value in rig.env.items():
@@ -272,7 +278,13 @@ def test_policy_check_azure_prints_each_break_and_exits_1(
                      "--at", "2026-12-07T09:00:00Z"])  # fmt: skip
     said = capsys.readouterr()
     assert code == 1, said
-    breaks = [line for line in said.out.splitlines() if line.startswith("BREAK ")]
+    return said, [line for line in said.out.splitlines() if line.startswith("BREAK ")]
+
+
+def test_policy_check_azure_prints_each_break_and_exits_1(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    said, breaks = check_azure(rig, monkeypatch, capsys, fleet_records())
     assert breaks == [
         "BREAK 2026-12-08 01:00Z web-tue-0200: budget one, group "
         f"{SUBSCRIPTION}/rg-app/web: 4 VMs at once, limit 1",
@@ -281,6 +293,36 @@ def test_policy_check_azure_prints_each_break_and_exits_1(
     ]
     assert "2 runs of 1 configurations in the next 14 days: 2 would break a budget" in said.out
     assert all(r.authorized for r in rig.graph.requests)
+
+
+def test_policy_check_azure_counts_service_healths_window_with_the_runs_and_names_it(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The fleet's budget takes 5 of 6 VMs: the run's 4 fit; with the 2 of `api` a planned
+    # maintenance names during the first run, they do not.
+    (rig.root / "policy.yaml").write_text(
+        "version: 1\nbudgets: [{name: most, group: fleet, max_vms: 5}]\n"
+        "rules: [{name: all, action: approve}]\n", encoding="utf-8")  # fmt: skip
+    api = SCALE_SET.replace("/web", "/api")
+    start = datetime(2026, 12, 8, 0, 0, tzinfo=timezone.utc)
+    rig.graph.tables["servicehealthresources"] = [
+        event_row(sub=SUBSCRIPTION, ImpactStartTime=ticks(start),
+                  ImpactMitigationTime=ticks(start + timedelta(hours=6))),
+        impacted_row(api, sub=SUBSCRIPTION, kind="Microsoft.Compute/virtualMachineScaleSets"),
+    ]  # fmt: skip
+    api_vms = FleetRecords(datetime.now(timezone.utc))
+    for name in ("api_0", "api_1"):
+        api_vms.vm(name, scale_set="api")
+    heard = [api_vms.heartbeat(name) for name in ("api_0", "api_1")]
+    said, breaks = check_azure(rig, monkeypatch, capsys, [*fleet_records(), *heard])
+    assert breaks == [
+        "BREAK 2026-12-08 00:00Z PYN_-ZL8: budget most, group fleet: 6 VMs at once, limit 5 "
+        "(with maintenance configuration web-tue-0200's run at 2026-12-08 01:00Z (4 VMs))",
+        "BREAK 2026-12-08 01:00Z web-tue-0200: budget most, group fleet: 6 VMs at once, "
+        "limit 5 (with Service Health's planned maintenance PYN_-ZL8 (2 VMs))",
+    ]
+    assert ("2 runs of 1 configurations and 1 window of Service Health or AKS in the next 14 "
+            "days: 2 would break a budget") in said.out  # fmt: skip
 
 
 def test_policy_check_azure_without_subscriptions_says_which_setting_and_exits_2(

@@ -27,6 +27,7 @@ from bridge.consumer.sources.planned import (
     read_aks_notices,
     read_service_health,
 )
+from bridge.consumer.weekahead import week_ahead
 from bridge.policy.model import Budget, VmView
 from bridge.policy.patchruns import members
 from bridge.policy.upcoming import Planned
@@ -489,3 +490,65 @@ def test_more_upcoming_reads_both_sources_and_one_failing_loses_not_the_other() 
     assert len(problems) == 1
     assert "Service Health's planned maintenance was not read" in problems[0]
     assert "403" in problems[0]
+
+
+TWO = (Budget("two-at-a-time", "scale_set", max_vms=2),)
+WEB_TUE = (f"/subscriptions/{SUB}/resourceGroups/rg-patch/providers/Microsoft.Maintenance/"
+           "maintenanceConfigurations/web-tue")  # fmt: skip
+
+
+def _configuration_rows(*vms: str) -> dict[str, list[dict[str, Any]]]:
+    """A Tuesday 03:00 UTC configuration assigned to `vms` one by one, as Resource Graph
+    holds them (bridge.policy.upcoming.parse_schedule's sample, bridge.consumer.sources.
+    patchruns' assignment rows)."""
+    configuration = {
+        "id": WEB_TUE, "name": "web-tue", "type": "microsoft.maintenance/maintenanceconfigurations",
+        "subscriptionId": SUB, "properties": {"maintenanceScope": "InGuestPatch",
+            "maintenanceWindow": {"startDateTime": "2024-06-01 03:00", "duration": "03:00",
+                                  "timeZone": "UTC", "recurEvery": "Week Tuesday"}},
+    }  # fmt: skip
+    assignments = [{
+        "id": f"{vm}/providers/Microsoft.Maintenance/configurationAssignments/a{n}",
+        "type": "microsoft.maintenance/configurationassignments", "subscriptionId": SUB,
+        "properties": {"maintenanceConfigurationId": WEB_TUE, "resourceId": vm},
+    } for n, vm in enumerate(vms)]  # fmt: skip
+    return {"resources": [configuration], "maintenanceresources": assignments}
+
+
+def test_a_configurations_records_count_the_other_sources_windows_and_name_them() -> None:
+    vm0, vm1, vm2 = (compute("virtualMachines", f"vm{n}") for n in range(3))
+    alone = Graph(**_configuration_rows(vm0, vm1))
+    fitted, _ = week_ahead(alone, [SUB], fleet(*WEB), TWO, NOW, host_name="c")
+    assert [r["BudgetBreaks"] for r in fitted] == [[]] * 4  # two Tuesdays of vm0 and vm1
+    graph = Graph(**_configuration_rows(vm0, vm1),
+                  servicehealthresources=[event_row(), impacted_row(vm2)])  # fmt: skip
+    records, problems = week_ahead(graph, [SUB], fleet(*WEB), TWO, NOW, host_name="c")
+    assert problems == []
+    for record in records:
+        assert_valid(record)
+    said = {(r["UpcomingSource"], r["VmName"], r["WindowStart"]): r["BudgetBreaks"]
+            for r in records}  # fmt: skip
+    group = f"{SUB}/rg-web/web"
+    assert said[("MaintenanceConfiguration", "vm0", "2024-06-18T03:00:00.000Z")] == [
+        f"web-tue at 2024-06-18 03:00Z: budget two-at-a-time: {group} has 1 of 4 VMs impacted; "
+        "the run patches 2 of them at once, more than the 2 allowed; with Service Health's "
+        "planned maintenance PYN_-ZL8 (1 VM)"
+    ]
+    assert said[("MaintenanceConfiguration", "vm1", "2024-06-25T03:00:00.000Z")] == []
+    assert said[("ServiceHealth", "vm2", "2024-06-18T02:00:00.000Z")] == [
+        f"PYN_-ZL8 at 2024-06-18 02:00Z: budget two-at-a-time: {group} has 2 of 4 VMs "
+        "impacted; the run patches 1 of them at once, more than the 2 allowed; with "
+        "maintenance configuration web-tue's run at 2024-06-18 03:00Z (2 VMs)"
+    ]
+
+
+def test_an_aks_upgrade_overlapping_a_run_is_named_in_the_runs_break() -> None:
+    nodes = [compute("virtualMachines", v.name, rg=NODES_RG) for v in NODES[4:6]]
+    graph = Graph(**_configuration_rows(*nodes), containerserviceeventresources=[
+        notice_row(at=TUESDAY + timedelta(hours=2))])  # fmt: skip
+    graph.tables["resources"].append(cluster_row(system={"count": 3}, user={"count": 4}))
+    records, _ = week_ahead(graph, [SUB], fleet(*NODES), TWO, NOW, host_name="c")
+    run = next(r for r in records if r["UpcomingSource"] == "MaintenanceConfiguration")
+    assert run["BudgetBreaks"][0].endswith(
+        "more than the 2 allowed; with AKS upgrade aks-prod NodeOSUpgrade (1 VM)"
+    )

@@ -10,8 +10,9 @@ from bridge.consumer.state import MAX_VALUE_CHARS
 from bridge.consumer.status import week_ahead_lines
 from bridge.consumer.weekahead import upcoming_records
 from bridge.consumer.weekaheadpass import MAX_LISTED, summarize
+from bridge.policy.model import Budget
 from bridge.policy.upcoming import Planned
-from tests.unit.consumer.test_weekahead import CONFIG, ONE, TUESDAY, VMS, WEB
+from tests.unit.consumer.test_weekahead import CONFIG, ONE, TUESDAY, VM0, VMS, WEB
 from tests.unit.policy.test_model import NOW, fleet
 
 
@@ -52,3 +53,22 @@ def test_a_fleets_worth_of_breaks_stays_a_small_document_and_says_how_many_it_le
     assert lines[0].startswith("week ahead: 200 runs would break a budget, 0 others")
     assert lines[-1] == f"  and {200 - MAX_LISTED} more runs that would break a budget"
     assert week_ahead_lines(None) == []
+
+
+VM_IDS = [VM0.replace("vm0", f"vm{n}") for n in range(4)]
+
+
+def test_status_says_which_sources_overlapping_a_run_made_its_break() -> None:
+    """However many windows of other sources make a run's break, status names each."""
+    two = (Budget("two-at-a-time", "scale_set", max_vms=2),)
+    (run,) = runs(1, VM_IDS[0])
+    windows = [
+        Planned(f"servicehealth/TRACK-{n:03d}-LONG-TRACKING-ID", TUESDAY,
+                TUESDAY + timedelta(hours=4), frozenset({VM_IDS[n]}), "ServiceHealth")
+        for n in (1, 2, 3)
+    ]  # fmt: skip
+    records = upcoming_records(two, fleet(*VMS), [run], NOW, host_name="c", alongside=windows)
+    lines = week_ahead_lines(summarize(records, [], NOW))
+    (said,) = [line for line in lines if line.startswith("  break: ")]
+    for n in (1, 2, 3):
+        assert f"Service Health's planned maintenance TRACK-{n:03d}-LONG-TRACKING-ID (1 VM)" in said

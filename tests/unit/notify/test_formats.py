@@ -14,7 +14,7 @@ import pytest
 
 from bridge.notify import formats
 from bridge.notify.formats import SAMPLE
-from bridge.notify.notice import Notice
+from bridge.notify.notice import MAX_VMS, Notice, listed
 
 PAUSE = Notice(
     kind="paused", target="ops", event_id=None, event_type=None, vms=(), not_before=None,
@@ -38,6 +38,7 @@ def test_the_generic_body_is_the_documented_version_1() -> None:
         "EventId": "C7061BAC-AF74-4E0E-9A4A-4B5D8B1B2C3D",
         "EventType": "Reboot",
         "Vms": ["sql-primary-0", "sql-replica-1"],
+        "VmsNotListed": 0,
         "NotBefore": "2026-11-27T09:30:00.000Z",
         "Explanation": [
             "rule ask-db (ask: dba, deadline 30m, then hold)",
@@ -175,3 +176,22 @@ def test_slack_s_text_shows_names_as_typed_and_no_vm_s_name_as_unknown() -> None
     plain = replace(SAMPLE, vms=("_web_vmss_0", "db.primary-1", "A" * 64))
     assert formats.slack(plain)["text"].endswith(f"_web_vmss_0, db.primary-1, {'A' * 64}")
     assert formats.generic(hostile)["Vms"] == list(hostile.vms)  # the data, as sent
+
+
+def test_a_notice_naming_some_of_its_vms_says_how_many_it_does_not() -> None:
+    names, more = listed(f"web_{i:04d}" for i in range(1000))
+    assert (len(names), more, MAX_VMS) == (20, 980, 20)
+    assert names == tuple(f"web_{i:04d}" for i in range(20))
+    assert listed(["b", "a"]) == (("b", "a"), 0)
+    capped = replace(SAMPLE, event_type="PatchRun", vms=names, more_vms=more)
+    body = formats.generic(capped)
+    assert (body["Vms"], body["VmsNotListed"]) == (list(names), 980)
+    assert formats.generic(SAMPLE)["VmsNotListed"] == 0
+    assert formats.headline(capped).endswith("PatchRun of web_0000, web_0001, web_0002, web_0003, "
+                                             "web_0004, web_0005, web_0006, web_0007, web_0008, "
+                                             "web_0009 and 990 more")  # fmt: skip
+    slack = json.dumps(formats.slack(capped))
+    teams = json.dumps(formats.teams(capped))
+    assert "web_0009 and 990 more" in slack
+    assert "web\\\\_0009 and 990 more" in teams  # Teams' Markdown escape of _
+    assert "web_0010" not in slack

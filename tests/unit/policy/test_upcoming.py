@@ -162,3 +162,53 @@ def test_the_upcoming_records_name_each_vm_of_each_run() -> None:
     ]
     assert rows[0].start == _at(2024, 6, 18, 0)
     assert rows[0].end == _at(2024, 6, 18, 2)
+
+
+TWO = (Budget("two-at-a-time", "scale_set", max_vms=2),)
+
+
+def test_a_run_that_fits_alone_breaks_with_another_sources_window_and_names_it() -> None:
+    run = _planned("web-tue-0200", _at(2024, 6, 18, 2), _vm_id(0), _vm_id(1))
+    window = Planned("servicehealth/PYN_-ZL8", _at(2024, 6, 18, 3), _at(2024, 6, 18, 9),
+                     frozenset({_vm_id(2)}), source="ServiceHealth")  # fmt: skip
+    assert ahead(TWO, fleet(*VMS), [run], NOW) == []
+    found = ahead(TWO, fleet(*VMS), [run], NOW, alongside=[window])
+    assert [(b.configuration, b.count, b.limit) for b in found] == [("web-tue-0200", 3, 2)]
+    assert found[0].sources == ("Service Health's planned maintenance PYN_-ZL8 (1 VM)",)
+    assert found[0].line.endswith(
+        "more than the 2 allowed; with Service Health's planned maintenance PYN_-ZL8 (1 VM)"
+    )
+    # Each run asked about says the others that made its break; `alongside` only counts.
+    both = ahead(TWO, fleet(*VMS), [run, window], NOW)
+    assert [(b.configuration, b.sources) for b in both] == [
+        ("web-tue-0200", ("Service Health's planned maintenance PYN_-ZL8 (1 VM)",)),
+        ("PYN_-ZL8",
+         ("maintenance configuration web-tue-0200's run at 2024-06-18 02:00Z (2 VMs)",)),
+    ]  # fmt: skip
+
+
+def test_an_overlapping_window_on_another_group_is_not_named() -> None:
+    other = vm(9, subscription_id="s", scale_set="api")
+    run = _planned("web-tue-0200", _at(2024, 6, 18, 2), _vm_id(0), _vm_id(1), _vm_id(2))
+    window = Planned("aks/aks-prod NodeOSUpgrade", _at(2024, 6, 18, 3), _at(2024, 6, 18, 7),
+                     frozenset({_vm_id(9)}), source="AksUpgrade")  # fmt: skip
+    found = ahead(TWO, fleet(*VMS, other), [run], NOW, alongside=[window])
+    assert [(b.configuration, b.count, b.sources) for b in found] == [("web-tue-0200", 3, ())]
+    assert found[0].line.endswith("more than the 2 allowed")
+    assert window.said == "AKS upgrade aks-prod NodeOSUpgrade"
+
+
+def test_a_break_made_by_many_windows_names_three_and_counts_the_others() -> None:
+    big = [vm(n, subscription_id="s", scale_set="web") for n in range(8)]
+    run = _planned("web-tue-0200", _at(2024, 6, 18, 2), _vm_id(0))
+    windows = [
+        Planned(f"servicehealth/T{n}", _at(2024, 6, 18, 1), _at(2024, 6, 18, 5),
+                frozenset({_vm_id(n)}), source="ServiceHealth")
+        for n in range(1, 6)
+    ]  # fmt: skip
+    (found,) = ahead(TWO, fleet(*big), [run], NOW, alongside=windows)
+    assert len(found.sources) == 5
+    assert found.line.endswith(
+        "; with Service Health's planned maintenance T1 (1 VM), Service Health's planned "
+        "maintenance T2 (1 VM), Service Health's planned maintenance T3 (1 VM) and 2 other windows"
+    )

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from bridge.config import ConfigError
 from bridge.consumer import validation
-from bridge.consumer.explain import _LineReader, read_records, records_in
+from bridge.consumer.explain import SetAside, _LineReader, read_records, records_in
 from tests.support.laexport import az_rows, every_column
 from tests.support.records import ORIGIN, T0, common_fields, event_record
 
@@ -137,8 +137,8 @@ def test_a_plain_line_is_not_looked_through_and_the_others_are(
     lone = {**heartbeat(), "RecordId": "beat-3", "VmName": "web_\ud800"}
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in (plain, floats, lone)), "utf-8")
-    aside: list[object] = []
-    read = records_in(path, aside)  # type: ignore[arg-type]
+    aside: list[SetAside] = []
+    read: list[dict[str, object]] = [dict(r) for r in records_in(path, aside)]
     assert read == [plain, {**floats, "PendingEvents": 2}]
     assert type(read[1]["PendingEvents"]) is int
     assert [str(a).split(": ", 1)[1] for a in aside] == [

@@ -17,6 +17,7 @@ from bridge.consumer import replay as module
 from bridge.consumer.explain import records_in
 from bridge.consumer.replay import Replayer, collector_off, replay
 from bridge.policy.file import loads
+from bridge.records import parse_time
 from tests.support.fleetrecords import FleetRecords
 from tests.support.records import event_record
 
@@ -85,7 +86,7 @@ def test_a_replay_reads_each_record_s_time_once(monkeypatch: pytest.MonkeyPatch)
     reading them again (issue 40: a million records)."""
 
     read: list[object] = []
-    parse = module.parse_time
+    parse = parse_time
 
     def counted(text: object) -> object:
         read.append(text)

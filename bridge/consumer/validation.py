@@ -42,8 +42,9 @@ def problem(record: dict[str, object], *, plain: bool = False) -> str | None:
     `plain`: the caller read `record` from JSON text, itself read as UTF-8, that escapes no
     character with \\u and writes no number with a fraction or an exponent (explain's
     `_LineReader` says which lines do). Such a record holds no unpaired surrogate (only an
-    escape makes one) and no float, so neither is looked for: a fifth of checking a record
-    of a large --records file (issue 40).
+    escape makes one) and no integral float (its only floats are NaN and Infinity, which no
+    integer field takes), so neither is looked for: a fifth of checking a record of a large
+    --records file (issue 40).
     """
     check, refusal = _compiled()
     kind = record.get(RECORD_TYPE)

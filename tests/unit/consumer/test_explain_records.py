@@ -4,6 +4,7 @@ jsonl, or the rows a Log Analytics query exported with az; and says what a recor
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -86,18 +87,19 @@ VALUES = st.recursive(
 )
 
 
-def _floats(value: object) -> bool:
+def _finite_floats(value: object) -> bool:
     if isinstance(value, dict):
-        return any(_floats(v) for v in value.values())
+        return any(_finite_floats(v) for v in value.values())
     if isinstance(value, list):
-        return any(_floats(v) for v in value)
-    return isinstance(value, float)
+        return any(_finite_floats(v) for v in value)
+    return isinstance(value, float) and math.isfinite(value)
 
 
 @given(st.dictionaries(TEXT, VALUES, max_size=6), st.booleans())
 def test_a_plain_line_holds_no_surrogate_and_no_float(record: object, ascii_only: bool) -> None:
     """What the reader calls plain the record check need not look through for unpaired
-    surrogates or integral floats: it holds neither."""
+    surrogates or integral floats: it holds neither (NaN and Infinity are no integer field's:
+    the schema refuses them there)."""
     line = json.dumps(record, ensure_ascii=ascii_only)
     if not ascii_only and not validation.encodes(line):
         return  # not UTF-8 text: no file holds it
@@ -105,14 +107,14 @@ def test_a_plain_line_holds_no_surrogate_and_no_float(record: object, ascii_only
     assert value == json.loads(line) or repr(value) == repr(json.loads(line))  # NaN != NaN
     if plain:
         assert validation._unicode(value)
-        assert not _floats(value)
+        assert not _finite_floats(value)
 
 
 @pytest.mark.parametrize(
     ("line", "plain"),
     [('{"a": 1, "b": "x"}', True), ('{"a": "é"}', True), ('{"a": 1.0}', False),
      ('{"a": 1e2}', False), ('{"a": "\\u00e9"}', False), ('{"a": "\\ud800"}', False),
-     ('{"a": 1} ', False)],
+     ('{"a": 1} ', False), ('{"a": NaN, "b": -Infinity}', True), ('{"a": 1E400}', False)],
 )  # fmt: skip
 def test_which_lines_are_plain(line: str, plain: bool) -> None:
     assert _LineReader().read(line)[1] is plain
@@ -148,3 +150,17 @@ def test_a_plain_line_is_not_looked_through_and_the_others_are(
         "beat-2",
         "beat-3",
     ]
+
+
+def test_nan_or_infinity_in_an_integer_field_of_a_plain_line_is_refused(tmp_path: Path) -> None:
+    """A plain line may hold NaN or Infinity (parse_constant, not parse_float): the schema
+    refuses them in an integer field, so no integral-float fix-up is skipped for them."""
+    path = tmp_path / "records.jsonl"
+    lines = [{**heartbeat(), "RecordId": f"beat-{n}", "SpoolDepth": v}
+             for n, v in enumerate((math.nan, math.inf), 1)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), "utf-8")
+    assert all(_LineReader().read(json.dumps(r))[1] for r in lines)
+    aside: list[SetAside] = []
+    assert records_in(path, aside) == []
+    assert [a.number for a in aside] == [1, 2]
+    assert all("SpoolDepth" in a.reason for a in aside), aside

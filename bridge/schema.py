@@ -80,7 +80,8 @@ _FRACTION = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\
 def is_table_row(value: dict[str, Any]) -> bool:
     """Whether `value` is a row of the Log Analytics table as a query exported it, not a
     record as an agent wrote it."""
-    return bool(TABLE_COLUMNS & value.keys()) or isinstance(value.get("SchemaVersion"), str)
+    # isdisjoint looks each column up in the record; `&` makes a set of the record's fields.
+    return not value.keys().isdisjoint(TABLE_COLUMNS) or isinstance(value.get("SchemaVersion"), str)
 
 
 # A row of SeBridgeRecords_CL as `az monitor log-analytics query -o json` prints it: every

@@ -378,7 +378,12 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
     # measured on the consumer's clock (heard), the VM's own only for older documents.
     heard = value.get("heard") or value.get("last_seen")
     last_seen = None if value.get("stopped") else parse_time(heard)
-    return VmView(
+    # Made as VmView's __init__ makes it, every field given, without its frozen __init__
+    # (a setattr through object for each of 18 fields): a view is made for every heartbeat
+    # folded, and its __init__ was most of that (issue 40: a replay of a million records).
+    # tests/unit/consumer/test_vm_view.py holds it to every field VmView has, and no other.
+    view: VmView = _new(VmView)
+    view.__dict__.update(
         vm_id=vm_id,
         name=str(value.get("name") or vm_id),
         subscription_id=value.get("subscription_id"),
@@ -398,6 +403,10 @@ def vm_view(vm_id: str, value: VmDocument) -> VmView:
         held=value.get("node_draining") or None,
         resource_id=value.get("resource_id"),
     )
+    return view
+
+
+_new = object.__new__
 
 
 # --- events ----------------------------------------------------------------------------

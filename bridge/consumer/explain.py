@@ -220,21 +220,27 @@ def records_in(path: Path, aside: list[SetAside] | None = None) -> list[rt.Recor
 
 def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
     try:
-        text = path.read_text(encoding="utf-8")
+        # Decoded whole, without read_text's newline translation (a tenth of reading a large
+        # file): splitlines splits at "\r" and "\r\n" as at "\n", and JSON reads both as
+        # the space they are between values; inside a text, either is refused alike.
+        text = path.read_bytes().decode("utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
-    values: list[tuple[int, object]] = []
+    values: list[tuple[int, object, bool]] = []  # number, value, plain (_LineReader)
     where = "record"
     try:
         parsed = json.loads(text)
-        values = list(enumerate(parsed if isinstance(parsed, list) else [parsed], 1))
+        values = [
+            (n, v, False) for n, v in enumerate(parsed if isinstance(parsed, list) else [parsed], 1)
+        ]
     except ValueError:
         where, values, bad = "line", [], None
+        reader = _LineReader()
         for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
+            if not line or line.isspace():  # blank: strip() would copy every line
                 continue
             try:
-                values.append((number, _json_line(line)))
+                values.append((number, *reader.read(line)))
             except ValueError as err:
                 if aside is None:
                     raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
@@ -243,8 +249,8 @@ def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
         if bad is not None and not values:
             raise ConfigError(f"--records {path} is neither JSON nor JSONL: {bad}") from bad
     records: list[rt.Record] = []
-    for number, value in values:
-        record, reason = _checked(value)
+    for number, value, plain in values:
+        record, reason = _checked(value, plain=plain)
         if reason is None:
             records.append(cast(rt.Record, record))  # the schema says it is one
             continue
@@ -255,27 +261,51 @@ def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
     return records
 
 
-_DECODER = json.JSONDecoder()
+class _LineReader:
+    """The lines of a JSONL file decoded as `json.loads` decodes them, each with whether it is
+    plain: one JSON value and nothing else, that escapes no character with \\u and holds no
+    number with a fraction or an exponent (`validation.problem`'s `plain`)."""
+
+    def __init__(self) -> None:
+        self._floats = 0
+        # parse_float is called for each number with a fraction or an exponent, and only for
+        # those: the one way a float comes out of JSON but NaN and Infinity (parse_constant),
+        # which no integer field takes (the schema refuses them).
+        self._decoder = json.JSONDecoder(parse_float=self._float)
+
+    def _float(self, text: str) -> float:
+        self._floats += 1
+        return float(text)
+
+    def read(self, line: str) -> tuple[object, bool]:
+        """`json.loads(line)` and whether the line is plain. A line that is one value and
+        nothing else skips json.loads' looks around the value (a tenth of reading each line
+        of a large --records file); any other goes through json.loads, which says what is
+        wrong with it."""
+        floats = self._floats
+        try:
+            value, end = self._decoder.raw_decode(line)
+        except ValueError:
+            return json.loads(line), False
+        if end != len(line):
+            return json.loads(line), False
+        # The file was read as UTF-8, which holds no lone surrogate: only an escape makes one.
+        return value, self._floats == floats and "\\u" not in line
 
 
-def _json_line(line: str) -> object:
-    """`json.loads(line)`, without its looks around the value for a line that is one JSON
-    value and nothing else (a tenth of reading each line of a large --records file); any other
-    line goes through json.loads, which says what is wrong with it."""
-    try:
-        value, end = _DECODER.raw_decode(line)
-    except ValueError:
-        return json.loads(line)
-    return value if end == len(line) else json.loads(line)
-
-
-def _checked(value: object) -> tuple[dict[str, Any], None] | tuple[object, str]:
-    """The record `value` (a JSON value read) is (made one when it is a Log Analytics row),
-    or why it is not one the consumer folds in."""
+def _checked(
+    value: object, *, plain: bool = False
+) -> tuple[dict[str, Any], None] | tuple[object, str]:
+    """The record `value` (a JSON value read; `plain` as `_LineReader` says) is (made one
+    when it is a Log Analytics row), or why it is not one the consumer folds in."""
     if not isinstance(value, dict):
         return value, "is not a JSON object"
-    record = schema.record_from_row(value) if schema.is_table_row(value) else value
-    problem = validation.problem(record)
+    if schema.is_table_row(value):
+        # A row's values are text read in their types: a float may come of one.
+        record, plain = schema.record_from_row(value), False
+    else:
+        record = value
+    problem = validation.problem(record, plain=plain)
     if problem is None:
         return record, None
     # The schema requires every field: what lacks one is named with what most often left it out.

@@ -162,14 +162,18 @@ class History:
     agents: tuple[RecordView, ...]
     decisions: tuple[rt.Decision, ...]
     mode: str | None
+    # Each agent's record's TimeGenerated as `parse_time` reads it (None: it has none), read
+    # here once for `Replayer.feed` rather than again there (issue 40).
+    times: tuple[datetime | None, ...] = ()
 
     @classmethod
     def of(cls, records: Iterable[RecordView]) -> History:
-        timed: list[tuple[datetime, int, RecordView]] = []
+        timed: list[tuple[datetime, int, RecordView, datetime | None]] = []
         said: dict[tuple[str, str], rt.Decision] = {}
         last: datetime | None = None
         for n, record in enumerate(records):
-            at = parse_time(record.get("TimeGenerated")) or last
+            stamped = parse_time(record.get("TimeGenerated"))
+            at = stamped or last
             if at is None:
                 continue
             last = at
@@ -178,7 +182,7 @@ class History:
                 # decision said again later is another.
                 said.setdefault((str(record["RecordId"]), iso(at)), record)
             else:
-                timed.append((at, n, record))
+                timed.append((at, n, record, stamped))
         timed.sort()  # by time, then file order: no two share `n`, no record is compared
         modes = {str(d.get("DecisionMode") or "normal") for d in said.values()}
         mode = "normal" if "normal" in modes else next(iter(modes), None)
@@ -186,7 +190,12 @@ class History:
             (d for d in said.values() if str(d.get("DecisionMode") or "normal") == mode),
             key=_time,
         )
-        return cls(tuple(r for _, _, r in timed), tuple(decisions), mode)
+        return cls(
+            tuple(r for _, _, r, _ in timed),
+            tuple(decisions),
+            mode,
+            tuple(stamped for _, _, _, stamped in timed),
+        )
 
 
 def _time(record: RecordView) -> datetime:
@@ -271,13 +280,21 @@ class Replayer:
     def _next_tick(self) -> datetime:
         return self._ticked + (self._interval if self._waiting else self._idle)
 
-    def feed(self, records: Sequence[RecordView], decided: Sequence[rt.Decision] = ()) -> None:
+    def feed(
+        self,
+        records: Sequence[RecordView],
+        decided: Sequence[rt.Decision] = (),
+        *,
+        times: Sequence[datetime | None] = (),
+    ) -> None:
         """Fold `records` (in time order) batch by batch, each on its own time, with the
         re-evaluation passes due between them, and one at the time of each of `decided` (the
         history's Decision records) that the replay has not decided so already: the consumer
         took it in a pass. A batch is one time's records, or a run of heartbeats up to the
         next pass (a heartbeat decides nothing; folding each alone costs half as much
-        again)."""
+        again). `times`: each record's TimeGenerated as `parse_time` reads it, when the
+        caller has read them (`History.times`)."""
+        stamps = times or [parse_time(r.get("TimeGenerated")) for r in records]
         hints = iter(sorted((_time(d), n) for n, d in enumerate(decided)))
         hint = next(hints, None)
         pending = hint[0] if hint else None
@@ -285,8 +302,8 @@ class Replayer:
         at: datetime | None = None
         beats = True
         with _quiet():
-            for record in records:
-                when = parse_time(record.get("TimeGenerated")) or at or self.clock
+            for record, stamped in zip(records, stamps, strict=True):
+                when = stamped or at or self.clock
                 beat = record.get(rt.RECORD_TYPE) == "Heartbeat"
                 if batch and at is not None and when != at and not (beats and beat):
                     self._process(batch, at)
@@ -462,7 +479,7 @@ def _replay(
             policy, settings, first, sent=sent, read_lag=read_lag, last_resort=last_resort
         )
         try:
-            replayer.feed(history.agents, history.decisions)
+            replayer.feed(history.agents, history.decisions, times=history.times)
             replayer.until(last)
         finally:
             replayer.close()

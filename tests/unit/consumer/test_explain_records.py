@@ -4,13 +4,17 @@ jsonl, or the rows a Log Analytics query exported with az; and says what a recor
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridge.config import ConfigError
-from bridge.consumer.explain import _json_line, read_records
+from bridge.consumer import validation
+from bridge.consumer.explain import SetAside, _LineReader, read_records, records_in
 from tests.support.laexport import az_rows, every_column
 from tests.support.records import ORIGIN, T0, common_fields, event_record
 
@@ -67,6 +71,96 @@ def test_a_line_reads_as_json_loads_reads_it(line: str) -> None:
         expected: object = json.loads(line)
     except ValueError as err:
         with pytest.raises(type(err), match=re.escape(str(err))):
-            _json_line(line)
+            _LineReader().read(line)
     else:
-        assert repr(_json_line(line)) == repr(expected)
+        assert repr(_LineReader().read(line)[0]) == repr(expected)
+
+
+# Values as records hold them, texts with the lone halves of surrogate pairs and numbers of
+# every kind among them.
+TEXT = st.lists(st.sampled_from(["a", "é", "日", "\U0001d11e", "\ud800", "\udfff", "\\u"]),
+                max_size=4).map("".join)  # fmt: skip
+VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+def _finite_floats(value: object) -> bool:
+    if isinstance(value, dict):
+        return any(_finite_floats(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_finite_floats(v) for v in value)
+    return isinstance(value, float) and math.isfinite(value)
+
+
+@given(st.dictionaries(TEXT, VALUES, max_size=6), st.booleans())
+def test_a_plain_line_holds_no_surrogate_and_no_float(record: object, ascii_only: bool) -> None:
+    """What the reader calls plain the record check need not look through for unpaired
+    surrogates or integral floats: it holds neither (NaN and Infinity are no integer field's:
+    the schema refuses them there)."""
+    line = json.dumps(record, ensure_ascii=ascii_only)
+    if not ascii_only and not validation.encodes(line):
+        return  # not UTF-8 text: no file holds it
+    value, plain = _LineReader().read(line)
+    assert value == json.loads(line) or repr(value) == repr(json.loads(line))  # NaN != NaN
+    if plain:
+        assert validation._unicode(value)
+        assert not _finite_floats(value)
+
+
+@pytest.mark.parametrize(
+    ("line", "plain"),
+    [('{"a": 1, "b": "x"}', True), ('{"a": "é"}', True), ('{"a": 1.0}', False),
+     ('{"a": 1e2}', False), ('{"a": "\\u00e9"}', False), ('{"a": "\\ud800"}', False),
+     ('{"a": 1} ', False), ('{"a": NaN, "b": -Infinity}', True), ('{"a": 1E400}', False)],
+)  # fmt: skip
+def test_which_lines_are_plain(line: str, plain: bool) -> None:
+    assert _LineReader().read(line)[1] is plain
+
+
+def test_a_plain_line_is_not_looked_through_and_the_others_are(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A --records line with no \\u escape and no fraction cannot hold an unpaired surrogate
+    or an integral float (issue 40: the look was a fifth of reading a record); the others
+    are still looked through, and what they hold is refused or made whole as before."""
+    looked: list[object] = []
+    look = validation._unicode
+
+    def counted(value: object) -> bool:
+        looked.append(value)
+        return look(value)
+
+    monkeypatch.setattr(validation, "_unicode", counted)
+    plain = heartbeat()
+    floats = {**heartbeat(), "RecordId": "beat-2", "PendingEvents": 2.0}
+    lone = {**heartbeat(), "RecordId": "beat-3", "VmName": "web_\ud800"}
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in (plain, floats, lone)), "utf-8")
+    aside: list[SetAside] = []
+    read: list[dict[str, object]] = [dict(r) for r in records_in(path, aside)]
+    assert read == [plain, {**floats, "PendingEvents": 2}]
+    assert type(read[1]["PendingEvents"]) is int
+    assert [str(a).split(": ", 1)[1] for a in aside] == [
+        "line 3 is refused: VmName holds an unpaired surrogate (not valid Unicode text)"
+    ]
+    assert [v["RecordId"] for v in looked if isinstance(v, dict) and "RecordId" in v] == [
+        "beat-2",
+        "beat-3",
+    ]
+
+
+def test_nan_or_infinity_in_an_integer_field_of_a_plain_line_is_refused(tmp_path: Path) -> None:
+    """A plain line may hold NaN or Infinity (parse_constant, not parse_float): the schema
+    refuses them in an integer field, so no integral-float fix-up is skipped for them."""
+    path = tmp_path / "records.jsonl"
+    lines = [{**heartbeat(), "RecordId": f"beat-{n}", "SpoolDepth": v}
+             for n, v in enumerate((math.nan, math.inf), 1)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines), "utf-8")
+    assert all(_LineReader().read(json.dumps(r))[1] for r in lines)
+    aside: list[SetAside] = []
+    assert records_in(path, aside) == []
+    assert [a.number for a in aside] == [1, 2]
+    assert all("SpoolDepth" in a.reason for a in aside), aside

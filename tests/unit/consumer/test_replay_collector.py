@@ -7,14 +7,18 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
 from bridge.config import ConfigError, ConsumerSettings
+from bridge.consumer import replay as module
 from bridge.consumer.explain import records_in
-from bridge.consumer.replay import collector_off, replay
+from bridge.consumer.replay import Replayer, collector_off, replay
 from bridge.policy.file import loads
+from bridge.records import parse_time
+from tests.support.fleetrecords import FleetRecords
 from tests.support.records import event_record
 
 POLICY = """
@@ -54,9 +58,9 @@ def test_reading_a_file_pauses_the_collector_and_resumes_it_when_the_file_is_ref
     seen: list[bool] = []
 
     class Watched(type(path)):  # type: ignore[misc]  # the running OS's Path
-        def read_text(self, encoding: str | None = None, errors: str | None = None) -> str:
+        def read_bytes(self) -> bytes:
             seen.append(gc.isenabled())
-            return str(super().read_text(encoding, errors))
+            return bytes(super().read_bytes())
 
     assert len(records_in(Watched(path))) == 1
     path.write_text("not json\n", encoding="utf-8")
@@ -75,3 +79,39 @@ def test_a_collector_paused_before_stays_paused() -> None:
     with pytest.raises(RuntimeError), collector_off():
         raise RuntimeError("the reading failed")
     assert gc.isenabled()
+
+
+def test_a_replay_reads_each_record_s_time_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """History.of reads the agents' times; the replay's feed takes them from it rather than
+    reading them again (issue 40: a million records)."""
+
+    read: list[object] = []
+    parse = parse_time
+
+    def counted(text: object) -> object:
+        read.append(text)
+        return parse(text)
+
+    monkeypatch.setattr(module, "parse_time", counted)
+    fleet = FleetRecords(datetime(2026, 11, 21, tzinfo=timezone.utc))
+    fleet.vm("web_0")
+    records = []
+    for _ in range(40):
+        records.append(fleet.heartbeat("web_0"))
+        fleet.advance(30)
+    replay(records, loads(POLICY, "policy.yaml"), ConsumerSettings())
+    stamps = {r["TimeGenerated"] for r in records}
+    agents = [t for t in read if t in stamps]
+    assert set(agents) == stamps
+    # Once each in History.of, and the first and the last for the replay's span.
+    assert len(agents) == len(records) + 2, len(agents)
+
+
+def test_times_given_to_feed_are_one_a_record() -> None:
+    from datetime import datetime, timezone
+
+    start = datetime(2026, 11, 21, tzinfo=timezone.utc)
+    replayer = Replayer(loads(POLICY, "policy.yaml"), ConsumerSettings(), start)
+    with pytest.raises(ValueError, match="shorter"):
+        replayer.feed([event_record(), event_record()], times=[start])
+    replayer.close()

@@ -14,6 +14,9 @@ differs. Also timed: reading the same history from a jsonl file as `--records` r
 from __future__ import annotations
 
 import json
+import resource
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -56,6 +59,9 @@ class Measured:
     cpu: float
     read: float  # CPU seconds to read the jsonl file
     differing: int
+    command: float  # seconds of wall clock, `se-bridge policy replay --records` start to end
+    command_cpu: float  # its CPU seconds (user + system)
+    command_exit: int
 
 
 def history(records: int) -> list[dict[str, Any]]:
@@ -141,6 +147,8 @@ def measure(records: int) -> Measured:
         read = time.process_time()
         records_in(path)
         read = time.process_time() - read
+        say("replay: timing the whole command, `se-bridge policy replay --records` of the file")
+        command, command_cpu, command_exit = _command(path, Path(tmp) / "policy.yaml")
     return Measured(
         records=len(agents),
         heartbeats=sum(1 for r in agents if r["RecordType"] == "Heartbeat"),
@@ -150,7 +158,27 @@ def measure(records: int) -> Measured:
         cpu=cpu,
         read=read,
         differing=len(done.differing) + len(done.marked),
+        command=command,
+        command_cpu=command_cpu,
+        command_exit=command_exit,
     )
+
+
+def _command(history_file: Path, policy_file: Path) -> tuple[float, float, int]:
+    """The command as a person runs it, in a process of its own: (wall s, CPU s, exit code).
+    What 13a and 13b time in this process, plus the start, the policy and the printing."""
+    policy_file.write_text(POLICY, encoding="utf-8")
+    argv = [sys.executable, "-m", "bridge", "policy", "replay", "--policy", str(policy_file),
+            "--records", str(history_file)]  # fmt: skip
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    wall = time.perf_counter() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode != 0:
+        say(f"replay: the command exited {done.returncode}: {done.stderr.decode()[-2000:]}")
+    return wall, cpu, done.returncode
 
 
 def run(options: Options) -> Result:
@@ -177,18 +205,28 @@ def run(options: Options) -> Result:
                 "",
                 None,
             ),
+            Row(
+                "13c",
+                "the whole command, `se-bridge policy replay --policy P --records FILE`, in a "
+                "process of its own (start, read, replay, report)",
+                f"{found.command:.1f} s wall, {found.command_cpu:.1f} s CPU; exit "
+                f"{found.command_exit} (0: nothing differed)",
+                "< 60 s (1,000,000 records)",
+                found.command < TARGET_SECONDS and found.command_exit == 0
+                if found.records >= 1_000_000
+                else None,
+            ),
         ],
         notes=[
             f"13: {found.heartbeats:,} of the {found.records:,} records are heartbeats (1,000 "
             "VMs, every 5 min); the replay folds every record through the consumer's own fold "
             "and decision pass over an in-memory state, on one core; the same policy finds "
-            f"{found.differing} differences (0 expected). The command's whole time is 13a + 13b."
+            f"{found.differing} differences (0 expected). 13c is the command a person runs, "
+            "about 13a + 13b; its wall clock is the target, so judge it on a quiet machine."
         ],
     )
 
 
 if __name__ == "__main__":
-    import sys
-
     measured = measure(int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
     print(measured)

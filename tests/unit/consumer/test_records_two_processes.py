@@ -122,3 +122,17 @@ def test_a_helper_that_fails_leaves_its_lines_to_this_process(
     assert alone[1][:2] == [f"{path}: line 2 is refused: SpoolDepth must be integer, got 'many'",
                             f"{path}: line 4 is not JSON: Expecting property name enclosed in "
                             "double quotes: line 1 column 29 (char 28)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("split", [10**9, 10])
+def test_records_share_their_field_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, split: int
+) -> None:
+    """One string of each field name, not one a record: half a million records' memory."""
+    path = _file(tmp_path, ["record", "float", "record"] * 4)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", split)
+    records = records_in(path)
+    assert len(records) == 12
+    for record in records:
+        assert [k for k in record] == [k for k in heartbeat(0)]
+        assert all(a is b for a, b in zip(record, records[0], strict=True))

@@ -350,8 +350,8 @@ def _read_lines(lines: list[str], strict: bool) -> _Lines:
 class _Helper:
     """A forked process reading the lines of `text` from `cut` on (`_read_lines`), its records
     sent back marshalled (their field names interned, as `_read_lines` makes them: loaded,
-    they make one string of each, not one a record), the rest pickled. Where it cannot (no fork, it failed, it died), this
-    process reads them itself: the same lines read the same way."""
+    they make one string of each, not one a record), the rest pickled. Where it cannot (no
+    fork, it failed, it died), this process reads them itself: the same lines, the same way."""
 
     def __init__(self, text: str, cut: int, strict: bool) -> None:
         self._text: str | None = text  # for reading the lines here, if the helper does not

@@ -134,5 +134,5 @@ def test_records_share_their_field_names(
     records = records_in(path)
     assert len(records) == 12
     for record in records:
-        assert [k for k in record] == [k for k in heartbeat(0)]
+        assert list(record) == list(heartbeat(0))
         assert all(a is b for a, b in zip(record, records[0], strict=True))

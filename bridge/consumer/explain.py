@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import marshal
+import os
+import pickle
+import signal
 import sys
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -226,39 +231,198 @@ def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
         text = path.read_bytes().decode("utf-8")
     except OSError as err:
         raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
-    values: list[tuple[int, object, bool]] = []  # number, value, plain (_LineReader)
-    where = "record"
     try:
         parsed = json.loads(text)
-        values = [
-            (n, v, False) for n, v in enumerate(parsed if isinstance(parsed, list) else [parsed], 1)
-        ]
     except ValueError:
-        where, values, bad = "line", [], None
-        reader = _LineReader()
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line or line.isspace():  # blank: strip() would copy every line
-                continue
-            try:
-                values.append((number, *reader.read(line)))
-            except ValueError as err:
-                if aside is None:
-                    raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
-                bad = bad or err
-                aside.append(SetAside(path, number, where, None, f"is not JSON: {err}"))
-        if bad is not None and not values:
-            raise ConfigError(f"--records {path} is neither JSON nor JSONL: {bad}") from bad
+        return _jsonl(path, text, aside)
+    values = [(n, v) for n, v in enumerate(parsed if isinstance(parsed, list) else [parsed], 1)]
     records: list[rt.Record] = []
-    for number, value, plain in values:
-        record, reason = _checked(value, plain=plain)
+    for number, value in values:
+        record, reason = _checked(value)
         if reason is None:
             records.append(cast(rt.Record, record))  # the schema says it is one
             continue
         if aside is None:
-            raise ConfigError(f"--records {path}: {where} {number} {reason}")
+            raise ConfigError(f"--records {path}: record {number} {reason}")
         record_id = record.get("RecordId") if isinstance(record, dict) else None
-        aside.append(SetAside(path, number, where, _text(record_id), reason))
+        aside.append(SetAside(path, number, "record", _text(record_id), reason))
     return records
+
+
+# A JSONL file of more characters than this (some 60,000 records) is read by two processes,
+# on two cores (issue 40: `policy replay` of a million records in under a minute): this one
+# reads the first lines while a helper reads the others and sends back their records, which
+# this one loads in a fifth of the time it takes to read them (docs/benchmarks.md, 13).
+SPLIT_CHARS = 50_000_000
+# The helper's share of the file: this one also loads what the helper sends.
+HELPER_SHARE = 0.55
+
+
+@dataclass
+class _Lines:
+    """What reading some lines of a JSONL file found, in the order of the lines: the records,
+    how many lines were JSON, the lines that are not (line, error) and the records refused
+    (line, RecordId, reason). Reading for an error (`strict`) stops at the first one."""
+
+    records: list[rt.Record]
+    decoded: int
+    not_json: list[tuple[int, ValueError]]
+    refused: list[tuple[int, str | None, str]]
+
+    def after(self, lines: int) -> _Lines:
+        """These, numbered as lines after `lines` others."""
+        self.not_json = [(n + lines, err) for n, err in self.not_json]
+        self.refused = [(n + lines, record_id, why) for n, record_id, why in self.refused]
+        return self
+
+
+def _jsonl(path: Path, text: str, aside: list[SetAside] | None) -> list[rt.Record]:
+    strict = aside is None
+    # Cut after a "\n", which ends a line wherever it is (after a "\r" too: "\r\n" ends
+    # one line): the lines of the two parts are the lines of the whole, in order.
+    cut = text.find("\n", int(len(text) * (1 - HELPER_SHARE))) + 1 if len(text) > SPLIT_CHARS else 0
+    if not 0 < cut < len(text):
+        return _merged(path, [_read_lines(text.splitlines(), strict)], strict, aside)
+    helper = _Helper(text, cut, strict)
+    try:
+        lines = text[:cut].splitlines()
+        parts = [_read_lines(lines, strict)]
+        if not (strict and parts[0].not_json):
+            parts.append(helper.result().after(len(lines)))
+    finally:
+        helper.close()
+    return _merged(path, parts, strict, aside)
+
+
+def _merged(
+    path: Path, parts: list[_Lines], strict: bool, aside: list[SetAside] | None
+) -> list[rt.Record]:
+    """The records of `parts` (a file's lines in order), or the error the first line not
+    JSON or refused makes; with `aside`, those lines set aside."""
+    not_json = [bad for part in parts for bad in part.not_json]
+    refused = [bad for part in parts for bad in part.refused]
+    if not_json and (strict or not any(part.decoded for part in parts)):
+        err = not_json[0][1]
+        raise ConfigError(f"--records {path} is neither JSON nor JSONL: {err}") from err
+    if strict and refused:
+        number, _, reason = refused[0]
+        raise ConfigError(f"--records {path}: line {number} {reason}")
+    if aside is not None:
+        aside += [SetAside(path, n, "line", None, f"is not JSON: {err}") for n, err in not_json]
+        aside += [SetAside(path, n, "line", record_id, why) for n, record_id, why in refused]
+    return [record for part in parts for record in part.records]
+
+
+def _read_lines(lines: list[str], strict: bool) -> _Lines:
+    """`lines` (numbered from 1), JSON then the record check."""
+    values: list[tuple[int, object, bool]] = []  # number, value, plain (_LineReader)
+    found = _Lines([], 0, [], [])
+    reader = _LineReader()
+    for number, line in enumerate(lines, 1):
+        if not line or line.isspace():  # blank: strip() would copy every line
+            continue
+        try:
+            value, plain = reader.read(line)
+        except ValueError as err:
+            found.not_json.append((number, err))
+            if strict:
+                return found
+            continue
+        if type(value) is dict:
+            # One string of each field name, not one a record: a million records' names
+            # were half their memory, which a large replay spent a tenth of its time getting
+            # from the system (docs/benchmarks.md, 13). Equal, in the same order.
+            value = {sys.intern(key): item for key, item in value.items()}
+        values.append((number, value, plain))
+    found.decoded = len(values)
+    for number, value, plain in values:
+        record, reason = _checked(value, plain=plain)
+        if reason is None:
+            found.records.append(cast(rt.Record, record))  # the schema says it is one
+            continue
+        record_id = record.get("RecordId") if isinstance(record, dict) else None
+        found.refused.append((number, _text(record_id), reason))
+        if strict:
+            break
+    return found
+
+
+class _Helper:
+    """A forked process reading the lines of `text` from `cut` on (`_read_lines`), its records
+    sent back marshalled (their field names interned, as `_read_lines` makes them: loaded,
+    they make one string of each, not one a record), the rest pickled. Where it cannot (no
+    fork, it failed, it died), this process reads them itself: the same lines, the same way."""
+
+    def __init__(self, text: str, cut: int, strict: bool) -> None:
+        self._text: str | None = text  # for reading the lines here, if the helper does not
+        self._cut, self._strict = cut, strict
+        self._pid: int | None = None
+        self._pipe: int | None = None
+        if not hasattr(os, "fork"):
+            return
+        readable, writable = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the helper: never returns to the caller
+            status = 1
+            try:
+                os.close(readable)
+                with open(writable, "wb") as out:
+                    out.write(_helped(text[cut:], strict))
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(writable)
+        self._pid, self._pipe = pid, readable
+
+    def result(self) -> _Lines:
+        if self._pipe is not None:
+            with open(self._pipe, "rb") as sent:
+                self._pipe = None
+                payload = sent.read()
+            if self._wait() == 0 and payload:
+                self._text = None
+                return _unpacked(payload)
+        assert self._text is not None, "read once"
+        text, self._text = self._text, None
+        return _read_lines(text[self._cut :].splitlines(), self._strict)
+
+    def close(self) -> None:
+        self._text = None
+        if self._pipe is not None:  # not waited for: this process found the error first
+            os.close(self._pipe)
+            self._pipe = None
+        if self._pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            self._wait()
+
+    def _wait(self) -> int:
+        pid, self._pid = self._pid, None
+        if pid is None:
+            return -1
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _helped(text: str, strict: bool) -> bytes:
+    """What the helper sends: `_read_lines` of the lines of `text`, packed."""
+    found = _read_lines(text.splitlines(), strict)
+    records = found.records
+    try:
+        packed = b"m" + marshal.dumps(records)
+    except ValueError:  # a value marshal does not know: pickle knows every one the check lets by
+        packed = b"p" + pickle.dumps(records, protocol=pickle.HIGHEST_PROTOCOL)
+    found.records = []
+    rest = pickle.dumps(found, protocol=pickle.HIGHEST_PROTOCOL)
+    return len(rest).to_bytes(8, "big") + rest + packed
+
+
+def _unpacked(payload: bytes) -> _Lines:
+    size = int.from_bytes(payload[:8], "big")
+    found: _Lines = pickle.loads(payload[8 : 8 + size])  # noqa: S301 - our own helper's
+    kind, records = payload[8 + size : 9 + size], memoryview(payload)[9 + size :]
+    # Our own helper's bytes, from a pipe only it and this process hold.
+    found.records = marshal.loads(records) if kind == b"m" else pickle.loads(records)  # noqa: S301, S302
+    return found
 
 
 class _LineReader:

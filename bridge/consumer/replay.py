@@ -262,6 +262,10 @@ class Replayer:
             host_name="replay",
         )
         self.consumer.decider.last_resort = last_resort  # ARM's acknowledge, as the live one
+        # The in-memory state has no other client: no event leaves it but those the consumer
+        # forgets (and drops from its index), so the change feed keeps the index whole, and
+        # reading every event again at each idle pass was a fifth of a large replay (issue 40).
+        self.consumer.fleet.events.rescan = None
         self._sent = dict(sent or {})
         self._lag = read_lag
         self.assumed: dict[str, list[str]] = {}  # event key -> CommandIds answered by us

@@ -67,10 +67,14 @@ class EventIndex:
         self._docs: dict[str, Doc] = {}
         self._mark: int | None = None
         self._full = _Paced(now)
+        # How often every document is read again; None: only the first time, for a store no
+        # other consumer changes (a replay's: bridge.consumer.replay.Replayer).
+        self.rescan: timedelta | None = RESCAN_EVENTS
 
     def scan(self) -> list[Doc]:
         store = self.store
-        if self._full.due(RESCAN_EVENTS):
+        full = self._mark is None if self.rescan is None else self._full.due(self.rescan)
+        if full:
             docs, self._mark = store.scan_changes(fs.EVENT, None)
             self._docs = {doc.key: doc for doc in docs}
         else:

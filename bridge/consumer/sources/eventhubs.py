@@ -80,6 +80,8 @@ def handover_wait(partitions: int) -> float:
     `partitions`: it came just after its partition's turn, and waits for the others' turns
     (each up to SOCKET_TIMEOUT) and for BATCH_WAIT since its partition's last callback."""
     return partitions * SOCKET_TIMEOUT + BATCH_WAIT
+
+
 PROBE_EVERY = 5.0  # seconds between questions to an idle partition about its last event
 
 

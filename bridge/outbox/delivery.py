@@ -156,6 +156,9 @@ class _Worker:
         except Exception as err:  # a sink bug must not end delivery: retry it like a fault
             self._failed(err, kind="unexpected")
         else:
+            # The kept error goes first: `flush` returns at the ack, and a status read after
+            # it must not show the error this send just cured.
+            self._troubles.succeeded(self.name)
             self._spool.ack(self.name, batch[-1].seq)
             self._sent_at = self._clock()
             self._succeeded()
@@ -252,7 +255,6 @@ class _Worker:
 
     def _succeeded(self) -> None:
         self.permanent = False
-        self._troubles.succeeded(self.name)
         if ended := self._streak.succeeded():
             log.warning(
                 "sink %s recovered after %d failures; catching up %d records",

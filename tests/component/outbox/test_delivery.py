@@ -93,6 +93,12 @@ class WaitsSpool(Spool):
     def __init__(self, path: Path, sinks: list[str]) -> None:
         super().__init__(path, sinks)
         self.waits: list[tuple[str, float]] = []
+        # The sinks' kept errors as each ack found them (what `flush` returns upon).
+        self.troubles_at_ack: list[Any] = []
+
+    def ack(self, sink: str, upto_seq: int) -> None:
+        self.troubles_at_ack.append((self.load_state(StateKey.DELIVERY) or {}).get("sinks"))
+        super().ack(sink, upto_seq)
 
     def wait_for_records(
         self, sink: str, timeout: float, *, cancel: threading.Event | None = None
@@ -481,6 +487,16 @@ def test_a_sinks_last_error_is_kept_in_the_spool_for_status_until_it_delivers(
     down.outcomes.clear()
     assert delivery.flush(10)
     assert inspect(tmp_path / "spool.db").state[StateKey.DELIVERY] == {"sinks": {}}
+
+
+def test_a_sinks_kept_error_is_gone_before_its_records_are_acknowledged(run: Run) -> None:
+    # `flush` returns at the ack: a status read after it must not show the error just cured
+    # (the test above failed in CI when its read fell between the ack and the clearing).
+    down = FakeSink("down", outcomes=[PermanentError("no token for Event Hubs")] * 3)
+    spool, delivery = run([down])
+    spool.commit([rec(1)])
+    assert delivery.flush(10)
+    assert spool.troubles_at_ack == [{}]
 
 
 def test_sinks_must_be_known_to_the_spool_and_unique(tmp_path: Path) -> None:

@@ -25,14 +25,17 @@ import json
 import marshal
 import os
 import pickle
+import queue
+import re
 import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 from bridge import recordtypes as rt
 from bridge import schema
@@ -224,13 +227,7 @@ def records_in(path: Path, aside: list[SetAside] | None = None) -> list[rt.Recor
 
 
 def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
-    try:
-        # Decoded whole, without read_text's newline translation (a tenth of reading a large
-        # file): splitlines splits at "\r" and "\r\n" as at "\n", and JSON reads both as
-        # the space they are between values; inside a text, either is refused alike.
-        text = path.read_bytes().decode("utf-8")
-    except OSError as err:
-        raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
+    text = _text_of(path)
     try:
         parsed = json.loads(text)
     except ValueError:
@@ -247,6 +244,16 @@ def _records_in(path: Path, aside: list[SetAside] | None) -> list[rt.Record]:
         record_id = record.get("RecordId") if isinstance(record, dict) else None
         aside.append(SetAside(path, number, "record", _text(record_id), reason))
     return records
+
+
+def _text_of(path: Path) -> str:
+    try:
+        # Decoded whole, without read_text's newline translation (a tenth of reading a large
+        # file): splitlines splits at "\r" and "\r\n" as at "\n", and JSON reads both as
+        # the space they are between values; inside a text, either is refused alike.
+        return path.read_bytes().decode("utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
 
 
 # A JSONL file of more characters than this (some 60,000 records) is read by two processes,
@@ -405,7 +412,10 @@ class _Helper:
 
 def _helped(text: str, strict: bool) -> bytes:
     """What the helper sends: `_read_lines` of the lines of `text`, packed."""
-    found = _read_lines(text.splitlines(), strict)
+    return _packed(_read_lines(text.splitlines(), strict))
+
+
+def _packed(found: _Lines) -> bytes:
     records = found.records
     try:
         packed = b"m" + marshal.dumps(records)
@@ -422,6 +432,189 @@ def _unpacked(payload: bytes) -> _Lines:
     kind, records = payload[8 + size : 9 + size], memoryview(payload)[9 + size :]
     # Our own helper's bytes, from a pipe only it and this process hold.
     found.records = marshal.loads(records) if kind == b"m" else pickle.loads(records)  # noqa: S301, S302
+    return found
+
+
+# A large JSONL file replayed as it is read (`chunked`): the helper sends the records of the
+# lines of about this many characters at a time (some 10,000 records), the first some 0.3 s
+# after it starts; this process reads ahead meanwhile (docs/benchmarks.md, 13).
+CHUNK_CHARS = 8_000_000
+
+
+def chunked(path: Path, aside: list[SetAside]) -> Chunked | None:
+    """A --records file of more than SPLIT_CHARS that is JSONL, read for `policy replay` to
+    replay its first records while the rest are read (bridge.consumer.replay.replay_chunks);
+    None for any other file (`records_in` reads it, as it reads this one)."""
+    try:
+        if path.stat().st_size <= SPLIT_CHARS or not hasattr(os, "fork"):
+            return None
+    except OSError:
+        return None  # records_in says why it cannot be read
+    text = _text_of(path)
+    return Chunked(path, text, aside) if _lines_of_values(text) else None
+
+
+_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's white space, as json.loads skips it
+
+
+def _lines_of_values(text: str) -> bool:
+    """Whether `json.loads(text)` would fail (a JSONL file: `_records_in` then reads its
+    lines), known from its first value alone; a JSON list (read whole) says False at once."""
+    start = _SPACE.match(text).end()  # type: ignore[union-attr] # it matches the empty text
+    if text.startswith("[", start):
+        return False
+    try:
+        _, end = json.JSONDecoder().raw_decode(text, start)
+    except ValueError:
+        return True
+    return _SPACE.match(text, end).end() != len(text)  # type: ignore[union-attr]
+
+
+class Chunked:
+    """A large JSONL file's records, read by a forked helper process CHUNK_CHARS at a time
+    and handed over chunk by chunk (`chunks`) as `_jsonl` reads them: the same records,
+    the same lines set aside (added to `aside` once every chunk is read), the same errors.
+    The replay folds one chunk while the helper reads the next, on the second core (issue 40).
+    A thread of this process takes each chunk from the pipe as it comes, so the helper never
+    waits for the replay. Where the helper cannot (no fork, it failed, it died), this process
+    reads the lines it did not send, the same way.
+
+    `decisions`: the file's Decision records, in file order, read ahead by this process from
+    the lines that say "Decision" (a replay needs them from its start). A line that does not
+    holds none unless it escapes a letter with \\u; the replay checks them against those
+    the chunks hold, and replays again, all at once, where they differ."""
+
+    def __init__(self, path: Path, text: str, aside: list[SetAside]) -> None:
+        self.path, self._aside = path, aside
+        self._text: str | None = text
+        self.decisions = _decisions_ahead(text)
+        self._pid: int | None = None
+        self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._pump: threading.Thread | None = None
+        try:
+            readable, writable = os.pipe()
+            pid = os.fork()
+        except OSError:
+            return  # this process reads every line
+        if pid == 0:  # the helper: never returns to the caller
+            status = 1
+            try:
+                os.close(readable)
+                with open(writable, "wb") as out:
+                    _send_chunks(text, out)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(writable)
+        self._pid = pid
+        self._pump = threading.Thread(
+            target=_pump, args=(readable, self._frames), name="se-bridge records", daemon=True
+        )
+        self._pump.start()
+
+    def chunks(self) -> Iterator[list[rt.Record]]:
+        """Every record of the file, in file order, a chunk at a time; then the lines set
+        aside go to `aside`. ConfigError, after the last, when no line is JSON."""
+        parts: list[_Lines] = []
+        lines = done = 0  # the lines read, and the characters they are
+        try:
+            while self._pump is not None and (frame := self._frames.get()) is not None:
+                count, done = (int.from_bytes(frame[n : n + 8], "big") for n in (0, 8))
+                found = _unpacked(frame[16:]).after(lines)
+                lines += count
+                yield self._handed(found, parts)
+            if self._wait() != 0:  # the lines the helper did not send, read here
+                assert self._text is not None, "read once"
+                for start, end in _pieces(self._text, done):
+                    piece = self._text[start:end].splitlines()
+                    yield self._handed(_read_lines(piece, False).after(lines), parts)
+                    lines += len(piece)
+        finally:
+            self.close()
+        left: list[SetAside] = []
+        _merged(self.path, parts, False, left)
+        self._aside += sorted(left, key=lambda a: a.number)
+
+    @staticmethod
+    def _handed(found: _Lines, parts: list[_Lines]) -> list[rt.Record]:
+        records, found.records = found.records, []
+        parts.append(found)
+        return records
+
+    def close(self) -> None:
+        self._text = None
+        if self._pid is not None:
+            with suppress(ProcessLookupError):
+                os.kill(self._pid, signal.SIGKILL)
+            self._wait()
+        if self._pump is not None:
+            self._pump.join()  # the pipe's end: the helper is gone
+            self._pump = None
+
+    def _wait(self) -> int:
+        pid, self._pid = self._pid, None
+        if pid is None:
+            return -1
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _pieces(text: str, start: int) -> Iterator[tuple[int, int]]:
+    """`text` from `start` cut after a "\\n" every CHUNK_CHARS or so: the lines of the
+    pieces are the lines of the whole, in order (see `_jsonl`)."""
+    while start < len(text):
+        end = text.find("\n", start + CHUNK_CHARS) + 1 or len(text)
+        yield start, end
+        start = end
+
+
+def _send_chunks(text: str, out: BinaryIO) -> None:
+    """The helper's work: each piece of `text` read, packed and sent, in order, after the
+    count of its lines and where it ends."""
+    for start, end in _pieces(text, 0):
+        lines = text[start:end].splitlines()
+        payload = _packed(_read_lines(lines, False))
+        out.write(len(payload).to_bytes(8, "big") + len(lines).to_bytes(8, "big"))
+        out.write(end.to_bytes(8, "big"))
+        out.write(payload)
+        out.flush()
+
+
+def _pump(readable: int, frames: queue.SimpleQueue[bytes | None]) -> None:
+    """The chunks the helper sends, each whole, then None (at the pipe's end, or one cut)."""
+    try:
+        with open(readable, "rb") as pipe:
+            while len(head := pipe.read(8)) == 8:
+                size = int.from_bytes(head, "big") + 16  # the line count and the end
+                if len(frame := pipe.read(size)) < size:
+                    break
+                frames.put(frame)
+    finally:
+        frames.put(None)
+
+
+def _decisions_ahead(text: str) -> list[rt.Record]:
+    """The Decision records of the lines of `text` that say "Decision", in file order, read
+    and checked as `_read_lines` reads them."""
+    found: list[rt.Record] = []
+    reader = _LineReader()
+    at = 0
+    while (hit := text.find("Decision", at)) >= 0:
+        start = text.rfind("\n", 0, hit) + 1
+        end = text.find("\n", hit)
+        end = len(text) if end < 0 else end
+        for line in text[start:end].splitlines():  # splitlines' lines, as _read_lines'
+            if "Decision" not in line:
+                continue
+            try:
+                value, plain = reader.read(line)
+            except ValueError:
+                continue
+            if type(value) is dict:
+                value = {sys.intern(key): item for key, item in value.items()}
+            record, reason = _checked(value, plain=plain)
+            if reason is None and is_decision(cast(rt.Record, record)):
+                found.append(cast(rt.Record, record))
+        at = end + 1
     return found
 
 

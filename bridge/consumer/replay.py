@@ -38,7 +38,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Literal
+from itertools import chain
+from typing import Literal, cast
 
 from bridge import recordtypes as rt
 from bridge.commands.message import Command
@@ -169,7 +170,7 @@ class History:
     @classmethod
     def of(cls, records: Iterable[RecordView]) -> History:
         timed: list[tuple[datetime, int, RecordView, datetime | None]] = []
-        said: dict[tuple[str, str], rt.Decision] = {}
+        said: list[tuple[datetime, rt.Decision]] = []
         last: datetime | None = None
         for n, record in enumerate(records):
             stamped = parse_time(record.get("TimeGenerated"))
@@ -178,24 +179,36 @@ class History:
                 continue
             last = at
             if is_decision(record):
-                # The same record delivered twice is one (its RecordId and time); the same
-                # decision said again later is another.
-                said.setdefault((str(record["RecordId"]), iso(at)), record)
+                said.append((at, record))
             else:
                 timed.append((at, n, record, stamped))
         timed.sort()  # by time, then file order: no two share `n`, no record is compared
-        modes = {str(d.get("DecisionMode") or "normal") for d in said.values()}
-        mode = "normal" if "normal" in modes else next(iter(modes), None)
-        decisions = sorted(
-            (d for d in said.values() if str(d.get("DecisionMode") or "normal") == mode),
-            key=_time,
-        )
+        decisions, mode = _compared(said)
         return cls(
             tuple(r for _, _, r, _ in timed),
-            tuple(decisions),
+            decisions,
             mode,
             tuple(stamped for _, _, _, stamped in timed),
         )
+
+
+def _compared(
+    said: Iterable[tuple[datetime, rt.Decision]],
+) -> tuple[tuple[rt.Decision, ...], str | None]:
+    """The Decision records (each with its time, in file order) a replay compares, in time
+    order, and their DecisionMode."""
+    unique: dict[tuple[str, str], rt.Decision] = {}
+    for at, record in said:
+        # The same record delivered twice is one (its RecordId and time); the same decision
+        # said again later is another.
+        unique.setdefault((str(record["RecordId"]), iso(at)), record)
+    modes = {str(d.get("DecisionMode") or "normal") for d in unique.values()}
+    mode = "normal" if "normal" in modes else next(iter(modes), None)
+    decisions = sorted(
+        (d for d in unique.values() if str(d.get("DecisionMode") or "normal") == mode),
+        key=_time,
+    )
+    return tuple(decisions), mode
 
 
 def _time(record: RecordView) -> datetime:
@@ -299,6 +312,15 @@ class Replayer:
         again). `times`: each record's TimeGenerated as `parse_time` reads it, when the
         caller has read them (`History.times`)."""
         stamps = times or [parse_time(r.get("TimeGenerated")) for r in records]
+        self.feed_timed(zip(records, stamps, strict=True), decided)
+
+    def feed_timed(
+        self,
+        timed: Iterable[tuple[RecordView, datetime | None]],
+        decided: Sequence[rt.Decision] = (),
+    ) -> None:
+        """`feed` of the records with their times as `parse_time` reads them, taken one by
+        one as they come (`replay_chunks`: a history still being read)."""
         hints = iter(sorted((_time(d), n) for n, d in enumerate(decided)))
         hint = next(hints, None)
         pending = hint[0] if hint else None
@@ -306,7 +328,7 @@ class Replayer:
         at: datetime | None = None
         beats = True
         with _quiet():
-            for record, stamped in zip(records, stamps, strict=True):
+            for record, stamped in timed:
                 when = stamped or at or self.clock
                 beat = record.get(rt.RECORD_TYPE) == "Heartbeat"
                 if batch and at is not None and when != at and not (beats and beat):
@@ -468,26 +490,161 @@ def _replay(
     read_lag: timedelta,
 ) -> Replay:
     history = History.of(records)
-    times = [_time(r) for r in (*history.agents[:1], *history.agents[-1:])]
-    times += [_time(d) for d in history.decisions[:1]] + [_time(d) for d in history.decisions[-1:]]
-    first, last = (min(times), max(times)) if times else (None, None)
-    replayed: list[rt.Decision] = []
-    assumed: dict[str, list[str]] = {}
-    prepared: dict[str, list[str]] = {}
-    if first is not None and last is not None:
-        sent: dict[str, datetime] = {}
-        for d in history.decisions:
-            if d.get("CommandId"):
-                sent.setdefault(str(d["CommandId"]), _time(d))
-        replayer = Replayer(
-            policy, settings, first, sent=sent, read_lag=read_lag, last_resort=last_resort
-        )
-        try:
-            replayer.feed(history.agents, history.decisions, times=history.times)
-            replayer.until(last)
-        finally:
-            replayer.close()
-        replayed, assumed, prepared = replayer.decisions, replayer.assumed, replayer.prepared
+    first, last = _span(history.agents, history.decisions)
+    if first is None or last is None:
+        return _outcome(history, None, first, last, read_lag)
+    replayer = _replayer(
+        history.decisions, first, policy, settings, read_lag=read_lag, last_resort=last_resort
+    )
+    try:
+        replayer.feed(history.agents, history.decisions, times=history.times)
+        replayer.until(last)
+    finally:
+        replayer.close()
+    return _outcome(history, replayer, first, last, read_lag)
+
+
+def replay_chunks(
+    chunks: Iterable[Sequence[RecordView]],
+    decisions: Sequence[RecordView],
+    policy: Policy,
+    settings: ConsumerSettings,
+    *,
+    last_resort: bool = False,
+    read_lag: timedelta = READ_LAG,
+) -> Replay:
+    """`replay` of a history still being read: `chunks`, its records in file order a chunk at
+    a time (a large file as a helper process reads it, bridge.consumer.explain.Chunked), are
+    replayed as they come, the reading of one beside the replay of the others (issue 40: a
+    million records in under a minute, docs/benchmarks.md, 13). `decisions`: the history's
+    Decision records in file order, read ahead of the rest (a replay needs them all from its
+    start).
+
+    That holds while every chunk's records come after the last chunk's in time, as a file
+    written as records come does, and the chunks' Decision records are `decisions`. Where
+    either does not, every record is read and replayed again, all at once, as `replay` does:
+    the result is `replay`'s of every chunk's records, always."""
+    with collector_off():
+        stream = _InOrder(chunks)
+        if any(parse_time(d.get("TimeGenerated")) is None for d in decisions):
+            # Such a record takes its time from the record before it: not known ahead.
+            return _replay(stream.rest(), policy, settings, last_resort=last_resort,
+                           read_lag=read_lag)  # fmt: skip
+        told, mode = _compared((_time(d), cast(rt.Decision, d)) for d in decisions)
+        timed = iter(stream)
+        head = next(timed, None)
+        if head is not None:
+            first, _ = _span([head[0]], told)
+            assert first is not None, "a record with a time"
+            replayer = _replayer(
+                told, first, policy, settings, read_lag=read_lag, last_resort=last_resort
+            )
+            whole = False
+            try:
+                replayer.feed_timed(chain([head], timed), told)
+                whole = [d for _, d in stream.said] == list(decisions)
+                history = History(tuple(stream.agents), told, mode, tuple(stream.times))
+                _, last = _span(history.agents, told)
+                if whole and last is not None:
+                    replayer.until(last)
+            except _Unordered:
+                whole = False
+            finally:
+                replayer.close()
+            if whole:
+                return _outcome(history, replayer, first, last, read_lag)
+        return _replay(stream.rest(), policy, settings, last_resort=last_resort,
+                       read_lag=read_lag)  # fmt: skip
+
+
+class _Unordered(Exception):
+    """A chunk holds a record from before the last chunk's newest: `History.of` orders them
+    otherwise than the chunks come."""
+
+
+class _InOrder:
+    """The agents' records of `chunks` (a history's records in file order, a chunk at a time)
+    as `History.of` orders them, each with its time as `parse_time` reads it, while each
+    chunk's come after those of the chunks before (_Unordered at the first that does not).
+    Every record read is kept (`read`), and the agents' and Decision records as they pass."""
+
+    def __init__(self, chunks: Iterable[Sequence[RecordView]]) -> None:
+        self._chunks = iter(chunks)
+        self.read: list[RecordView] = []
+        self.agents: list[RecordView] = []
+        self.times: list[datetime | None] = []
+        self.said: list[tuple[datetime, rt.Decision]] = []
+        self._last: datetime | None = None
+
+    def __iter__(self) -> Iterator[tuple[RecordView, datetime | None]]:
+        newest: datetime | None = None
+        for chunk in self._chunks:
+            timed: list[tuple[datetime, int, RecordView, datetime | None]] = []
+            for n, record in enumerate(chunk, len(self.read)):
+                stamped = parse_time(record.get("TimeGenerated"))
+                at = stamped or self._last
+                if at is None:
+                    continue
+                self._last = at
+                if is_decision(record):
+                    self.said.append((at, record))
+                else:
+                    timed.append((at, n, record, stamped))
+            self.read += chunk
+            if not timed:
+                continue
+            timed.sort()  # as History.of: by time, then file order
+            if newest is not None and timed[0][0] < newest:
+                raise _Unordered
+            newest = timed[-1][0]
+            for _, _, record, stamped in timed:
+                self.agents.append(record)
+                self.times.append(stamped)
+                yield record, stamped
+
+    def rest(self) -> list[RecordView]:
+        """Every record, in file order: those read and those not yet."""
+        for chunk in self._chunks:
+            self.read += chunk
+        return self.read
+
+
+def _span(
+    agents: Sequence[RecordView], decisions: Sequence[rt.Decision]
+) -> tuple[datetime | None, datetime | None]:
+    """The first and the last time of a history (its agents' records and its decisions, each
+    in time order)."""
+    times = [_time(r) for r in (*agents[:1], *agents[-1:])]
+    times += [_time(d) for d in decisions[:1]] + [_time(d) for d in decisions[-1:]]
+    return (min(times), max(times)) if times else (None, None)
+
+
+def _replayer(
+    decisions: Sequence[rt.Decision],
+    first: datetime,
+    policy: Policy,
+    settings: ConsumerSettings,
+    *,
+    read_lag: timedelta,
+    last_resort: bool,
+) -> Replayer:
+    sent: dict[str, datetime] = {}
+    for d in decisions:
+        if d.get("CommandId"):
+            sent.setdefault(str(d["CommandId"]), _time(d))
+    return Replayer(policy, settings, first, sent=sent, read_lag=read_lag, last_resort=last_resort)
+
+
+def _outcome(
+    history: History,
+    replayer: Replayer | None,
+    first: datetime | None,
+    last: datetime | None,
+    read_lag: timedelta,
+) -> Replay:
+    replayed: list[rt.Decision] = replayer.decisions if replayer else []
+    assumed: dict[str, list[str]] = replayer.assumed if replayer else {}
+    prepared: dict[str, list[str]] = replayer.prepared if replayer else {}
     events = compare(history, replayed, assumed, prepared, read_lag=read_lag)
     return Replay(
         events=events,

@@ -15,16 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from bridge import recordtypes as rt
-from bridge.config import ConfigError, given
+from bridge.config import ConfigError, ConsumerSettings, given
 from bridge.consumer import armcarrier, wiring
-from bridge.consumer.explain import SetAside, records_in
-from bridge.consumer.replay import Decided, EventReplay, Replay, replay
+from bridge.consumer.explain import Chunked, SetAside, chunked, records_in
+from bridge.consumer.replay import Decided, EventReplay, Replay, replay, replay_chunks
 from bridge.policy.model import Policy
 from bridge.records import is_event, iso
 
@@ -36,17 +36,19 @@ def run_replay(args: argparse.Namespace) -> int:
         config = wiring.load_config(args.config, flags=given(args, "consumer.policy"))
         policy = wiring.load_policy(config.consumer.policy)
         aside: list[SetAside] = []
-        history = read_history(args.records, aside)
+        large = chunked(args.records[0], aside) if len(args.records) == 1 else None
+        history = read_history(args.records, aside) if large is None else []
+        last_resort = armcarrier.wanted(config)  # ARM's acknowledge, as the live one
+        read_lag = timedelta(seconds=args.read_lag)
+        if large is None:
+            done = replay(history, policy, config.consumer, last_resort=last_resort,
+                          read_lag=read_lag)  # fmt: skip
+        else:
+            done = _replay_as_read(large, args.records, aside, policy, config.consumer,
+                                   last_resort=last_resort, read_lag=read_lag)  # fmt: skip
     except ConfigError as err:
         print(f"se-bridge: {err}", file=sys.stderr)
         return BAD_INPUT
-    done = replay(
-        history,
-        policy,
-        config.consumer,
-        last_resort=armcarrier.wanted(config),  # ARM's acknowledge, as the live one
-        read_lag=timedelta(seconds=args.read_lag),
-    )
     shown = (render_json if args.json else render)(done, policy, every=args.all, aside=aside)
     print(shown)
     return DIFFERED if done.differing else SAME
@@ -58,14 +60,48 @@ def read_history(paths: Sequence[Path], aside: list[SetAside]) -> list[rt.Record
     consumer sets it aside, and the others are replayed: one record never stops the rest."""
     records = [r for path in paths for r in records_in(path, aside)]
     if not any(is_event(r) for r in records):
-        named = ", ".join(str(p) for p in paths)
-        refused = f" ({_count(len(aside), 'record')} set aside: {aside[0]})" if aside else ""
-        raise ConfigError(
-            f"--records {named}: no Event record: a replay needs the agents' records "
-            "(an export of SeBridgeRecords_CL, or their jsonl sinks), not only Decision "
-            f"records{refused}"
-        )
+        raise _no_event(paths, aside)
     return records
+
+
+def _replay_as_read(
+    large: Chunked,
+    paths: Sequence[Path],
+    aside: list[SetAside],
+    policy: Policy,
+    settings: ConsumerSettings,
+    *,
+    last_resort: bool,
+    read_lag: timedelta,
+) -> Replay:
+    """`replay` of one large file's records as `read_history` reads them, begun while they are
+    read (issue 40); the same ConfigError, once every record is read."""
+    events = False
+
+    def watched() -> Iterator[list[rt.Record]]:
+        nonlocal events
+        for chunk in large.chunks():
+            events = events or any(is_event(r) for r in chunk)
+            yield chunk
+
+    try:
+        done = replay_chunks(watched(), large.decisions, policy, settings,
+                             last_resort=last_resort, read_lag=read_lag)  # fmt: skip
+    finally:
+        large.close()
+    if not events:
+        raise _no_event(paths, aside)
+    return done
+
+
+def _no_event(paths: Sequence[Path], aside: Sequence[SetAside]) -> ConfigError:
+    named = ", ".join(str(p) for p in paths)
+    refused = f" ({_count(len(aside), 'record')} set aside: {aside[0]})" if aside else ""
+    return ConfigError(
+        f"--records {named}: no Event record: a replay needs the agents' records "
+        "(an export of SeBridgeRecords_CL, or their jsonl sinks), not only Decision "
+        f"records{refused}"
+    )
 
 
 # --- the table -------------------------------------------------------------------------------

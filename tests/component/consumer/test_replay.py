@@ -5,7 +5,7 @@ changes, with the budgets' arithmetic; a Log Analytics export replays as the rec
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -15,6 +15,7 @@ import pytest
 from bridge import recordtypes as rt
 from bridge.cli import build_parser
 from bridge.config import ConsumerSettings
+from bridge.consumer import explain, whatif
 from bridge.consumer.core import Consumer
 from bridge.consumer.explain import read_records
 from bridge.consumer.replay import replay
@@ -300,3 +301,54 @@ def test_the_same_policy_still_exits_0_with_records_set_aside_and_json_lists_the
     assert {a["File"] for a in aside} == {str(tmp_path / "agents.jsonl")}
     assert aside[0]["RecordId"] == "bad-1"
     assert aside[0]["Reason"].startswith("is refused: PendingEvents")
+
+
+# A file as Log Analytics or a sink holds it: the history's lines in time order; a decision
+# whose every "Decision" is escaped (not read ahead); the lines out of time order; poison.
+ONE_FILE: dict[str, Callable[[list[str]], list[str]]] = {
+    "in order": lambda lines: lines,
+    "escaped": lambda lines: [line.replace("Decision", "\\u0044ecision") for line in lines],
+    "out of order": lambda lines: lines[::-1],
+    "poisoned": lambda lines: [*lines[:3], *poison(), *lines[3:]],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ONE_FILE))
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_large_file_replayed_as_it_is_read_says_what_it_says_read_whole(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    shape: str,
+    budget: int,
+) -> None:
+    live = a_week_day()
+    records = sorted(live.history(), key=lambda r: str(r["TimeGenerated"]))
+    path = tmp_path / "history.jsonl"
+    path.write_text(
+        "".join(line + "\n" for line in ONE_FILE[shape]([json.dumps(r) for r in records])), "utf-8"
+    )
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY % budget, "utf-8")
+    argv = ["policy", "replay", "--policy", str(policy_file), "--records", str(path), "--json"]
+
+    def said() -> tuple[int, str]:
+        args = build_parser().parse_args(argv)
+        code: int = args.func(args)
+        return code, capsys.readouterr().out
+
+    whole = said()
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 100)  # as it is read, a few lines a chunk
+    monkeypatch.setattr(explain, "CHUNK_CHARS", 2_000)
+    made: list[explain.Chunked | None] = []
+
+    def chunked(path: Path, aside: list[explain.SetAside]) -> explain.Chunked | None:
+        made.append(explain.chunked(path, aside))
+        return made[-1]
+
+    monkeypatch.setattr(whatif, "chunked", chunked)
+    assert said() == whole
+    assert made
+    assert made[0] is not None
+    assert whole[0] == (0 if budget == 1 else 1)
+    assert json.loads(whole[1])["Events"] == 3

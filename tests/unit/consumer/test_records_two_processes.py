@@ -5,16 +5,22 @@ aside and the errors, is what one process reads."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bridge.config import ConfigError
+from bridge.config import ConfigError, ConsumerSettings
 from bridge.consumer import explain
-from bridge.consumer.explain import SetAside, _LineReader, records_in
+from bridge.consumer.explain import SetAside, _LineReader, chunked, records_in
+from bridge.consumer.replay import History, Replayer
+from bridge.policy.file import loads
+from tests.benchmarks.bench_replay import POLICY, START, history
 from tests.support.records import ORIGIN, T0, common_fields
 
 
@@ -136,3 +142,146 @@ def test_records_share_their_field_names(
     for record in records:
         assert list(record) == list(heartbeat(0))
         assert all(a is b for a, b in zip(record, records[0], strict=True))
+
+
+# --- read as it is replayed (`chunked`: policy replay of a large file) ----------------------
+
+
+@cache
+def a_decision() -> dict[str, Any]:
+    """A Decision record as a consumer writes it."""
+    agents = history(300)
+    recorder = Replayer(loads(POLICY, "policy.yaml"), ConsumerSettings(), START)
+    recorder.feed(History.of(agents).agents)
+    recorder.close()
+    return dict(recorder.decisions[0])
+
+
+DECIDED: dict[str, Callable[[int], str]] = {
+    "decision": lambda n: json.dumps({**a_decision(), "RecordId": f"d-{n}"}),
+    # What reading ahead cannot see (a letter escaped): the replay checks, and reads again.
+    "escaped decision": lambda n: json.dumps({**a_decision(), "RecordId": f"d-{n}"}).replace(
+        "Decision", "\\u0044ecision"
+    ),
+    "decision in a text": lambda n: json.dumps({**heartbeat(n), "VmName": "Decision"}),
+}
+
+
+def _chunked(path: Path) -> tuple[object, list[str], list[dict[str, Any]], str | None]:
+    """What `chunked` reads: the records of every chunk, the lines set aside, the Decision
+    records read ahead, the error (message and cause)."""
+    aside: list[SetAside] = []
+    large = chunked(path, aside)
+    assert large is not None
+    ahead = [dict(r) for r in large.decisions]
+    try:
+        records: object = [dict(r) for chunk in large.chunks() for r in chunk]
+    except ConfigError as err:
+        return None, [str(a) for a in aside], ahead, f"{err} <- {err.__cause__!r}"
+    return records, [str(a) for a in aside], ahead, None
+
+
+def _lines_file(tmp_path: Path, kinds: list[str]) -> Path:
+    every = {**KINDS, **DECIDED}
+    path = tmp_path / "records.jsonl"
+    lines = [every[kind](n) for n, kind in enumerate(kinds)]
+    path.write_bytes("\r\n".join(lines).encode("utf-8", "surrogatepass") + b"\n")
+    return path
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kinds=st.lists(st.sampled_from(sorted({**KINDS, **DECIDED})), min_size=2, max_size=14),
+    chars=st.integers(1, 3_000),
+)
+def test_what_is_read_as_it_is_replayed_is_what_one_process_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kinds: list[str], chars: int
+) -> None:
+    path = _lines_file(tmp_path, kinds)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10**9)
+    records, aside, error = _read(path, collect=True)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 2)
+    monkeypatch.setattr(explain, "CHUNK_CHARS", chars)
+    if chunked(path, []) is None:  # one JSON value: read whole
+        json.loads(path.read_bytes())
+        return
+    got, got_aside, ahead, got_error = _chunked(path)
+    assert (got, got_aside, got_error) == (records, aside, error)
+    if isinstance(records, list):
+        found = [r for r in records if r["RecordType"] == "Decision"]
+        seen = [r for r, kind in zip(found, [k for k in kinds if "decision" in k and
+                                             "text" not in k], strict=True)
+                if kind == "decision"]  # fmt: skip
+        assert ahead == seen
+
+
+def test_read_as_it_is_replayed_the_helper_sends_chunk_after_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: list[str]
+) -> None:
+    path = _lines_file(tmp_path, ["record", "decision", "not json", "record"] * 50)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10**9)
+    alone = _read(path, collect=True)
+    counted.clear()
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10)
+    monkeypatch.setattr(explain, "CHUNK_CHARS", 5_000)
+    aside: list[SetAside] = []
+    large = chunked(path, aside)
+    assert large is not None
+    ahead = len(counted)
+    assert ahead == 50  # the lines that say "Decision", here
+    chunks = [[dict(r) for r in chunk] for chunk in large.chunks()]
+    assert len(chunks) > 5
+    assert len(counted) == ahead  # every line read by the helper
+    assert ([r for chunk in chunks for r in chunk], [str(a) for a in aside], None) == alone
+
+
+def test_a_helper_that_dies_midway_leaves_the_rest_to_this_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted: list[str]
+) -> None:
+    path = _lines_file(tmp_path, ["record", "refused", "record", "not json"] * 50)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10**9)
+    alone = _read(path, collect=True)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10)
+    monkeypatch.setattr(explain, "CHUNK_CHARS", 5_000)
+    packed = explain._packed
+    sent: list[int] = []
+
+    def dying(found: Any) -> bytes:
+        if sent:  # in the helper: its second chunk is never sent
+            os._exit(1)
+        sent.append(1)
+        return packed(found)
+
+    monkeypatch.setattr(explain, "_packed", dying)
+    counted.clear()
+    got = _chunked(path)
+    assert (got[0], got[1], got[3]) == alone
+    assert 0 < len(counted) < 200, len(counted)  # the lines after the first chunk, here
+
+
+def test_a_file_of_no_json_line_is_refused_once_read_as_one_process_refuses_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = _lines_file(tmp_path, ["not json"] * 30)
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10**9)
+    alone = _read(path, collect=True)
+    assert alone[2] is not None
+    assert "neither JSON nor JSONL" in alone[2]
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10)
+    monkeypatch.setattr(explain, "CHUNK_CHARS", 100)
+    got = _chunked(path)
+    assert (got[0], got[1], got[3]) == alone
+
+
+@pytest.mark.parametrize("text", ["[{}, {}]", ' \n {"a": 1}\n ', "x" * 50])
+def test_a_json_value_or_a_small_file_is_not_read_as_it_is_replayed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    path = tmp_path / "records.json"
+    path.write_text(text, "utf-8")
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 40)
+    assert chunked(path, []) is None if text.startswith(("[", " ")) else True
+    monkeypatch.setattr(explain, "SPLIT_CHARS", 10**9)
+    assert chunked(path, []) is None

@@ -31,6 +31,7 @@ history never ran.
 
 from __future__ import annotations
 
+import bisect
 import gc
 import logging
 from collections import Counter
@@ -62,6 +63,10 @@ READ_LAG = timedelta(seconds=60)
 # decides (a VM's silence, an unanswered approval, a stale event) is found up to this much later
 # than by the consumer, unless the history's decisions say when.
 IDLE_PASS = timedelta(seconds=300)
+# A history replayed as it is read (`replay_chunks`) hands a record to the replay once it has
+# read one this much newer: records this far out of time order in the file cost nothing more;
+# further, the history is replayed again once read.
+ORDER_SLACK = timedelta(minutes=10)
 
 MarkKind = Literal["person", "silence", "timing", "drain"]
 
@@ -564,9 +569,11 @@ class _Unordered(Exception):
 
 class _InOrder:
     """The agents' records of `chunks` (a history's records in file order, a chunk at a time)
-    as `History.of` orders them, each with its time as `parse_time` reads it, while each
-    chunk's come after those of the chunks before (_Unordered at the first that does not).
-    Every record read is kept (`read`), and the agents' and Decision records as they pass."""
+    as `History.of` orders them, each with its time as `parse_time` reads it. A record is
+    handed on once the chunks have shown one ORDER_SLACK newer (what a file written as records
+    come holds out of order is seconds apart: each VM's clock, the order they arrived in);
+    one from before a record handed on already raises _Unordered. Every record read is kept
+    (`read`), and the agents' and Decision records as they pass."""
 
     def __init__(self, chunks: Iterable[Sequence[RecordView]]) -> None:
         self._chunks = iter(chunks)
@@ -577,7 +584,8 @@ class _InOrder:
         self._last: datetime | None = None
 
     def __iter__(self) -> Iterator[tuple[RecordView, datetime | None]]:
-        newest: datetime | None = None
+        waiting: list[tuple[datetime, int, RecordView, datetime | None]] = []
+        handed: datetime | None = None  # the time of the last record handed on
         for chunk in self._chunks:
             timed: list[tuple[datetime, int, RecordView, datetime | None]] = []
             for n, record in enumerate(chunk, len(self.read)):
@@ -593,20 +601,35 @@ class _InOrder:
             self.read += chunk
             if not timed:
                 continue
-            timed.sort()  # as History.of: by time, then file order
-            if newest is not None and timed[0][0] < newest:
+            # Equal times go in file order, as History.of orders them: after those handed on.
+            if handed is not None and min(t[0] for t in timed) < handed:
                 raise _Unordered
-            newest = timed[-1][0]
-            for _, _, record, stamped in timed:
-                self.agents.append(record)
-                self.times.append(stamped)
-                yield record, stamped
+            waiting += timed
+            waiting.sort()  # by time, then file order (History.of's order)
+            ready = bisect.bisect_right(waiting, waiting[-1][0] - ORDER_SLACK, key=_at)
+            if ready:
+                handed = waiting[ready - 1][0]
+                yield from self._hand(waiting[:ready])
+                del waiting[:ready]
+        yield from self._hand(waiting)
+
+    def _hand(
+        self, timed: Sequence[tuple[datetime, int, RecordView, datetime | None]]
+    ) -> Iterator[tuple[RecordView, datetime | None]]:
+        for _, _, record, stamped in timed:
+            self.agents.append(record)
+            self.times.append(stamped)
+            yield record, stamped
 
     def rest(self) -> list[RecordView]:
         """Every record, in file order: those read and those not yet."""
         for chunk in self._chunks:
             self.read += chunk
         return self.read
+
+
+def _at(timed: tuple[datetime, int, RecordView, datetime | None]) -> datetime:
+    return timed[0]
 
 
 def _span(

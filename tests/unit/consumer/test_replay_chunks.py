@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from functools import cache
 from typing import Any
 
@@ -59,7 +60,9 @@ def whole(records: Sequence[dict[str, Any]], changed: bool = False) -> Replay:
 
 @pytest.fixture
 def replayers(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """How many records each Replayer made was fed, in order (a second: replayed again)."""
+    """How many records each Replayer made was fed, in order (a second: replayed again).
+    Records are handed on once one a minute newer is read (the history spans ten)."""
+    monkeypatch.setattr(replaying, "ORDER_SLACK", timedelta(minutes=1))
     fed: list[int] = []
     made = Replayer.__init__
     process = Replayer._process
@@ -107,7 +110,21 @@ def test_the_first_chunks_are_replayed_before_the_last_is_read(replayers: list[i
     assert fed_before_last[0] > 1_000, fed_before_last
 
 
-def test_chunks_out_of_time_order_are_replayed_again_as_a_whole(replayers: list[int]) -> None:
+def test_records_a_little_out_of_time_order_are_replayed_once(replayers: list[int]) -> None:
+    records = list(recorded())
+    # Each VM's clock, the order records arrived in: a few seconds apart, across chunks' ends.
+    for at in range(399, 1_999, 400):
+        records[at - 3 : at + 3] = records[at - 3 : at + 3][::-1]
+    expected = whole(records)
+    replayers.clear()
+    got = replay_chunks(cut(records, [400]), ahead(records), policy(), ConsumerSettings())
+    assert got == expected
+    assert replayers == [2_000]  # replayed once, every record
+
+
+def test_chunks_out_of_time_order_are_replayed_again_as_a_whole(
+    replayers: list[int],
+) -> None:
     records = recorded()
     chunks = cut(records, [400])
     chunks[0], chunks[2] = chunks[2], chunks[0]  # a later hour first, as an export may be
@@ -156,5 +173,7 @@ def test_any_chunks_of_any_order_replay_as_the_whole(
     for a, b in swaps:  # records out of place, or not
         records[a], records[b] = records[b], records[a]
     told = ahead(records) if random.Random(seed).random() < 0.8 else []
-    got = replay_chunks(cut(records, sizes), told, policy(), ConsumerSettings())
+    with pytest.MonkeyPatch.context() as patch:  # the history spans ten minutes
+        patch.setattr(replaying, "ORDER_SLACK", timedelta(seconds=seed % 120))
+        got = replay_chunks(cut(records, sizes), told, policy(), ConsumerSettings())
     assert got == whole(records)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import marshal
+import mmap
 import os
 import pickle
 import queue
@@ -251,9 +252,22 @@ def _text_of(path: Path) -> str:
         # Decoded whole, without read_text's newline translation (a tenth of reading a large
         # file): splitlines splits at "\r" and "\r\n" as at "\n", and JSON reads both as
         # the space they are between values; inside a text, either is refused alike.
-        return path.read_bytes().decode("utf-8")
+        return _decoded(path, path.read_bytes(), 0)
     except OSError as err:
         raise ConfigError(f"cannot read --records {path}: {err.strerror or err}") from err
+
+
+def _decoded(path: Path, data: bytes, offset: int) -> str:
+    """`data`, the bytes of `path` from `offset` on, as text; ConfigError where it is not
+    UTF-8 (as JSON is written), naming the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        bad = data[err.start : err.start + 1].hex()
+        raise ConfigError(
+            f"--records {path} is not UTF-8 text (JSON's encoding): byte 0x{bad} at offset "
+            f"{offset + err.start} {err.reason}"
+        ) from None
 
 
 # A JSONL file of more characters than this (some 60,000 records) is read by two processes,
@@ -436,43 +450,57 @@ def _unpacked(payload: bytes) -> _Lines:
 
 
 # A large JSONL file replayed as it is read (`chunked`): the helper sends the records of the
-# lines of about this many characters at a time (some 10,000 records), the first some 0.3 s
+# lines of about this many bytes at a time (some 10,000 records), the first some 0.3 s
 # after it starts; this process reads ahead meanwhile (docs/benchmarks.md, 13).
 CHUNK_CHARS = 8_000_000
 
 
 def chunked(path: Path, aside: list[SetAside]) -> Chunked | None:
-    """A --records file of more than SPLIT_CHARS that is JSONL, read for `policy replay` to
-    replay its first records while the rest are read (bridge.consumer.replay.replay_chunks);
+    """A --records file of more than SPLIT_CHARS bytes that is JSONL, read for `policy replay`
+    to replay its first records while the rest are read (bridge.consumer.replay.replay_chunks);
     None for any other file (`records_in` reads it, as it reads this one)."""
+    if not hasattr(os, "fork"):
+        return None
     try:
-        if path.stat().st_size <= SPLIT_CHARS or not hasattr(os, "fork"):
+        if path.stat().st_size <= SPLIT_CHARS:
             return None
-    except OSError:
+        with path.open("rb") as file:
+            # Mapped, not read: the helper reads the pieces it decodes, and this process the
+            # lines that name a decision (a million records' text would be 0.8 GB here).
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
         return None  # records_in says why it cannot be read
-    text = _text_of(path)
-    return Chunked(path, text, aside) if _lines_of_values(text) else None
+    if not _lines_of_values(mapped):
+        mapped.close()
+        return None
+    return Chunked(path, mapped, aside)
 
 
-_SPACE = re.compile(r"[ \t\n\r]*")  # JSON's white space, as json.loads skips it
+_SPACE = re.compile(rb"[ \t\n\r]*")  # JSON's white space, as json.loads skips it
 
 
-def _lines_of_values(text: str) -> bool:
-    """Whether `json.loads(text)` would fail (a JSONL file: `_records_in` then reads its
-    lines), known from its first value alone; a JSON list (read whole) says False at once."""
-    start = _SPACE.match(text).end()  # type: ignore[union-attr] # it matches the empty text
-    if text.startswith("[", start):
+def _lines_of_values(data: mmap.mmap) -> bool:
+    """Whether `json.loads` of the whole text fails at the end of a first value that its first
+    line holds (a JSONL file: `_records_in` then reads its lines); False where it cannot say
+    from the first line (a JSON list, a value over several lines, one line, not UTF-8)."""
+    start = _SPACE.match(data).end()  # type: ignore[union-attr] # it matches the empty text
+    end = data.find(b"\n", start)
+    if end < 0 or data[start : start + 1] == b"[":
         return False
     try:
-        _, end = json.JSONDecoder().raw_decode(text, start)
-    except ValueError:
+        first = data[start:end].decode("utf-8")
+        _, value_end = json.JSONDecoder().raw_decode(first)
+    except ValueError:  # UnicodeDecodeError too
+        return False
+    # A value within the line ends where it would in the whole text: what follows it decides.
+    if first[value_end:].strip(" \t\r"):
         return True
-    return _SPACE.match(text, end).end() != len(text)  # type: ignore[union-attr]
+    return _SPACE.match(data, end).end() != len(data)  # type: ignore[union-attr]
 
 
 class Chunked:
-    """A large JSONL file's records, read by a forked helper process CHUNK_CHARS at a time
-    and handed over chunk by chunk (`chunks`) as `_jsonl` reads them: the same records,
+    """A large JSONL file's records, read by a forked helper process CHUNK_CHARS bytes at a
+    time and handed over chunk by chunk (`chunks`) as `_jsonl` reads them: the same records,
     the same lines set aside (added to `aside` once every chunk is read), the same errors.
     The replay folds one chunk while the helper reads the next, on the second core (issue 40).
     A thread of this process takes each chunk from the pipe as it comes, so the helper never
@@ -484,24 +512,26 @@ class Chunked:
     holds none unless it escapes a letter with \\u; the replay checks them against those
     the chunks hold, and replays again, all at once, where they differ."""
 
-    def __init__(self, path: Path, text: str, aside: list[SetAside]) -> None:
+    def __init__(self, path: Path, mapped: mmap.mmap, aside: list[SetAside]) -> None:
         self.path, self._aside = path, aside
-        self._text: str | None = text
-        self.decisions = _decisions_ahead(text)
+        self._mapped = mapped
+        self.decisions = _decisions_ahead(mapped)
         self._pid: int | None = None
         self._frames: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._pump: threading.Thread | None = None
+        readable, writable = os.pipe()
         try:
-            readable, writable = os.pipe()
             pid = os.fork()
         except OSError:
+            os.close(readable)
+            os.close(writable)
             return  # this process reads every line
         if pid == 0:  # the helper: never returns to the caller
             status = 1
             try:
                 os.close(readable)
                 with open(writable, "wb") as out:
-                    _send_chunks(text, out)
+                    _send_chunks(mapped, out)
                 status = 0
             finally:
                 os._exit(status)
@@ -514,9 +544,10 @@ class Chunked:
 
     def chunks(self) -> Iterator[list[rt.Record]]:
         """Every record of the file, in file order, a chunk at a time; then the lines set
-        aside go to `aside`. ConfigError, after the last, when no line is JSON."""
+        aside go to `aside`. ConfigError, after the last, when no line is JSON; at the first
+        byte that is not UTF-8, where there is one."""
         parts: list[_Lines] = []
-        lines = done = 0  # the lines read, and the characters they are
+        lines = done = 0  # the lines read, and the bytes they are
         try:
             while self._pump is not None and (frame := self._frames.get()) is not None:
                 count, done = (int.from_bytes(frame[n : n + 8], "big") for n in (0, 8))
@@ -524,9 +555,8 @@ class Chunked:
                 lines += count
                 yield self._handed(found, parts)
             if self._wait() != 0:  # the lines the helper did not send, read here
-                assert self._text is not None, "read once"
-                for start, end in _pieces(self._text, done):
-                    piece = self._text[start:end].splitlines()
+                for start, end in _pieces(self._mapped, done):
+                    piece = _decoded(self.path, self._mapped[start:end], start).splitlines()
                     yield self._handed(_read_lines(piece, False).after(lines), parts)
                     lines += len(piece)
         finally:
@@ -542,7 +572,6 @@ class Chunked:
         return records
 
     def close(self) -> None:
-        self._text = None
         if self._pid is not None:
             with suppress(ProcessLookupError):
                 os.kill(self._pid, signal.SIGKILL)
@@ -550,6 +579,7 @@ class Chunked:
         if self._pump is not None:
             self._pump.join()  # the pipe's end: the helper is gone
             self._pump = None
+        self._mapped.close()
 
     def _wait(self) -> int:
         pid, self._pid = self._pid, None
@@ -558,20 +588,22 @@ class Chunked:
         return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
-def _pieces(text: str, start: int) -> Iterator[tuple[int, int]]:
-    """`text` from `start` cut after a "\\n" every CHUNK_CHARS or so: the lines of the
-    pieces are the lines of the whole, in order (see `_jsonl`)."""
-    while start < len(text):
-        end = text.find("\n", start + CHUNK_CHARS) + 1 or len(text)
+def _pieces(data: mmap.mmap, start: int) -> Iterator[tuple[int, int]]:
+    """`data` from `start` cut after a "\\n" every CHUNK_CHARS bytes or so: "\\n" is one
+    byte in UTF-8 and ends a line wherever it is (see `_jsonl`), so the lines of the pieces
+    are the lines of the whole, in order."""
+    while start < len(data):
+        end = data.find(b"\n", start + CHUNK_CHARS) + 1 or len(data)
         yield start, end
         start = end
 
 
-def _send_chunks(text: str, out: BinaryIO) -> None:
-    """The helper's work: each piece of `text` read, packed and sent, in order, after the
-    count of its lines and where it ends."""
-    for start, end in _pieces(text, 0):
-        lines = text[start:end].splitlines()
+def _send_chunks(data: mmap.mmap, out: BinaryIO) -> None:
+    """The helper's work: each piece of `data` read, packed and sent, in order, after the
+    count of its lines and where it ends. A piece that is not UTF-8 ends it (exit 1): this
+    process says so."""
+    for start, end in _pieces(data, 0):
+        lines = data[start:end].decode("utf-8").splitlines()
         payload = _packed(_read_lines(lines, False))
         out.write(len(payload).to_bytes(8, "big") + len(lines).to_bytes(8, "big"))
         out.write(end.to_bytes(8, "big"))
@@ -592,17 +624,22 @@ def _pump(readable: int, frames: queue.SimpleQueue[bytes | None]) -> None:
         frames.put(None)
 
 
-def _decisions_ahead(text: str) -> list[rt.Record]:
-    """The Decision records of the lines of `text` that say "Decision", in file order, read
-    and checked as `_read_lines` reads them."""
+def _decisions_ahead(data: mmap.mmap) -> list[rt.Record]:
+    """The Decision records of the lines of `data` that say "Decision", in file order, read
+    and checked as `_read_lines` reads them (a line that is not UTF-8 is left to it)."""
     found: list[rt.Record] = []
     reader = _LineReader()
     at = 0
-    while (hit := text.find("Decision", at)) >= 0:
-        start = text.rfind("\n", 0, hit) + 1
-        end = text.find("\n", hit)
-        end = len(text) if end < 0 else end
-        for line in text[start:end].splitlines():  # splitlines' lines, as _read_lines'
+    while (hit := data.find(b"Decision", at)) >= 0:
+        start = data.rfind(b"\n", 0, hit) + 1
+        end = data.find(b"\n", hit)
+        end = len(data) if end < 0 else end
+        at = end + 1
+        try:
+            text = data[start:end].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        for line in text.splitlines():  # splitlines' lines, as _read_lines'
             if "Decision" not in line:
                 continue
             try:
@@ -614,7 +651,6 @@ def _decisions_ahead(text: str) -> list[rt.Record]:
             record, reason = _checked(value, plain=plain)
             if reason is None and is_decision(cast(rt.Record, record)):
                 found.append(cast(rt.Record, record))
-        at = end + 1
     return found
 
 

@@ -352,3 +352,16 @@ def test_a_large_file_replayed_as_it_is_read_says_what_it_says_read_whole(
     assert made[0] is not None
     assert whole[0] == (0 if budget == 1 else 1)
     assert json.loads(whole[1])["Events"] == 3
+
+
+def test_a_file_that_is_not_utf8_is_bad_input_naming_its_first_bad_byte(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was a traceback and exit 1 (which says "something differed").
+    path = tmp_path / "history.jsonl"
+    path.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in a_week_day().agents[:3]))
+    path.write_bytes(path.read_bytes() + b'{"RecordType": "Heartbeat\xff"}\n')
+    args = build_parser().parse_args(["policy", "replay", "--records", str(path)])
+    assert args.func(args) == 2
+    said = capsys.readouterr().err
+    assert f"--records {path} is not UTF-8 text (JSON's encoding): byte 0xff at offset" in said

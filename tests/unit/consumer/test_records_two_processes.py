@@ -204,8 +204,7 @@ def test_what_is_read_as_it_is_replayed_is_what_one_process_reads(
     records, aside, error = _read(path, collect=True)
     monkeypatch.setattr(explain, "SPLIT_CHARS", 2)
     monkeypatch.setattr(explain, "CHUNK_CHARS", chars)
-    if chunked(path, []) is None:  # one JSON value: read whole
-        json.loads(path.read_bytes())
+    if chunked(path, []) is None:  # its first line is not one JSON value: read whole
         return
     got, got_aside, ahead, got_error = _chunked(path)
     assert (got, got_aside, got_error) == (records, aside, error)
@@ -261,18 +260,38 @@ def test_a_helper_that_dies_midway_leaves_the_rest_to_this_process(
     assert 0 < len(counted) < 200, len(counted)  # the lines after the first chunk, here
 
 
-def test_a_file_of_no_json_line_is_refused_once_read_as_one_process_refuses_it(
+@pytest.mark.parametrize("at", ["first line", "a later line"])
+def test_a_file_that_is_not_utf8_is_refused_naming_its_first_bad_byte_either_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: str
+) -> None:
+    path = _lines_file(tmp_path, ["record"] * 30)
+    data = bytearray(path.read_bytes())
+    bad = data.index(b"Heartbeat", 2_000 if at == "a later line" else 0)
+    data[bad] = 0xFF
+    path.write_bytes(bytes(data))
+    said = f"--records {path} is not UTF-8 text (JSON's encoding): byte 0xff at offset {bad} "
+    for split in (10**9, 10):
+        monkeypatch.setattr(explain, "SPLIT_CHARS", split)
+        monkeypatch.setattr(explain, "CHUNK_CHARS", 1_000)
+        large = chunked(path, [])
+        assert (large is None) == (split > 10 or at == "first line")
+        with pytest.raises(ConfigError) as refused:
+            _all_of(path, large)
+        assert str(refused.value).startswith(said), refused.value
+
+
+def _all_of(path: Path, large: explain.Chunked | None) -> object:
+    return records_in(path, []) if large is None else list(large.chunks())
+
+
+def test_a_file_whose_first_line_is_not_a_value_is_read_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = _lines_file(tmp_path, ["not json"] * 30)
-    monkeypatch.setattr(explain, "SPLIT_CHARS", 10**9)
-    alone = _read(path, collect=True)
-    assert alone[2] is not None
-    assert "neither JSON nor JSONL" in alone[2]
     monkeypatch.setattr(explain, "SPLIT_CHARS", 10)
-    monkeypatch.setattr(explain, "CHUNK_CHARS", 100)
-    got = _chunked(path)
-    assert (got[0], got[1], got[3]) == alone
+    assert chunked(path, []) is None
+    path.write_text(json.dumps([heartbeat(n) for n in range(3)], indent=2), "utf-8")
+    assert chunked(path, []) is None  # a value over several lines: json.loads reads it
 
 
 @pytest.mark.parametrize("text", ["[{}, {}]", ' \n {"a": 1}\n ', "x" * 50])

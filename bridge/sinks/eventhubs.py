@@ -17,7 +17,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from bridge.cloud import advice, identity
 from bridge.cloud.identity import Identity
@@ -178,41 +178,58 @@ class EventHubsSink(BaseSink):
         from azure.eventhub import exceptions  # noqa: PLC0415
 
         text = describe(err, with_type=True)
-        target = self._target()
+        where = self._target()
         if isinstance(err, exceptions.AuthenticationError) or "unauthorized" in text.lower():
             return PermanentError(
-                f"Event Hubs refused {target}: grant {identity.describe(self._identity)} the "
-                f"Azure Event Hubs Data Sender role on the event hub (or give the connection "
-                f"string's policy the Send right) ({text})"
+                f"Event Hubs refused {where}: {grant_advice(self._settings, self._identity)} "
+                f"({text})"
             )
         if "not-found" in text.lower() or "notfound" in text.lower():
             return PermanentError(
-                f"{target} does not exist: check eventhubs.namespace and eventhubs.name ({text})"
+                f"{where} does not exist: check eventhubs.namespace and eventhubs.name ({text})"
             )
         if type(err).__name__ in ("CredentialUnavailableError", "ClientAuthenticationError"):
             return PermanentError(f"no token for Event Hubs ({text}); {advice.CREDENTIAL_ADVICE}")
-        return RetryableError(f"cannot reach or send to {target}: {text}")
+        return RetryableError(f"cannot reach or send to {where}: {text}")
 
     def _target(self) -> str:
-        s = self._settings
-        if s.connection_string:
-            return f"event hub {s.name or '(from the connection string)'}"
-        return f"event hub {s.name} in {s.namespace}"
+        return target(self._settings)
 
 
-def _event(record: SpooledRecord) -> tuple[EventData, str]:
-    from azure.eventhub import EventData  # noqa: PLC0415
+def target(hub: EventHub) -> str:
+    """The event hub as errors name it."""
+    if hub.connection_string:
+        return f"event hub {hub.name or '(from the connection string)'}"
+    return f"event hub {hub.name} in {hub.namespace}"
 
+
+def grant_advice(hub: EventHub, who: Identity) -> str:
+    """What to grant when Event Hubs refuses the sender."""
+    if hub.connection_string:
+        return "give the connection string's policy the Send right"
+    return f"grant {identity.describe(who)} the Azure Event Hubs Data Sender role on the event hub"
+
+
+def routing(record: SpooledRecord) -> tuple[str, dict[str, Any]]:
+    """A record's partition key and the application properties it travels with (both
+    transports; docs/contracts.md#record, Delivery)."""
     body = json.loads(record.body)
     key = body.get("VmId") or f"host:{body.get('HostName')}"
-    event = EventData(record.body)
-    event.content_type = "application/json"
-    event.properties = {
+    return key, {
         RECORD_TYPE: record.record_type,
         "SchemaVersion": body.get("SchemaVersion"),
         "VmId": body.get("VmId") or "",
         "RecordId": record.record_id,
     }
+
+
+def _event(record: SpooledRecord) -> tuple[EventData, str]:
+    from azure.eventhub import EventData  # noqa: PLC0415
+
+    key, properties = routing(record)
+    event = EventData(record.body)
+    event.content_type = "application/json"
+    event.properties = cast(dict[str | bytes, Any], properties)
     return event, key
 
 
@@ -224,7 +241,7 @@ def _fits(batch: EventDataBatch, event: EventData) -> bool:
     return True
 
 
-def check_settings(settings: EventHub) -> None:
+def check_hub(settings: EventHub) -> None:
     """ValueError naming the setting unless `settings` name one event hub and how to reach it."""
     if settings.connection_string:
         if "endpoint=" not in settings.connection_string.lower():

@@ -8,9 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from bridge.config import Config
-from bridge.sinks import eventhubs, loganalytics
+from bridge.sinks import eventhubs_https, loganalytics
 from bridge.sinks.base import Sink
 from bridge.sinks.eventhubs import EventHubsSink
+from bridge.sinks.eventhubs_https import EventHubsHttpsSink
 from bridge.sinks.hub import HubSink
 from bridge.sinks.jsonl import JsonlSink
 from bridge.sinks.loganalytics import LogAnalyticsSink
@@ -27,8 +28,12 @@ KINDS: Kinds[Sink] = Kinds(
     Kind(
         "eventhubs",
         None,
-        lambda _, c: EventHubsSink(c.eventhubs, c.identity),
-        lambda _, c: eventhubs.check_settings(c.eventhubs),
+        lambda _, c: (
+            EventHubsHttpsSink(c.eventhubs, c.identity)
+            if c.eventhubs.transport == "https"
+            else EventHubsSink(c.eventhubs, c.identity)
+        ),
+        lambda _, c: eventhubs_https.check_settings(c.eventhubs, c.eventhubs.transport),
     ),
     Kind(
         "loganalytics",

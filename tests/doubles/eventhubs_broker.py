@@ -12,7 +12,9 @@ partition receivers (`hub/ConsumerGroups/<cg>/Partitions/N`) that honour the SDK
 
 The connection string carries `UseDevelopmentEmulator=true`: the SDK then speaks plain AMQP (no
 TLS) to the host and port of `Endpoint=sb://127.0.0.1:PORT`. The wire side, built on the SDK's own
-AMQP codec (private modules of the pinned azure-eventhub==5.15.1), is in `eventhubs_amqp`.
+AMQP codec (private modules of the pinned azure-eventhub==5.15.1), is in `eventhubs_amqp`. The
+same port takes the service's REST send over HTTP, and over HTTPS when the broker is given a
+certificate (`eventhubs_rest`).
 
 Events are kept across `stop()` / `start()`, which reopens the same port: an outage. Failures can
 be scripted: `fail_sends()` rejects the next sends with an AMQP error, `reject_tokens()` answers
@@ -24,11 +26,13 @@ receiver that falls behind). Tokens are recorded (`tokens`), never logged.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import logging
 import select
 import socket
+import ssl
 import threading
 import time
 import zlib
@@ -47,6 +51,8 @@ from tests.doubles.eventhubs_amqp import (
     delivery_payload,
     parse_selector,
 )
+from tests.doubles.eventhubs_rest import serve_http
+from tests.doubles.tls import ServerCertificate
 
 _LOG = logging.getLogger(__name__)
 
@@ -103,6 +109,7 @@ class EventHubsBroker:
         key: str = "SAS_KEY_VALUE",
         max_message_size: int = 1024 * 1024,  # what Standard tier advertises on a sender link
         max_frame_size: int = 65536,  # a 1 MB batch arrives in many frames
+        tls: ServerCertificate | None = None,  # HTTPS too (the REST send), with this certificate
     ) -> None:
         self.hub = hub
         self.host = host
@@ -124,6 +131,8 @@ class EventHubsBroker:
         self.partition_reads: Counter[str] = Counter()  # $management READs, by partition
         self._tokens: list[CbsToken] = []
         self._connections: set[Connection] = set()
+        self._http: set[socket.socket] = set()
+        self._tls = tls.server_context() if tls is not None else None
         self._running = False
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
@@ -165,6 +174,11 @@ class EventHubsBroker:
             connections = list(self._connections)
         for connection in connections:  # each closes its own socket within a poll interval
             connection.thread.join(timeout=15)
+        with self._lock:
+            http = list(self._http)
+        for sock in http:  # an HTTP(S) client sees its kept-alive connection end
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         _LOG.debug("event hubs broker on port %d stopped", self._port)
 
     def __enter__(self) -> EventHubsBroker:
@@ -189,10 +203,38 @@ class EventHubsBroker:
                 _LOG.debug("accept failed: %r", exc)
                 time.sleep(0.02)
                 continue
+            threading.Thread(
+                target=self._serve, args=(sock, address), name="eventhubs-broker", daemon=True
+            ).start()
+
+    def _serve(self, sock: socket.socket, address: tuple[str, int]) -> None:
+        """AMQP, TLS (then HTTPS) or HTTP, told apart by what the client sends first."""
+        try:
+            sock.settimeout(10)
+            first = sock.recv(1, socket.MSG_PEEK)
+        except OSError:
+            sock.close()
+            return
+        if first == b"A":  # b"AMQP..."
             connection = Connection(self, sock, f"{address[0]}:{address[1]}")
             with self._lock:
                 self._connections.add(connection)
             connection.start()
+            return
+        with self._lock:
+            self._http.add(sock)
+        try:
+            if first == b"\x16" and self._tls is not None:  # a TLS ClientHello
+                with self._tls.wrap_socket(sock, server_side=True) as tls:
+                    serve_http(self, tls, address)
+            elif first:
+                serve_http(self, sock, address)
+        except (OSError, ssl.SSLError) as err:
+            _LOG.debug("https connection from %s failed: %r", address, err)
+        finally:
+            sock.close()
+            with self._lock:
+                self._http.discard(sock)
 
     # --- the test API -------------------------------------------------------------------------
 
@@ -348,6 +390,31 @@ class EventHubsBroker:
     def release(self, partition: str) -> None:
         with self._lock:
             self._held.discard(partition)
+
+    def http_token(self, authorization: str, hub: str) -> str | None:
+        """What is wrong with a REST send's Authorization header, or None; recorded as on $cbs."""
+        token_type = (
+            "jwt" if authorization.startswith("Bearer ") else "servicebus.windows.net:sastoken"
+        )
+        if not authorization:
+            problem: str | None = "no Authorization header"
+        elif token_type == "jwt":
+            problem = None if authorization[len("Bearer ") :].strip() else "an empty bearer token"
+        else:
+            problem = self._check_sas(authorization)
+        with self._lock:
+            if problem is None and self._token_rejections > 0:
+                self._token_rejections -= 1
+                problem = "the token was rejected (injected by the test broker)"
+            token = authorization.split(" ", 1)[-1] if token_type == "jwt" else authorization
+            self._tokens.append(CbsToken(hub, token_type, token, 202 if problem is None else 401))
+        return problem
+
+    @property
+    def http_connections(self) -> int:
+        """HTTP(S) connections open now (REST sends; a client's keep-alive one stays)."""
+        with self._lock:
+            return len(self._http)
 
     def put_token(self, request: ParsedMessage) -> tuple[int, str]:
         properties = request.application_properties

@@ -46,7 +46,7 @@ def test_cloud_sink_settings_are_checked_at_start(env: dict[str, str], message: 
 
 
 def test_a_secret_never_appears_in_an_error() -> None:
-    secret = "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRET"
+    secret = "Endpoint=sb://x/;SharedAccessKeyName=k;SharedAccessKey=TOPSECRET;EntityPath=h"
     with pytest.raises(ConfigError) as info:
         load_config(path=None, environ={}, flags={"eventhubs.connection_string": 42})
     assert "a secret value" in str(info.value)

@@ -13,6 +13,7 @@ What a node does with a message (store it, answer a token or a READ) is the `Hub
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import select
@@ -283,11 +284,21 @@ class Connection:
         self._peer_idle: float | None = None
         self._last_sent = time.monotonic()
         self._sessions: dict[int, _Session] = {}
+        # The service hands a stored event to its receivers at once: `wake` ends the loop's wait
+        # (otherwise up to _POLL, which an approval's round trip in benchmark 3 would carry).
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
         self.thread = threading.Thread(target=self._run, name=f"eventhubs-broker {peer}")
         self.thread.daemon = True
 
     def start(self) -> None:
         self.thread.start()
+
+    def wake(self) -> None:
+        """New events may be waiting for this connection's receivers: deliver them now."""
+        # OSError: a wake-up already pending (the pair is full), or the connection ended.
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"\0")
 
     # --- the loop -------------------------------------------------------------------------
 
@@ -295,8 +306,10 @@ class Connection:
         try:
             self._sock.settimeout(10)
             while self._hub.running() and not self._closing:
-                readable, _, _ = select.select([self._sock], [], [], _POLL)
-                if readable:
+                readable, _, _ = select.select([self._sock, self._wake_r], [], [], _POLL)
+                if self._wake_r in readable:
+                    self._wake_r.recv(4096)
+                if self._sock in readable:
                     chunk = self._sock.recv(65536)
                     if not chunk:
                         break
@@ -310,6 +323,8 @@ class Connection:
         finally:
             self._sock.close()
             self._hub.closed(self)
+            self._wake_r.close()
+            self._wake_w.close()
 
     def _process(self) -> None:
         buf = self._buffer

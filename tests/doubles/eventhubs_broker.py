@@ -368,6 +368,9 @@ class EventHubsBroker:
                 records.append(_Record(event, payload, enqueued_ms))
                 self._arrival.append(event)
             _LOG.debug("stored %d event(s) in partition %s", len(messages), partition)
+            connections = list(self._connections)
+        for connection in connections:
+            connection.wake()
         return None
 
     def _route(self, key: str | None) -> str:
@@ -390,6 +393,9 @@ class EventHubsBroker:
     def release(self, partition: str) -> None:
         with self._lock:
             self._held.discard(partition)
+            connections = list(self._connections)
+        for connection in connections:
+            connection.wake()
 
     def http_token(self, authorization: str, hub: str) -> str | None:
         """What is wrong with a REST send's Authorization header, or None; recorded as on $cbs."""

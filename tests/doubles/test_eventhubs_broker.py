@@ -12,14 +12,18 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
 import pytest
+import requests
 from azure.eventhub import EventData, EventHubConsumerClient, EventHubProducerClient
 from azure.eventhub.exceptions import AuthenticationError, ConnectError, EventDataSendError
 
+from bridge.sinks.eventhubs_https import sas_token
+from tests.doubles import eventhubs_amqp, eventhubs_rest
 from tests.doubles.eventhubs_amqp import AMQP_HEADER, SASL_HEADER
 from tests.doubles.eventhubs_broker import (
     INTERNAL_ERROR,
@@ -291,6 +295,46 @@ def test_a_consumer_gets_events_sent_while_it_listens(
     finally:
         consumer.join()
     assert [json.loads(e.body_as_str())["N"] for e in result[0]] == [0, 1, 2, 3]
+
+
+def test_an_event_sent_over_rest_reaches_a_listening_receiver_at_once(
+    broker: EventHubsBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The REST send's events are AMQP messages to a receiver, handed over when stored: with
+    the connections' idle look slowed to a minute, only the wake-up delivers within 15 s."""
+    monkeypatch.setattr(eventhubs_amqp, "_POLL", 60.0)
+    listening = threading.Event()
+    result: list[list[EventData]] = []
+    partition = broker.partition_ids[zlib.crc32(b"vm-rest") % len(broker.partition_ids)]
+    url = f"http://127.0.0.1:{broker.port}/hub/messages"
+    token = sas_token(url.removesuffix("/messages"), broker.key_name, broker.key, 2**31)
+
+    def post(*numbers: int) -> None:
+        items = [
+            {
+                "Body": json.dumps({"N": n}),
+                "UserProperties": {"RecordType": "Event", "N": n},
+                "BrokerProperties": {"PartitionKey": "vm-rest"},
+            }
+            for n in numbers
+        ]
+        headers = {"Authorization": token, "Content-Type": eventhubs_rest.BATCH_TYPE}
+        answer = requests.post(url, data=json.dumps(items), headers=headers, timeout=10)
+        assert answer.status_code == 201, answer.text
+
+    post(0)
+    consumer = threading.Thread(
+        target=lambda: result.append(receive(broker, partition, "-1", 3, first=listening))
+    )
+    consumer.start()
+    try:
+        assert listening.wait(10)
+        post(1, 2)
+    finally:
+        consumer.join()
+    assert [json.loads(e.body_as_str())["N"] for e in result[0]] == [0, 1, 2]
+    assert result[0][1].properties == {b"RecordType": b"Event", b"N": 1}
+    assert result[0][1].partition_key == b"vm-rest"
 
 
 # --- failures -------------------------------------------------------------------------------

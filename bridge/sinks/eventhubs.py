@@ -1,4 +1,6 @@
-"""`eventhubs`: records to Azure Event Hubs, the stream the central consumer reads.
+"""`eventhubs`: records to Azure Event Hubs, the stream the central consumer reads, over AMQP
+(`eventhubs.transport = "amqp"`; the default, HTTPS, is bridge.sinks.eventhubs_https, which shares
+the routing and the advice below).
 
 Partition key = VmId (the host name until the VmId is known), so one VM's records stay in
 order. Batches come from the SDK's batch API, so they fit the hub's real size limit (1 MB

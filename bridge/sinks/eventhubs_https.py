@@ -202,6 +202,7 @@ class EventHubsHttpsSink(BaseSink):
                 headers={"Authorization": self._authorization(), "Content-Type": BATCH_TYPE},
                 timeout=TIMEOUT,
                 stream=True,
+                allow_redirects=False,  # the token goes to the namespace, nowhere else
             )
         except DeliveryError:
             raise

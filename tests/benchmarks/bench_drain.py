@@ -32,10 +32,8 @@ from bridge.outbox.spool import Spool
 from bridge.simulator import Simulator, SimulatorServer
 from bridge.simulator.fleet import Fleet
 from bridge.simulator.vms import demo_vms
-from bridge.sinks import Sink
-from bridge.sinks.eventhubs import EventHubsSink
+from bridge.sinks import Sink, kinds
 from bridge.sinks.jsonl import JsonlSink
-from bridge.sinks.loganalytics import LogAnalyticsSink
 from tests.benchmarks.report import Row, rate
 from tests.benchmarks.rig import Options, Result, say, scratch
 from tests.doubles.eventhubs_broker import EventHubsBroker
@@ -126,11 +124,10 @@ def timed_drain(kind: str, spool_path: Path) -> float:
 
 
 def make_sink(kind: str, settings: Config, spool_path: Path) -> Sink:
-    if kind == "eventhubs":
-        return EventHubsSink(settings.eventhubs, settings.identity)
-    if kind == "loganalytics":
-        return LogAnalyticsSink(settings.loganalytics, settings.identity)
-    return JsonlSink(jsonl_out(spool_path))
+    """The sink as an agent configured with `settings` builds it (Event Hubs: its transport)."""
+    if kind == "jsonl":
+        return JsonlSink(jsonl_out(spool_path))
+    return kinds.build(kind, settings)
 
 
 def jsonl_out(spool_path: Path) -> Path:

@@ -324,3 +324,34 @@ def test_no_token_is_permanent_with_advice_and_a_passing_failure_is_retried(
         sink.send(spooled(1))
     assert not isinstance(info.value, PermanentError)
     sink.close()
+
+
+def test_a_redirect_is_not_followed_with_the_token(
+    sink: EventHubsHttpsSink, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: list[dict[str, Any]] = []
+
+    class Moved:
+        status_code = 307
+
+        @property
+        def headers(self) -> dict[str, str]:
+            return {"Location": "https://elsewhere.example/records/messages"}
+
+        def __enter__(self) -> Moved:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def iter_content(self, size: int) -> Iterator[bytes]:
+            return iter(())
+
+    def post(*_: Any, **kwargs: Any) -> Moved:
+        asked.append(kwargs)
+        return Moved()
+
+    monkeypatch.setattr(requests.Session, "post", post)
+    with pytest.raises(PermanentError, match="HTTP 307"):
+        sink.send(spooled(1))
+    assert asked[0]["allow_redirects"] is False

@@ -189,7 +189,25 @@ class EventHubsHttpsSink(BaseSink):
             for part in _parts(run):
                 self._post(part)
 
-    def _post(self, items: list[str]) -> None:
+    def _post(self, part: list[tuple[SpooledRecord, str]]) -> None:
+        """Send one request; where the hub finds it too large (a tier whose limit is below
+        MAX_POST_BYTES as it counts), each half again, down to the one record it refuses."""
+        status, text, retry_after = self._request([item for _, item in part])
+        if status == 201:
+            return
+        if status == 413 and len(part) > 1:
+            middle = len(part) // 2
+            self._post(part[:middle])
+            self._post(part[middle:])
+            return
+        if status == 413:
+            raise PoisonRecords(
+                f"{self._target()} refused record {part[0][0].record_id} as too large",
+                [part[0][0].seq],
+            )
+        raise self._refusal(status, text, retry_after)
+
+    def _request(self, items: list[str]) -> tuple[int, str, str | None]:
         import requests  # noqa: PLC0415 - loaded only by an agent that sends to Event Hubs
 
         data = ("[" + ",".join(items) + "]").encode("utf-8")
@@ -217,9 +235,7 @@ class EventHubsHttpsSink(BaseSink):
         with answer:  # an answer read to its end leaves the connection for the next send
             status, text = answer.status_code, _read(answer)
         self._last_send = time.monotonic()
-        if status == 201:
-            return
-        raise self._refusal(status, text, answer.headers.get("Retry-After"))
+        return status, text, answer.headers.get("Retry-After")
 
     def _refusal(self, status: int, text: str, retry_after: str | None) -> DeliveryError:
         where = self._target()
@@ -233,8 +249,7 @@ class EventHubsHttpsSink(BaseSink):
             )
         if status in (429, 503):
             return ThrottledError(f"{where} is busy ({said})", parse_retry_after(retry_after))
-        if status >= 500 or status in (408, 413):
-            # 413: a request MAX_POST_BYTES long past a tier's limit: the same records go again.
+        if status >= 500 or status == 408:
             return RetryableError(f"{where} could not take the records ({said})")
         return PermanentError(f"{where} refused the request ({said})")
 
@@ -306,16 +321,16 @@ _EMULATOR_HINT = (
 )
 
 
-def _parts(run: list[tuple[SpooledRecord, str]]) -> list[list[str]]:
+def _parts(run: list[tuple[SpooledRecord, str]]) -> list[list[tuple[SpooledRecord, str]]]:
     """Consecutive items of one VM's run whose JSON list stays within MAX_POST_BYTES."""
-    parts: list[list[str]] = [[]]
+    parts: list[list[tuple[SpooledRecord, str]]] = [[]]
     size = 2  # the brackets
-    for _, item in run:
+    for record, item in run:
         length = len(item.encode("utf-8")) + 1  # and its comma
         if parts[-1] and size + length > MAX_POST_BYTES:
             parts.append([])
             size = 2
-        parts[-1].append(item)
+        parts[-1].append((record, item))
         size += length
     return parts
 

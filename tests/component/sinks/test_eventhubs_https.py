@@ -355,3 +355,22 @@ def test_a_redirect_is_not_followed_with_the_token(
     with pytest.raises(PermanentError, match="HTTP 307"):
         sink.send(spooled(1))
     assert asked[0]["allow_redirects"] is False
+
+
+def test_a_hub_that_finds_a_request_too_large_gets_halves_down_to_the_record_it_refuses(
+    broker: EventHubsBroker,
+) -> None:
+    """A tier whose limit, as the hub counts it, is below MAX_POST_BYTES (Basic: 256 KB)."""
+    broker.max_message_size = 40_000
+    sink = EventHubsHttpsSink(
+        EventHubsSettings(connection_string=broker.connection_string), IdentitySettings()
+    )
+    try:
+        sink.send(spooled(20, Description="x" * 3000))  # about 80 KB: halved, then halved again
+        assert arrived(broker) == [f"r{n}" for n in range(1, 21)]
+        with pytest.raises(PoisonRecords) as info:
+            sink.send([*spooled(1, start=21), *spooled(1, start=22, Description="x" * 50_000)])
+        assert info.value.seqs == [22]
+        assert arrived(broker)[-1] == "r21"
+    finally:
+        sink.close()

@@ -5,8 +5,9 @@ Three agents (Event Hubs, Log Analytics, a Storage queue each) and one consumer 
 Storage state, blob checkpoints) run against the Event Hubs test broker, the Logs Ingestion
 double and Azurite behind counting proxies. Idle, with heartbeats every 30 s so that an
 agent's connection closes between two of them as it does at the default 300 s: the broker's
-open connections are sampled every 50 ms (the consumer's own, measured before the agents
-start, taken off), which gives the connection-seconds one send holds. Then one Freeze event
+open producer connections are sampled every 50 ms (any of the consumer's, measured before the
+agents start, taken off), which gives the connection-seconds one send holds (none over HTTPS,
+the agents' default). Then one Freeze event
 per VM, approved by the consumer and completed: the records, send bursts and queue reads one
 agent makes for an event it sees (the reads timed: a burst as the event appears, then a steady
 rate while it is pending), and the consumer's table requests per record.
@@ -49,7 +50,9 @@ RUN_GAP = 5 * CommandsSettings().poll_interval
 
 
 class Sampler:
-    """The broker's open connections every 50 ms, integrated over time."""
+    """The broker's open producer connections every 50 ms, integrated over time: a consumer's
+    own (receivers, and management links that come and go with its questions to idle
+    partitions) are not an agent's, and once counted as if they were."""
 
     def __init__(self, broker: EventHubsBroker) -> None:
         self._broker, self._stop = broker, threading.Event()
@@ -58,7 +61,7 @@ class Sampler:
 
     def _run(self) -> None:
         while not self._stop.wait(0.05):
-            self.samples.append((time.monotonic(), self._broker.connection_count))
+            self.samples.append((time.monotonic(), self._broker.sender_connection_count))
 
     def __enter__(self) -> Sampler:
         self._thread.start()

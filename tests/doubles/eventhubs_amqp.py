@@ -284,6 +284,7 @@ class Connection:
         self._peer_idle: float | None = None
         self._last_sent = time.monotonic()
         self._sessions: dict[int, _Session] = {}
+        self.sends = False  # a sender link to the hub was attached: a producer's connection
         # The service hands a stored event to its receivers at once: `wake` ends the loop's wait
         # (otherwise up to _POLL, which an approval's round trip in benchmark 3 would carry).
         self._wake_r, self._wake_w = socket.socketpair()
@@ -489,6 +490,7 @@ class Connection:
         else:
             link.node = "send"
             link.partition = self._hub.producer_target(path) or ""
+            self.sends = True
 
     def _flow(self, session: _Session, link: _Link) -> None:
         frame = FlowFrame(

@@ -266,6 +266,13 @@ class EventHubsBroker:
         with self._lock:
             return len(self._connections)
 
+    @property
+    def sender_connection_count(self) -> int:
+        """AMQP connections that attached a sender link to the hub: producers' (agents sending
+        over AMQP), not receivers' or management's (a consumer's)."""
+        with self._lock:
+            return sum(1 for connection in self._connections if connection.sends)
+
     def fail_sends(
         self, count: int = 1, condition: str = SERVER_BUSY, description: str | None = None
     ) -> None:

@@ -337,6 +337,26 @@ def test_an_event_sent_over_rest_reaches_a_listening_receiver_at_once(
     assert result[0][1].partition_key == b"vm-rest"
 
 
+def test_only_a_producers_connection_counts_as_a_senders(
+    broker: EventHubsBroker, producer: EventHubProducerClient
+) -> None:
+    send(producer, [record(0, "one")], partition_id="2")
+    listening = threading.Event()
+    counts: list[tuple[int, int]] = []
+
+    consumer = threading.Thread(target=lambda: receive(broker, "2", "-1", 2, first=listening))
+    consumer.start()
+    try:
+        assert listening.wait(10)
+        counts.append((broker.connection_count, broker.sender_connection_count))
+        send(producer, [record(1, "one")], partition_id="2")
+    finally:
+        consumer.join()
+    [(connections, senders)] = counts
+    assert senders >= 1  # the producer client's (one per partition it has sent to)
+    assert connections - senders == 1  # the consumer's: it receives, it sends nothing
+
+
 # --- failures -------------------------------------------------------------------------------
 
 

@@ -33,7 +33,7 @@ param eventHubPartitionCount int = 4
 @maxValue(20)
 param ingestionRuleCount int = 1
 
-@description('Event Hubs namespaces the agents are spread over, each read by a Function App of its own (all sharing the fleet table, the signing key and the workspace): one Standard namespace holds 5,000 concurrent connections (docs/capacity.md#azure-quotas). Namespace 0 is <prefix>-<suffix>, the others add -1, -2, ...')
+@description('Event Hubs namespaces the agents are spread over, each read by a Function App of its own (all sharing the fleet table, the signing key and the workspace): agents over AMQP count against the 5,000 concurrent connections of a Standard namespace, agents over HTTPS (the default) against nothing but its ingress (docs/capacity.md#azure-quotas). Namespace 0 is <prefix>-<suffix>, the others add -1, -2, ...')
 @minValue(1)
 @maxValue(20)
 param eventHubNamespaceCount int = 1

@@ -35,6 +35,7 @@ SDK_LOADERS = (
     "bridge.cloud.managedidentity",
     "fastjsonschema",
     "bridge.kubernetes.client",  # lightkube: only when [kubernetes] is on
+    "requests",  # the Event Hubs REST send's: only in an agent that sends to Event Hubs
 )
 # The consumer's programs, which need the consumer extra: the command line loads them when
 # their sub-command runs (bridge/consumer/command.py, bridge/demo.py), so an agent-only install

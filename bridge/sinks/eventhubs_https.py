@@ -294,6 +294,7 @@ class EventHubsHttpsSink(BaseSink):
         if unused < eventhubs.IDLE_CLOSE:
             return eventhubs.IDLE_CLOSE - unused
         self._drop_session()
+        log.debug("closed the idle HTTPS connection to %s", self._target())
         return None
 
     def close(self) -> None:

@@ -215,6 +215,9 @@ class EventHubsBroker:
         except OSError:
             sock.close()
             return
+        if not self._running:  # stopped meanwhile: the outage has begun
+            sock.close()
+            return
         if first == b"A":  # b"AMQP..."
             connection = Connection(self, sock, f"{address[0]}:{address[1]}")
             with self._lock:

@@ -272,8 +272,8 @@ class EventHubsSettings:
     )
     transport: str = _setting(
         "https",
-        "How the agent's eventhubs sink sends: https (the REST send, port 443: no connection "
-        "held between sends, so an event's first record leaves at once after a quiet spell) "
+        "How the agent's eventhubs sink sends: https (the REST send, port 443: no AMQP "
+        "connection to open, so an event's first record leaves at once after a quiet spell) "
         "or amqp (port 5671; the Event Hubs emulator takes only this). The consumer reads "
         "over AMQP either way.",
         choices=("https", "amqp"),

@@ -17,7 +17,7 @@ from bridge.retry import PermanentError, PoisonRecords, RetryableError, Throttle
 from bridge.sinks import eventhubs, eventhubs_https, kinds
 from bridge.sinks.eventhubs import EventHubsSink
 from bridge.sinks.eventhubs_https import EventHubsHttpsSink, sas_token
-from tests.component.sinks.test_eventhubs import spooled, vm_id
+from tests.component.sinks.test_eventhubs import assert_routed, spooled, vm_id
 from tests.doubles.eventhubs_broker import SERVER_BUSY, EventHubsBroker
 from tests.doubles.tls import make_server_certificate
 from tests.support.wait import eventually
@@ -41,17 +41,7 @@ def test_records_arrive_in_order_with_routing_properties_where_amqp_puts_them(
 ) -> None:
     batch = [*spooled(3, vm="vm-a"), *spooled(2, start=4, vm="vm-b")]
     sink.send(batch)
-    events = broker.events()
-    assert [json.loads(e.body) for e in events] == [json.loads(r.body) for r in batch]
-    for event, record in zip(events, batch, strict=True):
-        body = json.loads(record.body)
-        assert event.partition_key == body["VmId"]
-        assert event.application_properties == {
-            "RecordType": "Event",
-            "SchemaVersion": 1,
-            "VmId": body["VmId"],
-            "RecordId": record.record_id,
-        }
+    events = assert_routed(broker, batch)
     amqp = EventHubsSink(EventHubsSettings(connection_string=broker.connection_string),
                          IdentitySettings())  # fmt: skip
     try:
